@@ -1,0 +1,65 @@
+"""Where a job's files live: result partitions, sink staging, collected results.
+
+Owns the path scheme shared by TaskManagers (who write) and the JobManager (who names attempts to
+read, commits and cleans up). Paths are strings joined with "/" so that any Spark-supported URI
+works as the data directory (file:///, hdfs://, s3a://...).
+
+    {data_dir}/jobs/{job}/partitions/{data set}/p{index}/a{attempt}/   one producer attempt's partition;
+                                                                       subpartitions as `_sub=N/` dirs
+    {data_dir}/jobs/{job}/collect/{sink vertex}                        a collect sink's committed rows
+    {parent}/.{name}.funke-{job}/s{subtask}-a{attempt}/                a file sink's staged output,
+                                                                       beside its target
+    {parent}/.{name}.funke-{job}/commit/                               the target being assembled
+
+Staging beside the target keeps the final rename on one filesystem (atomic for local files and
+HDFS), and the leading dot hides it from Spark and Hadoop readers of the parent directory.
+"""
+
+from __future__ import annotations
+
+# The column a producer adds to route rows to consumer subtasks; consumers filter and drop it.
+SUBPARTITION_COLUMN = "_sub"
+
+
+def _join(*parts: str) -> str:
+    head, *rest = parts
+    return "/".join([head.rstrip("/")] + [p.strip("/") for p in rest])
+
+
+def job_dir(data_dir: str, job_id: str) -> str:
+    return _join(data_dir, "jobs", job_id)
+
+
+def partitions_dir(data_dir: str, job_id: str) -> str:
+    return _join(job_dir(data_dir, job_id), "partitions")
+
+
+def partition_dir(data_dir: str, job_id: str, data_set_id: str, partition_index: int, attempt: int) -> str:
+    return _join(partitions_dir(data_dir, job_id), data_set_id, f"p{partition_index}", f"a{attempt}")
+
+
+def collect_dir(data_dir: str, job_id: str, vertex_id: str) -> str:
+    return _join(job_dir(data_dir, job_id), "collect", vertex_id)
+
+
+def sink_target(data_dir: str, job_id: str, vertex_id: str, kind: str, config: dict) -> str:
+    """The directory a sink's output ends up in once the job FINISHED."""
+    if kind == "sink.collect":
+        return collect_dir(data_dir, job_id, vertex_id)
+    return str(config["path"])
+
+
+def staging_root(target: str, job_id: str) -> str:
+    target = target.rstrip("/")
+    parent, _, name = target.rpartition("/")
+    if not parent:  # a relative single-component path
+        parent = "."
+    return _join(parent, f".{name}.funke-{job_id}")
+
+
+def sink_staging_dir(target: str, job_id: str, subtask_index: int, attempt: int) -> str:
+    return _join(staging_root(target, job_id), f"s{subtask_index}-a{attempt}")
+
+
+def commit_dir(target: str, job_id: str) -> str:
+    return _join(staging_root(target, job_id), "commit")

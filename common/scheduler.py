@@ -1,0 +1,881 @@
+"""The JobMaster's scheduler: one job's ExecutionGraph driven by events, returning actions.
+
+Owns everything the JobMaster decides for one job: which subtasks to schedule and when (EAGER for
+STREAMING jobs, pipelined region by region for BATCH jobs), which slot each ExecutionSlotSharingGroup
+runs in, how a failure is handled (region or full failover, under a restart strategy), how the
+job's status follows from its executions, cancellation and suspension.
+
+It is sans-IO, like dask's WorkerState: every public method takes an event (with `now` passed in)
+and returns a list of actions (dataclasses below) for the JobManager shell to carry out. Nothing
+here touches a socket, a thread or a clock. State changes are applied through the tables of
+`states.py` only; the scheduler decides *which* transition an event calls for.
+
+Events:   start, on_slots_allocated, on_slot_request_failed, on_task_state, on_deploy_failed,
+          on_task_manager_lost, on_timer, on_outputs_committed, cancel, suspend
+Actions:  RequestSlots, CancelSlotRequest, ReleaseSlot, DeployTask, CancelTask,
+          UpdatePartitionInfo, ReleasePartitions, StartTimer, CommitOutputs, JobCleanup,
+          JobStatusChanged, ExecutionStateChanged
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+from funke.common.executiongraph import (
+    ExecutionAttemptId,
+    ExecutionGraph,
+    ExecutionVertex,
+    Execution,
+    FailureInfo,
+    IntermediateResultPartition,
+    PartitionLocation,
+    SlotId,
+    input_split,
+    subpartition_count,
+)
+from funke.common.jobgraph import FailoverStrategyKind, JobType, JobVertex, PartitionerKind, ResultPartitionType
+from funke.common.operators import CATALOGUE
+from funke.common.regions import PipelinedRegion, compute_pipelined_regions
+from funke.common.restart import RestartBackoffTimeStrategy, decide
+from funke.common.slotsharing import ExecutionSlotSharingGroup, build_slot_sharing_plan
+from funke.common.states import ExecutionState, JobStatus, Transition, resolve_report
+
+E = ExecutionState
+J = JobStatus
+
+# Flink's task.cancellation.timeout: after this, a job stuck in CANCELLING goes FAILED.
+DEFAULT_CANCELLATION_TIMEOUT_S = 180.0
+
+
+# ----------------------------------------------------------------------------------------------
+# Actions
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SlotRequest:
+    """A bulk request: all `count` slots or none (so two jobs never hold half of what they need)."""
+
+    request_id: int
+    count: int
+    per_slot_sharing_group: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSlots:
+    requests: tuple[SlotRequest, ...]
+    timeout_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class CancelSlotRequest:
+    request_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseSlot:
+    slot: SlotId
+    cause: str
+
+
+@dataclass(frozen=True, slots=True)
+class InputGate:
+    """What a consumer reads from one input (mirrors InputGateDeploymentDescriptor)."""
+
+    input_index: int
+    data_set_id: str
+    partition_start: int
+    partition_end: int
+    subpartition: int | None
+    producer_attempts: tuple[int, ...] | None  # None: uniform_attempt for every partition
+    uniform_attempt: int  # -1: none available yet
+    schema: str
+
+
+@dataclass(frozen=True, slots=True)
+class ResultPartitionSpec:
+    data_set_id: str
+    partition_index: int
+    num_subpartitions: int
+    partitioner: PartitionerKind
+    partition_keys: tuple[str, ...]
+    partition_type: ResultPartitionType
+
+
+@dataclass(frozen=True, slots=True)
+class TaskDeployment:
+    job_id: str
+    job_name: str
+    attempt: ExecutionAttemptId
+    task_name: str
+    parallelism: int
+    slot: SlotId
+    vertex: JobVertex
+    inputs: tuple[InputGate, ...]
+    outputs: tuple[ResultPartitionSpec, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DeployTask:
+    deployment: TaskDeployment
+
+
+@dataclass(frozen=True, slots=True)
+class CancelTask:
+    task_manager_id: str
+    attempt: ExecutionAttemptId
+
+
+@dataclass(frozen=True, slots=True)
+class UpdatePartitionInfo:
+    """A partition that deployed consumers on `task_manager_id` were waiting for is ready."""
+
+    task_manager_id: str
+    data_set_id: str
+    partition_index: int
+    producer_attempt: int
+    schema: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReleasePartitions:
+    task_manager_id: str
+    partitions: tuple[tuple[str, int, int], ...]  # (data set, partition index, producer attempt)
+
+
+@dataclass(frozen=True, slots=True)
+class Timer:
+    kind: str  # "restart" | "cancel-timeout"
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class StartTimer:
+    timer: Timer
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class SinkCommit:
+    vertex_id: str
+    subtask_index: int
+    attempt_number: int
+    kind: str
+    config: tuple[tuple[str, object], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CommitOutputs:
+    """Every task finished: make the staged sink output of the finished attempts visible."""
+
+    sinks: tuple[SinkCommit, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class JobCleanup:
+    """The job reached a terminal status: release what it left on TaskManagers and disk."""
+
+    status: JobStatus
+    task_managers: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class JobStatusChanged:
+    transition: Transition
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionStateChanged:
+    attempt: ExecutionAttemptId
+    task_name: str
+    transition: Transition
+    task_manager_id: str | None
+    failure: FailureInfo | None
+
+
+Action = (
+    RequestSlots | CancelSlotRequest | ReleaseSlot | DeployTask | CancelTask | UpdatePartitionInfo
+    | ReleasePartitions | StartTimer | CommitOutputs | JobCleanup | JobStatusChanged | ExecutionStateChanged
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ExceptionHistoryEntry:
+    timestamp: float
+    task_name: str
+    attempt: ExecutionAttemptId | None
+    task_manager_id: str | None
+    failure: FailureInfo
+
+
+# ----------------------------------------------------------------------------------------------
+# Internal bookkeeping
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(eq=False, slots=True)
+class _Batch:
+    """Vertices scheduled together; deployed once every one of their groups has a slot."""
+
+    vertices: list[ExecutionVertex]
+    groups: list[ExecutionSlotSharingGroup]
+    request_id: int | None
+
+
+@dataclass(eq=False, slots=True)
+class _PendingRestart:
+    """Vertices of a region failover: cancelled, then reset and rescheduled at `restart_at`."""
+
+    vertices: set[ExecutionVertex]
+    restart_at: float
+    timer: Timer
+
+
+@dataclass(slots=True)
+class _GlobalFailure:
+    root: FailureInfo
+    restart: bool
+    restart_at: float
+    suppressed_by: str
+
+
+_LIVE = frozenset({E.SCHEDULED, E.DEPLOYING, E.INITIALIZING, E.RUNNING, E.CANCELING})
+_DEPLOYED = frozenset({E.DEPLOYING, E.INITIALIZING, E.RUNNING})
+
+
+class Scheduler:
+    """One job's scheduling state. See the module docstring."""
+
+    def __init__(
+        self,
+        graph: ExecutionGraph,
+        *,
+        restart_strategy: RestartBackoffTimeStrategy,
+        failover_strategy: FailoverStrategyKind = FailoverStrategyKind.REGION,
+        slot_request_timeout_s: float = 300.0,
+        cancellation_timeout_s: float = DEFAULT_CANCELLATION_TIMEOUT_S,
+    ):
+        self.graph = graph
+        self.plan = build_slot_sharing_plan(graph)
+        self.regions = compute_pipelined_regions(graph)
+        self.restart_strategy = restart_strategy
+        self.failover_strategy = failover_strategy
+        self.slot_request_timeout_s = slot_request_timeout_s
+        self.cancellation_timeout_s = cancellation_timeout_s
+        self.eager = graph.job_graph.job_type is JobType.STREAMING
+        self.exception_history: list[ExceptionHistoryEntry] = []
+        self.failure: FailureInfo | None = None  # why the job FAILED
+
+        total = graph.number_of_vertices()
+        self._non_terminal = total  # current executions not in a terminal state
+        self._finished = 0  # current executions FINISHED
+        self._usage: dict[ExecutionSlotSharingGroup, int] = {}  # live executions per group
+        self._slot_of: dict[ExecutionSlotSharingGroup, SlotId] = {}
+        self._requested: dict[ExecutionSlotSharingGroup, int] = {}  # group -> pending request id
+        self._requests: dict[int, list[ExecutionSlotSharingGroup]] = {}
+        self._batches: list[_Batch] = []
+        self._next_request_id = 1
+        self._scheduled_regions: set[PipelinedRegion] = set()
+        self._pending_restart: _PendingRestart | None = None
+        self._global_failure: _GlobalFailure | None = None
+        self._timer_version = 0
+        self._committing = False
+        self._task_managers_used: set[str] = set()
+        self._out: list[Action] = []
+
+    # ------------------------------------------------------------------ public view
+
+    @property
+    def status(self) -> JobStatus:
+        return self.graph.status
+
+    @property
+    def committing(self) -> bool:
+        return self._committing
+
+    def slot_of_group(self, group: ExecutionSlotSharingGroup) -> SlotId | None:
+        return self._slot_of.get(group)
+
+    # ------------------------------------------------------------------ events
+
+    def start(self, now: float) -> list[Action]:
+        if self.status is not J.CREATED:
+            raise ValueError(f"cannot start a job in {self.status.value}")
+        self._schedule_initial(now)
+        return self._drain()
+
+    def on_slots_allocated(self, request_id: int, slots: Sequence[SlotId], now: float) -> list[Action]:
+        groups = self._requests.pop(request_id, None)
+        if groups is None or self.status.is_terminal or self.status not in (J.CREATED, J.RUNNING):
+            for slot in slots:
+                self._out.append(ReleaseSlot(slot, "slot request no longer needed"))
+            if groups:
+                for g in groups:
+                    self._requested.pop(g, None)
+            return self._drain()
+        if len(slots) != len(groups):
+            raise ValueError(f"request {request_id}: got {len(slots)} slots for {len(groups)} groups")
+        for group, slot in zip(groups, slots):
+            self._requested.pop(group, None)
+            self._slot_of[group] = slot
+        self._deploy_ready_batches(now)
+        # groups whose vertices were cancelled while the request was pending
+        for group in groups:
+            if self._usage.get(group, 0) == 0 and group in self._slot_of:
+                self._release_group_slot(group, "no task needs the slot any more")
+        return self._drain()
+
+    def on_slot_request_failed(self, request_id: int, message: str, now: float) -> list[Action]:
+        groups = self._requests.pop(request_id, None)
+        if groups is None:
+            return []
+        for g in groups:
+            self._requested.pop(g, None)
+        waiting = [
+            ev for b in self._batches if b.request_id == request_id
+            for ev in b.vertices if ev.state is E.SCHEDULED
+        ]
+        self._batches = [b for b in self._batches if b.request_id != request_id]
+        failure = FailureInfo("NoResourceAvailableException", message)
+        failed = []
+        for ev in waiting:
+            self._transition(ev.current_execution, E.FAILED, now, str(failure), failure)
+            failed.append(ev)
+        if failed:
+            self._handle_failure(failed, failure, now, task_manager_id=None)
+        return self._drain()
+
+    def on_task_state(
+        self,
+        attempt: ExecutionAttemptId,
+        reported: ExecutionState,
+        now: float,
+        *,
+        failure: FailureInfo | None = None,
+        produced_schemas: dict[tuple[str, int], str] | None = None,
+    ) -> list[Action]:
+        """A TaskManager reports what one of its tasks did. Reports about attempts that are not
+        current (a restart replaced them) and reports the table does not allow from the current
+        state (e.g. RUNNING after cancellation was requested) change nothing."""
+        execution = self._current(attempt)
+        if execution is None or execution.state.is_terminal:
+            return []
+        target = resolve_report(execution.state, reported)
+        if target is execution.state or not execution.machine.can_transition(target):
+            return []
+        if target is E.FINISHED:
+            self._transition(execution, E.FINISHED, now, "task finished")
+            self._on_finished(execution, produced_schemas or {}, now)
+        elif target is E.FAILED:
+            failure = failure or FailureInfo("TaskFailure", "task failed without a cause")
+            self._transition(execution, E.FAILED, now, str(failure), failure)
+            self._handle_failure([execution.vertex], failure, now, task_manager_id=execution.task_manager_id)
+        elif target is E.CANCELED:
+            cause = "cancelled" if reported is E.CANCELED else f"{reported.value} reported after cancellation"
+            self._transition(execution, E.CANCELED, now, cause)
+        else:
+            self._transition(execution, target, now, f"reported by {execution.task_manager_id}")
+        self._check_progress(now)
+        return self._drain()
+
+    def on_deploy_failed(self, attempt: ExecutionAttemptId, failure: FailureInfo, now: float) -> list[Action]:
+        return self.on_task_state(attempt, E.FAILED, now, failure=failure)
+
+    def on_task_manager_lost(self, task_manager_id: str, cause: str, now: float) -> list[Action]:
+        """Every task on the TaskManager fails; partitions that lived only there are gone.
+        One lost TaskManager is one failure for the restart strategy."""
+        self._slot_of = {g: s for g, s in self._slot_of.items() if s.task_manager_id != task_manager_id}
+        failure = FailureInfo("TaskManagerLost", f"TaskManager {task_manager_id} lost: {cause}")
+        failed: list[ExecutionVertex] = []
+        for ev in self.graph.execution_vertices():
+            ex = ev.current_execution
+            if ex.task_manager_id == task_manager_id and not ex.state.is_terminal:
+                if ex.state is E.CANCELING:
+                    self._transition(ex, E.CANCELED, now, str(failure))
+                else:
+                    self._transition(ex, E.FAILED, now, str(failure), failure)
+                    failed.append(ev)
+        lost_needed: list[ExecutionVertex] = []
+        for result in self.graph.results.values():
+            for partition in result.partitions:
+                loc = partition.location
+                if loc is not None and loc.task_manager_id == task_manager_id:
+                    self.graph.mark_partition_unavailable(partition)
+                    if self._partition_still_needed(partition):
+                        lost_needed.append(partition.producer)
+        if failed or lost_needed:
+            self._handle_failure(failed, failure, now, task_manager_id=task_manager_id, also_restart=lost_needed)
+        self._check_progress(now)
+        return self._drain()
+
+    def on_timer(self, timer: Timer, now: float) -> list[Action]:
+        if timer.kind == "restart":
+            pending = self._pending_restart
+            if pending is not None and pending.timer == timer:
+                self._maybe_restart_regions(now)
+            elif self._global_failure is not None and timer.version == self._timer_version and self.status is J.RESTARTING:
+                self._restart_globally(now)
+        elif timer.kind == "cancel-timeout" and timer.version == self._timer_version and self.status is J.CANCELLING:
+            stuck = [ev.name for ev in self.graph.execution_vertices() if not ev.state.is_terminal]
+            self.failure = FailureInfo(
+                "CancellationTimeout",
+                f"tasks could not be cancelled within {self.cancellation_timeout_s:g} s: {', '.join(stuck[:10])}"
+                + (" ..." if len(stuck) > 10 else ""),
+            )
+            self._job_transition(J.FAILED, now, str(self.failure))
+            self._terminate(now)
+        return self._drain()
+
+    def on_outputs_committed(self, now: float, error: FailureInfo | None = None) -> list[Action]:
+        if not self._committing:
+            return []
+        self._committing = False
+        if self.status is not J.RUNNING:
+            return self._drain()
+        if error is None:
+            self._job_transition(J.FINISHED, now, "all tasks finished and outputs committed")
+            self._terminate(now)
+        else:
+            self.exception_history.append(ExceptionHistoryEntry(now, "", None, None, error))
+            self.failure = error
+            self._job_transition(J.FAILING, now, f"committing outputs failed: {error}")
+            self._job_transition(J.FAILED, now, str(error))
+            self._terminate(now)
+        return self._drain()
+
+    def cancel(self, now: float) -> list[Action]:
+        if self.status.is_terminal or self.status is J.CANCELLING:
+            return []
+        if self._committing:
+            # Every task finished and the commit is under way: it decides the outcome, as a
+            # cancel arriving after the last task finished does in Flink.
+            return []
+        self._job_transition(J.CANCELLING, now, "cancellation requested")
+        self._pending_restart = None
+        self._global_failure = None
+        self._cancel_everything(now, "job cancelled")
+        self._timer_version += 1
+        self._out.append(StartTimer(Timer("cancel-timeout", self._timer_version), now + self.cancellation_timeout_s))
+        self._check_progress(now)
+        return self._drain()
+
+    def suspend(self, now: float, cause: str) -> list[Action]:
+        """Stop the job on this JobManager; another one may recover it (locally terminal)."""
+        if self.status.is_terminal:
+            return []
+        self._job_transition(J.SUSPENDED, now, cause)
+        self._pending_restart = None
+        self._global_failure = None
+        self._committing = False
+        self._cancel_everything(now, f"job suspended: {cause}")
+        self._terminate(now)
+        return self._drain()
+
+    # ------------------------------------------------------------------ scheduling
+
+    def _schedule_initial(self, now: float) -> None:
+        if self.eager:
+            self._schedule_regions(list(self.regions.regions), now, one_batch=True)
+        else:
+            self._schedule_regions([r for r in self.regions.regions if self._inputs_ready(r)], now)
+
+    def _inputs_ready(self, region: PipelinedRegion) -> bool:
+        return all(group.all_finished for group in region.blocking_inputs)
+
+    def _schedule_regions(self, regions: list[PipelinedRegion], now: float, one_batch: bool = False) -> None:
+        regions = [r for r in regions if r not in self._scheduled_regions]
+        if not regions:
+            return
+        regions.sort(key=lambda r: r.index)
+        batches: list[list[ExecutionVertex]] = []
+        for region in regions:
+            self._scheduled_regions.add(region)
+            vertices = [ev for ev in region.vertices if ev.state is E.CREATED]
+            if not vertices:
+                continue
+            if one_batch and batches:
+                batches[0].extend(vertices)
+            else:
+                batches.append(vertices)
+        requests: list[SlotRequest] = []
+        for vertices in batches:
+            vertices.sort(key=lambda ev: (ev.job_vertex.topological_index, ev.subtask_index))
+            groups: list[ExecutionSlotSharingGroup] = []
+            seen: set[int] = set()
+            for ev in vertices:
+                self._transition(ev.current_execution, E.SCHEDULED, now, "scheduled")
+                group = self.plan.group_of(ev)
+                if group.index not in seen:
+                    seen.add(group.index)
+                    groups.append(group)
+            missing = [g for g in groups if g not in self._slot_of and g not in self._requested]
+            request_id = None
+            if missing:
+                request_id = self._next_request_id
+                self._next_request_id += 1
+                self._requests[request_id] = missing
+                for g in missing:
+                    self._requested[g] = request_id
+                per_group: dict[str, int] = {}
+                for g in missing:
+                    per_group[g.slot_sharing_group] = per_group.get(g.slot_sharing_group, 0) + 1
+                requests.append(SlotRequest(request_id, len(missing), tuple(sorted(per_group.items()))))
+            self._batches.append(_Batch(vertices, groups, request_id))
+        if requests:
+            self._out.append(RequestSlots(tuple(requests), self.slot_request_timeout_s))
+        self._deploy_ready_batches(now)
+
+    def _deploy_ready_batches(self, now: float) -> None:
+        if self.status not in (J.CREATED, J.RUNNING):
+            return
+        remaining: list[_Batch] = []
+        for batch in self._batches:
+            if all(g in self._slot_of for g in batch.groups):
+                for ev in batch.vertices:
+                    if ev.state is E.SCHEDULED:
+                        self._deploy(ev, now)
+            else:
+                remaining.append(batch)
+        self._batches = remaining
+
+    def _deploy(self, ev: ExecutionVertex, now: float) -> None:
+        if self.status is J.CREATED:
+            self._job_transition(J.RUNNING, now, "tasks deploying")
+        execution = ev.current_execution
+        slot = self._slot_of[self.plan.group_of(ev)]
+        execution.slot = slot
+        self._task_managers_used.add(slot.task_manager_id)
+        self._transition(execution, E.DEPLOYING, now, f"deploying to {slot}")
+        self._out.append(DeployTask(self._deployment(ev, slot)))
+
+    def _deployment(self, ev: ExecutionVertex, slot: SlotId) -> TaskDeployment:
+        ejv = ev.job_vertex
+        inputs = []
+        for index, (result, group) in enumerate(zip(ejv.inputs, ev.consumed_partition_groups)):
+            split = input_split(result.edge, ev.subtask_index, result.producer.parallelism, ejv.parallelism)
+            partitions = result.partitions[split.partitions.start:split.partitions.stop]
+            attempts = [p.location.producer_attempt if p.location else -1 for p in partitions]
+            uniform = attempts[0] if attempts and attempts.count(attempts[0]) == len(attempts) else None
+            schema = next((p.location.schema for p in partitions if p.location), "")
+            inputs.append(InputGate(
+                input_index=index,
+                data_set_id=result.id,
+                partition_start=split.partitions.start,
+                partition_end=split.partitions.stop,
+                subpartition=split.subpartition,
+                producer_attempts=None if uniform is not None else tuple(attempts),
+                uniform_attempt=uniform if uniform is not None else -1,
+                schema=schema,
+            ))
+        outputs = []
+        for result, partition in zip(ejv.produced, ev.produced_partitions):
+            edge = result.edge
+            outputs.append(ResultPartitionSpec(
+                data_set_id=result.id,
+                partition_index=partition.partition_index,
+                num_subpartitions=subpartition_count(edge, partition.partition_index, ejv.parallelism, result.consumer.parallelism),
+                partitioner=edge.partitioner,
+                partition_keys=edge.partition_keys,
+                partition_type=edge.result_partition_type,
+            ))
+        return TaskDeployment(
+            job_id=self.graph.job_id,
+            job_name=self.graph.job_graph.name,
+            attempt=ev.current_execution.attempt_id,
+            task_name=ev.name,
+            parallelism=ejv.parallelism,
+            slot=slot,
+            vertex=ejv.job_vertex,
+            inputs=tuple(inputs),
+            outputs=tuple(outputs),
+        )
+
+    # ------------------------------------------------------------------ progress
+
+    def _on_finished(self, execution: Execution, schemas: dict[tuple[str, int], str], now: float) -> None:
+        ev = execution.vertex
+        tm = execution.task_manager_id or ""
+        completed_groups = []
+        for partition in ev.produced_partitions:
+            schema = schemas.get((partition.result.id, partition.partition_index), "")
+            location = PartitionLocation(execution.attempt_number, tm, schema)
+            completed_groups.extend(self.graph.mark_partition_finished(partition, location))
+            self._notify_waiting_consumers(partition, location)
+        if not self.eager and completed_groups:
+            candidates: dict[int, PipelinedRegion] = {}
+            for group in completed_groups:
+                for region in self.regions.consumer_regions_of(group):
+                    candidates[region.index] = region
+            ready = [r for r in candidates.values() if r not in self._scheduled_regions and self._inputs_ready(r)]
+            if ready and self.status in (J.CREATED, J.RUNNING) and self._pending_restart_excludes(ready):
+                self._schedule_regions(ready, now)
+
+    def _pending_restart_excludes(self, regions: list[PipelinedRegion]) -> bool:
+        pending = self._pending_restart
+        return pending is None or not any(ev in pending.vertices for r in regions for ev in r.vertices)
+
+    def _notify_waiting_consumers(self, partition: IntermediateResultPartition, location: PartitionLocation) -> None:
+        """Deployed consumers that started before this partition existed (pipelined inputs,
+        eager scheduling) learn where it is; one update per TaskManager, not per consumer."""
+        task_managers: set[str] = set()
+        for group in partition.consumer_vertex_groups:
+            for consumer in group.vertices:
+                ex = consumer.current_execution
+                if ex.state in _DEPLOYED and ex.task_manager_id:
+                    task_managers.add(ex.task_manager_id)
+        for tm in sorted(task_managers):
+            self._out.append(UpdatePartitionInfo(
+                tm, partition.result.id, partition.partition_index, location.producer_attempt, location.schema
+            ))
+
+    def _check_progress(self, now: float) -> None:
+        status = self.status
+        if status is J.RUNNING and self._finished == self.graph.number_of_vertices() and not self._committing:
+            self._finish(now)
+        elif status is J.FAILING and self._non_terminal == 0:
+            gf = self._global_failure
+            if gf is not None and gf.restart:
+                self._job_transition(J.RESTARTING, now, f"restarting after: {gf.root}")
+                self._timer_version += 1
+                self._out.append(StartTimer(Timer("restart", self._timer_version), max(now, gf.restart_at)))
+            else:
+                self._job_transition(J.FAILED, now, str(self.failure) if self.failure else "failed")
+                self._terminate(now)
+        elif status is J.CANCELLING and self._non_terminal == 0:
+            self._job_transition(J.CANCELED, now, "all tasks cancelled")
+            self._terminate(now)
+        elif self._pending_restart is not None:
+            self._maybe_restart_regions(now)
+
+    def _finish(self, now: float) -> None:
+        sinks = []
+        for ejv in self.graph.vertices.values():
+            tail = ejv.job_vertex.operators[-1] if ejv.job_vertex.operators else None
+            kind = CATALOGUE.get(tail.kind) if tail else None
+            if kind is not None and kind.commits_output:
+                for ev in ejv.task_vertices:
+                    sinks.append(SinkCommit(ejv.id, ev.subtask_index, ev.current_execution.attempt_number,
+                                            tail.kind, tuple(sorted(tail.config.items()))))
+        if sinks:
+            self._committing = True
+            self._out.append(CommitOutputs(tuple(sinks)))
+        else:
+            self._job_transition(J.FINISHED, now, "all tasks finished")
+            self._terminate(now)
+
+    # ------------------------------------------------------------------ failures
+
+    def _handle_failure(
+        self,
+        failed: list[ExecutionVertex],
+        failure: FailureInfo,
+        now: float,
+        *,
+        task_manager_id: str | None,
+        also_restart: Sequence[ExecutionVertex] = (),
+    ) -> None:
+        """`failed` tasks failed with `failure`; `also_restart` are finished producers whose
+        partitions were lost while still needed."""
+        for ev in failed:
+            ex = ev.current_execution
+            self.exception_history.append(ExceptionHistoryEntry(
+                now, ev.name, ex.attempt_id, ex.task_manager_id or task_manager_id, ex.failure or failure))
+        if not failed:
+            self.exception_history.append(ExceptionHistoryEntry(now, "", None, task_manager_id, failure))
+        if self.status not in (J.CREATED, J.RUNNING):
+            return  # already failing, cancelling or restarting: the failure changes nothing
+        failed = list(failed) + list(also_restart)
+        pending = self._pending_restart
+        if pending is not None and all(ev in pending.vertices for ev in failed):
+            return  # part of a restart already under way: not a new failure
+        if self.failover_strategy is FailoverStrategyKind.FULL:
+            self._fail_globally(failure, now, allow_restart=True)
+            return
+        to_restart = self.regions.regions_to_restart(failed, is_available=_will_be_available)
+        decision = decide(self.restart_strategy, now)
+        if not decision.restart:
+            self._fail_globally(failure, now, allow_restart=False, suppressed_by=decision.strategy)
+            return
+        vertices = {ev for region in to_restart for ev in region.vertices}
+        for region in to_restart:
+            self._scheduled_regions.discard(region)
+        restart_at = now + decision.delay_s
+        if pending is not None:
+            vertices |= pending.vertices
+            restart_at = max(restart_at, pending.restart_at)
+        self._timer_version += 1
+        timer = Timer("restart", self._timer_version)
+        self._pending_restart = _PendingRestart(vertices, restart_at, timer)
+        self._out.append(StartTimer(timer, restart_at))
+        self._cancel_vertices(sorted(vertices, key=_vertex_order), now, f"restarting after failure of {failed[0].name}")
+        self._invalidate_partitions(vertices)
+
+    def _fail_globally(self, failure: FailureInfo, now: float, *, allow_restart: bool, suppressed_by: str = "") -> None:
+        restart, delay = False, 0.0
+        if allow_restart:
+            decision = decide(self.restart_strategy, now)
+            restart, delay, suppressed_by = decision.restart, decision.delay_s, decision.strategy
+        if not restart:
+            self.failure = FailureInfo(
+                failure.exception_type,
+                f"{failure.message}\n(recovery is suppressed by {suppressed_by})",
+                failure.traceback,
+            )
+        self._global_failure = _GlobalFailure(failure, restart, now + delay, suppressed_by)
+        self._pending_restart = None
+        self._job_transition(J.FAILING, now, str(failure))
+        self._cancel_everything(now, f"job failing: {failure}")
+        self._check_progress(now)
+
+    def _maybe_restart_regions(self, now: float) -> None:
+        pending = self._pending_restart
+        if pending is None or now < pending.restart_at:
+            return
+        if any(not ev.state.is_terminal and ev.state is not E.CREATED for ev in pending.vertices):
+            return
+        self._pending_restart = None
+        if self.status not in (J.CREATED, J.RUNNING):
+            return
+        for ev in sorted(pending.vertices, key=_vertex_order):
+            if ev.state is not E.CREATED:
+                self._reset(ev, now)
+        if self.eager:
+            regions = {self.regions.region_of(ev).index: self.regions.region_of(ev) for ev in pending.vertices}
+            self._schedule_regions(list(regions.values()), now, one_batch=True)
+        else:
+            regions = {self.regions.region_of(ev).index: self.regions.region_of(ev) for ev in pending.vertices}
+            self._schedule_regions([r for r in regions.values() if self._inputs_ready(r)], now)
+
+    def _restart_globally(self, now: float) -> None:
+        self._global_failure = None
+        self._job_transition(J.CREATED, now, "restarted")
+        self._scheduled_regions.clear()
+        for ev in self.graph.execution_vertices():
+            self._reset(ev, now)
+        self._invalidate_partitions(self.graph.execution_vertices())
+        self._schedule_initial(now)
+
+    def _reset(self, ev: ExecutionVertex, now: float) -> None:
+        was_finished = ev.state is E.FINISHED
+        ev.reset_for_new_execution(now)
+        self._non_terminal += 1
+        if was_finished:
+            self._finished -= 1
+
+    def _invalidate_partitions(self, vertices: Iterable[ExecutionVertex]) -> None:
+        by_tm: dict[str, list[tuple[str, int, int]]] = {}
+        for ev in vertices:
+            for partition in ev.produced_partitions:
+                loc = partition.location
+                if loc is not None:
+                    self.graph.mark_partition_unavailable(partition)
+                    if loc.task_manager_id:
+                        by_tm.setdefault(loc.task_manager_id, []).append(
+                            (partition.result.id, partition.partition_index, loc.producer_attempt))
+        for tm, refs in sorted(by_tm.items()):
+            self._out.append(ReleasePartitions(tm, tuple(refs)))
+
+    def _partition_still_needed(self, partition: IntermediateResultPartition) -> bool:
+        return any(
+            consumer.state is not E.FINISHED
+            for group in partition.consumer_vertex_groups
+            for consumer in group.vertices
+        )
+
+    # ------------------------------------------------------------------ cancellation
+
+    def _cancel_everything(self, now: float, cause: str) -> None:
+        for request_id in list(self._requests):
+            self._out.append(CancelSlotRequest(request_id))
+        self._requests.clear()
+        self._requested.clear()
+        self._batches.clear()
+        self._cancel_vertices(list(self.graph.execution_vertices()), now, cause)
+
+    def _cancel_vertices(self, vertices: list[ExecutionVertex], now: float, cause: str) -> None:
+        for ev in vertices:
+            ex = ev.current_execution
+            if ex.state in (E.CREATED, E.SCHEDULED):
+                if ex.state is E.SCHEDULED or self.status in (J.CANCELLING, J.FAILING, J.SUSPENDED):
+                    self._transition(ex, E.CANCELED, now, cause)
+            elif ex.state in _DEPLOYED:
+                self._transition(ex, E.CANCELING, now, cause)
+                self._out.append(CancelTask(ex.task_manager_id or "", ex.attempt_id))
+        self._drop_dead_batches()
+
+    def _drop_dead_batches(self) -> None:
+        """Forget batches with nothing left to deploy, and slot requests nobody waits for."""
+        self._batches = [b for b in self._batches if any(ev.state is E.SCHEDULED for ev in b.vertices)]
+        needed = {g for b in self._batches for g in b.groups}
+        for request_id, groups in list(self._requests.items()):
+            if not any(g in needed for g in groups):
+                del self._requests[request_id]
+                for g in groups:
+                    self._requested.pop(g, None)
+                self._out.append(CancelSlotRequest(request_id))
+
+    def _terminate(self, now: float) -> None:
+        self._timer_version += 1  # outstanding timers become stale
+        for group in list(self._slot_of):
+            self._release_group_slot(group, f"job {self.status.value}")
+        for request_id in list(self._requests):
+            self._out.append(CancelSlotRequest(request_id))
+        self._requests.clear()
+        self._requested.clear()
+        self._batches.clear()
+        self._out.append(JobCleanup(self.status, tuple(sorted(self._task_managers_used))))
+
+    # ------------------------------------------------------------------ transitions
+
+    def _transition(
+        self, execution: Execution, to: ExecutionState, now: float, cause: str, failure: FailureInfo | None = None
+    ) -> None:
+        before = execution.state
+        t = execution.machine.transition(to, now, cause)
+        if failure is not None:
+            execution.failure = failure
+        group = self.plan.group_of(execution.vertex)
+        was_live, is_live = before in _LIVE, to in _LIVE
+        if not was_live and is_live:
+            self._usage[group] = self._usage.get(group, 0) + 1
+        elif was_live and not is_live:
+            self._usage[group] -= 1
+        if to.is_terminal:
+            self._non_terminal -= 1
+            if to is E.FINISHED:
+                self._finished += 1
+        self._out.append(ExecutionStateChanged(
+            execution.attempt_id, execution.vertex.name, t, execution.task_manager_id, execution.failure if to is E.FAILED else None))
+        if was_live and not is_live and self._usage[group] == 0 and group in self._slot_of:
+            self._release_group_slot(group, f"{execution.vertex.name} {to.value}")
+
+    def _release_group_slot(self, group: ExecutionSlotSharingGroup, cause: str) -> None:
+        slot = self._slot_of.pop(group)
+        self._out.append(ReleaseSlot(slot, cause))
+
+    def _job_transition(self, to: JobStatus, now: float, cause: str) -> None:
+        t = self.graph.status_machine.transition(to, now, cause)
+        self._out.append(JobStatusChanged(t))
+
+    def _current(self, attempt: ExecutionAttemptId) -> Execution | None:
+        ejv = self.graph.vertices.get(attempt.vertex_id)
+        if ejv is None or not 0 <= attempt.subtask_index < ejv.parallelism:
+            return None
+        ex = ejv.task_vertices[attempt.subtask_index].current_execution
+        return ex if ex.attempt_number == attempt.attempt_number else None
+
+    def _drain(self) -> list[Action]:
+        out, self._out = self._out, []
+        return out
+
+
+def _will_be_available(partition: IntermediateResultPartition) -> bool:
+    """An input a restarted consumer can count on: produced already, or its producer is still
+    live and will produce it. Flink restarts live producers of unfinished inputs too; only a
+    producer that is terminal without a usable partition (lost, failed, cancelled) needs it."""
+    return partition.is_available or not partition.producer.state.is_terminal
+
+
+def _vertex_order(ev: ExecutionVertex) -> tuple[int, int]:
+    return (ev.job_vertex.topological_index, ev.subtask_index)

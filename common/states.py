@@ -1,0 +1,205 @@
+"""The two state machines users rely on: JobStatus and ExecutionState.
+
+Everything that decides which state change is legal lives in this module, as data:
+`JOB_STATUS_TRANSITIONS`, `EXECUTION_STATE_TRANSITIONS` and `EXECUTION_REPORT_RESOLUTION`.
+`StateMachine` applies a table to one entity (a job, an execution) and keeps that entity's story:
+every transition with its time and cause. A rejected transition raises `IllegalTransition`,
+which names the entity, the two states, the cause and the whole story, and changes nothing.
+
+The tables follow Flink ("Jobs and Scheduling"; ExecutionState): see the README for the diagrams,
+which `render_mermaid` generates from these same tables.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Generic, Mapping, TypeVar
+
+
+class JobStatus(enum.Enum):
+    CREATED = "CREATED"
+    RUNNING = "RUNNING"
+    FAILING = "FAILING"
+    FAILED = "FAILED"
+    CANCELLING = "CANCELLING"
+    CANCELED = "CANCELED"
+    FINISHED = "FINISHED"
+    RESTARTING = "RESTARTING"
+    SUSPENDED = "SUSPENDED"
+
+    @property
+    def is_globally_terminal(self) -> bool:
+        """The job is done for the whole cluster: clean up everything."""
+        return self in _GLOBALLY_TERMINAL_JOB
+
+    @property
+    def is_terminal(self) -> bool:
+        """Done on this JobManager. SUSPENDED is only locally terminal: another JobManager
+        may recover the job from the HA store."""
+        return self in _GLOBALLY_TERMINAL_JOB or self is JobStatus.SUSPENDED
+
+
+_GLOBALLY_TERMINAL_JOB = frozenset({JobStatus.FINISHED, JobStatus.CANCELED, JobStatus.FAILED})
+
+
+class ExecutionState(enum.Enum):
+    CREATED = "CREATED"
+    SCHEDULED = "SCHEDULED"
+    DEPLOYING = "DEPLOYING"
+    INITIALIZING = "INITIALIZING"
+    RUNNING = "RUNNING"
+    FINISHED = "FINISHED"
+    CANCELING = "CANCELING"
+    CANCELED = "CANCELED"
+    FAILED = "FAILED"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in _TERMINAL_EXECUTION
+
+
+_TERMINAL_EXECUTION = frozenset({ExecutionState.FINISHED, ExecutionState.CANCELED, ExecutionState.FAILED})
+
+_J = JobStatus
+_NON_TERMINAL_JOB = [s for s in JobStatus if not s.is_terminal]
+
+# from-state -> the states it may move to. Leaving a terminal state is never legal.
+JOB_STATUS_TRANSITIONS: Mapping[JobStatus, frozenset[JobStatus]] = {
+    _J.CREATED: frozenset({_J.RUNNING, _J.CANCELLING, _J.FAILING, _J.SUSPENDED}),
+    _J.RUNNING: frozenset({_J.FINISHED, _J.FAILING, _J.CANCELLING, _J.SUSPENDED}),
+    # FAILING -> RESTARTING only once every task is terminal and the strategy allows a restart.
+    _J.FAILING: frozenset({_J.RESTARTING, _J.FAILED, _J.CANCELLING, _J.SUSPENDED}),
+    # RESTARTING -> CREATED when the restart is done; RESTARTING -> FAILED if it is impossible.
+    _J.RESTARTING: frozenset({_J.CREATED, _J.CANCELLING, _J.FAILED, _J.SUSPENDED}),
+    # CANCELLING -> FAILED when tasks could not be cancelled.
+    _J.CANCELLING: frozenset({_J.CANCELED, _J.FAILED, _J.SUSPENDED}),
+    _J.FINISHED: frozenset(),
+    _J.CANCELED: frozenset(),
+    _J.FAILED: frozenset(),
+    _J.SUSPENDED: frozenset(),
+}
+
+_E = ExecutionState
+EXECUTION_STATE_TRANSITIONS: Mapping[ExecutionState, frozenset[ExecutionState]] = {
+    _E.CREATED: frozenset({_E.SCHEDULED, _E.CANCELED, _E.FAILED}),
+    _E.SCHEDULED: frozenset({_E.DEPLOYING, _E.CANCELED, _E.FAILED}),
+    # DEPLOYING/INITIALIZING -> FINISHED: short tasks may end before reporting progress.
+    _E.DEPLOYING: frozenset({_E.INITIALIZING, _E.FINISHED, _E.CANCELING, _E.FAILED}),
+    _E.INITIALIZING: frozenset({_E.RUNNING, _E.FINISHED, _E.CANCELING, _E.FAILED}),
+    _E.RUNNING: frozenset({_E.FINISHED, _E.CANCELING, _E.FAILED}),
+    _E.CANCELING: frozenset({_E.CANCELED, _E.FAILED}),
+    _E.FINISHED: frozenset(),
+    _E.CANCELED: frozenset(),
+    _E.FAILED: frozenset(),
+}
+
+# A TaskManager reports what its task did; the JobManager applies it in the light of what it
+# asked for. Once cancellation was requested, a task that still finished or failed ends CANCELED:
+# its output is discarded and its failure is not a job failure. Pairs not listed apply as reported.
+EXECUTION_REPORT_RESOLUTION: Mapping[tuple[ExecutionState, ExecutionState], ExecutionState] = {
+    (_E.CANCELING, _E.FINISHED): _E.CANCELED,
+    (_E.CANCELING, _E.FAILED): _E.CANCELED,
+}
+
+
+def resolve_report(current: ExecutionState, reported: ExecutionState) -> ExecutionState:
+    return EXECUTION_REPORT_RESOLUTION.get((current, reported), reported)
+
+
+S = TypeVar("S", JobStatus, ExecutionState)
+
+
+@dataclass(frozen=True, slots=True)
+class Transition(Generic[S]):
+    from_state: S
+    to_state: S
+    timestamp: float
+    cause: str = ""
+
+    def __str__(self) -> str:
+        why = f" ({self.cause})" if self.cause else ""
+        return f"{self.from_state.value} -> {self.to_state.value} at {self.timestamp:.3f}{why}"
+
+
+class IllegalTransition(Exception):
+    """A state change the table does not allow. Carries the entity's story."""
+
+    def __init__(self, entity: str, from_state: S, to_state: S, cause: str, history: tuple[Transition, ...]):
+        self.entity = entity
+        self.from_state = from_state
+        self.to_state = to_state
+        self.cause = cause
+        self.history = history
+        story = "\n".join(f"    {t}" for t in history) or "    (no transitions yet)"
+        why = f" (cause: {cause})" if cause else ""
+        super().__init__(
+            f"{entity}: illegal transition {from_state.value} -> {to_state.value}{why}; "
+            f"history:\n{story}"
+        )
+
+
+class StateMachine(Generic[S]):
+    """The current state of one entity under one transition table, and its story."""
+
+    __slots__ = ("entity", "table", "state", "created_at", "history")
+
+    def __init__(self, entity: str, table: Mapping[S, frozenset[S]], initial: S, now: float):
+        self.entity = entity
+        self.table = table
+        self.state: S = initial
+        self.created_at = now
+        self.history: list[Transition[S]] = []
+
+    def can_transition(self, to: S) -> bool:
+        return to in self.table[self.state]
+
+    def transition(self, to: S, now: float, cause: str = "") -> Transition[S]:
+        if to not in self.table[self.state]:
+            raise IllegalTransition(self.entity, self.state, to, cause, tuple(self.history))
+        t = Transition(self.state, to, now, cause)
+        self.history.append(t)
+        self.state = to
+        return t
+
+    def timestamp_of(self, state: S) -> float | None:
+        """When the entity last entered `state` (Flink's state timestamps)."""
+        if self.history:
+            for t in reversed(self.history):
+                if t.to_state is state:
+                    return t.timestamp
+            if self.history[0].from_state is state:
+                return self.created_at
+            return None
+        return self.created_at if self.state is state else None
+
+    def path(self) -> list[S]:
+        """Every state the entity was in, in order, starting with the initial one."""
+        if not self.history:
+            return [self.state]
+        return [self.history[0].from_state] + [t.to_state for t in self.history]
+
+
+def job_status_machine(entity: str, now: float) -> StateMachine[JobStatus]:
+    return StateMachine(entity, JOB_STATUS_TRANSITIONS, JobStatus.CREATED, now)
+
+
+def execution_state_machine(entity: str, now: float) -> StateMachine[ExecutionState]:
+    return StateMachine(entity, EXECUTION_STATE_TRANSITIONS, ExecutionState.CREATED, now)
+
+
+def is_legal_path(table: Mapping[S, frozenset[S]], path: list[S]) -> bool:
+    return all(b in table[a] for a, b in zip(path, path[1:]))
+
+
+def render_mermaid(table: Mapping[S, frozenset[S]]) -> str:
+    """A Mermaid state diagram of a transition table, for the README."""
+    states = list(table)
+    lines = ["stateDiagram-v2", f"    [*] --> {states[0].value}"]
+    for src in states:
+        for dst in sorted(table[src], key=states.index):
+            lines.append(f"    {src.value} --> {dst.value}")
+    for s in states:
+        if not table[s]:
+            lines.append(f"    {s.value} --> [*]")
+    return "\n".join(lines)

@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+"""Set up funke on a fresh machine and run it: the README's two commands.
+
+    python3 deploy/dev.py demo    # local multi-process cluster, word count, result and state history
+    python3 deploy/dev.py test    # the whole test suite
+    python3 deploy/dev.py docs    # regenerate the README's state diagrams from the tables
+
+Needs only Python >= 3.11 and Java 17. Creates `.venv` beside the checkout (override with
+FUNKE_VENV) and installs funke into it, once per change of pyproject.toml.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV = Path(os.environ.get("FUNKE_VENV", ROOT / ".venv"))
+STAMP = VENV / ".funke-install-stamp"
+
+
+def _python() -> Path:
+    return VENV / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+
+
+def _say(msg: str) -> None:
+    print(f"[funke] {msg}", file=sys.stderr, flush=True)
+
+
+def ensure_environment() -> Path:
+    if sys.version_info < (3, 11):
+        sys.exit(f"funke needs Python >= 3.11; this is {sys.version.split()[0]}")
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        sys.exit("funke runs tasks on PySpark, which needs Java 17: install it or set JAVA_HOME")
+    wanted = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    if not _python().exists():
+        _say(f"creating virtual environment {VENV}")
+        venv.EnvBuilder(with_pip=True).create(VENV)
+    if not STAMP.exists() or STAMP.read_text().strip() != wanted:
+        _say("installing funke and its dependencies (first run only; PySpark is large)")
+        pip = [str(_python()), "-m", "pip", "--disable-pip-version-check", "-q"]
+        subprocess.run(pip + ["install", "--upgrade", "pip"], check=True)
+        subprocess.run(pip + ["install", "-e", f"{ROOT}[test]"], check=True, cwd=ROOT)
+        STAMP.write_text(wanted)
+    return _python()
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in ("demo", "test", "docs"):
+        print(__doc__)
+        return 2
+    command, rest = argv[0], argv[1:]
+    python = ensure_environment()
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if command == "test":
+        return subprocess.call([str(python), "-m", "pytest", *rest], cwd=ROOT, env=env)
+    if command == "docs":
+        return subprocess.call([str(python), "-m", "funke.deploy.docs", str(ROOT / "README.md")], cwd=ROOT, env=env)
+    return subprocess.call([str(python), "-m", "funke.deploy.demo", *rest], cwd=ROOT, env=env)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,279 @@
+from funke.v1 import jobgraph_pb2 as _jobgraph_pb2
+from funke.v1 import job_pb2 as _job_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class SlotStatus(_message.Message):
+    __slots__ = ("index", "job_id", "running")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    job_id: str
+    running: _containers.RepeatedCompositeFieldContainer[_job_pb2.ExecutionAttemptId]
+    def __init__(self, index: _Optional[int] = ..., job_id: _Optional[str] = ..., running: _Optional[_Iterable[_Union[_job_pb2.ExecutionAttemptId, _Mapping]]] = ...) -> None: ...
+
+class SlotReport(_message.Message):
+    __slots__ = ("slots",)
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
+    slots: _containers.RepeatedCompositeFieldContainer[SlotStatus]
+    def __init__(self, slots: _Optional[_Iterable[_Union[SlotStatus, _Mapping]]] = ...) -> None: ...
+
+class RegisterTaskManagerRequest(_message.Message):
+    __slots__ = ("task_manager_id", "address", "number_of_slots", "resources", "slot_report")
+    class ResourcesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    TASK_MANAGER_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    NUMBER_OF_SLOTS_FIELD_NUMBER: _ClassVar[int]
+    RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    SLOT_REPORT_FIELD_NUMBER: _ClassVar[int]
+    task_manager_id: str
+    address: str
+    number_of_slots: int
+    resources: _containers.ScalarMap[str, str]
+    slot_report: SlotReport
+    def __init__(self, task_manager_id: _Optional[str] = ..., address: _Optional[str] = ..., number_of_slots: _Optional[int] = ..., resources: _Optional[_Mapping[str, str]] = ..., slot_report: _Optional[_Union[SlotReport, _Mapping]] = ...) -> None: ...
+
+class RegisterTaskManagerResponse(_message.Message):
+    __slots__ = ("registration_id", "heartbeat_interval_seconds", "heartbeat_timeout_seconds", "data_dir")
+    REGISTRATION_ID_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    DATA_DIR_FIELD_NUMBER: _ClassVar[int]
+    registration_id: str
+    heartbeat_interval_seconds: float
+    heartbeat_timeout_seconds: float
+    data_dir: str
+    def __init__(self, registration_id: _Optional[str] = ..., heartbeat_interval_seconds: _Optional[float] = ..., heartbeat_timeout_seconds: _Optional[float] = ..., data_dir: _Optional[str] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("task_manager_id", "registration_id", "slot_report")
+    TASK_MANAGER_ID_FIELD_NUMBER: _ClassVar[int]
+    REGISTRATION_ID_FIELD_NUMBER: _ClassVar[int]
+    SLOT_REPORT_FIELD_NUMBER: _ClassVar[int]
+    task_manager_id: str
+    registration_id: str
+    slot_report: SlotReport
+    def __init__(self, task_manager_id: _Optional[str] = ..., registration_id: _Optional[str] = ..., slot_report: _Optional[_Union[SlotReport, _Mapping]] = ...) -> None: ...
+
+class HeartbeatResponse(_message.Message):
+    __slots__ = ("reregister",)
+    REREGISTER_FIELD_NUMBER: _ClassVar[int]
+    reregister: bool
+    def __init__(self, reregister: _Optional[bool] = ...) -> None: ...
+
+class ProducedPartition(_message.Message):
+    __slots__ = ("data_set_id", "partition_index", "schema", "row_count")
+    DATA_SET_ID_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_INDEX_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    ROW_COUNT_FIELD_NUMBER: _ClassVar[int]
+    data_set_id: str
+    partition_index: int
+    schema: str
+    row_count: int
+    def __init__(self, data_set_id: _Optional[str] = ..., partition_index: _Optional[int] = ..., schema: _Optional[str] = ..., row_count: _Optional[int] = ...) -> None: ...
+
+class TaskExecutionState(_message.Message):
+    __slots__ = ("job_id", "attempt", "state", "failure", "produced", "task_manager_id")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_FIELD_NUMBER: _ClassVar[int]
+    PRODUCED_FIELD_NUMBER: _ClassVar[int]
+    TASK_MANAGER_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    attempt: _job_pb2.ExecutionAttemptId
+    state: _job_pb2.ExecutionState
+    failure: _job_pb2.Failure
+    produced: _containers.RepeatedCompositeFieldContainer[ProducedPartition]
+    task_manager_id: str
+    def __init__(self, job_id: _Optional[str] = ..., attempt: _Optional[_Union[_job_pb2.ExecutionAttemptId, _Mapping]] = ..., state: _Optional[_Union[_job_pb2.ExecutionState, str]] = ..., failure: _Optional[_Union[_job_pb2.Failure, _Mapping]] = ..., produced: _Optional[_Iterable[_Union[ProducedPartition, _Mapping]]] = ..., task_manager_id: _Optional[str] = ...) -> None: ...
+
+class UpdateTaskExecutionStateRequest(_message.Message):
+    __slots__ = ("updates",)
+    UPDATES_FIELD_NUMBER: _ClassVar[int]
+    updates: _containers.RepeatedCompositeFieldContainer[TaskExecutionState]
+    def __init__(self, updates: _Optional[_Iterable[_Union[TaskExecutionState, _Mapping]]] = ...) -> None: ...
+
+class UpdateTaskExecutionStateResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class InputGateDeploymentDescriptor(_message.Message):
+    __slots__ = ("input_index", "data_set_id", "partition_start", "partition_end", "subpartition", "producer_attempts", "uniform_attempt", "schema")
+    INPUT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    DATA_SET_ID_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_START_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_END_FIELD_NUMBER: _ClassVar[int]
+    SUBPARTITION_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    UNIFORM_ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    input_index: int
+    data_set_id: str
+    partition_start: int
+    partition_end: int
+    subpartition: int
+    producer_attempts: _containers.RepeatedScalarFieldContainer[int]
+    uniform_attempt: int
+    schema: str
+    def __init__(self, input_index: _Optional[int] = ..., data_set_id: _Optional[str] = ..., partition_start: _Optional[int] = ..., partition_end: _Optional[int] = ..., subpartition: _Optional[int] = ..., producer_attempts: _Optional[_Iterable[int]] = ..., uniform_attempt: _Optional[int] = ..., schema: _Optional[str] = ...) -> None: ...
+
+class ResultPartitionDeploymentDescriptor(_message.Message):
+    __slots__ = ("data_set_id", "partition_index", "num_subpartitions", "partitioner", "partition_keys", "partition_type")
+    DATA_SET_ID_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_INDEX_FIELD_NUMBER: _ClassVar[int]
+    NUM_SUBPARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONER_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_KEYS_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_TYPE_FIELD_NUMBER: _ClassVar[int]
+    data_set_id: str
+    partition_index: int
+    num_subpartitions: int
+    partitioner: _jobgraph_pb2.Partitioner
+    partition_keys: _containers.RepeatedScalarFieldContainer[str]
+    partition_type: _jobgraph_pb2.ResultPartitionType
+    def __init__(self, data_set_id: _Optional[str] = ..., partition_index: _Optional[int] = ..., num_subpartitions: _Optional[int] = ..., partitioner: _Optional[_Union[_jobgraph_pb2.Partitioner, str]] = ..., partition_keys: _Optional[_Iterable[str]] = ..., partition_type: _Optional[_Union[_jobgraph_pb2.ResultPartitionType, str]] = ...) -> None: ...
+
+class TaskDeploymentDescriptor(_message.Message):
+    __slots__ = ("job_id", "job_name", "attempt", "task_name", "parallelism", "slot_index", "vertex", "inputs", "outputs", "data_dir", "job_options", "artifacts")
+    class JobOptionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_NAME_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    TASK_NAME_FIELD_NUMBER: _ClassVar[int]
+    PARALLELISM_FIELD_NUMBER: _ClassVar[int]
+    SLOT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    VERTEX_FIELD_NUMBER: _ClassVar[int]
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    DATA_DIR_FIELD_NUMBER: _ClassVar[int]
+    JOB_OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACTS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    job_name: str
+    attempt: _job_pb2.ExecutionAttemptId
+    task_name: str
+    parallelism: int
+    slot_index: int
+    vertex: _jobgraph_pb2.JobVertex
+    inputs: _containers.RepeatedCompositeFieldContainer[InputGateDeploymentDescriptor]
+    outputs: _containers.RepeatedCompositeFieldContainer[ResultPartitionDeploymentDescriptor]
+    data_dir: str
+    job_options: _containers.ScalarMap[str, str]
+    artifacts: _containers.RepeatedCompositeFieldContainer[_jobgraph_pb2.Artifact]
+    def __init__(self, job_id: _Optional[str] = ..., job_name: _Optional[str] = ..., attempt: _Optional[_Union[_job_pb2.ExecutionAttemptId, _Mapping]] = ..., task_name: _Optional[str] = ..., parallelism: _Optional[int] = ..., slot_index: _Optional[int] = ..., vertex: _Optional[_Union[_jobgraph_pb2.JobVertex, _Mapping]] = ..., inputs: _Optional[_Iterable[_Union[InputGateDeploymentDescriptor, _Mapping]]] = ..., outputs: _Optional[_Iterable[_Union[ResultPartitionDeploymentDescriptor, _Mapping]]] = ..., data_dir: _Optional[str] = ..., job_options: _Optional[_Mapping[str, str]] = ..., artifacts: _Optional[_Iterable[_Union[_jobgraph_pb2.Artifact, _Mapping]]] = ...) -> None: ...
+
+class SubmitTasksRequest(_message.Message):
+    __slots__ = ("tasks",)
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    tasks: _containers.RepeatedCompositeFieldContainer[TaskDeploymentDescriptor]
+    def __init__(self, tasks: _Optional[_Iterable[_Union[TaskDeploymentDescriptor, _Mapping]]] = ...) -> None: ...
+
+class TaskSubmissionResult(_message.Message):
+    __slots__ = ("attempt", "accepted", "error")
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    attempt: _job_pb2.ExecutionAttemptId
+    accepted: bool
+    error: str
+    def __init__(self, attempt: _Optional[_Union[_job_pb2.ExecutionAttemptId, _Mapping]] = ..., accepted: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
+
+class SubmitTasksResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[TaskSubmissionResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[TaskSubmissionResult, _Mapping]]] = ...) -> None: ...
+
+class CancelTasksRequest(_message.Message):
+    __slots__ = ("job_id", "attempts")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    attempts: _containers.RepeatedCompositeFieldContainer[_job_pb2.ExecutionAttemptId]
+    def __init__(self, job_id: _Optional[str] = ..., attempts: _Optional[_Iterable[_Union[_job_pb2.ExecutionAttemptId, _Mapping]]] = ...) -> None: ...
+
+class CancelTasksResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class PartitionInfoUpdate(_message.Message):
+    __slots__ = ("data_set_id", "partition_index", "producer_attempt", "schema")
+    DATA_SET_ID_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_INDEX_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    data_set_id: str
+    partition_index: int
+    producer_attempt: int
+    schema: str
+    def __init__(self, data_set_id: _Optional[str] = ..., partition_index: _Optional[int] = ..., producer_attempt: _Optional[int] = ..., schema: _Optional[str] = ...) -> None: ...
+
+class UpdatePartitionInfoRequest(_message.Message):
+    __slots__ = ("job_id", "updates")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    UPDATES_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    updates: _containers.RepeatedCompositeFieldContainer[PartitionInfoUpdate]
+    def __init__(self, job_id: _Optional[str] = ..., updates: _Optional[_Iterable[_Union[PartitionInfoUpdate, _Mapping]]] = ...) -> None: ...
+
+class UpdatePartitionInfoResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class FreeSlotRequest(_message.Message):
+    __slots__ = ("slot_index", "job_id", "cause")
+    SLOT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    CAUSE_FIELD_NUMBER: _ClassVar[int]
+    slot_index: int
+    job_id: str
+    cause: str
+    def __init__(self, slot_index: _Optional[int] = ..., job_id: _Optional[str] = ..., cause: _Optional[str] = ...) -> None: ...
+
+class FreeSlotResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ResultPartitionRef(_message.Message):
+    __slots__ = ("data_set_id", "partition_index", "producer_attempt")
+    DATA_SET_ID_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_INDEX_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    data_set_id: str
+    partition_index: int
+    producer_attempt: int
+    def __init__(self, data_set_id: _Optional[str] = ..., partition_index: _Optional[int] = ..., producer_attempt: _Optional[int] = ...) -> None: ...
+
+class ReleasePartitionsRequest(_message.Message):
+    __slots__ = ("job_id", "partitions", "whole_job")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    WHOLE_JOB_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    partitions: _containers.RepeatedCompositeFieldContainer[ResultPartitionRef]
+    whole_job: bool
+    def __init__(self, job_id: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[ResultPartitionRef, _Mapping]]] = ..., whole_job: _Optional[bool] = ...) -> None: ...
+
+class ReleasePartitionsResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

@@ -1,0 +1,230 @@
+import datetime
+
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from funke.v1 import jobgraph_pb2 as _jobgraph_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class JobStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    JOB_STATUS_UNSPECIFIED: _ClassVar[JobStatus]
+    JOB_STATUS_CREATED: _ClassVar[JobStatus]
+    JOB_STATUS_RUNNING: _ClassVar[JobStatus]
+    JOB_STATUS_FAILING: _ClassVar[JobStatus]
+    JOB_STATUS_FAILED: _ClassVar[JobStatus]
+    JOB_STATUS_CANCELLING: _ClassVar[JobStatus]
+    JOB_STATUS_CANCELED: _ClassVar[JobStatus]
+    JOB_STATUS_FINISHED: _ClassVar[JobStatus]
+    JOB_STATUS_RESTARTING: _ClassVar[JobStatus]
+    JOB_STATUS_SUSPENDED: _ClassVar[JobStatus]
+
+class ExecutionState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    EXECUTION_STATE_UNSPECIFIED: _ClassVar[ExecutionState]
+    EXECUTION_STATE_CREATED: _ClassVar[ExecutionState]
+    EXECUTION_STATE_SCHEDULED: _ClassVar[ExecutionState]
+    EXECUTION_STATE_DEPLOYING: _ClassVar[ExecutionState]
+    EXECUTION_STATE_INITIALIZING: _ClassVar[ExecutionState]
+    EXECUTION_STATE_RUNNING: _ClassVar[ExecutionState]
+    EXECUTION_STATE_FINISHED: _ClassVar[ExecutionState]
+    EXECUTION_STATE_CANCELING: _ClassVar[ExecutionState]
+    EXECUTION_STATE_CANCELED: _ClassVar[ExecutionState]
+    EXECUTION_STATE_FAILED: _ClassVar[ExecutionState]
+JOB_STATUS_UNSPECIFIED: JobStatus
+JOB_STATUS_CREATED: JobStatus
+JOB_STATUS_RUNNING: JobStatus
+JOB_STATUS_FAILING: JobStatus
+JOB_STATUS_FAILED: JobStatus
+JOB_STATUS_CANCELLING: JobStatus
+JOB_STATUS_CANCELED: JobStatus
+JOB_STATUS_FINISHED: JobStatus
+JOB_STATUS_RESTARTING: JobStatus
+JOB_STATUS_SUSPENDED: JobStatus
+EXECUTION_STATE_UNSPECIFIED: ExecutionState
+EXECUTION_STATE_CREATED: ExecutionState
+EXECUTION_STATE_SCHEDULED: ExecutionState
+EXECUTION_STATE_DEPLOYING: ExecutionState
+EXECUTION_STATE_INITIALIZING: ExecutionState
+EXECUTION_STATE_RUNNING: ExecutionState
+EXECUTION_STATE_FINISHED: ExecutionState
+EXECUTION_STATE_CANCELING: ExecutionState
+EXECUTION_STATE_CANCELED: ExecutionState
+EXECUTION_STATE_FAILED: ExecutionState
+
+class ExecutionAttemptId(_message.Message):
+    __slots__ = ("vertex_id", "subtask_index", "attempt_number")
+    VERTEX_ID_FIELD_NUMBER: _ClassVar[int]
+    SUBTASK_INDEX_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_NUMBER_FIELD_NUMBER: _ClassVar[int]
+    vertex_id: str
+    subtask_index: int
+    attempt_number: int
+    def __init__(self, vertex_id: _Optional[str] = ..., subtask_index: _Optional[int] = ..., attempt_number: _Optional[int] = ...) -> None: ...
+
+class Failure(_message.Message):
+    __slots__ = ("exception_type", "message", "traceback")
+    EXCEPTION_TYPE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    TRACEBACK_FIELD_NUMBER: _ClassVar[int]
+    exception_type: str
+    message: str
+    traceback: str
+    def __init__(self, exception_type: _Optional[str] = ..., message: _Optional[str] = ..., traceback: _Optional[str] = ...) -> None: ...
+
+class JobStatusTransition(_message.Message):
+    __slots__ = ("from_status", "to_status", "timestamp", "cause")
+    FROM_STATUS_FIELD_NUMBER: _ClassVar[int]
+    TO_STATUS_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    CAUSE_FIELD_NUMBER: _ClassVar[int]
+    from_status: JobStatus
+    to_status: JobStatus
+    timestamp: _timestamp_pb2.Timestamp
+    cause: str
+    def __init__(self, from_status: _Optional[_Union[JobStatus, str]] = ..., to_status: _Optional[_Union[JobStatus, str]] = ..., timestamp: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cause: _Optional[str] = ...) -> None: ...
+
+class ExecutionStateTransition(_message.Message):
+    __slots__ = ("from_state", "to_state", "timestamp", "cause")
+    FROM_STATE_FIELD_NUMBER: _ClassVar[int]
+    TO_STATE_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    CAUSE_FIELD_NUMBER: _ClassVar[int]
+    from_state: ExecutionState
+    to_state: ExecutionState
+    timestamp: _timestamp_pb2.Timestamp
+    cause: str
+    def __init__(self, from_state: _Optional[_Union[ExecutionState, str]] = ..., to_state: _Optional[_Union[ExecutionState, str]] = ..., timestamp: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cause: _Optional[str] = ...) -> None: ...
+
+class Execution(_message.Message):
+    __slots__ = ("id", "state", "created_at", "history", "task_manager_id", "slot_index", "failure")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_FIELD_NUMBER: _ClassVar[int]
+    TASK_MANAGER_ID_FIELD_NUMBER: _ClassVar[int]
+    SLOT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_FIELD_NUMBER: _ClassVar[int]
+    id: ExecutionAttemptId
+    state: ExecutionState
+    created_at: _timestamp_pb2.Timestamp
+    history: _containers.RepeatedCompositeFieldContainer[ExecutionStateTransition]
+    task_manager_id: str
+    slot_index: int
+    failure: Failure
+    def __init__(self, id: _Optional[_Union[ExecutionAttemptId, _Mapping]] = ..., state: _Optional[_Union[ExecutionState, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., history: _Optional[_Iterable[_Union[ExecutionStateTransition, _Mapping]]] = ..., task_manager_id: _Optional[str] = ..., slot_index: _Optional[int] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ...) -> None: ...
+
+class Subtask(_message.Message):
+    __slots__ = ("subtask_index", "name", "current", "prior_attempts")
+    SUBTASK_INDEX_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_FIELD_NUMBER: _ClassVar[int]
+    PRIOR_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    subtask_index: int
+    name: str
+    current: Execution
+    prior_attempts: _containers.RepeatedCompositeFieldContainer[Execution]
+    def __init__(self, subtask_index: _Optional[int] = ..., name: _Optional[str] = ..., current: _Optional[_Union[Execution, _Mapping]] = ..., prior_attempts: _Optional[_Iterable[_Union[Execution, _Mapping]]] = ...) -> None: ...
+
+class Vertex(_message.Message):
+    __slots__ = ("id", "name", "parallelism", "slot_sharing_group", "co_location_group", "subtasks_per_state", "subtasks")
+    class SubtasksPerStateEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PARALLELISM_FIELD_NUMBER: _ClassVar[int]
+    SLOT_SHARING_GROUP_FIELD_NUMBER: _ClassVar[int]
+    CO_LOCATION_GROUP_FIELD_NUMBER: _ClassVar[int]
+    SUBTASKS_PER_STATE_FIELD_NUMBER: _ClassVar[int]
+    SUBTASKS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    name: str
+    parallelism: int
+    slot_sharing_group: str
+    co_location_group: str
+    subtasks_per_state: _containers.ScalarMap[str, int]
+    subtasks: _containers.RepeatedCompositeFieldContainer[Subtask]
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., parallelism: _Optional[int] = ..., slot_sharing_group: _Optional[str] = ..., co_location_group: _Optional[str] = ..., subtasks_per_state: _Optional[_Mapping[str, int]] = ..., subtasks: _Optional[_Iterable[_Union[Subtask, _Mapping]]] = ...) -> None: ...
+
+class ExceptionHistoryEntry(_message.Message):
+    __slots__ = ("timestamp", "task_name", "attempt", "task_manager_id", "failure")
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    TASK_NAME_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    TASK_MANAGER_ID_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_FIELD_NUMBER: _ClassVar[int]
+    timestamp: _timestamp_pb2.Timestamp
+    task_name: str
+    attempt: ExecutionAttemptId
+    task_manager_id: str
+    failure: Failure
+    def __init__(self, timestamp: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., task_name: _Optional[str] = ..., attempt: _Optional[_Union[ExecutionAttemptId, _Mapping]] = ..., task_manager_id: _Optional[str] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ...) -> None: ...
+
+class JobDetails(_message.Message):
+    __slots__ = ("job_id", "name", "job_type", "status", "created_at", "status_history", "vertices", "exceptions", "failure", "waiting_for_resources", "required_slots", "restart_strategy", "failover_strategy")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    JOB_TYPE_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    STATUS_HISTORY_FIELD_NUMBER: _ClassVar[int]
+    VERTICES_FIELD_NUMBER: _ClassVar[int]
+    EXCEPTIONS_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FOR_RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    REQUIRED_SLOTS_FIELD_NUMBER: _ClassVar[int]
+    RESTART_STRATEGY_FIELD_NUMBER: _ClassVar[int]
+    FAILOVER_STRATEGY_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    name: str
+    job_type: _jobgraph_pb2.JobType
+    status: JobStatus
+    created_at: _timestamp_pb2.Timestamp
+    status_history: _containers.RepeatedCompositeFieldContainer[JobStatusTransition]
+    vertices: _containers.RepeatedCompositeFieldContainer[Vertex]
+    exceptions: _containers.RepeatedCompositeFieldContainer[ExceptionHistoryEntry]
+    failure: Failure
+    waiting_for_resources: str
+    required_slots: int
+    restart_strategy: str
+    failover_strategy: str
+    def __init__(self, job_id: _Optional[str] = ..., name: _Optional[str] = ..., job_type: _Optional[_Union[_jobgraph_pb2.JobType, str]] = ..., status: _Optional[_Union[JobStatus, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., status_history: _Optional[_Iterable[_Union[JobStatusTransition, _Mapping]]] = ..., vertices: _Optional[_Iterable[_Union[Vertex, _Mapping]]] = ..., exceptions: _Optional[_Iterable[_Union[ExceptionHistoryEntry, _Mapping]]] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ..., waiting_for_resources: _Optional[str] = ..., required_slots: _Optional[int] = ..., restart_strategy: _Optional[str] = ..., failover_strategy: _Optional[str] = ...) -> None: ...
+
+class JobSummary(_message.Message):
+    __slots__ = ("job_id", "name", "job_type", "status", "created_at", "ended_at", "duration_seconds", "tasks_per_state", "total_tasks")
+    class TasksPerStateEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    JOB_TYPE_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    ENDED_AT_FIELD_NUMBER: _ClassVar[int]
+    DURATION_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TASKS_PER_STATE_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_TASKS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    name: str
+    job_type: _jobgraph_pb2.JobType
+    status: JobStatus
+    created_at: _timestamp_pb2.Timestamp
+    ended_at: _timestamp_pb2.Timestamp
+    duration_seconds: float
+    tasks_per_state: _containers.ScalarMap[str, int]
+    total_tasks: int
+    def __init__(self, job_id: _Optional[str] = ..., name: _Optional[str] = ..., job_type: _Optional[_Union[_jobgraph_pb2.JobType, str]] = ..., status: _Optional[_Union[JobStatus, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ended_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., duration_seconds: _Optional[float] = ..., tasks_per_state: _Optional[_Mapping[str, int]] = ..., total_tasks: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,256 @@
+"""Job lifecycles through the real scheduler: the job's status follows from its executions.
+
+Each scenario runs on the simulated cluster and checks (a) the job's status path, (b) attempt
+numbers, and (c) that the whole event stream is a legal path through both tables.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from funke.common.executiongraph import ExecutionAttemptId, FailureInfo
+from funke.common.jobgraph import FailoverStrategyKind, ResultPartitionType
+from funke.common.restart import FixedDelayRestartBackoffTimeStrategy, NoRestartBackoffTimeStrategy
+from funke.common.states import ExecutionState, JobStatus
+from tests.conformance.graphs import BLOCKING, PIPELINED, seed_example_job, source_sink_all_to_all
+from tests.conformance.simulator import SimulatedCluster
+
+J, E = JobStatus, ExecutionState
+BOOM = FailureInfo("ZeroDivisionError", "division by zero", 'Traceback:\n  File "job.py", line 3, in divide\n')
+
+
+def fail_once(vertex_id: str, subtask: int):
+    return lambda a: BOOM if (a.vertex_id, a.subtask_index, a.attempt_number) == (vertex_id, subtask, 0) else None
+
+
+@pytest.mark.parametrize("result_type", [BLOCKING, PIPELINED])
+def test_success_all_executions_finished_then_job_finished(result_type):
+    sim = SimulatedCluster(seed_example_job(result_type)).start()
+    assert sim.run() is J.FINISHED
+    assert sim.job_path() == ["CREATED", "RUNNING", "FINISHED"]
+    paths = sim.assert_conformant()
+    assert all(p[-1] == "FINISHED" for entity, p in paths.items() if entity != "job")
+    assert sum(1 for e in paths if e != "job") == 4 + 4 + 3
+
+
+def test_batch_regions_run_in_order_and_pipelined_jobs_deploy_eagerly():
+    batch = SimulatedCluster(seed_example_job(BLOCKING)).start()
+    deployed_first = {a.vertex_id for a in batch.running}
+    assert deployed_first == {"source"}  # only source regions: the others wait for blocking inputs
+    streaming = SimulatedCluster(seed_example_job(PIPELINED)).start()
+    assert {a.vertex_id for a in streaming.running} == {"source", "map", "reduce"}
+    streaming.run()
+    # deployed consumers learned about partitions as producers finished, one update per TaskManager
+    assert {(u.data_set_id.split("->")[0]) for u in streaming.partition_updates} == {"source", "map"}
+
+
+def test_region_failover_restarts_only_the_failed_region():
+    sim = SimulatedCluster(
+        seed_example_job(BLOCKING),
+        restart_strategy=FixedDelayRestartBackoffTimeStrategy(attempts=1, delay_s=1.0),
+        script=fail_once("map", 0),
+    ).start()
+    assert sim.run() is J.FINISHED
+    assert sim.job_path() == ["CREATED", "RUNNING", "FINISHED"]  # region failover keeps the job RUNNING
+    assert sim.attempts("source") == [0, 0, 0, 0]
+    assert sim.attempts("map") == [1, 0, 0, 0]
+    assert sim.attempts("reduce") == [0, 0, 0]  # not started yet when map (1/4) failed
+    [entry] = sim.scheduler.exception_history
+    assert entry.task_name == "map (1/4)" and entry.failure == BOOM
+    sim.assert_conformant()
+
+
+def test_full_failover_goes_through_failing_restarting_created():
+    sim = SimulatedCluster(
+        seed_example_job(BLOCKING),
+        restart_strategy=FixedDelayRestartBackoffTimeStrategy(attempts=1, delay_s=2.0),
+        failover=FailoverStrategyKind.FULL,
+        script=fail_once("map", 2),
+    ).start()
+    assert sim.run() is J.FINISHED
+    assert sim.job_path() == ["CREATED", "RUNNING", "FAILING", "RESTARTING", "CREATED", "RUNNING", "FINISHED"]
+    assert sim.attempts("source") == [1, 1, 1, 1] and sim.attempts("reduce") == [1, 1, 1]
+    restarting = next(st for st in sim.job_steps if st.to_state == "RESTARTING")
+    created = next(st for st in sim.job_steps if st.from_state == "RESTARTING")
+    failing = next(st for st in sim.job_steps if st.to_state == "FAILING")
+    assert created.timestamp - failing.timestamp >= 2.0  # the backoff was honoured
+    assert restarting.timestamp <= created.timestamp
+    sim.assert_conformant()
+
+
+def test_restarts_exhausted_fails_with_root_cause_first():
+    sim = SimulatedCluster(
+        seed_example_job(BLOCKING),
+        restart_strategy=FixedDelayRestartBackoffTimeStrategy(attempts=2, delay_s=0.5),
+        script=lambda a: BOOM if (a.vertex_id, a.subtask_index) == ("map", 1) else None,
+    ).start()
+    assert sim.run() is J.FAILED
+    assert sim.job_path()[-2:] == ["FAILING", "FAILED"]
+    ev = sim.graph.vertices["map"].task_vertices[1]
+    assert [ex.attempt_number for ex in ev.prior_executions] + [ev.current_execution.attempt_number] == [0, 1, 2]
+    assert all(ex.state is E.FAILED for ex in ev.prior_executions + [ev.current_execution])
+    failure = sim.scheduler.failure
+    assert failure.exception_type == "ZeroDivisionError"
+    assert failure.message.startswith("division by zero")
+    assert "recovery is suppressed by FixedDelayRestartBackoffTimeStrategy(maxNumberRestartAttempts=2" in failure.message
+    assert failure.traceback == BOOM.traceback
+    assert len(sim.scheduler.exception_history) == 3
+    sim.assert_conformant()
+
+
+def test_no_restart_strategy_fails_on_first_failure():
+    sim = SimulatedCluster(seed_example_job(BLOCKING), script=fail_once("source", 0)).start()
+    assert sim.run() is J.FAILED
+    assert "recovery is suppressed by NoRestartBackoffTimeStrategy" in sim.scheduler.failure.message
+    sim.assert_conformant()
+
+
+# -- cancel and suspend from every non-terminal status --
+
+def _drive_to(status: JobStatus) -> SimulatedCluster:
+    """A job in `status`, with tasks still live where that status has them."""
+    if status is J.CREATED:  # waiting for slots that do not exist
+        return SimulatedCluster(seed_example_job(BLOCKING), task_managers={"tm-1": 0}).start()
+    if status is J.RUNNING:
+        sim = SimulatedCluster(seed_example_job(BLOCKING)).start()
+        sim.step_tasks()
+        sim.step_tasks()
+        return sim
+    # full failover with a slow cancellation: FAILING until the tasks report CANCELED
+    sim = SimulatedCluster(
+        seed_example_job(BLOCKING),
+        restart_strategy=FixedDelayRestartBackoffTimeStrategy(attempts=3, delay_s=5.0),
+        failover=FailoverStrategyKind.FULL,
+    ).start()
+    sim.step_tasks()
+    sim.step_tasks()  # sources RUNNING
+    sim.report(ExecutionAttemptId("source", 0, 0), E.FAILED, BOOM)
+    if status is J.FAILING:
+        return sim
+    sim.step_tasks()  # the other sources report CANCELED
+    assert sim.scheduler.status is J.RESTARTING
+    if status is J.RESTARTING:
+        return sim
+    if status is J.CANCELLING:
+        sim2 = SimulatedCluster(seed_example_job(BLOCKING)).start()
+        sim2.step_tasks()
+        sim2.apply(sim2.scheduler.cancel(sim2.now))
+        return sim2
+    raise AssertionError(status)
+
+
+NON_TERMINAL = [J.CREATED, J.RUNNING, J.FAILING, J.RESTARTING, J.CANCELLING]
+
+
+@pytest.mark.parametrize("status", NON_TERMINAL, ids=lambda s: s.value)
+def test_cancel_from_every_non_terminal_status(status):
+    sim = _drive_to(status)
+    assert sim.scheduler.status is status
+    sim.apply(sim.scheduler.cancel(sim.now))
+    assert sim.run() is J.CANCELED
+    path = sim.job_path()
+    assert path[-2:] == ["CANCELLING", "CANCELED"]
+    assert all(ev.state.is_terminal for ev in sim.graph.execution_vertices())
+    assert sim.slots.free_slots == sim.slots.total_slots  # every slot went back
+    sim.assert_conformant()
+
+
+@pytest.mark.parametrize("status", NON_TERMINAL, ids=lambda s: s.value)
+def test_suspend_from_every_non_terminal_status(status):
+    sim = _drive_to(status)
+    sim.apply(sim.scheduler.suspend(sim.now, "JobManager shutting down"))
+    assert sim.scheduler.status is J.SUSPENDED
+    assert sim.job_path()[-1] == "SUSPENDED"
+    while sim.step_tasks():  # live tasks finish cancelling; the job stays SUSPENDED
+        pass
+    assert sim.scheduler.status is J.SUSPENDED
+    assert all(ev.state.is_terminal for ev in sim.graph.execution_vertices())
+    sim.assert_conformant(require_terminal=False)
+
+
+def test_not_enough_slots_waits_then_fails_with_required_vs_available():
+    sim = SimulatedCluster(seed_example_job(PIPELINED), task_managers={"tm-1": 3}, slot_request_timeout_s=10.0).start()
+    assert sim.waiting_messages and "4 slots" in sim.waiting_messages[-1] and "3" in sim.waiting_messages[-1]
+    sim.advance(9.0)
+    assert sim.scheduler.status is J.CREATED  # still waiting for TaskManagers
+    sim.advance(2.0)
+    assert sim.run() is J.FAILED
+    assert sim.job_path() == ["CREATED", "FAILING", "FAILED"]
+    message = sim.scheduler.failure.message
+    assert "slot-sharing group 'default': 4" in message and "3 slots in total" in message
+    sim.assert_conformant()
+
+
+def test_a_task_manager_arriving_in_time_lets_the_waiting_job_run():
+    sim = SimulatedCluster(seed_example_job(PIPELINED), task_managers={"tm-1": 3}, slot_request_timeout_s=10.0).start()
+    sim.advance(5.0)
+    _, actions = sim.slots.register("tm-2", "tm-2:1", 2, {}, sim.now)
+    sim._slot_actions(actions)
+    assert sim.run() is J.FINISHED
+    sim.assert_conformant()
+
+
+def test_task_manager_loss_fails_its_tasks_and_the_job_recovers():
+    sim = SimulatedCluster(
+        seed_example_job(PIPELINED),
+        restart_strategy=FixedDelayRestartBackoffTimeStrategy(attempts=1, delay_s=1.0),
+    ).start()
+    sim.step_tasks()
+    lost = {a for a, d in sim.running.items() if d.slot.task_manager_id == "tm-1"}
+    assert lost
+    sim._slot_actions(sim.slots.lose("tm-1", "connection broken", sim.now))
+    for attempt in lost:
+        ex = sim.graph.find_execution(attempt)
+        assert ex.state is E.FAILED and "TaskManager tm-1 lost" in ex.failure.message
+    # the replacement TaskManager comes back with the same id
+    _, actions = sim.slots.register("tm-1", "tm-1:2", 3, {}, sim.now)
+    sim._slot_actions(actions)
+    assert sim.run() is J.FINISHED
+    assert len(sim.scheduler.exception_history) == len(lost)
+    sim.assert_conformant()
+
+
+def test_failures_inside_a_pending_restart_do_not_count_again():
+    sim = SimulatedCluster(
+        seed_example_job(PIPELINED),
+        restart_strategy=FixedDelayRestartBackoffTimeStrategy(attempts=1, delay_s=1.0),
+    ).start()
+    sim.step_tasks()
+    sim.step_tasks()
+    sim.report(ExecutionAttemptId("source", 0, 0), E.FAILED, BOOM)
+    # the whole pipelined job is one region; a second failure during cancellation is merged
+    sim.report(ExecutionAttemptId("map", 1, 0), E.FAILED, BOOM)
+    assert sim.run() is J.FINISHED
+    sim.assert_conformant()
+
+
+def test_reports_for_replaced_attempts_are_ignored():
+    sim = SimulatedCluster(
+        seed_example_job(BLOCKING),
+        restart_strategy=FixedDelayRestartBackoffTimeStrategy(attempts=1, delay_s=0.0),
+        script=fail_once("source", 0),
+    ).start()
+    sim.run()
+    before = len(sim.execution_steps)
+    sim.report(ExecutionAttemptId("source", 0, 0), E.FINISHED)
+    assert len(sim.execution_steps) == before
+
+
+def test_commit_failure_fails_the_job():
+    sim = SimulatedCluster(seed_example_job(BLOCKING), commit_error=FailureInfo("IOError", "disk full"))
+    # make the reduce vertex a committing sink
+    from funke.common.jobgraph import OperatorSpec
+
+    assert sim  # graph built; swap the sink kind on the job graph's vertex for this scenario
+    reduce_vertex = sim.graph.vertices["reduce"]
+    object.__setattr__(reduce_vertex.job_vertex, "operators", (OperatorSpec("sink.parquet", config={"path": "/tmp/x"}),))
+    sim.start()
+    assert sim.run() is J.FAILED
+    assert sim.job_path()[-3:] == ["RUNNING", "FAILING", "FAILED"]
+    assert "disk full" in sim.scheduler.failure.message
+
+
+def test_all_to_all_at_scale_finishes_and_conforms():
+    sim = SimulatedCluster(source_sink_all_to_all(50, ResultPartitionType.BLOCKING), task_managers={"tm-1": 8, "tm-2": 8}).start()
+    assert sim.run() is J.FINISHED
+    sim.assert_conformant()
