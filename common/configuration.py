@@ -1,0 +1,118 @@
+"""Cluster configuration: Flink's key names, typed values, defaults, and one error listing every
+bad entry.
+
+Owns the options a JobManager reads from `-D key=value` flags or a `key: value` file (the flat
+format of Flink's flink-conf.yaml). Durations use Flink's syntax ("5 s", "500 ms"; a bare
+number is milliseconds).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Mapping
+
+from funke.common.jobgraph import FailoverStrategyKind, RestartStrategyConfig
+from funke.common.restart import RestartStrategyError, parse_duration, restart_strategy_from_config
+from funke.common.slotmanager import DEFAULT_HEARTBEAT_INTERVAL_S, DEFAULT_HEARTBEAT_TIMEOUT_S
+
+
+class ConfigurationError(ValueError):
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("bad configuration:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterConfiguration:
+    data_dir: str = ""
+    heartbeat_interval_s: float = DEFAULT_HEARTBEAT_INTERVAL_S
+    heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S
+    slot_request_timeout_s: float = 300.0  # Flink's slot.request.timeout
+    evenly_spread_out_slots: bool = False
+    restart_strategy: RestartStrategyConfig | None = None  # None: no restarts (Flink without checkpointing)
+    failover_strategy: FailoverStrategyKind = FailoverStrategyKind.REGION
+    cancellation_timeout_s: float = 180.0  # Flink's task.cancellation.timeout
+
+
+_DURATIONS = {
+    "heartbeat.interval": "heartbeat_interval_s",
+    "heartbeat.timeout": "heartbeat_timeout_s",
+    "slot.request.timeout": "slot_request_timeout_s",
+    "task.cancellation.timeout": "cancellation_timeout_s",
+}
+
+
+def parse_configuration(entries: Mapping[str, str], base: ClusterConfiguration | None = None) -> ClusterConfiguration:
+    config = base or ClusterConfiguration()
+    problems: list[str] = []
+    changes: dict[str, object] = {}
+    restart_options: dict[str, str] = {}
+    restart_type: str | None = None
+    for key, value in entries.items():
+        value = str(value).strip()
+        if key in _DURATIONS:
+            try:
+                seconds = parse_duration(value)
+                if seconds <= 0:
+                    raise RestartStrategyError(f"must be positive, got {value!r}")
+                changes[_DURATIONS[key]] = seconds
+            except RestartStrategyError as exc:
+                problems.append(f"{key}: {exc}")
+        elif key == "cluster.evenly-spread-out-slots":
+            if value.lower() not in ("true", "false"):
+                problems.append(f"{key}: expected true or false, got {value!r}")
+            else:
+                changes["evenly_spread_out_slots"] = value.lower() == "true"
+        elif key in ("restart-strategy.type", "restart-strategy"):
+            restart_type = value
+        elif key.startswith("restart-strategy."):
+            restart_options[key] = value
+        elif key == "jobmanager.execution.failover-strategy":
+            try:
+                changes["failover_strategy"] = FailoverStrategyKind(value.lower())
+            except ValueError:
+                problems.append(f"{key}: expected 'region' or 'full', got {value!r}")
+        elif key == "funke.data-dir":
+            changes["data_dir"] = value
+        else:
+            problems.append(f"unknown key {key!r}")
+    if restart_type is not None or restart_options:
+        cfg = RestartStrategyConfig(restart_type or (config.restart_strategy.kind if config.restart_strategy else "none"),
+                                    restart_options)
+        try:
+            restart_strategy_from_config(cfg)
+            changes["restart_strategy"] = cfg
+        except RestartStrategyError as exc:
+            problems.append(f"restart strategy: {exc}")
+    if problems:
+        raise ConfigurationError(problems)
+    return replace(config, **changes)
+
+
+def read_config_file(path: str | Path) -> dict[str, str]:
+    """`key: value` per line; `#` starts a comment."""
+    entries: dict[str, str] = {}
+    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        key, sep, value = line.partition(":")
+        if not sep:
+            raise ConfigurationError([f"{path}:{n}: expected 'key: value', got {line!r}"])
+        entries[key.strip()] = value.strip()
+    return entries
+
+
+def parse_key_values(pairs: list[str]) -> dict[str, str]:
+    """`-D key=value` flags."""
+    entries: dict[str, str] = {}
+    bad = []
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            bad.append(f"expected key=value, got {pair!r}")
+        entries[key.strip()] = value.strip()
+    if bad:
+        raise ConfigurationError(bad)
+    return entries
