@@ -409,7 +409,7 @@ class ExecutionEnvironment:
         self._sinks: list[_Transformation] = []
         self._uids: dict[str, _Transformation] = {}
         self._restart_strategy: RestartStrategyConfig | None = None
-        self._failover_strategy = FailoverStrategyKind.REGION
+        self._failover_strategy: FailoverStrategyKind | None = None
         self._slot_request_timeout_s: float | None = None
         self._options: dict[str, str] = {}
         self._artifacts: dict[str, Artifact] = {}

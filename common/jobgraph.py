@@ -131,7 +131,7 @@ class RestartStrategyConfig:
 @dataclass(frozen=True, slots=True)
 class JobConfiguration:
     restart_strategy: RestartStrategyConfig | None = None  # None: the cluster default
-    failover_strategy: FailoverStrategyKind = FailoverStrategyKind.REGION
+    failover_strategy: FailoverStrategyKind | None = None  # None: the cluster default (region)
     slot_request_timeout_s: float | None = None  # None: the cluster default
     options: Mapping[str, str] = field(default_factory=dict)
 

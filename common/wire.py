@@ -306,11 +306,12 @@ def _edge_from_proto(m: pb.JobEdge, problems: _Problems) -> JobEdge:
 
 def _configuration_to_proto(c: JobConfiguration) -> pb.JobConfiguration:
     subject = "job configuration"
-    if not isinstance(c.failover_strategy, FailoverStrategyKind):
+    if c.failover_strategy is not None and not isinstance(c.failover_strategy, FailoverStrategyKind):
         raise WireError([f"{subject}: failover_strategy {c.failover_strategy!r} is not a FailoverStrategyKind"])
 
     def build() -> pb.JobConfiguration:
-        m = pb.JobConfiguration(failover_strategy=c.failover_strategy.value, options=dict(c.options))
+        m = pb.JobConfiguration(failover_strategy=c.failover_strategy.value if c.failover_strategy else "",
+                                options=dict(c.options))
         if c.restart_strategy is not None:
             m.restart_strategy.CopyFrom(
                 pb.RestartStrategy(type=c.restart_strategy.kind, options=dict(c.restart_strategy.options))
@@ -323,7 +324,7 @@ def _configuration_to_proto(c: JobConfiguration) -> pb.JobConfiguration:
 
 
 def _configuration_from_proto(m: pb.JobConfiguration, problems: _Problems) -> JobConfiguration:
-    failover = FailoverStrategyKind.REGION
+    failover = None  # the cluster default
     if m.failover_strategy:
         try:
             failover = FailoverStrategyKind(m.failover_strategy)

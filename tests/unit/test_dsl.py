@@ -546,7 +546,7 @@ def test_defaults_leave_the_cluster_in_charge():
 
     assert job.configuration.restart_strategy is None
     assert job.configuration.slot_request_timeout_s is None
-    assert job.configuration.failover_strategy is FailoverStrategyKind.REGION
+    assert job.configuration.failover_strategy is None  # the cluster default (region) applies
     assert job.vertices[0].parallelism == 1 and job.vertices[0].slot_sharing_group == "default"
 
 

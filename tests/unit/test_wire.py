@@ -218,7 +218,7 @@ edges = st.builds(
 configurations = st.builds(
     JobConfiguration,
     restart_strategy=st.none() | st.builds(RestartStrategyConfig, kind=texts, options=string_maps),
-    failover_strategy=st.sampled_from(FailoverStrategyKind),
+    failover_strategy=st.none() | st.sampled_from(FailoverStrategyKind),
     slot_request_timeout_s=st.none() | st.floats(allow_nan=False),
     options=string_maps,
 )
@@ -330,7 +330,7 @@ def test_unspecified_enums_and_empty_fields_decode_to_the_model_defaults() -> No
     assert vertex.slot_sharing_group == "default"
     assert vertex.operators[0].config == {}  # config_json never set
     assert job.configuration == JobConfiguration()
-    assert job.configuration.failover_strategy is FailoverStrategyKind.REGION
+    assert job.configuration.failover_strategy is None  # the cluster default applies
 
 
 def test_enums_map_by_name() -> None:
