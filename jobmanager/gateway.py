@@ -1,0 +1,142 @@
+"""Calls from the JobManager to one TaskManager: ordered, batched, off the caller's path.
+
+Each TaskManager gets one queue and one sender coroutine. Order matters (a CancelTasks must not
+overtake the SubmitTasks it cancels; a partition update must follow the deployment it updates),
+so calls leave in the order they were made; consecutive calls of one kind for one job travel as
+one RPC, which is what makes deploying thousands of tasks cheap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+import grpc
+
+from funke.common.executiongraph import FailureInfo
+from funke.v1 import cluster_pb2, cluster_pb2_grpc, job_pb2
+
+log = logging.getLogger("funke.jobmanager")
+
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+]
+RPC_TIMEOUT_S = 60.0
+MAX_BATCH = 2000
+
+DeployFailed = Callable[[str, job_pb2.ExecutionAttemptId, FailureInfo], None]
+
+
+@dataclass(slots=True)
+class _Call:
+    kind: str  # submit | cancel | update | free | release
+    job_id: str
+    items: list = field(default_factory=list)
+    extra: dict = field(default_factory=dict)
+
+
+class TaskManagerGateway:
+    def __init__(self, task_manager_id: str, address: str, on_deploy_failed: DeployFailed):
+        self.task_manager_id = task_manager_id
+        self.address = address
+        self._on_deploy_failed = on_deploy_failed
+        self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._stub = cluster_pb2_grpc.TaskExecutorStub(self._channel)
+        self._queue: deque[_Call] = deque()
+        self._wakeup = asyncio.Event()
+        self._closed = False
+        self._sender = asyncio.get_running_loop().create_task(self._send_forever(), name=f"gateway-{task_manager_id}")
+
+    # -- calls (return at once; the sender delivers them in order) --
+
+    def submit(self, descriptor: cluster_pb2.TaskDeploymentDescriptor) -> None:
+        self._enqueue("submit", descriptor.job_id, descriptor)
+
+    def cancel(self, job_id: str, attempt: job_pb2.ExecutionAttemptId) -> None:
+        self._enqueue("cancel", job_id, attempt)
+
+    def update_partition(self, job_id: str, update: cluster_pb2.PartitionInfoUpdate) -> None:
+        self._enqueue("update", job_id, update)
+
+    def free_slot(self, job_id: str, slot_index: int, cause: str) -> None:
+        self._queue.append(_Call("free", job_id, [slot_index], {"cause": cause}))
+        self._wakeup.set()
+
+    def release_partitions(self, job_id: str, refs: list[cluster_pb2.ResultPartitionRef], whole_job: bool = False) -> None:
+        self._queue.append(_Call("release", job_id, list(refs), {"whole_job": whole_job}))
+        self._wakeup.set()
+
+    def _enqueue(self, kind: str, job_id: str, item) -> None:
+        if self._closed:
+            if kind == "submit":
+                self._fail_deployments([item], f"TaskManager {self.task_manager_id} is gone")
+            return
+        last = self._queue[-1] if self._queue else None
+        if last is not None and last.kind == kind and last.job_id == job_id and len(last.items) < MAX_BATCH:
+            last.items.append(item)
+        else:
+            self._queue.append(_Call(kind, job_id, [item]))
+        self._wakeup.set()
+
+    async def close(self) -> None:
+        """The TaskManager is gone: fail what was not delivered, stop sending."""
+        self._closed = True
+        pending = [d for call in self._queue if call.kind == "submit" for d in call.items]
+        self._queue.clear()
+        self._sender.cancel()
+        if pending:
+            self._fail_deployments(pending, f"TaskManager {self.task_manager_id} is gone")
+        await self._channel.close()
+
+    # -- sending --
+
+    async def _send_forever(self) -> None:
+        while True:
+            if not self._queue:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            call = self._queue.popleft()
+            try:
+                await self._send(call)
+            except grpc.aio.AioRpcError as exc:
+                detail = f"{exc.code().name}: {exc.details()}"
+                if call.kind == "submit":
+                    self._fail_deployments(call.items, f"could not deploy to TaskManager {self.task_manager_id}: {detail}")
+                else:
+                    log.warning("%s to TaskManager %s failed: %s", call.kind, self.task_manager_id, detail)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a bug must not stop the sender for every later call
+                log.exception("sending %s to TaskManager %s", call.kind, self.task_manager_id)
+
+    async def _send(self, call: _Call) -> None:
+        if call.kind == "submit":
+            response = await self._stub.SubmitTasks(cluster_pb2.SubmitTasksRequest(tasks=call.items), timeout=RPC_TIMEOUT_S)
+            by_attempt = {(r.attempt.vertex_id, r.attempt.subtask_index, r.attempt.attempt_number): r for r in response.results}
+            for d in call.items:
+                r = by_attempt.get((d.attempt.vertex_id, d.attempt.subtask_index, d.attempt.attempt_number))
+                if r is None or not r.accepted:
+                    self._fail_deployments([d], f"TaskManager {self.task_manager_id} rejected the task: "
+                                                f"{r.error if r else 'no answer for it'}")
+        elif call.kind == "cancel":
+            await self._stub.CancelTasks(cluster_pb2.CancelTasksRequest(job_id=call.job_id, attempts=call.items),
+                                         timeout=RPC_TIMEOUT_S)
+        elif call.kind == "update":
+            await self._stub.UpdatePartitionInfo(
+                cluster_pb2.UpdatePartitionInfoRequest(job_id=call.job_id, updates=call.items), timeout=RPC_TIMEOUT_S)
+        elif call.kind == "free":
+            await self._stub.FreeSlot(cluster_pb2.FreeSlotRequest(
+                slot_index=call.items[0], job_id=call.job_id, cause=call.extra["cause"]), timeout=RPC_TIMEOUT_S)
+        elif call.kind == "release":
+            await self._stub.ReleasePartitions(cluster_pb2.ReleasePartitionsRequest(
+                job_id=call.job_id, partitions=call.items, whole_job=call.extra["whole_job"]), timeout=RPC_TIMEOUT_S)
+
+    def _fail_deployments(self, descriptors, message: str) -> None:
+        for d in descriptors:
+            self._on_deploy_failed(d.job_id, d.attempt, FailureInfo("DeploymentFailed", message))

@@ -1,0 +1,257 @@
+"""The JobMaster: runs one job on the JobManager's main thread.
+
+Owns the job's Scheduler (the sans-IO core in `funke.common.scheduler`) and carries out the
+actions it returns: slot requests go to the ResourceManager, deployments and cancellations to the
+TaskManagers' gateways, timers to the event loop, sink commits and clean-up to executor threads.
+It also fans the job's state changes out to WatchJob subscribers, in order, with sequence numbers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import traceback
+from typing import TYPE_CHECKING
+
+from funke.common import layout
+from funke.common import scheduler as s
+from funke.common.executiongraph import ExecutionGraph, FailureInfo
+from funke.common.scheduler import Scheduler
+from funke.common.states import ExecutionState, JobStatus
+from funke.jobmanager import committer
+from funke.jobmanager.conversions import (
+    DescriptorFactory,
+    attempt_from_pb,
+    attempt_pb,
+    event_pb,
+    execution_state_from_pb,
+    failure_from_pb,
+    job_details,
+)
+from funke.jobmanager.mailbox import Mailbox
+from funke.v1 import cluster_pb2, jobmanager_pb2
+
+if TYPE_CHECKING:
+    from funke.jobmanager.resourcemanager import ResourceManager
+
+log = logging.getLogger("funke.jobmanager")
+
+END_OF_STREAM = None
+
+
+class JobMaster:
+    def __init__(
+        self,
+        graph: ExecutionGraph,
+        scheduler: Scheduler,
+        *,
+        resource_manager: "ResourceManager",
+        mailbox: Mailbox,
+        data_dir: str,
+        descriptors: DescriptorFactory,
+        restart_description: str,
+    ):
+        self.graph = graph
+        self.scheduler = scheduler
+        self.job_id = graph.job_id
+        self.rm = resource_manager
+        self.mailbox = mailbox
+        self.data_dir = data_dir
+        self.descriptors = descriptors
+        self.restart_description = restart_description
+        self.waiting_for_resources = ""
+        self._loop = asyncio.get_running_loop()
+        self._timers: set[asyncio.TimerHandle] = set()
+        self._watchers: set[asyncio.Queue] = set()
+        self._sequence = 0
+        self.sink_targets = [
+            layout.sink_target(data_dir, self.job_id, jv.id, jv.operators[-1].kind, dict(jv.operators[-1].config))
+            for jv in graph.job_graph.vertices
+            if jv.operators and jv.operators[-1].kind in ("sink.parquet", "sink.csv", "sink.json", "sink.text", "sink.collect")
+        ]
+
+    @property
+    def status(self) -> JobStatus:
+        return self.graph.status
+
+    # ------------------------------------------------------------------ events (main thread)
+
+    def start(self) -> None:
+        log.info("job %s (%s): %d tasks, %d slots needed", self.job_id, self.graph.job_graph.name,
+                 self.graph.number_of_vertices(), self.scheduler.plan.required_slots())
+        self._apply(self.scheduler.start(time.time()))
+
+    def cancel(self) -> JobStatus:
+        self._apply(self.scheduler.cancel(time.time()))
+        return self.status
+
+    def suspend(self, cause: str) -> None:
+        self._apply(self.scheduler.suspend(time.time(), cause))
+
+    def on_task_state(self, update: cluster_pb2.TaskExecutionState) -> None:
+        failure = failure_from_pb(update.failure) if update.HasField("failure") else None
+        schemas = {(p.data_set_id, p.partition_index): p.schema for p in update.produced}
+        self._apply(self.scheduler.on_task_state(
+            attempt_from_pb(update.attempt), execution_state_from_pb(update.state), time.time(),
+            failure=failure, produced_schemas=schemas))
+
+    def on_deploy_failed(self, attempt, failure: FailureInfo) -> None:
+        self._apply(self.scheduler.on_deploy_failed(attempt_from_pb(attempt), failure, time.time()))
+
+    def on_slots_allocated(self, request_id: int, slots) -> None:
+        if not self.rm.has_pending_requests(self.job_id):
+            self._set_waiting("")
+        self._apply(self.scheduler.on_slots_allocated(request_id, slots, time.time()))
+
+    def on_slot_request_failed(self, request_id: int, message: str) -> None:
+        self._set_waiting("")
+        self._apply(self.scheduler.on_slot_request_failed(request_id, message, time.time()))
+
+    def on_waiting_for_resources(self, message: str) -> None:
+        self._set_waiting(message)
+
+    def on_task_manager_lost(self, task_manager_id: str, cause: str) -> None:
+        self._apply(self.scheduler.on_task_manager_lost(task_manager_id, cause, time.time()))
+
+    # ------------------------------------------------------------------ watching
+
+    def subscribe(self) -> tuple[jobmanager_pb2.JobEvent, asyncio.Queue]:
+        """The current snapshot, and a queue of every later event (ending with END_OF_STREAM)."""
+        queue: asyncio.Queue = asyncio.Queue()
+        snapshot = jobmanager_pb2.JobEvent(sequence=self._sequence, snapshot=job_details(self))
+        if self.status.is_terminal:
+            queue.put_nowait(END_OF_STREAM)
+        else:
+            self._watchers.add(queue)
+        return snapshot, queue
+
+    def unsubscribe(self, queue: asyncio.Queue) -> None:
+        self._watchers.discard(queue)
+
+    def _publish(self, event: jobmanager_pb2.JobEvent, end: bool = False) -> None:
+        for queue in self._watchers:
+            queue.put_nowait(event)
+            if end:
+                queue.put_nowait(END_OF_STREAM)
+        if end:
+            self._watchers.clear()
+
+    def _set_waiting(self, message: str) -> None:
+        if message == self.waiting_for_resources:
+            return
+        self.waiting_for_resources = message
+        if message:
+            log.warning("job %s waiting for resources: %s", self.job_id, message)
+        self._sequence += 1
+        self._publish(jobmanager_pb2.JobEvent(sequence=self._sequence, waiting_for_resources=message))
+
+    # ------------------------------------------------------------------ actions
+
+    def _apply(self, actions: list[s.Action]) -> None:
+        for action in actions:
+            handler = _HANDLERS[type(action)]
+            handler(self, action)
+
+    def _on_job_status(self, a: s.JobStatusChanged) -> None:
+        t = a.transition
+        log.info("job %s: %s -> %s%s", self.job_id, t.from_state.value, t.to_state.value, f" ({t.cause})" if t.cause else "")
+        self._sequence += 1
+        self._publish(event_pb(self._sequence, a), end=t.to_state.is_terminal)
+
+    def _on_execution_state(self, a: s.ExecutionStateChanged) -> None:
+        if a.transition.to_state is ExecutionState.FAILED:
+            log.info("job %s: %s attempt #%d FAILED: %s", self.job_id, a.task_name, a.attempt.attempt_number, a.failure)
+        self._sequence += 1
+        self._publish(event_pb(self._sequence, a))
+
+    def _on_request_slots(self, a: s.RequestSlots) -> None:
+        self.rm.request_slots(self.job_id, a.requests, a.timeout_s)
+
+    def _on_cancel_request(self, a: s.CancelSlotRequest) -> None:
+        self.rm.cancel_request(self.job_id, a.request_id)
+
+    def _on_release_slot(self, a: s.ReleaseSlot) -> None:
+        self.rm.release_slot(a.slot, self.job_id, a.cause)
+
+    def _on_deploy(self, a: s.DeployTask) -> None:
+        descriptor = self.descriptors.build(a.deployment)
+        gateway = self.rm.gateway(a.deployment.slot.task_manager_id)
+        if gateway is None:
+            failure = FailureInfo("DeploymentFailed", f"TaskManager {a.deployment.slot.task_manager_id} is gone")
+            self.mailbox.run(lambda: self.on_deploy_failed(descriptor.attempt, failure))
+        else:
+            gateway.submit(descriptor)
+
+    def _on_cancel_task(self, a: s.CancelTask) -> None:
+        gateway = self.rm.gateway(a.task_manager_id)
+        if gateway is not None:
+            gateway.cancel(self.job_id, attempt_pb(a.attempt))
+
+    def _on_update_partition(self, a: s.UpdatePartitionInfo) -> None:
+        gateway = self.rm.gateway(a.task_manager_id)
+        if gateway is not None:
+            gateway.update_partition(self.job_id, cluster_pb2.PartitionInfoUpdate(
+                data_set_id=a.data_set_id, partition_index=a.partition_index,
+                producer_attempt=a.producer_attempt, schema=a.schema))
+
+    def _on_release_partitions(self, a: s.ReleasePartitions) -> None:
+        gateway = self.rm.gateway(a.task_manager_id)
+        if gateway is not None:
+            gateway.release_partitions(self.job_id, [
+                cluster_pb2.ResultPartitionRef(data_set_id=d, partition_index=i, producer_attempt=n)
+                for d, i, n in a.partitions])
+
+    def _on_timer(self, a: s.StartTimer) -> None:
+        def fire() -> None:
+            self._timers.discard(handle)
+            self.mailbox.run(lambda: self._apply(self.scheduler.on_timer(a.timer, time.time())))
+
+        handle = self._loop.call_later(max(0.0, a.at - time.time()), fire)
+        self._timers.add(handle)
+
+    def _on_commit(self, a: s.CommitOutputs) -> None:
+        future = self._loop.run_in_executor(None, committer.commit_outputs, self.data_dir, self.job_id, a.sinks)
+
+        def done(f: asyncio.Future) -> None:
+            error = None
+            if f.exception() is not None:
+                exc = f.exception()
+                error = FailureInfo(type(exc).__name__, str(exc),
+                                    "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+            self.mailbox.run(lambda: self._apply(self.scheduler.on_outputs_committed(time.time(), error)))
+
+        future.add_done_callback(done)
+
+    def _on_cleanup(self, a: s.JobCleanup) -> None:
+        for handle in self._timers:
+            handle.cancel()
+        self._timers.clear()
+        self._set_waiting("")
+        self.rm.release_job(self.job_id, f"job {a.status.value}")
+        for tm in a.task_managers:
+            gateway = self.rm.gateway(tm)
+            if gateway is not None:
+                gateway.release_partitions(self.job_id, [], whole_job=True)
+        if a.status is not JobStatus.SUSPENDED:
+            keep = a.status is JobStatus.FINISHED
+            future = self._loop.run_in_executor(None, committer.cleanup_job, self.data_dir, self.job_id,
+                                                self.sink_targets, keep)
+            future.add_done_callback(lambda f: f.exception() and log.warning(
+                "cleaning up job %s: %s", self.job_id, f.exception()))
+
+
+_HANDLERS = {
+    s.JobStatusChanged: JobMaster._on_job_status,
+    s.ExecutionStateChanged: JobMaster._on_execution_state,
+    s.RequestSlots: JobMaster._on_request_slots,
+    s.CancelSlotRequest: JobMaster._on_cancel_request,
+    s.ReleaseSlot: JobMaster._on_release_slot,
+    s.DeployTask: JobMaster._on_deploy,
+    s.CancelTask: JobMaster._on_cancel_task,
+    s.UpdatePartitionInfo: JobMaster._on_update_partition,
+    s.ReleasePartitions: JobMaster._on_release_partitions,
+    s.StartTimer: JobMaster._on_timer,
+    s.CommitOutputs: JobMaster._on_commit,
+    s.JobCleanup: JobMaster._on_cleanup,
+}

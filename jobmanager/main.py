@@ -1,0 +1,112 @@
+"""`funke jobmanager`: the JobManager process (dispatcher, resource manager, job masters) on one
+asyncio event loop, serving the client API, the TaskManager protocol and gRPC health."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from funke.common.configuration import (
+    ClusterConfiguration,
+    ConfigurationError,
+    parse_configuration,
+    parse_key_values,
+    read_config_file,
+)
+from funke.jobmanager.dispatcher import Dispatcher
+from funke.jobmanager.gateway import CHANNEL_OPTIONS
+from funke.jobmanager.services import JobManagerService, JobMasterService, ResourceManagerService
+from funke.v1 import cluster_pb2_grpc, jobmanager_pb2_grpc
+
+log = logging.getLogger("funke.jobmanager")
+
+DEFAULT_PORT = 6123  # Flink's JobManager RPC port
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="funke jobmanager", description="Run a funke JobManager.")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help="port to bind; 0 picks a free one")
+    p.add_argument("--data-dir", help="where result partitions and collected results live (any Spark URI)")
+    p.add_argument("--config", help="a file of 'key: value' lines (Flink's flink-conf.yaml keys)")
+    p.add_argument("-D", dest="dynamic", action="append", default=[], metavar="KEY=VALUE",
+                   help="a configuration entry, e.g. -D restart-strategy.type=fixed-delay")
+    p.add_argument("--address-file", help="write host:port here once serving (used by launchers)")
+    p.add_argument("--log-level", default="INFO")
+    return p.parse_args(argv)
+
+
+def build_configuration(args: argparse.Namespace) -> ClusterConfiguration:
+    entries: dict[str, str] = {}
+    if args.config:
+        entries.update(read_config_file(args.config))
+    entries.update(parse_key_values(args.dynamic))
+    config = parse_configuration(entries)
+    data_dir = args.data_dir or config.data_dir or str(Path.home() / ".funke" / "data")
+    if "://" not in data_dir:
+        data_dir = os.path.abspath(data_dir)
+        os.makedirs(data_dir, exist_ok=True)
+    return parse_configuration({}, base=ClusterConfiguration(**{**_fields(config), "data_dir": data_dir}))
+
+
+def _fields(config: ClusterConfiguration) -> dict:
+    return {name: getattr(config, name) for name in config.__dataclass_fields__}
+
+
+async def serve(args: argparse.Namespace, config: ClusterConfiguration) -> None:
+    dispatcher = Dispatcher(config)
+    server = grpc.aio.server(options=CHANNEL_OPTIONS)
+    jobmanager_pb2_grpc.add_JobManagerServicer_to_server(JobManagerService(dispatcher), server)
+    cluster_pb2_grpc.add_ResourceManagerServicer_to_server(ResourceManagerService(dispatcher), server)
+    cluster_pb2_grpc.add_JobMasterServicer_to_server(JobMasterService(dispatcher), server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    port = server.add_insecure_port(f"{args.host}:{args.port}")
+    if port == 0:
+        raise SystemExit(f"cannot bind {args.host}:{args.port}")
+    await server.start()
+    dispatcher.start()
+    address = f"{args.host}:{port}"
+    for service in ("", "funke.v1.JobManager", "funke.v1.ResourceManager", "funke.v1.JobMaster"):
+        await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
+    if args.address_file:
+        tmp = f"{args.address_file}.tmp"
+        Path(tmp).write_text(address)
+        os.replace(tmp, args.address_file)
+    log.info("JobManager listening on %s, data dir %s", address, config.data_dir)
+    print(f"JobManager listening on {address}", flush=True)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("JobManager shutting down")
+    await health_servicer.enter_graceful_shutdown()
+    await dispatcher.stop()
+    await server.stop(grace=2.0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = build_configuration(args)
+    except ConfigurationError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    asyncio.run(serve(args, config))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,139 @@
+"""The TaskManager process: command line, logging, signals, and the TaskExecutor's event loop.
+
+`funke taskmanager ...` and `python -m funke.taskmanager.main ...` both end up in `main(argv)`.
+Logs go to stderr; stdout carries exactly one line, printed once the TaskManager is registered,
+which launchers wait for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import socket
+import sys
+
+from funke.taskmanager.taskexecutor import StartupError, TaskExecutor, TaskExecutorConfig
+
+DEFAULT_JOBMANAGER = "127.0.0.1:6123"
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"not a port number: {value}")
+    return value
+
+
+def _spark_conf(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key.strip(), value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="funke taskmanager",
+        description="Run a TaskManager: offers task slots to a JobManager and runs its tasks on PySpark.",
+    )
+    parser.add_argument("--jobmanager", metavar="HOST:PORT",
+                        default=os.environ.get("FUNKE_JOBMANAGER", DEFAULT_JOBMANAGER),
+                        help="the JobManager's RPC address (default: $FUNKE_JOBMANAGER or %(default)s)")
+    parser.add_argument("--slots", type=_positive_int, default=2, metavar="N",
+                        help="number of task slots (default: %(default)s)")
+    parser.add_argument("--id", dest="task_manager_id", default=None,
+                        help="TaskManager id (default: tm-<hostname>-<pid>)")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address the TaskExecutor service binds to (default: %(default)s)")
+    parser.add_argument("--port", type=_port, default=0,
+                        help="port of the TaskExecutor service (default: 0, any free port)")
+    spark = parser.add_mutually_exclusive_group()
+    spark.add_argument("--spark-master", default=None, metavar="URL",
+                       help="Spark master for the TaskManager's SparkSession (default: local[<slots>])")
+    spark.add_argument("--spark-remote", default=None, metavar="URL",
+                       help="use a Spark Connect server (sc://host:port) instead of a local SparkSession")
+    spark.add_argument("--no-spark", action="store_true",
+                       help="start no SparkSession: only no-op chains can run (benchmarks, fast tests)")
+    parser.add_argument("--spark-conf", type=_spark_conf, action="append", default=[], metavar="KEY=VALUE",
+                        help="extra Spark configuration (repeatable)")
+    parser.add_argument("--data-dir", default=None,
+                        help="where result partitions live, overriding the JobManager's data dir")
+    parser.add_argument("--log-level", default="INFO", type=str.upper,
+                        choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
+                        help="log level (default: %(default)s)")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> TaskExecutorConfig:
+    return TaskExecutorConfig(
+        task_manager_id=args.task_manager_id or f"tm-{socket.gethostname()}-{os.getpid()}",
+        jobmanager_address=args.jobmanager,
+        number_of_slots=args.slots,
+        host=args.host,
+        port=args.port,
+        spark_master=args.spark_master,
+        spark_remote=args.spark_remote,
+        spark_conf=tuple(args.spark_conf),
+        data_dir=args.data_dir,
+        use_spark=not args.no_spark,
+    )
+
+
+async def serve(config: TaskExecutorConfig) -> None:
+    """Run a TaskExecutor on the current loop until SIGTERM or SIGINT."""
+
+    def announce(executor: TaskExecutor) -> None:
+        print(f"TaskManager {executor.id} registered with {config.jobmanager_address} "
+              f"({config.number_of_slots} slots)", flush=True)
+
+    executor = TaskExecutor(config, on_registered=announce)
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(signum, executor.stop)
+        except (NotImplementedError, RuntimeError):  # not the main thread, or Windows
+            pass
+    await executor.run()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level, stream=sys.stderr,
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+    )
+    # gRPC and py4j are chatty at INFO; their problems surface through our own logs.
+    for noisy in ("py4j", "grpc"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLevelName(args.log_level)))
+    config = config_from_args(args)
+    try:
+        asyncio.run(serve(config))
+    except KeyboardInterrupt:  # a second Ctrl-C while shutting down
+        return 130
+    except StartupError as e:
+        logging.getLogger("funke.taskmanager").error("TaskManager %s cannot start: %s", config.task_manager_id, e)
+        return 1
+    except Exception:
+        logging.getLogger("funke.taskmanager").exception("TaskManager %s failed", config.task_manager_id)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

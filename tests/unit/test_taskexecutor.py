@@ -1,0 +1,516 @@
+"""The TaskManager process as its JobManager sees it.
+
+The test plays the JobManager: a small grpc.aio server (ResourceManager + JobMaster) on its own
+event loop thread records registrations, heartbeats and task state updates, and can restart or
+ask for re-registration. The TaskManager is the real thing, `python -m funke.taskmanager.main
+--no-spark`, driven over its TaskExecutor service with no-op chains (no Spark needed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from funke.common import layout
+from funke.v1 import cluster_pb2, cluster_pb2_grpc, job_pb2, jobgraph_pb2
+
+REPO = Path(__file__).resolve().parents[2]
+T = TypeVar("T")
+WAIT_S = 10.0
+HEARTBEAT_INTERVAL_S = 0.1
+
+
+# ---------------------------------------------------------------------------- fake JobManager
+
+
+class FakeJobManager:
+    """ResourceManager and JobMaster, recording what the TaskManager tells them.
+
+    Runs a grpc.aio server on a private event loop thread, so the (synchronous) tests can block
+    on its records through `wait_for`."""
+
+    def __init__(self, data_dir: str):
+        self.data_dir = data_dir
+        self._cond = threading.Condition()
+        self.registrations: list[cluster_pb2.RegisterTaskManagerRequest] = []
+        self.registration_ids: list[str] = []  # the answer to each of `registrations`
+        self.heartbeats: list[cluster_pb2.HeartbeatRequest] = []
+        self.heartbeat_streams: list[int] = []  # which stream each of `heartbeats` came on
+        self.updates: list[cluster_pb2.TaskExecutionState] = []
+        self.update_calls = 0
+        self.streams_opened = 0
+        self._known: dict[str, str] = {}  # TaskManager id -> its current registration id
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="fake-jobmanager", daemon=True)
+        self._thread.start()
+        self._server: grpc.aio.Server | None = None
+        self.port = self._call(self._start(0))
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def _call(self, coro, timeout: float = WAIT_S):
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    async def _start(self, port: int) -> int:
+        server = grpc.aio.server()
+        cluster_pb2_grpc.add_ResourceManagerServicer_to_server(_ResourceManager(self), server)
+        cluster_pb2_grpc.add_JobMasterServicer_to_server(_JobMaster(self), server)
+        bound = server.add_insecure_port(f"127.0.0.1:{port}")
+        assert bound, f"could not bind 127.0.0.1:{port}"
+        await server.start()
+        self._server = server
+        return bound
+
+    async def _stop(self) -> None:
+        if self._server is not None:
+            await self._server.stop(0)  # grace 0: open heartbeat streams break at once
+            self._server = None
+
+    def restart(self) -> None:
+        """A JobManager restart: streams break, the new one (same port) knows no registration."""
+        self._call(self._stop())
+        with self._cond:
+            self._known.clear()
+        self._call(self._start(self.port))
+
+    def forget(self, task_manager_id: str) -> None:
+        """Answer the TaskManager's next heartbeat with `reregister`."""
+        with self._cond:
+            self._known.pop(task_manager_id, None)
+
+    def close(self) -> None:
+        self._call(self._stop())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(WAIT_S)
+
+    def wait_for(self, what: str, predicate: Callable[[], T], timeout: float = WAIT_S) -> T:
+        """Block until `predicate()` (evaluated under the record lock) is truthy; returns it."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                result = predicate()
+                if result:
+                    return result
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
+                self._cond.wait(left)
+
+    def states_of(self, job_id: str, attempt: job_pb2.ExecutionAttemptId) -> list[str]:
+        with self._cond:
+            return [job_pb2.ExecutionState.Name(u.state).removeprefix("EXECUTION_STATE_")
+                    for u in self.updates if u.job_id == job_id and u.attempt == attempt]
+
+    def last_update(self, job_id: str, attempt: job_pb2.ExecutionAttemptId) -> cluster_pb2.TaskExecutionState:
+        with self._cond:
+            return [u for u in self.updates if u.job_id == job_id and u.attempt == attempt][-1]
+
+    def wait_for_state(self, job_id: str, attempt: job_pb2.ExecutionAttemptId, state: str,
+                       timeout: float = WAIT_S) -> list[str]:
+        return self.wait_for(f"{attempt.vertex_id}[{attempt.subtask_index}] to report {state}",
+                             lambda: state in self.states_of(job_id, attempt) and self.states_of(job_id, attempt),
+                             timeout)
+
+    # called on the server loop
+    def _register(self, request: cluster_pb2.RegisterTaskManagerRequest) -> str:
+        with self._cond:
+            self.registrations.append(request)
+            registration_id = f"{request.task_manager_id}#{len(self.registrations)}"
+            self.registration_ids.append(registration_id)
+            self._known[request.task_manager_id] = registration_id
+            self._cond.notify_all()
+            return registration_id
+
+    def _heartbeat(self, request: cluster_pb2.HeartbeatRequest, stream: int) -> bool:
+        with self._cond:
+            self.heartbeats.append(request)
+            self.heartbeat_streams.append(stream)
+            self._cond.notify_all()
+            return self._known.get(request.task_manager_id) == request.registration_id
+
+    def _stream_opened(self) -> int:
+        with self._cond:
+            self.streams_opened += 1
+            self._cond.notify_all()
+            return self.streams_opened
+
+    def _update(self, request: cluster_pb2.UpdateTaskExecutionStateRequest) -> None:
+        with self._cond:
+            self.update_calls += 1
+            self.updates.extend(request.updates)
+            self._cond.notify_all()
+
+
+class _ResourceManager(cluster_pb2_grpc.ResourceManagerServicer):
+    def __init__(self, jm: FakeJobManager):
+        self.jm = jm
+
+    async def RegisterTaskManager(self, request, context):
+        registration_id = self.jm._register(request)
+        return cluster_pb2.RegisterTaskManagerResponse(
+            registration_id=registration_id, heartbeat_interval_seconds=HEARTBEAT_INTERVAL_S,
+            heartbeat_timeout_seconds=5.0, data_dir=self.jm.data_dir)
+
+    async def Heartbeat(self, request_iterator, context):
+        stream = self.jm._stream_opened()
+        async for request in request_iterator:
+            known = self.jm._heartbeat(request, stream)
+            yield cluster_pb2.HeartbeatResponse(reregister=not known)
+
+
+class _JobMaster(cluster_pb2_grpc.JobMasterServicer):
+    def __init__(self, jm: FakeJobManager):
+        self.jm = jm
+
+    async def UpdateTaskExecutionState(self, request, context):
+        self.jm._update(request)
+        return cluster_pb2.UpdateTaskExecutionStateResponse()
+
+
+# ---------------------------------------------------------------------------- the TaskManager
+
+
+class TaskManagerProcess:
+    def __init__(self, jm: FakeJobManager, log_path: Path, tm_id: str):
+        self.id = tm_id
+        self.jm = jm
+        self.log_path = log_path
+        self._log = open(log_path, "w")
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "funke.taskmanager.main", "--no-spark", "--jobmanager", jm.address,
+             "--slots", "2", "--id", tm_id, "--log-level", "DEBUG"],
+            stdout=subprocess.PIPE, stderr=self._log, text=True, cwd=REPO, env=env)
+        self.stdout: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+        self._channel: grpc.Channel | None = None
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.stdout.put(line.rstrip("\n"))
+
+    def registration(self, index: int = 0) -> cluster_pb2.RegisterTaskManagerRequest:
+        mine = lambda: [r for r in self.jm.registrations if r.task_manager_id == self.id]  # noqa: E731
+        [registration] = self.jm.wait_for(f"registration #{index + 1} of {self.id}",
+                                          lambda: len(mine()) > index and [mine()[index]])
+        return registration
+
+    def registration_id(self, index: int = 0) -> str:
+        """What the fake JobManager answered to the TaskManager's `index`th registration."""
+        self.registration(index)
+        with self.jm._cond:
+            return [i for r, i in zip(self.jm.registrations, self.jm.registration_ids)
+                    if r.task_manager_id == self.id][index]
+
+    @property
+    def executor(self) -> cluster_pb2_grpc.TaskExecutorStub:
+        if self._channel is None:
+            self._channel = grpc.insecure_channel(self.registration().address)
+        return cluster_pb2_grpc.TaskExecutorStub(self._channel)
+
+    @property
+    def channel(self) -> grpc.Channel:
+        self.executor  # noqa: B018 - opens the channel
+        assert self._channel is not None
+        return self._channel
+
+    def log_tail(self, lines: int = 40) -> str:
+        self._log.flush()
+        return "\n".join(self.log_path.read_text().splitlines()[-lines:])
+
+    def kill(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)  # this process only, by its pid
+            self.proc.wait(WAIT_S)
+        self._log.close()
+
+
+@pytest.fixture(scope="module")
+def jm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeJobManager]:
+    fake = FakeJobManager(str(tmp_path_factory.mktemp("data")))
+    yield fake
+    fake.close()
+
+
+def _start_tm(jm: FakeJobManager, tmp: Path) -> TaskManagerProcess:
+    tm_id = f"tm-test-{uuid.uuid4().hex[:6]}"
+    return TaskManagerProcess(jm, tmp / f"{tm_id}.log", tm_id)
+
+
+@pytest.fixture(scope="module")
+def tm(jm: FakeJobManager, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TaskManagerProcess]:
+    """One TaskManager shared by the tests that leave it as they found it."""
+    process = _start_tm(jm, tmp_path_factory.mktemp("tm"))
+    process.registration()
+    yield process
+    process.kill()
+
+
+@pytest.fixture
+def own_tm(jm: FakeJobManager, tmp_path: Path) -> Iterator[TaskManagerProcess]:
+    """A TaskManager for a test that restarts, confuses or stops it."""
+    process = _start_tm(jm, tmp_path)
+    process.registration()
+    yield process
+    process.kill()
+
+
+@pytest.fixture
+def job(tm: TaskManagerProcess) -> Iterator[str]:
+    """A fresh job id; its slots on the shared TaskManager are freed afterwards."""
+    job_id = f"job-{uuid.uuid4().hex[:8]}"
+    yield job_id
+    for slot in range(2):
+        tm.executor.FreeSlot(cluster_pb2.FreeSlotRequest(slot_index=slot, job_id=job_id, cause="test over"),
+                             timeout=WAIT_S)
+
+
+# ---------------------------------------------------------------------------- descriptors
+
+
+def attempt(vertex: str, subtask: int = 0, number: int = 0) -> job_pb2.ExecutionAttemptId:
+    return job_pb2.ExecutionAttemptId(vertex_id=vertex, subtask_index=subtask, attempt_number=number)
+
+
+def producer(job_id: str, subtask: int, slot: int, parallelism: int = 2,
+             data_set: str = "ds-words") -> cluster_pb2.TaskDeploymentDescriptor:
+    return cluster_pb2.TaskDeploymentDescriptor(
+        job_id=job_id, job_name="test job", attempt=attempt("source", subtask),
+        task_name=f"Source ({subtask + 1}/{parallelism})", parallelism=parallelism, slot_index=slot,
+        vertex=jobgraph_pb2.JobVertex(id="source", name="Source", parallelism=parallelism, operators=[
+            jobgraph_pb2.OperatorSpec(kind="source.noop", name="Source", config_json="{}")]),
+        outputs=[cluster_pb2.ResultPartitionDeploymentDescriptor(
+            data_set_id=data_set, partition_index=subtask, num_subpartitions=1,
+            partitioner=jobgraph_pb2.PARTITIONER_FORWARD,
+            partition_type=jobgraph_pb2.RESULT_PARTITION_TYPE_PIPELINED)])
+
+
+def consumer(job_id: str, slot: int = 0, data_set: str = "ds-words", vertex: str = "sink",
+             subtask: int = 0) -> cluster_pb2.TaskDeploymentDescriptor:
+    """A 1-parallel consumer of partition 0 of `data_set`, whose producer has not finished yet."""
+    return cluster_pb2.TaskDeploymentDescriptor(
+        job_id=job_id, job_name="test job", attempt=attempt(vertex, subtask),
+        task_name=f"Sink ({subtask + 1}/1)", parallelism=1, slot_index=slot,
+        vertex=jobgraph_pb2.JobVertex(id=vertex, name="Sink", parallelism=1, operators=[
+            jobgraph_pb2.OperatorSpec(kind="noop", name="Noop", config_json="{}"),
+            jobgraph_pb2.OperatorSpec(kind="sink.noop", name="Sink", config_json="{}")]),
+        inputs=[cluster_pb2.InputGateDeploymentDescriptor(
+            input_index=0, data_set_id=data_set, partition_start=0, partition_end=1,
+            producer_attempts=[-1])])
+
+
+def submit(tm: TaskManagerProcess, *tasks: cluster_pb2.TaskDeploymentDescriptor) -> list[cluster_pb2.TaskSubmissionResult]:
+    response = tm.executor.SubmitTasks(cluster_pb2.SubmitTasksRequest(tasks=tasks), timeout=WAIT_S)
+    assert [r.attempt for r in response.results] == [t.attempt for t in tasks]
+    return list(response.results)
+
+
+def submit_ok(tm: TaskManagerProcess, *tasks: cluster_pb2.TaskDeploymentDescriptor) -> None:
+    for result in submit(tm, *tasks):
+        assert result.accepted, result.error
+
+
+# ---------------------------------------------------------------------------- tests
+
+
+def test_registers_its_slots_and_the_address_it_serves_on(tm: TaskManagerProcess) -> None:
+    registration = tm.registration()
+    assert registration.number_of_slots == 2
+    host, port = registration.address.rsplit(":", 1)
+    assert host == "127.0.0.1" and int(port) > 0
+    assert registration.resources["pid"] == str(tm.proc.pid)
+    assert "cores" in registration.resources
+    assert [(s.index, s.job_id, len(s.running)) for s in registration.slot_report.slots] == [(0, "", 0), (1, "", 0)]
+    # launchers wait for this one line on stdout
+    line = tm.stdout.get(timeout=WAIT_S)
+    assert line == f"TaskManager {tm.id} registered with {tm.jm.address} (2 slots)"
+    health = health_pb2_grpc.HealthStub(tm.channel).Check(health_pb2.HealthCheckRequest(), timeout=WAIT_S)
+    assert health.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_heartbeats_flow_on_one_stream_with_slot_reports(tm: TaskManagerProcess, jm: FakeJobManager) -> None:
+    registration_id = tm.registration_id()
+    with jm._cond:
+        before = len(jm.heartbeats)
+    beats = jm.wait_for("5 more heartbeats", lambda: (mine := [
+        (h, stream) for h, stream in zip(jm.heartbeats[before:], jm.heartbeat_streams[before:])
+        if h.task_manager_id == tm.id]) and len(mine) >= 5 and mine)
+    assert {h.registration_id for h, _ in beats} == {registration_id}
+    assert all(len(h.slot_report.slots) == 2 for h, _ in beats)
+    assert len({stream for _, stream in beats}) == 1  # the same stream all along
+
+
+def test_noop_tasks_report_initializing_running_finished_in_order(tm: TaskManagerProcess, jm: FakeJobManager,
+                                                                  job: str) -> None:
+    tasks = [producer(job, 0, slot=0), producer(job, 1, slot=1)]
+    submit_ok(tm, *tasks)
+    for t in tasks:
+        assert jm.wait_for_state(job, t.attempt, "FINISHED") == ["INITIALIZING", "RUNNING", "FINISHED"]
+        final = jm.last_update(job, t.attempt)
+        assert final.task_manager_id == tm.id
+        assert not final.HasField("failure")
+        assert [(p.data_set_id, p.partition_index) for p in final.produced] == [
+            ("ds-words", t.attempt.subtask_index)]
+
+
+def test_consumer_waits_for_its_input_until_partition_info_arrives(tm: TaskManagerProcess, jm: FakeJobManager,
+                                                                   job: str) -> None:
+    waiting = consumer(job)
+    submit_ok(tm, waiting)
+    jm.wait_for_state(job, waiting.attempt, "RUNNING")
+    time.sleep(0.5)
+    assert jm.states_of(job, waiting.attempt) == ["INITIALIZING", "RUNNING"]  # still waiting
+    # an update for another data set is none of its business
+    tm.executor.UpdatePartitionInfo(cluster_pb2.UpdatePartitionInfoRequest(job_id=job, updates=[
+        cluster_pb2.PartitionInfoUpdate(data_set_id="ds-other", partition_index=0, producer_attempt=0)]),
+        timeout=WAIT_S)
+    time.sleep(0.3)
+    assert jm.states_of(job, waiting.attempt) == ["INITIALIZING", "RUNNING"]
+
+    tm.executor.UpdatePartitionInfo(cluster_pb2.UpdatePartitionInfoRequest(job_id=job, updates=[
+        cluster_pb2.PartitionInfoUpdate(data_set_id="ds-words", partition_index=0, producer_attempt=0)]),
+        timeout=WAIT_S)
+    assert jm.wait_for_state(job, waiting.attempt, "FINISHED") == ["INITIALIZING", "RUNNING", "FINISHED"]
+
+
+def test_cancelling_a_waiting_task_ends_it_canceled(tm: TaskManagerProcess, jm: FakeJobManager, job: str) -> None:
+    waiting = consumer(job)
+    submit_ok(tm, waiting)
+    jm.wait_for_state(job, waiting.attempt, "RUNNING")
+    tm.executor.CancelTasks(cluster_pb2.CancelTasksRequest(job_id=job, attempts=[waiting.attempt]), timeout=WAIT_S)
+    assert jm.wait_for_state(job, waiting.attempt, "CANCELED") == ["INITIALIZING", "RUNNING", "CANCELED"]
+
+
+def test_a_cancel_that_overtakes_the_deployment_rejects_it(tm: TaskManagerProcess, jm: FakeJobManager,
+                                                           job: str) -> None:
+    late = consumer(job, vertex="late")
+    tm.executor.CancelTasks(cluster_pb2.CancelTasksRequest(job_id=job, attempts=[late.attempt]), timeout=WAIT_S)
+    [result] = submit(tm, late)
+    assert not result.accepted and "cancelled before it was deployed" in result.error
+
+
+def test_invalid_or_foreign_slots_are_rejected_with_an_error(tm: TaskManagerProcess, jm: FakeJobManager,
+                                                             job: str) -> None:
+    [result] = submit(tm, consumer(job, slot=7))
+    assert not result.accepted and "slot index 7" in result.error
+
+    # slot sharing: a second task of the same job fits into the same slot ...
+    first, second = consumer(job, vertex="a"), consumer(job, vertex="b")
+    submit_ok(tm, first, second)
+    # ... a task of another job does not
+    other_job = f"{job}-other"
+    [result] = submit(tm, consumer(other_job, slot=0))
+    assert not result.accepted and f"held by job {job}" in result.error
+
+    # once the JobManager frees the slot, what still ran there is cancelled and the slot is free
+    tm.executor.FreeSlot(cluster_pb2.FreeSlotRequest(slot_index=0, job_id=job, cause="test"), timeout=WAIT_S)
+    for t in (first, second):
+        jm.wait_for_state(job, t.attempt, "CANCELED")
+    submit_ok(tm, producer(other_job, 0, slot=0, parallelism=1))
+    jm.wait_for_state(other_job, attempt("source"), "FINISHED")
+    tm.executor.FreeSlot(cluster_pb2.FreeSlotRequest(slot_index=0, job_id=other_job), timeout=WAIT_S)
+
+
+def test_reports_are_batched_and_finished_tasks_leave_their_slot(tm: TaskManagerProcess, jm: FakeJobManager,
+                                                         job: str) -> None:
+    tasks = [consumer(job, vertex=f"v{i}") for i in range(20)]
+    with jm._cond:
+        calls_before = jm.update_calls
+    submit_ok(tm, *tasks)
+    for t in tasks:
+        jm.wait_for_state(job, t.attempt, "RUNNING")
+    tm.executor.UpdatePartitionInfo(cluster_pb2.UpdatePartitionInfoRequest(job_id=job, updates=[
+        cluster_pb2.PartitionInfoUpdate(data_set_id="ds-words", partition_index=0, producer_attempt=0)]),
+        timeout=WAIT_S)
+    for t in tasks:
+        assert jm.wait_for_state(job, t.attempt, "FINISHED") == ["INITIALIZING", "RUNNING", "FINISHED"]
+    assert jm.update_calls - calls_before < 3 * len(tasks)  # some updates shared a call
+    # finished tasks leave their slot (which stays the job's until FreeSlot)
+    with jm._cond:
+        before = len(jm.heartbeats)
+    jm.wait_for("a slot report with the job's slot and no running task", lambda: any(
+        [(s.job_id, list(s.running)) for s in h.slot_report.slots] == [(job, []), ("", [])]
+        for h in jm.heartbeats[before:] if h.task_manager_id == tm.id))
+
+
+def test_release_partitions_deletes_what_it_names_and_whole_jobs(tm: TaskManagerProcess, jm: FakeJobManager,
+                                                                  job: str) -> None:
+    def partition(index: int, attempt_number: int = 0) -> Path:
+        path = Path(layout.partition_dir(jm.data_dir, job, "ds-words", index, attempt_number))
+        path.mkdir(parents=True)
+        (path / "part-0.parquet").write_bytes(b"rows")
+        return path
+
+    # no-op producers write nothing; stand in for the files a real producer leaves behind
+    p0, p1, foreign = partition(0), partition(1), partition(5, attempt_number=3)
+    submit_ok(tm, producer(job, 0, slot=0), producer(job, 1, slot=1))
+    for subtask in (0, 1):
+        jm.wait_for_state(job, attempt("source", subtask), "FINISHED")
+
+    tm.executor.ReleasePartitions(cluster_pb2.ReleasePartitionsRequest(job_id=job, partitions=[
+        cluster_pb2.ResultPartitionRef(data_set_id="ds-words", partition_index=5, producer_attempt=3)]),
+        timeout=WAIT_S)
+    assert not foreign.exists() and p0.exists() and p1.exists()
+    # whole_job: everything this TaskManager produced for the job
+    tm.executor.ReleasePartitions(cluster_pb2.ReleasePartitionsRequest(job_id=job, whole_job=True), timeout=WAIT_S)
+    assert not p0.exists() and not p1.exists()
+
+
+def test_registers_again_after_the_jobmanager_restarts_or_forgets_it(own_tm: TaskManagerProcess,
+                                                                     jm: FakeJobManager) -> None:
+    tm = own_tm
+    job_id = "job-restart"
+    waiting = consumer(job_id)
+    submit_ok(tm, waiting)
+    jm.wait_for_state(job_id, waiting.attempt, "RUNNING")
+
+    jm.restart()
+    again = tm.registration(1)
+    # the JobManager wrote the old registration's tasks off; the TaskManager forgot them
+    assert [(s.job_id, len(s.running)) for s in again.slot_report.slots] == [("", 0), ("", 0)]
+    assert again.address == tm.registration(0).address
+    new_id = tm.registration_id(1)
+    with jm._cond:
+        before = len(jm.heartbeats)
+    jm.wait_for("heartbeats of the new registration", lambda: any(
+        h.registration_id == new_id for h in jm.heartbeats[before:]))
+
+    jm.forget(tm.id)  # the next heartbeat is answered with `reregister`
+    tm.registration(2)
+    time.sleep(0.3)
+    assert "CANCELED" not in jm.states_of(job_id, waiting.attempt)  # forgotten, not reported
+
+
+def test_sigterm_stops_it_cleanly_within_ten_seconds(own_tm: TaskManagerProcess, jm: FakeJobManager) -> None:
+    tm = own_tm
+    job_id = "job-sigterm"
+    waiting = consumer(job_id)
+    submit_ok(tm, waiting)
+    jm.wait_for_state(job_id, waiting.attempt, "RUNNING")
+
+    started = time.monotonic()
+    os.kill(tm.proc.pid, signal.SIGTERM)
+    assert tm.proc.wait(10) == 0, tm.log_tail()
+    assert time.monotonic() - started < 10
+    # the JobManager learned why its task ended: it never asked for a cancellation
+    assert jm.states_of(job_id, waiting.attempt)[-1] == "FAILED"
+    assert "shutting down" in jm.last_update(job_id, waiting.attempt).failure.message
