@@ -325,7 +325,8 @@ def input_split(edge: JobEdge, consumer_index: int, upstream: int, downstream: i
     ALL_TO_ALL BROADCAST: every producer partition whole.
     POINTWISE, upstream >= downstream: a range of whole partitions.
     POINTWISE, upstream < downstream: one partition, which its producer splits round-robin into
-    as many subpartitions as it has consumers; this consumer takes its position among them.
+    as many subpartitions as it has consumers; this consumer takes its position among them
+    (None when the producer has this one consumer only: it writes no subpartitions).
     """
     if edge.distribution_pattern is DistributionPattern.ALL_TO_ALL:
         if edge.partitioner is PartitionerKind.BROADCAST:
@@ -335,8 +336,10 @@ def input_split(edge: JobEdge, consumer_index: int, upstream: int, downstream: i
     if upstream >= downstream:
         return InputSplit(producers, None)
     p = producers.start
-    first = _first_consumer(p, upstream, downstream)
-    return InputSplit(producers, consumer_index - first)
+    consumers = pointwise_consumers_of(p, upstream, downstream)
+    if len(consumers) == 1:  # the producer feeds only this consumer and writes no subpartitions
+        return InputSplit(producers, None)
+    return InputSplit(producers, consumer_index - consumers.start)
 
 
 def subpartition_count(edge: JobEdge, partition_index: int, upstream: int, downstream: int) -> int:

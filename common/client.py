@@ -1,0 +1,388 @@
+"""The client SDK: talking to a JobManager from Python, and loading job files.
+
+Owns the synchronous gRPC client of the `funke.v1.JobManager` service (`JobManagerClient`), the
+errors a caller sees (`FunkeError` and its subclasses, which keep the gRPC status code and the
+server's message), the decoding of collected results (an Arrow IPC stream) into rows, and
+`load_job_file`, the contract of a job file (`build(args)` or a module-level `job`).
+
+It owns nothing about presenting jobs to people: that is `funke.deploy.cli`.
+
+    with JobManagerClient("127.0.0.1:6123") as client:
+        job_id = client.submit(load_job_file("examples/wordcount.py", []))
+        for event in client.watch(job_id):
+            ...
+        rows = client.result(job_id)
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import time
+import traceback
+import types
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from funke.common.jobgraph import JobGraph
+from funke.v1 import job_pb2, jobgraph_pb2, jobmanager_pb2, jobmanager_pb2_grpc
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+__all__ = [
+    "DEFAULT_JOBMANAGER",
+    "FunkeError",
+    "InvalidJobGraph",
+    "JobAlreadyExists",
+    "JobFileError",
+    "JobManagerClient",
+    "JobManagerUnavailable",
+    "JobNotFound",
+    "execution_state_name",
+    "job_status_name",
+    "load_job_file",
+]
+
+DEFAULT_JOBMANAGER = "127.0.0.1:6123"  # Flink's JobManager RPC port
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024  # job graphs carry pickled functions and artifacts
+JOB_MODULE = "__funke_job__"  # the module name a job file runs as
+# The health service name the JobManager sets SERVING once it accepts jobs.
+_HEALTH_SERVICE = "funke.v1.JobManager"
+_LOOPBACK_HOSTS = ("127.", "localhost", "[::1]", "::1")
+
+
+# --------------------------------------------------------------------------------------------
+# Errors
+# --------------------------------------------------------------------------------------------
+
+
+class FunkeError(Exception):
+    """An error for the user. `code` is the gRPC status code when the JobManager answered with
+    one (None for errors found on this side), `details` the server's message."""
+
+    def __init__(self, message: str, code: grpc.StatusCode | None = None, details: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.details = details or message
+
+
+class InvalidJobGraph(FunkeError):
+    """The JobManager (or the encoder on this side) rejected the job graph; `problems` lists
+    every problem, one line each."""
+
+    def __init__(self, message: str, problems: Sequence[str], code: grpc.StatusCode | None = None) -> None:
+        super().__init__(message, code)
+        self.problems: tuple[str, ...] = tuple(problems)
+
+
+class JobNotFound(FunkeError):
+    """No job with that id (or no such collect sink in it)."""
+
+
+class JobAlreadyExists(FunkeError):
+    """A job id that is already taken was submitted again."""
+
+
+class JobManagerUnavailable(FunkeError):
+    """The JobManager could not be reached, or did not answer in time."""
+
+    def __init__(self, address: str, details: str, code: grpc.StatusCode | None = None) -> None:
+        # gRPC's connection errors can span lines; the user gets one.
+        reason = " ".join(details.split()) or "no answer"
+        super().__init__(f"cannot reach the JobManager at {address}: {reason}", code, details)
+        self.address = address
+
+
+class JobFileError(FunkeError):
+    """A job file that cannot be loaded: missing, raising, or defining no job. `user_traceback`
+    is the traceback of the job file's own code when it raised."""
+
+    def __init__(self, message: str, user_traceback: str = "") -> None:
+        super().__init__(message)
+        self.user_traceback = user_traceback
+
+
+def _problems_of(message: str) -> list[str]:
+    """The JobManager lists problems as "  - ..." lines under a summary line; a single problem
+    comes as the bare message."""
+    listed = [line.strip()[2:] for line in message.splitlines() if line.strip().startswith("- ")]
+    return listed or [message.strip()]
+
+
+def _translate(exc: grpc.RpcError, address: str, *, submitting: bool = False) -> FunkeError:
+    code: grpc.StatusCode = exc.code()  # type: ignore[attr-defined]
+    details: str = exc.details() or ""  # type: ignore[attr-defined]
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return JobManagerUnavailable(address, details or code.name, code)
+    if code is grpc.StatusCode.NOT_FOUND:
+        return JobNotFound(details, code)
+    if code is grpc.StatusCode.ALREADY_EXISTS:
+        return JobAlreadyExists(details, code)
+    if code is grpc.StatusCode.INVALID_ARGUMENT and submitting:
+        return InvalidJobGraph(details, _problems_of(details), code)
+    return FunkeError(f"{details} ({code.name})" if details else code.name, code, details)
+
+
+# --------------------------------------------------------------------------------------------
+# Enum names as users read them
+# --------------------------------------------------------------------------------------------
+
+
+def job_status_name(value: int) -> str:
+    """JOB_STATUS_RUNNING -> "RUNNING" (unknown numbers are shown, not raised on)."""
+    try:
+        return job_pb2.JobStatus.Name(value).removeprefix("JOB_STATUS_")
+    except ValueError:
+        return f"UNKNOWN({value})"
+
+
+def execution_state_name(value: int) -> str:
+    """EXECUTION_STATE_RUNNING -> "RUNNING"."""
+    try:
+        return job_pb2.ExecutionState.Name(value).removeprefix("EXECUTION_STATE_")
+    except ValueError:
+        return f"UNKNOWN({value})"
+
+
+# --------------------------------------------------------------------------------------------
+# The client
+# --------------------------------------------------------------------------------------------
+
+
+class JobManagerClient:
+    """A synchronous client of one JobManager. `timeout` bounds every unary call in seconds;
+    `watch` has no deadline (a job may run for hours)."""
+
+    def __init__(self, address: str, timeout: float = 30) -> None:
+        self.address = address
+        self.timeout = timeout
+        options: list[tuple[str, Any]] = [
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ]
+        if address.startswith(_LOOPBACK_HOSTS):
+            # An http_proxy in the environment must not capture a loopback connection.
+            options.append(("grpc.enable_http_proxy", 0))
+        self._channel = grpc.insecure_channel(address, options=options)
+        self._stub = jobmanager_pb2_grpc.JobManagerStub(self._channel)
+
+    # ---- lifecycle ----
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def wait_until_ready(self, timeout: float = 30) -> None:
+        """Block until the JobManager's health service reports SERVING, or raise
+        JobManagerUnavailable after `timeout` seconds."""
+        stub = health_pb2_grpc.HealthStub(self._channel)
+        request = health_pb2.HealthCheckRequest(service=_HEALTH_SERVICE)
+        deadline = time.monotonic() + timeout
+        last = "no answer"
+        while (remaining := deadline - time.monotonic()) > 0:
+            try:
+                # wait_for_ready: a JobManager that is still starting is waited for, not failed.
+                response = stub.Check(request, timeout=min(remaining, 5.0), wait_for_ready=True)
+            except grpc.RpcError as exc:
+                code = exc.code()  # type: ignore[attr-defined]
+                if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    raise _translate(exc, self.address) from None
+                last = exc.details() or code.name  # type: ignore[attr-defined]
+            else:
+                if response.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+                last = f"health status {health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)}"
+            time.sleep(min(0.1, max(deadline - time.monotonic(), 0)))
+        raise JobManagerUnavailable(self.address, f"not serving after {timeout:g} s ({last})")
+
+    # ---- the JobManager service ----
+
+    def submit(self, job: JobGraph | jobgraph_pb2.JobGraph) -> str:
+        """Submit a job; returns its id. Raises InvalidJobGraph listing every problem."""
+        if isinstance(job, JobGraph):
+            from funke.common.wire import WireError, job_graph_to_proto
+
+            try:
+                message = job_graph_to_proto(job)
+            except WireError as exc:
+                raise InvalidJobGraph(str(exc), exc.problems) from None
+        elif isinstance(job, jobgraph_pb2.JobGraph):
+            message = job
+        else:
+            raise TypeError(f"submit() takes a JobGraph or a funke.v1.JobGraph, got {type(job).__name__}")
+        try:
+            response = self._stub.SubmitJob(jobmanager_pb2.SubmitJobRequest(job_graph=message), timeout=self.timeout)
+        except grpc.RpcError as exc:
+            raise _translate(exc, self.address, submitting=True) from None
+        return response.job_id
+
+    def list_jobs(self) -> list[job_pb2.JobSummary]:
+        response = self._call(self._stub.ListJobs, jobmanager_pb2.ListJobsRequest())
+        return list(response.jobs)
+
+    def get_job(self, job_id: str) -> job_pb2.JobDetails:
+        return self._call(self._stub.GetJob, jobmanager_pb2.GetJobRequest(job_id=job_id))
+
+    def cancel(self, job_id: str) -> str:
+        """Request cancellation; returns the job's status right after, e.g. "CANCELLING"."""
+        response = self._call(self._stub.CancelJob, jobmanager_pb2.CancelJobRequest(job_id=job_id))
+        return job_status_name(response.status)
+
+    def watch(self, job_id: str) -> Iterator[jobmanager_pb2.JobEvent]:
+        """The job's snapshot, then every event in order; ends once the job is globally terminal.
+        Closing the iterator early cancels the stream."""
+        call = self._stub.WatchJob(jobmanager_pb2.WatchJobRequest(job_id=job_id))
+        try:
+            yield from call
+        except grpc.RpcError as exc:
+            raise _translate(exc, self.address) from None
+        finally:
+            call.cancel()
+
+    def cluster_overview(self) -> jobmanager_pb2.ClusterOverview:
+        return self._call(self._stub.GetClusterOverview, jobmanager_pb2.GetClusterOverviewRequest())
+
+    def result_table(self, job_id: str, vertex_id: str = "") -> tuple[str, pa.Table]:
+        """The rows a FINISHED job collected, as the collect sink's vertex id and an Arrow table.
+        An empty `vertex_id` means the job's only collect sink."""
+        import pyarrow as pa  # only results need Arrow; keep the client quick to import
+
+        response: jobmanager_pb2.JobResult = self._call(
+            self._stub.GetJobResult, jobmanager_pb2.GetJobResultRequest(job_id=job_id, vertex_id=vertex_id))
+        if not response.arrow_ipc_stream:
+            return response.vertex_id, pa.table({})
+        with pa.ipc.open_stream(response.arrow_ipc_stream) as reader:
+            return response.vertex_id, reader.read_all()
+
+    def result(self, job_id: str, vertex_id: str = "") -> list[dict[str, Any]]:
+        """The collected rows as dicts keyed by column name."""
+        return self.result_table(job_id, vertex_id)[1].to_pylist()
+
+    def _call(self, method: Any, request: Any) -> Any:
+        try:
+            return method(request, timeout=self.timeout)
+        except grpc.RpcError as exc:
+            raise _translate(exc, self.address) from None
+
+
+# --------------------------------------------------------------------------------------------
+# Job files
+# --------------------------------------------------------------------------------------------
+
+
+def load_job_file(path: str | os.PathLike[str], args: Sequence[str] = ()) -> JobGraph:
+    """Run a job file and return its JobGraph.
+
+    The file runs as the module `__funke_job__` (so its `if __name__ == "__main__"` block does
+    not run), with its own directory on sys.path (so it can import its neighbours) and sys.argv
+    set to `[path, *args]` as if it ran alone. It must define `build(args)`, called with `args`, or a
+    module-level `job`; either may be a JobGraph or an ExecutionEnvironment (then built).
+    A job file's own argument parser may exit (`--help`); that SystemExit is not caught."""
+    from funke.common.dsl import ExecutionEnvironment
+
+    file = Path(path)
+    if not file.is_file():
+        what = "is a directory, not a job file" if file.is_dir() else "does not exist"
+        raise JobFileError(f"job file {str(path)!r} {what}")
+    file = file.resolve()
+    _pickle_job_module_by_value()
+    directory = str(file.parent)
+    saved_argv = sys.argv
+    sys.path.insert(0, directory)
+    sys.argv = [str(path), *args]
+    try:
+        try:
+            namespace = runpy.run_path(str(file), run_name=JOB_MODULE)
+        except Exception as exc:  # SystemExit and KeyboardInterrupt pass: they are not errors of the file
+            raise JobFileError(f"job file {str(path)!r} raised {_describe(exc)} while loading",
+                               _user_traceback(exc, file)) from exc
+        build = namespace.get("build")
+        if callable(build):
+            origin = "build(args)"
+            try:
+                job = build(list(args))
+            except Exception as exc:
+                raise _build_error(path, origin, exc, file) from exc
+        elif "job" in namespace:
+            origin, job = "job", namespace["job"]
+        else:
+            raise JobFileError(
+                f"job file {str(path)!r} defines neither build(args) nor a module-level `job`: "
+                "define `def build(args: list[str]) -> JobGraph` (see examples/wordcount.py)"
+            )
+        if isinstance(job, ExecutionEnvironment):
+            try:
+                job = job.build()
+            except Exception as exc:
+                raise _build_error(path, f"{origin}.build()", exc, file) from exc
+        if not isinstance(job, JobGraph):
+            raise JobFileError(
+                f"job file {str(path)!r}: {origin} is a {type(job).__name__}, expected a JobGraph "
+                "or an ExecutionEnvironment"
+            )
+        return job
+    finally:
+        sys.argv = saved_argv
+        try:
+            sys.path.remove(directory)
+        except ValueError:  # the job file removed it itself
+            pass
+
+
+def _pickle_job_module_by_value() -> None:
+    """While runpy runs a job file, the file is the module `__funke_job__` in sys.modules, so
+    cloudpickle would pickle the functions it defines at module level *by reference*, and the
+    TaskManagers, which cannot import it, would fail to unpickle them. Registering the name
+    makes them travel by value, like the functions of `__main__`."""
+    import cloudpickle
+
+    if JOB_MODULE in sys.modules:
+        cloudpickle.register_pickle_by_value(sys.modules[JOB_MODULE])
+        return
+    # The registration is by name but wants the module present; a placeholder stands in.
+    sys.modules[JOB_MODULE] = types.ModuleType(JOB_MODULE)
+    try:
+        cloudpickle.register_pickle_by_value(sys.modules[JOB_MODULE])
+    finally:
+        del sys.modules[JOB_MODULE]
+
+
+def _build_error(path: str | os.PathLike[str], origin: str, exc: Exception, file: Path) -> FunkeError:
+    from funke.common.validation import JobGraphInvalid
+
+    if isinstance(exc, JobGraphInvalid):
+        return InvalidJobGraph(f"job file {str(path)!r}: {exc}", [str(p) for p in exc.problems])
+    return JobFileError(f"job file {str(path)!r}: {origin} raised {_describe(exc)}", _user_traceback(exc, file))
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _user_traceback(exc: BaseException, file: Path) -> str:
+    """The traceback from the job file's first frame on: the loader's own frames (runpy, this
+    module) say nothing to the user."""
+    tb = exc.__traceback__
+    frames = tb
+    while frames is not None and Path(frames.tb_frame.f_code.co_filename) != file:
+        frames = frames.tb_next
+    if frames is None and not isinstance(exc, SyntaxError):
+        frames = tb  # raised before any of the file's code ran: show everything
+    # A SyntaxError carries its location itself; without frames only that part is printed.
+    return "".join(traceback.format_exception(type(exc), exc, frames))
+

@@ -1,0 +1,449 @@
+"""A local multi-process cluster: one JobManager and N TaskManagers on this machine.
+
+Owns the layout of a cluster directory and the lifecycle of the processes recorded in it:
+
+    <dir>/jobmanager.address     host:port, written by the JobManager once it serves
+    <dir>/pids/<name>.pid        one per process: jobmanager, tm-1 .. tm-N
+    <dir>/log/<name>.log         each process's stdout and stderr
+    <dir>/data/                  the JobManager's data dir unless another is given
+
+Every process is started in its own session (`start_new_session`), so its pid is also its
+process-group id: stopping signals the group, which takes the PySpark JVM a TaskManager started
+along with it. Only pids read from our pid files are ever signalled, and only after checking
+that the pid still runs a funke process of that kind (pids are reused once a process is gone).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from funke.common.client import FunkeError, JobManagerClient
+from funke.v1 import jobmanager_pb2
+
+__all__ = [
+    "ADDRESS_FILE",
+    "ClusterError",
+    "ClusterInfo",
+    "ClusterStatus",
+    "ProcessInfo",
+    "default_cluster_dir",
+    "read_address",
+    "start",
+    "status",
+    "stop",
+]
+
+ADDRESS_FILE = "jobmanager.address"
+JOBMANAGER = "jobmanager"
+_MODULES = {JOBMANAGER: "funke.jobmanager.main", "tm": "funke.taskmanager.main"}
+_LOG_TAIL_LINES = 30
+_POLL_S = 0.1
+
+
+class ClusterError(Exception):
+    """Starting, stopping or inspecting a local cluster failed; the message says why and, for a
+    process that died, ends with the tail of its log."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessInfo:
+    name: str  # "jobmanager", "tm-1", ...
+    pid: int
+    alive: bool
+    log: Path
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterInfo:
+    dir: Path
+    address: str
+    jobmanager: ProcessInfo
+    taskmanagers: tuple[ProcessInfo, ...]
+    slots_per_taskmanager: int
+    data_dir: str
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterStatus:
+    dir: Path
+    processes: tuple[ProcessInfo, ...]  # jobmanager first, then TaskManagers by number
+    address: str | None
+    overview: jobmanager_pb2.ClusterOverview | None  # None: no JobManager answered
+    error: str = ""  # why there is no overview, if a JobManager should have answered
+
+    @property
+    def running(self) -> bool:
+        return bool(self.processes) and all(p.alive for p in self.processes) and self.overview is not None
+
+
+@dataclass(slots=True)
+class _Started:
+    """What start() launched so far, so that a failure stops exactly that."""
+
+    dir: Path
+    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+
+def default_cluster_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """$FUNKE_CLUSTER_DIR, else ~/.funke/cluster."""
+    configured = (os.environ if environ is None else environ).get("FUNKE_CLUSTER_DIR")
+    return Path(configured).expanduser() if configured else Path.home() / ".funke" / "cluster"
+
+
+def read_address(dir: str | os.PathLike[str]) -> str | None:
+    """The JobManager address recorded in a cluster directory, if any."""
+    try:
+        text = (Path(dir) / ADDRESS_FILE).read_text().strip()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return text or None
+
+
+# --------------------------------------------------------------------------------------------
+# start
+# --------------------------------------------------------------------------------------------
+
+
+def start(
+    dir: str | os.PathLike[str],
+    taskmanagers: int,
+    slots: int,
+    port: int = 0,
+    data_dir: str | None = None,
+    dynamic: Iterable[str] = (),
+    no_spark: bool = False,
+    timeout: float = 120,
+) -> ClusterInfo:
+    """Start a JobManager and `taskmanagers` TaskManagers with `slots` slots each, recorded in
+    `dir`. Returns once the JobManager serves and every TaskManager is registered; otherwise
+    stops whatever it started and raises ClusterError. `dynamic` holds `KEY=VALUE` entries for
+    the JobManager's configuration (its -D flags)."""
+    if taskmanagers < 0:
+        raise ClusterError(f"the number of TaskManagers must be 0 or more, got {taskmanagers}")
+    if slots < 1:
+        raise ClusterError(f"each TaskManager needs at least 1 slot, got {slots}")
+    root = Path(dir).expanduser().resolve()
+    for sub in (root, root / "log", root / "pids"):
+        sub.mkdir(parents=True, exist_ok=True)
+    alive = [p for p in _recorded(root) if p.alive]
+    if alive:
+        listing = ", ".join(f"{p.name} (pid {p.pid})" for p in alive)
+        raise ClusterError(
+            f"a cluster recorded in {root} is still running: {listing}; stop it with "
+            f"`funke cluster stop --dir {root}`"
+        )
+    _forget(root)  # pid files of dead processes and a stale address must not mislead anyone
+    data = data_dir or str(root / "data")
+    if "://" not in data:
+        # The processes run in the cluster dir; a relative path meant the caller's cwd.
+        data = str(Path(data).expanduser().resolve())
+
+    started = _Started(root)
+    deadline = time.monotonic() + timeout
+    ok = False
+    try:
+        address_file = root / ADDRESS_FILE
+        jm_args = ["--port", str(port), "--address-file", str(address_file), "--data-dir", data]
+        for entry in dynamic:
+            jm_args += ["-D", entry]
+        _launch(started, JOBMANAGER, jm_args)
+        address = _wait_for_address(started, address_file, deadline)
+
+        tm_names = [f"tm-{i}" for i in range(1, taskmanagers + 1)]
+        for name in tm_names:
+            tm_args = ["--jobmanager", address, "--slots", str(slots), "--id", name]
+            if no_spark:
+                tm_args.append("--no-spark")
+            _launch(started, name, tm_args)
+
+        with JobManagerClient(address, timeout=5) as client:
+            try:
+                client.wait_until_ready(max(deadline - time.monotonic(), 0.1))
+            except FunkeError as exc:
+                _fail(started, JOBMANAGER, f"the JobManager at {address} did not become ready: {exc}")
+            _wait_for_registrations(started, client, tm_names, deadline)
+        ok = True
+        return ClusterInfo(
+            dir=root,
+            address=address,
+            jobmanager=_info(root, JOBMANAGER, started.processes[JOBMANAGER].pid, True),
+            taskmanagers=tuple(_info(root, n, started.processes[n].pid, True) for n in tm_names),
+            slots_per_taskmanager=slots,
+            data_dir=data,
+        )
+    finally:
+        if not ok:  # includes KeyboardInterrupt: never leave half a cluster behind
+            stop(root)
+
+
+def _launch(started: _Started, name: str, args: Sequence[str]) -> None:
+    module = _MODULES[JOBMANAGER if name == JOBMANAGER else "tm"]
+    log_path = started.dir / "log" / f"{name}.log"
+    env = dict(os.environ, PYTHONUNBUFFERED="1")  # log lines must reach the file as they happen
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", module, *args],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            # The cluster dir, not the caller's cwd: whatever a process writes beside itself
+            # (Spark's scratch files) stays inside the cluster's directory.
+            cwd=started.dir, env=env, start_new_session=True,
+        )
+    started.processes[name] = process
+    _pid_file(started.dir, name).write_text(f"{process.pid}\n")
+
+
+def _wait_for_address(started: _Started, address_file: Path, deadline: float) -> str:
+    while time.monotonic() < deadline:
+        _check_alive(started)
+        address = read_address(address_file.parent)
+        if address:
+            return address
+        time.sleep(_POLL_S)
+    _fail(started, JOBMANAGER, "the JobManager did not write its address in time")
+    raise AssertionError("unreachable")
+
+
+def _wait_for_registrations(started: _Started, client: JobManagerClient, names: list[str], deadline: float) -> None:
+    missing = set(names)
+    last_error = ""
+    while True:
+        _check_alive(started)
+        try:
+            overview = client.cluster_overview()
+            missing = set(names) - {tm.id for tm in overview.task_managers}
+            last_error = ""
+        except FunkeError as exc:
+            last_error = str(exc)
+        if not missing and not last_error:
+            return
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(_POLL_S)
+    if last_error:
+        _fail(started, JOBMANAGER, f"the JobManager stopped answering: {last_error}")
+    first = sorted(missing, key=_order)[0]
+    _fail(started, first,
+          f"TaskManager(s) {', '.join(sorted(missing, key=_order))} did not register in time")
+
+
+def _check_alive(started: _Started) -> None:
+    for name, process in started.processes.items():
+        code = process.poll()
+        if code is not None:
+            how = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with code {code}"
+            _fail(started, name, f"{name} {how} during startup")
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def _fail(started: _Started, name: str, message: str) -> None:
+    log = started.dir / "log" / f"{name}.log"
+    tail = _tail(log)
+    detail = f"\n--- last lines of {log} ---\n{tail}" if tail else f" (its log {log} is empty)"
+    raise ClusterError(f"{message}{detail}")
+
+
+def _tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+# --------------------------------------------------------------------------------------------
+# stop
+# --------------------------------------------------------------------------------------------
+
+
+def stop(dir: str | os.PathLike[str], timeout: float = 15) -> list[tuple[ProcessInfo, str]]:
+    """Stop the processes recorded in `dir`: SIGTERM to each process group (TaskManagers first,
+    as Flink's stop-cluster does), SIGKILL to what is left after `timeout` seconds. Returns
+    each recorded process with what happened to it ("stopped", "killed", "not running").
+    Removes the pid files and the address file; an empty or unknown dir is not an error."""
+    root = Path(dir).expanduser().resolve()
+    recorded = _recorded(root)
+    outcome: dict[str, str] = {p.name: "not running" for p in recorded if not p.alive}
+    live = [p for p in recorded if p.alive]
+    deadline = time.monotonic() + timeout
+    taskmanagers = [p for p in live if p.name != JOBMANAGER]
+    jobmanager = [p for p in live if p.name == JOBMANAGER]
+    for group in (taskmanagers, jobmanager):
+        for p in group:
+            _signal_group(p.pid, signal.SIGTERM)
+        # The JobManager gets at least a moment even when the TaskManagers used up the time.
+        _wait_gone(group, max(deadline, time.monotonic() + 2.0))
+    for p in live:
+        if _alive(p.pid):
+            _signal_group(p.pid, signal.SIGKILL)
+            _wait_gone([p], time.monotonic() + 5.0)
+            outcome[p.name] = f"killed (still running after {timeout:g} s)"
+        elif _group_alive(p.pid):
+            # The process ended but left children (a TaskManager's Spark JVM) behind.
+            _signal_group(p.pid, signal.SIGKILL)
+            outcome[p.name] = "stopped (left-over child processes killed)"
+        else:
+            outcome[p.name] = "stopped"
+    _forget(root)
+    return [(p, outcome[p.name]) for p in recorded]
+
+
+def _signal_group(pid: int, signum: int) -> None:
+    try:
+        os.killpg(pid, signum)  # pid == pgid: start_new_session made each process a leader
+    except ProcessLookupError:
+        pass
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether any process of the group still runs. Zombies do not count: a leader that exited
+    stays a zombie until its parent (often init, which may take its time) reaps it."""
+    proc = Path("/proc")
+    if not (proc / "self").exists():
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue  # exited while we looked
+        # After the command name: state, ppid, pgrp, ...
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
+            return True
+    return False
+
+
+def _wait_gone(processes: Sequence[ProcessInfo], deadline: float) -> None:
+    while any(_alive(p.pid) or _group_alive(p.pid) for p in processes) and time.monotonic() < deadline:
+        time.sleep(_POLL_S)
+
+
+def _forget(root: Path) -> None:
+    pids = root / "pids"
+    if pids.is_dir():
+        for f in pids.glob("*.pid"):
+            f.unlink(missing_ok=True)
+    (root / ADDRESS_FILE).unlink(missing_ok=True)
+
+
+# --------------------------------------------------------------------------------------------
+# status
+# --------------------------------------------------------------------------------------------
+
+
+def status(dir: str | os.PathLike[str], timeout: float = 5) -> ClusterStatus:
+    """The processes recorded in `dir`, whether each is alive, and the JobManager's overview."""
+    root = Path(dir).expanduser().resolve()
+    processes = tuple(_recorded(root))
+    address = read_address(root)
+    overview, error = None, ""
+    jm_alive = any(p.name == JOBMANAGER and p.alive for p in processes)
+    if address and jm_alive:
+        try:
+            with JobManagerClient(address, timeout=timeout) as client:
+                overview = client.cluster_overview()
+        except FunkeError as exc:
+            error = str(exc)
+    elif processes and not jm_alive:
+        error = "the JobManager is not running"
+    elif jm_alive:
+        error = "the JobManager has not written its address yet"
+    return ClusterStatus(root, processes, address, overview, error)
+
+
+# --------------------------------------------------------------------------------------------
+# pid files and process checks
+# --------------------------------------------------------------------------------------------
+
+
+def _pid_file(root: Path, name: str) -> Path:
+    return root / "pids" / f"{name}.pid"
+
+
+def _info(root: Path, name: str, pid: int, alive: bool) -> ProcessInfo:
+    return ProcessInfo(name, pid, alive, root / "log" / f"{name}.log")
+
+
+def _order(name: str) -> tuple[int, int]:
+    """jobmanager first, then tm-1, tm-2, ..., tm-10 in numeric order."""
+    if name == JOBMANAGER:
+        return (0, 0)
+    number = name.rpartition("-")[2]
+    return (1, int(number)) if number.isdigit() else (2, 0)
+
+
+def _recorded(root: Path) -> list[ProcessInfo]:
+    pids = root / "pids"
+    if not pids.is_dir():
+        return []
+    found: list[ProcessInfo] = []
+    for f in pids.glob("*.pid"):
+        try:
+            pid = int(f.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue  # unreadable: not something we can safely signal
+        name = f.stem
+        found.append(_info(root, name, pid, _alive(pid) and _is_ours(pid, name)))
+    return sorted(found, key=lambda p: _order(p.name))
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        # Reap it if it is our own child (start() and stop() in one process, as in the demo),
+        # so that an exited child does not look alive as a zombie.
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return False
+    except ChildProcessError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, but not ours to signal; _is_ours decides
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rpartition(")")[2].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _is_ours(pid: int, name: str) -> bool:
+    """Whether `pid` still runs the funke process the pid file named: a session leader (we
+    started it with start_new_session) running our module. Without /proc, the session-leader
+    check alone has to do."""
+    try:
+        if os.getpgid(pid) != pid:
+            return False
+    except (ProcessLookupError, PermissionError):
+        return False
+    module = _MODULES[JOBMANAGER if name == JOBMANAGER else "tm"]
+    if not Path("/proc/self").exists():
+        return True  # no procfs (macOS): the session-leader check is all we have
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return module.encode() in cmdline

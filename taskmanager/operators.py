@@ -1,0 +1,761 @@
+"""Operator implementations: every kind of the catalogue (`funke.common.operators`) mapped onto
+the Spark DataFrame API.
+
+Owns what each operator does to the rows of one subtask, and nothing about deployment, inputs
+or outputs (that is `task.py`). `OPERATORS` maps a kind to its function:
+
+    sources     (ctx, spec) -> DataFrame                         the subtask's share of the input
+    transforms  (ctx, spec, inputs: list[DataFrame]) -> DataFrame   a chain's head gets all of the
+                                                                 vertex's inputs in input order;
+                                                                 a chained operator gets one
+    sinks       (ctx, spec, df) -> None                          run the pipeline, stage the output
+
+Only the DataFrame API is used (no RDD, no SparkContext), so every operator also runs against
+Spark Connect.
+
+Python functions (map, flat_map, filter, reduce, a generating source.range) are cloudpickled by
+the client and executed per row inside `DataFrame.mapInArrow`: batches come in as Spark cuts
+them (spark.sql.execution.arrow.maxRecordsPerBatch, 10 000 by default) and go back with at most
+`ROWS_PER_BATCH` rows, however many a flat_map makes. The calling convention:
+
+- argument: if the input has exactly one column the function receives the bare value (a `str`,
+  an `int`, a `list` ...), otherwise a `pyspark.sql.Row` with the input's column names. Nested
+  structs arrive as Rows, maps as dicts, timestamps as timezone-aware datetimes.
+- result (map, flat_map's items, reduce): a row of the output schema (config "schema", a DDL
+  string such as "word string, n bigint"; reduce keeps its input schema). A row is a tuple or
+  list (by position), or a dict or Row (by name). With exactly one output column the function
+  may return the bare value instead; a one-element tuple/list/dict/Row is unwrapped only when
+  that column is atomic (for an array, map or struct column the result is always the value).
+- filter: the truth value of the result keeps or drops the row; the schema is unchanged.
+- reduce: fn(a, b) -> row, both arguments and the result in the convention above; like Flink's
+  keyed reduce, a and b always have the same key.
+- transform: fn(DataFrame) -> DataFrame, called once on the driver with the whole subtask input.
+
+Sources split their input among the subtasks of the vertex: files round robin over the sorted
+file list (every subtask lists and infers the schema of the whole input, so an empty share has the
+same schema), ranges and collections in contiguous chunks. source.csv reads a header by default,
+since sink.csv writes one. Collection rows are JSON, coerced to the schema where JSON has no type
+of its own (int -> double/decimal, ISO strings -> date/timestamp).
+
+File sinks stage the subtask's output beside the target (`layout.sink_staging_dir`); the
+JobManager commits it when the job FINISHED. Mode "error" (the default) fails before running
+anything when the target already holds data; "overwrite" lets the commit replace it. sink.text
+writes one string column as is, several as tab-separated text (null: an empty field). sink.noop
+plans the pipeline but runs nothing; source.noop only exists for chains made of no-op kinds, which
+the task runs without Spark.
+
+The worker-side half of this module is pickled *by value* (see the registration at the end of the
+imports), so Python workers need pyspark, pyarrow and cloudpickle, but not funke itself: that is
+what lets a Spark Connect server or a cluster's executors run funke tasks.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import decimal
+import json
+import os
+import sys
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlparse
+
+import cloudpickle
+import pyarrow as pa
+import pyarrow.fs as pafs
+from pyspark import cloudpickle as _spark_cloudpickle
+from pyspark.sql import Column, DataFrame, Row, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    ArrayType,
+    DataType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampNTZType,
+    TimestampType,
+)
+
+from funke.common import layout
+from funke.common.jobgraph import OperatorSpec
+
+# The closures handed to mapInArrow reference this module's helpers; pickled by reference they
+# would need funke importable in every Python worker. By value, they need only what they import.
+_spark_cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+__all__ = ["OPERATORS", "ROWS_PER_BATCH", "RuntimeContext", "column_ref", "parse_schema", "union_all"]
+
+ROWS_PER_BATCH = 10_000  # the most rows a Python operator hands back to Spark in one Arrow batch
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeContext:
+    """What an operator knows about the subtask it runs in (Flink's RuntimeContext)."""
+
+    spark: SparkSession
+    job_id: str
+    vertex_id: str
+    subtask_index: int
+    parallelism: int
+    attempt_number: int
+    data_dir: str
+    # Spark partitions a keyed operator uses inside the task; None: spark.sql.shuffle.partitions.
+    local_partitions: int | None = None
+
+
+Source = Callable[[RuntimeContext, OperatorSpec], DataFrame]
+Transform = Callable[[RuntimeContext, OperatorSpec, list[DataFrame]], DataFrame]
+Sink = Callable[[RuntimeContext, OperatorSpec, DataFrame], None]
+
+OPERATORS: dict[str, Callable[..., Any]] = {}
+
+
+def _operator(kind: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+        OPERATORS[kind] = fn
+        return fn
+
+    return register
+
+
+# ---------------------------------------------------------------------------------------------
+# driver-side helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def _label(spec: OperatorSpec) -> str:
+    return f"operator '{spec.display_name}' ({spec.kind})"
+
+
+def _config(spec: OperatorSpec, key: str) -> Any:
+    try:
+        return spec.config[key]
+    except KeyError:
+        raise ValueError(f"{_label(spec)}: missing config {key!r}") from None
+
+
+def _strings(spec: OperatorSpec, key: str) -> list[str]:
+    value = _config(spec, key)
+    return [value] if isinstance(value, str) else [str(v) for v in value]
+
+
+def _options(spec: OperatorSpec, defaults: dict[str, str] | None = None) -> dict[str, Any]:
+    given = spec.config.get("options") or {}
+    if not isinstance(given, dict):
+        raise ValueError(f"{_label(spec)}: config 'options' must be an object, got {type(given).__name__}")
+    return {**(defaults or {}), **given}
+
+
+def column_ref(name: str) -> Column:
+    # Backticks: a column named "a.b" is that column, not field b of struct a.
+    return F.col("`" + name.replace("`", "``") + "`")
+
+
+def parse_schema(ddl: str, what: str = "schema") -> StructType:
+    """A DDL string as a StructType; a bare type ("string") becomes one column named "value"."""
+    if not isinstance(ddl, str) or not ddl.strip():
+        raise ValueError(f"{what} must be a non-empty DDL string, got {ddl!r}")
+    parsed = DataType.fromDDL(ddl)
+    if isinstance(parsed, StructType):
+        return parsed
+    return StructType([StructField("value", parsed)])
+
+
+def _config_schema(spec: OperatorSpec) -> StructType:
+    return parse_schema(_config(spec, "schema"), f"{_label(spec)}: config 'schema'")
+
+
+def _arrow_schema(ctx: RuntimeContext, schema: StructType) -> pa.Schema:
+    # Internal PySpark API, but the only converter that matches what Spark expects back from
+    # mapInArrow (decimal precision, map entry names, large string types when configured).
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    conf = ctx.spark.conf
+    return to_arrow_schema(
+        schema,
+        timezone=conf.get("spark.sql.session.timeZone"),
+        prefers_large_types=conf.get("spark.sql.execution.arrow.useLargeVarTypes") == "true",
+    )
+
+
+def _share(n: int, subtask: int, parallelism: int) -> tuple[int, int]:
+    """The contiguous [lo, hi) of n items that subtask `subtask` of `parallelism` owns."""
+    return subtask * n // parallelism, (subtask + 1) * n // parallelism
+
+
+def union_all(frames: Sequence[DataFrame]) -> DataFrame:
+    # Pairwise, so that P inputs make a union tree of depth log P rather than a chain of P.
+    level = list(frames)
+    while len(level) > 1:
+        level = [
+            level[i].unionByName(level[i + 1]) if i + 1 < len(level) else level[i]
+            for i in range(0, len(level), 2)
+        ]
+    return level[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# worker-side helpers: run inside mapInArrow, pickled by value
+# ---------------------------------------------------------------------------------------------
+
+
+def _from_arrow(t: pa.DataType) -> Callable[[Any], Any] | None:
+    """Turns `to_pylist` values into what PySpark hands a Python UDF (None: already are)."""
+    if pa.types.is_struct(t):
+        names = [t.field(i).name for i in range(t.num_fields)]
+        inner = [_from_arrow(t.field(i).type) for i in range(t.num_fields)]
+        make = Row(*names)
+
+        def struct(v: Any) -> Any:
+            if v is None:
+                return None
+            values = list(v.values())
+            return make(*[c(x) if c else x for c, x in zip(inner, values)])
+
+        return struct
+    if pa.types.is_map(t):
+        key, item = _from_arrow(t.key_type), _from_arrow(t.item_type)
+
+        def mapping(v: Any) -> Any:
+            if v is None:
+                return None
+            return {(key(k) if key else k): (item(x) if item else x) for k, x in v}
+
+        return mapping
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        element = _from_arrow(t.value_type)
+        if element is None:
+            return None
+        return lambda v: None if v is None else [element(x) for x in v]
+    return None
+
+
+def _to_arrow(t: pa.DataType) -> Callable[[Any], Any] | None:
+    """Turns a Python value of a nested type into what `pa.array` accepts (None: as is)."""
+    if pa.types.is_struct(t):
+        names = [t.field(i).name for i in range(t.num_fields)]
+        inner = [_to_arrow(t.field(i).type) for i in range(t.num_fields)]
+
+        def struct(v: Any) -> Any:
+            if v is None:
+                return None
+            if isinstance(v, Row) and hasattr(v, "__fields__"):
+                v = v.asDict()
+            if isinstance(v, dict):
+                values = [v.get(n) for n in names]
+            else:
+                values = list(v)
+            return {n: (c(x) if c else x) for n, c, x in zip(names, inner, values)}
+
+        return struct
+    if pa.types.is_map(t):
+        key, item = _to_arrow(t.key_type), _to_arrow(t.item_type)
+
+        def mapping(v: Any) -> Any:
+            if v is None:
+                return None
+            pairs = v.items() if isinstance(v, dict) else v
+            return [((key(k) if key else k), (item(x) if item else x)) for k, x in pairs]
+
+        return mapping
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        element = _to_arrow(t.value_type)
+        if element is None:
+            return None
+        return lambda v: None if v is None else [element(x) for x in v]
+    return None
+
+
+def _arrow_is_atomic(t: pa.DataType) -> bool:
+    return not (
+        pa.types.is_struct(t)
+        or pa.types.is_map(t)
+        or pa.types.is_list(t)
+        or pa.types.is_large_list(t)
+        or pa.types.is_fixed_size_list(t)
+    )
+
+
+class _RowReader:
+    """Arrow batches -> the values a user function receives (bare values or Rows)."""
+
+    def __init__(self, schema: pa.Schema):
+        self.names = schema.names
+        self.converters = [_from_arrow(f.type) for f in schema]
+        self.make = Row(*self.names)
+
+    def read(self, batch: pa.RecordBatch) -> list[Any]:
+        columns = []
+        for column, convert in zip(batch.columns, self.converters):
+            values = column.to_pylist()
+            columns.append([convert(v) for v in values] if convert else values)
+        if len(columns) == 1:
+            return columns[0]
+        if not columns:
+            return [self.make() for _ in range(batch.num_rows)]
+        return [self.make(*values) for values in zip(*columns)]
+
+
+class _RowWriter:
+    """Results of a user function -> Arrow batches of the output schema."""
+
+    def __init__(self, schema: pa.Schema, label: str):
+        self.schema = schema
+        self.label = label
+        self.names = schema.names
+        self.converters = [_to_arrow(f.type) for f in schema]
+        self.single_atomic = len(self.names) == 1 and _arrow_is_atomic(schema.field(0).type)
+        self.pending: list[tuple[Any, ...]] = []
+
+    def values(self, result: Any) -> tuple[Any, ...]:
+        """The column values of one result row."""
+        names = self.names
+        if len(names) == 1:
+            if self.single_atomic and isinstance(result, (tuple, list, dict)) and len(result) == 1:
+                return tuple(result.values()) if isinstance(result, dict) else (result[0],)
+            return (result,)
+        if isinstance(result, Row) and hasattr(result, "__fields__"):
+            result = dict(zip(result.__fields__, result))
+        if isinstance(result, dict):
+            missing = [n for n in names if n not in result]
+            if missing:
+                raise ValueError(f"{self.label}: result {result!r} lacks column(s) {missing} of the output schema")
+            return tuple(result[n] for n in names)
+        if isinstance(result, (tuple, list)):
+            if len(result) != len(names):
+                raise ValueError(
+                    f"{self.label}: result {result!r} has {len(result)} value(s); the output schema "
+                    f"has {len(names)} column(s) {names}"
+                )
+            return tuple(result)
+        raise TypeError(
+            f"{self.label}: result {result!r} of type {type(result).__name__} is not a row of "
+            f"{len(names)} columns {names}; return a tuple, list, dict or Row"
+        )
+
+    def add(self, result: Any) -> None:
+        self.pending.append(self.values(result))
+
+    @property
+    def full(self) -> bool:
+        return len(self.pending) >= ROWS_PER_BATCH
+
+    def flush(self) -> pa.RecordBatch:
+        rows, self.pending = self.pending, []
+        return self.batch(rows)
+
+    def batch(self, rows: Sequence[tuple[Any, ...]]) -> pa.RecordBatch:
+        columns: Iterable[Sequence[Any]] = zip(*rows) if rows else [[] for _ in self.names]
+        arrays = []
+        for field, convert, values in zip(self.schema, self.converters, columns):
+            if convert:
+                values = [convert(v) for v in values]
+            try:
+                arrays.append(pa.array(values, type=field.type))
+            except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+                raise TypeError(f"{self.label}: column {field.name!r} ({field.type}): {e}") from e
+        return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+
+
+def _map_batches(fn_bytes: bytes, out_schema: pa.Schema, label: str, flat: bool):
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        fn = cloudpickle.loads(fn_bytes)
+        writer = _RowWriter(out_schema, label)
+        reader: _RowReader | None = None
+        for batch in batches:
+            reader = reader or _RowReader(batch.schema)
+            for value in reader.read(batch):
+                if flat:
+                    for result in fn(value):
+                        writer.add(result)
+                        if writer.full:
+                            yield writer.flush()
+                else:
+                    writer.add(fn(value))
+                    if writer.full:
+                        yield writer.flush()
+        if writer.pending:
+            yield writer.flush()
+
+    return run
+
+
+def _filter_batches(fn_bytes: bytes):
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        fn = cloudpickle.loads(fn_bytes)
+        reader: _RowReader | None = None
+        for batch in batches:
+            reader = reader or _RowReader(batch.schema)
+            mask = pa.array([bool(fn(v)) for v in reader.read(batch)], type=pa.bool_())
+            kept = batch.filter(mask)
+            if kept.num_rows:
+                yield kept
+
+    return run
+
+
+def _freeze(value: Any) -> Any:
+    """A hashable stand-in for a key value (array and struct keys come as lists and dicts)."""
+    if isinstance(value, list):
+        return tuple(_freeze(v) for v in value)
+    if isinstance(value, dict):
+        return tuple((k, _freeze(v)) for k, v in value.items())
+    return value
+
+
+def _reduce_batches(fn_bytes: bytes, keys: list[str], schema: pa.Schema, label: str):
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        fn = cloudpickle.loads(fn_bytes)
+        reader = _RowReader(schema)
+        writer = _RowWriter(schema, label)
+        # key -> (column values, the value the function sees); both kept so the result of fn is
+        # normalised once and handed back to fn in the same form as an input row.
+        accumulated: dict[Any, tuple[tuple[Any, ...], Any]] = {}
+        for batch in batches:
+            key_columns = [batch.column(k).to_pylist() for k in keys]
+            for key, value in zip(zip(*key_columns), reader.read(batch)):
+                key = _freeze(key)
+                seen = accumulated.get(key)
+                if seen is None:
+                    accumulated[key] = (writer.values(value), value)
+                    continue
+                columns = writer.values(fn(seen[1], value))
+                as_input = columns[0] if len(columns) == 1 else reader.make(*columns)
+                accumulated[key] = (columns, as_input)
+        rows = [columns for columns, _ in accumulated.values()]
+        for start in range(0, len(rows), ROWS_PER_BATCH):
+            yield writer.batch(rows[start:start + ROWS_PER_BATCH])
+
+    return run
+
+
+# ---------------------------------------------------------------------------------------------
+# sources
+# ---------------------------------------------------------------------------------------------
+
+
+def _is_directory(path: str) -> bool | None:
+    """Whether `path` is a directory, without Hadoop; None when that cannot be told (a glob,
+    a scheme pyarrow does not know such as s3a://)."""
+    if any(c in path for c in "*?[{"):
+        return None
+    info = _file_info(path)
+    return None if info is None else info.type == pafs.FileType.Directory
+
+
+def _file_info(path: str) -> pafs.FileInfo | None:
+    parsed = urlparse(path)
+    if parsed.scheme in ("", "file"):
+        local = parsed.path if parsed.scheme == "file" else path
+        return pafs.LocalFileSystem().get_file_info(os.path.abspath(local))
+    try:
+        fs, inner = pafs.FileSystem.from_uri(path)
+        return fs.get_file_info(inner)
+    except (ValueError, OSError, NotImplementedError):
+        return None
+
+
+def _file_source(fmt: str, defaults: dict[str, str] | None = None) -> Source:
+    def read(ctx: RuntimeContext, spec: OperatorSpec) -> DataFrame:
+        path = str(_config(spec, "path"))
+        options = _options(spec, defaults)
+        reader = ctx.spark.read.format(fmt).options(**options)
+        ddl = spec.config.get("schema")
+        if ddl:
+            reader = reader.schema(parse_schema(ddl, f"{_label(spec)}: config 'schema'"))
+        # Every subtask lists (and, without a given schema, infers from) the whole input, so that
+        # all of them agree on the files' order and on the schema, even one with no files at all.
+        whole = reader.load(path)
+        schema = whole.schema
+        files = sorted(whole.inputFiles())[ctx.subtask_index::ctx.parallelism]
+        if not files:
+            return ctx.spark.createDataFrame([], schema)
+        share = ctx.spark.read.format(fmt).options(**options).schema(schema)
+        if "basePath" not in options and _is_directory(path):
+            # Reading single files of a partitioned directory keeps its partition columns only
+            # when Spark knows where the table starts.
+            share = share.option("basePath", path)
+        return share.load(files)
+
+    return read
+
+
+OPERATORS["source.text"] = _file_source("text")
+OPERATORS["source.parquet"] = _file_source("parquet")
+# header=true: what sink.csv writes, source.csv reads back.
+OPERATORS["source.csv"] = _file_source("csv", {"header": "true"})
+OPERATORS["source.json"] = _file_source("json")
+
+
+@_operator("source.range")
+def _range(ctx: RuntimeContext, spec: OperatorSpec) -> DataFrame:
+    start = int(spec.config.get("start", 0))
+    end = int(_config(spec, "end"))
+    step = int(spec.config.get("step", 1))
+    if step == 0:
+        raise ValueError(f"{_label(spec)}: step must not be 0")
+    lo, hi = _share(len(range(start, end, step)), ctx.subtask_index, ctx.parallelism)
+    ids = ctx.spark.range(start + lo * step, start + hi * step, step)
+    if not spec.function:
+        return ids
+    # A generating source: fn(id) -> row of config "schema".
+    return _python_map(ctx, spec, ids, flat=False)
+
+
+def _coerce(value: Any, dt: DataType) -> Any:
+    """A JSON value as the Python value Spark's type verification accepts for `dt`."""
+    if value is None:
+        return None
+    if isinstance(dt, (FloatType, DoubleType)) and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(dt, DecimalType) and isinstance(value, (int, float, str)):
+        return decimal.Decimal(str(value))
+    if isinstance(dt, DateType) and isinstance(value, str):
+        return _dt.date.fromisoformat(value)
+    if isinstance(dt, (TimestampType, TimestampNTZType)) and isinstance(value, str):
+        return _dt.datetime.fromisoformat(value)
+    if isinstance(dt, ArrayType) and isinstance(value, list):
+        return [_coerce(v, dt.elementType) for v in value]
+    if isinstance(dt, MapType) and isinstance(value, dict):
+        return {k: _coerce(v, dt.valueType) for k, v in value.items()}
+    if isinstance(dt, StructType) and isinstance(value, (dict, list)):
+        return _coerce_row(value, dt)
+    return value
+
+
+def _coerce_row(row: Any, schema: StructType) -> tuple[Any, ...]:
+    if isinstance(row, dict):
+        values = [row.get(f.name) for f in schema.fields]
+    elif isinstance(row, (list, tuple)):
+        if len(row) != len(schema.fields):
+            raise ValueError(f"row {row!r} has {len(row)} value(s), the schema {len(schema.fields)} column(s)")
+        values = list(row)
+    elif len(schema.fields) == 1:  # a bare value for a one-column schema
+        values = [row]
+    else:
+        raise ValueError(f"row {row!r} is neither a list nor an object")
+    return tuple(_coerce(v, f.dataType) for v, f in zip(values, schema.fields))
+
+
+@_operator("source.collection")
+def _collection(ctx: RuntimeContext, spec: OperatorSpec) -> DataFrame:
+    rows = _config(spec, "rows")
+    if isinstance(rows, str):
+        rows = json.loads(rows)
+    if not isinstance(rows, list):
+        raise ValueError(f"{_label(spec)}: config 'rows' must be a JSON list, got {type(rows).__name__}")
+    schema = _config_schema(spec)
+    lo, hi = _share(len(rows), ctx.subtask_index, ctx.parallelism)
+    try:
+        share = [_coerce_row(r, schema) for r in rows[lo:hi]]
+    except ValueError as e:
+        raise ValueError(f"{_label(spec)}: {e}") from None
+    return ctx.spark.createDataFrame(share, schema)
+
+
+@_operator("source.noop")
+def _source_noop(ctx: RuntimeContext, spec: OperatorSpec) -> DataFrame:
+    raise ValueError(
+        f"{_label(spec)} produces no rows; it can only be chained with other no-op kinds "
+        "(noop, sink.noop), which the task runs without Spark"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# transforms
+# ---------------------------------------------------------------------------------------------
+
+
+def _single(spec: OperatorSpec, inputs: list[DataFrame]) -> DataFrame:
+    if len(inputs) != 1:
+        raise ValueError(f"{_label(spec)} takes one input, got {len(inputs)}")
+    return inputs[0]
+
+
+def _python_map(ctx: RuntimeContext, spec: OperatorSpec, df: DataFrame, flat: bool) -> DataFrame:
+    schema = _config_schema(spec)
+    fn = _map_batches(spec.function, _arrow_schema(ctx, schema), _label(spec), flat)
+    return df.mapInArrow(fn, schema)
+
+
+@_operator("map")
+def _map(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFrame]) -> DataFrame:
+    return _python_map(ctx, spec, _single(spec, inputs), flat=False)
+
+
+@_operator("flat_map")
+def _flat_map(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFrame]) -> DataFrame:
+    return _python_map(ctx, spec, _single(spec, inputs), flat=True)
+
+
+@_operator("filter")
+def _filter(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFrame]) -> DataFrame:
+    df = _single(spec, inputs)
+    return df.mapInArrow(_filter_batches(spec.function), df.schema)
+
+
+@_operator("select")
+def _select(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFrame]) -> DataFrame:
+    return _single(spec, inputs).selectExpr(*_strings(spec, "exprs"))
+
+
+@_operator("where")
+def _where(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFrame]) -> DataFrame:
+    return _single(spec, inputs).where(F.expr(str(_config(spec, "condition"))))
+
+
+def _local_partitions(ctx: RuntimeContext) -> int:
+    if ctx.local_partitions is not None:
+        return ctx.local_partitions
+    return int(ctx.spark.conf.get("spark.sql.shuffle.partitions"))
+
+
+@_operator("reduce")
+def _reduce(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFrame]) -> DataFrame:
+    df = _single(spec, inputs)
+    keys = _strings(spec, "keys")
+    if not keys:
+        raise ValueError(f"{_label(spec)}: needs at least one key")
+    # The task's input already holds only its keys (the edge is HASH-partitioned); this local
+    # shuffle puts each key in one Spark partition so one Python dict can reduce it.
+    keyed = df.repartition(_local_partitions(ctx), *[column_ref(k) for k in keys])
+    fn = _reduce_batches(spec.function, keys, _arrow_schema(ctx, df.schema), _label(spec))
+    return keyed.mapInArrow(fn, df.schema)
+
+
+@_operator("aggregate")
+def _aggregate(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFrame]) -> DataFrame:
+    aggregations = _strings(spec, "aggregations")
+    if not aggregations:
+        raise ValueError(f"{_label(spec)}: needs at least one aggregation")
+    grouped = _single(spec, inputs).groupBy(*[column_ref(k) for k in _strings(spec, "keys")])
+    return grouped.agg(*[F.expr(a) for a in aggregations])
+
+
+@_operator("count")
+def _count(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFrame]) -> DataFrame:
+    return _single(spec, inputs).groupBy(*[column_ref(k) for k in _strings(spec, "keys")]).count()
+
+
+@_operator("join")
+def _join(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFrame]) -> DataFrame:
+    if len(inputs) != 2:
+        raise ValueError(f"{_label(spec)} takes two inputs (left, right), got {len(inputs)}")
+    left, right = inputs
+    return left.join(right, on=_strings(spec, "on"), how=str(spec.config.get("how", "inner")))
+
+
+@_operator("union")
+def _union(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFrame]) -> DataFrame:
+    if not inputs:
+        raise ValueError(f"{_label(spec)} needs at least one input")
+    return union_all(inputs)
+
+
+@_operator("transform")
+def _transform(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFrame]) -> DataFrame:
+    fn = cloudpickle.loads(spec.function)
+    result = fn(_single(spec, inputs))
+    if not isinstance(result, DataFrame):
+        raise TypeError(f"{_label(spec)}: the function returned {type(result).__name__}, not a DataFrame")
+    return result
+
+
+@_operator("noop")
+def _noop(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFrame]) -> DataFrame:
+    return _union(ctx, spec, inputs)
+
+
+# ---------------------------------------------------------------------------------------------
+# sinks
+# ---------------------------------------------------------------------------------------------
+
+_SINK_MODES = ("error", "overwrite")
+
+
+def _check_target(spec: OperatorSpec, target: str) -> None:
+    """Mode "error": fail before running anything if the target already holds data. Best
+    effort: a filesystem pyarrow cannot reach is left to the commit, which checks again."""
+    info = _file_info(target)
+    if info is None or info.type == pafs.FileType.NotFound:
+        return
+    if info.type == pafs.FileType.Directory:
+        parsed = urlparse(target)
+        if parsed.scheme in ("", "file"):
+            local = os.path.abspath(parsed.path if parsed.scheme == "file" else target)
+            with os.scandir(local) as entries:
+                empty = next(entries, None) is None
+        else:
+            fs, inner = pafs.FileSystem.from_uri(target)
+            empty = not fs.get_file_info(pafs.FileSelector(inner, recursive=False))
+        if empty:
+            return
+    raise FileExistsError(
+        f"{_label(spec)}: target {target} already exists and is not empty; "
+        "set mode 'overwrite' to replace it, or write somewhere else"
+    )
+
+
+def _file_sink(fmt: str, defaults: dict[str, str] | None = None,
+               prepare: Callable[[DataFrame], DataFrame] | None = None) -> Sink:
+    def write(ctx: RuntimeContext, spec: OperatorSpec, df: DataFrame) -> None:
+        target = str(_config(spec, "path"))
+        mode = str(spec.config.get("mode", "error"))
+        if mode not in _SINK_MODES:
+            raise ValueError(f"{_label(spec)}: mode {mode!r} is not one of {', '.join(_SINK_MODES)}")
+        if mode == "error":
+            _check_target(spec, target)
+        staging = layout.sink_staging_dir(target, ctx.job_id, ctx.subtask_index, ctx.attempt_number)
+        # overwrite: the staging directory belongs to this attempt alone; the target is only
+        # touched by the commit once the job FINISHED.
+        out = prepare(df) if prepare else df
+        out.write.format(fmt).options(**_options(spec, defaults)).mode("overwrite").save(staging)
+
+    return write
+
+
+def _as_text(df: DataFrame) -> DataFrame:
+    fields = df.schema.fields
+    if len(fields) == 1 and isinstance(fields[0].dataType, StringType):
+        return df
+    # A null becomes an empty field, so that columns stay aligned (concat_ws would drop it).
+    columns = [F.coalesce(column_ref(f.name).cast("string"), F.lit("")) for f in fields]
+    return df.select(F.concat_ws("\t", *columns).alias("value"))
+
+
+OPERATORS["sink.parquet"] = _file_sink("parquet")
+OPERATORS["sink.csv"] = _file_sink("csv", {"header": "true"})
+OPERATORS["sink.json"] = _file_sink("json")
+OPERATORS["sink.text"] = _file_sink("text", prepare=_as_text)
+
+
+@_operator("sink.collect")
+def _collect(ctx: RuntimeContext, spec: OperatorSpec, df: DataFrame) -> None:
+    target = layout.collect_dir(ctx.data_dir, ctx.job_id, ctx.vertex_id)
+    staging = layout.sink_staging_dir(target, ctx.job_id, ctx.subtask_index, ctx.attempt_number)
+    df.write.mode("overwrite").parquet(staging)
+
+
+@_operator("sink.print")
+def _print(ctx: RuntimeContext, spec: OperatorSpec, df: DataFrame) -> None:
+    prefix = f"{ctx.subtask_index + 1}> "  # Flink's print sink: "subtask> record"
+    lines = [f"{prefix}{row}\n" for row in df.collect()]
+    sys.stdout.write("".join(lines))
+    sys.stdout.flush()
+
+
+@_operator("sink.discard")
+def _discard(ctx: RuntimeContext, spec: OperatorSpec, df: DataFrame) -> None:
+    df.write.format("noop").mode("overwrite").save()
+
+
+@_operator("sink.noop")
+def _sink_noop(ctx: RuntimeContext, spec: OperatorSpec, df: DataFrame) -> None:
+    # Unlike sink.discard, nothing runs: the pipeline is only planned.
+    return None

@@ -1,0 +1,547 @@
+"""The client SDK and the `funke` command line, without a cluster: where the JobManager is
+looked for, how job files load, how jobs and failures are shown, what an unreachable JobManager
+or an unknown job does to the exit code, and the local cluster's handling of its pid files.
+An in-process fake JobManager (loopback, port 0) stands in where an answer is needed."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from concurrent import futures
+from pathlib import Path
+from typing import Iterator
+
+import cloudpickle
+import grpc
+import pyarrow as pa
+import pytest
+from google.protobuf.timestamp_pb2 import Timestamp
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from funke.common.client import (
+    FunkeError,
+    InvalidJobGraph,
+    JobFileError,
+    JobManagerClient,
+    JobManagerUnavailable,
+    JobNotFound,
+    load_job_file,
+)
+from funke.common.jobgraph import JobGraph
+from funke.deploy import cli, localcluster
+from funke.v1 import job_pb2, jobmanager_pb2, jobmanager_pb2_grpc
+
+JS = job_pb2.JobStatus
+ES = job_pb2.ExecutionState
+
+
+# --------------------------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------------------------
+
+
+def ts(seconds: float) -> Timestamp:
+    return Timestamp(seconds=int(seconds), nanos=int(round((seconds - int(seconds)) * 1e9)))
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write(path: Path, source: str) -> Path:
+    path.write_text(textwrap.dedent(source))
+    return path
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """No JobManager from the environment, and a cluster dir of our own (empty)."""
+    monkeypatch.delenv("FUNKE_JOBMANAGER", raising=False)
+    cluster_dir = tmp_path / "cluster"
+    monkeypatch.setenv("FUNKE_CLUSTER_DIR", str(cluster_dir))
+    return cluster_dir
+
+
+T0 = 1_700_000_000.0
+
+
+def failed_job() -> job_pb2.JobDetails:
+    """A word count whose second source subtask failed: the JobDetails a JobManager would send."""
+    tb = ('Traceback (most recent call last):\n  File "/jobs/wc.py", line 12, in words\n'
+          "    raise ValueError('bad line')\nValueError: bad line\n")
+    failure = job_pb2.Failure(exception_type="ValueError", message="bad line", traceback=tb)
+    d = job_pb2.JobDetails(
+        job_id="f00d", name="word count", status=JS.JOB_STATUS_FAILED, created_at=ts(T0),
+        required_slots=2, restart_strategy="no restarts", failover_strategy="region",
+    )
+    d.status_history.add(from_status=JS.JOB_STATUS_CREATED, to_status=JS.JOB_STATUS_RUNNING,
+                         timestamp=ts(T0 + 0.5), cause="tasks deploying")
+    d.status_history.add(from_status=JS.JOB_STATUS_RUNNING, to_status=JS.JOB_STATUS_FAILING,
+                         timestamp=ts(T0 + 2.0), cause="ValueError: bad line\nmore detail")
+    d.status_history.add(from_status=JS.JOB_STATUS_FAILING, to_status=JS.JOB_STATUS_FAILED,
+                         timestamp=ts(T0 + 2.25), cause="no restarts")
+    v = d.vertices.add(id="source-text", name="Source: text -> FlatMap", parallelism=2)
+    v.subtasks_per_state.update({"FINISHED": 1, "FAILED": 1})
+    s0 = v.subtasks.add(subtask_index=0, name="Source: text -> FlatMap (1/2)")
+    s0.current.id.CopyFrom(job_pb2.ExecutionAttemptId(vertex_id="source-text", subtask_index=0, attempt_number=0))
+    s0.current.state = ES.EXECUTION_STATE_FINISHED
+    s0.current.task_manager_id = "tm-1"
+    s0.current.slot_index = 0
+    s1 = v.subtasks.add(subtask_index=1, name="Source: text -> FlatMap (2/2)")
+    s1.current.id.CopyFrom(job_pb2.ExecutionAttemptId(vertex_id="source-text", subtask_index=1, attempt_number=1))
+    s1.current.state = ES.EXECUTION_STATE_FAILED
+    s1.current.task_manager_id = "tm-2"
+    s1.current.slot_index = 1
+    s1.current.failure.CopyFrom(failure)
+    prior = s1.prior_attempts.add(state=ES.EXECUTION_STATE_CANCELED, task_manager_id="tm-1")
+    prior.id.CopyFrom(job_pb2.ExecutionAttemptId(vertex_id="source-text", subtask_index=1, attempt_number=0))
+    d.exceptions.add(timestamp=ts(T0 + 2.0), task_name="Source: text -> FlatMap (2/2)",
+                     attempt=s1.current.id, task_manager_id="tm-2", failure=failure)
+    d.failure.CopyFrom(failure)
+    return d
+
+
+class FakeJobManager(jobmanager_pb2_grpc.JobManagerServicer):
+    """Answers like a JobManager for one finished job "j1" that collected two rows."""
+
+    def SubmitJob(self, request, context):
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                      "job graph has 2 problem(s):\n  - vertex 'a': parallelism must be positive\n"
+                      "  - edge 'a->b': unknown consumer 'b'")
+
+    def GetJob(self, request, context):
+        if request.job_id != "j1":
+            context.abort(grpc.StatusCode.NOT_FOUND, f"no job with id {request.job_id!r}")
+        d = failed_job()
+        d.job_id = "j1"
+        return d
+
+    def ListJobs(self, request, context):
+        return jobmanager_pb2.ListJobsResponse(jobs=[job_pb2.JobSummary(
+            job_id="j1", name="word count", status=JS.JOB_STATUS_FINISHED, created_at=ts(T0),
+            ended_at=ts(T0 + 3), duration_seconds=3.0, total_tasks=4, tasks_per_state={"FINISHED": 4})])
+
+    def GetJobResult(self, request, context):
+        table = pa.table({"word": ["funke", "flink"], "count": [3, 2]})
+        sink = io.BytesIO()
+        with pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+        return jobmanager_pb2.JobResult(vertex_id="count", arrow_ipc_stream=sink.getvalue(), row_count=2)
+
+
+@pytest.fixture
+def fake_jobmanager() -> Iterator[str]:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    jobmanager_pb2_grpc.add_JobManagerServicer_to_server(FakeJobManager(), server)
+    health_servicer = health.HealthServicer()
+    health_servicer.set("funke.v1.JobManager", health_pb2.HealthCheckResponse.SERVING)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        server.stop(grace=None)
+
+
+# --------------------------------------------------------------------------------------------
+# where the JobManager is looked for
+# --------------------------------------------------------------------------------------------
+
+
+def test_jobmanager_flag_wins_over_environment_and_address_file(tmp_path: Path) -> None:
+    (tmp_path / "jobmanager.address").write_text("127.0.0.1:7003")
+    env = {"FUNKE_JOBMANAGER": "127.0.0.1:7002", "FUNKE_CLUSTER_DIR": str(tmp_path)}
+    assert cli.resolve_jobmanager("127.0.0.1:7001", env) == "127.0.0.1:7001"
+
+
+def test_environment_variable_wins_over_the_address_file(tmp_path: Path) -> None:
+    (tmp_path / "jobmanager.address").write_text("127.0.0.1:7003")
+    env = {"FUNKE_JOBMANAGER": "127.0.0.1:7002", "FUNKE_CLUSTER_DIR": str(tmp_path)}
+    assert cli.resolve_jobmanager(None, env) == "127.0.0.1:7002"
+
+
+def test_local_cluster_address_file_is_used_without_flag_or_environment(tmp_path: Path) -> None:
+    (tmp_path / "jobmanager.address").write_text("127.0.0.1:7003\n")
+    assert cli.resolve_jobmanager(None, {"FUNKE_CLUSTER_DIR": str(tmp_path)}) == "127.0.0.1:7003"
+
+
+def test_default_address_when_nothing_is_configured(tmp_path: Path) -> None:
+    assert cli.resolve_jobmanager(None, {"FUNKE_CLUSTER_DIR": str(tmp_path / "none")}) == "127.0.0.1:6123"
+
+
+def test_cluster_dir_defaults_to_home_dot_funke(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert localcluster.default_cluster_dir({}) == tmp_path / ".funke" / "cluster"
+
+
+def test_malformed_jobmanager_address_is_a_usage_error(clean_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["list", "--jobmanager", "localhost"]) == 2
+    assert "expected HOST:PORT" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------------------------
+# job files
+# --------------------------------------------------------------------------------------------
+
+
+def test_build_receives_the_remaining_arguments(tmp_path: Path) -> None:
+    job_file = write(tmp_path / "job.py", """
+        from funke.common.dsl import ExecutionEnvironment
+
+        def build(args):
+            env = ExecutionEnvironment("args=" + " ".join(args))
+            env.from_range(3).collect()
+            return env.build()
+    """)
+    job = load_job_file(job_file, ["--parallelism", "4"])
+    assert isinstance(job, JobGraph)
+    assert job.name == "args=--parallelism 4"
+
+
+def test_module_level_job_graph_is_used_when_there_is_no_build(tmp_path: Path) -> None:
+    job_file = write(tmp_path / "job.py", """
+        from funke.common.dsl import ExecutionEnvironment
+        env = ExecutionEnvironment("module level")
+        env.from_range(3).discard()
+        job = env.build()
+    """)
+    assert load_job_file(job_file).name == "module level"
+
+
+@pytest.mark.parametrize("definition", ["job = env", "def build(args):\n    return env"])
+def test_an_execution_environment_is_built(tmp_path: Path, definition: str) -> None:
+    job_file = write(tmp_path / "job.py", """
+        from funke.common.dsl import ExecutionEnvironment
+        env = ExecutionEnvironment("from env", parallelism=3)
+        env.from_range(3).collect()
+    """)
+    job_file.write_text(job_file.read_text() + definition + "\n")
+    job = load_job_file(job_file)
+    assert job.name == "from env"
+    assert {v.parallelism for v in job.vertices} == {3}
+
+
+def test_job_file_runs_as_funke_job_with_its_directory_importable(tmp_path: Path) -> None:
+    write(tmp_path / "helper_for_job.py", "NAME = 'from a neighbour'\n")
+    job_file = write(tmp_path / "job.py", """
+        from funke.common.dsl import ExecutionEnvironment
+        import helper_for_job
+        assert __name__ == "__funke_job__", __name__
+        env = ExecutionEnvironment(helper_for_job.NAME)
+        env.from_range(1).discard()
+        job = env
+        if __name__ == "__main__":
+            raise SystemExit("the main block must not run")
+    """)
+    path_before = list(sys.path)
+    try:
+        assert load_job_file(job_file).name == "from a neighbour"
+        assert sys.path == path_before  # the directory is on sys.path only while loading
+    finally:
+        sys.modules.pop("helper_for_job", None)
+
+
+def test_module_level_functions_ship_by_value(tmp_path: Path) -> None:
+    # The TaskManagers cannot import the job file; a function pickled by reference to the
+    # `__funke_job__` module would fail there exactly as it fails here, after the load.
+    job_file = write(tmp_path / "job.py", """
+        from funke.common.dsl import ExecutionEnvironment
+
+        def double(n):
+            return 2 * n
+
+        env = ExecutionEnvironment("by value")
+        env.from_range(3).map(double, schema="n bigint").collect()
+        job = env
+    """)
+    job = load_job_file(job_file)
+    (fn,) = [op.function for v in job.vertices for op in v.operators if op.kind == "map"]
+    assert "__funke_job__" not in sys.modules
+    assert cloudpickle.loads(fn)(21) == 42
+
+
+def test_missing_job_file_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(JobFileError, match="does not exist"):
+        load_job_file(tmp_path / "nope.py")
+
+
+def test_job_file_without_build_or_job_is_rejected(tmp_path: Path) -> None:
+    job_file = write(tmp_path / "job.py", "x = 1\n")
+    with pytest.raises(JobFileError, match=r"defines neither build\(args\) nor a module-level `job`"):
+        load_job_file(job_file)
+
+
+def test_build_returning_something_else_is_rejected(tmp_path: Path) -> None:
+    job_file = write(tmp_path / "job.py", "def build(args):\n    return 42\n")
+    with pytest.raises(JobFileError, match=r"build\(args\) is a int, expected a JobGraph or an ExecutionEnvironment"):
+        load_job_file(job_file)
+
+
+def test_an_exception_in_the_job_file_keeps_the_users_traceback(tmp_path: Path) -> None:
+    job_file = write(tmp_path / "job.py", """
+        def build(args):
+            raise KeyError("no such table")
+    """)
+    with pytest.raises(JobFileError, match=r"build\(args\) raised KeyError") as info:
+        load_job_file(job_file)
+    assert f'File "{job_file.resolve()}", line 3, in build' in info.value.user_traceback
+    assert "runpy" not in info.value.user_traceback
+
+
+def test_a_dsl_error_while_building_is_reported(tmp_path: Path) -> None:
+    job_file = write(tmp_path / "job.py", """
+        from funke.common.dsl import ExecutionEnvironment
+        job = ExecutionEnvironment("no sinks")
+    """)
+    with pytest.raises(JobFileError, match="has no sinks"):
+        load_job_file(job_file)
+
+
+def test_submit_of_a_broken_job_file_exits_2_with_the_traceback(
+        clean_env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    job_file = write(tmp_path / "job.py", "import no_such_module_anywhere\n")
+    assert cli.main(["submit", str(job_file)]) == 2
+    err = capsys.readouterr().err
+    assert "raised ModuleNotFoundError" in err
+    assert "No module named 'no_such_module_anywhere'" in err
+
+
+# --------------------------------------------------------------------------------------------
+# `funke submit` argument handling
+# --------------------------------------------------------------------------------------------
+
+
+def test_our_flags_after_the_job_file_are_ours_and_the_rest_goes_to_the_job() -> None:
+    args = cli.build_parser().parse_args(["submit", "wc.py", "--parallelism", "4", "--json", "--detach"])
+    cli._split_submit_args(args, [])
+    assert (args.file, args.job_args, args.json, args.detach) == ("wc.py", ["--parallelism", "4"], True, True)
+
+
+def test_arguments_after_double_dash_all_go_to_the_job(clean_env: Path, tmp_path: Path) -> None:
+    job_file = write(tmp_path / "job.py", """
+        from pathlib import Path
+        def build(args):
+            Path(__file__).with_name("args.txt").write_text(" ".join(args))
+            raise SystemExit(7)
+    """)
+    assert cli.main(["submit", str(job_file), "--input", "x", "--", "--json"]) == 7
+    assert (tmp_path / "args.txt").read_text() == "--input x --json"
+
+
+# --------------------------------------------------------------------------------------------
+# rendering
+# --------------------------------------------------------------------------------------------
+
+
+def test_status_of_a_failed_job_shows_history_subtasks_and_the_traceback() -> None:
+    text = cli.render_job_details(failed_job())
+    lines = text.splitlines()
+    assert lines[0] == "job f00d  'word count'  FAILED"
+    assert "status history: CREATED -> RUNNING -> FAILING -> FAILED  (2.25 s)" in text
+    assert f"  {cli.format_time(ts(T0 + 0.5))}  RUNNING  tasks deploying" in lines
+    # A multi-line cause is listed by its first line; the failure below has the rest.
+    assert f"  {cli.format_time(ts(T0 + 2.0))}  FAILING  ValueError: bad line ..." in lines
+    assert "  Source: text -> FlatMap  [source-text]  parallelism 2: 1 FINISHED, 1 FAILED" in lines
+    subtask_rows = [line.split() for line in lines if line.startswith("    ") and ("tm-1" in line or "tm-2" in line)]
+    assert ["1/2", "FINISHED", "0", "tm-1", "0"] in subtask_rows
+    assert ["2/2", "FAILED", "1", "tm-2", "1"] in subtask_rows
+    assert ["(was", "CANCELED)", "0", "tm-1", "-"] in subtask_rows
+    failure_at = lines.index("failure:")
+    assert lines[failure_at + 1] == "  ValueError: bad line"
+    assert lines[failure_at + 2] == "    Traceback (most recent call last):"
+    assert '      File "/jobs/wc.py", line 12, in words' in lines
+    assert "exception history (1):" in lines
+    assert f"  {cli.format_time(ts(T0 + 2.0))}  Source: text -> FlatMap (2/2) attempt 1 on tm-2" in lines
+
+
+def test_status_shows_why_a_job_waits_for_resources() -> None:
+    d = job_pb2.JobDetails(job_id="w", name="wide", status=JS.JOB_STATUS_CREATED, created_at=ts(T0),
+                           waiting_for_resources="job needs 8 slots but the cluster has 4")
+    text = cli.render_job_details(d)
+    assert "  waiting for resources: job needs 8 slots but the cluster has 4" in text.splitlines()
+    assert "status history: CREATED" in text
+
+
+def execution_event(vertex: str, subtask: int, attempt: int, to: int) -> jobmanager_pb2.JobEvent:
+    change = jobmanager_pb2.ExecutionStateChange(
+        attempt=job_pb2.ExecutionAttemptId(vertex_id=vertex, subtask_index=subtask, attempt_number=attempt),
+        task_name="Source (x/2)", transition=job_pb2.ExecutionStateTransition(to_state=to, timestamp=ts(T0)))
+    return jobmanager_pb2.JobEvent(execution_state=change)
+
+
+def test_progress_counts_subtask_states_per_vertex_and_ignores_replaced_attempts() -> None:
+    snapshot = failed_job()
+    snapshot.status = JS.JOB_STATUS_RUNNING
+    progress = cli.JobProgress()
+    progress.apply(jobmanager_pb2.JobEvent(snapshot=snapshot))
+    assert progress.vertex_line("source-text") == "Source: text -> FlatMap  1 FINISHED, 1 FAILED"
+    progress.apply(execution_event("source-text", 1, 2, ES.EXECUTION_STATE_RUNNING))
+    assert progress.vertex_line("source-text") == "Source: text -> FlatMap  1 RUNNING, 1 FINISHED"
+    # A late report about attempt 1, already replaced by attempt 2, changes nothing.
+    assert progress.apply(execution_event("source-text", 1, 1, ES.EXECUTION_STATE_CANCELED)) == set()
+    assert progress.vertex_line("source-text") == "Source: text -> FlatMap  1 RUNNING, 1 FINISHED"
+
+
+def test_progress_without_a_terminal_prints_a_line_per_change() -> None:
+    snapshot = failed_job()
+    snapshot.status = JS.JOB_STATUS_RUNNING
+    progress = cli.JobProgress()
+    out = io.StringIO()
+    view = cli._LiveView(progress, out, tty=False)
+    view.changed(progress.apply(jobmanager_pb2.JobEvent(snapshot=snapshot)))
+    view.changed(progress.apply(execution_event("source-text", 1, 2, ES.EXECUTION_STATE_RUNNING)))
+    view.finish()
+    assert out.getvalue().splitlines() == [
+        "job f00d RUNNING",
+        "Source: text -> FlatMap  1 FINISHED, 1 FAILED",
+        "Source: text -> FlatMap  1 RUNNING, 1 FINISHED",
+    ]
+    assert "\x1b[" not in out.getvalue()
+
+
+def test_outcome_shows_at_most_twenty_collected_rows() -> None:
+    d = failed_job()
+    d.ClearField("failure")
+    d.status = JS.JOB_STATUS_FINISHED
+    rows = [{"word": f"w{i}", "count": i} for i in range(25)]
+    lines = cli.render_outcome(d, ["word", "count"], rows)
+    assert "collected 25 row(s), the first 20 shown; all of them: funke result f00d:" in lines
+    assert "  w19   19" in lines and "  w20   20" not in lines
+
+
+# --------------------------------------------------------------------------------------------
+# errors and exit codes
+# --------------------------------------------------------------------------------------------
+
+
+def test_unreachable_jobmanager_exits_2_with_one_clear_line(clean_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    address = f"127.0.0.1:{free_port()}"
+    started = time.monotonic()
+    assert cli.main(["status", "some-job", "--jobmanager", address]) == 2
+    assert time.monotonic() - started < 10
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    err_lines = captured.err.strip().splitlines()
+    assert len(err_lines) == 1
+    assert err_lines[0].startswith(f"funke: cannot reach the JobManager at {address}: ")
+    assert err_lines[0].endswith("; start one with `funke cluster start`")
+
+
+def test_unreachable_jobmanager_from_environment(clean_env: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    address = f"127.0.0.1:{free_port()}"
+    monkeypatch.setenv("FUNKE_JOBMANAGER", address)
+    assert cli.main(["list"]) == 2
+    assert f"cannot reach the JobManager at {address}" in capsys.readouterr().err
+
+
+def test_client_raises_jobmanager_unavailable_with_the_address() -> None:
+    address = f"127.0.0.1:{free_port()}"
+    with JobManagerClient(address, timeout=5) as client:
+        with pytest.raises(JobManagerUnavailable, match=f"cannot reach the JobManager at {address}"):
+            client.list_jobs()
+        with pytest.raises(JobManagerUnavailable, match="not serving after 0.3 s"):
+            client.wait_until_ready(0.3)
+
+
+def test_unknown_job_exits_2_with_no_job_message(fake_jobmanager: str, clean_env: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["status", "nope", "--jobmanager", fake_jobmanager]) == 2
+    assert capsys.readouterr().err.strip() == "funke: no job with id 'nope'"
+    with JobManagerClient(fake_jobmanager) as client, pytest.raises(JobNotFound) as info:
+        client.get_job("nope")
+    assert info.value.code is grpc.StatusCode.NOT_FOUND
+
+
+def test_invalid_job_graph_lists_every_problem(fake_jobmanager: str, clean_env: Path, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    job_file = write(tmp_path / "job.py", """
+        from funke.common.dsl import ExecutionEnvironment
+        job = ExecutionEnvironment("j")
+        job.from_range(2).discard()
+    """)
+    with JobManagerClient(fake_jobmanager) as client, pytest.raises(InvalidJobGraph) as info:
+        client.submit(load_job_file(job_file))
+    assert info.value.problems == ("vertex 'a': parallelism must be positive", "edge 'a->b': unknown consumer 'b'")
+    assert cli.main(["submit", str(job_file), "--jobmanager", fake_jobmanager]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["funke: the job graph is invalid (2 problem(s)):",
+                   "  - vertex 'a': parallelism must be positive",
+                   "  - edge 'a->b': unknown consumer 'b'"]
+
+
+def test_status_command_renders_the_jobmanagers_answer(fake_jobmanager: str, clean_env: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["status", "j1", "--jobmanager", fake_jobmanager]) == 0
+    assert "ValueError: bad line" in capsys.readouterr().out
+    assert cli.main(["status", "j1", "--json", "--jobmanager", fake_jobmanager]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["status"] == "JOB_STATUS_FAILED"
+    # Zero values are printed: subtask 0 and attempt 0 are real.
+    assert document["vertices"][0]["subtasks"][0]["subtask_index"] == 0
+
+
+def test_client_decodes_collected_rows(fake_jobmanager: str) -> None:
+    with JobManagerClient(fake_jobmanager) as client:
+        client.wait_until_ready(5)
+        assert client.result("j1") == [{"word": "funke", "count": 3}, {"word": "flink", "count": 2}]
+
+
+def test_result_and_list_commands(fake_jobmanager: str, clean_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["result", "j1", "--jobmanager", fake_jobmanager]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["word   count", "funke  3", "flink  2", "(2 row(s) from count)"]
+    assert cli.main(["result", "j1", "--json", "--jobmanager", fake_jobmanager]) == 0
+    assert json.loads(capsys.readouterr().out)["rows"][1] == {"word": "flink", "count": 2}
+    assert cli.main(["list", "--jobmanager", fake_jobmanager]) == 0
+    listing = capsys.readouterr().out
+    assert "j1" in listing and "FINISHED" in listing and "4 FINISHED" in listing
+
+
+def test_funke_error_keeps_the_grpc_code() -> None:
+    error = FunkeError("x", grpc.StatusCode.FAILED_PRECONDITION, "job j is RUNNING")
+    assert error.code is grpc.StatusCode.FAILED_PRECONDITION and error.details == "job j is RUNNING"
+
+
+# --------------------------------------------------------------------------------------------
+# the local cluster's directory
+# --------------------------------------------------------------------------------------------
+
+
+def test_cluster_stop_on_an_empty_dir_is_a_no_op(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["cluster", "stop", "--dir", str(tmp_path)]) == 0
+    assert "no cluster recorded" in capsys.readouterr().out
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cluster_status_on_an_empty_dir_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["cluster", "status", "--dir", str(tmp_path)]) == 1
+    assert f"no cluster recorded in {tmp_path.resolve()}" in capsys.readouterr().out
+
+
+def test_stop_never_signals_a_recorded_pid_that_is_not_a_funke_process(tmp_path: Path) -> None:
+    # A pid file that outlived its process may name a pid reused by something else.
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        (tmp_path / "pids").mkdir()
+        (tmp_path / "pids" / "tm-1.pid").write_text(f"{stranger.pid}\n")
+        (tmp_path / "jobmanager.address").write_text("127.0.0.1:1")
+        outcomes = localcluster.stop(tmp_path, timeout=1)
+        assert [(p.name, outcome) for p, outcome in outcomes] == [("tm-1", "not running")]
+        assert stranger.poll() is None
+        assert not (tmp_path / "pids" / "tm-1.pid").exists()
+        assert not (tmp_path / "jobmanager.address").exists()
+    finally:
+        os.kill(stranger.pid, signal.SIGKILL)
+        stranger.wait()

@@ -1,0 +1,579 @@
+"""Task runtime (funke.taskmanager.task, funke.taskmanager.operators) on a real local SparkSession.
+
+Tasks are deployed by hand-built TaskDeploymentDescriptors and run directly, without gRPC: a
+producer's reports give the schema its consumers' gates need, exactly as the JobManager would
+pass it on.
+"""
+
+from __future__ import annotations
+
+import collections
+import csv
+import datetime
+import io
+import json
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import cloudpickle
+import pyarrow as pa
+import pyarrow.dataset as pads
+import pyarrow.parquet as pq
+import pytest
+from pyspark.sql import Row, SparkSession
+from pyspark.sql import functions as F
+
+from funke.common import layout
+from funke.common.jobgraph import JobVertex, OperatorSpec
+from funke.common.operators import CATALOGUE
+from funke.common.states import ExecutionState
+from funke.common.wire import vertex_to_proto
+from funke.taskmanager.operators import OPERATORS, RuntimeContext
+from funke.taskmanager.task import Task
+from funke.v1 import cluster_pb2, job_pb2, jobgraph_pb2
+
+# The functions below are shipped to Python workers; by value, so workers need not import tests.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+S = ExecutionState
+HASH, REBALANCE, BROADCAST = jobgraph_pb2.PARTITIONER_HASH, jobgraph_pb2.PARTITIONER_REBALANCE, jobgraph_pb2.PARTITIONER_BROADCAST
+
+
+@pytest.fixture(scope="module")
+def spark():
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("funke-test-task-runtime")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+# ---- building descriptors by hand ----
+
+
+def op(kind: str, fn=None, name: str = "", **config) -> OperatorSpec:
+    return OperatorSpec(kind, name, config, cloudpickle.dumps(fn) if fn is not None else b"")
+
+
+def gate(data_set: str, partitions: range, *, subpartition: int | None = None, attempts: list[int] | None = None,
+         uniform: int = 0, schema: str = "", index: int = 0) -> cluster_pb2.InputGateDeploymentDescriptor:
+    m = cluster_pb2.InputGateDeploymentDescriptor(
+        input_index=index, data_set_id=data_set, partition_start=partitions.start, partition_end=partitions.stop,
+        producer_attempts=attempts or [], uniform_attempt=uniform, schema=schema,
+    )
+    if subpartition is not None:
+        m.subpartition = subpartition
+    return m
+
+
+def output(data_set: str, index: int, n: int = 1, partitioner=REBALANCE, keys=()) -> cluster_pb2.ResultPartitionDeploymentDescriptor:
+    return cluster_pb2.ResultPartitionDeploymentDescriptor(
+        data_set_id=data_set, partition_index=index, num_subpartitions=n, partitioner=partitioner,
+        partition_keys=list(keys), partition_type=jobgraph_pb2.RESULT_PARTITION_TYPE_BLOCKING,
+    )
+
+
+def deploy(data_dir, ops, *, vertex: str = "v", subtask: int = 0, parallelism: int = 1, attempt: int = 0,
+           inputs=(), outputs=(), job: str = "job1") -> cluster_pb2.TaskDeploymentDescriptor:
+    jv = JobVertex(id=vertex, name=vertex, parallelism=parallelism, operators=tuple(ops))
+    return cluster_pb2.TaskDeploymentDescriptor(
+        job_id=job, job_name="test", task_name=f"{vertex} ({subtask + 1}/{parallelism})",
+        attempt=job_pb2.ExecutionAttemptId(vertex_id=vertex, subtask_index=subtask, attempt_number=attempt),
+        parallelism=parallelism, vertex=vertex_to_proto(jv), inputs=list(inputs), outputs=list(outputs),
+        data_dir=str(data_dir),
+    )
+
+
+class Reports:
+    """The report callback: records every (state, failure, produced), wakes waiters."""
+
+    def __init__(self):
+        self.items: list[tuple[ExecutionState, object, list]] = []
+        self._cond = threading.Condition()
+
+    def __call__(self, state, failure, produced):
+        with self._cond:
+            self.items.append((state, failure, list(produced)))
+            self._cond.notify_all()
+
+    @property
+    def states(self) -> list[ExecutionState]:
+        return [s for s, _, _ in self.items]
+
+    @property
+    def last(self):
+        return self.items[-1]
+
+    def wait_for(self, state: ExecutionState, timeout: float = 30.0) -> bool:
+        with self._cond:
+            return self._cond.wait_for(lambda: state in self.states, timeout)
+
+
+def run(descriptor, spark) -> Reports:
+    reports = Reports()
+    Task(descriptor, spark, reports).run()
+    return reports
+
+
+def start(descriptor, spark) -> tuple[Task, Reports, threading.Thread]:
+    reports = Reports()
+    task = Task(descriptor, spark, reports)
+    thread = threading.Thread(target=task.run, daemon=True)
+    thread.start()
+    return task, reports, thread
+
+
+def finished(reports: Reports) -> list[cluster_pb2.ProducedPartition]:
+    state, failure, produced = reports.last
+    assert state is S.FINISHED, f"{reports.states}: {failure and failure.traceback}"
+    assert reports.states == [S.INITIALIZING, S.RUNNING, S.FINISHED]
+    return produced
+
+
+def collected(data_dir, vertex: str, subtask: int, job: str = "job1", attempt: int = 0) -> list[dict]:
+    """What a sink.collect subtask staged."""
+    staging = layout.sink_staging_dir(layout.collect_dir(str(data_dir), job, vertex), job, subtask, attempt)
+    return pq.read_table(staging).to_pylist()
+
+
+def partition_rows(data_dir, data_set: str, index: int, attempt: int = 0, job: str = "job1") -> list[dict]:
+    path = layout.partition_dir(str(data_dir), job, data_set, index, attempt)
+    # pyarrow hides names starting with "_" by default, Hadoop only those without "=".
+    dataset = pads.dataset(path, format="parquet", partitioning="hive", ignore_prefixes=[".", "_SUCCESS"])
+    return dataset.to_table().to_pylist()
+
+
+# ---- (a) a two-stage word count ----
+
+
+def split_words(line):
+    return line.split()
+
+
+def write_corpus(directory: Path, files: int, lines: int, seed: int) -> collections.Counter:
+    rng = random.Random(seed)
+    vocabulary = [f"w{i}" for i in range(150)] + ["flink", "spark", "ünïcode"]
+    counts: collections.Counter = collections.Counter()
+    directory.mkdir()
+    for f in range(files):
+        text = []
+        for _ in range(lines):
+            words = [rng.choice(vocabulary) for _ in range(rng.randint(0, 12))]
+            counts.update(words)
+            text.append(" ".join(words))
+        (directory / f"part-{f}.txt").write_text("\n".join(text) + "\n", encoding="utf-8")
+    return counts
+
+
+def run_word_count(spark, data_dir: Path, corpus: Path, sources: int = 2, counters: int = 2):
+    """source.text + flat_map --HASH(word)--> count + sink.collect; returns word -> count per
+    counter subtask."""
+    source_ops = [op("source.text", path=str(corpus)), op("flat_map", split_words, schema="word string")]
+    schemas = set()
+    total_rows = 0
+    for i in range(sources):
+        produced = finished(run(deploy(data_dir, source_ops, vertex="tokenize", subtask=i, parallelism=sources,
+                                       outputs=[output("words", i, counters, HASH, ["word"])]), spark))
+        assert [(p.data_set_id, p.partition_index) for p in produced] == [("words", i)]
+        schemas.add(produced[0].schema)
+        total_rows += produced[0].row_count
+    (schema,) = schemas
+    count_ops = [op("count", keys=["word"]), op("sink.collect")]
+    per_subtask = []
+    for i in range(counters):
+        finished(run(deploy(data_dir, count_ops, vertex="count", subtask=i, parallelism=counters,
+                            inputs=[gate("words", range(sources), subpartition=i, schema=schema)]), spark))
+        per_subtask.append({r["word"]: r["count"] for r in collected(data_dir, "count", i)})
+    return per_subtask, total_rows
+
+
+def test_two_stage_word_count_matches_counter_exactly(spark, tmp_path):
+    expected = write_corpus(tmp_path / "corpus", files=3, lines=400, seed=7)
+    per_subtask, total_rows = run_word_count(spark, tmp_path / "data", tmp_path / "corpus")
+    # HASH routing: every word is counted by exactly one subtask, and both got some.
+    assert all(per_subtask) and not set(per_subtask[0]) & set(per_subtask[1])
+    merged = collections.Counter()
+    for counts in per_subtask:
+        merged.update(counts)
+    assert merged == expected
+    assert total_rows == sum(expected.values())
+
+
+# ---- (b) empty shares, empty subpartitions, unsplit partitions ----
+
+
+def test_empty_file_share_and_empty_subpartition_still_work(spark, tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "only.txt").write_text("same same\nsame\n")
+    # one file for two source subtasks: subtask 1 reads nothing; one word: one subpartition empty
+    per_subtask, total_rows = run_word_count(spark, tmp_path / "data", corpus)
+    assert sorted(per_subtask, key=len) == [{}, {"same": 3}]
+    assert total_rows == 3
+
+
+def test_a_partition_written_unsplit_is_subpartition_zero(spark, tmp_path):
+    # POINTWISE 2 -> 3: producer 1 feeds only consumer 2, so it writes one unsplit partition,
+    # while consumer 2's gate still names subpartition 0 of it.
+    rows = op("source.collection", rows=[[1], [2], [3], [4]], schema="n int")  # subtask 1 of 2: 3, 4
+    produced = finished(run(deploy(tmp_path, [rows], vertex="p", subtask=1, parallelism=2,
+                                   outputs=[output("ds", 1, 1, REBALANCE)]), spark))
+    finished(run(deploy(tmp_path, [op("sink.collect")], vertex="c", subtask=2, parallelism=3,
+                        inputs=[gate("ds", range(1, 2), subpartition=0, schema=produced[0].schema)]), spark))
+    assert sorted(r["n"] for r in collected(tmp_path, "c", 2)) == [3, 4]
+
+
+def test_several_outputs_are_routed_by_their_own_partitioner(spark, tmp_path):
+    rows = op("source.collection", rows=[[k % 3, k] for k in range(12)], schema="k int, v int")
+    produced = finished(run(deploy(tmp_path, [rows], outputs=[
+        output("hashed", 0, 2, HASH, ["k"]), output("spread", 0, 2, REBALANCE), output("everyone", 0, 1, BROADCAST),
+    ]), spark))
+    assert [(p.data_set_id, p.row_count) for p in produced] == [("hashed", 12), ("spread", 12), ("everyone", 12)]
+    assert len({p.schema for p in produced}) == 1
+    hashed = partition_rows(tmp_path, "hashed", 0)
+    assert sorted(r["v"] for r in hashed) == list(range(12))
+    sub_of_key = {}
+    for r in hashed:
+        assert sub_of_key.setdefault(r["k"], r["_sub"]) == r["_sub"]  # one key, one subpartition
+    spread = partition_rows(tmp_path, "spread", 0)
+    assert sorted(r["v"] for r in spread) == list(range(12))
+    assert {r["_sub"] for r in spread} == {0, 1}
+    assert sorted(r["v"] for r in partition_rows(tmp_path, "everyone", 0)) == list(range(12))
+    assert "_sub" not in partition_rows(tmp_path, "everyone", 0)[0]
+
+
+# ---- (c) failures ----
+
+
+def explode_on_zero(n):
+    return 10 // (n - n)
+
+
+def test_failing_user_function_reports_failed_with_the_users_frame(spark, tmp_path):
+    ops = [op("source.collection", rows=[[1], [2]], schema="n int"),
+           op("map", explode_on_zero, schema="n int"), op("sink.discard")]
+    reports = run(deploy(tmp_path, ops), spark)
+    assert reports.states == [S.INITIALIZING, S.RUNNING, S.FAILED]
+    failure = reports.last[1]
+    text = failure.message + failure.traceback
+    assert "explode_on_zero" in failure.message  # the worker's traceback is in the message
+    assert "ZeroDivisionError" in text
+    assert failure.exception_type
+
+
+def test_a_function_that_does_not_unpickle_fails_while_initializing(tmp_path):
+    broken = OperatorSpec("map", "broken", {"schema": "n int"}, b"not a pickle")
+    reports = run(deploy(tmp_path, [op("source.noop"), broken, op("sink.noop")]), None)
+    assert reports.states == [S.INITIALIZING, S.FAILED]
+    assert "'broken'" in reports.last[1].message
+
+
+# ---- (d) cancellation ----
+
+
+def test_cancel_while_waiting_for_an_input_is_quick(spark, tmp_path):
+    task, reports, thread = start(deploy(tmp_path, [op("sink.collect")], inputs=[gate("ds", range(2), uniform=-1)]), spark)
+    assert reports.wait_for(S.RUNNING)
+    time.sleep(0.2)
+    assert thread.is_alive()  # waiting, not failed
+    began = time.monotonic()
+    task.cancel()
+    thread.join(5)
+    assert not thread.is_alive() and time.monotonic() - began < 2
+    assert reports.states == [S.INITIALIZING, S.RUNNING, S.CANCELED]
+    assert reports.last[1] is None
+
+
+def sleep_long(n):
+    time.sleep(120)
+    return n
+
+
+def test_cancel_interrupts_a_running_spark_job(spark, tmp_path):
+    ops = [op("source.range", end=4), op("map", sleep_long, schema="id bigint"), op("sink.discard")]
+    task, reports, thread = start(deploy(tmp_path, ops), spark)
+    tracker = spark.sparkContext.statusTracker()
+    deadline = time.monotonic() + 30
+    while not tracker.getActiveJobsIds() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert tracker.getActiveJobsIds(), "the sleeping job never started"
+    time.sleep(0.5)  # let the Python workers get into the sleep
+    task.cancel()
+    thread.join(15)
+    assert not thread.is_alive()
+    assert reports.states == [S.INITIALIZING, S.RUNNING, S.CANCELED]
+    deadline = time.monotonic() + 5
+    while tracker.getActiveJobsIds() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not tracker.getActiveJobsIds()
+
+
+def test_cancel_before_run_reports_only_canceled(tmp_path):
+    reports = Reports()
+    task = Task(deploy(tmp_path, [op("source.noop")]), None, reports)
+    task.cancel()
+    task.run()
+    assert reports.states == [S.CANCELED]
+
+
+# ---- (e) partitions that become available later ----
+
+
+def test_update_partition_releases_a_waiting_consumer(spark, tmp_path):
+    def produce(subtask: int, attempt: int, rows: list) -> str:
+        ops = [op("source.collection", rows=rows, schema="n int, s string")]
+        produced = finished(run(deploy(tmp_path, ops, vertex="p", subtask=subtask, parallelism=2, attempt=attempt,
+                                       outputs=[output("ds", subtask)]), spark))
+        return produced[0].schema
+
+    rows = [[1, "a"], [2, "b"], [3, None]]  # subtask 0 of 2 makes the first, subtask 1 the rest
+    schema = produce(0, 0, rows)
+    consumer = deploy(tmp_path, [op("sink.collect")], vertex="c",
+                      inputs=[gate("ds", range(2), attempts=[0, -1], schema=schema)])
+    task, reports, thread = start(consumer, spark)
+    assert reports.wait_for(S.RUNNING)
+    time.sleep(0.3)
+    assert thread.is_alive() and reports.states == [S.INITIALIZING, S.RUNNING]
+    task.update_partition("other", 1, 0, schema)  # another data set: still waiting
+    time.sleep(0.2)
+    assert thread.is_alive()
+    # the second producer needed a second attempt; the consumer must read that one
+    produce(1, 1, rows)
+    task.update_partition("ds", 1, 1, schema)
+    thread.join(30)
+    finished(reports)
+    assert sorted((r["n"], r["s"]) for r in collected(tmp_path, "c", 0)) == [(1, "a"), (2, "b"), (3, None)]
+
+
+# ---- (f) no-op chains ----
+
+
+def test_noop_chains_finish_without_spark(tmp_path):
+    produced = finished(run(deploy(tmp_path, [op("source.noop"), op("noop")], outputs=[output("ds", 0, 3)]), None))
+    assert [(p.data_set_id, p.partition_index, p.schema) for p in produced] == [("ds", 0, "")]
+    consumer = deploy(tmp_path, [op("noop"), op("sink.noop")], inputs=[gate("ds", range(1), uniform=-1)])
+    task, reports, thread = start(consumer, None)
+    assert reports.wait_for(S.RUNNING)
+    task.update_partition("ds", 0, 0, "")
+    thread.join(5)
+    assert finished(reports) == []
+    assert not os.path.exists(layout.job_dir(str(tmp_path), "job1"))
+
+
+def test_a_chain_that_needs_spark_fails_without_it(tmp_path):
+    reports = run(deploy(tmp_path, [op("source.range", end=3), op("sink.discard")]), None)
+    assert reports.states[-1] is S.FAILED and "SparkSession" in reports.last[1].message
+
+
+# ---- (g) each operator on tiny data ----
+
+
+@pytest.fixture
+def ctx(spark, tmp_path):
+    return RuntimeContext(spark, "job-g", "v", 0, 1, 0, str(tmp_path / "data"))
+
+
+def rows_of(df) -> list[tuple]:
+    return sorted(tuple(r) for r in df.collect())
+
+
+def test_every_catalogue_kind_has_an_implementation():
+    assert set(OPERATORS) == set(CATALOGUE)
+
+
+def test_map_flat_map_filter_calling_convention(spark, ctx):
+    people = spark.createDataFrame([(1, "ada"), (2, "bob"), (3, "cy")], "n int, name string")
+    names = spark.createDataFrame([("ada",), ("bob",)], "name string")
+
+    def apply(kind, df, fn, **config):
+        return rows_of(OPERATORS[kind](ctx, op(kind, fn, **config), [df]))
+
+    # several columns in: a Row; tuple, dict and Row results
+    assert apply("map", people, lambda r: (r.n * 10, r.name.upper()), schema="n int, name string") == \
+        [(10, "ADA"), (20, "BOB"), (30, "CY")]
+    assert apply("map", people, lambda r: {"len": len(r.name), "n": r.n}, schema="n int, len int") == \
+        [(1, 3), (2, 3), (3, 2)]
+    assert apply("map", people, lambda r: Row(x=float(r.n)), schema="x double") == [(1.0,), (2.0,), (3.0,)]
+    # one column in: the bare value; one atomic column out: the bare value
+    assert apply("map", names, len, schema="n int") == [(3,), (3,)]
+    # one array column out: a list is the value, not a row
+    assert apply("map", names, list, schema="letters array<string>") == [(["a", "d", "a"],), (["b", "o", "b"],)]
+    assert apply("flat_map", names, lambda s: [(s, i) for i in range(len(s) - 1)], schema="s string, i int") == \
+        [("ada", 0), ("ada", 1), ("bob", 0), ("bob", 1)]
+    assert apply("flat_map", people, lambda r: [] if r.n == 2 else [r.n], schema="n int") == [(1,), (3,)]
+    filtered = OPERATORS["filter"](ctx, op("filter", lambda r: r.n != 2), [people])
+    assert filtered.schema == people.schema and rows_of(filtered) == [(1, "ada"), (3, "cy")]
+
+
+def test_python_workers_do_not_need_funke(tmp_path):
+    # What mapInArrow ships must unpickle where only pyspark, pyarrow and cloudpickle exist
+    # (a Spark Connect server, a cluster's executors).
+    from pyspark import cloudpickle as spark_cloudpickle
+
+    from funke.taskmanager import operators
+
+    schema = pa.schema([("n", pa.int64())])
+    shipped = tmp_path / "fn.pkl"
+    shipped.write_bytes(spark_cloudpickle.dumps(
+        operators._map_batches(cloudpickle.dumps(lambda n: n * 2), schema, "double", flat=False)))
+    site_packages = [p for p in sys.path if p.endswith("site-packages")]
+    probe = (
+        f"import sys; sys.path += {site_packages!r}\n"
+        "import importlib.util, pickle, pyarrow as pa\n"
+        "assert importlib.util.find_spec('funke') is None\n"
+        f"fn = pickle.loads(open({str(shipped)!r}, 'rb').read())\n"
+        "print(next(fn(iter([pa.record_batch([pa.array([1, 2])], names=['n'])]))).to_pydict())\n"
+    )
+    # -S: no site processing, so the editable install's path hook for funke is not there.
+    done = subprocess.run([sys.executable, "-S", "-c", probe], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "{'n': [2, 4]}"
+
+
+def test_map_result_that_does_not_fit_the_schema_names_the_operator(spark, ctx):
+    df = spark.createDataFrame([(1, "a")], "n int, s string")
+    bad = OPERATORS["map"](ctx, op("map", lambda r: (1, 2, 3), name="widen", schema="n int, s string"), [df])
+    with pytest.raises(Exception, match="widen"):
+        bad.collect()
+
+
+def test_select_where_aggregate_count(spark, ctx):
+    df = spark.createDataFrame([("a", 1), ("b", 2), ("a", 3), ("c", None)], "k string, v int")
+    assert rows_of(OPERATORS["select"](ctx, op("select", exprs=["upper(k) as K", "v * 2 as d"]), [df])) == \
+        sorted([("A", 2), ("B", 4), ("A", 6), ("C", None)], key=lambda t: (t[0], t[1] or 0))
+    assert rows_of(OPERATORS["where"](ctx, op("where", condition="v >= 2"), [df])) == [("a", 3), ("b", 2)]
+    aggregated = OPERATORS["aggregate"](ctx, op("aggregate", keys=["k"], aggregations=["sum(v) as total", "count(v) as n"]), [df])
+    assert aggregated.columns == ["k", "total", "n"]
+    assert rows_of(aggregated) == [("a", 4, 2), ("b", 2, 1), ("c", None, 0)]
+    assert rows_of(OPERATORS["count"](ctx, op("count", keys=["k"]), [df])) == [("a", 2), ("b", 1), ("c", 1)]
+
+
+def add_values(a, b):
+    return Row(k=a.k, v=a.v + b.v)
+
+
+def test_reduce_is_a_keyed_reduce(spark, ctx):
+    df = spark.createDataFrame([(f"k{i % 4}", i) for i in range(40)], "k string, v bigint")
+    reduced = OPERATORS["reduce"](ctx, op("reduce", add_values, keys=["k"]), [df])
+    assert reduced.schema == df.schema
+    assert rows_of(reduced) == [(f"k{j}", sum(i for i in range(40) if i % 4 == j)) for j in range(4)]
+    # one column: bare values in and out
+    words = spark.createDataFrame([("x",), ("y",), ("x",)], "w string")
+    assert rows_of(OPERATORS["reduce"](ctx, op("reduce", lambda a, b: a, keys=["w"]), [words])) == [("x",), ("y",)]
+
+
+def test_join_union_transform_noop(spark, ctx):
+    left = spark.createDataFrame([(1, "a"), (2, "b"), (3, "c")], "id int, l string")
+    right = spark.createDataFrame([(2, "B"), (3, "C"), (4, "D")], "id int, r string")
+    assert rows_of(OPERATORS["join"](ctx, op("join", on=["id"]), [left, right])) == [(2, "b", "B"), (3, "c", "C")]
+    assert rows_of(OPERATORS["join"](ctx, op("join", on=["id"], how="left"), [left, right])) == \
+        [(1, "a", None), (2, "b", "B"), (3, "c", "C")]
+    flipped = spark.createDataFrame([("z", 9)], "l string, id int")
+    unioned = OPERATORS["union"](ctx, op("union"), [left, flipped, left.limit(1)])
+    assert unioned.columns == ["id", "l"] and rows_of(unioned) == [(1, "a"), (1, "a"), (2, "b"), (3, "c"), (9, "z")]
+    transformed = OPERATORS["transform"](ctx, op("transform", lambda df: df.withColumn("x", F.col("id") + 1)), [left])
+    assert rows_of(transformed) == [(1, "a", 2), (2, "b", 3), (3, "c", 4)]
+    assert rows_of(OPERATORS["noop"](ctx, op("noop"), [left])) == rows_of(left)
+
+
+def square(i):
+    return (i, i * i, f"#{i}")
+
+
+def test_range_shares_and_generator(spark, ctx):
+    def share(subtask, parallelism, spec):
+        sub = RuntimeContext(spark, "j", "v", subtask, parallelism, 0, ctx.data_dir)
+        return rows_of(OPERATORS["source.range"](sub, spec))
+
+    plain = op("source.range", start=3, end=20, step=3)
+    shares = [share(i, 4, plain) for i in range(4)]
+    assert [r for s in shares for r in s] == [(i,) for i in range(3, 20, 3)]
+    assert [len(s) for s in shares] == [1, 2, 1, 2]
+    generated = op("source.range", square, end=10, step=2, schema="id bigint, sq bigint, label string")
+    assert share(1, 2, generated) == [(4, 16, "#4"), (6, 36, "#6"), (8, 64, "#8")]
+    assert share(5, 6, op("source.range", start=10, end=0, step=-4)) == [(2,)]
+
+
+def test_collection_shares_and_json_coercion(spark):
+    rows = [{"x": 1, "d": "2024-01-02", "tags": ["a"]}, [2.5, None, []], {"x": 3}]
+    spec = op("source.collection", rows=rows, schema="x double, d date, tags array<string>")
+    shares = [OPERATORS["source.collection"](RuntimeContext(spark, "j", "v", i, 2, 0, "/unused"), spec).collect()
+              for i in range(2)]
+    assert [tuple(r) for s in shares for r in s] == [(1.0, datetime.date(2024, 1, 2), ["a"]), (2.5, None, []), (3.0, None, None)]
+    assert [len(s) for s in shares] == [1, 2]
+    empty = OPERATORS["source.collection"](RuntimeContext(spark, "j", "v", 0, 5, 0, "/unused"), spec)
+    assert empty.count() == 0 and empty.schema.names == ["x", "d", "tags"]
+
+
+def test_file_sources_split_by_file_and_keep_the_schema_for_empty_shares(spark, tmp_path):
+    frame = spark.createDataFrame([(i, f"s{i}") for i in range(6)], "n bigint, s string").repartition(3)
+    for fmt in ("parquet", "csv", "json", "text"):
+        directory = str(tmp_path / fmt)
+        out = frame.selectExpr("concat(n, ':', s) as value") if fmt == "text" else frame
+        writer = out.write.format(fmt)
+        (writer.option("header", "true") if fmt == "csv" else writer).save(directory)
+        config = {"path": directory}
+        if fmt == "csv":
+            config["schema"] = "n bigint, s string"
+        spec = OperatorSpec(f"source.{fmt}", "", config)
+        shares = [OPERATORS[spec.kind](RuntimeContext(spark, "j", "v", i, 4, 0, "/unused"), spec) for i in range(4)]
+        files = sorted(spark.read.format("text").load(directory).inputFiles())
+        assert len(files) == 3
+        assert [len(s.inputFiles()) for s in shares] == [1, 1, 1, 0], fmt
+        assert len({s.schema.simpleString() for s in shares}) == 1, fmt
+        everything = sorted(tuple(r) for s in shares for r in s.collect())
+        if fmt == "text":
+            assert everything == sorted((f"{i}:s{i}",) for i in range(6))
+        else:
+            assert everything == [(i, f"s{i}") for i in range(6)], fmt
+
+
+def test_file_sinks_stage_their_format_and_refuse_a_non_empty_target(spark, ctx, tmp_path):
+    df = spark.createDataFrame([(1, "a"), (2, None)], "n int, s string").coalesce(1)
+
+    def sink(kind, target, **config):
+        OPERATORS[kind](ctx, op(kind, path=str(target), **config), df)
+        staging = Path(layout.sink_staging_dir(str(target), ctx.job_id, 0, 0))
+        return [p for p in sorted(staging.iterdir()) if not p.name.startswith((".", "_"))]
+
+    (parquet,) = sink("sink.parquet", tmp_path / "out.parquet")
+    assert pq.read_table(parquet).to_pylist() == [{"n": 1, "s": "a"}, {"n": 2, "s": None}]
+    (csv_file,) = sink("sink.csv", tmp_path / "out.csv")
+    assert list(csv.reader(io.StringIO(csv_file.read_text()))) == [["n", "s"], ["1", "a"], ["2", ""]]
+    (json_file,) = sink("sink.json", tmp_path / "out.json")
+    assert [json.loads(line) for line in json_file.read_text().splitlines()] == [{"n": 1, "s": "a"}, {"n": 2}]
+    (text_file,) = sink("sink.text", tmp_path / "out.txt")
+    assert text_file.read_text().splitlines() == ["1\ta", "2\t"]
+    assert not (tmp_path / "out.txt").exists()  # only the commit puts it there
+
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "old.csv").write_text("x\n")
+    with pytest.raises(FileExistsError, match="taken"):
+        sink("sink.csv", taken)
+    assert len(sink("sink.csv", taken, mode="overwrite")) == 1
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert len(sink("sink.text", empty)) == 1
+
+
+def test_collect_print_and_discard_sinks(spark, ctx, capsys):
+    df = spark.createDataFrame([(1, "a")], "n int, s string")
+    OPERATORS["sink.collect"](ctx, op("sink.collect"), df)
+    staged = layout.sink_staging_dir(layout.collect_dir(ctx.data_dir, "job-g", "v"), "job-g", 0, 0)
+    assert pq.read_table(staged).to_pylist() == [{"n": 1, "s": "a"}]
+    OPERATORS["sink.print"](RuntimeContext(spark, "j", "v", 2, 3, 0, ctx.data_dir), op("sink.print"), df)
+    assert capsys.readouterr().out == "3> Row(n=1, s='a')\n"
+    OPERATORS["sink.discard"](ctx, op("sink.discard"), df)
