@@ -1,0 +1,95 @@
+"""Real clusters for integration tests: a JobManager and TaskManager processes on loopback, started
+through the `funke` CLI, torn down by the PIDs they recorded (never by name).
+
+`spark_cluster`: 2 TaskManagers x 2 slots with PySpark, shared by the session (Spark start-up is
+the expensive part). `noop_cluster`: 2 TaskManagers x 2 slots without Spark, for scheduling and
+placement tests whose tasks are no-ops.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from funke.common.client import JobManagerClient
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def funke(*args: str, timeout: float = 180, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run the funke CLI as a user would, in a separate process."""
+    result = subprocess.run(
+        [sys.executable, "-m", "funke.deploy.cli", *args],
+        capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env or dict(os.environ),
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(f"funke {' '.join(args)} exited {result.returncode}\n"
+                             f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}")
+    return result
+
+
+@dataclass
+class Cluster:
+    dir: Path
+    address: str
+    client: JobManagerClient
+
+    def funke(self, *args: str, **kw) -> subprocess.CompletedProcess:
+        command, *rest = args
+        return funke(command, "--jobmanager", self.address, *rest, **kw)
+
+    def pids(self) -> dict[str, int]:
+        return {p.stem: int(p.read_text()) for p in (self.dir / "pids").glob("*.pid")}
+
+
+def _start(tmp_path_factory, name: str, *extra: str) -> Cluster:
+    d = tmp_path_factory.mktemp(name)
+    funke("cluster", "start", "--taskmanagers", "2", "--slots", "2", "--dir", str(d), *extra, timeout=300)
+    address = (d / "jobmanager.address").read_text().strip()
+    return Cluster(d, address, JobManagerClient(address))
+
+
+def _stop(cluster: Cluster) -> None:
+    cluster.client.close()
+    pids = cluster.pids()
+    funke("cluster", "stop", "--dir", str(cluster.dir), timeout=60)
+    for name, pid in pids.items():  # every process we started is gone
+        assert not _alive(pid), f"{name} (pid {pid}) survived `funke cluster stop`"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"  # a zombie is dead
+    except FileNotFoundError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(tmp_path_factory):
+    cluster = _start(tmp_path_factory, "spark-cluster")
+    yield cluster
+    _stop(cluster)
+
+
+@pytest.fixture(scope="session")
+def noop_cluster(tmp_path_factory):
+    cluster = _start(tmp_path_factory, "noop-cluster", "--no-spark", "-D", "slot.request.timeout=4 s")
+    yield cluster
+    _stop(cluster)
+
+
+def wait_for_end(client: JobManagerClient, job_id: str):
+    """Follow the job's WatchJob stream to its end; return (events, final details)."""
+    events = list(client.watch(job_id))
+    return events, client.get_job(job_id)
+
+
+def as_json(result: subprocess.CompletedProcess):
+    return json.loads(result.stdout)
