@@ -43,6 +43,7 @@ from funke.common.jobgraph import JobVertex, OperatorSpec
 from funke.common.operators import CATALOGUE, NOOP_KINDS, OperatorRole
 from funke.common.states import ExecutionState
 from funke.common.wire import vertex_from_proto
+from funke.taskmanager import operators as operators_module
 from funke.taskmanager.operators import OPERATORS, RuntimeContext, column_ref, union_all
 from funke.v1 import cluster_pb2, jobgraph_pb2
 
@@ -59,6 +60,41 @@ UNAVAILABLE = -1  # a producer attempt that is not known yet (InputGateDeploymen
 # just after cancel() (between a check of the flag and the job's submission) is caught by the
 # next one.
 _REINTERRUPT_INTERVAL_S = 0.5
+
+
+_WORKER_TRACEBACK = "Traceback (most recent call last):"
+_OPERATORS_FILE = operators_module.__file__
+
+
+def failure_of(exc: BaseException) -> FailureInfo:
+    """A task's failure as the user needs it.
+
+    An exception raised by user code inside a Spark Python worker reaches the task as Spark's
+    PythonException, whose message carries the worker's traceback. The root cause the user must
+    see is their own exception (`ValueError: record 7 is cursed`) with their own frames, not
+    Spark's wrapper: unwrap it, and drop the frames of funke's operator runtime around the call.
+    Anything else keeps its type, message and the TaskManager-side traceback."""
+    text = str(exc)
+    if type(exc).__name__ == "PythonException" and _WORKER_TRACEBACK in text:
+        worker = text[text.rindex(_WORKER_TRACEBACK):].rstrip()
+        last = worker.splitlines()[-1]
+        exception_type, _, message = last.partition(": ")
+        if re.fullmatch(r"[A-Za-z_][\w.]*", exception_type):
+            return FailureInfo(exception_type, message, _without_runtime_frames(worker))
+    return FailureInfo(type(exc).__name__, text, traceback.format_exc())
+
+
+def _without_runtime_frames(worker_traceback: str) -> str:
+    kept: list[str] = []
+    skipping = False
+    for line in worker_traceback.splitlines():
+        if line.startswith('  File "'):
+            skipping = line.startswith(f'  File "{_OPERATORS_FILE}"')
+        elif not line.startswith("    "):
+            skipping = False
+        if not skipping:
+            kept.append(line)
+    return "\n".join(kept) + "\n"
 
 
 class TaskCancelled(Exception):
@@ -295,7 +331,7 @@ class Task:
                 self._report(ExecutionState.CANCELED, None, [])
             else:
                 log.warning("%s: failed: %s: %s", self.name, type(e).__name__, e)
-                failure = FailureInfo(type(e).__name__, str(e), traceback.format_exc())
+                failure = failure_of(e)
                 self._report(ExecutionState.FAILED, failure, [])
         else:
             # Cancel wins over a task that finished anyway: the JobManager discards its output.

@@ -267,10 +267,10 @@ def test_failing_user_function_reports_failed_with_the_users_frame(spark, tmp_pa
     reports = run(deploy(tmp_path, ops), spark)
     assert reports.states == [S.INITIALIZING, S.RUNNING, S.FAILED]
     failure = reports.last[1]
-    text = failure.message + failure.traceback
-    assert "explode_on_zero" in failure.message  # the worker's traceback is in the message
-    assert "ZeroDivisionError" in text
-    assert failure.exception_type
+    # the user's exception, unwrapped from Spark's PythonException, with the user's frame
+    assert failure.exception_type == "ZeroDivisionError"
+    assert "by zero" in failure.message
+    assert "in explode_on_zero" in failure.traceback
 
 
 def test_a_function_that_does_not_unpickle_fails_while_initializing(tmp_path):
