@@ -300,6 +300,7 @@ def load_job_file(path: str | os.PathLike[str], args: Sequence[str] = ()) -> Job
         raise JobFileError(f"job file {str(path)!r} {what}")
     file = file.resolve()
     _pickle_job_module_by_value()
+    _pickle_neighbours_by_value(file.parent)
     directory = str(file.parent)
     saved_argv = sys.argv
     sys.path.insert(0, directory)
@@ -348,17 +349,32 @@ def _pickle_job_module_by_value() -> None:
     cloudpickle would pickle the functions it defines at module level *by reference*, and the
     TaskManagers, which cannot import it, would fail to unpickle them. Registering the name
     makes them travel by value, like the functions of `__main__`."""
+    _register_by_value(JOB_MODULE)
+
+
+def _pickle_neighbours_by_value(directory: Path) -> None:
+    """Modules and packages beside the job file are not installed on the TaskManagers either:
+    functions the job takes from them must travel by value too. (Registering a package covers
+    its submodules.)"""
+    for entry in sorted(directory.iterdir()):
+        if entry.suffix == ".py" and entry.stem.isidentifier():
+            _register_by_value(entry.stem)
+        elif entry.is_dir() and entry.name.isidentifier() and (entry / "__init__.py").is_file():
+            _register_by_value(entry.name)
+
+
+def _register_by_value(name: str) -> None:
     import cloudpickle
 
-    if JOB_MODULE in sys.modules:
-        cloudpickle.register_pickle_by_value(sys.modules[JOB_MODULE])
+    if name in sys.modules:
+        cloudpickle.register_pickle_by_value(sys.modules[name])
         return
     # The registration is by name but wants the module present; a placeholder stands in.
-    sys.modules[JOB_MODULE] = types.ModuleType(JOB_MODULE)
+    sys.modules[name] = types.ModuleType(name)
     try:
-        cloudpickle.register_pickle_by_value(sys.modules[JOB_MODULE])
+        cloudpickle.register_pickle_by_value(sys.modules[name])
     finally:
-        del sys.modules[JOB_MODULE]
+        del sys.modules[name]
 
 
 def _build_error(path: str | os.PathLike[str], origin: str, exc: Exception, file: Path) -> FunkeError:

@@ -545,3 +545,38 @@ def test_stop_never_signals_a_recorded_pid_that_is_not_a_funke_process(tmp_path:
     finally:
         os.kill(stranger.pid, signal.SIGKILL)
         stranger.wait()
+
+
+def test_functions_from_modules_beside_the_job_file_travel_by_value(tmp_path):
+    """A TaskManager cannot import the job's neighbour modules: their functions must be pickled
+    by value, so they unpickle in a process that has never seen the job's directory."""
+    import subprocess
+    import sys
+
+    from funke.common.client import load_job_file
+
+    (tmp_path / "helpers.py").write_text("def double(n):\n    return 2 * n\n")
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "more.py").write_text("def triple(n):\n    return 3 * n\n")
+    job_file = tmp_path / "job.py"
+    job_file.write_text(
+        "from funke.common.dsl import ExecutionEnvironment\n"
+        "from helpers import double\n"
+        "from pkg.more import triple\n"
+        "env = ExecutionEnvironment('neighbours')\n"
+        "env.from_range(3).map(double, schema='n bigint').map(triple, schema='n bigint').discard()\n"
+        "job = env.build()\n"
+    )
+    job = load_job_file(job_file)
+    functions = [op.function for v in job.vertices for op in v.operators if op.function]
+    assert len(functions) == 2
+    for blob, expected in zip(functions, (42, 63)):
+        (tmp_path / "fn.pickle").write_bytes(blob)
+        out = subprocess.run(
+            [sys.executable, "-c", "import cloudpickle, sys; f = cloudpickle.loads(open(sys.argv[1], 'rb').read()); print(f(21))",
+             str(tmp_path / "fn.pickle")],
+            capture_output=True, text=True, cwd="/", timeout=60,
+        )
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == str(expected)
