@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from funke.common import layout
 from funke.common import scheduler as s
 from funke.common.executiongraph import ExecutionGraph, FailureInfo
+from funke.common.operators import CATALOGUE
 from funke.common.scheduler import Scheduler
 from funke.common.states import ExecutionState, JobStatus
 from funke.jobmanager import committer
@@ -68,7 +69,7 @@ class JobMaster:
         self.sink_targets = [
             layout.sink_target(data_dir, self.job_id, jv.id, jv.operators[-1].kind, dict(jv.operators[-1].config))
             for jv in graph.job_graph.vertices
-            if jv.operators and jv.operators[-1].kind in ("sink.parquet", "sink.csv", "sink.json", "sink.text", "sink.collect")
+            if jv.operators and _commits_output(jv.operators[-1].kind)
         ]
 
     @property
@@ -239,6 +240,11 @@ class JobMaster:
                                                 self.sink_targets, keep)
             future.add_done_callback(lambda f: f.exception() and log.warning(
                 "cleaning up job %s: %s", self.job_id, f.exception()))
+
+
+def _commits_output(kind: str) -> bool:
+    entry = CATALOGUE.get(kind)
+    return entry is not None and entry.commits_output
 
 
 _HANDLERS = {

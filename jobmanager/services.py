@@ -8,12 +8,11 @@ import logging
 
 import grpc
 
+from funke.common.states import JobStatus
 from funke.jobmanager import committer
-from funke.jobmanager.conversions import job_details, job_summary
+from funke.jobmanager.conversions import job_details, job_status_pb, job_summary
 from funke.jobmanager.dispatcher import Dispatcher, DispatcherError
 from funke.jobmanager.jobmaster import END_OF_STREAM
-from funke.common.states import JobStatus
-from funke.jobmanager.conversions import job_status_pb
 from funke.v1 import cluster_pb2, cluster_pb2_grpc, jobmanager_pb2, jobmanager_pb2_grpc
 
 log = logging.getLogger("funke.jobmanager")

@@ -226,3 +226,48 @@ def _state_name(value: int) -> str:
 
 
 __all__ = ["steps_of", "ExecutionState"]
+
+
+def test_the_join_example_sums_revenue_per_customer(spark_cluster):
+    from examples.join import CUSTOMERS, ORDERS  # the example's own tables
+
+    job_id = spark_cluster.client.submit(load_job_file(REPO / "examples" / "join.py", ["--parallelism", "2"]))
+    _, details = wait_for_end(spark_cluster.client, job_id)
+    assert _status(details) == "FINISHED", details.failure
+    names = dict(CUSTOMERS)
+    expected: dict[str, tuple[float, int]] = {}
+    for _, customer, amount in ORDERS:
+        if customer in names:
+            revenue, n = expected.get(names[customer], (0.0, 0))
+            expected[names[customer]] = (revenue + amount, n + 1)
+    rows = spark_cluster.client.result(job_id)
+    assert {r["name"]: (r["revenue"], r["orders"]) for r in rows} == expected
+
+
+def test_a_streaming_job_deploys_eagerly_and_consumers_wait_for_pipelined_partitions(spark_cluster, corpus):
+    from funke.common.dsl import ExecutionEnvironment
+
+    pattern, expected = corpus
+    env = ExecutionEnvironment("streaming word count", job_type="streaming", parallelism=2)
+    (env.read_text(pattern)
+        .flat_map(lambda line: [w for w in SEPARATORS.split(line.lower()) if w], schema="word string")
+        .key_by("word").count().collect())
+    job = env.build()
+    assert {e.result_partition_type.value for e in job.edges} == {"PIPELINED"}
+    job_id = spark_cluster.client.submit(job)
+    events, details = wait_for_end(spark_cluster.client, job_id)
+    assert _status(details) == "FINISHED", details.failure
+    assert collections.Counter({r["word"]: r["count"] for r in spark_cluster.client.result(job_id)}) == expected
+    # eager: every task was deployed before any producer finished
+    deployed, first_finished = [], None
+    for e in events[1:]:
+        if e.WhichOneof("event") == "execution_state":
+            to = _state_name(e.execution_state.transition.to_state)
+            if to == "DEPLOYING":
+                deployed.append(e.sequence)
+            elif to == "FINISHED" and first_finished is None:
+                first_finished = e.sequence
+    snapshot_deploying = sum(1 for v in events[0].snapshot.vertices for s in v.subtasks
+                             if _state_name(s.current.state) != "CREATED")
+    assert len(deployed) + snapshot_deploying == 4
+    assert all(seq < first_finished for seq in deployed)
