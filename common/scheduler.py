@@ -847,6 +847,12 @@ class Scheduler:
                 self._finished += 1
         self._out.append(ExecutionStateChanged(
             execution.attempt_id, execution.vertex.name, t, execution.task_manager_id, execution.failure if to is E.FAILED else None))
+        if to in (E.FAILED, E.CANCELED) and before in _DEPLOYED | {E.CANCELING} and execution.task_manager_id:
+            # whatever this attempt wrote is garbage: nobody will ever be told to read it
+            refs = tuple((p.result.id, p.partition_index, execution.attempt_number)
+                         for p in execution.vertex.produced_partitions)
+            if refs:
+                self._out.append(ReleasePartitions(execution.task_manager_id, refs))
         if was_live and not is_live and self._usage[group] == 0 and group in self._slot_of:
             self._release_group_slot(group, f"{execution.vertex.name} {to.value}")
 

@@ -183,6 +183,36 @@ def start(
             stop(root)
 
 
+def start_taskmanager(dir: str | os.PathLike[str], name: str, slots: int, no_spark: bool = False,
+                      timeout: float = 120) -> ProcessInfo:
+    """Start one more TaskManager (or a replacement with a dead one's name) in a running cluster
+    and return once it is registered."""
+    root = Path(dir).expanduser().resolve()
+    address = read_address(root)
+    if address is None:
+        raise ClusterError(f"no running cluster recorded in {root}")
+    alive = [p for p in _recorded(root) if p.name == name and p.alive]
+    if alive:
+        raise ClusterError(f"{name} (pid {alive[0].pid}) is still running")
+    started = _Started(root)
+    args = ["--jobmanager", address, "--slots", str(slots), "--id", name] + (["--no-spark"] if no_spark else [])
+    _launch(started, name, args)
+    with JobManagerClient(address, timeout=5) as client:
+        _wait_for_registrations(started, client, [name], time.monotonic() + timeout)
+    return _info(root, name, started.processes[name].pid, True)
+
+
+def kill(dir: str | os.PathLike[str], name: str) -> int:
+    """SIGKILL a recorded process and everything it started (its session: for a TaskManager,
+    the Spark JVM and Python workers too), as if its machine died. Returns the pid."""
+    root = Path(dir).expanduser().resolve()
+    for p in _recorded(root):
+        if p.name == name and p.alive:
+            _signal_group(p.pid, signal.SIGKILL)
+            return p.pid
+    raise ClusterError(f"no running process named {name} in {root}")
+
+
 def _launch(started: _Started, name: str, args: Sequence[str]) -> None:
     module = _MODULES[JOBMANAGER if name == JOBMANAGER else "tm"]
     log_path = started.dir / "log" / f"{name}.log"

@@ -26,6 +26,7 @@ import json
 import logging
 import re
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -60,6 +61,8 @@ UNAVAILABLE = -1  # a producer attempt that is not known yet (InputGateDeploymen
 # just after cancel() (between a check of the flag and the job's submission) is caught by the
 # next one.
 _REINTERRUPT_INTERVAL_S = 0.5
+# How long a cancelled task waits for Spark to kill its tasks before reporting CANCELED anyway.
+_SPARK_QUIET_TIMEOUT_S = 15.0
 
 
 _WORKER_TRACEBACK = "Traceback (most recent call last):"
@@ -301,6 +304,33 @@ class Task:
         except Exception:  # a stopped session: nothing is running any more
             log.debug("%s: interrupting tag %s failed", self.name, self.tag, exc_info=True)
 
+    def _await_spark_tasks_gone(self, timeout_s: float = _SPARK_QUIET_TIMEOUT_S) -> None:
+        """A cancelled Spark job returns at once, but its tasks end only when the executor has
+        killed them — for Python UDFs, when Spark has destroyed the Python worker running the
+        user's function. CANCELED means the work has stopped, so wait for that (classic Spark:
+        the status tracker's active tasks of this attempt's jobs; Spark Connect has no tracker
+        and the server does its own clean-up)."""
+        if self._context is None:
+            return
+        try:
+            tracker = self._context.statusTracker()
+            # PySpark's tracker cannot look jobs up by tag; the JVM's can.
+            jvm_tracker = self._context._jsc.sc().statusTracker()
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline:
+                active = 0
+                for job_id in jvm_tracker.getJobIdsForTag(self.tag):
+                    job = tracker.getJobInfo(job_id)
+                    for stage_id in (job.stageIds if job else ()):
+                        stage = tracker.getStageInfo(stage_id)
+                        active += stage.numActiveTasks if stage else 0
+                if not active:
+                    return
+                time.sleep(0.05)
+            log.warning("%s: Spark tasks still active %.0f s after cancellation", self.name, timeout_s)
+        except Exception:  # never let the wait keep the task from reporting
+            log.warning("%s: could not check that its Spark tasks ended", self.name, exc_info=True)
+
     def _keep_interrupting(self) -> None:
         while not self._done.wait(_REINTERRUPT_INTERVAL_S):
             self._interrupt()
@@ -327,6 +357,7 @@ class Task:
             produced = self._run()
         except Exception as e:
             if self._cancelled:
+                self._await_spark_tasks_gone()
                 log.info("%s: canceled", self.name)
                 self._report(ExecutionState.CANCELED, None, [])
             else:

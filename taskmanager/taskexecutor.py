@@ -503,6 +503,9 @@ class TaskExecutor:
             "spark.sql.shuffle.partitions": str(_available_cores()),
             # Tasks sharing a slot submit Spark jobs concurrently; FIFO would serialize them.
             "spark.scheduler.mode": "FAIR",
+            # A cancelled task's Python worker (running user code) is destroyed this long after
+            # the kill; Spark's 2 s default keeps user code running past CANCELED.
+            "spark.python.task.killTimeout": "100ms",
         }
         conf.update(cfg.spark_conf)
         for key, value in conf.items():

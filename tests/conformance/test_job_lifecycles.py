@@ -254,3 +254,17 @@ def test_all_to_all_at_scale_finishes_and_conforms():
     sim = SimulatedCluster(source_sink_all_to_all(50, ResultPartitionType.BLOCKING), task_managers={"tm-1": 8, "tm-2": 8}).start()
     assert sim.run() is J.FINISHED
     sim.assert_conformant()
+
+
+def test_partitions_of_failed_attempts_are_released_at_once():
+    from funke.common import scheduler as s
+
+    sim = SimulatedCluster(
+        seed_example_job(BLOCKING),
+        restart_strategy=FixedDelayRestartBackoffTimeStrategy(attempts=1, delay_s=1.0),
+        script=fail_once("map", 0),
+    ).start()
+    assert sim.run() is J.FINISHED
+    released = [r for a in sim.actions if isinstance(a, s.ReleasePartitions) for r in a.partitions]
+    failed_map_output = [r for r in released if r[0].startswith("map->") and r[1] == 0 and r[2] == 0]
+    assert failed_map_output, released
