@@ -80,7 +80,8 @@ def spark_cluster(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def noop_cluster(tmp_path_factory):
-    cluster = _start(tmp_path_factory, "noop-cluster", "--no-spark", "-D", "slot.request.timeout=4 s")
+    cluster = _start(tmp_path_factory, "noop-cluster", "--no-spark", "-D", "slot.request.timeout=4 s",
+                     "-D", "heartbeat.timeout=2 s")
     yield cluster
     _stop(cluster)
 

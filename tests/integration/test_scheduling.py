@@ -172,3 +172,31 @@ def test_health_and_cluster_overview(noop_cluster):
         with grpc.insecure_channel(tm.address) as channel:
             response = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
             assert response.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_a_hung_taskmanager_is_lost_after_the_heartbeat_timeout_and_registers_again_when_it_wakes(noop_cluster):
+    import os
+    import signal
+
+    client = noop_cluster.client
+    pid = noop_cluster.pids()["tm-2"]
+    registered = lambda: {tm.id for tm in client.cluster_overview().task_managers}  # noqa: E731
+    os.kill(pid, signal.SIGSTOP)  # alive, connection open, but silent
+    try:
+        stopped = time.time()
+        while "tm-2" in registered():
+            assert time.time() - stopped < 10, "a silent TaskManager was never declared lost"
+            time.sleep(0.1)
+        lost_after = time.time() - stopped
+        # the last heartbeat came up to one interval (1 s) before the stop; the timeout is 2 s
+        assert 0.9 < lost_after < 6, f"lost after {lost_after:.1f} s"
+        # jobs go on with the slots that are left
+        job_id = client.submit(two_vertices(2))
+        assert status_name(wait_for_end(client, job_id)[1]) == "FINISHED"
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    woke = time.time()
+    while "tm-2" not in registered():
+        assert time.time() - woke < 15, "the TaskManager did not register again after waking up"
+        time.sleep(0.1)
+    assert client.cluster_overview().slots_total == 4
