@@ -195,34 +195,40 @@ def compute_pipelined_regions(graph: ExecutionGraph) -> PipelinedRegions:
     # -- merge raw regions on cycles through blocking groups inside split logical regions.
     # Cycles across logical regions were merged at the logical level, and a whole logical region
     # is one raw region, so these are the only edges that can close a cycle. --
-    successors: dict[int, list[int]] = {}
-    for ejv in job_vertices:
-        lr = logical[ejv.topological_index]
-        if whole[lr]:
-            continue
-        base = offsets[ejv.topological_index]
-        for ev in ejv.task_vertices:
-            consumer_raw = raw_of[base + ev.subtask_index]
-            for consumed in ev.consumed_partition_groups:
-                result = consumed.result
-                if not result.is_blocking or logical[result.producer.topological_index] != lr:
-                    continue
-                producer_base = offsets[result.producer.topological_index]
-                producers = {raw_of[producer_base + p.partition_index] for p in consumed.partitions}
-                partly_inside = consumer_raw in producers
-                for producer_raw in producers:
-                    if producer_raw != consumer_raw:
-                        successors.setdefault(producer_raw, []).append(consumer_raw)
-                        if partly_inside:
-                            # a group partly produced by its own consumer's region: merge with
-                            # the other producers' regions (see the module docstring)
-                            successors.setdefault(consumer_raw, []).append(producer_raw)
-    merged = list(range(raw_count))
-    for component in _strongly_connected_components(list(successors), successors):
-        if len(component) > 1:
-            target = min(component)
-            for raw in component:
-                merged[raw] = target
+    # Merging can leave a group half inside a merged region (some producers inside, some
+    # outside), which must merge as well: repeat until a round merges nothing.
+    merging = _DisjointSets(raw_count)
+    while True:
+        successors: dict[int, list[int]] = {}
+        for ejv in job_vertices:
+            lr = logical[ejv.topological_index]
+            if whole[lr]:
+                continue
+            base = offsets[ejv.topological_index]
+            for ev in ejv.task_vertices:
+                consumer_raw = merging.find(raw_of[base + ev.subtask_index])
+                for consumed in ev.consumed_partition_groups:
+                    result = consumed.result
+                    if not result.is_blocking or logical[result.producer.topological_index] != lr:
+                        continue
+                    producer_base = offsets[result.producer.topological_index]
+                    producers = {merging.find(raw_of[producer_base + p.partition_index]) for p in consumed.partitions}
+                    partly_inside = consumer_raw in producers
+                    for producer_raw in producers:
+                        if producer_raw != consumer_raw:
+                            successors.setdefault(producer_raw, []).append(consumer_raw)
+                            if partly_inside:
+                                # a group partly produced by its own consumer's region: merge with
+                                # the other producers' regions (see the module docstring)
+                                successors.setdefault(consumer_raw, []).append(producer_raw)
+        merged_any = False
+        for component in _strongly_connected_components(list(successors), successors):
+            for raw in component[1:]:
+                merging.union(component[0], raw)
+                merged_any = True
+        if not merged_any:
+            break
+    merged = [merging.find(raw) for raw in range(raw_count)]
 
     # -- regions, in order of their first subtask for now --
     regions: list[PipelinedRegion] = []

@@ -367,22 +367,26 @@ def naive_regions(graph: ExecutionGraph) -> set[frozenset[str]]:
             if not group.result.is_blocking:
                 for p in group.partitions:
                     raw.add_edge(p.producer.id, v.id)
-    raw_of = {v: i for i, c in enumerate(nx.connected_components(raw)) for v in c}
-    cycles = nx.DiGraph()
-    cycles.add_nodes_from(set(raw_of.values()))
-    for v in graph.execution_vertices():
-        for group in v.consumed_partition_groups:
-            same_logical = logical_of[group.result.producer.id] == logical_of[v.job_vertex.id]
-            if group.result.is_blocking and same_logical:
-                producers = {raw_of[p.producer.id] for p in group.partitions}
-                for rp in producers:
-                    cycles.add_edge(rp, raw_of[v.id])
-                    if raw_of[v.id] in producers:
-                        cycles.add_edge(raw_of[v.id], rp)
-    final = {n: i for i, c in enumerate(nx.strongly_connected_components(cycles)) for n in c}
+    region_of = {v: i for i, c in enumerate(nx.connected_components(raw)) for v in c}
+    while True:  # merge cycles and half-inside groups until nothing changes
+        cycles = nx.DiGraph()
+        cycles.add_nodes_from(set(region_of.values()))
+        for v in graph.execution_vertices():
+            for group in v.consumed_partition_groups:
+                same_logical = logical_of[group.result.producer.id] == logical_of[v.job_vertex.id]
+                if group.result.is_blocking and same_logical:
+                    producers = {region_of[p.producer.id] for p in group.partitions}
+                    for rp in producers:
+                        cycles.add_edge(rp, region_of[v.id])
+                        if region_of[v.id] in producers:
+                            cycles.add_edge(region_of[v.id], rp)
+        final = {n: i for i, c in enumerate(nx.strongly_connected_components(cycles)) for n in c}
+        if len(set(final.values())) == len(set(region_of.values())):
+            break
+        region_of = {v: final[r] for v, r in region_of.items()}
     out: dict[int, set[str]] = {}
-    for v, r in raw_of.items():
-        out.setdefault(final[r], set()).add(str(v))
+    for v, r in region_of.items():
+        out.setdefault(r, set()).add(str(v))
     return {frozenset(s) for s in out.values()}
 
 
@@ -413,3 +417,23 @@ def test_random_graphs_match_the_naive_reference(graph, data):
     vertices = list(graph.execution_vertices())
     failed = data.draw(st.lists(st.sampled_from(vertices), min_size=1, max_size=3))
     assert {r.index for r in regions.regions_to_restart(failed)} == naive_restart(graph, regions, failed)
+
+
+def test_merging_a_cycle_can_leave_a_group_half_inside_which_merges_too():
+    """v0(3) -> v1(2) blocking and v1 -> v3(3) blocking, with v0 -> v3 pipelined. Merging the
+    cycle v1[1] <-> {v0[2], v3[2]} leaves v1[1]'s input {v0[1], v0[2]} half inside the merged
+    region; waiting for it would deadlock, so {v0[1], v3[1]} must join as well."""
+    graph = execution_graph(job_graph(
+        "half-inside",
+        [source("v0", 3), operator("v1", 2), source("v2", 1), operator("v3", 3)],
+        [connect("v0", "v1", POINTWISE, BLOCKING), connect("v0", "v3", POINTWISE, PIPELINED),
+         connect("v1", "v3", POINTWISE, BLOCKING)],
+    ))
+    regions = compute_pipelined_regions(graph)
+    assert_region_invariants(graph, regions)
+    assert {frozenset(ids(r)) for r in regions.regions} == naive_regions(graph)
+    assert sorted(sorted(ids(r)) for r in regions.regions) == sorted([
+        sorted(["v0[0]", "v1[0]", "v3[0]"]),
+        sorted(["v0[1]", "v3[1]", "v0[2]", "v1[1]", "v3[2]"]),
+        ["v2[0]"],
+    ])
