@@ -216,11 +216,14 @@ class ExceptionHistoryEntry:
 
 @dataclass(eq=False, slots=True)
 class _Batch:
-    """Vertices scheduled together; deployed once every one of their groups has a slot."""
+    """Executions scheduled together; deployed once every one of their groups has a slot. An
+    execution that is no longer its vertex's current one, or no longer SCHEDULED, is ignored."""
 
-    vertices: list[ExecutionVertex]
+    executions: list[Execution]
     groups: list[ExecutionSlotSharingGroup]
-    request_id: int | None
+
+    def waiting(self) -> list[Execution]:
+        return [ex for ex in self.executions if ex.vertex.current_execution is ex and ex.state is E.SCHEDULED]
 
 
 @dataclass(eq=False, slots=True)
@@ -279,7 +282,8 @@ class Scheduler:
         self._scheduled_regions: set[PipelinedRegion] = set()
         self._pending_restart: _PendingRestart | None = None
         self._global_failure: _GlobalFailure | None = None
-        self._timer_version = 0
+        self._timer_seq = 0
+        self._timers: dict[str, Timer] = {}  # the one live timer of each kind
         self._committing = False
         self._task_managers_used: set[str] = set()
         self._out: list[Action] = []
@@ -332,16 +336,14 @@ class Scheduler:
             return []
         for g in groups:
             self._requested.pop(g, None)
-        waiting = [
-            ev for b in self._batches if b.request_id == request_id
-            for ev in b.vertices if ev.state is E.SCHEDULED
-        ]
-        self._batches = [b for b in self._batches if b.request_id != request_id]
+        starved = [b for b in self._batches if any(g in groups for g in b.groups)]
+        self._batches = [b for b in self._batches if b not in starved]
         failure = FailureInfo("NoResourceAvailableException", message)
         failed = []
-        for ev in waiting:
-            self._transition(ev.current_execution, E.FAILED, now, str(failure), failure)
-            failed.append(ev)
+        for batch in starved:
+            for ex in batch.waiting():
+                self._transition(ex, E.FAILED, now, str(failure), failure)
+                failed.append(ex.vertex)
         if failed:
             self._handle_failure(failed, failure, now, task_manager_id=None)
         return self._drain()
@@ -397,35 +399,62 @@ class Scheduler:
                     self._transition(ex, E.FAILED, now, str(failure), failure)
                     failed.append(ev)
         lost_needed: list[ExecutionVertex] = []
+        needed_by_group: dict[int, bool] = {}
         for result in self.graph.results.values():
             for partition in result.partitions:
                 loc = partition.location
                 if loc is not None and loc.task_manager_id == task_manager_id:
                     self.graph.mark_partition_unavailable(partition)
-                    if self._partition_still_needed(partition):
+                    if self._partition_still_needed(partition, needed_by_group):
                         lost_needed.append(partition.producer)
         if failed or lost_needed:
             self._handle_failure(failed, failure, now, task_manager_id=task_manager_id, also_restart=lost_needed)
+        if self.status in (J.CREATED, J.RUNNING):
+            self._request_missing_slots()
         self._check_progress(now)
         return self._drain()
 
     def on_timer(self, timer: Timer, now: float) -> list[Action]:
+        if self._timers.get(timer.kind) != timer:
+            return []  # replaced or cancelled since
+        del self._timers[timer.kind]
         if timer.kind == "restart":
             pending = self._pending_restart
-            if pending is not None and pending.timer == timer:
+            if pending is not None:
+                # The timer decides, not a comparison with a clock that may have been stepped.
+                pending.restart_at = min(pending.restart_at, now)
                 self._maybe_restart_regions(now)
-            elif self._global_failure is not None and timer.version == self._timer_version and self.status is J.RESTARTING:
+            elif self._global_failure is not None and self.status is J.RESTARTING:
                 self._restart_globally(now)
-        elif timer.kind == "cancel-timeout" and timer.version == self._timer_version and self.status is J.CANCELLING:
-            stuck = [ev.name for ev in self.graph.execution_vertices() if not ev.state.is_terminal]
-            self.failure = FailureInfo(
-                "CancellationTimeout",
-                f"tasks could not be cancelled within {self.cancellation_timeout_s:g} s: {', '.join(stuck[:10])}"
-                + (" ..." if len(stuck) > 10 else ""),
-            )
-            self._job_transition(J.FAILED, now, str(self.failure))
-            self._terminate(now)
+        elif timer.kind == "cancel-timeout":
+            self._cancellation_timed_out(now)
         return self._drain()
+
+    def _start_timer(self, kind: str, at: float) -> Timer:
+        self._timer_seq += 1
+        timer = self._timers[kind] = Timer(kind, self._timer_seq)
+        self._out.append(StartTimer(timer, at))
+        return timer
+
+    def _cancellation_timed_out(self, now: float) -> None:
+        """Executions still CANCELING after the cancellation timeout: the job cannot wait for
+        them forever. A cancelled job ends FAILED (Flink: CANCELLING -> FAILED); during a
+        failover they are marked FAILED, so the restart or the job's failure can go on."""
+        stuck = [ev for ev in self.graph.execution_vertices() if ev.state is E.CANCELING]
+        if not stuck:
+            return
+        names = ", ".join(ev.name for ev in stuck[:10]) + (" ..." if len(stuck) > 10 else "")
+        failure = FailureInfo("CancellationTimeout",
+                              f"tasks could not be cancelled within {self.cancellation_timeout_s:g} s: {names}")
+        self.exception_history.append(ExceptionHistoryEntry(now, "", None, None, failure))
+        if self.status is J.CANCELLING:
+            self.failure = failure
+            self._job_transition(J.FAILED, now, str(failure))
+            self._terminate(now)
+            return
+        for ev in stuck:
+            self._transition(ev.current_execution, E.FAILED, now, str(failure), failure)
+        self._check_progress(now)
 
     def on_outputs_committed(self, now: float, error: FailureInfo | None = None) -> list[Action]:
         if not self._committing:
@@ -455,8 +484,6 @@ class Scheduler:
         self._pending_restart = None
         self._global_failure = None
         self._cancel_everything(now, "job cancelled")
-        self._timer_version += 1
-        self._out.append(StartTimer(Timer("cancel-timeout", self._timer_version), now + self.cancellation_timeout_s))
         self._check_progress(now)
         return self._drain()
 
@@ -510,21 +537,33 @@ class Scheduler:
                     seen.add(group.index)
                     groups.append(group)
             missing = [g for g in groups if g not in self._slot_of and g not in self._requested]
-            request_id = None
             if missing:
-                request_id = self._next_request_id
-                self._next_request_id += 1
-                self._requests[request_id] = missing
-                for g in missing:
-                    self._requested[g] = request_id
-                per_group: dict[str, int] = {}
-                for g in missing:
-                    per_group[g.slot_sharing_group] = per_group.get(g.slot_sharing_group, 0) + 1
-                requests.append(SlotRequest(request_id, len(missing), tuple(sorted(per_group.items()))))
-            self._batches.append(_Batch(vertices, groups, request_id))
+                requests.append(self._new_request(missing))
+            self._batches.append(_Batch([ev.current_execution for ev in vertices], groups))
         if requests:
             self._out.append(RequestSlots(tuple(requests), self.slot_request_timeout_s))
         self._deploy_ready_batches(now)
+
+    def _new_request(self, groups: list[ExecutionSlotSharingGroup]) -> SlotRequest:
+        request_id = self._next_request_id
+        self._next_request_id += 1
+        self._requests[request_id] = groups
+        per_group: dict[str, int] = {}
+        for g in groups:
+            self._requested[g] = request_id
+            per_group[g.slot_sharing_group] = per_group.get(g.slot_sharing_group, 0) + 1
+        return SlotRequest(request_id, len(groups), tuple(sorted(per_group.items())))
+
+    def _request_missing_slots(self) -> None:
+        """Waiting batches whose groups have neither a slot nor a pending request (their slot
+        was on a TaskManager that is gone) ask again."""
+        missing: list[ExecutionSlotSharingGroup] = []
+        for batch in self._batches:
+            for g in batch.groups:
+                if g not in self._slot_of and g not in self._requested and g not in missing:
+                    missing.append(g)
+        if missing:
+            self._out.append(RequestSlots((self._new_request(missing),), self.slot_request_timeout_s))
 
     def _deploy_ready_batches(self, now: float) -> None:
         if self.status not in (J.CREATED, J.RUNNING):
@@ -532,9 +571,8 @@ class Scheduler:
         remaining: list[_Batch] = []
         for batch in self._batches:
             if all(g in self._slot_of for g in batch.groups):
-                for ev in batch.vertices:
-                    if ev.state is E.SCHEDULED:
-                        self._deploy(ev, now)
+                for ex in batch.waiting():
+                    self._deploy(ex.vertex, now)
             else:
                 remaining.append(batch)
         self._batches = remaining
@@ -637,8 +675,7 @@ class Scheduler:
             gf = self._global_failure
             if gf is not None and gf.restart:
                 self._job_transition(J.RESTARTING, now, f"restarting after: {gf.root}")
-                self._timer_version += 1
-                self._out.append(StartTimer(Timer("restart", self._timer_version), max(now, gf.restart_at)))
+                self._start_timer("restart", max(now, gf.restart_at))
             else:
                 self._job_transition(J.FAILED, now, str(self.failure) if self.failure else "failed")
                 self._terminate(now)
@@ -704,10 +741,8 @@ class Scheduler:
         if pending is not None:
             vertices |= pending.vertices
             restart_at = max(restart_at, pending.restart_at)
-        self._timer_version += 1
-        timer = Timer("restart", self._timer_version)
+        timer = self._start_timer("restart", restart_at)
         self._pending_restart = _PendingRestart(vertices, restart_at, timer)
-        self._out.append(StartTimer(timer, restart_at))
         self._cancel_vertices(sorted(vertices, key=_vertex_order), now, f"restarting after failure of {failed[0].name}")
         self._invalidate_partitions(vertices)
 
@@ -776,12 +811,18 @@ class Scheduler:
         for tm, refs in sorted(by_tm.items()):
             self._out.append(ReleasePartitions(tm, tuple(refs)))
 
-    def _partition_still_needed(self, partition: IntermediateResultPartition) -> bool:
-        return any(
-            consumer.state is not E.FINISHED
-            for group in partition.consumer_vertex_groups
-            for consumer in group.vertices
-        )
+    def _partition_still_needed(self, partition: IntermediateResultPartition, memo: dict[int, bool]) -> bool:
+        """Some consumer has yet to read it: it did not finish, or it will run again (pending
+        restart). Memoised per consumer group, so an ALL_TO_ALL result costs O(P), not O(P²)."""
+        pending = self._pending_restart.vertices if self._pending_restart is not None else ()
+        for group in partition.consumer_vertex_groups:
+            needed = memo.get(id(group))
+            if needed is None:
+                needed = memo[id(group)] = any(
+                    consumer.state is not E.FINISHED or consumer in pending for consumer in group.vertices)
+            if needed:
+                return True
+        return False
 
     # ------------------------------------------------------------------ cancellation
 
@@ -794,6 +835,7 @@ class Scheduler:
         self._cancel_vertices(list(self.graph.execution_vertices()), now, cause)
 
     def _cancel_vertices(self, vertices: list[ExecutionVertex], now: float, cause: str) -> None:
+        canceling = False
         for ev in vertices:
             ex = ev.current_execution
             if ex.state in (E.CREATED, E.SCHEDULED):
@@ -802,11 +844,15 @@ class Scheduler:
             elif ex.state in _DEPLOYED:
                 self._transition(ex, E.CANCELING, now, cause)
                 self._out.append(CancelTask(ex.task_manager_id or "", ex.attempt_id))
+                canceling = True
+        if canceling and not self.status.is_terminal:
+            # Nothing may wait forever for a task that does not stop (Flink's task.cancellation.timeout).
+            self._start_timer("cancel-timeout", now + self.cancellation_timeout_s)
         self._drop_dead_batches()
 
     def _drop_dead_batches(self) -> None:
         """Forget batches with nothing left to deploy, and slot requests nobody waits for."""
-        self._batches = [b for b in self._batches if any(ev.state is E.SCHEDULED for ev in b.vertices)]
+        self._batches = [b for b in self._batches if b.waiting()]
         needed = {g for b in self._batches for g in b.groups}
         for request_id, groups in list(self._requests.items()):
             if not any(g in needed for g in groups):
@@ -816,7 +862,7 @@ class Scheduler:
                 self._out.append(CancelSlotRequest(request_id))
 
     def _terminate(self, now: float) -> None:
-        self._timer_version += 1  # outstanding timers become stale
+        self._timers.clear()  # outstanding timers become stale
         for group in list(self._slot_of):
             self._release_group_slot(group, f"job {self.status.value}")
         for request_id in list(self._requests):

@@ -28,6 +28,8 @@ CHANNEL_OPTIONS = [
 ]
 RPC_TIMEOUT_S = 60.0
 MAX_BATCH = 2000
+MAX_RETRIES = 5  # for calls other than deployments, which fail the task instead
+_TRANSIENT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED)
 
 DeployFailed = Callable[[str, job_pb2.ExecutionAttemptId, FailureInfo], None]
 
@@ -38,6 +40,7 @@ class _Call:
     job_id: str
     items: list = field(default_factory=list)
     extra: dict = field(default_factory=dict)
+    retries: int = 0
 
 
 class TaskManagerGateway:
@@ -108,6 +111,13 @@ class TaskManagerGateway:
                 detail = f"{exc.code().name}: {exc.details()}"
                 if call.kind == "submit":
                     self._fail_deployments(call.items, f"could not deploy to TaskManager {self.task_manager_id}: {detail}")
+                elif call.retries < MAX_RETRIES and exc.code() in _TRANSIENT:
+                    # A cancel that does not arrive leaves a task running: try again, in order.
+                    call.retries += 1
+                    log.warning("%s to TaskManager %s failed (%s); retry %d", call.kind, self.task_manager_id,
+                                detail, call.retries)
+                    await asyncio.sleep(0.2 * 2 ** call.retries)
+                    self._queue.appendleft(call)
                 else:
                     log.warning("%s to TaskManager %s failed: %s", call.kind, self.task_manager_id, detail)
             except asyncio.CancelledError:

@@ -268,3 +268,83 @@ def test_partitions_of_failed_attempts_are_released_at_once():
     released = [r for a in sim.actions if isinstance(a, s.ReleasePartitions) for r in a.partitions]
     failed_map_output = [r for r in released if r[0].startswith("map->") and r[1] == 0 and r[2] == 0]
     assert failed_map_output, released
+
+
+# -- regressions found by a review and a random-event fuzz of the scheduler --
+
+def test_a_partition_lost_while_its_consumer_is_pending_restart_is_produced_again():
+    """Two TaskManagers restart one after the other while the last stage runs: the second loss
+    takes partitions whose consumers FINISHED but are part of the pending restart; their
+    producers must run again, or the restarted region waits for them forever."""
+    from tests.conformance.graphs import ALL_TO_ALL, connect, job_graph, operator, sink, source
+
+    job = job_graph("two-shuffles", [source("source", 2), operator("map", 3), sink("reduce", 2)],
+                    [connect("source", "map", ALL_TO_ALL, BLOCKING), connect("map", "reduce", ALL_TO_ALL, BLOCKING)])
+    sim = SimulatedCluster(job, task_managers={"tm-1": 1, "tm-2": 4},
+                           restart_strategy=FixedDelayRestartBackoffTimeStrategy(attempts=10, delay_s=1.0)).start()
+    sim.run_until(lambda: all(ev.state is E.DEPLOYING for ev in sim.graph.vertices["reduce"].task_vertices))
+    for tm in ("tm-1", "tm-2"):  # each registers again with the same id: the old process is gone
+        _, actions = sim.slots.register(tm, f"{tm}:2", 2, {}, sim.now)
+        sim._slot_actions(actions)
+    assert sim.run() is J.FINISHED
+    sim.assert_conformant()
+
+
+def test_a_lost_slot_that_a_waiting_batch_needs_is_requested_again():
+    from tests.conformance.graphs import POINTWISE, connect, job_graph, sink, source
+
+    job = job_graph("shared", [source("a", 1), source("x", 1, slot_sharing_group="x"), sink("b", 1)],
+                    [connect("x", "b", POINTWISE, PIPELINED)])  # regions {a} and {x, b}; b shares a's slot
+    sim = SimulatedCluster(job, task_managers={"tm-1": 1},
+                           restart_strategy=FixedDelayRestartBackoffTimeStrategy(attempts=5, delay_s=0.0)).start()
+    sim.run_until(lambda: sim.graph.vertices["a"].task_vertices[0].state is E.FINISHED)
+    sim._slot_actions(sim.slots.lose("tm-1", "heartbeat timeout", sim.now))
+    _, actions = sim.slots.register("tm-2", "tm-2:1", 4, {}, sim.now)
+    sim._slot_actions(actions)
+    assert sim.run() is J.FINISHED
+    assert sim.slots.free_slots == sim.slots.total_slots
+    sim.assert_conformant()
+
+
+def test_a_region_restart_timer_decides_even_if_the_clock_says_it_is_early():
+    from funke.common import scheduler as s
+
+    sim = SimulatedCluster(seed_example_job(BLOCKING),
+                           restart_strategy=FixedDelayRestartBackoffTimeStrategy(attempts=1, delay_s=10.0),
+                           script=fail_once("source", 0)).start()
+    sim.step_tasks()
+    sim.step_tasks()
+    sim.step_tasks()  # source (1/4) fails; the restart is due in 10 s
+    timer = next(a for a in reversed(sim.actions) if isinstance(a, s.StartTimer) and a.timer.kind == "restart")
+    sim.apply(sim.scheduler.on_timer(timer.timer, timer.at - 0.001))  # a wall clock stepped back
+    assert sim.graph.vertices["source"].task_vertices[0].current_execution.attempt_number == 1
+    assert sim.run() is J.FINISHED
+
+
+@pytest.mark.parametrize("failover", [FailoverStrategyKind.FULL, FailoverStrategyKind.REGION])
+def test_a_task_that_never_stops_cannot_hold_a_failover_forever(failover):
+    sim = SimulatedCluster(seed_example_job(PIPELINED), failover=failover,
+                           restart_strategy=FixedDelayRestartBackoffTimeStrategy(attempts=3, delay_s=1.0)).start()
+    sim.step_tasks()
+    sim.step_tasks()
+    sim.report(ExecutionAttemptId("source", 0, 0), E.FAILED, BOOM)
+    stuck = ExecutionAttemptId("map", 2, 0)
+    sim.cancel_requested.discard(stuck)  # its CancelTasks never arrives: the task keeps running
+    sim.running.pop(stuck, None)
+    sim.advance(sim.scheduler.cancellation_timeout_s + 1)
+    assert sim.graph.find_execution(stuck).state is E.FAILED
+    assert sim.run() is J.FINISHED
+    assert any(e.failure.exception_type == "CancellationTimeout" for e in sim.scheduler.exception_history)
+    sim.assert_conformant()
+
+
+def test_a_cancellation_timeout_fails_a_cancelled_job_and_is_in_the_exception_history():
+    sim = SimulatedCluster(seed_example_job(PIPELINED)).start()
+    sim.step_tasks()
+    sim.apply(sim.scheduler.cancel(sim.now))
+    sim.cancel_requested.clear()  # no TaskManager answers
+    sim.running.clear()
+    sim.advance(sim.scheduler.cancellation_timeout_s + 1)
+    assert sim.scheduler.status is J.FAILED
+    assert sim.scheduler.failure.exception_type == "CancellationTimeout"
+    assert [e.failure.exception_type for e in sim.scheduler.exception_history] == ["CancellationTimeout"]
