@@ -248,13 +248,14 @@ class ConsumedPartitionGroup:
     """Partitions of one result that are consumed together by the vertices of one
     ConsumerVertexGroup. Tracks how many are not yet finished."""
 
-    __slots__ = ("result", "partitions", "consumer_vertex_group", "unfinished")
+    __slots__ = ("result", "partitions", "consumer_vertex_group", "unfinished", "version")
 
     def __init__(self, result: IntermediateResult, partitions: Sequence[IntermediateResultPartition]):
         self.result = result
         self.partitions = partitions
         self.consumer_vertex_group: ConsumerVertexGroup | None = None
         self.unfinished = len(partitions)
+        self.version = 0  # bumped whenever a partition's location changes (caches key on it)
 
     @property
     def all_finished(self) -> bool:
@@ -402,8 +403,9 @@ class ExecutionGraph:
     def mark_partition_finished(self, partition: IntermediateResultPartition, location: PartitionLocation) -> list[ConsumedPartitionGroup]:
         """Record a finished partition; return the consumed groups that became complete."""
         completed: list[ConsumedPartitionGroup] = []
-        if partition.location is None:
-            for group in partition.consumed_partition_groups:
+        for group in partition.consumed_partition_groups:
+            group.version += 1
+            if partition.location is None:
                 group.unfinished -= 1
                 if group.unfinished == 0:
                     completed.append(group)
@@ -415,6 +417,7 @@ class ExecutionGraph:
             partition.location = None
             for group in partition.consumed_partition_groups:
                 group.unfinished += 1
+                group.version += 1
 
 
 def _connect(result: IntermediateResult) -> None:

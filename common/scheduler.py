@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from funke.common.executiongraph import (
+    ConsumedPartitionGroup,
     ExecutionAttemptId,
     ExecutionGraph,
     ExecutionVertex,
@@ -277,7 +278,8 @@ class Scheduler:
         self._slot_of: dict[ExecutionSlotSharingGroup, SlotId] = {}
         self._requested: dict[ExecutionSlotSharingGroup, int] = {}  # group -> pending request id
         self._requests: dict[int, list[ExecutionSlotSharingGroup]] = {}
-        self._batches: list[_Batch] = []
+        self._batches: dict[_Batch, None] = {}  # waiting batches, in order (an ordered set)
+        self._batches_with_group: dict[ExecutionSlotSharingGroup, list[_Batch]] = {}  # pruned lazily
         self._next_request_id = 1
         self._scheduled_regions: set[PipelinedRegion] = set()
         self._pending_restart: _PendingRestart | None = None
@@ -286,6 +288,9 @@ class Scheduler:
         self._timers: dict[str, Timer] = {}  # the one live timer of each kind
         self._committing = False
         self._task_managers_used: set[str] = set()
+        self._gate_cache: dict[int, tuple[int, tuple]] = {}  # id(ConsumedPartitionGroup) -> (version, state)
+        # id(ConsumerVertexGroup) -> TaskManager -> how many of its consumers are deployed there
+        self._deployed_on: dict[int, dict[str, int]] = {}
         self._out: list[Action] = []
 
     # ------------------------------------------------------------------ public view
@@ -323,7 +328,7 @@ class Scheduler:
         for group, slot in zip(groups, slots):
             self._requested.pop(group, None)
             self._slot_of[group] = slot
-        self._deploy_ready_batches(now)
+        self._deploy_ready_batches(now, self._batches_needing(groups))
         # groups whose vertices were cancelled while the request was pending
         for group in groups:
             if self._usage.get(group, 0) == 0 and group in self._slot_of:
@@ -336,8 +341,9 @@ class Scheduler:
             return []
         for g in groups:
             self._requested.pop(g, None)
-        starved = [b for b in self._batches if any(g in groups for g in b.groups)]
-        self._batches = [b for b in self._batches if b not in starved]
+        starved = self._batches_needing(groups)
+        for batch in starved:
+            del self._batches[batch]
         failure = FailureInfo("NoResourceAvailableException", message)
         failed = []
         for batch in starved:
@@ -526,6 +532,7 @@ class Scheduler:
             else:
                 batches.append(vertices)
         requests: list[SlotRequest] = []
+        new_batches: list[_Batch] = []
         for vertices in batches:
             vertices.sort(key=lambda ev: (ev.job_vertex.topological_index, ev.subtask_index))
             groups: list[ExecutionSlotSharingGroup] = []
@@ -539,10 +546,14 @@ class Scheduler:
             missing = [g for g in groups if g not in self._slot_of and g not in self._requested]
             if missing:
                 requests.append(self._new_request(missing))
-            self._batches.append(_Batch([ev.current_execution for ev in vertices], groups))
+            batch = _Batch([ev.current_execution for ev in vertices], groups)
+            self._batches[batch] = None
+            for g in groups:
+                self._batches_with_group.setdefault(g, []).append(batch)
+            new_batches.append(batch)
         if requests:
             self._out.append(RequestSlots(tuple(requests), self.slot_request_timeout_s))
-        self._deploy_ready_batches(now)
+        self._deploy_ready_batches(now, new_batches)
 
     def _new_request(self, groups: list[ExecutionSlotSharingGroup]) -> SlotRequest:
         request_id = self._next_request_id
@@ -565,17 +576,26 @@ class Scheduler:
         if missing:
             self._out.append(RequestSlots((self._new_request(missing),), self.slot_request_timeout_s))
 
-    def _deploy_ready_batches(self, now: float) -> None:
+    def _batches_needing(self, groups: Iterable[ExecutionSlotSharingGroup]) -> list[_Batch]:
+        """Waiting batches that contain any of `groups`, in the order they were made. An index,
+        not a scan: a batch job at P = 10 000 has thousands of batches waiting for slots."""
+        found: dict[_Batch, None] = {}
+        for g in groups:
+            listed = self._batches_with_group.get(g)
+            if listed:
+                listed[:] = [b for b in listed if b in self._batches]
+                for b in listed:
+                    found[b] = None
+        return list(found)
+
+    def _deploy_ready_batches(self, now: float, batches: Iterable[_Batch]) -> None:
         if self.status not in (J.CREATED, J.RUNNING):
             return
-        remaining: list[_Batch] = []
-        for batch in self._batches:
-            if all(g in self._slot_of for g in batch.groups):
+        for batch in batches:
+            if batch in self._batches and all(g in self._slot_of for g in batch.groups):
+                del self._batches[batch]
                 for ex in batch.waiting():
                     self._deploy(ex.vertex, now)
-            else:
-                remaining.append(batch)
-        self._batches = remaining
 
     def _deploy(self, ev: ExecutionVertex, now: float) -> None:
         if self.status is J.CREATED:
@@ -592,17 +612,14 @@ class Scheduler:
         inputs = []
         for index, (result, group) in enumerate(zip(ejv.inputs, ev.consumed_partition_groups)):
             split = input_split(result.edge, ev.subtask_index, result.producer.parallelism, ejv.parallelism)
-            partitions = result.partitions[split.partitions.start:split.partitions.stop]
-            attempts = [p.location.producer_attempt if p.location else -1 for p in partitions]
-            uniform = attempts[0] if attempts and attempts.count(attempts[0]) == len(attempts) else None
-            schema = next((p.location.schema for p in partitions if p.location), "")
+            attempts, uniform, schema = self._gate_state(group)
             inputs.append(InputGate(
                 input_index=index,
                 data_set_id=result.id,
                 partition_start=split.partitions.start,
                 partition_end=split.partitions.stop,
                 subpartition=split.subpartition,
-                producer_attempts=None if uniform is not None else tuple(attempts),
+                producer_attempts=None if uniform is not None else attempts,
                 uniform_attempt=uniform if uniform is not None else -1,
                 schema=schema,
             ))
@@ -653,15 +670,26 @@ class Scheduler:
         pending = self._pending_restart
         return pending is None or not any(ev in pending.vertices for r in regions for ev in r.vertices)
 
+    def _gate_state(self, group: ConsumedPartitionGroup) -> tuple[tuple[int, ...], int | None, str]:
+        """(producer attempt per partition, the attempt if all are the same, schema) of a consumed
+        group. Cached per group version: the P consumers of an ALL_TO_ALL result share one group,
+        and building its P attempts for each of them would make deployment O(P²)."""
+        cached = self._gate_cache.get(id(group))
+        if cached is not None and cached[0] == group.version:
+            return cached[1]
+        attempts = tuple(p.location.producer_attempt if p.location else -1 for p in group.partitions)
+        uniform = attempts[0] if attempts and attempts.count(attempts[0]) == len(attempts) else None
+        schema = next((p.location.schema for p in group.partitions if p.location), "")
+        state = (attempts, uniform, schema)
+        self._gate_cache[id(group)] = (group.version, state)
+        return state
+
     def _notify_waiting_consumers(self, partition: IntermediateResultPartition, location: PartitionLocation) -> None:
         """Deployed consumers that started before this partition existed (pipelined inputs,
         eager scheduling) learn where it is; one update per TaskManager, not per consumer."""
         task_managers: set[str] = set()
         for group in partition.consumer_vertex_groups:
-            for consumer in group.vertices:
-                ex = consumer.current_execution
-                if ex.state in _DEPLOYED and ex.task_manager_id:
-                    task_managers.add(ex.task_manager_id)
+            task_managers.update(tm for tm, n in self._deployed_on.get(id(group), {}).items() if n)
         for tm in sorted(task_managers):
             self._out.append(UpdatePartitionInfo(
                 tm, partition.result.id, partition.partition_index, location.producer_attempt, location.schema
@@ -832,6 +860,7 @@ class Scheduler:
         self._requests.clear()
         self._requested.clear()
         self._batches.clear()
+        self._batches_with_group.clear()
         self._cancel_vertices(list(self.graph.execution_vertices()), now, cause)
 
     def _cancel_vertices(self, vertices: list[ExecutionVertex], now: float, cause: str) -> None:
@@ -852,7 +881,8 @@ class Scheduler:
 
     def _drop_dead_batches(self) -> None:
         """Forget batches with nothing left to deploy, and slot requests nobody waits for."""
-        self._batches = [b for b in self._batches if b.waiting()]
+        for batch in [b for b in self._batches if not b.waiting()]:
+            del self._batches[batch]
         needed = {g for b in self._batches for g in b.groups}
         for request_id, groups in list(self._requests.items()):
             if not any(g in needed for g in groups):
@@ -870,6 +900,7 @@ class Scheduler:
         self._requests.clear()
         self._requested.clear()
         self._batches.clear()
+        self._batches_with_group.clear()
         self._out.append(JobCleanup(self.status, tuple(sorted(self._task_managers_used))))
 
     # ------------------------------------------------------------------ transitions
@@ -882,6 +913,12 @@ class Scheduler:
         if failure is not None:
             execution.failure = failure
         group = self.plan.group_of(execution.vertex)
+        was_deployed, is_deployed = before in _DEPLOYED, to in _DEPLOYED
+        if was_deployed != is_deployed and execution.task_manager_id:
+            step = 1 if is_deployed else -1
+            for consumed in execution.vertex.consumed_partition_groups:
+                on = self._deployed_on.setdefault(id(consumed.consumer_vertex_group), {})
+                on[execution.task_manager_id] = on.get(execution.task_manager_id, 0) + step
         was_live, is_live = before in _LIVE, to in _LIVE
         if not was_live and is_live:
             self._usage[group] = self._usage.get(group, 0) + 1

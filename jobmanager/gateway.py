@@ -67,23 +67,25 @@ class TaskManagerGateway:
         self._enqueue("update", job_id, update)
 
     def free_slot(self, job_id: str, slot_index: int, cause: str) -> None:
-        self._queue.append(_Call("free", job_id, [slot_index], {"cause": cause}))
-        self._wakeup.set()
+        # Batched per job; the per-slot cause is the JobManager's to log, not worth an RPC each.
+        log.debug("freeing slot %d of TaskManager %s for job %s: %s", slot_index, self.task_manager_id, job_id, cause)
+        self._enqueue("free", job_id, slot_index)
 
     def release_partitions(self, job_id: str, refs: list[cluster_pb2.ResultPartitionRef], whole_job: bool = False) -> None:
         self._queue.append(_Call("release", job_id, list(refs), {"whole_job": whole_job}))
         self._wakeup.set()
 
-    def _enqueue(self, kind: str, job_id: str, item) -> None:
+    def _enqueue(self, kind: str, job_id: str, item, **extra) -> None:
         if self._closed:
             if kind == "submit":
                 self._fail_deployments([item], f"TaskManager {self.task_manager_id} is gone")
             return
         last = self._queue[-1] if self._queue else None
-        if last is not None and last.kind == kind and last.job_id == job_id and len(last.items) < MAX_BATCH:
+        if (last is not None and last.kind == kind and last.job_id == job_id and last.extra == extra
+                and len(last.items) < MAX_BATCH):
             last.items.append(item)
         else:
-            self._queue.append(_Call(kind, job_id, [item]))
+            self._queue.append(_Call(kind, job_id, [item], extra))
         self._wakeup.set()
 
     async def close(self) -> None:
@@ -141,8 +143,8 @@ class TaskManagerGateway:
             await self._stub.UpdatePartitionInfo(
                 cluster_pb2.UpdatePartitionInfoRequest(job_id=call.job_id, updates=call.items), timeout=RPC_TIMEOUT_S)
         elif call.kind == "free":
-            await self._stub.FreeSlot(cluster_pb2.FreeSlotRequest(
-                slot_index=call.items[0], job_id=call.job_id, cause=call.extra["cause"]), timeout=RPC_TIMEOUT_S)
+            await self._stub.FreeSlots(cluster_pb2.FreeSlotsRequest(
+                slot_indexes=call.items, job_id=call.job_id, cause="released by the job"), timeout=RPC_TIMEOUT_S)
         elif call.kind == "release":
             await self._stub.ReleasePartitions(cluster_pb2.ReleasePartitionsRequest(
                 job_id=call.job_id, partitions=call.items, whole_job=call.extra["whole_job"]), timeout=RPC_TIMEOUT_S)

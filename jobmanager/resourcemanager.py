@@ -86,16 +86,13 @@ class ResourceManager:
         self._apply(self.slots.request_slots(job_id, requests, timeout_s, time.time()))
 
     def cancel_request(self, job_id: str, request_id: int) -> None:
-        self.slots.cancel_request(job_id, request_id)
+        self._apply(self.slots.cancel_request(job_id, request_id))
 
     def release_slot(self, slot: SlotId, job_id: str, cause: str) -> None:
         self._apply(self.slots.release_slot(slot, job_id, cause, time.time()))
 
     def release_job(self, job_id: str, cause: str) -> None:
         self._apply(self.slots.release_job(job_id, cause, time.time()))
-
-    def has_pending_requests(self, job_id: str) -> bool:
-        return bool(self.slots.pending_requests(job_id))
 
     # ------------------------------------------------------------------ views
 

@@ -713,15 +713,18 @@ class TaskExecutor:
                     log.warning("task %s rejected the update of partition %s/%d", entry.name,
                                 update.data_set_id, update.partition_index, exc_info=True)
 
-    def free_slot(self, request: cluster_pb2.FreeSlotRequest) -> None:
-        index = request.slot_index
+    def free_slots(self, request: cluster_pb2.FreeSlotsRequest) -> None:
+        for index in request.slot_indexes:
+            self._free_slot(index, request.job_id, request.cause)
+
+    def _free_slot(self, index: int, job_id: str, cause: str) -> None:
         if not self.slots.valid(index):
             log.warning("FreeSlot for slot %d, which this TaskManager does not have", index)
             return
         holder = self.slots.slots[index].job_id
-        if request.job_id and holder is not None and holder != request.job_id:
+        if job_id and holder is not None and holder != job_id:
             log.info("FreeSlot for slot %d of job %s ignored: the slot now belongs to job %s",
-                     index, request.job_id, holder)
+                     index, job_id, holder)
             return
         for key in self.slots.free(index):
             entry = self._tasks.get(key)
@@ -730,7 +733,7 @@ class TaskExecutor:
                 log.info("cancelling task %s (%s): its slot %d is freed", entry.name, key.attempt, index)
                 self._cancel(entry)
         if holder is not None:
-            log.info("slot %d freed (job %s%s)", index, holder, f": {request.cause}" if request.cause else "")
+            log.debug("slot %d freed (job %s%s)", index, holder, f": {cause}" if cause else "")
 
     async def release_partitions(self, request: cluster_pb2.ReleasePartitionsRequest) -> None:
         job = request.job_id
@@ -916,10 +919,10 @@ class _TaskExecutorServicer(cluster_pb2_grpc.TaskExecutorServicer):
         self._executor.update_partition_info(request)
         return cluster_pb2.UpdatePartitionInfoResponse()
 
-    async def FreeSlot(self, request: cluster_pb2.FreeSlotRequest,
-                       context: grpc.aio.ServicerContext) -> cluster_pb2.FreeSlotResponse:
-        self._executor.free_slot(request)
-        return cluster_pb2.FreeSlotResponse()
+    async def FreeSlots(self, request: cluster_pb2.FreeSlotsRequest,
+                        context: grpc.aio.ServicerContext) -> cluster_pb2.FreeSlotsResponse:
+        self._executor.free_slots(request)
+        return cluster_pb2.FreeSlotsResponse()
 
     async def ReleasePartitions(self, request: cluster_pb2.ReleasePartitionsRequest,
                                 context: grpc.aio.ServicerContext) -> cluster_pb2.ReleasePartitionsResponse:

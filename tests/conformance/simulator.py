@@ -33,6 +33,7 @@ class SimulatedCluster:
     restart_strategy: RestartBackoffTimeStrategy = field(default_factory=NoRestartBackoffTimeStrategy)
     failover: FailoverStrategyKind = FailoverStrategyKind.REGION
     slot_request_timeout_s: float = 30.0
+    cancellation_timeout_s: float = s.DEFAULT_CANCELLATION_TIMEOUT_S
     script: TaskScript = lambda attempt: None
     now: float = 1000.0
     commit_error: FailureInfo | None = None
@@ -44,6 +45,7 @@ class SimulatedCluster:
             restart_strategy=self.restart_strategy,
             failover_strategy=self.failover,
             slot_request_timeout_s=self.slot_request_timeout_s,
+            cancellation_timeout_s=self.cancellation_timeout_s,
         )
         self.slots = sm.SlotManager(heartbeat_timeout_s=1e9)
         self.job_steps: list[Step] = []
@@ -69,6 +71,7 @@ class SimulatedCluster:
         queue = list(actions)
         while queue:
             a = queue.pop(0)
+            self.observe(a)
             self.actions.append(a)
             if isinstance(a, s.JobStatusChanged):
                 t = a.transition
@@ -81,7 +84,7 @@ class SimulatedCluster:
             elif isinstance(a, s.RequestSlots):
                 self._slot_actions(self.slots.request_slots("job-1", a.requests, a.timeout_s, self.now))
             elif isinstance(a, s.CancelSlotRequest):
-                self.slots.cancel_request("job-1", a.request_id)
+                self._slot_actions(self.slots.cancel_request("job-1", a.request_id))
             elif isinstance(a, s.ReleaseSlot):
                 self._slot_actions(self.slots.release_slot(a.slot, "job-1", a.cause, self.now))
             elif isinstance(a, s.DeployTask):
@@ -98,8 +101,13 @@ class SimulatedCluster:
             elif isinstance(a, s.JobCleanup):
                 self._slot_actions(self.slots.release_job("job-1", "job ended", self.now))
 
+    def observe(self, action: object) -> None:
+        """Sees every scheduler action and SlotManager action just before it is carried out.
+        Does nothing here; a checking subclass keeps its own books with it."""
+
     def _slot_actions(self, actions: list) -> None:
         for a in actions:
+            self.observe(a)
             if isinstance(a, sm.SlotsAllocated):
                 self.apply(self.scheduler.on_slots_allocated(a.request_id, a.slots, self.now))
             elif isinstance(a, sm.SlotRequestFailed):
@@ -108,6 +116,14 @@ class SimulatedCluster:
                 self.waiting_messages.append(a.message)
             elif isinstance(a, sm.TaskManagerLost):
                 self.apply(self.scheduler.on_task_manager_lost(a.task_manager_id, a.cause, self.now))
+
+    def register_task_manager(self, task_manager_id: str, slots: int) -> None:
+        """A TaskManager registers; a known id registering again means its old process is gone."""
+        _, actions = self.slots.register(task_manager_id, f"{task_manager_id}:1", slots, {}, self.now)
+        self._slot_actions(actions)
+
+    def lose_task_manager(self, task_manager_id: str, cause: str = "heartbeat timeout") -> None:
+        self._slot_actions(self.slots.lose(task_manager_id, cause, self.now))
 
     def report(self, attempt: ExecutionAttemptId, state: ExecutionState, failure: FailureInfo | None = None) -> None:
         self.apply(self.scheduler.on_task_state(attempt, state, self.now, failure=failure))
@@ -151,7 +167,7 @@ class SimulatedCluster:
             if self.scheduler.status.is_terminal:
                 break
             if not self.step_tasks():
-                if not self._timers and not self.slots.pending_requests("job-1"):
+                if not self._timers and not self.slots.has_pending_requests("job-1"):
                     break
             self.advance(tick)
         return self.scheduler.status

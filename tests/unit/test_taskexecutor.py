@@ -280,7 +280,7 @@ def job(tm: TaskManagerProcess) -> Iterator[str]:
     job_id = f"job-{uuid.uuid4().hex[:8]}"
     yield job_id
     for slot in range(2):
-        tm.executor.FreeSlot(cluster_pb2.FreeSlotRequest(slot_index=slot, job_id=job_id, cause="test over"),
+        tm.executor.FreeSlots(cluster_pb2.FreeSlotsRequest(slot_indexes=[slot], job_id=job_id, cause="test over"),
                              timeout=WAIT_S)
 
 
@@ -422,12 +422,12 @@ def test_invalid_or_foreign_slots_are_rejected_with_an_error(tm: TaskManagerProc
     assert not result.accepted and f"held by job {job}" in result.error
 
     # once the JobManager frees the slot, what still ran there is cancelled and the slot is free
-    tm.executor.FreeSlot(cluster_pb2.FreeSlotRequest(slot_index=0, job_id=job, cause="test"), timeout=WAIT_S)
+    tm.executor.FreeSlots(cluster_pb2.FreeSlotsRequest(slot_indexes=[0], job_id=job, cause="test"), timeout=WAIT_S)
     for t in (first, second):
         jm.wait_for_state(job, t.attempt, "CANCELED")
     submit_ok(tm, producer(other_job, 0, slot=0, parallelism=1))
     jm.wait_for_state(other_job, attempt("source"), "FINISHED")
-    tm.executor.FreeSlot(cluster_pb2.FreeSlotRequest(slot_index=0, job_id=other_job), timeout=WAIT_S)
+    tm.executor.FreeSlots(cluster_pb2.FreeSlotsRequest(slot_indexes=[0], job_id=other_job), timeout=WAIT_S)
 
 
 def test_reports_are_batched_and_finished_tasks_leave_their_slot(tm: TaskManagerProcess, jm: FakeJobManager,

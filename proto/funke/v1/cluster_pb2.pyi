@@ -240,17 +240,17 @@ class UpdatePartitionInfoResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
-class FreeSlotRequest(_message.Message):
-    __slots__ = ("slot_index", "job_id", "cause")
-    SLOT_INDEX_FIELD_NUMBER: _ClassVar[int]
+class FreeSlotsRequest(_message.Message):
+    __slots__ = ("slot_indexes", "job_id", "cause")
+    SLOT_INDEXES_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     CAUSE_FIELD_NUMBER: _ClassVar[int]
-    slot_index: int
+    slot_indexes: _containers.RepeatedScalarFieldContainer[int]
     job_id: str
     cause: str
-    def __init__(self, slot_index: _Optional[int] = ..., job_id: _Optional[str] = ..., cause: _Optional[str] = ...) -> None: ...
+    def __init__(self, slot_indexes: _Optional[_Iterable[int]] = ..., job_id: _Optional[str] = ..., cause: _Optional[str] = ...) -> None: ...
 
-class FreeSlotResponse(_message.Message):
+class FreeSlotsResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 

@@ -238,10 +238,10 @@ class TaskExecutorStub:
                 request_serializer=funke_dot_v1_dot_cluster__pb2.UpdatePartitionInfoRequest.SerializeToString,
                 response_deserializer=funke_dot_v1_dot_cluster__pb2.UpdatePartitionInfoResponse.FromString,
                 _registered_method=True)
-        self.FreeSlot = channel.unary_unary(
-                '/funke.v1.TaskExecutor/FreeSlot',
-                request_serializer=funke_dot_v1_dot_cluster__pb2.FreeSlotRequest.SerializeToString,
-                response_deserializer=funke_dot_v1_dot_cluster__pb2.FreeSlotResponse.FromString,
+        self.FreeSlots = channel.unary_unary(
+                '/funke.v1.TaskExecutor/FreeSlots',
+                request_serializer=funke_dot_v1_dot_cluster__pb2.FreeSlotsRequest.SerializeToString,
+                response_deserializer=funke_dot_v1_dot_cluster__pb2.FreeSlotsResponse.FromString,
                 _registered_method=True)
         self.ReleasePartitions = channel.unary_unary(
                 '/funke.v1.TaskExecutor/ReleasePartitions',
@@ -271,7 +271,7 @@ class TaskExecutorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def FreeSlot(self, request, context):
+    def FreeSlots(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -301,10 +301,10 @@ def add_TaskExecutorServicer_to_server(servicer, server):
                     request_deserializer=funke_dot_v1_dot_cluster__pb2.UpdatePartitionInfoRequest.FromString,
                     response_serializer=funke_dot_v1_dot_cluster__pb2.UpdatePartitionInfoResponse.SerializeToString,
             ),
-            'FreeSlot': grpc.unary_unary_rpc_method_handler(
-                    servicer.FreeSlot,
-                    request_deserializer=funke_dot_v1_dot_cluster__pb2.FreeSlotRequest.FromString,
-                    response_serializer=funke_dot_v1_dot_cluster__pb2.FreeSlotResponse.SerializeToString,
+            'FreeSlots': grpc.unary_unary_rpc_method_handler(
+                    servicer.FreeSlots,
+                    request_deserializer=funke_dot_v1_dot_cluster__pb2.FreeSlotsRequest.FromString,
+                    response_serializer=funke_dot_v1_dot_cluster__pb2.FreeSlotsResponse.SerializeToString,
             ),
             'ReleasePartitions': grpc.unary_unary_rpc_method_handler(
                     servicer.ReleasePartitions,
@@ -404,7 +404,7 @@ class TaskExecutor:
             _registered_method=True)
 
     @staticmethod
-    def FreeSlot(request,
+    def FreeSlots(request,
             target,
             options=(),
             channel_credentials=None,
@@ -417,9 +417,9 @@ class TaskExecutor:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/funke.v1.TaskExecutor/FreeSlot',
-            funke_dot_v1_dot_cluster__pb2.FreeSlotRequest.SerializeToString,
-            funke_dot_v1_dot_cluster__pb2.FreeSlotResponse.FromString,
+            '/funke.v1.TaskExecutor/FreeSlots',
+            funke_dot_v1_dot_cluster__pb2.FreeSlotsRequest.SerializeToString,
+            funke_dot_v1_dot_cluster__pb2.FreeSlotsResponse.FromString,
             options,
             channel_credentials,
             insecure,
