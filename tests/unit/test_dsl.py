@@ -74,18 +74,20 @@ def test_wordcount_chains_into_two_vertices_joined_by_one_hash_edge():
     job = built(env)
 
     assert [(v.id, v.name, v.parallelism) for v in job.vertices] == [
-        ("source-text", "Source: text -> FlatMap", 2),
+        ("source-text", "Source: text -> FlatMap -> Combine (Count)", 2),
         ("count", "Count -> Sink: Collect", 2),
     ]
-    assert [op.kind for op in job.vertex("source-text").operators] == ["source.text", "flat_map"]
-    assert [op.kind for op in job.vertex("count").operators] == ["count", "sink.collect"]
+    # the count is combined in the producer's chain and summed after the exchange
+    assert [op.kind for op in job.vertex("source-text").operators] == ["source.text", "flat_map", "count"]
+    assert [op.kind for op in job.vertex("count").operators] == ["aggregate", "sink.collect"]
     (edge,) = job.edges
     assert wiring(edge) == (DP.ALL_TO_ALL, PK.HASH, ("word",))
     assert edge.result_partition_type is RPT.BLOCKING
     assert (edge.consumer, edge.input_index) == ("count", 0)
     assert job.data_sets[0].id == "source-text.out0" and job.data_sets[0].producer == "source-text"
     assert job.job_type is JobType.BATCH
-    assert job.vertex("count").operators[0].config == {"keys": ["word"]}
+    assert job.vertex("source-text").operators[2].config == {"keys": ["word"]}
+    assert job.vertex("count").operators[0].config == {"keys": ["word"], "aggregations": ["sum(`count`) as `count`"]}
 
 
 def test_different_parallelism_breaks_the_chain_with_a_rebalance_edge():
@@ -106,7 +108,7 @@ def test_sink_parallelism_one_gets_its_own_vertex():
     job = built(env)
 
     assert [(v.name, v.parallelism) for v in job.vertices] == [
-        ("Source: text -> FlatMap", 4), ("Count", 4), ("Sink: Collect", 1),
+        ("Source: text -> FlatMap -> Combine (Count)", 4), ("Count", 4), ("Sink: Collect", 1),
     ]
     assert wiring(edge_between(job, "count", "sink-collect")) == (DP.ALL_TO_ALL, PK.REBALANCE, ())
 
@@ -356,7 +358,7 @@ def test_uid_becomes_the_vertex_id_and_name_shows_in_the_vertex_name():
     job = built(env)
 
     assert [(v.id, v.name) for v in job.vertices] == [
-        ("lines", "read lines -> split"),
+        ("lines", "read lines -> split -> Combine (Count)"),
         ("counter", "Count -> write counts"),
     ]
     assert [op.name for op in job.vertex("counter").operators] == ["Count", "write counts"]
@@ -557,14 +559,14 @@ def test_wordcount_example_builds_the_expected_graph():
     module = load_example("wordcount")
     job = module.build([])
     validate(job)
-    assert [v.name for v in job.vertices] == ["Source: text -> FlatMap", "Count -> Sink: Collect"]
+    assert [v.name for v in job.vertices] == ["Source: text -> FlatMap -> Combine (Count)", "Count -> Sink: Collect"]
     source = job.vertex("source-text").operators[0]
     assert source.config["path"].endswith("examples/data/*.txt")
     assert len(list((EXAMPLES / "data").glob("*.txt"))) >= 3
 
     job = module.build(["--input", "in/*.txt", "--output", "out/wc", "--parallelism", "5"])
     validate(job)
-    assert [v.name for v in job.vertices] == ["Source: text -> FlatMap", "Count -> Sink: CSV"]
+    assert [v.name for v in job.vertices] == ["Source: text -> FlatMap -> Combine (Count)", "Count -> Sink: CSV"]
     assert {v.parallelism for v in job.vertices} == {5}
     assert job.vertex("count").operators[-1].config["path"] == os.path.abspath("out/wc")
 
@@ -610,3 +612,25 @@ def test_relative_local_paths_become_absolute_and_uris_stay():
     paths = [op.config["path"] for v in env.build().vertices for op in v.operators if "path" in op.config]
     assert sorted(paths) == sorted([os.path.abspath("data/*.txt"), os.path.abspath("out/lines"),
                                     "hdfs://nn:8020/logs/*.log", "s3a://bucket/out"])
+
+
+def test_combiners_only_where_they_chain_and_can_be_turned_off():
+    env = ExecutionEnvironment("shared producer", parallelism=2)
+    words = env.from_collection([("a",), ("b",)], "w string")
+    words.key_by("w").count().discard()
+    words.discard()  # the producer feeds two operators: a combiner could not chain
+    assert [op.kind for op in built(env).vertex("source-collection").operators] == ["source.collection"]
+
+    env = ExecutionEnvironment("reduce", parallelism=2)
+    env.from_range(10).key_by("id").reduce(lambda a, b: a).discard()
+    job = built(env)
+    assert [op.kind for op in job.vertices[0].operators] == ["source.range", "reduce"]  # reduce is its own combiner
+    assert job.vertices[0].operators[1].function == job.vertices[1].operators[0].function
+
+    env = ExecutionEnvironment("off", parallelism=2).set_option("funke.combiners.enabled", "false")
+    env.from_range(10).key_by("id").count().discard()
+    assert [op.kind for op in built(env).vertices[1].operators] == ["count", "sink.discard"]
+
+    env = ExecutionEnvironment("aggregate", parallelism=2)
+    env.from_range(10).key_by("id").aggregate("max(id) as top").discard()
+    assert [op.kind for op in built(env).vertices[0].operators] == ["source.range"]  # no combiner for SQL aggregates
