@@ -363,10 +363,48 @@ class _RowWriter:
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
 
 
+def _single_column_batches(fn: Callable[[Any], Any], batches: Iterator[pa.RecordBatch], writer: _RowWriter,
+                           flat: bool) -> Iterator[pa.RecordBatch]:
+    """The fast path for a one-column output of an atomic type (a word count's words): results
+    are collected as they come, at C speed, and only normalised one by one (1-tuples, dicts,
+    Rows) if Arrow rejects them as they are."""
+    field = writer.schema.field(0)
+    reader: _RowReader | None = None
+    column: list[Any] = []
+
+    def flush() -> pa.RecordBatch:
+        nonlocal column
+        values, column = column, []
+        try:
+            return pa.RecordBatch.from_arrays([pa.array(values, type=field.type)], schema=writer.schema)
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            return writer.batch([writer.values(v) for v in values])
+
+    for batch in batches:
+        reader = reader or _RowReader(batch.schema)
+        if flat:
+            for value in reader.read(batch):
+                column.extend(fn(value))
+                if len(column) >= ROWS_PER_BATCH:
+                    yield flush()
+        else:
+            column.extend(fn(v) for v in reader.read(batch))
+            while len(column) >= ROWS_PER_BATCH:
+                rest = column[ROWS_PER_BATCH:]
+                del column[ROWS_PER_BATCH:]
+                yield flush()
+                column = rest
+    if column:
+        yield flush()
+
+
 def _map_batches(fn_bytes: bytes, out_schema: pa.Schema, label: str, flat: bool):
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         fn = cloudpickle.loads(fn_bytes)
         writer = _RowWriter(out_schema, label)
+        if writer.single_atomic:
+            yield from _single_column_batches(fn, batches, writer, flat)
+            return
         reader: _RowReader | None = None
         for batch in batches:
             reader = reader or _RowReader(batch.schema)
