@@ -3,6 +3,7 @@
 
     python3 deploy/dev.py demo    # local multi-process cluster, word count, result and state history
     python3 deploy/dev.py test    # the whole test suite
+    python3 deploy/dev.py bench   # the benchmark suite: a table and a JSON file (about 20 minutes)
     python3 deploy/dev.py docs    # regenerate the README's state diagrams from the tables
 
 Needs only Python >= 3.11 and Java 17. Creates `.venv` beside the checkout (override with
@@ -51,7 +52,7 @@ def ensure_environment() -> Path:
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("demo", "test", "docs"):
+    if not argv or argv[0] not in ("demo", "test", "docs", "bench"):
         print(__doc__)
         return 2
     command, rest = argv[0], argv[1:]
@@ -59,6 +60,8 @@ def main(argv: list[str]) -> int:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if command == "test":
         return subprocess.call([str(python), "-m", "pytest", *rest], cwd=ROOT, env=env)
+    if command == "bench":
+        return subprocess.call([str(python), str(ROOT / "tests" / "benchmarks" / "run_all.py"), *rest], cwd=ROOT, env=env)
     if command == "docs":
         return subprocess.call([str(python), "-m", "funke.deploy.docs", str(ROOT / "README.md")], cwd=ROOT, env=env)
     return subprocess.call([str(python), "-m", "funke.deploy.demo", *rest], cwd=ROOT, env=env)

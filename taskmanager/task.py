@@ -5,9 +5,16 @@ chain, waiting for input partitions, reading the input gates, running the operat
 (`operators.py`), writing the result partitions, and reporting the ExecutionState changes
 (INITIALIZING, RUNNING, then exactly one of FINISHED / FAILED / CANCELED) through a callback;
 a task cancelled before it reached a state does not report that state. Cancel wins: a task
-cancelled while it fails or finishes reports CANCELED. The TaskExecutor owns the thread that
-calls `run`, and forwards CancelTasks and UpdatePartitionInfo to `cancel` and `update_partition`
-from its own threads.
+cancelled while it fails or finishes reports CANCELED.
+
+Two ways to run. `run` blocks (the TaskExecutor gives it a thread: it waits on Spark). A chain of
+no-op kinds needs neither Spark nor a thread: `run_inline` reports on the calling thread and, if
+its inputs are not all available yet, finishes later on the thread that completes its last gate
+(the TaskExecutor's loop), or reports CANCELED at once from `cancel`.
+
+Input gates are `inputgates.py`'s: the TaskManager's one record of partition availability, which
+calls a task back when a gate is complete; a standalone Task (tests) has a record of its own, fed by
+`update_partition`. Decoded vertices come from a `VertexCache` shared by the TaskManager's tasks.
 
 Every Spark job of an attempt carries the attempt's tag, so cancel() can interrupt exactly those
 jobs; it keeps re-sending the interrupt until `run` returns, which also catches a job submitted
@@ -21,7 +28,7 @@ a consumer reads subpartition k of each partition in its gate's range.
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 import json
 import logging
 import re
@@ -45,17 +52,17 @@ from funke.common.operators import CATALOGUE, NOOP_KINDS, OperatorRole
 from funke.common.states import ExecutionState
 from funke.common.wire import vertex_from_proto
 from funke.taskmanager import operators as operators_module
+from funke.taskmanager.inputgates import UNAVAILABLE, GateSnapshot, InputGate, PartitionAvailability
 from funke.taskmanager.operators import OPERATORS, RuntimeContext, column_ref, union_all
 from funke.v1 import cluster_pb2, jobgraph_pb2
 
-__all__ = ["Task", "TaskCancelled", "Report"]
+__all__ = ["Task", "TaskCancelled", "Report", "VertexCache", "UNAVAILABLE", "decode_vertex", "is_noop_chain"]
 
 log = logging.getLogger(__name__)
 
 # state, why it FAILED (None otherwise), the partitions it produced (with FINISHED)
 Report = Callable[[ExecutionState, FailureInfo | None, list[cluster_pb2.ProducedPartition]], None]
 
-UNAVAILABLE = -1  # a producer attempt that is not known yet (InputGateDeploymentDescriptor)
 
 # How often a cancelled task re-sends the interrupt while it winds down: a Spark job started
 # just after cancel() (between a check of the flag and the job's submission) is caught by the
@@ -104,44 +111,60 @@ class TaskCancelled(Exception):
     """Raised inside `run` when the task notices cancel() between two steps."""
 
 
-@dataclass(slots=True)
-class _InputGate:
-    """One input's partitions and the producer attempt of each; mutated by update_partition."""
+def decode_vertex(m: jobgraph_pb2.JobVertex) -> JobVertex:
+    """The vertex of a descriptor, decoded and checked against the catalogue; functions stay
+    pickled (unpickling is each task's own, see `_Chain.of`)."""
+    vertex = vertex_from_proto(m)
+    if not vertex.operators:
+        raise ValueError(f"vertex {vertex.id!r} has no operators")
+    for i, op in enumerate(vertex.operators):
+        kind = CATALOGUE.get(op.kind)
+        if kind is None or op.kind not in OPERATORS:
+            raise ValueError(f"vertex {vertex.id!r}, operator {i} '{op.display_name}': unknown kind {op.kind!r}")
+        if kind.role is OperatorRole.SOURCE and i != 0:
+            raise ValueError(f"vertex {vertex.id!r}: source '{op.display_name}' is not the head of the chain")
+        if kind.role is OperatorRole.SINK and i != len(vertex.operators) - 1:
+            raise ValueError(f"vertex {vertex.id!r}: sink '{op.display_name}' is not the tail of the chain")
+        if kind.needs_function and not op.function:
+            raise ValueError(f"vertex {vertex.id!r}: '{op.display_name}' ({op.kind}) needs a function")
+    return vertex
 
-    input_index: int
-    data_set_id: str
-    partitions: range
-    subpartition: int | None
-    attempts: list[int]
-    schema: str
 
-    @classmethod
-    def from_proto(cls, m: cluster_pb2.InputGateDeploymentDescriptor) -> _InputGate:
-        partitions = range(m.partition_start, m.partition_end)
-        if m.producer_attempts:
-            if len(m.producer_attempts) != len(partitions):
-                raise ValueError(
-                    f"input {m.input_index} (data set {m.data_set_id!r}): {len(m.producer_attempts)} "
-                    f"producer attempts for {len(partitions)} partitions"
-                )
-            attempts = list(m.producer_attempts)
-        else:
-            attempts = [m.uniform_attempt] * len(partitions)
-        return cls(
-            input_index=m.input_index,
-            data_set_id=m.data_set_id,
-            partitions=partitions,
-            subpartition=m.subpartition if m.HasField("subpartition") else None,
-            attempts=attempts,
-            schema=m.schema,
-        )
+def is_noop_chain(vertex: JobVertex) -> bool:
+    return all(op.kind in NOOP_KINDS for op in vertex.operators)
 
-    @property
-    def waiting_for(self) -> list[int]:
-        return [p for p, a in zip(self.partitions, self.attempts) if a == UNAVAILABLE]
 
-    def describe(self) -> str:
-        return f"input {self.input_index} (data set {self.data_set_id!r})"
+class VertexCache:
+    """Decoded vertices per (job, vertex id), shared by a TaskManager's tasks: the P subtasks of a
+    vertex carry the same JobVertex, and decoding it for each was a measurable share of deploying
+    no-op tasks. Thread-safe (task threads decode on first use); failures are not cached, every
+    task of a broken vertex fails with its own exception."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._jobs: dict[str, dict[str, JobVertex]] = {}
+
+    def get(self, job_id: str, m: jobgraph_pb2.JobVertex) -> JobVertex:
+        with self._lock:
+            vertex = self._jobs.get(job_id, {}).get(m.id)
+        if vertex is None:
+            vertex = decode_vertex(m)  # outside the lock: a big vertex must not stall the others
+            with self._lock:
+                vertex = self._jobs.setdefault(job_id, {}).setdefault(m.id, vertex)
+        return vertex
+
+    def drop_job(self, job_id: str) -> None:
+        with self._lock:
+            self._jobs.pop(job_id, None)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._jobs.clear()
+
+    def __contains__(self, key: tuple[str, str]) -> bool:
+        job_id, vertex_id = key
+        with self._lock:
+            return vertex_id in self._jobs.get(job_id, {})
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,27 +175,18 @@ class _Chain:
     functions: tuple[object | None, ...]
 
     @classmethod
+    def of(cls, vertex: JobVertex) -> _Chain:
+        # Unpickled per task, not cached with the vertex: each subtask gets its own function
+        # objects, as it did when every task decoded its descriptor.
+        return cls(vertex, tuple(_unpickle(vertex, op) if op.function else None for op in vertex.operators))
+
+    @classmethod
     def decode(cls, m: jobgraph_pb2.JobVertex) -> _Chain:
-        vertex = vertex_from_proto(m)
-        if not vertex.operators:
-            raise ValueError(f"vertex {vertex.id!r} has no operators")
-        functions = []
-        for i, op in enumerate(vertex.operators):
-            kind = CATALOGUE.get(op.kind)
-            if kind is None or op.kind not in OPERATORS:
-                raise ValueError(f"vertex {vertex.id!r}, operator {i} '{op.display_name}': unknown kind {op.kind!r}")
-            if kind.role is OperatorRole.SOURCE and i != 0:
-                raise ValueError(f"vertex {vertex.id!r}: source '{op.display_name}' is not the head of the chain")
-            if kind.role is OperatorRole.SINK and i != len(vertex.operators) - 1:
-                raise ValueError(f"vertex {vertex.id!r}: sink '{op.display_name}' is not the tail of the chain")
-            if kind.needs_function and not op.function:
-                raise ValueError(f"vertex {vertex.id!r}: '{op.display_name}' ({op.kind}) needs a function")
-            functions.append(_unpickle(vertex, op) if op.function else None)
-        return cls(vertex, tuple(functions))
+        return cls.of(decode_vertex(m))
 
     @property
     def is_noop(self) -> bool:
-        return all(op.kind in NOOP_KINDS for op in self.vertex.operators)
+        return is_noop_chain(self.vertex)
 
     @property
     def ends_in_sink(self) -> bool:
@@ -236,49 +250,107 @@ def _tag(job_id: str, vertex_id: str, subtask: int, attempt: int) -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "_", f"funke-{job_id}-{vertex_id}-{subtask}-{attempt}")
 
 
+def _report_nothing(state: ExecutionState, failure: FailureInfo | None,
+                    produced: list[cluster_pb2.ProducedPartition]) -> None:
+    pass
+
+
 class Task:
-    """Runs one TaskDeploymentDescriptor. `run` blocks (give it its own thread); `cancel` and
-    `update_partition` may be called from any thread, at any time, also before `run`."""
+    """Runs one TaskDeploymentDescriptor. `run` blocks (give it its own thread); `run_inline`
+    (no-op chains only) does not. `cancel` and `update_partition` may be called from any thread,
+    at any time, also before `run`."""
 
     def __init__(
         self,
         descriptor: cluster_pb2.TaskDeploymentDescriptor,
         spark: SparkSession | None,
         report: Report,
+        *,
+        partitions: PartitionAvailability | None = None,
+        vertices: VertexCache | None = None,
     ):
         self.descriptor = descriptor
         self.spark = spark
-        self._context = _classic_context(spark)
         self._report = report
-        attempt = descriptor.attempt
-        self.tag = _tag(descriptor.job_id, attempt.vertex_id, attempt.subtask_index, attempt.attempt_number)
-        self._cond = threading.Condition()
+        self._partitions = partitions if partitions is not None else PartitionAvailability()
+        self._vertices = vertices
+        # A TaskManager deploys no-op tasks by the thousand: a task makes its condition and event
+        # only if a thread waits on them (`run`), not in every task.
+        self._lock = threading.Lock()
+        self._cond: threading.Condition | None = None  # on _lock, made by the first waiter
         self._cancelled = False
         self._started = False
-        self._done = threading.Event()
+        self._inline = False
+        self._waiting_inline = False  # run_inline returned; the last gate or cancel() ends it
+        self._done = False
+        self._done_event: threading.Event | None = None  # made by run(): ends the re-interrupting
         self._reinterrupting = False
-        # Gates are set up here, not in run(): an update_partition that arrives before the task
-        # thread got going must not be lost.
-        self._gates = [_InputGate.from_proto(g) for g in sorted(descriptor.inputs, key=lambda g: g.input_index)]
+        # Gates are opened here, not in run(): a partition that becomes available before the task
+        # thread got going must not be lost. Under the lock, so that a gate completing on another
+        # thread meanwhile waits for the count it decrements.
+        self._gates: list[InputGate] = []
+        self._pending_inputs = 0
+        with self._lock:
+            try:
+                for m in sorted(descriptor.inputs, key=lambda g: g.input_index):
+                    gate, waits = self._partitions.open_gate(descriptor.job_id, m, self._on_gate_complete)
+                    self._gates.append(gate)
+                    self._pending_inputs += waits
+            except BaseException:
+                self._partitions.close(self._gates)
+                raise
 
     @property
     def name(self) -> str:
         d = self.descriptor
         return d.task_name or f"{d.attempt.vertex_id} ({d.attempt.subtask_index + 1}/{d.parallelism})"
 
+    # The tag and the SparkContext are looked up when Spark needs them: no-op tasks never do,
+    # and they are deployed by the thousand.
+    @functools.cached_property
+    def tag(self) -> str:
+        d = self.descriptor
+        return _tag(d.job_id, d.attempt.vertex_id, d.attempt.subtask_index, d.attempt.attempt_number)
+
+    @functools.cached_property
+    def _context(self) -> SparkContext | None:
+        return _classic_context(self.spark)
+
     @property
     def cancelled(self) -> bool:
         return self._cancelled
 
+    @property
+    def inline(self) -> bool:
+        return self._inline
+
+    @property
+    def waiting_for_inputs(self) -> bool:
+        with self._lock:
+            return self._pending_inputs > 0
+
+    def _notify(self) -> None:
+        # With _lock held.
+        if self._cond is not None:
+            self._cond.notify_all()
+
     # ---- control, from other threads ----
 
     def cancel(self) -> None:
-        with self._cond:
+        with self._lock:
             first = not self._cancelled
             self._cancelled = True
-            self._cond.notify_all()
-            start_reinterrupting = self._started and not self._done.is_set() and not self._reinterrupting
+            self._notify()
+            end_inline = self._waiting_inline
+            self._waiting_inline = False
+            start_reinterrupting = (not self._inline and self._started and not self._done
+                                    and not self._reinterrupting)
             self._reinterrupting = self._reinterrupting or start_reinterrupting
+        if self._inline:
+            # The TaskExecutor logs the cancellation of the tasks it runs inline (in bulk).
+            if end_inline:  # waiting for inputs without a thread: nothing else will end it
+                self._end_inline(ExecutionState.CANCELED, None, [])
+            return  # no Spark job to interrupt
         if first:
             log.info("%s: cancelling", self.name)
         self._interrupt()
@@ -286,13 +358,21 @@ class Task:
             threading.Thread(target=self._keep_interrupting, name=f"{self.tag}-cancel", daemon=True).start()
 
     def update_partition(self, data_set_id: str, partition_index: int, producer_attempt: int, schema: str) -> None:
-        with self._cond:
-            for gate in self._gates:
-                if gate.data_set_id == data_set_id and partition_index in gate.partitions:
-                    gate.attempts[partition_index - gate.partitions.start] = producer_attempt
-                    if schema:
-                        gate.schema = schema
-            self._cond.notify_all()
+        """Partition `partition_index` of `data_set_id` is available from `producer_attempt`:
+        recorded in this task's record of availability (shared with the other tasks of its
+        TaskManager, if it was given one)."""
+        self._partitions.update_one(self.descriptor.job_id, data_set_id, partition_index, producer_attempt, schema)
+
+    def _on_gate_complete(self) -> None:
+        # Called by the availability record, once per gate that had to wait.
+        with self._lock:
+            self._pending_inputs -= 1
+            self._notify()
+            finish = self._waiting_inline and self._pending_inputs == 0
+            if finish:
+                self._waiting_inline = False
+        if finish:
+            self._finish_inline()
 
     def _interrupt(self) -> None:
         if self.spark is None:
@@ -332,19 +412,92 @@ class Task:
             log.warning("%s: could not check that its Spark tasks ended", self.name, exc_info=True)
 
     def _keep_interrupting(self) -> None:
-        while not self._done.wait(_REINTERRUPT_INTERVAL_S):
+        assert self._done_event is not None  # run() made it before it started
+        while not self._done_event.wait(_REINTERRUPT_INTERVAL_S):
             self._interrupt()
 
     def _check_cancelled(self) -> None:
         if self._cancelled:
             raise TaskCancelled(self.name)
 
+    def _vertex(self) -> JobVertex:
+        if self._vertices is not None:
+            return self._vertices.get(self.descriptor.job_id, self.descriptor.vertex)
+        return decode_vertex(self.descriptor.vertex)
+
+    def _noop_outputs(self) -> list[cluster_pb2.ProducedPartition]:
+        return [
+            cluster_pb2.ProducedPartition(data_set_id=o.data_set_id, partition_index=o.partition_index, schema="")
+            for o in self.descriptor.outputs
+        ]
+
+    def discard(self) -> None:
+        """The task will never run (its thread could not start): its gates are closed."""
+        with self._lock:
+            self._done = True
+        self._partitions.close(self._gates)
+
+    # ---- a no-op chain, without a thread ----
+
+    def run_inline(self) -> None:
+        """Run a chain of no-op kinds on the calling thread, without blocking. Reports
+        INITIALIZING and RUNNING, then FINISHED at once if every input is available; otherwise
+        the gate that completes last (on the thread recording the update) or cancel() reports the
+        end. A chain that is not all no-op fails."""
+        with self._lock:
+            if self._started:
+                raise RuntimeError(f"{self.name}: run() was already called")
+            self._started = True
+            self._inline = True
+        if self._cancelled:
+            self._end_inline(ExecutionState.CANCELED, None, [])
+            return
+        self._report(ExecutionState.INITIALIZING, None, [])
+        try:
+            vertex = self._vertex()
+            if not is_noop_chain(vertex):
+                raise RuntimeError(f"{self.name}: only a chain of no-op kinds runs without a thread")
+        except Exception as e:
+            if self._cancelled:
+                self._end_inline(ExecutionState.CANCELED, None, [])
+            else:
+                log.warning("%s: failed: %s: %s", self.name, type(e).__name__, e)
+                self._end_inline(ExecutionState.FAILED, failure_of(e), [])
+            return
+        if self._cancelled:
+            self._end_inline(ExecutionState.CANCELED, None, [])
+            return
+        self._report(ExecutionState.RUNNING, None, [])
+        with self._lock:
+            if self._cancelled:
+                ready = True  # _finish_inline reports CANCELED
+            else:
+                ready = self._pending_inputs == 0
+                self._waiting_inline = not ready
+        if ready:
+            self._finish_inline()
+
+    def _finish_inline(self) -> None:
+        if self._cancelled:
+            self._end_inline(ExecutionState.CANCELED, None, [])
+        else:
+            self._end_inline(ExecutionState.FINISHED, None, self._noop_outputs())
+
+    def _end_inline(self, state: ExecutionState, failure: FailureInfo | None,
+                    produced: list[cluster_pb2.ProducedPartition]) -> None:
+        with self._lock:
+            self._done = True
+        self._partitions.close(self._gates)
+        report, self._report = self._report, _report_nothing
+        report(state, failure, produced)
+
     # ---- the task thread ----
 
     def run(self) -> None:
-        with self._cond:
+        with self._lock:
             if self._started:
                 raise RuntimeError(f"{self.name}: run() was already called")
+            self._done_event = threading.Event()
             self._started = True
         tagged = False
         try:
@@ -371,7 +524,13 @@ class Task:
             else:
                 self._report(ExecutionState.FINISHED, None, produced)
         finally:
-            self._done.set()
+            with self._lock:
+                self._done = True
+            self._done_event.set()
+            self._partitions.close(self._gates)
+            # Nothing is reported after the terminal state; letting go of the callback also frees
+            # the task without the cycle collector (the TaskExecutor's callback holds its entry).
+            self._report = _report_nothing
             if tagged:
                 try:
                     self.spark.removeTag(self.tag)
@@ -383,15 +542,12 @@ class Task:
     def _run(self) -> list[cluster_pb2.ProducedPartition]:
         self._check_cancelled()
         self._report(ExecutionState.INITIALIZING, None, [])
-        chain = _Chain.decode(self.descriptor.vertex)
+        chain = _Chain.of(self._vertex())
         self._check_cancelled()
         self._report(ExecutionState.RUNNING, None, [])
         gates = self._await_inputs()
         if chain.is_noop:
-            return [
-                cluster_pb2.ProducedPartition(data_set_id=o.data_set_id, partition_index=o.partition_index, schema="")
-                for o in self.descriptor.outputs
-            ]
+            return self._noop_outputs()
         if self.spark is None:
             raise RuntimeError(f"{self.name}: the chain needs Spark, but this task has no SparkSession")
         d = self.descriptor
@@ -413,20 +569,21 @@ class Task:
             return []
         return self._write_outputs(ctx, tail)
 
-    def _await_inputs(self) -> list[_InputGate]:
-        """Blocks until every input partition has a producer attempt; returns the gates as they
-        are then (copies: a late update_partition must not change what is being read)."""
-        with self._cond:
+    def _await_inputs(self) -> list[GateSnapshot]:
+        """Blocks until every input gate is complete; returns what each then reads (snapshots:
+        a later update must not change what is being read)."""
+        with self._lock:
             while True:
                 self._check_cancelled()
-                missing = [(g, g.waiting_for) for g in self._gates if g.waiting_for]
-                if not missing:
-                    return [dataclasses.replace(g, attempts=list(g.attempts)) for g in self._gates]
-                log.debug("%s: waiting for %s", self.name,
-                          "; ".join(f"{g.describe()} partitions {w}" for g, w in missing))
+                if self._pending_inputs == 0:
+                    break
+                log.debug("%s: waiting for %d of %d input(s)", self.name, self._pending_inputs, len(self._gates))
+                if self._cond is None:
+                    self._cond = threading.Condition(self._lock)
                 self._cond.wait()
+        return [self._partitions.snapshot(self.descriptor.job_id, gate) for gate in self._gates]
 
-    def _read_gate(self, ctx: RuntimeContext, gate: _InputGate) -> DataFrame:
+    def _read_gate(self, ctx: RuntimeContext, gate: GateSnapshot) -> DataFrame:
         if not gate.schema:
             raise ValueError(
                 f"{self.name}: {gate.describe()} has no schema; its producers did not report one "

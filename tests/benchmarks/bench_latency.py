@@ -51,6 +51,7 @@ def main() -> int:
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--taskmanagers", type=int, default=2)
     p.add_argument("--slots", type=int, default=2)
+    p.add_argument("--json", help="also write the results here")
     args = p.parse_args()
     wordcount = load_job_file(REPO / "examples" / "wordcount.py", ["--parallelism", "2"])
     with tempfile.TemporaryDirectory(prefix="funke-bench-") as d:
@@ -77,6 +78,12 @@ def main() -> int:
     print(f"{'job':42} {'submit->RUNNING':>16} {'submit->FINISHED':>17}")
     for name, r, f in rows:
         print(f"{name:42} {r * 1000:13.0f} ms {f * 1000:14.0f} ms")
+    if args.json:
+        import json
+
+        Path(args.json).write_text(json.dumps(
+            [{"job": name, "submit_to_running_ms": r * 1000, "submit_to_finished_ms": f * 1000, "runs": args.runs}
+             for name, r, f in rows], indent=2))
     return 0
 
 

@@ -113,6 +113,7 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--restart-delay", default="200 ms", help="fixed-delay restart strategy delay")
     p.add_argument("--seconds-per-stage", type=float, default=4.0)
+    p.add_argument("--json", help="also write the figures here")
     args = p.parse_args()
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory(prefix="funke-chaos-") as tmp:
@@ -171,6 +172,13 @@ def main() -> int:
     if recoveries:
         print(f"kill -> every failed task RUNNING again: median {statistics.median(recoveries):.2f} s, "
               f"max {max(recoveries):.2f} s (includes recomputing partitions lost with the TaskManager)")
+    if args.json:
+        import json
+
+        Path(args.json).write_text(json.dumps({
+            "runs": args.runs, "finished": finished, "identical": identical, "restart_delay": args.restart_delay,
+            "kill_to_first_restarted_running_s": sorted(restarts), "kill_to_all_failed_running_s": sorted(recoveries),
+        }, indent=2))
     return 0 if finished == identical == args.runs else 1
 
 

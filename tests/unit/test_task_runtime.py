@@ -33,8 +33,9 @@ from funke.common.jobgraph import JobVertex, OperatorSpec
 from funke.common.operators import CATALOGUE
 from funke.common.states import ExecutionState
 from funke.common.wire import vertex_to_proto
+from funke.taskmanager.inputgates import PartitionAvailability, PartitionUnavailable
 from funke.taskmanager.operators import OPERATORS, RuntimeContext
-from funke.taskmanager.task import Task
+from funke.taskmanager.task import Task, VertexCache
 from funke.v1 import cluster_pb2, job_pb2, jobgraph_pb2
 
 # The functions below are shipped to Python workers; by value, so workers need not import tests.
@@ -375,6 +376,172 @@ def test_noop_chains_finish_without_spark(tmp_path):
 def test_a_chain_that_needs_spark_fails_without_it(tmp_path):
     reports = run(deploy(tmp_path, [op("source.range", end=3), op("sink.discard")]), None)
     assert reports.states[-1] is S.FAILED and "SparkSession" in reports.last[1].message
+
+
+# ---- (f2) shared input gates, no-op chains without a thread ----
+
+
+class ThreadedReports(Reports):
+    """Reports, and the thread each one was made on."""
+
+    def __init__(self):
+        super().__init__()
+        self.threads: list[int] = []
+
+    def __call__(self, state, failure, produced):
+        self.threads.append(threading.get_ident())
+        super().__call__(state, failure, produced)
+
+
+def noop_consumer(data_dir, partitions: range, *, subtask: int = 0, parallelism: int = 1, uniform: int = -1,
+                  attempts: list[int] | None = None) -> cluster_pb2.TaskDeploymentDescriptor:
+    return deploy(data_dir, [op("noop"), op("sink.noop")], vertex="c", subtask=subtask, parallelism=parallelism,
+                  inputs=[gate("ds", partitions, subpartition=subtask, uniform=uniform, attempts=attempts)])
+
+
+def test_a_noop_chain_runs_inline_without_a_thread(tmp_path):
+    threads_before = threading.active_count()
+    partitions = PartitionAvailability()
+    producer = Task(deploy(tmp_path, [op("source.noop")], outputs=[output("ds", 0, 2)]), None,
+                    reports := ThreadedReports(), partitions=partitions)
+    producer.run_inline()  # inputs (none) all available: done when it returns
+    assert reports.states == [S.INITIALIZING, S.RUNNING, S.FINISHED]
+    assert [(p.data_set_id, p.partition_index) for p in reports.last[2]] == [("ds", 0)]
+
+    waiting = Task(noop_consumer(tmp_path, range(2)), None, waiting_reports := ThreadedReports(),
+                   partitions=partitions)
+    waiting.run_inline()  # returns at once, waiting for its inputs without a thread
+    assert waiting_reports.states == [S.INITIALIZING, S.RUNNING]
+    assert threading.active_count() == threads_before
+    partitions.update_one("job1", "ds", 0, 0)
+    assert waiting_reports.states == [S.INITIALIZING, S.RUNNING]  # one of two
+    partitions.update_one("job1", "ds", 1, 0)
+    # finished by the update, on the thread that recorded it
+    assert waiting_reports.states == [S.INITIALIZING, S.RUNNING, S.FINISHED]
+    assert set(reports.threads + waiting_reports.threads) == {threading.get_ident()}
+    assert threading.active_count() == threads_before
+
+
+def test_an_update_recorded_before_the_task_exists_counts(tmp_path):
+    partitions = PartitionAvailability()
+    partitions.update_one("job1", "ds", 0, 0)
+    partitions.update_one("job1", "ds", 1, 0)
+    task = Task(noop_consumer(tmp_path, range(2)), None, reports := Reports(), partitions=partitions)
+    task.run_inline()
+    assert reports.states == [S.INITIALIZING, S.RUNNING, S.FINISHED]
+    # a descriptor listing attempts per partition, -1 for one whose update came first: the same
+    partitions.update_one("job1", "ds", 3, 0)
+    listed = Task(noop_consumer(tmp_path, range(2, 4), attempts=[0, -1]), None, listed_reports := Reports(),
+                  partitions=partitions)
+    listed.run_inline()
+    assert listed_reports.states == [S.INITIALIZING, S.RUNNING, S.FINISHED]
+
+
+def test_many_consumers_sharing_a_gate_are_woken_by_one_update(tmp_path):
+    p, consumers = 1000, 400
+    dispatched: list[int] = []
+
+    def dispatch(callbacks):
+        dispatched.append(len(callbacks))
+        for callback in callbacks:
+            callback()
+
+    partitions = PartitionAvailability(dispatch=dispatch)
+    reports = [Reports() for _ in range(consumers)]
+    for i, r in enumerate(reports):  # ALL_TO_ALL: every consumer reads [0, p), its own subpartition
+        Task(noop_consumer(tmp_path, range(p), subtask=i, parallelism=consumers), None, r,
+             partitions=partitions).run_inline()
+    for k in range(p - 1):
+        partitions.update_one("job1", "ds", k, 0)
+    assert dispatched == []  # p - 1 updates: no consumer was called, none finished
+    assert all(r.states == [S.INITIALIZING, S.RUNNING] for r in reports)
+    partitions.update_one("job1", "ds", p - 1, 0)
+    assert dispatched == [consumers]  # the last one completed the gate they all share
+    assert all(r.states == [S.INITIALIZING, S.RUNNING, S.FINISHED] for r in reports)
+
+
+def test_cancelling_an_inline_task_waiting_for_inputs_reports_canceled_at_once(tmp_path):
+    partitions = PartitionAvailability()
+    cancelled = Task(noop_consumer(tmp_path, range(1)), None, cancelled_reports := Reports(), partitions=partitions)
+    sharing = Task(noop_consumer(tmp_path, range(1), subtask=1, parallelism=2), None, sharing_reports := Reports(),
+                   partitions=partitions)
+    cancelled.run_inline()
+    sharing.run_inline()
+    cancelled.cancel()
+    assert cancelled_reports.states == [S.INITIALIZING, S.RUNNING, S.CANCELED]
+    assert cancelled_reports.last[1] is None
+    partitions.update_one("job1", "ds", 0, 0)
+    assert cancelled_reports.states == [S.INITIALIZING, S.RUNNING, S.CANCELED]  # nothing after the end
+    assert sharing_reports.states == [S.INITIALIZING, S.RUNNING, S.FINISHED]
+
+
+def test_cancel_before_run_inline_reports_only_canceled(tmp_path):
+    task = Task(noop_consumer(tmp_path, range(1)), None, reports := Reports())
+    task.cancel()
+    task.run_inline()
+    assert reports.states == [S.CANCELED]
+
+
+def test_a_newer_producer_attempt_supersedes_an_older_one(tmp_path):
+    partitions = PartitionAvailability()
+    partitions.update_one("job1", "ds", 0, 1)
+    partitions.update_one("job1", "ds", 0, 0)  # late news of an older attempt: ignored
+    partitions.update_one("job1", "ds", 1, 0)
+    fresh = Task(noop_consumer(tmp_path, range(2)), None, Reports(), partitions=partitions)
+    [snapshot] = [partitions.snapshot("job1", g) for g in fresh._gates]
+    assert snapshot.attempts == (1, 0)
+    # the descriptor's attempt counts too: the newer of the two is read
+    described = Task(noop_consumer(tmp_path, range(2), uniform=2), None, Reports(), partitions=partitions)
+    assert [partitions.snapshot("job1", g) for g in described._gates][0].attempts == (2, 2)
+
+    # attempt 2 of partition 0's producer is deployed: attempt 1's news is stale for later tasks
+    partitions.supersede("job1", "ds", 0, 2)
+    later = Task(noop_consumer(tmp_path, range(2)), None, later_reports := Reports(), partitions=partitions)
+    later.run_inline()
+    assert later_reports.states == [S.INITIALIZING, S.RUNNING]
+    partitions.update_one("job1", "ds", 0, 2)
+    assert later_reports.states == [S.INITIALIZING, S.RUNNING, S.FINISHED]
+    assert [partitions.snapshot("job1", g) for g in later._gates][0].attempts == (2, 0)
+
+
+def test_a_released_partition_is_not_read_and_later_tasks_wait_for_it_again(tmp_path):
+    partitions = PartitionAvailability()
+    partitions.update_one("job1", "ds", 0, 0)
+    early = Task(noop_consumer(tmp_path, range(1)), None, Reports(), partitions=partitions)
+    assert not early.waiting_for_inputs
+    partitions.release("job1", "ds", 0, 0)  # the JobManager released it (its producer runs again)
+    with pytest.raises(PartitionUnavailable, match="became unavailable"):
+        partitions.snapshot("job1", early._gates[0])
+    late = Task(noop_consumer(tmp_path, range(1)), None, reports := Reports(), partitions=partitions)
+    late.run_inline()
+    assert reports.states == [S.INITIALIZING, S.RUNNING]
+    partitions.update_one("job1", "ds", 0, 1)
+    assert reports.states == [S.INITIALIZING, S.RUNNING, S.FINISHED]
+
+def test_the_vertex_cache_decodes_a_vertex_once_per_job(tmp_path):
+    vertices = VertexCache()
+    first = deploy(tmp_path, [op("source.noop")], subtask=0, parallelism=2)
+    second = deploy(tmp_path, [op("source.noop")], subtask=1, parallelism=2)
+    a = vertices.get("job1", first.vertex)
+    assert vertices.get("job1", second.vertex) is a  # not decoded again
+    assert vertices.get("job2", second.vertex) is not a  # another job's vertex of the same name
+    vertices.drop_job("job1")
+    assert ("job1", "v") not in vertices and ("job2", "v") in vertices
+    for d in (first, second):
+        Task(d, None, reports := Reports(), vertices=vertices).run_inline()
+        assert reports.states == [S.INITIALIZING, S.RUNNING, S.FINISHED]
+
+
+def test_an_update_recorded_before_a_spark_consumer_is_read_from_the_attempt_it_names(spark, tmp_path):
+    ops = [op("source.collection", rows=[[1], [2]], schema="n int")]
+    produced = finished(run(deploy(tmp_path, ops, vertex="p", attempt=1, outputs=[output("ds", 0)]), spark))
+    partitions = PartitionAvailability()
+    partitions.update_one("job1", "ds", 0, 1, produced[0].schema)  # before the consumer exists
+    consumer = deploy(tmp_path, [op("sink.collect")], vertex="c", inputs=[gate("ds", range(1), uniform=-1)])
+    reports = Reports()
+    Task(consumer, spark, reports, partitions=partitions).run()
+    finished(reports)
+    assert sorted(r["n"] for r in collected(tmp_path, "c", 0)) == [1, 2]
 
 
 # ---- (g) each operator on tiny data ----

@@ -514,3 +514,97 @@ def test_sigterm_stops_it_cleanly_within_ten_seconds(own_tm: TaskManagerProcess,
     # the JobManager learned why its task ended: it never asked for a cancellation
     assert jm.states_of(job_id, waiting.attempt)[-1] == "FAILED"
     assert "shutting down" in jm.last_update(job_id, waiting.attempt).failure.message
+
+
+# ---------------------------------------------------------------------------- shared input gates
+
+
+def update(tm: TaskManagerProcess, job_id: str, data_set: str, *partitions: int, producer_attempt: int = 0) -> None:
+    tm.executor.UpdatePartitionInfo(cluster_pb2.UpdatePartitionInfoRequest(job_id=job_id, updates=[
+        cluster_pb2.PartitionInfoUpdate(data_set_id=data_set, partition_index=p, producer_attempt=producer_attempt)
+        for p in partitions]), timeout=WAIT_S)
+
+
+def all_to_all_consumer(job_id: str, subtask: int, parallelism: int, partitions: int,
+                        data_set: str = "ds-shared") -> cluster_pb2.TaskDeploymentDescriptor:
+    """Subtask `subtask` of an ALL_TO_ALL consumer: it reads its subpartition of every one of
+    `partitions` partitions, none available when it is deployed (eager, pipelined)."""
+    d = consumer(job_id, slot=subtask % 2, data_set=data_set, subtask=subtask)
+    d.parallelism = parallelism
+    d.task_name = f"Sink ({subtask + 1}/{parallelism})"
+    del d.inputs[:]
+    d.inputs.add(input_index=0, data_set_id=data_set, partition_start=0, partition_end=partitions,
+                 subpartition=subtask, uniform_attempt=-1)
+    return d
+
+
+def thread_count(tm: TaskManagerProcess) -> int:
+    for line in Path(f"/proc/{tm.proc.pid}/status").read_text().splitlines():
+        if line.startswith("Threads:"):
+            return int(line.split()[1])
+    raise AssertionError("no thread count in /proc")
+
+
+def test_an_update_that_arrives_before_the_submission_counts(tm: TaskManagerProcess, jm: FakeJobManager,
+                                                            job: str) -> None:
+    update(tm, job, "ds-early", 0)
+    early = consumer(job, data_set="ds-early")
+    submit_ok(tm, early)
+    assert jm.wait_for_state(job, early.attempt, "FINISHED") == ["INITIALIZING", "RUNNING", "FINISHED"]
+
+
+def test_one_update_wakes_every_consumer_sharing_a_gate_and_none_holds_a_thread(
+        tm: TaskManagerProcess, jm: FakeJobManager, job: str) -> None:
+    n = 300
+    tasks = [all_to_all_consumer(job, i, n, partitions=2) for i in range(n)]
+    threads_before = thread_count(tm)
+    submit_ok(tm, *tasks)
+    for t in tasks:
+        jm.wait_for_state(job, t.attempt, "RUNNING")
+    # 300 tasks waiting for their inputs, and no thread for any of them
+    assert thread_count(tm) < threads_before + 10
+    update(tm, job, "ds-shared", 0)
+    time.sleep(0.3)
+    assert all(jm.states_of(job, t.attempt) == ["INITIALIZING", "RUNNING"] for t in tasks)  # 1 of 2
+    update(tm, job, "ds-shared", 1)  # one update, every consumer
+    for t in tasks:
+        assert jm.wait_for_state(job, t.attempt, "FINISHED") == ["INITIALIZING", "RUNNING", "FINISHED"]
+
+
+def test_cancelling_tasks_waiting_on_a_shared_gate_ends_them_at_once_and_spares_the_others(
+        tm: TaskManagerProcess, jm: FakeJobManager, job: str) -> None:
+    n = 40
+    tasks = [all_to_all_consumer(job, i, n, partitions=1, data_set="ds-cancel") for i in range(n)]
+    submit_ok(tm, *tasks)
+    for t in tasks:
+        jm.wait_for_state(job, t.attempt, "RUNNING")
+    cancelled, kept = tasks[::2], tasks[1::2]
+    began = time.monotonic()
+    tm.executor.CancelTasks(cluster_pb2.CancelTasksRequest(job_id=job, attempts=[t.attempt for t in cancelled]),
+                            timeout=WAIT_S)
+    for t in cancelled:
+        assert jm.wait_for_state(job, t.attempt, "CANCELED") == ["INITIALIZING", "RUNNING", "CANCELED"]
+    assert time.monotonic() - began < 2
+    assert all(jm.states_of(job, t.attempt) == ["INITIALIZING", "RUNNING"] for t in kept)
+    update(tm, job, "ds-cancel", 0)
+    for t in kept:
+        assert jm.wait_for_state(job, t.attempt, "FINISHED") == ["INITIALIZING", "RUNNING", "FINISHED"]
+    time.sleep(0.2)
+    assert all(jm.states_of(job, t.attempt)[-1] == "CANCELED" for t in cancelled)
+
+
+def test_news_of_an_older_producer_attempt_does_not_release_a_later_consumer(
+        tm: TaskManagerProcess, jm: FakeJobManager, job: str) -> None:
+    update(tm, job, "ds-retry", 0, producer_attempt=0)
+    # the producer runs again (attempt 1) here: partition 0 of attempt 0 is stale from now on
+    again = producer(job, 0, slot=1, parallelism=1, data_set="ds-retry")
+    again.attempt.attempt_number = 1
+    submit_ok(tm, again)
+    jm.wait_for_state(job, again.attempt, "FINISHED")
+    waiting = consumer(job, data_set="ds-retry")
+    submit_ok(tm, waiting)
+    jm.wait_for_state(job, waiting.attempt, "RUNNING")
+    time.sleep(0.3)
+    assert jm.states_of(job, waiting.attempt) == ["INITIALIZING", "RUNNING"]
+    update(tm, job, "ds-retry", 0, producer_attempt=1)
+    assert jm.wait_for_state(job, waiting.attempt, "FINISHED") == ["INITIALIZING", "RUNNING", "FINISHED"]

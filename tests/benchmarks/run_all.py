@@ -1,0 +1,156 @@
+"""The benchmark suite: one command, one table, one JSON file.
+
+    python3 deploy/dev.py bench [--quick] [--update-readme]
+
+Runs, each in its own process, on this machine:
+  bench_scheduler.py   scheduler scale (sans-IO core), source -> sink ALL_TO_ALL, P = 4 000 and 10 000
+  bench_deploy.py      deploying 2 x P no-op tasks to 4 TaskManager processes over gRPC
+  bench_wordcount.py   word count over >= 512 MiB, funke vs plain PySpark, same cores
+  bench_latency.py     submit -> RUNNING / FINISHED on a warm cluster
+  chaos_wordcount.py   kill -9 of a TaskManager -> restarted tasks RUNNING again
+then prints the figures beside the goals and Flink's published scheduler figures, and writes all
+of it to .funke/bench/results-<time>.json. --update-readme puts the table into README.md.
+--quick: fewer runs and a smaller corpus, to try the suite out (figures not comparable).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+OUT = REPO / ".funke" / "bench"
+
+# Flink's published figures for source -> sink ALL_TO_ALL at P = 10 000
+# ("Scheduler Performance Improvements in Flink 1.14", flink.apache.org).
+FLINK = {
+    "job initialization": {"1.14": "627 ms", "1.12": "11 431 ms"},
+    "task deployment": {"1.14": "17 183 ms", "1.12": "63 118 ms"},
+    "regions to restart": {"1.14": "170 ms", "1.12": "37 195 ms"},
+}
+
+
+def run(script: Path, args: list[str], json_path: Path) -> object:
+    print(f"== {script.name} {' '.join(args)}", file=sys.stderr, flush=True)
+    started = time.time()
+    subprocess.run([sys.executable, str(script), *args, "--json", str(json_path)], check=True, cwd=REPO)
+    print(f"   ({time.time() - started:.0f} s)", file=sys.stderr, flush=True)
+    return json.loads(json_path.read_text())
+
+
+def machine() -> str:
+    cpu = "unknown CPU"
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    mem = ""
+    try:
+        kb = int(next(line.split()[1] for line in open("/proc/meminfo") if line.startswith("MemTotal")))
+        mem = f", {kb / 2**20:.0f} GiB"
+    except (OSError, StopIteration):
+        pass
+    java = subprocess.run(["java", "-version"], capture_output=True, text=True).stderr.splitlines()[0]
+    return f"{os.cpu_count()} cores ({cpu}){mem}, {platform.system()} {platform.release()}, Python {platform.python_version()}, {java}"
+
+
+def table(results: dict) -> str:
+    sched = {(r["p"], r["result_partition_type"], r["step"]): r for r in results["scheduler"]}
+    deploy = {(r["p"], r["result_partition_type"]): r for r in results["deploy"]}
+    wc, latency, chaos = results["wordcount"], results["latency"], results["chaos"]
+
+    def ms(x: float) -> str:
+        return f"{x:,.0f} ms".replace(",", " ") if x >= 10 else f"{x:.1f} ms"
+
+    def median(xs: list[float]) -> float:
+        xs = sorted(xs)
+        return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2 if xs else float("nan")
+
+    lines = [
+        "| measurement | funke | goal | Flink 1.14 | Flink 1.12 |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for p in sorted({k[0] for k in sched}):
+        for kind in ("BLOCKING", "PIPELINED"):
+            init = sched[(p, kind, "job initialization")]
+            lines.append(f"| job initialization (graph + regions + slot plan), P={p}, {kind} | "
+                         f"{ms(init['median_ms'])}, {init['peak_mib']:.0f} MiB | "
+                         f"{'≤ 500 ms' if p == 10000 else ''} | {FLINK['job initialization']['1.14'] if p == 10000 else ''} | "
+                         f"{FLINK['job initialization']['1.12'] if p == 10000 else ''} |")
+    for p in sorted({k[0] for k in sched}):
+        for kind in ("BLOCKING", "PIPELINED"):
+            r = sched[(p, kind, "regions to restart")]
+            lines.append(f"| regions to restart (one sink fails), P={p}, {kind} | {ms(r['median_ms'])} | "
+                         f"{'≤ 50 ms' if p == 10000 else ''} | {FLINK['regions to restart']['1.14'] if p == 10000 else ''} | "
+                         f"{FLINK['regions to restart']['1.12'] if p == 10000 else ''} |")
+    for p in sorted({k[0] for k in sched}):
+        for kind in ("BLOCKING", "PIPELINED"):
+            for step in ("build ExecutionGraph", "schedule all subtasks", "global failover"):
+                r = sched[(p, kind, step)]
+                lines.append(f"| {step}, P={p}, {kind} | {ms(r['median_ms'])}, {r['peak_mib']:.0f} MiB |  |  |  |")
+    for (p, kind), r in sorted(deploy.items()):
+        lines.append(f"| deploy {r['tasks']} no-op tasks to 4 TaskManagers (gRPC) until FINISHED, {kind} | "
+                     f"{r['median_s']:.2f} s ({r['tasks_per_s']:,.0f} tasks/s) | {'≤ 8 s' if p == 10000 else ''} | "
+                     f"{FLINK['task deployment']['1.14'] if p == 10000 else ''} | {FLINK['task deployment']['1.12'] if p == 10000 else ''} |"
+                     .replace(",", " "))
+    lines.append(f"| word count {wc['corpus_mib']} MiB, {wc['cores']} cores: funke / plain PySpark | "
+                 f"{wc['funke_median_s']:.1f} s / {wc['pyspark_median_s']:.1f} s = **{wc['ratio']:.2f}×** | ≤ 1.15× |  |  |")
+    for r in latency:
+        lines.append(f"| {r['job']}: submit → RUNNING / FINISHED (warm cluster) | "
+                     f"{ms(r['submit_to_running_ms'])} / {ms(r['submit_to_finished_ms'])} | "
+                     f"{'≤ 200 ms' if 'one-vertex' in r['job'] else ''} |  |  |")
+    lines.append(f"| TaskManager kill -9 → first restarted task RUNNING ({chaos['runs']} runs, restart delay {chaos['restart_delay']}) | "
+                 f"median {median(chaos['kill_to_first_restarted_running_s']):.2f} s | ≤ 3 s | detection alone: heartbeat.timeout 50 s |  |")
+    lines.append(f"| TaskManager kill -9 → every failed task RUNNING again (incl. recomputing lost partitions) | "
+                 f"median {median(chaos['kill_to_all_failed_running_s']):.2f} s |  |  |  |")
+    lines.append(f"| chaos runs: finished / identical output | {chaos['finished']} / {chaos['identical']} of {chaos['runs']} | all |  |  |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="fewer runs, smaller inputs (to try the suite)")
+    p.add_argument("--update-readme", action="store_true")
+    args = p.parse_args()
+    OUT.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    quick = args.quick
+    results = {
+        "machine": machine(),
+        "scheduler": run(HERE / "bench_scheduler.py", ["--runs", "2" if quick else "5"], OUT / f"scheduler-{stamp}.json"),
+        "deploy": run(HERE / "bench_deploy.py", ["--runs", "1" if quick else "3"], OUT / f"deploy-{stamp}.json"),
+        "wordcount": run(HERE / "bench_wordcount.py", ["--mb", "64" if quick else "512", "--runs", "1" if quick else "3"],
+                         OUT / f"wordcount-{stamp}.json"),
+        "latency": run(HERE / "bench_latency.py", ["--runs", "3" if quick else "5"], OUT / f"latency-{stamp}.json"),
+        "chaos": run(REPO / "tests" / "chaos" / "chaos_wordcount.py", ["--runs", "3" if quick else "10"],
+                     OUT / f"chaos-{stamp}.json"),
+    }
+    results["table"] = table(results)
+    path = OUT / f"results-{stamp}.json"
+    path.write_text(json.dumps(results, indent=2))
+    print(f"\nfunke benchmarks on {results['machine']}\n")
+    print(results["table"])
+    print(f"\nall figures: {path}")
+    if args.update_readme:
+        readme = REPO / "README.md"
+        text = readme.read_text()
+        block = (f"<!-- benchmarks:begin -->\nMeasured on {results['machine']}, "
+                 f"{time.strftime('%Y-%m-%d')}, with `python3 deploy/dev.py bench`:\n\n{results['table']}\n<!-- benchmarks:end -->")
+        text, n = re.subn(r"<!-- benchmarks:begin -->.*?<!-- benchmarks:end -->", lambda _: block, text, flags=re.S)
+        if n != 1:
+            raise SystemExit("README.md has no <!-- benchmarks:begin/end --> markers")
+        readme.write_text(text)
+        print("README.md updated")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
