@@ -90,7 +90,7 @@ class InputGate:
     partition_end: int
     subpartition: int | None
     producer_attempts: tuple[int, ...] | None  # None: uniform_attempt for every partition
-    uniform_attempt: int  # -1: none available yet
+    uniform_attempt: int  # >= 0: available from that attempt; -1 - n: waiting for attempt n
     schema: str
 
 
@@ -677,7 +677,10 @@ class Scheduler:
         cached = self._gate_cache.get(id(group))
         if cached is not None and cached[0] == group.version:
             return cached[1]
-        attempts = tuple(p.location.producer_attempt if p.location else -1 for p in group.partitions)
+        # Not yet available: -1 - n, "waiting for attempt n". A consumer TaskManager may still
+        # remember an older attempt of the partition; it must not count.
+        attempts = tuple(p.location.producer_attempt if p.location else -1 - p.producer.current_execution.attempt_number
+                         for p in group.partitions)
         uniform = attempts[0] if attempts and attempts.count(attempts[0]) == len(attempts) else None
         schema = next((p.location.schema for p in group.partitions if p.location), "")
         state = (attempts, uniform, schema)
@@ -822,6 +825,9 @@ class Scheduler:
     def _reset(self, ev: ExecutionVertex, now: float) -> None:
         was_finished = ev.state is E.FINISHED
         ev.reset_for_new_execution(now)
+        for partition in ev.produced_partitions:  # the attempt consumers wait for changed
+            for group in partition.consumed_partition_groups:
+                group.version += 1
         self._non_terminal += 1
         if was_finished:
             self._finished -= 1

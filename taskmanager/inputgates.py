@@ -38,6 +38,13 @@ from funke.v1 import cluster_pb2
 __all__ = ["UNAVAILABLE", "GateSnapshot", "InputGate", "PartitionAvailability", "PartitionUnavailable"]
 
 UNAVAILABLE = -1  # a producer attempt that is not known yet (InputGateDeploymentDescriptor)
+# A descriptor's attempt n >= 0: available from attempt n. Negative: not yet available; -1 - n
+# waits for attempt n, and an older attempt remembered here is stale (the JobManager restarted
+# the producer), so it is forgotten when such a gate opens.
+
+
+def awaited_attempt(value: int) -> int:
+    return -1 - value
 
 Callback = Callable[[], None]
 Dispatch = Callable[[list[Callback]], None]
@@ -87,10 +94,12 @@ class _ConsumedPartitionGroup:
 class _DataSetPartitions:
     """What this TaskManager knows of one data set of one job."""
 
-    __slots__ = ("attempts", "schema", "groups", "groups_of", "waiting")
+    __slots__ = ("attempts", "schema", "groups", "groups_of", "waiting", "floors")
 
     def __init__(self) -> None:
         self.attempts: dict[int, int] = {}  # partition index -> newest producer attempt available
+        # (start, stop) of a range -> the highest attempt a gate over it was told to wait for
+        self.floors: dict[tuple[int, int], int] = {}
         self.schema = ""
         self.groups: dict[tuple[int, int], _ConsumedPartitionGroup] = {}
         # Index: partition -> the groups whose range contains it. Built once per distinct range,
@@ -138,7 +147,7 @@ class InputGate:
                     f"producer attempts for {len(self.partitions)} partitions"
                 )
             self._attempts = list(m.producer_attempts)
-            self._uniform = UNAVAILABLE
+            self._uniform = UNAVAILABLE  # not used when attempts are listed
         self._data_set: _DataSetPartitions | None = None
         self._group: _ConsumedPartitionGroup | None = None
         self.missing = 0  # partitions a descriptor-listed gate still waits for
@@ -190,8 +199,9 @@ class PartitionAvailability:
             ds = self._data_set(job_id, gate.data_set_id)
             gate._data_set = ds
             attempts = gate._attempts
-            if not gate.partitions or (attempts is None and gate._uniform != UNAVAILABLE) or (
-                    attempts is not None and UNAVAILABLE not in attempts):
+            self._forget_older_than_awaited(job_id, ds, gate)
+            if not gate.partitions or (attempts is None and gate._uniform >= 0) or (
+                    attempts is not None and min(attempts) >= 0):
                 gate.complete = True
             elif attempts is None:
                 group = ds.group(gate.partitions)
@@ -202,7 +212,7 @@ class PartitionAvailability:
                     group.waiting.append(gate)
             else:
                 recorded = ds.attempts
-                missing = [p for p, a in zip(gate.partitions, attempts) if a == UNAVAILABLE and p not in recorded]
+                missing = [p for p, a in zip(gate.partitions, attempts) if a < 0 and p not in recorded]
                 for p in missing:
                     listed = ds.waiting.get(p)
                     if listed is None:
@@ -212,6 +222,23 @@ class PartitionAvailability:
                 gate.missing = len(missing)
                 gate.complete = not missing
             return gate, not gate.complete
+
+    def _forget_older_than_awaited(self, job_id: str, ds: "_DataSetPartitions", gate: InputGate) -> None:
+        """Recorded attempts older than those the gate's descriptor waits for are stale: the
+        JobManager restarted their producers. Per distinct range and awaited attempt this scans
+        the record once, so P consumers of a restarted ALL_TO_ALL producer cost O(P), not O(P²)."""
+        if gate._attempts is None:
+            awaited = awaited_attempt(gate._uniform) if gate._uniform < 0 else 0
+            key = (gate.partitions.start, gate.partitions.stop)
+            if awaited <= ds.floors.get(key, 0):
+                return
+            ds.floors[key] = awaited
+            stale = [p for p, a in ds.attempts.items() if a < awaited and p in gate.partitions]
+        else:
+            stale = [p for p, a in zip(gate.partitions, gate._attempts)
+                     if a < 0 and ds.attempts.get(p, awaited_attempt(a)) < awaited_attempt(a)]
+        for p in stale:
+            self._forget(job_id, gate.data_set_id, p, ds.attempts[p])
 
     def close(self, gates: Iterable[InputGate]) -> None:
         """The task is done with its gates: they are never called back."""
@@ -242,9 +269,9 @@ class PartitionAvailability:
             described: Iterable[int] = gate._attempts
         else:
             described = (gate._uniform,) * len(gate.partitions)
-        attempts = tuple(max(a, recorded.get(p, UNAVAILABLE)) for p, a in zip(gate.partitions, described))
-        if UNAVAILABLE in attempts:
-            lost = [p for p, a in zip(gate.partitions, attempts) if a == UNAVAILABLE]
+        attempts = tuple(a if a >= 0 else recorded.get(p, UNAVAILABLE) for p, a in zip(gate.partitions, described))
+        if min(attempts, default=0) < 0:
+            lost = [p for p, a in zip(gate.partitions, attempts) if a < 0]
             raise PartitionUnavailable(
                 f"{gate.describe()}: partition(s) {lost[:10]} of job {job_id} became unavailable before they were read")
         return GateSnapshot(gate.input_index, gate.data_set_id, gate.partitions, gate.subpartition, attempts, schema)
