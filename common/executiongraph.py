@@ -83,11 +83,12 @@ class FailureInfo:
 class Execution:
     """One attempt to run an ExecutionVertex."""
 
-    __slots__ = ("vertex", "attempt_number", "machine", "slot", "failure")
+    __slots__ = ("vertex", "attempt_number", "machine", "slot", "failure", "attempt_id")
 
     def __init__(self, vertex: "ExecutionVertex", attempt_number: int, now: float):
         self.vertex = vertex
         self.attempt_number = attempt_number
+        self.attempt_id = ExecutionAttemptId(vertex.job_vertex.id, vertex.subtask_index, attempt_number)
         self.machine: StateMachine[ExecutionState] = execution_state_machine(
             f"{vertex.name} attempt #{attempt_number}", now
         )
@@ -97,11 +98,6 @@ class Execution:
     @property
     def state(self) -> ExecutionState:
         return self.machine.state
-
-    @property
-    def attempt_id(self) -> ExecutionAttemptId:
-        v = self.vertex
-        return ExecutionAttemptId(v.job_vertex.id, v.subtask_index, self.attempt_number)
 
     @property
     def task_manager_id(self) -> str | None:

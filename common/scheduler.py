@@ -272,6 +272,7 @@ class Scheduler:
         self.failure: FailureInfo | None = None  # why the job FAILED
 
         total = graph.number_of_vertices()
+        self.state_counts: dict[ExecutionState, int] = {E.CREATED: total}  # of current executions
         self._non_terminal = total  # current executions not in a terminal state
         self._finished = 0  # current executions FINISHED
         self._usage: dict[ExecutionSlotSharingGroup, int] = {}  # live executions per group
@@ -824,7 +825,9 @@ class Scheduler:
 
     def _reset(self, ev: ExecutionVertex, now: float) -> None:
         was_finished = ev.state is E.FINISHED
+        self.state_counts[ev.state] -= 1
         ev.reset_for_new_execution(now)
+        self.state_counts[E.CREATED] = self.state_counts.get(E.CREATED, 0) + 1
         for partition in ev.produced_partitions:  # the attempt consumers wait for changed
             for group in partition.consumed_partition_groups:
                 group.version += 1
@@ -916,6 +919,10 @@ class Scheduler:
     ) -> None:
         before = execution.state
         t = execution.machine.transition(to, now, cause)
+        if execution.vertex.current_execution is execution:
+            counts = self.state_counts
+            counts[before] -= 1
+            counts[to] = counts.get(to, 0) + 1
         if failure is not None:
             execution.failure = failure
         group = self.plan.group_of(execution.vertex)

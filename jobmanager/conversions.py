@@ -135,11 +135,7 @@ def job_summary(jm: "JobMaster") -> job_pb2.JobSummary:
         status=job_status_pb(graph.status), created_at=timestamp(created),
         total_tasks=graph.number_of_vertices(),
     )
-    counts: dict[str, int] = {}
-    for ejv in graph.vertices.values():
-        for state, n in states_per_vertex(ejv).items():
-            counts[state] = counts.get(state, 0) + n
-    msg.tasks_per_state.update(counts)
+    msg.tasks_per_state.update({state.value: n for state, n in jm.scheduler.state_counts.items() if n})
     if graph.status.is_globally_terminal and graph.status_machine.history:
         ended = graph.status_machine.history[-1].timestamp
         msg.ended_at.CopyFrom(timestamp(ended))

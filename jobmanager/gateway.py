@@ -28,6 +28,8 @@ CHANNEL_OPTIONS = [
 ]
 RPC_TIMEOUT_S = 60.0
 MAX_BATCH = 2000
+# Deployment descriptors are larger: a TaskManager parses a SubmitTasks in one go on its loop.
+MAX_SUBMIT_BATCH = 500
 MAX_RETRIES = 5  # for calls other than deployments, which fail the task instead
 _TRANSIENT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED)
 
@@ -81,8 +83,9 @@ class TaskManagerGateway:
                 self._fail_deployments([item], f"TaskManager {self.task_manager_id} is gone")
             return
         last = self._queue[-1] if self._queue else None
+        limit = MAX_SUBMIT_BATCH if kind == "submit" else MAX_BATCH
         if (last is not None and last.kind == kind and last.job_id == job_id and last.extra == extra
-                and len(last.items) < MAX_BATCH):
+                and len(last.items) < limit):
             last.items.append(item)
         else:
             self._queue.append(_Call(kind, job_id, [item], extra))
