@@ -129,28 +129,31 @@ class SimulatedCluster:
         self.apply(self.scheduler.on_task_state(attempt, state, self.now, failure=failure))
 
     def step_tasks(self) -> bool:
-        """Every deployed task makes one step: cancelled ones report CANCELED, others advance
-        DEPLOYING -> INITIALIZING -> RUNNING -> FINISHED/FAILED per the script. True if anything moved."""
+        """Every deployed task makes one step (see `step_task`). True if anything moved."""
         moved = False
         for attempt in sorted(self.running):
-            if attempt not in self.running:
-                continue
-            ex = self.graph.find_execution(attempt)
-            if attempt in self.cancel_requested:
-                self.report(attempt, E.CANCELED)
-            elif ex.state is E.DEPLOYING:
-                self.report(attempt, E.INITIALIZING)
-            elif ex.state is E.INITIALIZING:
-                self.report(attempt, E.RUNNING)
-            elif ex.state is E.RUNNING:
-                if not all(g.all_finished for g in ex.vertex.consumed_partition_groups):
-                    continue  # a consumer reads its inputs before it can finish
-                failure = self.script(attempt)
-                self.report(attempt, E.FAILED if failure else E.FINISHED, failure)
-            else:
-                continue
-            moved = True
+            if attempt in self.running:
+                moved |= self.step_task(attempt)
         return moved
+
+    def step_task(self, attempt: ExecutionAttemptId) -> bool:
+        """One deployed task makes one step: a cancelled one reports CANCELED, others advance
+        DEPLOYING -> INITIALIZING -> RUNNING -> FINISHED/FAILED per the script. True if it moved."""
+        ex = self.graph.find_execution(attempt)
+        if attempt in self.cancel_requested:
+            self.report(attempt, E.CANCELED)
+        elif ex.state is E.DEPLOYING:
+            self.report(attempt, E.INITIALIZING)
+        elif ex.state is E.INITIALIZING:
+            self.report(attempt, E.RUNNING)
+        elif ex.state is E.RUNNING:
+            if not all(g.all_finished for g in ex.vertex.consumed_partition_groups):
+                return False  # a consumer reads its inputs before it can finish
+            failure = self.script(attempt)
+            self.report(attempt, E.FAILED if failure else E.FINISHED, failure)
+        else:
+            return False
+        return True
 
     def advance(self, seconds: float) -> None:
         target = self.now + seconds

@@ -1,0 +1,301 @@
+"""Random interleavings of task progress and faults against the real scheduler.
+
+A hypothesis state machine drives the simulated cluster: tasks make progress, attempts fail,
+TaskManagers are lost and register again (under the same id or a new one), cancellations are
+lost, the job is cancelled, time jumps past restart delays, slot-request and cancellation
+timeouts. After every step the scheduler's books must agree with the execution graph and the
+SlotManager; at the end, once faults stop and a big TaskManager arrives, the job must end.
+A hang (a job that waits for something nobody will do) shows up there.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from dataclasses import dataclass
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
+
+from funke.common import scheduler as s
+from funke.common import slotmanager as sm
+from funke.common.executiongraph import FailureInfo, SlotId
+from funke.common.jobgraph import FailoverStrategyKind, JobGraph, JobType
+from funke.common.restart import FixedDelayRestartBackoffTimeStrategy, NoRestartBackoffTimeStrategy
+from funke.common.states import ExecutionState, JobStatus
+from tests.conformance.assertions import GLOBALLY_TERMINAL_JOB, assert_event_stream
+from tests.conformance.graphs import ALL_TO_ALL, BLOCKING, PIPELINED, POINTWISE, connect, job_graph, operator, sink, source
+from tests.conformance.simulator import SimulatedCluster
+
+J, E = JobStatus, ExecutionState
+BOOM = FailureInfo("RuntimeError", "injected by the scheduler fuzz")
+
+RESTART_DELAY_S = 2.0
+SLOT_REQUEST_TIMEOUT_S = 5.0
+CANCELLATION_TIMEOUT_S = 10.0
+# just past each timeout the scheduler or the SlotManager keeps, and small steps between them
+TIME_STEPS_S = (0.1, RESTART_DELAY_S + 0.5, SLOT_REQUEST_TIMEOUT_S + 1, CANCELLATION_TIMEOUT_S + 1)
+
+_LIVE = {E.SCHEDULED, E.DEPLOYING, E.INITIALIZING, E.RUNNING, E.CANCELING}
+_IN_A_SLOT = {E.DEPLOYING, E.INITIALIZING, E.RUNNING, E.CANCELING}
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """A job and the TaskManagers it starts with; few slots, so batches wait for each other."""
+
+    name: str
+    job: JobGraph
+    task_managers: tuple[tuple[str, int], ...]
+
+
+SCENARIOS = {scenario.name: scenario for scenario in (
+    # Two shuffles: three regions one after the other; lost partitions must be produced again.
+    Scenario("batch-two-shuffles", job_graph(
+        "two-shuffles", [source("source", 2), operator("map", 3), sink("reduce", 2)],
+        [connect("source", "map", ALL_TO_ALL, BLOCKING), connect("map", "reduce", ALL_TO_ALL, BLOCKING)]),
+        (("tm-1", 1), ("tm-2", 2))),
+    # One pipelined region, deployed eagerly; consumers learn where partitions are as they finish.
+    Scenario("streaming-pipeline", job_graph(
+        "pipeline", [source("source", 2), operator("map", 2), sink("sink", 2)],
+        [connect("source", "map", POINTWISE, PIPELINED), connect("map", "sink", ALL_TO_ALL, PIPELINED)],
+        JobType.STREAMING),
+        (("tm-1", 1), ("tm-2", 1))),
+    # Regions {a} and {x, b}; b shares a's slot, so {x, b} waits for a slot a holds.
+    Scenario("batch-shared-slot", job_graph(
+        "shared", [source("a", 1), source("x", 1, slot_sharing_group="x"), sink("b", 1)],
+        [connect("x", "b", POINTWISE, PIPELINED)]),
+        (("tm-1", 1),)),
+    # Two slot-sharing groups taking turns on three slots.
+    Scenario("batch-two-slot-sharing-groups", job_graph(
+        "groups", [source("src", 2, slot_sharing_group="a"), operator("map", 3, slot_sharing_group="b"),
+                   sink("snk", 2, slot_sharing_group="a")],
+        [connect("src", "map", ALL_TO_ALL, BLOCKING), connect("map", "snk", POINTWISE, BLOCKING)]),
+        (("tm-1", 2), ("tm-2", 1))),
+)}
+
+
+class CheckedCluster(SimulatedCluster):
+    """The simulated cluster, keeping a ledger of the slots the job holds: granted by the
+    SlotManager, handed back by ReleaseSlot, gone with their TaskManager.
+
+    SlotManager answers go through a mailbox, as in the JobManager (`jobmanager/mailbox.py`):
+    an answer to an action is delivered after every action of the same scheduler call was
+    carried out, never in the middle of them. The plain simulator delivers it at once, which
+    records a later call's transitions before an earlier call's."""
+
+    def __post_init__(self) -> None:
+        self.held: set[SlotId] = set()
+        self._mail: list[object] = []
+        self._carrying_out = False
+        self._checked = (0, 0)  # job steps, execution steps
+        self._last_states: dict[str, str] = {"job": "CREATED"}
+        super().__post_init__()
+
+    def apply(self, actions: list) -> None:
+        outermost = not self._carrying_out
+        self._carrying_out = True
+        try:
+            super().apply(actions)
+        finally:
+            self._carrying_out = not outermost
+        if outermost:
+            self._deliver()
+
+    def _slot_actions(self, actions: list) -> None:
+        self._mail.extend(actions)
+        if not self._carrying_out:
+            self._deliver()
+
+    def _deliver(self) -> None:
+        self._carrying_out = True
+        try:
+            while self._mail:
+                super()._slot_actions([self._mail.pop(0)])
+        finally:
+            self._carrying_out = False
+
+    def observe(self, action: object) -> None:
+        if isinstance(action, sm.SlotsAllocated):
+            twice = self.held.intersection(action.slots)
+            assert not twice, f"the SlotManager gave the job slots it already holds: {sorted(map(str, twice))}"
+            self.held.update(action.slots)
+        elif isinstance(action, s.ReleaseSlot):
+            assert action.slot in self.held, (
+                f"ReleaseSlot({action.slot}, {action.cause!r}) for a slot the job does not hold "
+                f"(released twice, or lost with its TaskManager)")
+            self.held.discard(action.slot)
+        elif isinstance(action, sm.TaskManagerLost):
+            self.held = {slot for slot in self.held if slot.task_manager_id != action.task_manager_id}
+        elif isinstance(action, s.JobCleanup):
+            assert not self.held, f"the job ended {action.status.value} still holding {sorted(map(str, self.held))}"
+
+    def assert_stream_so_far_is_legal(self) -> None:
+        """Only the steps since the last check, continuing from where each entity was."""
+        job_from, executions_from = self._checked
+        paths = assert_event_stream(
+            self.job_steps[job_from:], self.execution_steps[executions_from:],
+            initial_job=self._last_states["job"], initial_executions=self._last_states, require_terminal=False)
+        self._last_states.update((entity, path[-1]) for entity, path in paths.items())
+        self._checked = (len(self.job_steps), len(self.execution_steps))
+
+    def slots_of_the_job(self) -> set[SlotId]:
+        """What the SlotManager says the job holds."""
+        return {SlotId(tm.task_manager_id, i) for tm in self.slots.task_managers.values()
+                for i, holder in enumerate(tm.slots) if holder == "job-1"}
+
+    def assert_books_agree(self) -> None:
+        sched, graph = self.scheduler, self.graph
+        vertices = list(graph.execution_vertices())
+
+        self.assert_stream_so_far_is_legal()
+
+        states = Counter(ev.state for ev in vertices)
+        assert sched._finished == states[E.FINISHED], f"_finished={sched._finished}, graph: {dict(states)}"
+        non_terminal = sum(n for state, n in states.items() if not state.is_terminal)
+        assert sched._non_terminal == non_terminal, f"_non_terminal={sched._non_terminal}, graph: {dict(states)}"
+
+        live = Counter(sched.plan.group_of(ev) for ev in vertices if ev.state in _LIVE)
+        for group in set(live) | set(sched._usage):
+            assert sched._usage.get(group, 0) == live[group], (
+                f"slot-sharing group {group.index}: _usage={sched._usage.get(group, 0)}, {live[group]} live executions")
+
+        known = list(sched._slot_of.values())
+        assert len(known) == len(set(known)), f"two groups in one slot: {sorted(map(str, known))}"
+        assert set(known) == self.held == self.slots_of_the_job(), (
+            f"slots: the scheduler knows {sorted(map(str, known))}, the ledger says {sorted(map(str, self.held))}, "
+            f"the SlotManager says {sorted(map(str, self.slots_of_the_job()))}")
+        for ev in vertices if not sched.status.is_terminal else ():  # a job that ended gave its slots back
+            ex = ev.current_execution
+            if ex.state in _IN_A_SLOT:
+                assert sched._slot_of.get(sched.plan.group_of(ev)) == ex.slot, (
+                    f"{ex!r} runs in {ex.slot}, its group holds {sched._slot_of.get(sched.plan.group_of(ev))}")
+
+        for result in graph.results.values():
+            for partition in result.partitions:
+                if partition.location is not None:
+                    producer = partition.producer.current_execution
+                    assert (producer.state is E.FINISHED
+                            and producer.attempt_number == partition.location.producer_attempt), (
+                        f"{result.id}[{partition.partition_index}] is located at attempt "
+                        f"{partition.location.producer_attempt}, its producer is {producer!r}")
+
+
+def _pick(items, index: int):
+    items = sorted(items)
+    return items[index % len(items)] if items else None
+
+
+INDEX = st.integers(0, 5)
+
+
+class SchedulerFuzz(RuleBasedStateMachine):
+    sim: CheckedCluster | None = None
+
+    @initialize(
+        scenario=st.sampled_from(list(SCENARIOS)),
+        failover=st.sampled_from([FailoverStrategyKind.REGION, FailoverStrategyKind.FULL]),
+        restarts=st.sampled_from([1000, 3, 0]),
+        delay=st.sampled_from([RESTART_DELAY_S, 0.0]),
+        undisturbed_rounds=st.integers(0, 12),
+    )
+    def start(self, scenario: str, failover: FailoverStrategyKind, restarts: int, delay: float,
+              undisturbed_rounds: int) -> None:
+        strategy = (FixedDelayRestartBackoffTimeStrategy(attempts=restarts, delay_s=delay) if restarts
+                    else NoRestartBackoffTimeStrategy())
+        self.sim = CheckedCluster(
+            SCENARIOS[scenario].job, task_managers=dict(SCENARIOS[scenario].task_managers),
+            restart_strategy=strategy, failover=failover,
+            slot_request_timeout_s=SLOT_REQUEST_TIMEOUT_S, cancellation_timeout_s=CANCELLATION_TIMEOUT_S,
+        ).start()
+        for _ in range(undisturbed_rounds):  # so that faults hit late stages as often as early ones
+            self.sim.step_tasks()
+
+    def job_is_live(self) -> bool:
+        return self.sim is not None and not self.sim.scheduler.status.is_terminal
+
+    # -- progress
+
+    @rule(rounds=st.integers(1, 8))
+    def tasks_make_progress(self, rounds: int) -> None:
+        for _ in range(rounds):
+            self.sim.step_tasks()
+
+    @precondition(job_is_live)
+    @rule(index=INDEX)
+    def one_task_makes_progress(self, index: int) -> None:
+        attempt = _pick(self.sim.running, index)
+        if attempt is not None:
+            self.sim.step_task(attempt)
+
+    @rule(seconds=st.sampled_from(TIME_STEPS_S))
+    def time_passes(self, seconds: float) -> None:
+        self.sim.advance(seconds)
+
+    # -- faults
+
+    @precondition(job_is_live)
+    @rule(index=INDEX)
+    def an_attempt_fails(self, index: int) -> None:
+        attempt = _pick(self.sim.running, index)  # cancelled ones too: they may fail instead
+        if attempt is not None:
+            self.sim.report(attempt, E.FAILED, BOOM)
+
+    @precondition(job_is_live)
+    @rule(index=INDEX)
+    def a_cancelled_task_never_stops(self, index: int) -> None:
+        attempt = _pick(self.sim.cancel_requested & self.sim.running.keys(), index)
+        if attempt is not None:  # its TaskManager keeps it running and never reports again
+            del self.sim.running[attempt]
+
+    @precondition(job_is_live)
+    @rule(index=INDEX, how_many=st.integers(1, 2))
+    def task_managers_are_lost(self, index: int, how_many: int) -> None:
+        for task_manager in sorted(self.sim.slots.task_managers)[index:][:how_many]:  # one after the other
+            self.sim.lose_task_manager(task_manager)
+
+    @precondition(job_is_live)
+    @rule(task_manager=st.sampled_from(["tm-1", "tm-2", "tm-3"]), slots=st.integers(1, 3))
+    def a_task_manager_registers(self, task_manager: str, slots: int) -> None:
+        self.sim.register_task_manager(task_manager, slots)  # a known id: its old process is gone
+
+    @precondition(job_is_live)
+    @rule()
+    def the_job_is_cancelled(self) -> None:
+        self.sim.apply(self.sim.scheduler.cancel(self.sim.now))
+
+    # -- checks
+
+    @invariant()
+    def books_agree(self) -> None:
+        if self.sim is not None:
+            self.sim.assert_books_agree()
+
+    def teardown(self) -> None:
+        # Hypothesis tears down in a `finally`: after a failed step, report that failure alone.
+        if self.sim is None or sys.exc_info()[1] is not None:
+            return
+        sim = self.sim
+        sim.script = lambda attempt: None
+        sim.register_task_manager("tm-big", sim.scheduler.plan.required_slots())
+        status = sim.run()
+        sched = sim.scheduler
+        assert status in GLOBALLY_TERMINAL_JOB, (
+            f"the job hangs in {status.value}: pending restart {sched._pending_restart is not None}, "
+            f"{len(sched._batches)} waiting batches, requests {sorted(sched._requests)}, live executions "
+            f"{[repr(ev.current_execution) for ev in sim.graph.execution_vertices() if not ev.state.is_terminal]}")
+        sim.assert_books_agree()
+        assert sim.slots.free_slots == sim.slots.total_slots, "slots still taken after the job ended"
+        if status is J.FINISHED:
+            unfinished = [repr(ev.current_execution) for ev in sim.graph.execution_vertices()
+                          if ev.current_execution.state is not E.FINISHED]
+            assert not unfinished, f"the job FINISHED but these did not: {unfinished}"
+        sim.assert_conformant()
+
+
+def test_any_interleaving_of_progress_and_faults_keeps_the_books_and_ends_the_job():
+    run_state_machine_as_test(SchedulerFuzz, settings=settings(
+        max_examples=200, stateful_step_count=40, deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    ))
