@@ -54,40 +54,67 @@ def _remove(fs: pafs.FileSystem, path: str) -> None:
 
 
 def commit_outputs(data_dir: str, job_id: str, sinks: Sequence[SinkCommit]) -> None:
-    """Make each sink's output visible at its target, or raise without touching the target."""
+    """Make every sink's output visible at its target, or raise having published nothing.
+
+    Three phases, so that one sink's problem never leaves another's output half-applied:
+    check every target (a taken one in mode 'error' is refused before anything moves), assemble
+    every sink's files inside its hidden staging directory, then publish each with a rename
+    (mode 'overwrite' first renames the old output aside, so a reader sees the old output, then
+    for a moment none, then the new one, never a mix). Only an I/O error between the publishing
+    renames of two sinks can leave the first one published."""
     by_vertex: dict[str, list[SinkCommit]] = defaultdict(list)
     for sink in sinks:
         by_vertex[sink.vertex_id].append(sink)
+    commits = []
     for vertex_id, subtasks in sorted(by_vertex.items()):
-        first = subtasks[0]
-        config = dict(first.config)
-        target = layout.sink_target(data_dir, job_id, vertex_id, first.kind, config)
-        _commit_one(target, job_id, sorted(subtasks, key=lambda s: s.subtask_index), config.get("mode", "error"))
+        config = dict(subtasks[0].config)
+        target = layout.sink_target(data_dir, job_id, vertex_id, subtasks[0].kind, config)
+        commits.append(_SinkTarget(target, job_id, sorted(subtasks, key=lambda s: s.subtask_index),
+                                   config.get("mode", "error")))
+    taken = [c.target for c in commits if c.refused()]
+    if taken:
+        raise FileExistsError(
+            f"sink target{'s' if len(taken) > 1 else ''} {', '.join(taken)} already exist{'' if len(taken) > 1 else 's'} "
+            "(use mode='overwrite' to replace, or write somewhere else); no sink output was published")
+    for c in commits:
+        c.assemble()
+    for c in commits:
+        c.publish()
+    for c in commits:
+        _remove(c.fs, c.root)
 
 
-def _commit_one(target: str, job_id: str, subtasks: list[SinkCommit], mode: str) -> None:
-    fs, target_path = filesystem(target)
-    root = filesystem(layout.staging_root(target, job_id))[1]
-    assembled = filesystem(layout.commit_dir(target, job_id))[1]
-    _remove(fs, assembled)  # a previous commit attempt that did not finish
-    fs.create_dir(assembled)
-    for sink in subtasks:
-        staged = filesystem(layout.sink_staging_dir(target, job_id, sink.subtask_index, sink.attempt_number))[1]
-        for n, path in enumerate(_data_files(fs, staged)):
-            suffix = "".join(PurePosixPath(path).suffixes)
-            fs.move(path, f"{assembled}/part-{sink.subtask_index:05d}-{n:03d}{suffix}")
-    existing = _exists(fs, target_path)
-    if existing is not pafs.FileType.NotFound:
-        if mode == "overwrite":
-            _remove(fs, target_path)
-        elif existing is pafs.FileType.Directory and not fs.get_file_info(pafs.FileSelector(target_path)):
-            fs.delete_dir(target_path)  # an empty directory is not output worth protecting
-        else:
-            raise FileExistsError(f"sink target {target} already exists (use mode='overwrite' to replace it)")
-    parent = str(PurePosixPath(target_path).parent)
-    fs.create_dir(parent, recursive=True)
-    fs.move(assembled, target_path)
-    _remove(fs, root)
+class _SinkTarget:
+    """One file sink's commit: its target, its staging root and the finished attempts' files."""
+
+    def __init__(self, target: str, job_id: str, subtasks: list[SinkCommit], mode: str) -> None:
+        self.target, self.job_id, self.subtasks, self.mode = target, job_id, subtasks, mode
+        self.fs, self.path = filesystem(target)
+        self.root = filesystem(layout.staging_root(target, job_id))[1]
+        self.assembled = filesystem(layout.commit_dir(target, job_id))[1]
+
+    def refused(self) -> bool:
+        """The target holds something and the mode does not allow replacing it."""
+        existing = _exists(self.fs, self.path)
+        if existing is pafs.FileType.NotFound or self.mode == "overwrite":
+            return False
+        return not (existing is pafs.FileType.Directory and not self.fs.get_file_info(pafs.FileSelector(self.path)))
+
+    def assemble(self) -> None:
+        """The finished attempts' files under deterministic names (`part-<subtask>-<n><ext>`), still hidden."""
+        self.fs.create_dir(self.assembled)
+        for sink in self.subtasks:
+            staged = filesystem(layout.sink_staging_dir(self.target, self.job_id, sink.subtask_index,
+                                                        sink.attempt_number))[1]
+            for n, path in enumerate(_data_files(self.fs, staged)):
+                suffix = "".join(PurePosixPath(path).suffixes)
+                self.fs.move(path, f"{self.assembled}/part-{sink.subtask_index:05d}-{n:03d}{suffix}")
+
+    def publish(self) -> None:
+        if _exists(self.fs, self.path) is not pafs.FileType.NotFound:  # overwrite, or an empty directory
+            self.fs.move(self.path, f"{self.root}/replaced")  # removed with the staging root
+        self.fs.create_dir(str(PurePosixPath(self.path).parent), recursive=True)
+        self.fs.move(self.assembled, self.path)
 
 
 def read_collected(data_dir: str, job_id: str, vertex_id: str) -> tuple[bytes, int]:
@@ -104,10 +131,11 @@ def read_collected(data_dir: str, job_id: str, vertex_id: str) -> tuple[bytes, i
 
 
 def cleanup_job(data_dir: str, job_id: str, sink_targets: Sequence[str], keep_collected: bool) -> None:
-    """Remove the job's result partitions and any sink staging; collected rows stay only for a
-    FINISHED job (the client fetches them)."""
+    """Remove the job's result partitions, cancel markers and any sink staging; collected rows
+    stay only for a FINISHED job (the client fetches them)."""
     fs, partitions = filesystem(layout.partitions_dir(data_dir, job_id))
     _remove(fs, partitions)
+    _remove(fs, filesystem(layout.cancelled_dir(data_dir, job_id))[1])
     for target in sink_targets:
         sfs, root = filesystem(layout.staging_root(target, job_id))
         _remove(sfs, root)

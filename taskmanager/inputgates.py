@@ -13,12 +13,12 @@ What a gate reads is the newer of the producer attempt its deployment descriptor
 (producer_attempts / uniform_attempt) and the one recorded here, so an update that arrived before
 the task's SubmitTasks counts as much as one that arrived after it, and a newer producer attempt
 supersedes an older one. Entries leave when this TaskManager learns they are stale: a newer
-attempt of the producer is deployed here, the partition is released here, or the job holds no
-slot here any more (then everything of the job goes). What stays invisible here: the JobManager
-resetting a partition whose producer and release both live on other TaskManagers while the job
-keeps a slot here. A consumer deployed here in that window, with no attempt for that partition in
-its descriptor, would count the old attempt; only the JobManager can close that (by telling
-consumer TaskManagers when it invalidates a partition).
+attempt of the producer is deployed here, the partition is released here, a gate opens whose
+descriptor waits for a newer attempt than the one recorded (the JobManager restarted the producer
+on another TaskManager: see `awaited_attempt`), or the job holds no slot here any more (then
+everything of the job goes). Since every descriptor names, per partition, either the finished
+attempt to read or the attempt it waits for, a gate never completes on an attempt the JobManager
+has reset.
 
 Thread-safety: the TaskExecutor's loop records updates and opens gates; a task thread takes its
 gates' snapshot when it starts reading, and a standalone Task (no TaskExecutor) records its own

@@ -1,0 +1,70 @@
+"""The JobManager's sink commit: every sink published, or none; the finished attempts only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from funke.common import layout
+from funke.common.scheduler import SinkCommit
+from funke.jobmanager import committer
+
+JOB = "job-c"
+
+
+def stage(target: Path, subtask: int, attempt: int, files: dict[str, str]) -> None:
+    staged = Path(layout.sink_staging_dir(str(target), JOB, subtask, attempt))
+    staged.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (staged / name).write_text(text)
+
+
+def sink(vertex: str, target: Path, subtask: int, attempt: int, mode: str = "error") -> SinkCommit:
+    return SinkCommit(vertex, subtask, attempt, "sink.csv", (("path", str(target)), ("mode", mode)))
+
+
+def tree(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): p.read_text() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_only_the_finished_attempts_are_published_under_deterministic_names(tmp_path):
+    out = tmp_path / "out"
+    stage(out, 0, 0, {"part-a.csv": "failed attempt\n"})
+    stage(out, 0, 1, {"part-x.csv": "s0\n", "_SUCCESS": "", ".part-x.csv.crc": "c"})
+    stage(out, 1, 0, {"part-y.csv": "s1 first\n", "part-z.csv": "s1 second\n"})
+    committer.commit_outputs(str(tmp_path), JOB, [sink("v", out, 1, 0), sink("v", out, 0, 1)])
+    assert tree(tmp_path) == {
+        "out/part-00000-000.csv": "s0\n",
+        "out/part-00001-000.csv": "s1 first\n",
+        "out/part-00001-001.csv": "s1 second\n",
+    }
+
+
+def test_a_taken_target_refuses_the_whole_commit_before_any_sink_is_published(tmp_path):
+    first, taken = tmp_path / "a-first", tmp_path / "b-taken"
+    taken.mkdir()
+    (taken / "mine.csv").write_text("keep me\n")
+    stage(first, 0, 0, {"p.csv": "a\n"})
+    stage(taken, 0, 0, {"p.csv": "b\n"})
+    with pytest.raises(FileExistsError, match="b-taken.*no sink output was published"):
+        committer.commit_outputs(str(tmp_path), JOB, [sink("a", first, 0, 0), sink("b", taken, 0, 0)])
+    assert not first.exists()
+    assert tree(taken) == {"mine.csv": "keep me\n"}
+    # the staged output is still where the tasks left it, for clean-up to remove
+    assert (Path(layout.sink_staging_dir(str(first), JOB, 0, 0)) / "p.csv").exists()
+    committer.cleanup_job(str(tmp_path / "data"), JOB, [str(first), str(taken)], keep_collected=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b-taken"]
+
+
+def test_overwrite_replaces_the_old_output_and_an_empty_directory_is_not_protected(tmp_path):
+    replaced, empty = tmp_path / "replaced", tmp_path / "empty"
+    replaced.mkdir()
+    (replaced / "old.csv").write_text("old\n")
+    (replaced / "nested").mkdir()
+    (replaced / "nested" / "older.csv").write_text("older\n")
+    empty.mkdir()
+    stage(replaced, 0, 0, {"p.csv": "new\n"})
+    stage(empty, 0, 2, {"p.csv": "fresh\n"})
+    committer.commit_outputs(str(tmp_path), JOB, [sink("r", replaced, 0, 0, mode="overwrite"), sink("e", empty, 0, 2)])
+    assert tree(tmp_path) == {"empty/part-00000-000.csv": "fresh\n", "replaced/part-00000-000.csv": "new\n"}
