@@ -7,6 +7,8 @@ works as the data directory (file:///, hdfs://, s3a://...).
     {data_dir}/jobs/{job}/partitions/{data set}/p{index}/a{attempt}/   one producer attempt's partition;
                                                                        subpartitions as `_sub=N/` dirs
     {data_dir}/jobs/{job}/collect/{sink vertex}                        a collect sink's committed rows
+    {data_dir}/jobs/{job}/cancelled/{vertex}-s{subtask}-a{attempt}     marks a cancelled attempt for
+                                                                       its Python workers
     {parent}/.{name}.funke-{job}/s{subtask}-a{attempt}/                a file sink's staged output,
                                                                        beside its target
     {parent}/.{name}.funke-{job}/commit/                               the target being assembled
@@ -36,6 +38,20 @@ def partitions_dir(data_dir: str, job_id: str) -> str:
 
 def partition_dir(data_dir: str, job_id: str, data_set_id: str, partition_index: int, attempt: int) -> str:
     return _join(partitions_dir(data_dir, job_id), data_set_id, f"p{partition_index}", f"a{attempt}")
+
+
+def cancelled_dir(data_dir: str, job_id: str) -> str:
+    return _join(job_dir(data_dir, job_id), "cancelled")
+
+
+def cancel_marker(data_dir: str, job_id: str, vertex_id: str, subtask_index: int, attempt: int) -> str | None:
+    """The file whose appearance tells an attempt's Python workers to stop at once, or None where
+    workers cannot be assumed to see the TaskManager's files cheaply (a data dir that is not a
+    local path)."""
+    if "://" in data_dir and not data_dir.startswith("file://"):
+        return None
+    local = data_dir.removeprefix("file://")
+    return _join(cancelled_dir(local, job_id), f"{vertex_id}-s{subtask_index}-a{attempt}")
 
 
 def collect_dir(data_dir: str, job_id: str, vertex_id: str) -> str:

@@ -55,7 +55,9 @@ import datetime as _dt
 import decimal
 import json
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -107,6 +109,11 @@ class RuntimeContext:
     data_dir: str
     # Spark partitions a keyed operator uses inside the task; None: spark.sql.shuffle.partitions.
     local_partitions: int | None = None
+
+    @property
+    def cancel_marker(self) -> str | None:
+        return layout.cancel_marker(self.data_dir, self.job_id, self.vertex_id, self.subtask_index,
+                                    self.attempt_number)
 
 
 Source = Callable[[RuntimeContext, OperatorSpec], DataFrame]
@@ -424,6 +431,40 @@ def _map_batches(fn_bytes: bytes, out_schema: pa.Schema, label: str, flat: bool)
     return run
 
 
+# How often a Python worker running user code looks for its attempt's cancel marker.
+CANCEL_POLL_S = 0.1
+
+
+def _cancellable(run: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]], marker: str | None):
+    """`run`, in a Python worker that ends itself once its attempt is cancelled.
+
+    Spark kills a cancelled task's Python worker only when its monitor thread, which looks every
+    2 s, sees the task interrupted (plus spark.python.task.killTimeout): a user function that is
+    slow per row keeps running that long. The TaskManager creates `marker` when it cancels the
+    attempt; a watcher thread in the worker sees it within CANCEL_POLL_S and SIGKILLs its own
+    process, as Spark would (the JVM reports the killed task; the worker is not reused). Never
+    in the process that built the plan (a unit test calling `run` directly)."""
+    if marker is None:
+        return run
+    planner = os.getpid()
+
+    def watched(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        stop = threading.Event()
+        if os.getpid() != planner:
+            def watch() -> None:
+                while not stop.wait(CANCEL_POLL_S):
+                    if os.path.exists(marker):
+                        os.kill(os.getpid(), signal.SIGKILL)
+
+            threading.Thread(target=watch, name="funke-cancel-watch", daemon=True).start()
+        try:
+            yield from run(batches)
+        finally:
+            stop.set()
+
+    return watched
+
+
 def _filter_batches(fn_bytes: bytes):
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         fn = cloudpickle.loads(fn_bytes)
@@ -619,7 +660,7 @@ def _single(spec: OperatorSpec, inputs: list[DataFrame]) -> DataFrame:
 def _python_map(ctx: RuntimeContext, spec: OperatorSpec, df: DataFrame, flat: bool) -> DataFrame:
     schema = _config_schema(spec)
     fn = _map_batches(spec.function, _arrow_schema(ctx, schema), _label(spec), flat)
-    return df.mapInArrow(fn, schema)
+    return df.mapInArrow(_cancellable(fn, ctx.cancel_marker), schema)
 
 
 @_operator("map")
@@ -635,7 +676,7 @@ def _flat_map(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFrame]) 
 @_operator("filter")
 def _filter(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFrame]) -> DataFrame:
     df = _single(spec, inputs)
-    return df.mapInArrow(_filter_batches(spec.function), df.schema)
+    return df.mapInArrow(_cancellable(_filter_batches(spec.function), ctx.cancel_marker), df.schema)
 
 
 @_operator("select")
@@ -664,7 +705,7 @@ def _reduce(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFrame]) ->
     # shuffle puts each key in one Spark partition so one Python dict can reduce it.
     keyed = df.repartition(_local_partitions(ctx), *[column_ref(k) for k in keys])
     fn = _reduce_batches(spec.function, keys, _arrow_schema(ctx, df.schema), _label(spec))
-    return keyed.mapInArrow(fn, df.schema)
+    return keyed.mapInArrow(_cancellable(fn, ctx.cancel_marker), df.schema)
 
 
 @_operator("aggregate")

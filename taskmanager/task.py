@@ -31,6 +31,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
 import re
 import threading
 import time
@@ -346,6 +347,7 @@ class Task:
             start_reinterrupting = (not self._inline and self._started and not self._done
                                     and not self._reinterrupting)
             self._reinterrupting = self._reinterrupting or start_reinterrupting
+            mark = first and not self._inline and self._started and not self._done
         if self._inline:
             # The TaskExecutor logs the cancellation of the tasks it runs inline (in bulk).
             if end_inline:  # waiting for inputs without a thread: nothing else will end it
@@ -354,6 +356,8 @@ class Task:
         if first:
             log.info("%s: cancelling", self.name)
         self._interrupt()
+        if mark:
+            self._mark_cancelled()
         if start_reinterrupting:
             threading.Thread(target=self._keep_interrupting, name=f"{self.tag}-cancel", daemon=True).start()
 
@@ -383,6 +387,21 @@ class Task:
                 self._context.cancelJobsWithTag(self.tag)
         except Exception:  # a stopped session: nothing is running any more
             log.debug("%s: interrupting tag %s failed", self.name, self.tag, exc_info=True)
+
+    def _mark_cancelled(self) -> None:
+        """Creates the attempt's cancel marker: its Python workers end themselves on seeing it
+        (see `operators._cancellable`), long before Spark's own monitor would kill them."""
+        d = self.descriptor
+        marker = layout.cancel_marker(d.data_dir, d.job_id, d.attempt.vertex_id, d.attempt.subtask_index,
+                                      d.attempt.attempt_number)
+        if marker is None:
+            return
+        try:
+            os.makedirs(os.path.dirname(marker), exist_ok=True)
+            with open(marker, "w"):
+                pass
+        except OSError:  # Spark's own kill still comes, later
+            log.debug("%s: could not create the cancel marker %s", self.name, marker, exc_info=True)
 
     def _await_spark_tasks_gone(self, timeout_s: float = _SPARK_QUIET_TIMEOUT_S) -> None:
         """A cancelled Spark job returns at once, but its tasks end only when the executor has

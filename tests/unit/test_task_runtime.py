@@ -54,6 +54,9 @@ def spark():
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
+        # Spark's own kill of a cancelled task's Python worker, slower than any bound below: only
+        # funke's cancel marker can end a worker in time (test_cancel_interrupts_...)
+        .config("spark.python.task.killTimeout", "60s")
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
@@ -297,24 +300,46 @@ def test_cancel_while_waiting_for_an_input_is_quick(spark, tmp_path):
     assert reports.last[1] is None
 
 
-def sleep_long(n):
-    time.sleep(120)
-    return n
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
-def test_cancel_interrupts_a_running_spark_job(spark, tmp_path):
+def test_cancel_interrupts_the_spark_job_and_ends_its_python_workers_at_once(spark, tmp_path):
+    """The fixture sets spark.python.task.killTimeout to 60 s, so within the 10 s allowed below
+    only the worker's own watcher (seeing the attempt's cancel marker) can end it."""
+    where = tmp_path / "workers"
+    where.mkdir()
+    pids_dir = str(where)
+
+    def sleep_long(n):
+        import os
+        import time
+        open(os.path.join(pids_dir, str(os.getpid())), "w").close()
+        time.sleep(120)
+        return n
+
     ops = [op("source.range", end=4), op("map", sleep_long, schema="id bigint"), op("sink.discard")]
     task, reports, thread = start(deploy(tmp_path, ops), spark)
-    tracker = spark.sparkContext.statusTracker()
     deadline = time.monotonic() + 30
-    while not tracker.getActiveJobsIds() and time.monotonic() < deadline:
+    while not any(where.iterdir()) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert tracker.getActiveJobsIds(), "the sleeping job never started"
-    time.sleep(0.5)  # let the Python workers get into the sleep
+    workers = [int(p.name) for p in where.iterdir()]
+    assert workers, "the user function never started"
+    assert all(alive(pid) for pid in workers)
     task.cancel()
+    assert Path(layout.cancel_marker(str(tmp_path), "job1", "v", 0, 0)).exists()
+    deadline = time.monotonic() + 10
+    while any(alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [pid for pid in workers if alive(pid)], "a cancelled attempt's Python worker still runs"
     thread.join(15)
     assert not thread.is_alive()
     assert reports.states == [S.INITIALIZING, S.RUNNING, S.CANCELED]
+    tracker = spark.sparkContext.statusTracker()
     deadline = time.monotonic() + 5
     while tracker.getActiveJobsIds() and time.monotonic() < deadline:
         time.sleep(0.05)
