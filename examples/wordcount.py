@@ -9,8 +9,10 @@ Run it on a cluster with:
 Without --output the counts are collected and the client prints them; with --output they are
 written as CSV files (with a header) into that directory, replacing what was there.
 
-The job graph has two vertices, as Flink would chain it: "Source: text -> FlatMap" reads lines and
-splits them into words, and "Count -> ..." receives the words hash-partitioned by word.
+The job graph has two vertices, as Flink would chain it: "Source: text -> FlatMap -> Combine
+(Count)" reads lines, splits them into words and counts them per subtask (a combiner, as Spark's
+map-side combine), and "Count -> ..." receives the partial counts hash-partitioned by word and
+adds them up.
 """
 
 from __future__ import annotations
