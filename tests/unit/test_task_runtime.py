@@ -292,10 +292,9 @@ def test_cancel_while_waiting_for_an_input_is_quick(spark, tmp_path):
     assert reports.wait_for(S.RUNNING)
     time.sleep(0.2)
     assert thread.is_alive()  # waiting, not failed
-    began = time.monotonic()
     task.cancel()
-    thread.join(5)
-    assert not thread.is_alive() and time.monotonic() - began < 2
+    thread.join(5)  # a bound, not a measurement: without the cancel it would wait for ever
+    assert not thread.is_alive()
     assert reports.states == [S.INITIALIZING, S.RUNNING, S.CANCELED]
     assert reports.last[1] is None
 
