@@ -453,7 +453,7 @@ def _cancellable(run: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBat
         if os.getpid() != planner:
             def watch() -> None:
                 while not stop.wait(CANCEL_POLL_S):
-                    if os.path.exists(marker):
+                    if os.path.exists(marker) and not stop.is_set():  # not once the worker moved on
                         os.kill(os.getpid(), signal.SIGKILL)
 
             threading.Thread(target=watch, name="funke-cancel-watch", daemon=True).start()

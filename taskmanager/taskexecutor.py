@@ -571,9 +571,11 @@ class TaskExecutor:
             "spark.sql.shuffle.partitions": str(_available_cores()),
             # Tasks sharing a slot submit Spark jobs concurrently; FIFO would serialize them.
             "spark.scheduler.mode": "FAIR",
-            # A cancelled task's Python worker (running user code) is destroyed this long after
-            # the kill; Spark's 2 s default keeps user code running past CANCELED.
-            "spark.python.task.killTimeout": "100ms",
+            # spark.python.task.killTimeout stays at Spark's 2 s: a cancelled funke task's Python
+            # workers end themselves through its cancel marker (operators._cancellable). A short
+            # timeout widens a Spark race: a task killed with its stage (a sibling task failed)
+            # whose Python worker already went back to the pool has that worker destroyed while
+            # another task reuses it, failing a healthy task of another job.
         }
         conf.update(cfg.spark_conf)
         for key, value in conf.items():

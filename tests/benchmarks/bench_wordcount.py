@@ -82,7 +82,7 @@ from pyspark.sql import SparkSession
 import pyarrow as pa
 spark = (SparkSession.builder.master(f"local[{cores}]").appName("plain pyspark word count")
          .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-         .config("spark.sql.shuffle.partitions", str(cores)).config("spark.python.task.killTimeout", "100ms")
+         .config("spark.sql.shuffle.partitions", str(cores)).config("spark.scheduler.mode", "FAIR")
          .getOrCreate())
 spark.sparkContext.setLogLevel("WARN")
 WORD = re.compile(r"[a-z]+")
