@@ -19,6 +19,10 @@ HDFS), and the leading dot hides it from Spark and Hadoop readers of the parent 
 
 from __future__ import annotations
 
+import os
+import re
+from urllib.parse import urlparse
+
 # The column a producer adds to route rows to consumer subtasks; consumers filter and drop it.
 SUBPARTITION_COLUMN = "_sub"
 
@@ -50,8 +54,9 @@ def cancel_marker(data_dir: str, job_id: str, vertex_id: str, subtask_index: int
     local path)."""
     if "://" in data_dir and not data_dir.startswith("file://"):
         return None
-    local = data_dir.removeprefix("file://")
-    return _join(cancelled_dir(local, job_id), f"{vertex_id}-s{subtask_index}-a{attempt}")
+    local = os.path.abspath(urlparse(data_dir).path if data_dir.startswith("file://") else data_dir)
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", vertex_id).lstrip(".") or "_"
+    return _join(cancelled_dir(local, job_id), f"{name}-s{subtask_index}-a{attempt}")
 
 
 def collect_dir(data_dir: str, job_id: str, vertex_id: str) -> str:

@@ -7,6 +7,8 @@ dispatcher returns them as one INVALID_ARGUMENT.
 
 from __future__ import annotations
 
+import posixpath
+
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
@@ -105,6 +107,7 @@ def find_problems(job: JobGraph) -> list[Problem]:
         _check_chain(v, inputs_of[v.id], bool(job.produced_by(v.id)), add)
 
     _check_co_location(job, add)
+    _check_sink_targets(job, add)
     _check_cycles_and_reachability(job, vertices, data_sets, add)
     _check_configuration(job, add)
     return problems
@@ -171,6 +174,23 @@ def _check_chain(v, inputs, produces: bool, add) -> None:
     indexes = sorted(e.input_index for e in inputs)
     if indexes != list(range(len(inputs))):
         add(subject, f"input indexes {indexes} are not 0..{len(inputs) - 1}")
+
+
+def _check_sink_targets(job: JobGraph, add) -> None:
+    """Two file sinks writing into the same directory (or one inside the other) would commit over
+    each other's output."""
+    targets = []
+    for v in job.vertices:
+        for op in v.operators:
+            kind = CATALOGUE.get(op.kind)
+            path = op.config.get("path") if kind is not None and kind.role is OperatorRole.SINK else None
+            if isinstance(path, str) and path.strip():
+                targets.append((v.id, op.display_name, posixpath.normpath(path.strip()).rstrip("/")))
+    for i, (vid, name, path) in enumerate(targets):
+        for other_vid, other_name, other in targets[i + 1:]:
+            if path == other or other.startswith(path + "/") or path.startswith(other + "/"):
+                add(f"vertex '{other_vid}'", f"sink '{other_name}' writes to {other}, which overlaps "
+                    f"the target {path} of sink '{name}' in vertex '{vid}'")
 
 
 def _check_co_location(job: JobGraph, add) -> None:

@@ -54,14 +54,15 @@ def _remove(fs: pafs.FileSystem, path: str) -> None:
 
 
 def commit_outputs(data_dir: str, job_id: str, sinks: Sequence[SinkCommit]) -> None:
-    """Make every sink's output visible at its target, or raise having published nothing.
+    """Make every sink's output visible at its target, or raise having changed no target.
 
     Three phases, so that one sink's problem never leaves another's output half-applied:
-    check every target (a taken one in mode 'error' is refused before anything moves), assemble
-    every sink's files inside its hidden staging directory, then publish each with a rename
-    (mode 'overwrite' first renames the old output aside, so a reader sees the old output, then
-    for a moment none, then the new one, never a mix). Only an I/O error between the publishing
-    renames of two sinks can leave the first one published."""
+    check every target (a taken one in mode 'error', or two sinks writing into the same place,
+    refuse the commit before anything moves), assemble every sink's files inside its hidden
+    staging directory, then publish each with a rename (mode 'overwrite' first renames the old
+    output aside, so a reader sees the old output, then for a moment none, then the new one,
+    never a mix). If a publishing rename fails, the sinks published so far are rolled back
+    (old outputs renamed back) before the error is raised."""
     by_vertex: dict[str, list[SinkCommit]] = defaultdict(list)
     for sink in sinks:
         by_vertex[sink.vertex_id].append(sink)
@@ -69,29 +70,47 @@ def commit_outputs(data_dir: str, job_id: str, sinks: Sequence[SinkCommit]) -> N
     for vertex_id, subtasks in sorted(by_vertex.items()):
         config = dict(subtasks[0].config)
         target = layout.sink_target(data_dir, job_id, vertex_id, subtasks[0].kind, config)
-        commits.append(_SinkTarget(target, job_id, sorted(subtasks, key=lambda s: s.subtask_index),
+        commits.append(_SinkTarget(vertex_id, target, job_id, sorted(subtasks, key=lambda s: s.subtask_index),
                                    config.get("mode", "error")))
-    taken = [c.target for c in commits if c.refused()]
-    if taken:
-        raise FileExistsError(
-            f"sink target{'s' if len(taken) > 1 else ''} {', '.join(taken)} already exist{'' if len(taken) > 1 else 's'} "
-            "(use mode='overwrite' to replace, or write somewhere else); no sink output was published")
+    problems = [f"sinks '{a.vertex_id}' and '{b.vertex_id}' both write into {a.target if a.path == b.path else b.target}"
+                for i, a in enumerate(commits) for b in commits[i + 1:] if _overlap(a.path, b.path)]
+    problems += [f"sink target {c.target} already exists (use mode='overwrite' to replace it, or write somewhere else)"
+                 for c in commits if c.refused()]
+    if problems:
+        raise FileExistsError("; ".join(problems) + "; no sink output was published")
     for c in commits:
         c.assemble()
+    published: list[_SinkTarget] = []
+    try:
+        for c in commits:
+            c.publish()
+            published.append(c)
+    except BaseException:
+        for c in reversed(published):
+            c.unpublish()
+        raise
     for c in commits:
-        c.publish()
-    for c in commits:
-        _remove(c.fs, c.root)
+        try:
+            _remove(c.fs, c.root)
+        except OSError:  # the output is in place; clean-up at the job's end tries again
+            pass
+
+
+def _overlap(a: str, b: str) -> bool:
+    a, b = a.rstrip("/"), b.rstrip("/")
+    return a == b or a.startswith(b + "/") or b.startswith(a + "/")
 
 
 class _SinkTarget:
     """One file sink's commit: its target, its staging root and the finished attempts' files."""
 
-    def __init__(self, target: str, job_id: str, subtasks: list[SinkCommit], mode: str) -> None:
-        self.target, self.job_id, self.subtasks, self.mode = target, job_id, subtasks, mode
+    def __init__(self, vertex_id: str, target: str, job_id: str, subtasks: list[SinkCommit], mode: str) -> None:
+        self.vertex_id, self.target, self.job_id, self.subtasks, self.mode = vertex_id, target, job_id, subtasks, mode
         self.fs, self.path = filesystem(target)
         self.root = filesystem(layout.staging_root(target, job_id))[1]
         self.assembled = filesystem(layout.commit_dir(target, job_id))[1]
+        self.replaced = f"{self.root}/replaced"
+        self.had_old = False
 
     def refused(self) -> bool:
         """The target holds something and the mode does not allow replacing it."""
@@ -102,6 +121,8 @@ class _SinkTarget:
 
     def assemble(self) -> None:
         """The finished attempts' files under deterministic names (`part-<subtask>-<n><ext>`), still hidden."""
+        _remove(self.fs, self.assembled)  # left by a commit of the same job id that never ended
+        _remove(self.fs, self.replaced)
         self.fs.create_dir(self.assembled)
         for sink in self.subtasks:
             staged = filesystem(layout.sink_staging_dir(self.target, self.job_id, sink.subtask_index,
@@ -112,9 +133,24 @@ class _SinkTarget:
 
     def publish(self) -> None:
         if _exists(self.fs, self.path) is not pafs.FileType.NotFound:  # overwrite, or an empty directory
-            self.fs.move(self.path, f"{self.root}/replaced")  # removed with the staging root
+            self.fs.move(self.path, self.replaced)  # removed with the staging root
+            self.had_old = True
         self.fs.create_dir(str(PurePosixPath(self.path).parent), recursive=True)
-        self.fs.move(self.assembled, self.path)
+        try:
+            self.fs.move(self.assembled, self.path)
+        except BaseException:
+            self._restore_old()
+            raise
+
+    def unpublish(self) -> None:
+        """Undo `publish`: the new output goes back to staging, the old one (if any) returns."""
+        self.fs.move(self.path, self.assembled)
+        self._restore_old()
+
+    def _restore_old(self) -> None:
+        if self.had_old:
+            self.fs.move(self.replaced, self.path)
+            self.had_old = False
 
 
 def read_collected(data_dir: str, job_id: str, vertex_id: str) -> tuple[bytes, int]:

@@ -450,17 +450,22 @@ def _cancellable(run: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBat
 
     def watched(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         stop = threading.Event()
+        # Held across the look and the kill, and to stop: once `run` is over (the worker may go
+        # back to Spark's pool and serve another task), the watcher can no longer kill.
+        deciding = threading.Lock()
         if os.getpid() != planner:
             def watch() -> None:
                 while not stop.wait(CANCEL_POLL_S):
-                    if os.path.exists(marker) and not stop.is_set():  # not once the worker moved on
-                        os.kill(os.getpid(), signal.SIGKILL)
+                    with deciding:
+                        if not stop.is_set() and os.path.exists(marker):
+                            os.kill(os.getpid(), signal.SIGKILL)
 
             threading.Thread(target=watch, name="funke-cancel-watch", daemon=True).start()
         try:
             yield from run(batches)
         finally:
-            stop.set()
+            with deciding:
+                stop.set()
 
     return watched
 

@@ -851,10 +851,14 @@ class TaskExecutor:
         data_dir = self._job_data_dirs.get(job, self.data_dir)
         produced = self._produced.get(job, set())
         targets = {(data_dir, p.data_set_id, p.partition_index, p.producer_attempt) for p in request.partitions}
+        extra: list[str] = []
         if request.whole_job:
             targets |= produced
             self._produced.pop(job, None)
             self._drop_job_state(job)
+            marker = layout.cancel_marker(data_dir, job, "_", 0, 0)
+            if marker is not None:  # the job's cancel markers, written by this TaskManager's tasks
+                extra.append(os.path.dirname(marker))
         else:
             for p in request.partitions:
                 self.partitions.release(job, p.data_set_id, p.partition_index, p.producer_attempt)
@@ -863,13 +867,14 @@ class TaskExecutor:
             written = {t for t in produced if t[1:] in named}
             targets |= written
             produced -= written
-        if targets:
-            log.info("releasing %d result partition(s) of job %s", len(targets), job)
+        if targets or extra:
+            if targets:
+                log.info("releasing %d result partition(s) of job %s", len(targets), job)
 
             def delete() -> None:
                 # Paths are built here too: thousands of them are milliseconds of loop time.
                 paths = sorted({layout.partition_dir(d, job, ds, index, attempt) for d, ds, index, attempt in targets})
-                delete_partition_dirs(paths)
+                delete_partition_dirs(paths + extra)
 
             await asyncio.to_thread(delete)
 

@@ -27,8 +27,16 @@ def batches(n: int):
 def test_the_marker_is_a_local_path_per_attempt_or_none_for_remote_data_dirs():
     assert layout.cancel_marker("/data", "j", "v", 2, 3) == "/data/jobs/j/cancelled/v-s2-a3"
     assert layout.cancel_marker("file:///data/", "j", "v", 0, 1) == "/data/jobs/j/cancelled/v-s0-a1"
+    assert layout.cancel_marker("file://localhost/data", "j", "v", 0, 1) == "/data/jobs/j/cancelled/v-s0-a1"
     assert layout.cancel_marker("s3a://bucket/data", "j", "v", 0, 0) is None
     assert layout.cancel_marker("hdfs://nn/data", "j", "v", 0, 0) is None
+    # a vertex id never leads out of the job's cancelled/ directory
+    assert layout.cancel_marker("/data", "j", "../../etc/x y", 0, 0) == "/data/jobs/j/cancelled/_.._etc_x_y-s0-a0"
+
+
+def test_a_relative_data_dir_is_resolved_where_the_marker_is_written(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert layout.cancel_marker("data", "j", "v", 0, 0) == f"{tmp_path}/data/jobs/j/cancelled/v-s0-a0"
 
 
 def _consume(fn, n: int) -> None:

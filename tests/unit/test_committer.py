@@ -68,3 +68,60 @@ def test_overwrite_replaces_the_old_output_and_an_empty_directory_is_not_protect
     stage(empty, 0, 2, {"p.csv": "fresh\n"})
     committer.commit_outputs(str(tmp_path), JOB, [sink("r", replaced, 0, 0, mode="overwrite"), sink("e", empty, 0, 2)])
     assert tree(tmp_path) == {"empty/part-00000-000.csv": "fresh\n", "replaced/part-00000-000.csv": "new\n"}
+
+
+def test_two_sinks_writing_into_the_same_place_are_refused_before_anything_moves(tmp_path):
+    out, inner = tmp_path / "out", tmp_path / "out" / "inner"
+    stage(out, 0, 0, {"p.csv": "a\n"})
+    stage(inner, 0, 0, {"p.csv": "b\n"})
+    with pytest.raises(FileExistsError, match="sinks 'a' and 'b' both write into .*no sink output was published"):
+        committer.commit_outputs(str(tmp_path), JOB, [sink("a", out, 0, 0), sink("b", inner, 0, 0)])
+    assert (Path(layout.sink_staging_dir(str(out), JOB, 0, 0)) / "p.csv").read_text() == "a\n"
+    assert (Path(layout.sink_staging_dir(str(inner), JOB, 0, 0)) / "p.csv").read_text() == "b\n"
+    assert not [p for p in out.rglob("*") if p.is_file() and ".funke-" not in str(p)]
+
+
+class FailingMoves:
+    """A filesystem whose first move of new output onto `fail_onto` fails (a passing I/O error)."""
+
+    def __init__(self, fs, fail_onto: str, failed: list[str]):
+        self._fs, self._fail_onto, self._failed = fs, fail_onto, failed
+
+    def move(self, src: str, dst: str) -> None:
+        if dst == self._fail_onto and src.endswith("/commit") and not self._failed:
+            self._failed.append(dst)
+            raise OSError(f"cannot move onto {dst}")
+        self._fs.move(src, dst)
+
+    def __getattr__(self, name):
+        return getattr(self._fs, name)
+
+
+def test_a_failed_publish_rolls_back_every_sink_and_keeps_the_old_output(tmp_path, monkeypatch):
+    first, second = tmp_path / "a-first", tmp_path / "b-second"
+    for target, old in ((first, "old a\n"), (second, "old b\n")):
+        target.mkdir()
+        (target / "old.csv").write_text(old)
+        stage(target, 0, 0, {"p.csv": "new\n"})
+    real, failed = committer.filesystem, []
+
+    def filesystem(uri):
+        fs, path = real(uri)
+        return FailingMoves(fs, str(second), failed), path
+
+    monkeypatch.setattr(committer, "filesystem", filesystem)
+    with pytest.raises(OSError, match="cannot move onto"):
+        committer.commit_outputs(str(tmp_path), JOB, [sink("a", first, 0, 0, "overwrite"), sink("b", second, 0, 0, "overwrite")])
+    visible = {k: v for k, v in tree(tmp_path).items() if ".funke-" not in k}
+    assert failed == [str(second)]
+    assert visible == {"a-first/old.csv": "old a\n", "b-second/old.csv": "old b\n"}
+
+
+def test_leftovers_of_a_commit_that_never_ended_are_not_published(tmp_path):
+    out = tmp_path / "out"
+    stale = Path(layout.commit_dir(str(out), JOB))
+    stale.mkdir(parents=True)
+    (stale / "part-00003-000.csv").write_text("stale\n")
+    stage(out, 0, 0, {"p.csv": "fresh\n"})
+    committer.commit_outputs(str(tmp_path), JOB, [sink("v", out, 0, 0)])
+    assert tree(out) == {"part-00000-000.csv": "fresh\n"}

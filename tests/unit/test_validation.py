@@ -153,3 +153,18 @@ def test_bad_restart_strategy_is_a_problem():
     job = JobGraph("j", job.vertices, job.data_sets, job.edges,
                    configuration=JobConfiguration(restart_strategy=RestartStrategyConfig("sometimes")))
     assert any(m.startswith("job configuration:") and "sometimes" in m for m in messages(job))
+
+
+def test_file_sinks_writing_into_the_same_or_a_nested_directory_are_a_problem():
+    def csv(path):
+        return (OperatorSpec("sink.csv", config={"path": path}),)
+
+    src = v("src", ops=SRC)
+    a, b, c, d = v("a", ops=csv("/out/counts")), v("b", ops=csv("/out/counts/")), v("c", ops=csv("/out/counts/x")), \
+        v("d", ops=csv("/out/counts2"))
+    data_sets = [IntermediateDataSet(f"src-{n}", "src") for n in "abcd"]
+    edges = [JobEdge(f"src->{n}", f"src-{n}", n, DP.ALL_TO_ALL, PK.REBALANCE) for n in "abcd"]
+    msgs = messages(JobGraph("j", (src, a, b, c, d), tuple(data_sets), tuple(edges)))
+    overlaps = [m for m in msgs if "overlaps" in m]
+    assert len(overlaps) == 3, msgs  # a~b, a~c, b~c; d is a sibling, not nested
+    assert any(m.startswith("vertex 'c'") and "/out/counts/x" in m and "vertex 'a'" in m for m in overlaps), overlaps
