@@ -43,8 +43,10 @@ __all__ = [
     "JobAlreadyExists",
     "JobFileError",
     "JobManagerClient",
+    "JobManagerConnectionLost",
     "JobManagerUnavailable",
     "JobNotFound",
+    "NotAJobManager",
     "execution_state_name",
     "job_status_name",
     "load_job_file",
@@ -56,6 +58,9 @@ JOB_MODULE = "__funke_job__"  # the module name a job file runs as
 # The health service name the JobManager sets SERVING once it accepts jobs.
 _HEALTH_SERVICE = "funke.v1.JobManager"
 _LOOPBACK_HOSTS = ("127.", "localhost", "[::1]", "::1")
+# How a stream ends when the server process goes away under it.
+_CONNECTION_LOST_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED,
+                                    grpc.StatusCode.INTERNAL})
 
 
 # --------------------------------------------------------------------------------------------
@@ -101,6 +106,34 @@ class JobManagerUnavailable(FunkeError):
         self.address = address
 
 
+class NotAJobManager(JobManagerUnavailable):
+    """Something answers at the address, but it is not a funke JobManager (a TaskManager's port,
+    another gRPC server)."""
+
+    def __init__(self, address: str, details: str, code: grpc.StatusCode | None = None) -> None:
+        FunkeError.__init__(
+            self, f"the server at {address} is not a funke JobManager: it does not offer the funke.v1.JobManager "
+                  "service (is this a TaskManager's port? `funke cluster status` shows the JobManager's address)",
+            code, details)
+        self.address = address
+
+
+class JobManagerConnectionLost(FunkeError):
+    """The JobManager went away while a job was being followed: the job's outcome is unknown here."""
+
+    def __init__(self, address: str, job_id: str, details: str, last_status: str = "",
+                 code: grpc.StatusCode | None = None) -> None:
+        seen = f" (last seen {last_status})" if last_status else ""
+        reason = " ".join(details.split()) or "no answer"
+        super().__init__(
+            f"lost the connection to the JobManager at {address} while following job {job_id}{seen}: {reason}. "
+            "The job's outcome is unknown: without high availability a job does not outlive its JobManager "
+            "(one that shuts down cleanly suspends its jobs; one that crashed takes them with it). If the "
+            f"JobManager is still up, `funke status {job_id}` shows the job", code, details)
+        self.address = address
+        self.job_id = job_id
+
+
 class JobFileError(FunkeError):
     """A job file that cannot be loaded: missing, raising, or defining no job. `user_traceback`
     is the traceback of the job file's own code when it raised."""
@@ -122,6 +155,8 @@ def _translate(exc: grpc.RpcError, address: str, *, submitting: bool = False) ->
     details: str = exc.details() or ""  # type: ignore[attr-defined]
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
         return JobManagerUnavailable(address, details or code.name, code)
+    if code is grpc.StatusCode.UNIMPLEMENTED:
+        return NotAJobManager(address, details or code.name, code)
     if code is grpc.StatusCode.NOT_FOUND:
         return JobNotFound(details, code)
     if code is grpc.StatusCode.ALREADY_EXISTS:
@@ -243,12 +278,19 @@ class JobManagerClient:
         return job_status_name(response.status)
 
     def watch(self, job_id: str) -> Iterator[jobmanager_pb2.JobEvent]:
-        """The job's snapshot, then every event in order; ends once the job is globally terminal.
-        Closing the iterator early cancels the stream."""
+        """The job's snapshot, then every event in order; ends once the job is terminal on the
+        JobManager. Closing the iterator early cancels the stream. A stream that breaks after it
+        began raises JobManagerConnectionLost."""
         call = self._stub.WatchJob(jobmanager_pb2.WatchJobRequest(job_id=job_id))
+        started = False
         try:
-            yield from call
+            for event in call:
+                started = True
+                yield event
         except grpc.RpcError as exc:
+            code = exc.code()  # type: ignore[attr-defined]
+            if started and code in _CONNECTION_LOST_CODES:
+                raise JobManagerConnectionLost(self.address, job_id, exc.details() or code.name, code=code) from None
             raise _translate(exc, self.address) from None
         finally:
             call.cancel()

@@ -33,6 +33,13 @@ class ClusterConfiguration:
     restart_strategy: RestartStrategyConfig | None = None  # None: no restarts (Flink without checkpointing)
     failover_strategy: FailoverStrategyKind = FailoverStrategyKind.REGION
     cancellation_timeout_s: float = 180.0  # Flink's task.cancellation.timeout
+    # Where jobs may read and write files; empty: anywhere the processes may (Flink's behaviour).
+    allowed_paths: tuple[str, ...] = ()
+    max_subtasks: int = 100_000  # all vertices' parallelisms of one job together
+    # Terminal jobs kept for `funke list/status/result` (Flink's jobstore.* keys).
+    jobstore_max_capacity: int = 1000
+    jobstore_expiration_s: float = 3600.0
+    jobstore_cache_bytes: int = 50 * 1024 * 1024
 
 
 _DURATIONS = {
@@ -40,6 +47,13 @@ _DURATIONS = {
     "heartbeat.timeout": "heartbeat_timeout_s",
     "slot.request.timeout": "slot_request_timeout_s",
     "task.cancellation.timeout": "cancellation_timeout_s",
+    "jobstore.expiration-time": "jobstore_expiration_s",
+}
+# key -> (field, smallest, largest)
+_INTEGERS = {
+    "funke.job.max-subtasks": ("max_subtasks", 1, 10_000_000),
+    "jobstore.max-capacity": ("jobstore_max_capacity", 1, 2**31 - 1),
+    "jobstore.cache-size": ("jobstore_cache_bytes", 0, 2**63 - 1),
 }
 
 
@@ -73,6 +87,22 @@ def parse_configuration(entries: Mapping[str, str], base: ClusterConfiguration |
                 changes["failover_strategy"] = FailoverStrategyKind(value.lower())
             except ValueError:
                 problems.append(f"{key}: expected 'region' or 'full', got {value!r}")
+        elif key in _INTEGERS:
+            name, low, high = _INTEGERS[key]
+            if not value.isascii() or not value.isdigit() or not low <= int(value) <= high:
+                problems.append(f"{key}: expected an integer from {low} to {high}, got {value!r}")
+            else:
+                changes[name] = int(value)
+        elif key == "funke.io.allowed-paths":
+            from funke.common.validation import path_problem
+
+            paths = tuple(p.strip().rstrip("/") or "/" for p in value.split(",") if p.strip())
+            bad = [f"{problem}" for p in paths if (problem := path_problem(p, sink=True)) is not None
+                   and "filesystem root" not in problem]
+            if bad:
+                problems.append(f"{key}: " + "; ".join(bad))
+            else:
+                changes["allowed_paths"] = paths
         elif key == "funke.data-dir":
             changes["data_dir"] = value
         else:

@@ -54,7 +54,7 @@ from funke.common.jobgraph import (
     RestartStrategyConfig,
     ResultPartitionType,
 )
-from funke.common.operators import CATALOGUE
+from funke.common.operators import CATALOGUE, JOIN_TYPES, SINK_MODES
 
 __all__ = [
     "BATCH_SHUFFLE_MODE",
@@ -77,16 +77,8 @@ _SHUFFLE_MODES = {
     "ALL_EXCHANGES_PIPELINED": ResultPartitionType.PIPELINED,
 }
 
-# Spark's join types (DataFrame.join's `how`), all spellings; "cross" is left out because a
-# cross join has no keys to partition on.
-_JOIN_TYPES = frozenset({
-    "inner", "outer", "full", "fullouter", "full_outer", "left", "leftouter", "left_outer",
-    "right", "rightouter", "right_outer", "semi", "leftsemi", "left_semi", "anti", "leftanti",
-    "left_anti",
-})
-# Sinks stage their output and commit it when the job finishes; appending to or silently
-# skipping an existing target does not fit that protocol, so only these two modes exist.
-_WRITE_MODES = frozenset({"error", "overwrite"})
+_JOIN_TYPES = JOIN_TYPES
+_WRITE_MODES = frozenset(SINK_MODES)
 
 
 # --------------------------------------------------------------------------------------------

@@ -35,6 +35,10 @@ from funke.common.states import (
 )
 
 
+# Prior attempts kept per subtask (Flink's jobmanager.execution.attempts-history-size).
+ATTEMPTS_HISTORY_SIZE = 16
+
+
 @dataclass(frozen=True, slots=True, order=True)
 class ExecutionVertexId:
     vertex_id: str
@@ -143,14 +147,17 @@ class ExecutionVertex:
         if not current.state.is_terminal:
             raise ValueError(f"{self.name}: cannot start a new attempt while {current!r} is not terminal")
         self.prior_executions.append(current)
+        if len(self.prior_executions) > ATTEMPTS_HISTORY_SIZE:
+            del self.prior_executions[0]  # a job restarting for days keeps the latest attempts only
         self.current_execution = Execution(self, current.attempt_number + 1, now)
         return self.current_execution
 
     def execution(self, attempt_number: int) -> Execution | None:
         if attempt_number == self.current_execution.attempt_number:
             return self.current_execution
-        if 0 <= attempt_number < len(self.prior_executions):
-            return self.prior_executions[attempt_number]
+        for ex in self.prior_executions:
+            if ex.attempt_number == attempt_number:
+                return ex
         return None
 
     def __repr__(self) -> str:

@@ -15,13 +15,19 @@ works as the data directory (file:///, hdfs://, s3a://...).
 
 Staging beside the target keeps the final rename on one filesystem (atomic for local files and
 HDFS), and the leading dot hides it from Spark and Hadoop readers of the parent directory.
+
+Every id that becomes a path component is checked here against `ids.py`'s rule (ValueError
+otherwise), whoever the caller is: a job id `..` can never name the data directory itself.
 """
 
 from __future__ import annotations
 
 import os
+import posixpath
 import re
 from urllib.parse import urlparse
+
+from funke.common import ids
 
 # The column a producer adds to route rows to consumer subtasks; consumers filter and drop it.
 SUBPARTITION_COLUMN = "_sub"
@@ -32,8 +38,18 @@ def _join(*parts: str) -> str:
     return "/".join([head.rstrip("/")] + [p.strip("/") for p in rest])
 
 
+def _index(value: object, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{what} must be a non-negative integer, got {ids.echo(value)}")
+    return value
+
+
+def jobs_dir(data_dir: str) -> str:
+    return _join(data_dir, "jobs")
+
+
 def job_dir(data_dir: str, job_id: str) -> str:
-    return _join(data_dir, "jobs", job_id)
+    return _join(data_dir, "jobs", ids.require_path_id(job_id, "job id", ids.MAX_JOB_ID_LENGTH))
 
 
 def partitions_dir(data_dir: str, job_id: str) -> str:
@@ -41,6 +57,9 @@ def partitions_dir(data_dir: str, job_id: str) -> str:
 
 
 def partition_dir(data_dir: str, job_id: str, data_set_id: str, partition_index: int, attempt: int) -> str:
+    ids.require_path_id(data_set_id, "data set id")
+    _index(partition_index, "partition index")
+    _index(attempt, "attempt number")
     return _join(partitions_dir(data_dir, job_id), data_set_id, f"p{partition_index}", f"a{attempt}")
 
 
@@ -56,11 +75,13 @@ def cancel_marker(data_dir: str, job_id: str, vertex_id: str, subtask_index: int
         return None
     local = os.path.abspath(urlparse(data_dir).path if data_dir.startswith("file://") else data_dir)
     name = re.sub(r"[^A-Za-z0-9_.-]", "_", vertex_id).lstrip(".") or "_"
+    _index(subtask_index, "subtask index")
+    _index(attempt, "attempt number")
     return _join(cancelled_dir(local, job_id), f"{name}-s{subtask_index}-a{attempt}")
 
 
 def collect_dir(data_dir: str, job_id: str, vertex_id: str) -> str:
-    return _join(job_dir(data_dir, job_id), "collect", vertex_id)
+    return _join(job_dir(data_dir, job_id), "collect", ids.require_path_id(vertex_id, "vertex id"))
 
 
 def sink_target(data_dir: str, job_id: str, vertex_id: str, kind: str, config: dict) -> str:
@@ -71,16 +92,39 @@ def sink_target(data_dir: str, job_id: str, vertex_id: str, kind: str, config: d
 
 
 def staging_root(target: str, job_id: str) -> str:
+    ids.require_path_id(job_id, "job id", ids.MAX_JOB_ID_LENGTH)
     target = target.rstrip("/")
     parent, _, name = target.rpartition("/")
+    if not name or name in (".", "..") or "\0" in target:
+        raise ValueError(f"sink target {ids.echo(target)} has no directory name to stage beside")
     if not parent:  # a relative single-component path
         parent = "."
     return _join(parent, f".{name}.funke-{job_id}")
 
 
 def sink_staging_dir(target: str, job_id: str, subtask_index: int, attempt: int) -> str:
+    _index(subtask_index, "subtask index")
+    _index(attempt, "attempt number")
     return _join(staging_root(target, job_id), f"s{subtask_index}-a{attempt}")
 
 
 def commit_dir(target: str, job_id: str) -> str:
     return _join(staging_root(target, job_id), "commit")
+
+
+def is_within(root: str, path: str) -> bool:
+    """Whether `path` is `root` itself or lies under it, comparing normalised forms (so
+    `root/a/../..` is not within `root`). Both must be of the same kind (local paths, or URIs of
+    one scheme and authority)."""
+    root_n, path_n = _normal(root), _normal(path)
+    return path_n == root_n or path_n.startswith(root_n.rstrip("/") + "/")
+
+
+def _normal(path: str) -> str:
+    if path.startswith("file://"):
+        path = urlparse(path).path
+    if "://" in path:
+        scheme, _, rest = path.partition("://")
+        authority, slash, inner = rest.partition("/")
+        return f"{scheme.lower()}://{authority}" + posixpath.normpath(slash + inner if slash else "/")
+    return posixpath.normpath(os.path.abspath(path))

@@ -1,14 +1,39 @@
 """The operator catalogue: every operator kind a JobVertex chain may contain.
 
-Owns the names, roles and arities of operators. The DSL builds OperatorSpecs from it, validation
-checks chains against it, and the TaskManager maps each kind to its DataFrame implementation
-(`funke.taskmanager.operators`). Adding an operator means one line here and one function there.
+Owns the names, roles and arities of operators and the configuration each kind takes (its keys
+and what type of value each holds). The DSL builds OperatorSpecs from it, validation checks
+chains and configurations against it, and the TaskManager maps each kind to its DataFrame
+implementation (`funke.taskmanager.operators`). Adding an operator means one line here and one
+function there.
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Mapping
+
+
+class Value(enum.Enum):
+    """What a configuration key of an operator holds (checked by `validation.py`)."""
+
+    SOURCE_PATH = "a file path or URI to read (globs allowed)"
+    SINK_PATH = "a directory path or URI to write"
+    SINK_MODE = "a write mode"
+    DDL = "a Spark DDL schema string"
+    SQL = "a SQL expression string"
+    SQL_LIST = "a SQL expression string or a list of them"
+    COLUMNS = "a list of column names"
+    INT64 = "a 64-bit integer"
+    OPTIONS = "an object of Spark options (string, number or boolean values)"
+    ROWS = "a list of rows"
+    JOIN_TYPE = "a join type"
+
+
+class FunctionUse(enum.Enum):
+    REQUIRED = "required"
+    OPTIONAL = "optional"  # source.range: a function makes it a generating source
+    NONE = "none"
 
 
 class OperatorRole(enum.Enum):
@@ -28,45 +53,66 @@ class OperatorKind:
     required: tuple[str, ...] = ()  # config keys that must be present
     needs_function: bool = False
     commits_output: bool = False  # sinks whose output is committed when the job finishes
+    keys: Mapping[str, Value] = field(default_factory=dict)  # every key the kind accepts
+    function: FunctionUse = FunctionUse.NONE
 
 
-def _k(kind: str, role: OperatorRole, arity: int, *required: str, fn: bool = False, commit: bool = False):
-    return OperatorKind(kind, role, arity, tuple(required), fn, commit)
+def _k(kind: str, role: OperatorRole, arity: int, *required: str, fn: bool = False, commit: bool = False,
+       keys: Mapping[str, Value] | None = None, function: FunctionUse | None = None):
+    use = function or (FunctionUse.REQUIRED if fn else FunctionUse.NONE)
+    return OperatorKind(kind, role, arity, tuple(required), fn, commit, dict(keys or {}), use)
 
 
 S, T, K = OperatorRole.SOURCE, OperatorRole.TRANSFORM, OperatorRole.SINK
+V = Value
+
+# Sinks stage their output and commit it when the job finishes; appending to or silently
+# skipping an existing target does not fit that protocol, so only these two modes exist
+# (spelled exactly so: the TaskManager compares them as written).
+SINK_MODES = ("error", "overwrite")
+# Spark's join types (DataFrame.join's `how`), all spellings; "cross" is left out because a
+# cross join has no keys to partition on.
+JOIN_TYPES = frozenset({
+    "inner", "outer", "full", "fullouter", "full_outer", "left", "leftouter", "left_outer",
+    "right", "rightouter", "right_outer", "semi", "leftsemi", "left_semi", "anti", "leftanti",
+    "left_anti",
+})
+
+_FILE_SOURCE = {"path": V.SOURCE_PATH, "schema": V.DDL, "options": V.OPTIONS}
+_FILE_SINK = {"path": V.SINK_PATH, "mode": V.SINK_MODE, "options": V.OPTIONS}
 
 CATALOGUE: dict[str, OperatorKind] = {
     o.kind: o
     for o in (
         # sources: subtask i of n reads its share of the input
-        _k("source.text", S, 0, "path"),
-        _k("source.parquet", S, 0, "path"),
-        _k("source.csv", S, 0, "path"),
-        _k("source.json", S, 0, "path"),
-        _k("source.range", S, 0, "end"),
-        _k("source.collection", S, 0, "rows", "schema"),
+        _k("source.text", S, 0, "path", keys=_FILE_SOURCE),
+        _k("source.parquet", S, 0, "path", keys=_FILE_SOURCE),
+        _k("source.csv", S, 0, "path", keys=_FILE_SOURCE),
+        _k("source.json", S, 0, "path", keys=_FILE_SOURCE),
+        _k("source.range", S, 0, "end", keys={"start": V.INT64, "end": V.INT64, "step": V.INT64, "schema": V.DDL},
+           function=FunctionUse.OPTIONAL),
+        _k("source.collection", S, 0, "rows", "schema", keys={"rows": V.ROWS, "schema": V.DDL}),
         # no-op kinds: a chain made only of these finishes without touching Spark (used to
         # measure scheduling and deployment alone)
         _k("source.noop", S, 0),
         # transforms
-        _k("map", T, 1, "schema", fn=True),
-        _k("flat_map", T, 1, "schema", fn=True),
+        _k("map", T, 1, "schema", fn=True, keys={"schema": V.DDL}),
+        _k("flat_map", T, 1, "schema", fn=True, keys={"schema": V.DDL}),
         _k("filter", T, 1, fn=True),
-        _k("select", T, 1, "exprs"),
-        _k("where", T, 1, "condition"),
-        _k("reduce", T, 1, "keys", fn=True),
-        _k("aggregate", T, 1, "keys", "aggregations"),
-        _k("count", T, 1, "keys"),
-        _k("join", T, 2, "on"),
+        _k("select", T, 1, "exprs", keys={"exprs": V.SQL_LIST}),
+        _k("where", T, 1, "condition", keys={"condition": V.SQL}),
+        _k("reduce", T, 1, "keys", fn=True, keys={"keys": V.COLUMNS}),
+        _k("aggregate", T, 1, "keys", "aggregations", keys={"keys": V.COLUMNS, "aggregations": V.SQL_LIST}),
+        _k("count", T, 1, "keys", keys={"keys": V.COLUMNS}),
+        _k("join", T, 2, "on", keys={"on": V.COLUMNS, "how": V.JOIN_TYPE}),
         _k("union", T, VARIADIC),
         _k("transform", T, 1, fn=True),
         _k("noop", T, VARIADIC),
         # sinks
-        _k("sink.parquet", K, 1, "path", commit=True),
-        _k("sink.csv", K, 1, "path", commit=True),
-        _k("sink.json", K, 1, "path", commit=True),
-        _k("sink.text", K, 1, "path", commit=True),
+        _k("sink.parquet", K, 1, "path", commit=True, keys=_FILE_SINK),
+        _k("sink.csv", K, 1, "path", commit=True, keys=_FILE_SINK),
+        _k("sink.json", K, 1, "path", commit=True, keys=_FILE_SINK),
+        _k("sink.text", K, 1, "path", commit=True, keys=_FILE_SINK),
         _k("sink.print", K, 1),
         _k("sink.collect", K, 1, commit=True),
         _k("sink.discard", K, 1),

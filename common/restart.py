@@ -397,6 +397,7 @@ del _labels, _nanos, _label
 # Flink reads the number as a Java long: ASCII digits only, no sign, no fraction.
 _DURATION_RE = re.compile(r"([0-9]+)(.*)", re.ASCII | re.DOTALL)
 _LONG_MAX = 2**63 - 1
+_INT_MIN, _INT_MAX = -(2**31), 2**31 - 1
 
 
 def parse_duration(text: str) -> float:
@@ -404,20 +405,20 @@ def parse_duration(text: str) -> float:
     with optional whitespace between ("1 s", "500ms", "1min", "2 h", "1 d"; units are
     case-insensitive). A bare number means milliseconds, as in Flink."""
     if not isinstance(text, str):
-        raise RestartStrategyError(f"duration must be a string, got {text!r}")
+        raise RestartStrategyError(f"duration must be a string, got {type(text).__name__}")
     trimmed = text.strip()
     match = _DURATION_RE.fullmatch(trimmed)
     if match is None:
         raise RestartStrategyError(
-            f"invalid duration {text!r}: expected a non-negative integer and a unit, e.g. '1 s'"
+            f"invalid duration {_shown(text)}: expected a non-negative integer and a unit, e.g. '1 s'"
         )
     value = int(match.group(1))
     if value > _LONG_MAX:
-        raise RestartStrategyError(f"invalid duration {text!r}: number does not fit in 64 bits")
+        raise RestartStrategyError(f"invalid duration {_shown(text)}: number does not fit in 64 bits")
     label = match.group(2).strip().lower()
     if label[:1] in (".", ","):
         raise RestartStrategyError(
-            f"invalid duration {text!r}: fractions are not supported, use a smaller unit "
+            f"invalid duration {_shown(text)}: fractions are not supported, use a smaller unit "
             "(e.g. '1500 ms')"
         )
     if not label:
@@ -425,7 +426,7 @@ def parse_duration(text: str) -> float:
     nanos = _NANOS_PER_UNIT.get(label)
     if nanos is None:
         raise RestartStrategyError(
-            f"invalid duration {text!r}: unknown time unit {label!r} "
+            f"invalid duration {_shown(text)}: unknown time unit {label!r} "
             "(use d, h, min, s, ms, µs or ns)"
         )
     # Integer nanoseconds, then one correctly rounded division: "1 ms" is exactly 0.001.
@@ -499,22 +500,29 @@ def _check_duration(value: object, key: str, *, minimum: float, strict: bool = F
 
 
 def _parse_int_option(key: str, text: str) -> int:
-    # Java's Integer.parseInt: optional sign, ASCII digits. Python's int() would also take
-    # underscores and non-ASCII digits, which Flink rejects.
-    if re.fullmatch(r"[+-]?[0-9]+", text.strip(), re.ASCII) is None:
-        raise RestartStrategyError(f"{key}: {text!r} is not an integer")
-    return int(text.strip())
+    # Java's Integer.parseInt: optional sign, ASCII digits, a 32-bit value. Python's int() would
+    # also take underscores, non-ASCII digits and any size, which Flink rejects.
+    if len(text) > 40 or re.fullmatch(r"[+-]?[0-9]+", text.strip(), re.ASCII) is None:
+        raise RestartStrategyError(f"{key}: {_shown(text)} is not an integer")
+    value = int(text.strip())
+    if not _INT_MIN <= value <= _INT_MAX:
+        raise RestartStrategyError(f"{key}: {_shown(text)} does not fit in 32 bits (at most {_INT_MAX})")
+    return value
+
+
+def _shown(text: str) -> str:
+    return repr(text) if len(text) <= 60 else f"{text[:60]!r}... ({len(text):,} characters)"
 
 
 _FLOAT_RE = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?", re.ASCII)
 
 
 def _parse_float_option(key: str, text: str) -> float:
-    if _FLOAT_RE.fullmatch(text.strip()) is None:
-        raise RestartStrategyError(f"{key}: {text!r} is not a number")
+    if len(text) > 400 or _FLOAT_RE.fullmatch(text.strip()) is None:
+        raise RestartStrategyError(f"{key}: {_shown(text)} is not a number")
     value = float(text.strip())
     if not math.isfinite(value):
-        raise RestartStrategyError(f"{key}: {text!r} is out of range")
+        raise RestartStrategyError(f"{key}: {_shown(text)} is out of range")
     return value
 
 
@@ -592,12 +600,12 @@ def _parse_config(cfg: RestartStrategyConfig) -> tuple[_StrategySpec, dict[str, 
     """Resolve the strategy and every option value (given or default), keyed by option suffix."""
     kind = cfg.kind
     if not isinstance(kind, str):
-        raise RestartStrategyError(f"{TYPE_KEY}: expected a strategy name, got {kind!r}")
+        raise RestartStrategyError(f"{TYPE_KEY}: expected a strategy name, got {type(kind).__name__}")
     spec = _SPEC_BY_ALIAS.get(kind.strip().lower())
     if spec is None:
         accepted = ", ".join(a for s in _SPECS for a in s.aliases)
         raise RestartStrategyError(
-            f"{TYPE_KEY}: unknown restart strategy {kind!r} (accepted: {accepted})"
+            f"{TYPE_KEY}: unknown restart strategy {_shown(kind)} (accepted: {accepted})"
         )
 
     options = cfg.options if cfg.options is not None else {}
@@ -614,7 +622,7 @@ def _parse_config(cfg: RestartStrategyConfig) -> tuple[_StrategySpec, dict[str, 
             rest = key[len(full_prefix) :]
             suffix = rest if rest in by_suffix else None
         if suffix is None:
-            unknown.append(repr(key))
+            unknown.append(_shown(key) if isinstance(key, str) else repr(key)[:60])
             continue
         if suffix in given:
             raise RestartStrategyError(
@@ -631,7 +639,7 @@ def _parse_config(cfg: RestartStrategyConfig) -> tuple[_StrategySpec, dict[str, 
             accepted = "it takes no options"
         raise RestartStrategyError(
             f"unknown option{'s' if len(unknown) > 1 else ''} for restart strategy "
-            f"{spec.name!r}: {', '.join(unknown)} ({accepted})"
+            f"{spec.name!r}: {', '.join(unknown[:10])}{' ...' if len(unknown) > 10 else ''} ({accepted})"
         )
 
     values: dict[str, object] = {}

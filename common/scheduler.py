@@ -19,8 +19,9 @@ Actions:  RequestSlots, CancelSlotRequest, ReleaseSlot, DeployTask, CancelTask,
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence, TypeVar
 
 from funke.common.executiongraph import (
     ConsumedPartitionGroup,
@@ -47,6 +48,26 @@ J = JobStatus
 
 # Flink's task.cancellation.timeout: after this, a job stuck in CANCELLING goes FAILED.
 DEFAULT_CANCELLATION_TIMEOUT_S = 180.0
+# Flink's web.exception-history-size is 16; the job's root cause is kept apart in `failure`.
+EXCEPTION_HISTORY_SIZE = 100
+
+_F = TypeVar("_F", bound=Callable[..., list])
+
+
+def _event(method: _F) -> _F:
+    """An event handler: it starts from an empty action list, so that what an earlier event left
+    behind when it raised is never carried out as this event's doing."""
+
+    @functools.wraps(method)
+    def handle(self: "Scheduler", *args, **kwargs):  # type: ignore[no-untyped-def]
+        self._out = []
+        try:
+            return method(self, *args, **kwargs)
+        except BaseException:
+            self._out = []
+            raise
+
+    return handle  # type: ignore[return-value]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -307,14 +328,61 @@ class Scheduler:
     def slot_of_group(self, group: ExecutionSlotSharingGroup) -> SlotId | None:
         return self._slot_of.get(group)
 
+    def validate_state(self) -> None:
+        """Check the scheduler's books against the ExecutionGraph; AssertionError naming the first
+        disagreement. O(tasks): for tests and fuzzing, not for every event in production."""
+        vertices = list(self.graph.execution_vertices())
+        states: dict[ExecutionState, int] = {}
+        for ev in vertices:
+            states[ev.state] = states.get(ev.state, 0) + 1
+        kept = {state: n for state, n in self.state_counts.items() if n}
+        assert kept == states, f"state counts {kept} disagree with the graph {states}"
+        finished = states.get(E.FINISHED, 0)
+        assert self._finished == finished, f"_finished={self._finished}, the graph has {finished} FINISHED"
+        non_terminal = sum(n for state, n in states.items() if not state.is_terminal)
+        assert self._non_terminal == non_terminal, f"_non_terminal={self._non_terminal}, the graph has {non_terminal}"
+        live: dict[ExecutionSlotSharingGroup, int] = {}
+        for ev in vertices:
+            if ev.state in _LIVE:
+                group = self.plan.group_of(ev)
+                live[group] = live.get(group, 0) + 1
+        for group in set(live) | set(self._usage):
+            assert self._usage.get(group, 0) == live.get(group, 0), (
+                f"slot-sharing group {group.index}: _usage={self._usage.get(group, 0)}, "
+                f"{live.get(group, 0)} live executions")
+        slots = list(self._slot_of.values())
+        assert len(slots) == len(set(slots)), f"two groups in one slot: {sorted(map(str, slots))}"
+        if self.status.is_terminal:
+            alive = [repr(ev.current_execution) for ev in vertices if not ev.state.is_terminal]
+            assert not alive, f"the job is {self.status.value} but executions are not terminal: {alive[:10]}"
+            assert not self._slot_of, f"the job is {self.status.value} but holds slots {sorted(map(str, slots))}"
+            assert not self._requests, f"the job is {self.status.value} but slot requests are pending: {sorted(self._requests)}"
+            assert not self._batches, f"the job is {self.status.value} but {len(self._batches)} batches wait"
+        else:
+            for ev in vertices:
+                ex = ev.current_execution
+                if ex.state in _DEPLOYED or ex.state is E.CANCELING:
+                    slot = self._slot_of.get(self.plan.group_of(ev))
+                    assert slot == ex.slot, f"{ex!r} runs in {ex.slot}, its group holds {slot}"
+        for result in self.graph.results.values():
+            for partition in result.partitions:
+                if partition.location is not None:
+                    producer = partition.producer.current_execution
+                    assert (producer.state is E.FINISHED
+                            and producer.attempt_number == partition.location.producer_attempt), (
+                        f"{result.id}[{partition.partition_index}] is located at attempt "
+                        f"{partition.location.producer_attempt}, its producer is {producer!r}")
+
     # ------------------------------------------------------------------ events
 
+    @_event
     def start(self, now: float) -> list[Action]:
         if self.status is not J.CREATED:
             raise ValueError(f"cannot start a job in {self.status.value}")
         self._schedule_initial(now)
         return self._drain()
 
+    @_event
     def on_slots_allocated(self, request_id: int, slots: Sequence[SlotId], now: float) -> list[Action]:
         groups = self._requests.pop(request_id, None)
         if groups is None or self.status.is_terminal or self.status not in (J.CREATED, J.RUNNING):
@@ -336,6 +404,7 @@ class Scheduler:
                 self._release_group_slot(group, "no task needs the slot any more")
         return self._drain()
 
+    @_event
     def on_slot_request_failed(self, request_id: int, message: str, now: float) -> list[Action]:
         groups = self._requests.pop(request_id, None)
         if groups is None:
@@ -355,6 +424,7 @@ class Scheduler:
             self._handle_failure(failed, failure, now, task_manager_id=None)
         return self._drain()
 
+    @_event
     def on_task_state(
         self,
         attempt: ExecutionAttemptId,
@@ -391,6 +461,7 @@ class Scheduler:
     def on_deploy_failed(self, attempt: ExecutionAttemptId, failure: FailureInfo, now: float) -> list[Action]:
         return self.on_task_state(attempt, E.FAILED, now, failure=failure)
 
+    @_event
     def on_task_manager_lost(self, task_manager_id: str, cause: str, now: float) -> list[Action]:
         """Every task on the TaskManager fails; partitions that lived only there are gone.
         One lost TaskManager is one failure for the restart strategy."""
@@ -421,6 +492,7 @@ class Scheduler:
         self._check_progress(now)
         return self._drain()
 
+    @_event
     def on_timer(self, timer: Timer, now: float) -> list[Action]:
         if self._timers.get(timer.kind) != timer:
             return []  # replaced or cancelled since
@@ -453,16 +525,18 @@ class Scheduler:
         names = ", ".join(ev.name for ev in stuck[:10]) + (" ..." if len(stuck) > 10 else "")
         failure = FailureInfo("CancellationTimeout",
                               f"tasks could not be cancelled within {self.cancellation_timeout_s:g} s: {names}")
-        self.exception_history.append(ExceptionHistoryEntry(now, "", None, None, failure))
+        self._record_exception(ExceptionHistoryEntry(now, "", None, None, failure))
+        # The executions give up first: a terminal job never has a live execution.
+        for ev in stuck:
+            self._transition(ev.current_execution, E.FAILED, now, str(failure), failure)
         if self.status is J.CANCELLING:
             self.failure = failure
             self._job_transition(J.FAILED, now, str(failure))
             self._terminate(now)
             return
-        for ev in stuck:
-            self._transition(ev.current_execution, E.FAILED, now, str(failure), failure)
         self._check_progress(now)
 
+    @_event
     def on_outputs_committed(self, now: float, error: FailureInfo | None = None) -> list[Action]:
         if not self._committing:
             return []
@@ -473,13 +547,14 @@ class Scheduler:
             self._job_transition(J.FINISHED, now, "all tasks finished and outputs committed")
             self._terminate(now)
         else:
-            self.exception_history.append(ExceptionHistoryEntry(now, "", None, None, error))
+            self._record_exception(ExceptionHistoryEntry(now, "", None, None, error))
             self.failure = error
             self._job_transition(J.FAILING, now, f"committing outputs failed: {error}")
             self._job_transition(J.FAILED, now, str(error))
             self._terminate(now)
         return self._drain()
 
+    @_event
     def cancel(self, now: float) -> list[Action]:
         if self.status.is_terminal or self.status is J.CANCELLING:
             return []
@@ -494,6 +569,7 @@ class Scheduler:
         self._check_progress(now)
         return self._drain()
 
+    @_event
     def suspend(self, now: float, cause: str) -> list[Action]:
         """Stop the job on this JobManager; another one may recover it (locally terminal)."""
         if self.status.is_terminal:
@@ -503,8 +579,54 @@ class Scheduler:
         self._global_failure = None
         self._committing = False
         self._cancel_everything(now, f"job suspended: {cause}")
+        # This JobManager stops caring about the job: it does not wait for the TaskManagers to
+        # confirm (Flink's Execution.suspend), so the suspended job has no live execution left.
+        for ev in self.graph.execution_vertices():
+            if ev.state is E.CANCELING:
+                self._transition(ev.current_execution, E.CANCELED, now, "job suspended; cancellation not awaited")
         self._terminate(now)
         return self._drain()
+
+    @_event
+    def on_internal_error(self, failure: FailureInfo, now: float,
+                          undelivered: Sequence[ExecutionAttemptId] = ()) -> list[Action]:
+        """The JobManager could not carry out this job's decisions (a deployment that would not
+        build, a call that raised before it left the process). The job fails at once and is not
+        restarted — the same actions would fail again — with the cause in its exception history;
+        `undelivered` deployments never reached a TaskManager, so they fail first instead of
+        waiting for a report that cannot come."""
+        for attempt in undelivered:
+            ex = self._current(attempt)
+            if ex is not None and ex.state in _DEPLOYED:
+                self._transition(ex, E.FAILED, now, str(failure), failure)
+        self._record_exception(ExceptionHistoryEntry(now, "", None, None, failure))
+        status = self.status
+        suppressed = "an error in the JobManager, which a restart would meet again"
+        if status in (J.CREATED, J.RUNNING):
+            self._committing = False
+            self._fail_globally(failure, now, allow_restart=False, suppressed_by=suppressed)
+        elif status is J.FAILING:
+            gf = self._global_failure
+            if gf is not None and gf.restart:
+                gf.restart = False
+                self.failure = FailureInfo(gf.root.exception_type,
+                                           f"{gf.root.message}\n(recovery is suppressed by {suppressed})",
+                                           gf.root.traceback)
+            self._check_progress(now)
+        elif status is J.RESTARTING:
+            self.failure = FailureInfo(failure.exception_type, f"{failure.message}\n(recovery is suppressed by {suppressed})",
+                                       failure.traceback)
+            self._job_transition(J.FAILED, now, str(failure))
+            self._terminate(now)
+        else:  # CANCELLING goes on; a terminal job has nothing left to fail
+            self._check_progress(now)
+        return self._drain()
+
+    def _record_exception(self, entry: ExceptionHistoryEntry) -> None:
+        history = self.exception_history
+        history.append(entry)
+        if len(history) > EXCEPTION_HISTORY_SIZE:
+            del history[0]
 
     # ------------------------------------------------------------------ scheduling
 
@@ -748,10 +870,10 @@ class Scheduler:
         partitions were lost while still needed."""
         for ev in failed:
             ex = ev.current_execution
-            self.exception_history.append(ExceptionHistoryEntry(
+            self._record_exception(ExceptionHistoryEntry(
                 now, ev.name, ex.attempt_id, ex.task_manager_id or task_manager_id, ex.failure or failure))
         if not failed:
-            self.exception_history.append(ExceptionHistoryEntry(now, "", None, task_manager_id, failure))
+            self._record_exception(ExceptionHistoryEntry(now, "", None, task_manager_id, failure))
         if self.status not in (J.CREATED, J.RUNNING):
             return  # already failing, cancelling or restarting: the failure changes nothing
         failed = list(failed) + list(also_restart)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import enum
 import json
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
@@ -43,6 +44,7 @@ from funke.common.jobgraph import (
     RestartStrategyConfig,
     ResultPartitionType,
 )
+from funke.common.ids import echo
 from funke.v1 import jobgraph_pb2 as pb
 
 __all__ = [
@@ -146,12 +148,12 @@ def _encoding(subject: str, build: Callable[[], T]) -> T:
 
 
 def _vertex_subject(vertex_id: str | None) -> str:
-    return f"vertex {vertex_id!r}" if vertex_id is not None else "vertex"
+    return f"vertex {echo(vertex_id)}" if vertex_id is not None else "vertex"
 
 
 def _operator_subject(vertex_id: str | None, index: int | None, kind: str, name: str) -> str:
     where = f"operator {index} " if index is not None else "operator "
-    label = f"{name!r} (kind {kind!r})" if name else f"kind {kind!r}"
+    label = f"{echo(name)} (kind {echo(kind)})" if name else f"kind {echo(kind)}"
     if vertex_id is None:
         return where + label
     return f"{_vertex_subject(vertex_id)}, {where}{label}"
@@ -181,6 +183,14 @@ def _reject_constant(name: str) -> object:
     raise ValueError(f"{name} is not JSON")
 
 
+def _finite_float(text: str) -> float:
+    # Python reads 1e999 as inf; no JSON parser elsewhere would, and no operator can use it.
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text[:40]} is out of range for a double")
+    return value
+
+
 def _operator_from_proto(m: pb.OperatorSpec, vertex_id: str | None, index: int | None, problems: _Problems) -> OperatorSpec:
     config: dict[str, object] = {}
     # proto3 cannot tell an unset string from "": an operator without configuration (union,
@@ -188,11 +198,11 @@ def _operator_from_proto(m: pb.OperatorSpec, vertex_id: str | None, index: int |
     if m.config_json:
         subject = _operator_subject(vertex_id, index, m.kind, m.name)
         try:
-            parsed = json.loads(m.config_json, parse_constant=_reject_constant)
+            parsed = json.loads(m.config_json, parse_constant=_reject_constant, parse_float=_finite_float)
         except (ValueError, RecursionError) as e:
             # ValueError covers JSONDecodeError, NaN/Infinity and ints beyond Python's digit
             # limit; RecursionError a hostile nesting depth.
-            problems.append(f"{subject}: config_json is not valid JSON: {e}")
+            problems.append(f"{subject}: config_json is not valid JSON: {str(e)[:200]}")
         else:
             if isinstance(parsed, dict):
                 config = parsed
@@ -286,7 +296,7 @@ def _edge_to_proto(e: JobEdge) -> pb.JobEdge:
 
 
 def _edge_from_proto(m: pb.JobEdge, problems: _Problems) -> JobEdge:
-    subject = f"edge {m.id!r}"
+    subject = f"edge {echo(m.id)}"
     return JobEdge(
         id=m.id,
         data_set=m.data_set_id,
@@ -331,7 +341,7 @@ def _configuration_from_proto(m: pb.JobConfiguration, problems: _Problems) -> Jo
         except ValueError:
             known = ", ".join(repr(k.value) for k in FailoverStrategyKind)
             problems.append(
-                f"job configuration: unknown failover_strategy {m.failover_strategy!r} (expected one of {known})"
+                f"job configuration: unknown failover_strategy {echo(m.failover_strategy)} (expected one of {known})"
             )
     restart = None
     if m.HasField("restart_strategy"):

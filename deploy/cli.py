@@ -5,9 +5,10 @@ shown to people (text) and to scripts (`--json`), and the exit codes:
 
     0  the command did what was asked (for submit and watch: the job FINISHED)
     1  it ran, but the outcome is not success (the job FAILED or was CANCELED, a cluster did
-       not start, ...)
+       not start, the JobManager went away while a job was being followed, ...)
     2  it could not run: bad usage, a job file that does not load, an invalid job graph, an
-       unknown job id, or no JobManager at the address
+       unknown job id, or no JobManager at the address (nothing answers, or what answers is not
+       a JobManager)
 
 The JobManager address comes from `--jobmanager HOST:PORT`, else $FUNKE_JOBMANAGER, else the
 address file of the local cluster (`<cluster dir>/jobmanager.address`; the cluster dir is
@@ -40,8 +41,10 @@ from funke.common.client import (
     InvalidJobGraph,
     JobFileError,
     JobManagerClient,
+    JobManagerConnectionLost,
     JobManagerUnavailable,
     JobNotFound,
+    NotAJobManager,
     execution_state_name,
     job_status_name,
     load_job_file,
@@ -528,6 +531,19 @@ def follow_job(client: JobManagerClient, job_id: str, out: TextIO, *, tty: bool,
     err = err or sys.stderr
     progress = JobProgress()
     view = _LiveView(progress, out, tty)
+    try:
+        _follow(client, job_id, progress, view, quiet, err)
+    except JobManagerConnectionLost as exc:
+        if not quiet:
+            view.finish()
+        raise JobManagerConnectionLost(client.address, job_id, exc.details, progress.status, exc.code) from None
+    if not quiet:
+        view.finish()
+    return progress
+
+
+def _follow(client: JobManagerClient, job_id: str, progress: JobProgress, view: "_LiveView", quiet: bool,
+            err: TextIO) -> None:
     for event in _with_ticks(client.watch(job_id), _LiveView.REDRAW_S):
         if event is None:
             if not quiet:
@@ -551,9 +567,6 @@ def follow_job(client: JobManagerClient, job_id: str, out: TextIO, *, tty: bool,
             view.note(render_event(event))
         else:
             view.changed(changed)
-    if not quiet:
-        view.finish()
-    return progress
 
 
 # --------------------------------------------------------------------------------------------
@@ -607,19 +620,22 @@ def cmd_submit(args: argparse.Namespace) -> int:
         if not args.json:
             print(f"submitted job {job_id} {job.name!r} to {client.address}", flush=True)
         try:
-            follow_job(client, job_id, out, tty=out.isatty(), quiet=args.json)
+            progress = follow_job(client, job_id, out, tty=out.isatty(), quiet=args.json)
         except KeyboardInterrupt:
             _error(f"stopped following job {job_id}; it keeps running: `funke status {job_id}`, "
                    f"`funke cancel {job_id}`")
             return 130
-        details = client.get_job(job_id)
-        status = job_status_name(details.status)
-        columns: list[str] = []
-        rows: list[dict[str, Any]] | None = None
-        collects = collect_sinks(job)
-        if status == "FINISHED" and len(collects) == 1:
-            _, table = client.result_table(job_id, collects[0])
-            columns, rows = table.column_names, table.to_pylist()
+        try:
+            details = client.get_job(job_id)
+            status = job_status_name(details.status)
+            columns: list[str] = []
+            rows: list[dict[str, Any]] | None = None
+            collects = collect_sinks(job)
+            if status == "FINISHED" and len(collects) == 1:
+                _, table = client.result_table(job_id, collects[0])
+                columns, rows = table.column_names, table.to_pylist()
+        except JobManagerUnavailable as exc:  # it answered a moment ago: it went away
+            raise JobManagerConnectionLost(client.address, job_id, exc.details, progress.status, exc.code) from None
     if args.json:
         document: dict[str, Any] = {
             "job_id": job_id,
@@ -915,9 +931,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "submit":
             _split_submit_args(args, after_dashes)
         return args.handler(args)
+    except NotAJobManager as exc:
+        _error(str(exc))
+        return EXIT_USAGE
     except JobManagerUnavailable as exc:
         _error(f"{exc}; {_START_HINT}")
         return EXIT_USAGE
+    except JobManagerConnectionLost as exc:
+        _error(str(exc))
+        return EXIT_UNSUCCESSFUL
     except JobNotFound as exc:
         _error(exc.details)
         return EXIT_USAGE

@@ -127,6 +127,14 @@ class _SinkTarget:
         for sink in self.subtasks:
             staged = filesystem(layout.sink_staging_dir(self.target, self.job_id, sink.subtask_index,
                                                         sink.attempt_number))[1]
+            if _exists(self.fs, staged) is not pafs.FileType.Directory:
+                # A finished attempt always leaves its directory (Spark writes one even for no
+                # rows). Missing means this process cannot see what the TaskManager wrote; an
+                # empty output in its place would publish less than was produced.
+                raise FileNotFoundError(
+                    f"sink '{self.vertex_id}': subtask {sink.subtask_index} attempt #{sink.attempt_number} "
+                    f"finished, but its output {staged} is not there; is the data directory shared by the "
+                    "JobManager and every TaskManager (same path or URI)? Nothing was published")
             for n, path in enumerate(_data_files(self.fs, staged)):
                 suffix = "".join(PurePosixPath(path).suffixes)
                 self.fs.move(path, f"{self.assembled}/part-{sink.subtask_index:05d}-{n:03d}{suffix}")
@@ -154,8 +162,13 @@ class _SinkTarget:
 
 
 def read_collected(data_dir: str, job_id: str, vertex_id: str) -> tuple[bytes, int]:
-    """A collect sink's committed rows as one Arrow IPC stream, and their number."""
+    """A collect sink's committed rows as one Arrow IPC stream, and their number. The committed
+    directory exists for every FINISHED job (empty results included); if it is gone, so are the
+    rows, and that is an error, never an empty result."""
     fs, path = filesystem(layout.collect_dir(data_dir, job_id, vertex_id))
+    if _exists(fs, path) is not pafs.FileType.Directory:
+        raise FileNotFoundError(f"the collected rows of job {job_id} ({vertex_id}) are no longer in the data "
+                                f"directory ({path})")
     files = _data_files(fs, path)
     tables = [pq.read_table(f, filesystem=fs) for f in files]
     tables = [t for t in tables if t.num_columns]
@@ -168,13 +181,28 @@ def read_collected(data_dir: str, job_id: str, vertex_id: str) -> tuple[bytes, i
 
 def cleanup_job(data_dir: str, job_id: str, sink_targets: Sequence[str], keep_collected: bool) -> None:
     """Remove the job's result partitions, cancel markers and any sink staging; collected rows
-    stay only for a FINISHED job (the client fetches them)."""
-    fs, partitions = filesystem(layout.partitions_dir(data_dir, job_id))
-    _remove(fs, partitions)
-    _remove(fs, filesystem(layout.cancelled_dir(data_dir, job_id))[1])
+    stay only for a FINISHED job (the client fetches them). Every path removed is checked to be
+    the job's own (`layout` refuses ids that are not plain path components; `_remove_under`
+    refuses a path outside its root), so no id can make this delete anything else."""
+    jobs = layout.jobs_dir(data_dir)
+    _remove_under(jobs, layout.partitions_dir(data_dir, job_id))
+    _remove_under(jobs, layout.cancelled_dir(data_dir, job_id))
     for target in sink_targets:
-        sfs, root = filesystem(layout.staging_root(target, job_id))
-        _remove(sfs, root)
+        root = layout.staging_root(target, job_id)
+        _remove_under(root.rpartition("/")[0] or ".", root)
     if not keep_collected:
-        cfs, job_root = filesystem(layout.job_dir(data_dir, job_id))
-        _remove(cfs, job_root)
+        _remove_under(jobs, layout.job_dir(data_dir, job_id))
+
+
+def remove_job_data(data_dir: str, job_id: str) -> None:
+    """Everything the job has left in the data directory (its collected rows): the job store
+    evicted it."""
+    _remove_under(layout.jobs_dir(data_dir), layout.job_dir(data_dir, job_id))
+
+
+def _remove_under(root: str, path: str) -> None:
+    """Remove `path`, which must lie strictly below `root` (ValueError otherwise)."""
+    if not layout.is_within(root, path) or layout.is_within(path, root):
+        raise ValueError(f"refusing to remove {path}: it is not inside {root}")
+    fs, inner = filesystem(path)
+    _remove(fs, inner)

@@ -55,8 +55,23 @@ def failure_pb(f: FailureInfo) -> job_pb2.Failure:
     return job_pb2.Failure(exception_type=f.exception_type, message=f.message, traceback=f.traceback)
 
 
+# A failure reported by a TaskManager is kept in the job's history and shown by `funke status`:
+# bounded, keeping the start (what it is) and the end (the innermost frames) of what is longer.
+MAX_FAILURE_TYPE = 200
+MAX_FAILURE_MESSAGE = 16 * 1024
+MAX_FAILURE_TRACEBACK = 64 * 1024
+
+
+def _bounded(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return f"{text[:half]}\n... ({len(text) - 2 * half:,} characters left out) ...\n{text[-half:]}"
+
+
 def failure_from_pb(f: job_pb2.Failure) -> FailureInfo:
-    return FailureInfo(f.exception_type, f.message, f.traceback)
+    return FailureInfo(_bounded(f.exception_type, MAX_FAILURE_TYPE), _bounded(f.message, MAX_FAILURE_MESSAGE),
+                       _bounded(f.traceback, MAX_FAILURE_TRACEBACK))
 
 
 def job_transition_pb(t: Transition) -> job_pb2.JobStatusTransition:
@@ -161,12 +176,19 @@ class DescriptorFactory:
         self.data_dir = data_dir
         self.options = dict(options)
         self.artifacts = list(artifacts)
+        self._artifact_bytes = sum(a.ByteSize() for a in self.artifacts)
         self._vertices: dict[str, jobgraph_pb2.JobVertex] = {}
+        self._sizes: dict[str, int] = {}
+
+    def size_of(self, vertex_id: str) -> int:
+        """About how many bytes a descriptor of this vertex has (after `build` made one)."""
+        return self._sizes.get(vertex_id, 0)
 
     def build(self, d: TaskDeployment) -> cluster_pb2.TaskDeploymentDescriptor:
         vertex = self._vertices.get(d.vertex.id)
         if vertex is None:
             vertex = self._vertices[d.vertex.id] = vertex_to_proto(d.vertex)
+            self._sizes[d.vertex.id] = vertex.ByteSize() + self._artifact_bytes + 1024
         msg = cluster_pb2.TaskDeploymentDescriptor(
             job_id=d.job_id, job_name=d.job_name, attempt=attempt_pb(d.attempt), task_name=d.task_name,
             parallelism=d.parallelism, slot_index=d.slot.slot_index, vertex=vertex, data_dir=self.data_dir,

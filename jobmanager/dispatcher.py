@@ -1,9 +1,13 @@
 """The Dispatcher: accepts jobs, keeps them by id, and hands each to its own JobMaster.
 
 Submission is all-or-nothing: a JobGraph is decoded and validated completely (every problem
-reported at once) before anything is created; the ExecutionGraph, slot-sharing plan and regions
-are built off the main thread (they are O(P) but not free at P = 10 000), and only then is the job
-registered and started.
+reported at once, against this cluster's data directory and limits) before anything is created;
+the ExecutionGraph, slot-sharing plan and regions are built off the main thread (they are O(P)
+but not free at P = 10 000), and only then is the job registered and started.
+
+A job that reaches a terminal status leaves its JobMaster behind: the dispatcher keeps a compact
+archive of it in the `JobStore` (Flink's ExecutionGraphInfoStore) until it is evicted by count,
+age or size, and then deletes what the job left in the data directory.
 """
 
 from __future__ import annotations
@@ -13,21 +17,26 @@ import logging
 import time
 import uuid
 
+from funke.common import ids
 from funke.common.configuration import ClusterConfiguration
 from funke.common.executiongraph import ExecutionGraph
 from funke.common.jobgraph import JobGraph
 from funke.common.restart import describe_config, restart_strategy_from_config
 from funke.common.scheduler import Scheduler
 from funke.common.states import JobStatus
-from funke.common.validation import find_problems
+from funke.common.validation import ValidationContext, describe_problems, find_problems
 from funke.common.wire import WireError, job_graph_from_proto
+from funke.jobmanager import committer
 from funke.jobmanager.conversions import DescriptorFactory
 from funke.jobmanager.jobmaster import JobMaster
+from funke.jobmanager.jobstore import ArchivedJob, JobStore, archive
 from funke.jobmanager.mailbox import Mailbox
 from funke.jobmanager.resourcemanager import ResourceManager
-from funke.v1 import cluster_pb2, jobgraph_pb2
+from funke.v1 import cluster_pb2, job_pb2, jobgraph_pb2
 
 log = logging.getLogger("funke.jobmanager")
+
+Job = JobMaster | ArchivedJob
 
 
 class DispatcherError(Exception):
@@ -42,8 +51,11 @@ class Dispatcher:
     def __init__(self, config: ClusterConfiguration):
         self.config = config
         self.mailbox = Mailbox()
-        self.jobs: dict[str, JobMaster] = {}
+        self.jobs: dict[str, JobMaster] = {}  # jobs that have not ended on this JobManager
+        self.store = JobStore(config.jobstore_max_capacity, config.jobstore_expiration_s, config.jobstore_cache_bytes)
         self._reserved: set[str] = set()  # ids of jobs being built
+        self._validation = ValidationContext(
+            data_dir=config.data_dir, allowed_paths=config.allowed_paths, max_subtasks=config.max_subtasks)
         self.rm = ResourceManager(
             config, self.mailbox,
             job_master=self.jobs.get,
@@ -65,14 +77,17 @@ class Dispatcher:
         try:
             job = job_graph_from_proto(message)
         except WireError as exc:
-            raise DispatcherError("INVALID_ARGUMENT", str(exc)) from None
-        problems = find_problems(job)
+            raise DispatcherError("INVALID_ARGUMENT", _listing(exc.problems)) from None
+        problems = find_problems(job, self._validation)
         if problems:
-            listing = "\n".join(f"  - {p}" for p in problems)
-            raise DispatcherError("INVALID_ARGUMENT", f"job graph has {len(problems)} problem(s):\n{listing}")
+            raise DispatcherError("INVALID_ARGUMENT", describe_problems(problems))
         job_id = job.job_id or uuid.uuid4().hex
         if job_id in self.jobs or job_id in self._reserved:
             raise DispatcherError("ALREADY_EXISTS", f"a job with id {job_id} already exists")
+        ended = self.store.get(job_id)
+        if ended is not None:
+            raise DispatcherError("ALREADY_EXISTS", f"a job with id {job_id} already ran and ended "
+                                  f"{ended.status.value}; submit it under a new id")
         self._reserved.add(job_id)
         try:
             graph, scheduler, restart = await asyncio.get_running_loop().run_in_executor(
@@ -82,7 +97,7 @@ class Dispatcher:
         jm = JobMaster(
             graph, scheduler, resource_manager=self.rm, mailbox=self.mailbox, data_dir=self.config.data_dir,
             descriptors=DescriptorFactory(self.config.data_dir, dict(job.configuration.options), message.artifacts),
-            restart_description=restart,
+            restart_description=restart, on_terminal=self._archive,
         )
         self.jobs[job_id] = jm
         self.mailbox.call(jm.start)
@@ -101,15 +116,59 @@ class Dispatcher:
         )
         return graph, scheduler, describe_config(restart_cfg)
 
-    def job(self, job_id: str) -> JobMaster:
+    def job(self, job_id: str) -> Job:
+        """A running job's JobMaster, or an ended job's archive."""
         jm = self.jobs.get(job_id)
-        if jm is None:
-            raise DispatcherError("NOT_FOUND", f"no job with id {job_id!r}")
-        return jm
+        if jm is not None:
+            return jm
+        self._expire()
+        ended = self.store.get(job_id)
+        if ended is None:
+            raise DispatcherError("NOT_FOUND", f"no job with id {ids.echo(job_id)} (ended jobs are kept for "
+                                  f"{self.config.jobstore_expiration_s:g} s, at most "
+                                  f"{self.config.jobstore_max_capacity} of them)")
+        return ended
 
     def cancel(self, job_id: str) -> JobStatus:
-        jm = self.job(job_id)
-        return self.mailbox.call(jm.cancel)
+        job = self.job(job_id)
+        if isinstance(job, ArchivedJob):
+            return job.status
+        return self.mailbox.call(job.cancel)
+
+    def summaries(self) -> list[job_pb2.JobSummary]:
+        """Every job this JobManager knows, oldest first."""
+        self._expire()
+        summaries = [a.summary for a in self.store.jobs()] + [jm.summary() for jm in self.jobs.values()]
+        summaries.sort(key=lambda m: (m.created_at.seconds, m.created_at.nanos))
+        return summaries
+
+    def counts_by_status(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for status in [a.status for a in self.store.jobs()] + [jm.status for jm in self.jobs.values()]:
+            counts[status.value] = counts.get(status.value, 0) + 1
+        return counts
+
+    # ------------------------------------------------------------------ ended jobs
+
+    def _archive(self, jm: JobMaster) -> None:
+        """The job ended: keep its details, let go of its JobMaster (graph, functions, artifacts)."""
+        if self.jobs.get(jm.job_id) is not jm:
+            return
+        entry = archive(jm.details(), jm.summary(), jm.status, jm.sequence, jm.collect_vertices, time.time())
+        del self.jobs[jm.job_id]
+        self._forget(self.store.put(entry, time.time()))
+
+    def _expire(self) -> None:
+        self._forget(self.store.expire(time.time()))
+
+    def _forget(self, evicted: list[ArchivedJob]) -> None:
+        for entry in evicted:
+            log.info("job %s (%s) evicted from the job store; its collected rows are deleted",
+                     entry.job_id, entry.status.value)
+            future = asyncio.get_running_loop().run_in_executor(
+                None, committer.remove_job_data, self.config.data_dir, entry.job_id)
+            future.add_done_callback(lambda f, job_id=entry.job_id: f.exception() and log.warning(
+                "deleting the data of evicted job %s: %s", job_id, f.exception()))
 
     # ------------------------------------------------------------------ from TaskManagers
 
@@ -117,7 +176,18 @@ class Dispatcher:
         def deliver() -> None:
             for update in updates:
                 jm = self.jobs.get(update.job_id)
-                if jm is not None:
+                if jm is None:
+                    continue
+                try:
                     jm.on_task_state(update)
+                except Exception:  # one bad report must not keep the rest of the batch from their jobs
+                    log.exception("job %s: a task report could not be applied", jm.job_id)
 
         self.mailbox.call(deliver)
+
+
+def _listing(problems: tuple[str, ...]) -> str:
+    shown = [f"  - {p[:500]}" for p in problems[:40]]
+    if len(problems) > len(shown):
+        shown.append(f"  - ... and {len(problems) - len(shown)} more problem(s)")
+    return f"job graph has {len(problems)} problem(s) on the wire:\n" + "\n".join(shown)

@@ -17,19 +17,19 @@ from typing import Callable
 import grpc
 
 from funke.common.executiongraph import FailureInfo
+from funke.deploy.rpc import MESSAGE_SIZE_OPTIONS
 from funke.v1 import cluster_pb2, cluster_pb2_grpc, job_pb2
 
 log = logging.getLogger("funke.jobmanager")
 
-MAX_MESSAGE_BYTES = 256 * 1024 * 1024
-CHANNEL_OPTIONS = [
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-]
+CHANNEL_OPTIONS = MESSAGE_SIZE_OPTIONS
 RPC_TIMEOUT_S = 60.0
 MAX_BATCH = 2000
 # Deployment descriptors are larger: a TaskManager parses a SubmitTasks in one go on its loop.
 MAX_SUBMIT_BATCH = 500
+# ... and each carries its vertex's functions: a batch also stops at this many bytes, well
+# within the message limit.
+MAX_SUBMIT_BYTES = 32 * 1024 * 1024
 MAX_RETRIES = 5  # for calls other than deployments, which fail the task instead
 _TRANSIENT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED)
 
@@ -43,6 +43,7 @@ class _Call:
     items: list = field(default_factory=list)
     extra: dict = field(default_factory=dict)
     retries: int = 0
+    size: int = 0  # bytes of the items, as far as the caller told
 
 
 class TaskManagerGateway:
@@ -59,8 +60,9 @@ class TaskManagerGateway:
 
     # -- calls (return at once; the sender delivers them in order) --
 
-    def submit(self, descriptor: cluster_pb2.TaskDeploymentDescriptor) -> None:
-        self._enqueue("submit", descriptor.job_id, descriptor)
+    def submit(self, descriptor: cluster_pb2.TaskDeploymentDescriptor, size: int = 0) -> None:
+        """`size`: about how many bytes the descriptor has (its vertex's functions and config)."""
+        self._enqueue("submit", descriptor.job_id, descriptor, size=size)
 
     def cancel(self, job_id: str, attempt: job_pb2.ExecutionAttemptId) -> None:
         self._enqueue("cancel", job_id, attempt)
@@ -77,7 +79,7 @@ class TaskManagerGateway:
         self._queue.append(_Call("release", job_id, list(refs), {"whole_job": whole_job}))
         self._wakeup.set()
 
-    def _enqueue(self, kind: str, job_id: str, item, **extra) -> None:
+    def _enqueue(self, kind: str, job_id: str, item, size: int = 0, **extra) -> None:
         if self._closed:
             if kind == "submit":
                 self._fail_deployments([item], f"TaskManager {self.task_manager_id} is gone")
@@ -85,10 +87,11 @@ class TaskManagerGateway:
         last = self._queue[-1] if self._queue else None
         limit = MAX_SUBMIT_BATCH if kind == "submit" else MAX_BATCH
         if (last is not None and last.kind == kind and last.job_id == job_id and last.extra == extra
-                and len(last.items) < limit):
+                and len(last.items) < limit and last.size + size <= MAX_SUBMIT_BYTES):
             last.items.append(item)
+            last.size += size
         else:
-            self._queue.append(_Call(kind, job_id, [item], extra))
+            self._queue.append(_Call(kind, job_id, [item], extra, size=size))
         self._wakeup.set()
 
     async def close(self) -> None:

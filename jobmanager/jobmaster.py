@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 import traceback
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from funke.common import layout
 from funke.common import scheduler as s
@@ -29,9 +29,10 @@ from funke.jobmanager.conversions import (
     execution_state_from_pb,
     failure_from_pb,
     job_details,
+    job_summary,
 )
 from funke.jobmanager.mailbox import Mailbox
-from funke.v1 import cluster_pb2, jobmanager_pb2
+from funke.v1 import cluster_pb2, job_pb2, jobmanager_pb2
 
 if TYPE_CHECKING:
     from funke.jobmanager.resourcemanager import ResourceManager
@@ -52,6 +53,7 @@ class JobMaster:
         data_dir: str,
         descriptors: DescriptorFactory,
         restart_description: str,
+        on_terminal: Callable[["JobMaster"], None] = lambda jm: None,
     ):
         self.graph = graph
         self.scheduler = scheduler
@@ -61,7 +63,9 @@ class JobMaster:
         self.data_dir = data_dir
         self.descriptors = descriptors
         self.restart_description = restart_description
+        self._on_terminal = on_terminal
         self.waiting_for_resources = ""
+        self._internal_error = False
         self._loop = asyncio.get_running_loop()
         self._timers: set[asyncio.TimerHandle] = set()
         self._watchers: set[asyncio.Queue] = set()
@@ -76,41 +80,75 @@ class JobMaster:
     def status(self) -> JobStatus:
         return self.graph.status
 
+    @property
+    def sequence(self) -> int:
+        """The sequence number of the last event published to watchers."""
+        return self._sequence
+
+    @property
+    def collect_vertices(self) -> tuple[str, ...]:
+        return tuple(v.id for v in self.graph.job_graph.vertices if v.operators and v.operators[-1].kind == "sink.collect")
+
+    def details(self) -> job_pb2.JobDetails:
+        return job_details(self)
+
+    def summary(self) -> job_pb2.JobSummary:
+        return job_summary(self)
+
     # ------------------------------------------------------------------ events (main thread)
 
     def start(self) -> None:
         log.info("job %s (%s): %d tasks, %d slots needed", self.job_id, self.graph.job_graph.name,
                  self.graph.number_of_vertices(), self.scheduler.plan.required_slots())
-        self._apply(self.scheduler.start(time.time()))
+        self._decide(lambda now: self.scheduler.start(now))
 
     def cancel(self) -> JobStatus:
-        self._apply(self.scheduler.cancel(time.time()))
+        self._decide(lambda now: self.scheduler.cancel(now))
         return self.status
 
     def suspend(self, cause: str) -> None:
-        self._apply(self.scheduler.suspend(time.time(), cause))
+        self._decide(lambda now: self.scheduler.suspend(now, cause))
 
     def on_task_state(self, update: cluster_pb2.TaskExecutionState) -> None:
+        """A TaskManager's report. One that does not decode (an unknown state number from a
+        newer or broken TaskManager) is logged and dropped: it says nothing the job can use."""
+        try:
+            attempt, state = attempt_from_pb(update.attempt), execution_state_from_pb(update.state)
+        except ValueError as exc:
+            log.warning("job %s: ignoring a task report that does not decode: %s", self.job_id, exc)
+            return
         failure = failure_from_pb(update.failure) if update.HasField("failure") else None
         schemas = {(p.data_set_id, p.partition_index): p.schema for p in update.produced}
-        self._apply(self.scheduler.on_task_state(
-            attempt_from_pb(update.attempt), execution_state_from_pb(update.state), time.time(),
-            failure=failure, produced_schemas=schemas))
+        self._decide(lambda now: self.scheduler.on_task_state(
+            attempt, state, now, failure=failure, produced_schemas=schemas))
 
     def on_deploy_failed(self, attempt, failure: FailureInfo) -> None:
-        self._apply(self.scheduler.on_deploy_failed(attempt_from_pb(attempt), failure, time.time()))
+        self._decide(lambda now: self.scheduler.on_deploy_failed(attempt_from_pb(attempt), failure, now))
 
     def on_slots_allocated(self, request_id: int, slots) -> None:
-        self._apply(self.scheduler.on_slots_allocated(request_id, slots, time.time()))
+        self._decide(lambda now: self.scheduler.on_slots_allocated(request_id, slots, now))
 
     def on_slot_request_failed(self, request_id: int, message: str) -> None:
-        self._apply(self.scheduler.on_slot_request_failed(request_id, message, time.time()))
+        self._decide(lambda now: self.scheduler.on_slot_request_failed(request_id, message, now))
 
     def on_waiting_for_resources(self, message: str) -> None:
         self._set_waiting(message)
 
     def on_task_manager_lost(self, task_manager_id: str, cause: str) -> None:
-        self._apply(self.scheduler.on_task_manager_lost(task_manager_id, cause, time.time()))
+        self._decide(lambda now: self.scheduler.on_task_manager_lost(task_manager_id, cause, now))
+
+    def on_internal_error(self, exc: BaseException, undelivered: list) -> None:
+        """Something raised between a decision and its effect: the job fails at once (no
+        restart: it would meet the same error), its slots are freed, the cause is in its
+        exception history. Reported once; later errors of a job already failing this way are
+        only logged, so a handler that always raises cannot loop."""
+        if self._internal_error or self.status.is_terminal:
+            return
+        self._internal_error = True
+        failure = FailureInfo("JobManagerError", f"the JobManager could not carry out a decision for this "
+                              f"job: {type(exc).__name__}: {str(exc)[:2000]}",
+                              "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-20_000:])
+        self._decide(lambda now: self.scheduler.on_internal_error(failure, now, undelivered))
 
     # ------------------------------------------------------------------ watching
 
@@ -146,10 +184,33 @@ class JobMaster:
 
     # ------------------------------------------------------------------ actions
 
+    def _decide(self, event) -> None:
+        """Feed one event to the scheduler and carry out what it decides. Should the scheduler
+        itself raise (a bug), the job fails as for any other internal error."""
+        try:
+            actions = event(time.time())
+        except Exception as exc:
+            log.exception("job %s: the scheduler raised", self.job_id)
+            self.mailbox.run(lambda: self.on_internal_error(exc, []))
+            return
+        self._apply(actions)
+
     def _apply(self, actions: list[s.Action]) -> None:
+        """Carry out every action, even after one of them raised: the others (releasing slots,
+        publishing transitions) must still happen. Deployments that raised never left the
+        JobManager; the job learns of the error next, as an event of its own."""
+        error: BaseException | None = None
+        undelivered = []
         for action in actions:
-            handler = _HANDLERS[type(action)]
-            handler(self, action)
+            try:
+                _HANDLERS[type(action)](self, action)
+            except Exception as exc:
+                log.exception("job %s: carrying out %s failed", self.job_id, type(action).__name__)
+                error = error or exc
+                if isinstance(action, s.DeployTask):
+                    undelivered.append(action.deployment.attempt)
+        if error is not None:
+            self.mailbox.run(lambda: self.on_internal_error(error, undelivered))
 
     def _on_job_status(self, a: s.JobStatusChanged) -> None:
         t = a.transition
@@ -180,7 +241,7 @@ class JobMaster:
             failure = FailureInfo("DeploymentFailed", f"TaskManager {a.deployment.slot.task_manager_id} is gone")
             self.mailbox.run(lambda: self.on_deploy_failed(descriptor.attempt, failure))
         else:
-            gateway.submit(descriptor)
+            gateway.submit(descriptor, self.descriptors.size_of(a.deployment.vertex.id))
 
     def _on_cancel_task(self, a: s.CancelTask) -> None:
         gateway = self.rm.gateway(a.task_manager_id)
@@ -204,7 +265,7 @@ class JobMaster:
     def _on_timer(self, a: s.StartTimer) -> None:
         def fire() -> None:
             self._timers.discard(handle)
-            self.mailbox.run(lambda: self._apply(self.scheduler.on_timer(a.timer, time.time())))
+            self.mailbox.run(lambda: self._decide(lambda now: self.scheduler.on_timer(a.timer, now)))
 
         handle = self._loop.call_later(max(0.0, a.at - time.time()), fire)
         self._timers.add(handle)
@@ -218,7 +279,7 @@ class JobMaster:
                 exc = f.exception()
                 error = FailureInfo(type(exc).__name__, str(exc),
                                     "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
-            self.mailbox.run(lambda: self._apply(self.scheduler.on_outputs_committed(time.time(), error)))
+            self.mailbox.run(lambda: self._decide(lambda now: self.scheduler.on_outputs_committed(now, error)))
 
         future.add_done_callback(done)
 
@@ -238,6 +299,8 @@ class JobMaster:
                                                 self.sink_targets, keep)
             future.add_done_callback(lambda f: f.exception() and log.warning(
                 "cleaning up job %s: %s", self.job_id, f.exception()))
+        # After the other actions of this decision: the dispatcher then keeps only a summary.
+        self.mailbox.run(lambda: self._on_terminal(self))
 
 
 def _commits_output(kind: str) -> bool:

@@ -22,10 +22,11 @@ from funke.common.configuration import (
     parse_key_values,
     read_config_file,
 )
+from funke.deploy.rpc import MESSAGE_SIZE_OPTIONS, add_service
+from funke.jobmanager import datadir
 from funke.jobmanager.dispatcher import Dispatcher
-from funke.jobmanager.gateway import CHANNEL_OPTIONS
 from funke.jobmanager.services import JobManagerService, JobMasterService, ResourceManagerService
-from funke.v1 import cluster_pb2_grpc, jobmanager_pb2_grpc
+from funke.v1 import cluster_pb2, jobmanager_pb2
 
 log = logging.getLogger("funke.jobmanager")
 
@@ -64,10 +65,11 @@ def _fields(config: ClusterConfiguration) -> dict:
 
 async def serve(args: argparse.Namespace, config: ClusterConfiguration) -> None:
     dispatcher = Dispatcher(config)
-    server = grpc.aio.server(options=CHANNEL_OPTIONS)
-    jobmanager_pb2_grpc.add_JobManagerServicer_to_server(JobManagerService(dispatcher), server)
-    cluster_pb2_grpc.add_ResourceManagerServicer_to_server(ResourceManagerService(dispatcher), server)
-    cluster_pb2_grpc.add_JobMasterServicer_to_server(JobMasterService(dispatcher), server)
+    server = grpc.aio.server(options=MESSAGE_SIZE_OPTIONS)
+    services = jobmanager_pb2.DESCRIPTOR.services_by_name, cluster_pb2.DESCRIPTOR.services_by_name
+    add_service(server, JobManagerService(dispatcher), services[0]["JobManager"])
+    add_service(server, ResourceManagerService(dispatcher), services[1]["ResourceManager"])
+    add_service(server, JobMasterService(dispatcher), services[1]["JobMaster"])
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     port = server.add_insecure_port(f"{args.host}:{args.port}")
@@ -108,7 +110,16 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigurationError as exc:
         print(exc, file=sys.stderr)
         return 2
-    asyncio.run(serve(args, config))
+    try:
+        # Before serving: no job may start while an earlier JobManager's leftovers are swept.
+        claim = datadir.claim(config.data_dir)
+    except datadir.DataDirInUse as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(serve(args, config))
+    finally:
+        claim.release()
     return 0
 
 

@@ -1,5 +1,9 @@
 """gRPC services of the JobManager process: translate requests into Dispatcher and
-ResourceManager calls on the main thread, and their errors into status codes."""
+ResourceManager calls on the main thread, and their errors into status codes.
+
+Every request is untrusted: ids are checked before they are used or echoed (a message quotes at
+most a shortened form of what the client sent), and what a TaskManager registers with is checked
+before the ResourceManager allocates anything for it."""
 
 from __future__ import annotations
 
@@ -8,18 +12,33 @@ import logging
 
 import grpc
 
+from funke.common import ids
 from funke.common.states import JobStatus
 from funke.jobmanager import committer
-from funke.jobmanager.conversions import job_details, job_status_pb, job_summary
+from funke.jobmanager.conversions import job_status_pb
 from funke.jobmanager.dispatcher import Dispatcher, DispatcherError
-from funke.jobmanager.jobmaster import END_OF_STREAM
+from funke.jobmanager.jobmaster import END_OF_STREAM, JobMaster
+from funke.jobmanager.jobstore import ArchivedJob
 from funke.v1 import cluster_pb2, cluster_pb2_grpc, jobmanager_pb2, jobmanager_pb2_grpc
 
 log = logging.getLogger("funke.jobmanager")
 
+# What one TaskManager may offer: enough for any machine, too few to exhaust the JobManager.
+MAX_SLOTS_PER_TASK_MANAGER = 4096
+MAX_ADDRESS_LENGTH = 300
+MAX_RESOURCES = 100
+
 
 async def _abort(context: grpc.aio.ServicerContext, error: DispatcherError):
     await context.abort(getattr(grpc.StatusCode, error.code), str(error))
+
+
+async def _job(d: Dispatcher, job_id: str, context: grpc.aio.ServicerContext) -> JobMaster | ArchivedJob:
+    try:
+        return d.job(job_id)
+    except DispatcherError as exc:
+        await _abort(context, exc)
+        raise  # not reached: abort raises
 
 
 class JobManagerService(jobmanager_pb2_grpc.JobManagerServicer):
@@ -34,13 +53,11 @@ class JobManagerService(jobmanager_pb2_grpc.JobManagerServicer):
         return jobmanager_pb2.SubmitJobResponse(job_id=job_id)
 
     async def ListJobs(self, request, context):
-        return jobmanager_pb2.ListJobsResponse(jobs=[job_summary(jm) for jm in self.d.jobs.values()])
+        return jobmanager_pb2.ListJobsResponse(jobs=self.d.summaries())
 
     async def GetJob(self, request, context):
-        try:
-            return job_details(self.d.job(request.job_id))
-        except DispatcherError as exc:
-            await _abort(context, exc)
+        job = await _job(self.d, request.job_id, context)
+        return job.details()
 
     async def CancelJob(self, request, context):
         try:
@@ -50,11 +67,11 @@ class JobManagerService(jobmanager_pb2_grpc.JobManagerServicer):
         return jobmanager_pb2.CancelJobResponse(status=job_status_pb(status))
 
     async def WatchJob(self, request, context):
-        try:
-            jm = self.d.job(request.job_id)
-        except DispatcherError as exc:
-            await _abort(context, exc)
-        snapshot, queue = jm.subscribe()
+        job = await _job(self.d, request.job_id, context)
+        if isinstance(job, ArchivedJob):
+            yield jobmanager_pb2.JobEvent(sequence=job.sequence, snapshot=job.details())
+            return
+        snapshot, queue = job.subscribe()
         try:
             yield snapshot
             while True:
@@ -63,37 +80,53 @@ class JobManagerService(jobmanager_pb2_grpc.JobManagerServicer):
                     return
                 yield event
         finally:
-            jm.unsubscribe(queue)
+            job.unsubscribe(queue)
 
     async def GetClusterOverview(self, request, context):
         overview = self.d.rm.overview()
-        counts: dict[str, int] = {}
-        for jm in self.d.jobs.values():
-            counts[jm.status.value] = counts.get(jm.status.value, 0) + 1
-        overview.jobs_by_status.update(counts)
+        overview.jobs_by_status.update(self.d.counts_by_status())
         return overview
 
     async def GetJobResult(self, request, context):
-        try:
-            jm = self.d.job(request.job_id)
-        except DispatcherError as exc:
-            await _abort(context, exc)
-        collects = [v.id for v in jm.graph.job_graph.vertices if v.operators and v.operators[-1].kind == "sink.collect"]
+        job = await _job(self.d, request.job_id, context)
+        collects = job.collect_vertices
         if request.vertex_id:
             if request.vertex_id not in collects:
-                await context.abort(grpc.StatusCode.NOT_FOUND, f"job {request.job_id} has no collect sink {request.vertex_id!r}")
+                await context.abort(grpc.StatusCode.NOT_FOUND,
+                                    f"job {request.job_id} has no collect sink {ids.echo(request.vertex_id)}")
             vertex_id = request.vertex_id
         elif len(collects) == 1:
             vertex_id = collects[0]
         else:
             await context.abort(grpc.StatusCode.NOT_FOUND if not collects else grpc.StatusCode.INVALID_ARGUMENT,
                                 f"job {request.job_id} has {len(collects)} collect sinks ({', '.join(collects)}); name one")
-        if jm.status is not JobStatus.FINISHED:
+        if job.status is not JobStatus.FINISHED:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                                f"job {request.job_id} is {jm.status.value}; results exist once it FINISHED")
-        data, rows = await asyncio.get_running_loop().run_in_executor(
-            None, committer.read_collected, jm.data_dir, jm.job_id, vertex_id)
+                                f"job {request.job_id} is {job.status.value}; results exist once it FINISHED")
+        try:
+            data, rows = await asyncio.get_running_loop().run_in_executor(
+                None, committer.read_collected, self.d.config.data_dir, request.job_id, vertex_id)
+        except FileNotFoundError as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         return jobmanager_pb2.JobResult(vertex_id=vertex_id, arrow_ipc_stream=data, row_count=rows)
+
+
+def registration_problem(request: cluster_pb2.RegisterTaskManagerRequest) -> str | None:
+    """Why a TaskManager's registration cannot be accepted, or None."""
+    problem = ids.path_id_problem(request.task_manager_id, "task_manager_id")
+    if problem is not None:
+        return problem
+    if not 1 <= request.number_of_slots <= MAX_SLOTS_PER_TASK_MANAGER:
+        return f"number_of_slots {request.number_of_slots} is outside [1, {MAX_SLOTS_PER_TASK_MANAGER}]"
+    address = request.address
+    host, sep, port = address.rpartition(":")
+    if (len(address) > MAX_ADDRESS_LENGTH or not address.isprintable() or not sep or not host
+            or not port.isdigit() or not 0 < int(port) < 65536):
+        return f"address {ids.echo(address)} is not HOST:PORT"
+    if len(request.resources) > MAX_RESOURCES or any(
+            len(k) > 200 or len(v) > 1000 for k, v in request.resources.items()):
+        return f"resources: at most {MAX_RESOURCES} entries of at most 200 / 1000 characters"
+    return None
 
 
 class ResourceManagerService(cluster_pb2_grpc.ResourceManagerServicer):
@@ -101,6 +134,9 @@ class ResourceManagerService(cluster_pb2_grpc.ResourceManagerServicer):
         self.d = dispatcher
 
     async def RegisterTaskManager(self, request, context):
+        problem = registration_problem(request)
+        if problem is not None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"registration refused: {problem}")
         return self.d.mailbox.call(lambda: self.d.rm.register(request))
 
     async def Heartbeat(self, request_iterator, context):
@@ -108,6 +144,11 @@ class ResourceManagerService(cluster_pb2_grpc.ResourceManagerServicer):
         cause = "heartbeat connection closed"
         try:
             async for beat in request_iterator:
+                if tm_id and beat.task_manager_id != tm_id:
+                    # One stream is one TaskManager's: a stream that changes its id is not one.
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                        f"a heartbeat stream belongs to one TaskManager ({tm_id}), not "
+                                        f"{ids.echo(beat.task_manager_id)}")
                 tm_id, registration_id = beat.task_manager_id, beat.registration_id
                 known = self.d.mailbox.call(lambda: self.d.rm.heartbeat(tm_id, registration_id))
                 yield cluster_pb2.HeartbeatResponse(reregister=not known)

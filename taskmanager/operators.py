@@ -86,6 +86,7 @@ from pyspark.sql.types import (
 
 from funke.common import layout
 from funke.common.jobgraph import OperatorSpec
+from funke.common.operators import SINK_MODES
 
 # The closures handed to mapInArrow reference this module's helpers; pickled by reference they
 # would need funke importable in every Python worker. By value, they need only what they import.
@@ -760,7 +761,7 @@ def _noop(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFrame]) -> D
 # sinks
 # ---------------------------------------------------------------------------------------------
 
-_SINK_MODES = ("error", "overwrite")
+_SINK_MODES = SINK_MODES
 
 
 def _check_target(spec: OperatorSpec, target: str) -> None:

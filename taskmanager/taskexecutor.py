@@ -45,11 +45,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from funke.common import layout
+from funke.common import ids, layout
 from funke.common.executiongraph import ExecutionAttemptId, FailureInfo
 from funke.common.operators import NOOP_KINDS
 from funke.common.slotmanager import DEFAULT_HEARTBEAT_INTERVAL_S, DEFAULT_HEARTBEAT_TIMEOUT_S
 from funke.common.states import ExecutionState
+from funke.deploy.rpc import MESSAGE_SIZE_OPTIONS, add_service
 from funke.taskmanager.inputgates import PartitionAvailability
 from funke.taskmanager.task import Task, VertexCache
 from funke.v1 import cluster_pb2, cluster_pb2_grpc, job_pb2
@@ -276,6 +277,17 @@ def _is_noop_chain(descriptor: cluster_pb2.TaskDeploymentDescriptor) -> bool:
     return all(op.kind in NOOP_KINDS for op in descriptor.vertex.operators)
 
 
+def _descriptor_problem(d: cluster_pb2.TaskDeploymentDescriptor) -> str | None:
+    """Why a descriptor's ids cannot be used (they become path components), or None."""
+    a = d.attempt
+    problem = (ids.job_id_problem(d.job_id) or ids.path_id_problem(a.vertex_id, "vertex id")
+               or next((p for g in d.inputs if (p := ids.path_id_problem(g.data_set_id, "data set id"))), None)
+               or next((p for o in d.outputs if (p := ids.path_id_problem(o.data_set_id, "data set id"))), None))
+    if problem is None and (a.subtask_index < 0 or a.attempt_number < 0 or d.slot_index < 0):
+        problem = "negative subtask index, attempt number or slot index"
+    return problem
+
+
 def _rpc_error(e: grpc.aio.AioRpcError) -> str:
     return f"{e.code().name}: {e.details()}"
 
@@ -477,8 +489,8 @@ class TaskExecutor:
             log.info("TaskManager %s runs without Spark: only no-op chains can run", self.id)
 
         # No SO_REUSEPORT: a second process on the same --port must fail, not share the traffic.
-        self._server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-        cluster_pb2_grpc.add_TaskExecutorServicer_to_server(_TaskExecutorServicer(self), self._server)
+        self._server = grpc.aio.server(options=[("grpc.so_reuseport", 0), *MESSAGE_SIZE_OPTIONS])
+        add_service(self._server, _TaskExecutorServicer(self), cluster_pb2.DESCRIPTOR.services_by_name["TaskExecutor"])
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         for service in _HEALTH_SERVICES:
             await self._health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
@@ -710,6 +722,9 @@ class TaskExecutor:
             return f"TaskManager {self.id} is shutting down"
         if not key.job_id:
             return "the task descriptor has no job id"
+        problem = _descriptor_problem(descriptor)
+        if problem is not None:
+            return problem
         if key in self._tasks:
             return f"task {key} is already deployed on TaskManager {self.id}"
         if key in self._early_cancels:
@@ -848,6 +863,14 @@ class TaskExecutor:
 
     async def release_partitions(self, request: cluster_pb2.ReleasePartitionsRequest) -> None:
         job = request.job_id
+        if ids.job_id_problem(job) is not None:
+            log.warning("ReleasePartitions for job id %s, which is no job id; ignored", ids.echo(job))
+            return
+        bad = [p for p in request.partitions if not ids.is_path_id(p.data_set_id)
+               or p.partition_index < 0 or p.producer_attempt < 0]
+        if bad:
+            log.warning("ReleasePartitions of job %s names %d partition(s) with invalid ids; ignored", job, len(bad))
+            return
         data_dir = self._job_data_dirs.get(job, self.data_dir)
         produced = self._produced.get(job, set())
         targets = {(data_dir, p.data_set_id, p.partition_index, p.producer_attempt) for p in request.partitions}

@@ -75,7 +75,7 @@ def job_graph(name: str, vertices: Sequence[JobVertex], connections: Sequence[Co
     edges: list[JobEdge] = []
     inputs: dict[str, int] = {}
     for c in connections:
-        data_set = f"{c.producer}->{c.consumer}#{len(data_sets)}"
+        data_set = f"{c.producer}.to.{c.consumer}.{len(data_sets)}"
         partitioner = c.partitioner
         if partitioner is None:
             same = by_id[c.producer].parallelism == by_id[c.consumer].parallelism
