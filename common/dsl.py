@@ -54,6 +54,7 @@ from funke.common.jobgraph import (
     RestartStrategyConfig,
     ResultPartitionType,
 )
+from funke.common import ids
 from funke.common.operators import CATALOGUE, JOIN_TYPES, SINK_MODES
 
 __all__ = [
@@ -168,18 +169,18 @@ class _OperatorHandle:
     def uid(self, uid: str) -> Self:
         """A stable id, unique within the job; it becomes the JobVertex id when this operator
         heads a chain (otherwise vertex ids are generated from the head operator's kind)."""
-        self._env._register_uid(self._t, _non_empty_str(uid, "uid"))
+        self._env._register_uid(self._t, ids.require_path_id(_non_empty_str(uid, "uid"), "uid"))
         return self
 
     def slot_sharing_group(self, group: str) -> Self:
         """Operators in different groups never share a slot (and so never chain). Without a
         group an operator inherits its inputs' group when they all agree, else "default"."""
-        self._t.slot_sharing_group = _non_empty_str(group, "slot-sharing group")
+        self._t.slot_sharing_group = _label(group, "slot-sharing group")
         return self
 
     def co_location_group(self, group: str) -> Self:
         """Subtask i of every operator in the group runs in the same slot."""
-        self._t.co_location_group = _non_empty_str(group, "co-location group")
+        self._t.co_location_group = _label(group, "co-location group")
         return self
 
     def disable_chaining(self) -> Self:
@@ -461,7 +462,7 @@ class ExecutionEnvironment:
 
     def add_artifact(self, name: str, content: bytes) -> Self:
         """A file the job's code needs on the TaskManagers (a module, a zip, a lookup table)."""
-        name = _non_empty_str(name, "artifact name")
+        name = ids.require_path_id(_non_empty_str(name, "artifact name"), "artifact name")
         if not isinstance(content, (bytes, bytearray)):
             raise TypeError(f"artifact {name!r}: content must be bytes, got {type(content).__name__}")
         if name in self._artifacts:
@@ -809,6 +810,13 @@ def _location(path: object) -> str:
     scheme (hdfs://, s3a://, file://) and globs are kept as written."""
     text = _non_empty_str(path, "path")
     return text if "://" in text else os.path.abspath(text)
+
+
+def _label(value: object, what: str) -> str:
+    problem = ids.label_problem(value, what)
+    if problem is not None:
+        raise ValueError(problem)
+    return value  # type: ignore[return-value]
 
 
 def _non_empty_str(value: object, what: str) -> str:

@@ -589,17 +589,19 @@ class Scheduler:
 
     @_event
     def on_internal_error(self, failure: FailureInfo, now: float,
-                          undelivered: Sequence[ExecutionAttemptId] = ()) -> list[Action]:
+                          undelivered: Sequence[ExecutionAttemptId] = (), *, record: bool = True) -> list[Action]:
         """The JobManager could not carry out this job's decisions (a deployment that would not
         build, a call that raised before it left the process). The job fails at once and is not
         restarted — the same actions would fail again — with the cause in its exception history;
         `undelivered` deployments never reached a TaskManager, so they fail first instead of
-        waiting for a report that cannot come."""
+        waiting for a report that cannot come (also when the job already asked them to cancel).
+        `record`: add the failure to the exception history (once per error, not per round)."""
         for attempt in undelivered:
             ex = self._current(attempt)
-            if ex is not None and ex.state in _DEPLOYED:
+            if ex is not None and (ex.state in _DEPLOYED or ex.state is E.CANCELING):
                 self._transition(ex, E.FAILED, now, str(failure), failure)
-        self._record_exception(ExceptionHistoryEntry(now, "", None, None, failure))
+        if record:
+            self._record_exception(ExceptionHistoryEntry(now, "", None, None, failure))
         status = self.status
         suppressed = "an error in the JobManager, which a restart would meet again"
         if status in (J.CREATED, J.RUNNING):

@@ -81,6 +81,11 @@ class Dispatcher:
         problems = find_problems(job, self._validation)
         if problems:
             raise DispatcherError("INVALID_ARGUMENT", describe_problems(problems))
+        return await self.start_job(job, message.artifacts)
+
+    async def start_job(self, job: JobGraph, artifacts=()) -> str:
+        """Build and start a job that passed validation (the second half of `submit`; `artifacts`
+        are the wire form the TaskManagers get)."""
         job_id = job.job_id or uuid.uuid4().hex
         if job_id in self.jobs or job_id in self._reserved:
             raise DispatcherError("ALREADY_EXISTS", f"a job with id {job_id} already exists")
@@ -96,7 +101,7 @@ class Dispatcher:
             self._reserved.discard(job_id)
         jm = JobMaster(
             graph, scheduler, resource_manager=self.rm, mailbox=self.mailbox, data_dir=self.config.data_dir,
-            descriptors=DescriptorFactory(self.config.data_dir, dict(job.configuration.options), message.artifacts),
+            descriptors=DescriptorFactory(self.config.data_dir, dict(job.configuration.options), artifacts),
             restart_description=restart, on_terminal=self._archive,
         )
         self.jobs[job_id] = jm

@@ -140,15 +140,16 @@ class JobMaster:
     def on_internal_error(self, exc: BaseException, undelivered: list) -> None:
         """Something raised between a decision and its effect: the job fails at once (no
         restart: it would meet the same error), its slots are freed, the cause is in its
-        exception history. Reported once; later errors of a job already failing this way are
-        only logged, so a handler that always raises cannot loop."""
-        if self._internal_error or self.status.is_terminal:
+        exception history (once: later errors of the job only fail their own undelivered
+        deployments). Each round moves the job towards a terminal status and a terminal job
+        takes no more, so a handler that always raises cannot loop."""
+        if self.status.is_terminal:
             return
-        self._internal_error = True
         failure = FailureInfo("JobManagerError", f"the JobManager could not carry out a decision for this "
                               f"job: {type(exc).__name__}: {str(exc)[:2000]}",
                               "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-20_000:])
-        self._decide(lambda now: self.scheduler.on_internal_error(failure, now, undelivered))
+        first, self._internal_error = not self._internal_error, True
+        self._decide(lambda now: self.scheduler.on_internal_error(failure, now, undelivered, record=first))
 
     # ------------------------------------------------------------------ watching
 

@@ -147,7 +147,7 @@ class ResourceManagerService(cluster_pb2_grpc.ResourceManagerServicer):
                 if tm_id and beat.task_manager_id != tm_id:
                     # One stream is one TaskManager's: a stream that changes its id is not one.
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                        f"a heartbeat stream belongs to one TaskManager ({tm_id}), not "
+                                        f"a heartbeat stream belongs to one TaskManager ({ids.echo(tm_id)}), not "
                                         f"{ids.echo(beat.task_manager_id)}")
                 tm_id, registration_id = beat.task_manager_id, beat.registration_id
                 known = self.d.mailbox.call(lambda: self.d.rm.heartbeat(tm_id, registration_id))

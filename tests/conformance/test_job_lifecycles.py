@@ -161,7 +161,10 @@ def test_suspend_from_every_non_terminal_status(status):
     sim.apply(sim.scheduler.suspend(sim.now, "JobManager shutting down"))
     assert sim.scheduler.status is J.SUSPENDED
     assert sim.job_path()[-1] == "SUSPENDED"
-    while sim.step_tasks():  # live tasks finish cancelling; the job stays SUSPENDED
+    # Locally terminal at once: no execution waits for a TaskManager's answer, no slot is held.
+    assert all(ev.state.is_terminal for ev in sim.graph.execution_vertices())
+    sim.scheduler.validate_state()
+    while sim.step_tasks():  # late reports of the cancelled tasks change nothing
         pass
     assert sim.scheduler.status is J.SUSPENDED
     assert all(ev.state.is_terminal for ev in sim.graph.execution_vertices())
@@ -348,3 +351,29 @@ def test_a_cancellation_timeout_fails_a_cancelled_job_and_is_in_the_exception_hi
     assert sim.scheduler.status is J.FAILED
     assert sim.scheduler.failure.exception_type == "CancellationTimeout"
     assert [e.failure.exception_type for e in sim.scheduler.exception_history] == ["CancellationTimeout"]
+    # A terminal job has no execution left CANCELING: the ones that never answered gave up.
+    stuck = [ev.current_execution for ev in sim.graph.execution_vertices() if not ev.state.is_terminal]
+    assert stuck == []
+    sim.scheduler.validate_state()
+    sim.assert_conformant()
+
+
+@pytest.mark.parametrize("status", [J.CREATED, J.RUNNING, J.FAILING, J.RESTARTING, J.CANCELLING], ids=lambda s: s.value)
+def test_an_internal_error_fails_the_job_without_a_restart_from_every_live_status(status):
+    """The JobManager raised between a decision and its effect: the same decision would meet the
+    same error, so no restart; every slot is freed and nothing waits for a TaskManager."""
+    sim = _drive_to(status)
+    error = FailureInfo("JobManagerError", "the deployment descriptor could not be built")
+    deploying = [a for a in sim.running if sim.graph.find_execution(a).state is E.DEPLOYING]
+    for a in deploying:
+        sim.running.pop(a)
+    sim.apply(sim.scheduler.on_internal_error(error, sim.now, deploying))
+    assert all(sim.graph.find_execution(a).state is E.FAILED for a in deploying)
+    final = sim.run()
+    assert final is (J.CANCELED if status is J.CANCELLING else J.FAILED)
+    assert any(e.failure.exception_type == "JobManagerError" for e in sim.scheduler.exception_history)
+    if final is J.FAILED:
+        assert "recovery is suppressed" in sim.scheduler.failure.message
+    assert sim.slots.free_slots == sim.slots.total_slots
+    sim.scheduler.validate_state()
+    sim.assert_conformant()

@@ -90,29 +90,25 @@ class CheckedCluster(SimulatedCluster):
         self._carrying_out = False
         self._checked = (0, 0)  # job steps, execution steps
         self._last_states: dict[str, str] = {"job": "CREATED"}
-        self.break_next_deployment = False
+        self.deployments_to_break = 0
         super().__post_init__()
 
     def apply(self, actions: list) -> None:
         outermost = not self._carrying_out
         self._carrying_out = True
         broken: list = []
-        if self.break_next_deployment:
-            # As the JobMaster does: the action that raised is not carried out, the others are,
-            # then the job learns of the error as an event of its own.
-            deploy = next((a for a in actions if isinstance(a, s.DeployTask)), None)
-            if deploy is not None:
-                self.break_next_deployment = False
+        if self.deployments_to_break:
+            # As the JobMaster does: a deployment that raised is not carried out, the other
+            # actions are, and the job learns of the error as an event of its own, through the
+            # mailbox (so decisions taken meanwhile may raise too).
+            for deploy in [a for a in actions if isinstance(a, s.DeployTask)][:self.deployments_to_break]:
+                self.deployments_to_break -= 1
                 broken.append(deploy.deployment.attempt)
-                actions = [a for a in actions if a is not deploy]
+            actions = [a for a in actions if not (isinstance(a, s.DeployTask) and a.deployment.attempt in broken)]
         try:
             super().apply(actions)
             if broken:
-                failure = FailureInfo("JobManagerError", "injected: the deployment could not be built")
-                super().apply(self.scheduler.on_internal_error(failure, self.now, broken))
-                assert self.scheduler.status not in (J.CREATED, J.RUNNING, J.RESTARTING), self.scheduler.status
-                execution = self.graph.find_execution(broken[0])
-                assert execution.state is E.FAILED, f"{execution!r} waits for a report no TaskManager can send"
+                self._mail.append(lambda: self._internal_error(broken))
         finally:
             self._carrying_out = not outermost
         if outermost:
@@ -127,9 +123,25 @@ class CheckedCluster(SimulatedCluster):
         self._carrying_out = True
         try:
             while self._mail:
-                super()._slot_actions([self._mail.pop(0)])
+                letter = self._mail.pop(0)
+                if callable(letter):
+                    letter()
+                else:
+                    super()._slot_actions([letter])
         finally:
             self._carrying_out = False
+
+    def _internal_error(self, broken: list) -> None:
+        if self.scheduler.status.is_terminal:
+            return
+        failure = FailureInfo("JobManagerError", "injected: the deployment could not be built")
+        self._carrying_out = False
+        self.apply(self.scheduler.on_internal_error(failure, self.now, broken))
+        self._carrying_out = True
+        assert self.scheduler.status not in (J.CREATED, J.RUNNING, J.RESTARTING), self.scheduler.status
+        for attempt in broken:
+            execution = self.graph.find_execution(attempt)
+            assert execution.state is E.FAILED, f"{execution!r} waits for a report no TaskManager can send"
 
     def observe(self, action: object) -> None:
         if isinstance(action, sm.SlotsAllocated):
@@ -248,11 +260,11 @@ class SchedulerFuzz(RuleBasedStateMachine):
         self.sim.register_task_manager(task_manager, slots)  # a known id: its old process is gone
 
     @precondition(job_is_live)
-    @rule()
-    def the_next_deployment_cannot_be_carried_out(self) -> None:
+    @rule(how_many=st.sampled_from([1, 1000]))
+    def the_next_deployments_cannot_be_carried_out(self, how_many: int) -> None:
         """The JobManager will raise between the scheduler's decision and the RPC of the next
-        deployment (see `CheckedCluster.apply`)."""
-        self.sim.break_next_deployment = True
+        deployment(s) (see `CheckedCluster.apply`)."""
+        self.sim.deployments_to_break = how_many
 
     @precondition(job_is_live)
     @rule()

@@ -125,3 +125,45 @@ def test_leftovers_of_a_commit_that_never_ended_are_not_published(tmp_path):
     stage(out, 0, 0, {"p.csv": "fresh\n"})
     committer.commit_outputs(str(tmp_path), JOB, [sink("v", out, 0, 0)])
     assert tree(out) == {"part-00000-000.csv": "fresh\n"}
+
+
+def test_a_finished_attempt_whose_output_is_missing_fails_the_commit_and_publishes_nothing(tmp_path):
+    """The JobManager cannot see what a TaskManager wrote (a data directory that is not shared):
+    publishing the other subtasks' files alone would lose data without a word."""
+    out, other = tmp_path / "out", tmp_path / "other"
+    stage(out, 0, 0, {"part-a.csv": "s0\n"})  # subtask 1's staging directory is missing
+    stage(other, 0, 0, {"part-b.csv": "b\n"})
+    with pytest.raises(FileNotFoundError, match=r"subtask 1 attempt #0 finished, but its output .* is not there.*shared"):
+        committer.commit_outputs(str(tmp_path), JOB, [sink("v", out, 0, 0), sink("v", out, 1, 0),
+                                                      sink("w", other, 0, 0)])
+    assert not out.exists() and not other.exists()
+
+
+def test_collected_rows_that_are_gone_are_an_error_not_an_empty_result(tmp_path):
+    data = tmp_path / "data"
+    with pytest.raises(FileNotFoundError, match="no longer in the data directory"):
+        committer.read_collected(str(data), JOB, "sink-collect")
+
+
+@pytest.mark.parametrize("job_id", ["..", "../..", "", "a/b"])
+def test_clean_up_refuses_ids_that_would_reach_outside_the_job(tmp_path, job_id):
+    data = tmp_path / "data"
+    (data / "jobs" / "earlier").mkdir(parents=True)
+    (data / "jobs" / "earlier" / "rows.parquet").write_text("keep")
+    (tmp_path / "canary").write_text("keep")
+    with pytest.raises(ValueError):
+        committer.cleanup_job(str(data), job_id, [], keep_collected=False)
+    with pytest.raises(ValueError):
+        committer.remove_job_data(str(data), job_id)
+    assert (data / "jobs" / "earlier" / "rows.parquet").read_text() == "keep"
+    assert (tmp_path / "canary").read_text() == "keep"
+
+
+def test_an_evicted_job_takes_its_collected_rows_and_nothing_else(tmp_path):
+    data = tmp_path / "data"
+    for job in ("gone", "kept"):
+        collected = Path(layout.collect_dir(str(data), job, "sink"))
+        collected.mkdir(parents=True)
+        (collected / "part-0.parquet").write_text(job)
+    committer.remove_job_data(str(data), "gone")
+    assert sorted(p.name for p in (data / "jobs").iterdir()) == ["kept"]

@@ -386,6 +386,17 @@ def test_uids_must_be_unique():
         env.from_range(2).uid("numbers")
 
 
+@pytest.mark.parametrize("uid", ["..", "a/b", "my source", "x\n", ".hidden"])
+def test_a_uid_must_be_a_plain_path_id_since_it_becomes_the_vertex_id(uid):
+    env = ExecutionEnvironment("ids")
+    with pytest.raises(ValueError, match="uid .* may only contain|uid .* longer"):
+        env.from_range(1).uid(uid)
+    with pytest.raises(ValueError, match="artifact name"):
+        env.add_artifact(uid, b"")
+    with pytest.raises(ValueError, match="control characters|whitespace"):
+        env.from_range(1).slot_sharing_group(" group\t")
+
+
 def test_collect_handle_names_the_vertex_the_sink_runs_in():
     env = ExecutionEnvironment("collect")
     handle = wordcount(env).collect()

@@ -168,3 +168,159 @@ def test_file_sinks_writing_into_the_same_or_a_nested_directory_are_a_problem():
     overlaps = [m for m in msgs if "overlaps" in m]
     assert len(overlaps) == 3, msgs  # a~b, a~c, b~c; d is a sibling, not nested
     assert any(m.startswith("vertex 'c'") and "/out/counts/x" in m and "vertex 'a'" in m for m in overlaps), overlaps
+
+
+# ---------------------------------------------------------------------------------------------
+# Hostile input: every field is checked (issue: ids into paths, empty sink paths, non-finite
+# numbers, unbounded fields)
+# ---------------------------------------------------------------------------------------------
+
+from funke.common.jobgraph import Artifact  # noqa: E402
+from funke.common.validation import (  # noqa: E402
+    MAX_LISTING_CHARS,
+    ValidationContext,
+    describe_problems,
+)
+
+
+def csv_job(path: object = "/out/counts", mode: object = "error", **sink_config) -> JobGraph:
+    src = v("src", ops=(OperatorSpec("source.text", config={"path": "/in/*.txt"}),))
+    sink = v("sink", ops=(OperatorSpec("sink.csv", config={"path": path, "mode": mode, **sink_config}),))
+    return chain(src, sink)
+
+
+def with_ids(job_id="", vertex="src", data_set="src-out", edge="src->sink"):
+    src = v(vertex, ops=SRC)
+    sink = v("sink", ops=SINK)
+    return JobGraph("j", (src, sink), (IntermediateDataSet(data_set, vertex),),
+                    (JobEdge(edge, data_set, "sink"),), job_id=job_id)
+
+
+@pytest.mark.parametrize("bad", ["..", "../..", "a/b", "a\\b", "a\x00b", "new\nline", "tab\tbed", ".x", "x" * 129])
+def test_ids_that_would_leave_a_path_are_problems(bad):
+    assert any(m.startswith("job:") and "job id" in m for m in messages(with_ids(job_id=bad)))
+    assert any(m.startswith("vertex ") and ("may only contain" in m or "longer than" in m)
+               for m in messages(with_ids(vertex=bad)))
+    assert any(m.startswith("data set ") and ("may only contain" in m or "longer than" in m)
+               for m in messages(with_ids(data_set=bad)))
+    assert "longer than 64" in " ".join(messages(with_ids(job_id="j" * 65)))
+
+
+def test_edge_ids_may_read_like_the_dsl_writes_them_but_not_hold_control_characters():
+    assert messages(with_ids(edge="src->sink#1")) == []
+    assert any(m.startswith("edge ") and "control characters" in m for m in messages(with_ids(edge="a\nb")))
+
+
+@pytest.mark.parametrize("path, fragment", [
+    ("", "is empty"), ("   ", "is empty"), ("/out/x\x00y", "control characters"), ("out/counts", "is relative"),
+    ("/", "filesystem root"), ("/out/../..", "normal form"), ("/out//x", "normal form"), (7, "must be a path string"),
+    (["/a", "/b"], "must be a path string"), (None, "must be a path string"), ("hdfs://nn/", "filesystem root"),
+])
+def test_sink_paths_must_be_absolute_normal_and_not_a_root(path, fragment):
+    msgs = messages(csv_job(path))
+    assert any("config 'path'" in m and fragment in m for m in msgs), msgs
+
+
+@pytest.mark.parametrize("path", [7, [], ["/a"], None, "", "relative/*.txt", {"p": 1}])
+def test_source_paths_must_be_one_absolute_path_or_uri(path):
+    src = v("src", ops=(OperatorSpec("source.text", config={"path": path}),))
+    assert any("config 'path'" in m for m in messages(chain(src, v("sink", ops=SINK))))
+
+
+def test_globs_and_uris_are_fine_sources():
+    for path in ("/in/*.txt", "hdfs://nn/in/part-*", "file:///in/x", "s3a://bucket/key/"):
+        src = v("src", ops=(OperatorSpec("source.text", config={"path": path}),))
+        assert messages(chain(src, v("sink", ops=SINK))) == [], path
+
+
+@pytest.mark.parametrize("mode", ["append", "", "OVERWRITE", None, 1])
+def test_sink_modes_other_than_error_and_overwrite_are_problems(mode):
+    assert any("config 'mode'" in m for m in messages(csv_job(mode=mode)))
+
+
+def test_a_sink_may_not_write_into_over_or_around_the_data_directory():
+    context = ValidationContext(data_dir="/srv/funke/data")
+    for target in ("/srv/funke/data", "/srv/funke/data/jobs/x", "/srv/funke", "/srv", "file:///srv/funke/data/x"):
+        assert any("data directory" in m for m in messages_in(csv_job(target), context)), target
+    assert not any("data directory" in m for m in messages_in(csv_job("/srv/funke/out"), context))
+
+
+def test_allowed_paths_confine_sources_and_sinks():
+    context = ValidationContext(allowed_paths=("/sandbox/in", "/sandbox/out"))
+    assert messages_in(chain(v("src", ops=(OperatorSpec("source.text", config={"path": "/sandbox/in/*.txt"}),)),
+                             v("sink", ops=(OperatorSpec("sink.csv", config={"path": "/sandbox/out/x"}),))),
+                       context) == []
+    msgs = messages_in(csv_job("/sandbox/outside"), context)
+    assert any("funke.io.allowed-paths" in m and "/sandbox/outside" in m for m in msgs)
+    assert any("funke.io.allowed-paths" in m and "/in/*.txt" in m for m in msgs)  # the source too
+
+
+def messages_in(job, context):
+    return [str(p) for p in find_problems(job, context)]
+
+
+def test_non_finite_numbers_and_out_of_range_integers_are_problems():
+    for config in ({"end": float("inf")}, {"end": float("nan")}, {"end": 2**63}, {"end": True}, {"end": "10"},
+                   {"end": 10, "step": 0}):
+        src = v("src", ops=(OperatorSpec("source.range", config=config),))
+        assert messages(chain(src, v("sink", ops=SINK))), config
+    src = v("src", ops=(OperatorSpec("source.range", config={"end": 10, "start": -(2**63)}),))
+    assert messages(chain(src, v("sink", ops=SINK))) == []
+
+
+def test_unknown_config_keys_and_functions_where_none_is_taken_are_problems():
+    src = v("src", ops=(OperatorSpec("source.range", config={"end": 1, "ned": 2}),))
+    sel = v("sel", ops=(OperatorSpec("select", config={"exprs": ["a"]}, function=b"not for select"),))
+    msgs = messages(chain(src, sel, v("sink", ops=SINK)))
+    assert any("unknown config key 'ned'" in m for m in msgs)
+    assert any("(select) takes no function" in m for m in msgs)
+
+
+def test_a_nan_slot_request_timeout_and_an_attempts_count_beyond_32_bits_are_problems():
+    base = chain(v("src", ops=SRC), v("sink", ops=SINK))
+    for timeout in (float("nan"), float("inf"), -1.0, 0.0, 1e12):
+        job = JobGraph("j", base.vertices, base.data_sets, base.edges,
+                       configuration=JobConfiguration(slot_request_timeout_s=timeout))
+        assert any("slot request timeout" in m for m in messages(job)), timeout
+    job = JobGraph("j", base.vertices, base.data_sets, base.edges, configuration=JobConfiguration(
+        restart_strategy=RestartStrategyConfig("fixed-delay", {"attempts": str(10**23)})))
+    assert any("does not fit in 32 bits" in m for m in messages(job))
+
+
+def test_artifacts_need_unique_plain_names_and_bounded_content():
+    base = chain(v("src", ops=SRC), v("sink", ops=SINK))
+    job = JobGraph("j", base.vertices, base.data_sets, base.edges, artifacts=(
+        Artifact("lib.zip", b"x"), Artifact("lib.zip", b"y"), Artifact("", b""), Artifact("../evil.py", b""),
+        Artifact("ok.txt", b"", uri="relative/uri")))
+    msgs = messages(job)
+    for fragment in ("artifact 'lib.zip': name is used 2 times", "artifact '': name is empty",
+                     "artifact '../evil.py': name '../evil.py' may only contain", "artifact 'ok.txt': uri"):
+        assert any(fragment in m for m in msgs), (fragment, msgs)
+
+
+def test_huge_fields_are_refused_and_quoted_short():
+    huge = "x" * (1 << 20)
+    base = chain(v("src", ops=SRC), v("sink", ops=SINK))
+    job = JobGraph(huge, base.vertices, base.data_sets, base.edges, job_id=huge,
+                   configuration=JobConfiguration(options={huge: "v", "k": huge}))
+    msgs = messages(job)
+    assert len(msgs) >= 3
+    assert all(len(m) < 400 for m in msgs), [len(m) for m in msgs]
+
+
+def test_a_job_too_big_for_the_cluster_is_a_problem_that_names_the_limit():
+    job = chain(v("src", p=30000, ops=SRC, max_parallelism=30000), v("sink", p=30000, ops=SINK, max_parallelism=30000))
+    assert any("60,000 subtasks" in m and "funke.job.max-subtasks" in m
+               for m in messages_in(job, ValidationContext(max_subtasks=50_000)))
+    fat = (OperatorSpec("source.range", config={"end": 1}, function=b"f" * (2 * 1024 * 1024)),
+           OperatorSpec("map", config={"schema": "x int"}, function=b"g"))
+    assert any("would ship" in m for m in messages(chain(v("src", p=1000, ops=fat), v("sink", p=1, ops=SINK))))
+
+
+def test_thousands_of_problems_make_a_message_grpc_can_carry():
+    vertices = tuple(v(f"v{i}", p=0) for i in range(900))
+    problems = find_problems(JobGraph("j", vertices))
+    assert len(problems) > 1000
+    message = describe_problems(problems)
+    assert len(message) < MAX_LISTING_CHARS + 200
+    assert message.startswith(f"job graph has {len(problems)} problem(s):") and "more problem(s)" in message

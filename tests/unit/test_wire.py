@@ -370,6 +370,8 @@ def bad_config_graph(config_json: str) -> pb.JobGraph:
         ('{"x": NaN}', "not valid JSON"),
         ("[" * 100_000 + "]" * 100_000, "not valid JSON"),  # nesting deeper than the recursion limit
         ('{"n": ' + "9" * 5000 + "}", "not valid JSON"),  # beyond Python's int digit limit
+        ('{"end": 1e999}', "out of range for a double"),  # Python alone would read it as inf
+        ('{"rows": [[-1e400]]}', "out of range for a double"),
     ],
 )
 def test_bad_config_json_raises_wire_error_naming_vertex_and_operator(config_json: str, why: str) -> None:
