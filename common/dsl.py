@@ -78,6 +78,7 @@ _SHUFFLE_MODES = {
     "ALL_EXCHANGES_PIPELINED": ResultPartitionType.PIPELINED,
 }
 
+UID_MAX_LENGTH = 128
 _JOIN_TYPES = JOIN_TYPES
 _WRITE_MODES = frozenset(SINK_MODES)
 
@@ -169,7 +170,9 @@ class _OperatorHandle:
     def uid(self, uid: str) -> Self:
         """A stable id, unique within the job; it becomes the JobVertex id when this operator
         heads a chain (otherwise vertex ids are generated from the head operator's kind)."""
-        self._env._register_uid(self._t, ids.require_path_id(_non_empty_str(uid, "uid"), "uid"))
+        # At most 128 characters, so that the ids derived from it (data sets "<uid>.out0", edges
+        # "<uid>-><uid>") stay within the id limits.
+        self._env._register_uid(self._t, ids.require_path_id(_non_empty_str(uid, "uid"), "uid", UID_MAX_LENGTH))
         return self
 
     def slot_sharing_group(self, group: str) -> Self:
@@ -713,7 +716,7 @@ def _translate(env: ExecutionEnvironment) -> tuple[JobGraph, dict[int, str]]:
         head = chain.head
         vertices.append(JobVertex(
             id=chain.vertex_id,
-            name=" -> ".join(t.name for t in chain.operators),
+            name=_chain_name([t.name for t in chain.operators]),
             parallelism=parallelism[head.seq],
             operators=tuple(
                 OperatorSpec(t.kind, t.name, copy.deepcopy(t.config), t.function) for t in chain.operators
@@ -810,6 +813,20 @@ def _location(path: object) -> str:
     scheme (hdfs://, s3a://, file://) and globs are kept as written."""
     text = _non_empty_str(path, "path")
     return text if "://" in text else os.path.abspath(text)
+
+
+def _chain_name(names: list[str]) -> str:
+    """"Source: text -> FlatMap -> Count", as Flink names a chain; a chain too long to name in
+    full keeps its ends: "A -> B -> ... (37 more) -> Z"."""
+    name = " -> ".join(names)
+    if len(name) <= ids.MAX_NAME_LENGTH:
+        return name
+    head, tail = list(names[:2]), names[-1]
+    while len(head) > 1 and len(" -> ".join(head)) > ids.MAX_NAME_LENGTH // 2:
+        head.pop()
+    middle = f"... ({len(names) - len(head) - 1} more)"
+    shortened = " -> ".join([*head, middle, tail])
+    return shortened if len(shortened) <= ids.MAX_NAME_LENGTH else shortened[: ids.MAX_NAME_LENGTH - 3] + "..."
 
 
 def _label(value: object, what: str) -> str:

@@ -7,23 +7,26 @@ id can never leave its root, whichever caller forgot to validate.
 Two kinds of identifier:
 
 - **path ids** name things on disk and in Spark job tags and metric labels: job ids, vertex ids,
-  data set ids, artifact names, TaskManager ids. 1 to 128 characters (job ids: 64) of
+  data set ids, artifact names, TaskManager ids. 1 to 200 characters (job ids: 64) of
   `A-Z a-z 0-9 . _ -`, starting with a letter or a digit. So `..`, `.hidden`, `a/b`, `a\\b`,
   NUL, spaces and newlines are all refused, and a path id is always one plain path component.
 - **labels** only ever appear in messages: edge ids (the DSL writes `map->sink`), slot-sharing
-  and co-location group names, partition key columns. 1 to 200 printable characters, no control
-  characters (NUL, newline, tab ...), no leading or trailing space.
+  and co-location group names. 1 to 300 characters of any script, spaces included, but no
+  control or format characters (NUL, newline, tab, a right-to-left override ...) and no leading
+  or trailing space.
 
-Names (a job's or a vertex's display name) are printable text of at most `MAX_NAME_LENGTH`.
+Names (a job's or a vertex's display name) and column names follow the label rule, at most
+`MAX_NAME_LENGTH` characters (names may be empty; column names may have outer spaces).
 """
 
 from __future__ import annotations
 
 import re
+import unicodedata
 
 MAX_JOB_ID_LENGTH = 64
-MAX_PATH_ID_LENGTH = 128
-MAX_LABEL_LENGTH = 200
+MAX_PATH_ID_LENGTH = 200
+MAX_LABEL_LENGTH = 300
 MAX_NAME_LENGTH = 1000
 # What an error message quotes of a value the client sent (its repr, shortened).
 ECHO_LIMIT = 80
@@ -40,6 +43,28 @@ def echo(value: object, limit: int = ECHO_LIMIT) -> str:
         return text
     size = f"{len(value):,} characters" if isinstance(value, (str, bytes)) else f"{len(text):,} characters shown"
     return f"{text[:limit]}... ({size})"
+
+
+# gRPC carries a status message percent-encoded in trailing metadata, which clients refuse beyond
+# 8-16 KiB: a message is cut to this many encoded bytes.
+MAX_STATUS_MESSAGE_BYTES = 7000
+
+
+def status_message(text: str, max_bytes: int = MAX_STATUS_MESSAGE_BYTES) -> str:
+    """`text` cut, where needed, so that its percent-encoded UTF-8 form (every byte outside
+    0x20-0x7E, and '%', takes three) fits in `max_bytes`."""
+    size = 0
+    for i, ch in enumerate(text):
+        size += _encoded_size(ch)
+        if size > max_bytes - 60:
+            return text[:i] + f"\n... (cut: the whole message has {len(text):,} characters)"
+    return text
+
+
+def _encoded_size(ch: str) -> int:
+    if " " <= ch <= "~" and ch != "%":
+        return 1
+    return 3 * len(ch.encode("utf-8", "surrogatepass"))
 
 
 def path_id_problem(value: object, what: str, max_length: int = MAX_PATH_ID_LENGTH) -> str | None:
@@ -67,7 +92,7 @@ def label_problem(value: object, what: str, max_length: int = MAX_LABEL_LENGTH) 
         return f"{what} is empty"
     if len(value) > max_length:
         return f"{what} {echo(value)} is longer than {max_length} characters"
-    if not value.isprintable():
+    if has_control_characters(value):
         return f"{what} {echo(value)} contains control characters"
     if value != value.strip():
         return f"{what} {echo(value)} starts or ends with whitespace"
@@ -82,9 +107,17 @@ def name_problem(value: object, what: str, max_length: int = MAX_NAME_LENGTH, *,
         return None if empty_ok else f"{what} is empty"
     if len(value) > max_length:
         return f"{what} {echo(value)} is longer than {max_length} characters"
-    if not value.isprintable():
+    if has_control_characters(value):
         return f"{what} {echo(value)} contains control characters"
     return None
+
+
+def has_control_characters(value: str) -> bool:
+    """Control, format, surrogate, private-use or unassigned characters, or line and paragraph
+    separators: what would break a line, hide text or reorder it. Spaces of any script are fine."""
+    if value.isascii():
+        return not value.isprintable()
+    return any(unicodedata.category(c)[0] == "C" or unicodedata.category(c) in ("Zl", "Zp") for c in value)
 
 
 def is_path_id(value: object, max_length: int = MAX_PATH_ID_LENGTH) -> bool:

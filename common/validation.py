@@ -36,7 +36,7 @@ from funke.common.operators import CATALOGUE, JOIN_TYPES, SINK_MODES, VARIADIC, 
 # Sizes a job graph may have. They keep one request from holding the JobManager's memory or
 # loop: a JobGraph is decoded, validated and expanded into an ExecutionGraph on submission.
 MAX_VERTICES = 1000
-MAX_OPERATORS_PER_VERTEX = 100
+MAX_OPERATORS_PER_VERTEX = 1000
 MAX_EDGES = 2000
 DEFAULT_MAX_SUBTASKS = 100_000  # all vertices' parallelisms together (cluster key funke.job.max-subtasks)
 MAX_CONFIG_BYTES = 8 * 1024 * 1024  # one operator's configuration, as JSON
@@ -47,7 +47,7 @@ MAX_ARTIFACT_BYTES = 64 * 1024 * 1024  # all artifacts' contents together
 # what a job ships to its subtasks in all is bounded, since the JobManager builds it.
 MAX_DEPLOYMENT_BYTES = 1024 * 1024 * 1024
 MAX_OPTIONS = 1000  # job options, restart strategy options, Spark options of one operator
-MAX_OPTION_VALUE_LENGTH = 4096
+MAX_OPTION_VALUE_LENGTH = 64 * 1024
 MAX_PATH_LENGTH = 4096
 MAX_PARTITION_KEYS = 100
 MAX_TIMEOUT_S = 365 * 24 * 3600.0
@@ -286,7 +286,7 @@ def _check_edge_wiring(job, e, vertices, data_sets, add) -> None:
         add(subject, f"has {len(keys)} partition keys; at most {MAX_PARTITION_KEYS}")
     else:
         for key in keys:
-            problem = ids.label_problem(key, "partition key")
+            problem = ids.name_problem(key, "partition key", ids.MAX_LABEL_LENGTH, empty_ok=False)
             if problem is not None:
                 add(subject, problem)
         if len(set(keys)) != len(keys):
@@ -428,7 +428,8 @@ def _value_problem(expected: Value, value: object, context: ValidationContext | 
             return f"must be a non-empty list of column names, got {ids.echo(value)}"
         if len(items) > MAX_PARTITION_KEYS:
             return f"has {len(items)} columns; at most {MAX_PARTITION_KEYS}"
-        return next((p for p in (ids.label_problem(c, "column name") for c in items) if p), None)
+        return next((p for p in (ids.name_problem(c, "column name", ids.MAX_LABEL_LENGTH, empty_ok=False)
+                                 for c in items) if p), None)
     if expected is Value.INT64:
         if not _is_int(value) or not INT64_MIN <= value <= INT64_MAX:
             return f"must be a 64-bit integer, got {ids.echo(value)}"
@@ -482,7 +483,7 @@ def path_problem(value: object, *, sink: bool, context: ValidationContext | None
         return "is empty"
     if len(value) > MAX_PATH_LENGTH:
         return f"is longer than {MAX_PATH_LENGTH} characters"
-    if not value.isprintable():
+    if ids.has_control_characters(value):
         return f"{ids.echo(value)} contains control characters"
     uri = _URI.fullmatch(value)
     if uri is None and not value.startswith("/"):
@@ -499,9 +500,19 @@ def path_problem(value: object, *, sink: bool, context: ValidationContext | None
         if sink and context.data_dir and _overlaps(value, context.data_dir):
             return (f"{ids.echo(value)} overlaps the cluster's data directory {context.data_dir}; "
                     "write somewhere else")
-        if context.allowed_paths and not any(_under(value, root) for root in context.allowed_paths):
-            allowed = ", ".join(context.allowed_paths)
-            return f"{ids.echo(value)} is outside the directories jobs may use here (funke.io.allowed-paths: {allowed})"
+        if not sink and context.data_dir and _under(value, context.data_dir):
+            return f"{ids.echo(value)} lies in the cluster's data directory, which holds other jobs' data"
+        if context.allowed_paths:
+            # Hadoop expands {a,b} alternatives (which may hold '/') before it resolves '..', and
+            # '\' escapes glob characters: no textual check could follow that, so with an
+            # allow-list a location may only use '*', '?' and '[...]' within one directory level.
+            segments = inner.split("/")
+            if any(c in value for c in "{}\\") or ".." in segments or "." in segments:
+                return (f"{ids.echo(value)} uses '{{', '}}', '\\', '.' or '..', which funke.io.allowed-paths "
+                        "does not allow (they could reach outside the allowed directories)")
+            if not any(_under(value, root) for root in context.allowed_paths):
+                allowed = ", ".join(context.allowed_paths)
+                return f"{ids.echo(value)} is outside the directories jobs may use here (funke.io.allowed-paths: {allowed})"
     return None
 
 
@@ -619,7 +630,7 @@ def _check_configuration(job: JobGraph, add) -> None:
         for key, value in options.items():
             problem = ids.label_problem(key, "option name")
             if problem is None and (not isinstance(value, str) or len(value) > MAX_OPTION_VALUE_LENGTH
-                                    or not value.isprintable()):
+                                    or ids.has_control_characters(value)):
                 problem = (f"option {q(key)}: value must be printable text of at most "
                            f"{MAX_OPTION_VALUE_LENGTH} characters")
             if problem is not None:

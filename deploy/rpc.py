@@ -20,6 +20,8 @@ from google.protobuf.descriptor import MethodDescriptor, ServiceDescriptor
 from google.protobuf.message import DecodeError, Message
 from google.protobuf.message_factory import GetMessageClass
 
+from funke.common.ids import status_message
+
 # Job graphs carry pickled functions and artifacts; validation bounds each part (see
 # `funke.common.validation`), this bounds the whole request.
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
@@ -55,7 +57,7 @@ def _decoder(message_class: type[Message]) -> Callable[[bytes], Message | Malfor
 
 
 async def _refuse(context: grpc.aio.ServicerContext, method: str, malformed: Malformed) -> None:
-    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, malformed.describe(method))
+    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, status_message(malformed.describe(method)))
 
 
 def _unary_request(method: str, behavior: Callable[..., Any]) -> Callable[..., Any]:

@@ -89,6 +89,11 @@ def _read_holder(fd: int) -> str:
 
 def _sweep(local: str, result: DataDirClaim) -> None:
     jobs = layout.jobs_dir(local)
+    if os.path.islink(jobs):
+        # Following it would sweep whatever directory it points to.
+        log.warning("%s is a symbolic link: not swept", jobs)
+        result.left_alone.append("jobs")
+        return
     try:
         entries = list(os.scandir(jobs))
     except FileNotFoundError:

@@ -24,7 +24,7 @@ from funke.common.jobgraph import JobGraph
 from funke.common.restart import describe_config, restart_strategy_from_config
 from funke.common.scheduler import Scheduler
 from funke.common.states import JobStatus
-from funke.common.validation import ValidationContext, describe_problems, find_problems
+from funke.common.validation import Problem, ValidationContext, describe_problems, find_problems
 from funke.common.wire import WireError, job_graph_from_proto
 from funke.jobmanager import committer
 from funke.jobmanager.conversions import DescriptorFactory
@@ -54,6 +54,7 @@ class Dispatcher:
         self.jobs: dict[str, JobMaster] = {}  # jobs that have not ended on this JobManager
         self.store = JobStore(config.jobstore_max_capacity, config.jobstore_expiration_s, config.jobstore_cache_bytes)
         self._reserved: set[str] = set()  # ids of jobs being built
+        self._deleting: set[str] = set()  # ids of evicted jobs whose data is being deleted
         self._validation = ValidationContext(
             data_dir=config.data_dir, allowed_paths=config.allowed_paths, max_subtasks=config.max_subtasks)
         self.rm = ResourceManager(
@@ -77,7 +78,8 @@ class Dispatcher:
         try:
             job = job_graph_from_proto(message)
         except WireError as exc:
-            raise DispatcherError("INVALID_ARGUMENT", _listing(exc.problems)) from None
+            raise DispatcherError("INVALID_ARGUMENT", describe_problems(
+                [Problem("on the wire", p) for p in exc.problems])) from None
         problems = find_problems(job, self._validation)
         if problems:
             raise DispatcherError("INVALID_ARGUMENT", describe_problems(problems))
@@ -89,6 +91,9 @@ class Dispatcher:
         job_id = job.job_id or uuid.uuid4().hex
         if job_id in self.jobs or job_id in self._reserved:
             raise DispatcherError("ALREADY_EXISTS", f"a job with id {job_id} already exists")
+        if job_id in self._deleting:
+            raise DispatcherError("ALREADY_EXISTS", f"a job with id {job_id} ended and its data is being deleted; "
+                                  "submit it again in a moment, or under a new id")
         ended = self.store.get(job_id)
         if ended is not None:
             raise DispatcherError("ALREADY_EXISTS", f"a job with id {job_id} already ran and ended "
@@ -97,6 +102,10 @@ class Dispatcher:
         try:
             graph, scheduler, restart = await asyncio.get_running_loop().run_in_executor(
                 None, self._build, job, job_id, time.time())
+        except Exception as exc:  # validation let through what the ExecutionGraph cannot take: a bug
+            log.exception("job %s: building its ExecutionGraph failed", job_id)
+            raise DispatcherError("INTERNAL", f"the JobManager could not build job {job_id}: "
+                                  f"{type(exc).__name__}: {str(exc)[:500]}") from None
         finally:
             self._reserved.discard(job_id)
         jm = JobMaster(
@@ -170,10 +179,15 @@ class Dispatcher:
         for entry in evicted:
             log.info("job %s (%s) evicted from the job store; its collected rows are deleted",
                      entry.job_id, entry.status.value)
+            self._deleting.add(entry.job_id)  # its id is not reused until the deletion is done
             future = asyncio.get_running_loop().run_in_executor(
                 None, committer.remove_job_data, self.config.data_dir, entry.job_id)
-            future.add_done_callback(lambda f, job_id=entry.job_id: f.exception() and log.warning(
-                "deleting the data of evicted job %s: %s", job_id, f.exception()))
+            future.add_done_callback(lambda f, job_id=entry.job_id: self._deleted(job_id, f))
+
+    def _deleted(self, job_id: str, future: asyncio.Future) -> None:
+        self._deleting.discard(job_id)
+        if future.exception() is not None:
+            log.warning("deleting the data of evicted job %s: %s", job_id, future.exception())
 
     # ------------------------------------------------------------------ from TaskManagers
 
@@ -189,10 +203,3 @@ class Dispatcher:
                     log.exception("job %s: a task report could not be applied", jm.job_id)
 
         self.mailbox.call(deliver)
-
-
-def _listing(problems: tuple[str, ...]) -> str:
-    shown = [f"  - {p[:500]}" for p in problems[:40]]
-    if len(problems) > len(shown):
-        shown.append(f"  - ... and {len(problems) - len(shown)} more problem(s)")
-    return f"job graph has {len(problems)} problem(s) on the wire:\n" + "\n".join(shown)

@@ -66,6 +66,7 @@ class JobMaster:
         self._on_terminal = on_terminal
         self.waiting_for_resources = ""
         self._internal_error = False
+        self._broken = False  # the scheduler could not even fail the job: it gets no more events
         self._loop = asyncio.get_running_loop()
         self._timers: set[asyncio.TimerHandle] = set()
         self._watchers: set[asyncio.Queue] = set()
@@ -143,13 +144,23 @@ class JobMaster:
         exception history (once: later errors of the job only fail their own undelivered
         deployments). Each round moves the job towards a terminal status and a terminal job
         takes no more, so a handler that always raises cannot loop."""
-        if self.status.is_terminal:
+        if self.status.is_terminal or self._broken:
             return
         failure = FailureInfo("JobManagerError", f"the JobManager could not carry out a decision for this "
                               f"job: {type(exc).__name__}: {str(exc)[:2000]}",
                               "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-20_000:])
         first, self._internal_error = not self._internal_error, True
-        self._decide(lambda now: self.scheduler.on_internal_error(failure, now, undelivered, record=first))
+        try:
+            actions = self.scheduler.on_internal_error(failure, time.time(), undelivered, record=first)
+        except Exception:
+            # The scheduler cannot even fail the job: its books are broken. Keep the JobManager
+            # serving (no retry: it would raise again), and give the job's slots back.
+            log.critical("job %s: the scheduler could not fail the job; releasing its slots and leaving it "
+                         "as it is", self.job_id, exc_info=True)
+            self._broken = True  # no more events for it: each would raise again
+            self.rm.release_job(self.job_id, "the job's scheduler failed")
+            return
+        self._apply(actions)
 
     # ------------------------------------------------------------------ watching
 
@@ -188,18 +199,21 @@ class JobMaster:
     def _decide(self, event) -> None:
         """Feed one event to the scheduler and carry out what it decides. Should the scheduler
         itself raise (a bug), the job fails as for any other internal error."""
+        if self._broken:
+            return
         try:
             actions = event(time.time())
         except Exception as exc:
             log.exception("job %s: the scheduler raised", self.job_id)
-            self.mailbox.run(lambda: self.on_internal_error(exc, []))
+            error = exc  # `exc` is unbound once the except clause ends; the letter runs later
+            self.mailbox.run(lambda: self.on_internal_error(error, []))
             return
         self._apply(actions)
 
     def _apply(self, actions: list[s.Action]) -> None:
         """Carry out every action, even after one of them raised: the others (releasing slots,
-        publishing transitions) must still happen. Deployments that raised never left the
-        JobManager; the job learns of the error next, as an event of its own."""
+        publishing transitions) must still happen. Deployments and cancellations that raised
+        never left the JobManager; the job learns of the error next, as an event of its own."""
         error: BaseException | None = None
         undelivered = []
         for action in actions:
@@ -210,6 +224,8 @@ class JobMaster:
                 error = error or exc
                 if isinstance(action, s.DeployTask):
                     undelivered.append(action.deployment.attempt)
+                elif isinstance(action, s.CancelTask):
+                    undelivered.append(action.attempt)
         if error is not None:
             self.mailbox.run(lambda: self.on_internal_error(error, undelivered))
 

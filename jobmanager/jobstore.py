@@ -75,8 +75,7 @@ class JobStore:
         return list(self._jobs.values())
 
     def put(self, job: ArchivedJob, now: float) -> list[ArchivedJob]:
-        """Keep `job`; returns the jobs evicted to make room (possibly `job` itself, if it alone
-        is larger than the whole budget)."""
+        """Keep `job`; returns the jobs evicted to make room for it."""
         old = self._jobs.pop(job.job_id, None)
         if old is not None:
             self._bytes -= old.size
@@ -85,12 +84,14 @@ class JobStore:
         return self.expire(now)
 
     def expire(self, now: float) -> list[ArchivedJob]:
-        """Evict, oldest first, what is too old, beyond the count, or beyond the byte budget."""
+        """Evict, oldest first, what is too old, beyond the count, or beyond the byte budget. The
+        newest job goes only when it expires: a client that just saw it end can still read it."""
         evicted: list[ArchivedJob] = []
         while self._jobs:
             oldest = next(iter(self._jobs.values()))
-            if (now - oldest.archived_at <= self.expiration_s and len(self._jobs) <= self.max_capacity
-                    and self._bytes <= self.max_bytes):
+            expired = now - oldest.archived_at > self.expiration_s
+            crowded = len(self._jobs) > self.max_capacity or self._bytes > self.max_bytes
+            if not expired and not (crowded and len(self._jobs) > 1):
                 break
             del self._jobs[oldest.job_id]
             self._bytes -= oldest.size

@@ -30,7 +30,12 @@ MAX_RESOURCES = 100
 
 
 async def _abort(context: grpc.aio.ServicerContext, error: DispatcherError):
-    await context.abort(getattr(grpc.StatusCode, error.code), str(error))
+    await _refuse(context, getattr(grpc.StatusCode, error.code), str(error))
+
+
+async def _refuse(context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str):
+    """End the call with `code`; the message is cut to what gRPC's trailing metadata carries."""
+    await context.abort(code, ids.status_message(message))
 
 
 async def _job(d: Dispatcher, job_id: str, context: grpc.aio.ServicerContext) -> JobMaster | ArchivedJob:
@@ -92,22 +97,27 @@ class JobManagerService(jobmanager_pb2_grpc.JobManagerServicer):
         collects = job.collect_vertices
         if request.vertex_id:
             if request.vertex_id not in collects:
-                await context.abort(grpc.StatusCode.NOT_FOUND,
+                await _refuse(context, grpc.StatusCode.NOT_FOUND,
                                     f"job {request.job_id} has no collect sink {ids.echo(request.vertex_id)}")
             vertex_id = request.vertex_id
         elif len(collects) == 1:
             vertex_id = collects[0]
         else:
-            await context.abort(grpc.StatusCode.NOT_FOUND if not collects else grpc.StatusCode.INVALID_ARGUMENT,
-                                f"job {request.job_id} has {len(collects)} collect sinks ({', '.join(collects)}); name one")
+            listed = ", ".join(collects[:10]) + (f" and {len(collects) - 10} more" if len(collects) > 10 else "")
+            await _refuse(context, grpc.StatusCode.NOT_FOUND if not collects else grpc.StatusCode.INVALID_ARGUMENT,
+                          f"job {request.job_id} has {len(collects)} collect sinks ({listed}); name one")
         if job.status is not JobStatus.FINISHED:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+            await _refuse(context, grpc.StatusCode.FAILED_PRECONDITION,
                                 f"job {request.job_id} is {job.status.value}; results exist once it FINISHED")
         try:
             data, rows = await asyncio.get_running_loop().run_in_executor(
                 None, committer.read_collected, self.d.config.data_dir, request.job_id, vertex_id)
         except FileNotFoundError as exc:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+            await _refuse(context, grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        except Exception as exc:  # unreadable (corrupt, no permission): the rows are there but lost to us
+            log.warning("reading the collected rows of job %s failed", request.job_id, exc_info=True)
+            await _refuse(context, grpc.StatusCode.DATA_LOSS, f"the collected rows of job {request.job_id} "
+                          f"cannot be read: {type(exc).__name__}: {exc}")
         return jobmanager_pb2.JobResult(vertex_id=vertex_id, arrow_ipc_stream=data, row_count=rows)
 
 
@@ -136,7 +146,7 @@ class ResourceManagerService(cluster_pb2_grpc.ResourceManagerServicer):
     async def RegisterTaskManager(self, request, context):
         problem = registration_problem(request)
         if problem is not None:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"registration refused: {problem}")
+            await _refuse(context, grpc.StatusCode.INVALID_ARGUMENT, f"registration refused: {problem}")
         return self.d.mailbox.call(lambda: self.d.rm.register(request))
 
     async def Heartbeat(self, request_iterator, context):
@@ -146,7 +156,7 @@ class ResourceManagerService(cluster_pb2_grpc.ResourceManagerServicer):
             async for beat in request_iterator:
                 if tm_id and beat.task_manager_id != tm_id:
                     # One stream is one TaskManager's: a stream that changes its id is not one.
-                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                    await _refuse(context, grpc.StatusCode.INVALID_ARGUMENT,
                                         f"a heartbeat stream belongs to one TaskManager ({ids.echo(tm_id)}), not "
                                         f"{ids.echo(beat.task_manager_id)}")
                 tm_id, registration_id = beat.task_manager_id, beat.registration_id

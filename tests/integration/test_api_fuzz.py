@@ -6,7 +6,10 @@ level around the data directory holds canary files. After the run:
 
 - no answer was UNKNOWN, INTERNAL, DATA_LOSS or RESOURCE_EXHAUSTED (a message too long to
   carry), and none timed out (the JobManager never hung);
-- no file outside the data directory was created, changed or deleted (the canary tree);
+- no file outside the data directory was created, changed or deleted (the canary tree; the
+  cluster confines jobs with funke.io.allowed-paths, so a sink aimed at a canary is refused);
+- the JobManager logged no ERROR or CRITICAL (what it swallows to keep serving: an exception
+  while applying a task report, an action that raised);
 - the JobManager still serves and still runs a job to FINISHED;
 - once the surviving jobs are cancelled, every job is terminal within a deadline and every slot
   is free again;
@@ -351,7 +354,7 @@ def test_no_request_hurts_the_jobmanager(fuzz_cluster):
 
     @settings(max_examples=CASES, deadline=None, database=None, phases=[Phase.generate],
               suppress_health_check=list(HealthCheck))
-    @given(kind=st.sampled_from(["graph"] * 6 + ["raw"] * 2 + ["ids"] * 2 + ["taskmanager"]),
+    @given(kind=st.sampled_from(["graph"] * 6 + ["bulk"] + ["raw"] * 2 + ["ids"] * 2 + ["taskmanager"]),
            seed=st.integers(0, 2**32 - 1))
     def case(kind: str, seed: int) -> None:
         counter["cases"] += 1
@@ -361,6 +364,13 @@ def test_no_request_hurts_the_jobmanager(fuzz_cluster):
             graph = jobgraph_pb2.JobGraph.FromString(rng.choice(seeds))
             for _ in range(rng.randint(1, 4)):
                 mutator.mutate(graph)
+            answer = caller.call(kind, "funke.v1.JobManager", "SubmitJob",
+                                 jobmanager_pb2.SubmitJobRequest(job_graph=graph).SerializeToString())
+            if answer is not None:
+                caller.accepted.append(jobmanager_pb2.SubmitJobResponse.FromString(answer).job_id)
+        elif kind == "bulk":
+            graph = jobgraph_pb2.JobGraph.FromString(rng.choice(seeds))
+            bulk_mutation(graph, rng, mutator)
             answer = caller.call(kind, "funke.v1.JobManager", "SubmitJob",
                                  jobmanager_pb2.SubmitJobRequest(job_graph=graph).SerializeToString())
             if answer is not None:
@@ -413,13 +423,18 @@ def test_no_request_hurts_the_jobmanager(fuzz_cluster):
         time.sleep(0.25)
     rss_after = rss_mib(pid)
     after_tree = box.snapshot()
+    # What the JobManager swallowed to keep serving (an exception while applying a task report,
+    # an action that raised) is logged at ERROR or CRITICAL: none may have happened.
+    errors = [line for line in (box.cluster / "log" / "jobmanager.log").read_text(errors="replace").splitlines()
+              if " ERROR " in line or " CRITICAL " in line]
 
     summary = {
         "cases": counter["cases"], "seconds": round(fuzz_seconds, 1), "status_codes": dict(caller.codes.most_common()),
         "by_kind": {k: dict(v.most_common()) for k, v in caller.by_kind.items()},
         "jobs_accepted": len(caller.accepted), "jobmanager_rss_mib": {"before": round(rss_before, 1),
                                                                        "after": round(rss_after, 1)},
-        "forbidden": caller.forbidden[:20], "sample_answers": dict(caller.samples),
+        "forbidden": caller.forbidden[:20], "jobmanager_errors_logged": errors[:20],
+        "sample_answers": dict(caller.samples),
     }
     SUMMARY.parent.mkdir(parents=True, exist_ok=True)
     SUMMARY.write_text(json.dumps(summary, indent=2) + "\n")
@@ -427,6 +442,7 @@ def test_no_request_hurts_the_jobmanager(fuzz_cluster):
 
     assert counter["cases"] >= min(CASES, 1000)
     assert not caller.forbidden, caller.forbidden[:10]
+    assert not errors, errors[:10]
     assert probe_status == "FINISHED", probe_events[-1:]
     assert not live, f"jobs still not terminal 60 s after cancelling them: {live[:10]}"
     assert len(real) == 2, [tm.id for tm in overview.task_managers]
@@ -437,6 +453,29 @@ def test_no_request_hurts_the_jobmanager(fuzz_cluster):
     assert rss_after - rss_before < RSS_GROWTH_LIMIT_MIB, (rss_before, rss_after)
     caller.channel.close()
     client.close()
+
+
+WIDE = ["\U0001f600" * 300, "\u00e9" * 300, "x" * 300, "\u5e74" * 150]
+
+
+def bulk_mutation(graph, rng: random.Random, mutator: Mutator) -> None:
+    """Many problems at once, in wide characters: the answer must still fit gRPC's limits."""
+    choice = rng.random()
+    template = graph.vertices[rng.randrange(len(graph.vertices))]
+    if choice < 0.4:  # hundreds of vertices with long, wide names and groups
+        for i in range(rng.choice([50, 300, 1200])):
+            v = graph.vertices.add()
+            v.CopyFrom(template)
+            v.id = f"{rng.choice(WIDE)[:150]}{i}" if rng.random() < 0.5 else f"v{i}"
+            v.slot_sharing_group = rng.choice(WIDE)
+            v.name = rng.choice(WIDE) * 3
+    elif choice < 0.7:  # a long chain of operators with bad configurations
+        for i in range(rng.choice([60, 200])):
+            op = template.operators.add(kind=rng.choice(["map", "sink.csv", "teleport"]), name=rng.choice(WIDE))
+            op.config_json = rng.choice(mutator.json)
+    else:  # many edges to nowhere
+        for i in range(rng.choice([100, 2500])):
+            graph.edges.add(id=f"{rng.choice(WIDE)[:100]}-{i}", data_set_id=rng.choice(WIDE), consumer_vertex_id="x")
 
 
 def taskmanager_case(caller: Caller, mutator: Mutator, rng: random.Random) -> None:

@@ -203,6 +203,13 @@ def test_a_huge_job_id_gets_its_real_answer_in_a_short_message(noop_cluster):
     message.vertices.add(id=huge, name=huge, parallelism=1)
     code, text = submit_raw(noop_cluster.address, message)
     assert code == "INVALID_ARGUMENT" and len(text) < 4000, (code, len(text))
+    # Many problems in wide characters (gRPC percent-encodes every byte of them, three for one).
+    message = job_graph_to_proto(noop_job())
+    for i in range(60):
+        v = message.vertices.add(id=f"v{i}", name="n", parallelism=1)
+        v.slot_sharing_group = "\U0001f600" * 301  # too long: each problem quotes 80 of them
+    code, text = submit_raw(noop_cluster.address, message)
+    assert code == "INVALID_ARGUMENT" and "problem(s)" in text, (code, text[:200])
     # A heartbeat stream that changes its TaskManager id is refused, quoting the ids short.
     with grpc.insecure_channel(noop_cluster.address) as channel:
         beats = [cluster_pb2.HeartbeatRequest(task_manager_id=tm, registration_id="r").SerializeToString()

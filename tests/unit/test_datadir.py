@@ -54,3 +54,15 @@ def test_a_second_jobmanager_on_the_same_data_directory_is_refused(tmp_path):
 def test_a_data_directory_that_is_not_local_is_neither_locked_nor_swept():
     claim = datadir.claim("hdfs://namenode:8020/funke")
     assert claim.lock_fd is None and claim.swept == []
+
+
+def test_a_jobs_directory_that_is_a_link_is_not_followed(tmp_path):
+    data, elsewhere = tmp_path / "data", tmp_path / "home"
+    (elsewhere / "projects").mkdir(parents=True)
+    data.mkdir()
+    os.symlink(elsewhere, data / "jobs")
+    claim = datadir.claim(str(data))
+    try:
+        assert claim.swept == [] and (elsewhere / "projects").is_dir()
+    finally:
+        claim.release()

@@ -645,3 +645,18 @@ def test_combiners_only_where_they_chain_and_can_be_turned_off():
     env = ExecutionEnvironment("aggregate", parallelism=2)
     env.from_range(10).key_by("id").aggregate("max(id) as top").discard()
     assert [op.kind for op in built(env).vertices[0].operators] == ["source.range"]  # no combiner for SQL aggregates
+
+
+def test_graphs_the_dsl_builds_at_its_limits_pass_validation():
+    """Long chains, the longest uids, non-ASCII names with their own spaces: what the DSL accepts
+    the JobManager accepts."""
+    env = ExecutionEnvironment("Umsatz\u00a02024 \u5e74\u3000\u5ea6")
+    stream = env.from_range(10).uid("s" * 128)
+    for i in range(150):
+        stream = stream.filter(lambda x: True).name(f"a rather descriptive filter number {i}")
+    stream.key_by("id").count().uid("c" * 128).collect()
+    job = env.build()
+    assert all(len(v.name) <= 1000 for v in job.vertices)
+    assert "more)" in job.vertices[0].name and job.vertices[0].name.startswith("Source: range")
+    with pytest.raises(ValueError, match="longer than 128"):
+        env.from_range(1).uid("u" * 129)

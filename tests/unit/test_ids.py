@@ -7,7 +7,7 @@ import pytest
 from funke.common import ids, layout
 
 HOSTILE = ["..", ".", "../..", "a/b", "a\\b", "/abs", "a\x00b", "new\nline", "tab\tbed", " lead", "-opt",
-           ".hidden", "", "x" * 129, "ünïcode", "a b", "a#b", "a?b", "a:b"]
+           ".hidden", "", "x" * 201, "ünïcode", "a b", "a#b", "a?b", "a:b"]
 
 
 @pytest.mark.parametrize("value", HOSTILE)
@@ -18,7 +18,7 @@ def test_hostile_path_ids_are_refused(value):
         ids.require_path_id(value, "vertex id")
 
 
-@pytest.mark.parametrize("value", ["a", "source-text", "src.out0", "9cf2692f", "A_b-c.d", "x" * 128])
+@pytest.mark.parametrize("value", ["a", "source-text", "src.out0", "9cf2692f", "A_b-c.d", "x" * 200])
 def test_plain_path_ids_are_accepted(value):
     assert ids.path_id_problem(value, "vertex id") is None
 
@@ -31,8 +31,11 @@ def test_job_ids_are_at_most_64_characters():
 def test_labels_take_printable_text_but_no_control_characters():
     assert ids.label_problem("map->sink#1", "edge id") is None
     assert ids.label_problem("slot group (a)", "group") is None
-    for bad in ["a\nb", "a\x00", "\t", " padded ", "", "x" * 201]:
+    for bad in ["a\nb", "a\x00", "\t", " padded ", "", "x" * 301, "right\u202eto left", "zero\u200bwidth",
+                "line\u2028sep"]:
         assert ids.label_problem(bad, "edge id") is not None, bad
+    for fine in ["Umsatz\u00a02024", "\u5e74\u3000\u5ea6", "\U0001f600 party"]:  # spaces of other scripts
+        assert ids.label_problem(fine, "group") is None, fine
     assert "must be a string" in ids.label_problem(7, "edge id")
 
 
@@ -84,3 +87,14 @@ def test_is_within_compares_normalised_paths():
     assert layout.is_within("hdfs://nn/data", "hdfs://nn/data/jobs/x")
     assert not layout.is_within("hdfs://nn/data", "hdfs://other/data/jobs/x")
     assert layout.is_within("/data", "file:///data/jobs")
+
+
+def test_a_status_message_is_cut_to_what_grpc_metadata_carries_once_percent_encoded():
+    from urllib.parse import quote
+
+    for text in ("\U0001f600" * 10_000, "é" * 50_000, "x" * 100_000, "100%" * 5000):
+        cut = ids.status_message(text)
+        encoded = quote(cut.encode(), safe=" !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~")
+        assert len(encoded) <= ids.MAX_STATUS_MESSAGE_BYTES, (text[:5], len(encoded))
+        assert "cut: the whole message has" in cut
+    assert ids.status_message("short and plain") == "short and plain"

@@ -48,3 +48,80 @@ def test_a_deployment_that_cannot_be_built_fails_its_job_at_once_and_frees_the_s
             await dispatcher.stop()
 
     asyncio.run(scenario())
+
+
+def noop_job(job_id: str) -> JobGraph:
+    return JobGraph("noop", (JobVertex("src", "S", 2, (OperatorSpec("source.noop"),)),
+                             JobVertex("sink", "K", 2, (OperatorSpec("noop"), OperatorSpec("sink.noop")))),
+                    (IntermediateDataSet("src.out0", "src"),), (JobEdge("e", "src.out0", "sink"),), job_id=job_id)
+
+
+def _raise(*args, **kwargs):
+    raise RuntimeError("a bug in the scheduler")
+
+
+def test_a_scheduler_that_raises_fails_its_job_and_frees_the_slots(tmp_path, monkeypatch):
+    """A bug inside the core (here: on_slots_allocated raising) is an internal error like any
+    other: the job fails at once, the slots it was given go back."""
+    from funke.common import scheduler
+
+    monkeypatch.setattr(scheduler.Scheduler, "on_slots_allocated", scheduler._event(_raise))
+
+    async def scenario() -> None:
+        dispatcher = Dispatcher(ClusterConfiguration(data_dir=str(tmp_path)))
+        dispatcher.mailbox.call(lambda: dispatcher.rm.register(cluster_pb2.RegisterTaskManagerRequest(
+            task_manager_id="tm-1", address="127.0.0.1:9", number_of_slots=4)))
+        try:
+            job_id = await dispatcher.start_job(noop_job("raises"))
+            for _ in range(100):
+                if isinstance(dispatcher.job(job_id), ArchivedJob):
+                    break
+                await asyncio.sleep(0.01)
+            job = dispatcher.job(job_id)
+            assert isinstance(job, ArchivedJob) and job.status is JobStatus.FAILED
+            assert "a bug in the scheduler" in job.details().failure.message
+            assert dispatcher.rm.slots.free_slots == 4
+        finally:
+            await dispatcher.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_scheduler_that_cannot_even_fail_its_job_does_not_take_the_jobmanager_down(tmp_path, monkeypatch):
+    """If failing the job raises too, the JobManager does not retry forever: it gives the slots
+    back, leaves that job, and serves the next one."""
+    from funke.common import scheduler
+
+    real_allocated, real_internal = scheduler.Scheduler.on_slots_allocated, scheduler.Scheduler.on_internal_error
+    calls = {"on_internal_error": 0}
+
+    def allocated(self, *args, **kwargs):
+        if self.graph.job_id == "broken":
+            raise RuntimeError("a bug in the scheduler")
+        return real_allocated(self, *args, **kwargs)
+
+    def internal_error(self, *args, **kwargs):
+        if self.graph.job_id == "broken":
+            calls["on_internal_error"] += 1
+            raise RuntimeError("and another one")
+        return real_internal(self, *args, **kwargs)
+
+    monkeypatch.setattr(scheduler.Scheduler, "on_slots_allocated", allocated)
+    monkeypatch.setattr(scheduler.Scheduler, "on_internal_error", internal_error)
+
+    async def scenario() -> None:
+        dispatcher = Dispatcher(ClusterConfiguration(data_dir=str(tmp_path)))
+        dispatcher.mailbox.call(lambda: dispatcher.rm.register(cluster_pb2.RegisterTaskManagerRequest(
+            task_manager_id="tm-1", address="127.0.0.1:9", number_of_slots=4)))
+        try:
+            await dispatcher.start_job(noop_job("broken"))
+            await asyncio.sleep(0.2)
+            assert calls["on_internal_error"] == 1  # tried once, not forever
+            assert dispatcher.rm.slots.free_slots == 4
+            # the JobManager goes on: the next job gets slots and deploys
+            await dispatcher.start_job(noop_job("next"))
+            assert dispatcher.job("next").status is JobStatus.RUNNING
+        finally:
+            await dispatcher.stop()
+
+    asyncio.run(scenario())

@@ -48,3 +48,11 @@ def test_the_details_kept_stay_within_the_byte_budget():
     assert store.size_bytes <= 50_000
     assert 1 <= len(store) < 20
     assert [e.job_id for e in store.jobs()][-1] == "j19"  # the newest stays
+
+
+def test_the_newest_job_stays_even_when_it_alone_is_over_the_budget():
+    store = JobStore(max_capacity=1, expiration_s=10.0, max_bytes=0)
+    store.put(ended("a", 0.0, payload=1000), 0.0)
+    evicted = store.put(ended("b", 1.0, payload=1000), 1.0)
+    assert [e.job_id for e in evicted] == ["a"] and [e.job_id for e in store.jobs()] == ["b"]
+    assert [e.job_id for e in store.expire(11.5)] == ["b"]  # but not past its expiration

@@ -196,7 +196,7 @@ def with_ids(job_id="", vertex="src", data_set="src-out", edge="src->sink"):
                     (JobEdge(edge, data_set, "sink"),), job_id=job_id)
 
 
-@pytest.mark.parametrize("bad", ["..", "../..", "a/b", "a\\b", "a\x00b", "new\nline", "tab\tbed", ".x", "x" * 129])
+@pytest.mark.parametrize("bad", ["..", "../..", "a/b", "a\\b", "a\x00b", "new\nline", "tab\tbed", ".x", "x" * 201])
 def test_ids_that_would_leave_a_path_are_problems(bad):
     assert any(m.startswith("job:") and "job id" in m for m in messages(with_ids(job_id=bad)))
     assert any(m.startswith("vertex ") and ("may only contain" in m or "longer than" in m)
@@ -324,3 +324,22 @@ def test_thousands_of_problems_make_a_message_grpc_can_carry():
     message = describe_problems(problems)
     assert len(message) < MAX_LISTING_CHARS + 200
     assert message.startswith(f"job graph has {len(problems)} problem(s):") and "more problem(s)" in message
+
+
+def test_with_allowed_paths_a_source_cannot_reach_out_through_braces_dots_or_escapes():
+    """Hadoop expands {a,b} (which may hold '/') before it resolves '..': textual normalisation
+    cannot follow that, so such locations are refused under an allow-list."""
+    context = ValidationContext(allowed_paths=("/sandbox/in",))
+    for path in ("/sandbox/in/{./x,.}./{./y,.}./secret/passwd.txt", "/sandbox/in/../secret", "/sandbox/in/./x",
+                 "/sandbox/in/a\\\\{b}"):
+        src = v("src", ops=(OperatorSpec("source.text", config={"path": path}),))
+        assert any("funke.io.allowed-paths does not allow" in m for m in messages_in(chain(src, v("sink", ops=SINK)), context)), path
+    for path in ("/sandbox/in/*.txt", "/sandbox/in/[ab]*/part-?.csv"):
+        src = v("src", ops=(OperatorSpec("source.text", config={"path": path}),))
+        assert messages_in(chain(src, v("sink", ops=SINK)), context) == [], path
+
+
+def test_a_source_may_not_read_the_data_directory():
+    context = ValidationContext(data_dir="/srv/funke/data")
+    src = v("src", ops=(OperatorSpec("source.parquet", config={"path": "/srv/funke/data/jobs/other/collect/sink"}),))
+    assert any("holds other jobs' data" in m for m in messages_in(chain(src, v("sink", ops=SINK)), context))
