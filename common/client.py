@@ -249,7 +249,7 @@ class JobManagerClient:
     def submit(self, job: JobGraph | jobgraph_pb2.JobGraph) -> str:
         """Submit a job; returns its id. Raises InvalidJobGraph listing every problem."""
         if isinstance(job, JobGraph):
-            from funke.common.wire import WireError, job_graph_to_proto
+            from funke.common.codec import WireError, job_graph_to_proto
 
             try:
                 message = job_graph_to_proto(job)

@@ -1,17 +1,23 @@
 """The JobMaster's scheduler: one job's ExecutionGraph driven by events, returning actions.
 
-Owns everything the JobMaster decides for one job: which subtasks to schedule and when (EAGER for
-STREAMING jobs, pipelined region by region for BATCH jobs), which slot each ExecutionSlotSharingGroup
-runs in, how a failure is handled (region or full failover, under a restart strategy), how the
-job's status follows from its executions, cancellation and suspension.
+Owns the job's bookkeeping and the mechanics of carrying out decisions: which executions are
+scheduled together and wait for which slots, which slot each ExecutionSlotSharingGroup runs in,
+moving executions and the job through the tables of `states.py`, cancelling, resetting and
+restarting tasks, committing outputs, suspension. The decisions it asks for are made elsewhere,
+one concern per module:
 
-It is sans-IO, like dask's WorkerState: every public method takes an event (with `now` passed in)
-and returns a list of actions (dataclasses below) for the JobManager shell to carry out. Nothing
-here touches a socket, a thread or a clock. State changes are applied through the tables of
-`states.py` only; the scheduler decides *which* transition an event calls for.
+- `schedulingstrategy.py`: which regions to schedule when (eager or pipelined region);
+- `failover.py`: what a failure restarts, whether and when (failover and restart strategies);
+- `deploymentfactory.py`: what a deployment and a partition update say;
+- `states.py`: which transitions are legal and how the job follows from its executions.
+
+It is sans-IO, like dask's WorkerState: every public method takes an event (with `now` passed in,
+and the id of the stimulus that caused it) and returns a list of actions (dataclasses below) for
+the JobManager shell to carry out. Nothing here touches a socket, a thread or a clock. Every
+transition records the stimulus id, so an execution's story says which event moved it.
 
 Events:   start, on_slots_allocated, on_slot_request_failed, on_task_state, on_deploy_failed,
-          on_task_manager_lost, on_timer, on_outputs_committed, cancel, suspend
+          on_task_manager_lost, on_timer, on_outputs_committed, on_internal_error, cancel, suspend
 Actions:  RequestSlots, CancelSlotRequest, ReleaseSlot, DeployTask, CancelTask,
           UpdatePartitionInfo, ReleasePartitions, StartTimer, CommitOutputs, JobCleanup,
           JobStatusChanged, ExecutionStateChanged
@@ -20,47 +26,74 @@ Actions:  RequestSlots, CancelSlotRequest, ReleaseSlot, DeployTask, CancelTask,
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+import itertools
+from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence, TypeVar
 
+from funke.common.deployment import PartitionRef, PartitionUpdate, TaskDeployment
+from funke.common.deploymentfactory import TaskDeploymentFactory
 from funke.common.executiongraph import (
-    ConsumedPartitionGroup,
+    Execution,
     ExecutionAttemptId,
     ExecutionGraph,
     ExecutionVertex,
-    Execution,
     FailureInfo,
     IntermediateResultPartition,
     PartitionLocation,
     SlotId,
-    input_split,
-    subpartition_count,
 )
-from funke.common.jobgraph import FailoverStrategyKind, JobType, JobVertex, PartitionerKind, ResultPartitionType
+from funke.common.failover import (
+    EXCEPTION_HISTORY_SIZE,
+    ExceptionHistoryEntry,
+    ExecutionFailureHandler,
+    FailureHandling,
+    vertices_of,
+)
+from funke.common.jobgraph import FailoverStrategyKind
 from funke.common.operators import CATALOGUE
 from funke.common.regions import PipelinedRegion, compute_pipelined_regions
-from funke.common.restart import RestartBackoffTimeStrategy, decide
+from funke.common.restart import RestartBackoffTimeStrategy
+from funke.common.schedulingstrategy import scheduling_strategy
 from funke.common.slotsharing import ExecutionSlotSharingGroup, build_slot_sharing_plan
-from funke.common.states import ExecutionState, JobStatus, Transition, resolve_report
+from funke.common.states import (
+    DEPLOYED_EXECUTION_STATES,
+    JOB_STATUS_WHEN_EXECUTIONS_END,
+    LIVE_EXECUTION_STATES,
+    SCHEDULING_JOB_STATUSES,
+    ExecutionsOutcome,
+    ExecutionState,
+    JobStatus,
+    Transition,
+    resolve_report,
+)
+
+__all__ = [
+    "Action", "CancelSlotRequest", "CancelTask", "CommitOutputs", "DeployTask", "ExceptionHistoryEntry",
+    "ExecutionStateChanged", "JobCleanup", "JobStatusChanged", "ReleasePartitions", "ReleaseSlot",
+    "RequestSlots", "Scheduler", "SinkCommit", "SlotRequest", "StartTimer", "Timer", "UpdatePartitionInfo",
+]
 
 E = ExecutionState
 J = JobStatus
+_LIVE = LIVE_EXECUTION_STATES
+_DEPLOYED = DEPLOYED_EXECUTION_STATES
 
 # Flink's task.cancellation.timeout: after this, a job stuck in CANCELLING goes FAILED.
 DEFAULT_CANCELLATION_TIMEOUT_S = 180.0
-# Flink's web.exception-history-size is 16; the job's root cause is kept apart in `failure`.
-EXCEPTION_HISTORY_SIZE = 100
 
 _F = TypeVar("_F", bound=Callable[..., list])
 
 
 def _event(method: _F) -> _F:
     """An event handler: it starts from an empty action list, so that what an earlier event left
-    behind when it raised is never carried out as this event's doing."""
+    behind when it raised is never carried out as this event's doing; and every transition it
+    makes records its stimulus (`stimulus_id=`, else one is made up: "jm:<event>-<n>")."""
+    name = method.__name__.removeprefix("on_")
 
     @functools.wraps(method)
-    def handle(self: "Scheduler", *args, **kwargs):  # type: ignore[no-untyped-def]
+    def handle(self: "Scheduler", *args, stimulus_id: str = "", **kwargs):  # type: ignore[no-untyped-def]
         self._out = []
+        self._stimulus = stimulus_id or f"jm:{name}-{next(self._stimuli)}"
         try:
             return method(self, *args, **kwargs)
         except BaseException:
@@ -102,43 +135,6 @@ class ReleaseSlot:
 
 
 @dataclass(frozen=True, slots=True)
-class InputGate:
-    """What a consumer reads from one input (mirrors InputGateDeploymentDescriptor)."""
-
-    input_index: int
-    data_set_id: str
-    partition_start: int
-    partition_end: int
-    subpartition: int | None
-    producer_attempts: tuple[int, ...] | None  # None: uniform_attempt for every partition
-    uniform_attempt: int  # >= 0: available from that attempt; -1 - n: waiting for attempt n
-    schema: str
-
-
-@dataclass(frozen=True, slots=True)
-class ResultPartitionSpec:
-    data_set_id: str
-    partition_index: int
-    num_subpartitions: int
-    partitioner: PartitionerKind
-    partition_keys: tuple[str, ...]
-    partition_type: ResultPartitionType
-
-
-@dataclass(frozen=True, slots=True)
-class TaskDeployment:
-    job_id: str
-    job_name: str
-    attempt: ExecutionAttemptId
-    task_name: str
-    parallelism: int
-    slot: SlotId
-    vertex: JobVertex
-    inputs: tuple[InputGate, ...]
-    outputs: tuple[ResultPartitionSpec, ...]
-
-
-@dataclass(frozen=True, slots=True)
 class DeployTask:
     deployment: TaskDeployment
 
@@ -147,6 +143,7 @@ class DeployTask:
 class CancelTask:
     task_manager_id: str
     attempt: ExecutionAttemptId
+    stimulus_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,16 +151,13 @@ class UpdatePartitionInfo:
     """A partition that deployed consumers on `task_manager_id` were waiting for is ready."""
 
     task_manager_id: str
-    data_set_id: str
-    partition_index: int
-    producer_attempt: int
-    schema: str
+    update: PartitionUpdate
 
 
 @dataclass(frozen=True, slots=True)
 class ReleasePartitions:
     task_manager_id: str
-    partitions: tuple[tuple[str, int, int], ...]  # (data set, partition index, producer attempt)
+    partitions: tuple[PartitionRef, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,15 +216,6 @@ Action = (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class ExceptionHistoryEntry:
-    timestamp: float
-    task_name: str
-    attempt: ExecutionAttemptId | None
-    task_manager_id: str | None
-    failure: FailureInfo
-
-
 # ----------------------------------------------------------------------------------------------
 # Internal bookkeeping
 # ----------------------------------------------------------------------------------------------
@@ -265,10 +250,6 @@ class _GlobalFailure:
     suppressed_by: str
 
 
-_LIVE = frozenset({E.SCHEDULED, E.DEPLOYING, E.INITIALIZING, E.RUNNING, E.CANCELING})
-_DEPLOYED = frozenset({E.DEPLOYING, E.INITIALIZING, E.RUNNING})
-
-
 class Scheduler:
     """One job's scheduling state. See the module docstring."""
 
@@ -288,7 +269,9 @@ class Scheduler:
         self.failover_strategy = failover_strategy
         self.slot_request_timeout_s = slot_request_timeout_s
         self.cancellation_timeout_s = cancellation_timeout_s
-        self.eager = graph.job_graph.job_type is JobType.STREAMING
+        self.strategy = scheduling_strategy(graph.job_graph.job_type, self.regions)
+        self.failures = ExecutionFailureHandler(failover_strategy, restart_strategy, self.regions)
+        self.deployments = TaskDeploymentFactory(graph)
         self.exception_history: list[ExceptionHistoryEntry] = []
         self.failure: FailureInfo | None = None  # why the job FAILED
 
@@ -310,9 +293,8 @@ class Scheduler:
         self._timers: dict[str, Timer] = {}  # the one live timer of each kind
         self._committing = False
         self._task_managers_used: set[str] = set()
-        self._gate_cache: dict[int, tuple[int, tuple]] = {}  # id(ConsumedPartitionGroup) -> (version, state)
-        # id(ConsumerVertexGroup) -> TaskManager -> how many of its consumers are deployed there
-        self._deployed_on: dict[int, dict[str, int]] = {}
+        self._stimuli = itertools.count(1)
+        self._stimulus = ""  # the id of the event being handled
         self._out: list[Action] = []
 
     # ------------------------------------------------------------------ public view
@@ -324,6 +306,10 @@ class Scheduler:
     @property
     def committing(self) -> bool:
         return self._committing
+
+    @property
+    def eager(self) -> bool:
+        return self.strategy.one_batch
 
     def slot_of_group(self, group: ExecutionSlotSharingGroup) -> SlotId | None:
         return self._slot_of.get(group)
@@ -379,13 +365,13 @@ class Scheduler:
     def start(self, now: float) -> list[Action]:
         if self.status is not J.CREATED:
             raise ValueError(f"cannot start a job in {self.status.value}")
-        self._schedule_initial(now)
+        self._schedule_regions(self.strategy.initial_regions(), now)
         return self._drain()
 
     @_event
     def on_slots_allocated(self, request_id: int, slots: Sequence[SlotId], now: float) -> list[Action]:
         groups = self._requests.pop(request_id, None)
-        if groups is None or self.status.is_terminal or self.status not in (J.CREATED, J.RUNNING):
+        if groups is None or self.status not in SCHEDULING_JOB_STATUSES:
             for slot in slots:
                 self._out.append(ReleaseSlot(slot, "slot request no longer needed"))
             if groups:
@@ -458,8 +444,10 @@ class Scheduler:
         self._check_progress(now)
         return self._drain()
 
-    def on_deploy_failed(self, attempt: ExecutionAttemptId, failure: FailureInfo, now: float) -> list[Action]:
-        return self.on_task_state(attempt, E.FAILED, now, failure=failure)
+    def on_deploy_failed(self, attempt: ExecutionAttemptId, failure: FailureInfo, now: float, *,
+                         stimulus_id: str = "") -> list[Action]:
+        return self.on_task_state(attempt, E.FAILED, now, failure=failure,
+                                  stimulus_id=stimulus_id or f"jm:deploy-failed-{next(self._stimuli)}")
 
     @_event
     def on_task_manager_lost(self, task_manager_id: str, cause: str, now: float) -> list[Action]:
@@ -487,7 +475,7 @@ class Scheduler:
                         lost_needed.append(partition.producer)
         if failed or lost_needed:
             self._handle_failure(failed, failure, now, task_manager_id=task_manager_id, also_restart=lost_needed)
-        if self.status in (J.CREATED, J.RUNNING):
+        if self.status in SCHEDULING_JOB_STATUSES:
             self._request_missing_slots()
         self._check_progress(now)
         return self._drain()
@@ -509,33 +497,6 @@ class Scheduler:
             self._cancellation_timed_out(now)
         return self._drain()
 
-    def _start_timer(self, kind: str, at: float) -> Timer:
-        self._timer_seq += 1
-        timer = self._timers[kind] = Timer(kind, self._timer_seq)
-        self._out.append(StartTimer(timer, at))
-        return timer
-
-    def _cancellation_timed_out(self, now: float) -> None:
-        """Executions still CANCELING after the cancellation timeout: the job cannot wait for
-        them forever. A cancelled job ends FAILED (Flink: CANCELLING -> FAILED); during a
-        failover they are marked FAILED, so the restart or the job's failure can go on."""
-        stuck = [ev for ev in self.graph.execution_vertices() if ev.state is E.CANCELING]
-        if not stuck:
-            return
-        names = ", ".join(ev.name for ev in stuck[:10]) + (" ..." if len(stuck) > 10 else "")
-        failure = FailureInfo("CancellationTimeout",
-                              f"tasks could not be cancelled within {self.cancellation_timeout_s:g} s: {names}")
-        self._record_exception(ExceptionHistoryEntry(now, "", None, None, failure))
-        # The executions give up first: a terminal job never has a live execution.
-        for ev in stuck:
-            self._transition(ev.current_execution, E.FAILED, now, str(failure), failure)
-        if self.status is J.CANCELLING:
-            self.failure = failure
-            self._job_transition(J.FAILED, now, str(failure))
-            self._terminate(now)
-            return
-        self._check_progress(now)
-
     @_event
     def on_outputs_committed(self, now: float, error: FailureInfo | None = None) -> list[Action]:
         if not self._committing:
@@ -544,7 +505,8 @@ class Scheduler:
         if self.status is not J.RUNNING:
             return self._drain()
         if error is None:
-            self._job_transition(J.FINISHED, now, "all tasks finished and outputs committed")
+            self._job_transition(JOB_STATUS_WHEN_EXECUTIONS_END[(J.RUNNING, ExecutionsOutcome.ALL_FINISHED)], now,
+                                 "all tasks finished and outputs committed")
             self._terminate(now)
         else:
             self._record_exception(ExceptionHistoryEntry(now, "", None, None, error))
@@ -604,48 +566,34 @@ class Scheduler:
             self._record_exception(ExceptionHistoryEntry(now, "", None, None, failure))
         status = self.status
         suppressed = "an error in the JobManager, which a restart would meet again"
-        if status in (J.CREATED, J.RUNNING):
+        if status in SCHEDULING_JOB_STATUSES:
             self._committing = False
-            self._fail_globally(failure, now, allow_restart=False, suppressed_by=suppressed)
+            self._fail_globally(failure, now, ExecutionFailureHandler.without_restart(suppressed))
         elif status is J.FAILING:
             gf = self._global_failure
             if gf is not None and gf.restart:
                 gf.restart = False
-                self.failure = FailureInfo(gf.root.exception_type,
-                                           f"{gf.root.message}\n(recovery is suppressed by {suppressed})",
-                                           gf.root.traceback)
+                self.failure = _suppressed(gf.root, suppressed)
             self._check_progress(now)
         elif status is J.RESTARTING:
-            self.failure = FailureInfo(failure.exception_type, f"{failure.message}\n(recovery is suppressed by {suppressed})",
-                                       failure.traceback)
+            self.failure = _suppressed(failure, suppressed)
             self._job_transition(J.FAILED, now, str(failure))
             self._terminate(now)
         else:  # CANCELLING goes on; a terminal job has nothing left to fail
             self._check_progress(now)
         return self._drain()
 
-    def _record_exception(self, entry: ExceptionHistoryEntry) -> None:
-        history = self.exception_history
-        history.append(entry)
-        if len(history) > EXCEPTION_HISTORY_SIZE:
-            del history[0]
-
     # ------------------------------------------------------------------ scheduling
 
-    def _schedule_initial(self, now: float) -> None:
-        if self.eager:
-            self._schedule_regions(list(self.regions.regions), now, one_batch=True)
-        else:
-            self._schedule_regions([r for r in self.regions.regions if self._inputs_ready(r)], now)
-
-    def _inputs_ready(self, region: PipelinedRegion) -> bool:
-        return all(group.all_finished for group in region.blocking_inputs)
-
-    def _schedule_regions(self, regions: list[PipelinedRegion], now: float, one_batch: bool = False) -> None:
+    def _schedule_regions(self, regions: list[PipelinedRegion], now: float) -> None:
+        """Schedule `regions` (those not scheduled yet): one batch of executions per region, or one
+        for all of them if the strategy schedules in bulk; each batch asks for the slots its
+        groups lack and is deployed once they all have one."""
         regions = [r for r in regions if r not in self._scheduled_regions]
         if not regions:
             return
         regions.sort(key=lambda r: r.index)
+        one_batch = self.strategy.one_batch
         batches: list[list[ExecutionVertex]] = []
         for region in regions:
             self._scheduled_regions.add(region)
@@ -714,7 +662,7 @@ class Scheduler:
         return list(found)
 
     def _deploy_ready_batches(self, now: float, batches: Iterable[_Batch]) -> None:
-        if self.status not in (J.CREATED, J.RUNNING):
+        if self.status not in SCHEDULING_JOB_STATUSES:
             return
         for batch in batches:
             if batch in self._batches and all(g in self._slot_of for g in batch.groups):
@@ -730,46 +678,7 @@ class Scheduler:
         execution.slot = slot
         self._task_managers_used.add(slot.task_manager_id)
         self._transition(execution, E.DEPLOYING, now, f"deploying to {slot}")
-        self._out.append(DeployTask(self._deployment(ev, slot)))
-
-    def _deployment(self, ev: ExecutionVertex, slot: SlotId) -> TaskDeployment:
-        ejv = ev.job_vertex
-        inputs = []
-        for index, (result, group) in enumerate(zip(ejv.inputs, ev.consumed_partition_groups)):
-            split = input_split(result.edge, ev.subtask_index, result.producer.parallelism, ejv.parallelism)
-            attempts, uniform, schema = self._gate_state(group)
-            inputs.append(InputGate(
-                input_index=index,
-                data_set_id=result.id,
-                partition_start=split.partitions.start,
-                partition_end=split.partitions.stop,
-                subpartition=split.subpartition,
-                producer_attempts=None if uniform is not None else attempts,
-                uniform_attempt=uniform if uniform is not None else -1,
-                schema=schema,
-            ))
-        outputs = []
-        for result, partition in zip(ejv.produced, ev.produced_partitions):
-            edge = result.edge
-            outputs.append(ResultPartitionSpec(
-                data_set_id=result.id,
-                partition_index=partition.partition_index,
-                num_subpartitions=subpartition_count(edge, partition.partition_index, ejv.parallelism, result.consumer.parallelism),
-                partitioner=edge.partitioner,
-                partition_keys=edge.partition_keys,
-                partition_type=edge.result_partition_type,
-            ))
-        return TaskDeployment(
-            job_id=self.graph.job_id,
-            job_name=self.graph.job_graph.name,
-            attempt=ev.current_execution.attempt_id,
-            task_name=ev.name,
-            parallelism=ejv.parallelism,
-            slot=slot,
-            vertex=ejv.job_vertex,
-            inputs=tuple(inputs),
-            outputs=tuple(outputs),
-        )
+        self._out.append(DeployTask(self.deployments.deployment(ev, slot, self._stimulus)))
 
     # ------------------------------------------------------------------ progress
 
@@ -781,63 +690,37 @@ class Scheduler:
             schema = schemas.get((partition.result.id, partition.partition_index), "")
             location = PartitionLocation(execution.attempt_number, tm, schema)
             completed_groups.extend(self.graph.mark_partition_finished(partition, location))
-            self._notify_waiting_consumers(partition, location)
-        if not self.eager and completed_groups:
-            candidates: dict[int, PipelinedRegion] = {}
-            for group in completed_groups:
-                for region in self.regions.consumer_regions_of(group):
-                    candidates[region.index] = region
-            ready = [r for r in candidates.values() if r not in self._scheduled_regions and self._inputs_ready(r)]
-            if ready and self.status in (J.CREATED, J.RUNNING) and self._pending_restart_excludes(ready):
+            for task_manager_id, update in self.deployments.partition_updates(partition, location):
+                self._out.append(UpdatePartitionInfo(task_manager_id, update))
+        if completed_groups and self.status in SCHEDULING_JOB_STATUSES:
+            ready = [r for r in self.strategy.regions_ready_after(completed_groups) if r not in self._scheduled_regions]
+            if ready and self._pending_restart_excludes(ready):
                 self._schedule_regions(ready, now)
 
     def _pending_restart_excludes(self, regions: list[PipelinedRegion]) -> bool:
         pending = self._pending_restart
         return pending is None or not any(ev in pending.vertices for r in regions for ev in r.vertices)
 
-    def _gate_state(self, group: ConsumedPartitionGroup) -> tuple[tuple[int, ...], int | None, str]:
-        """(producer attempt per partition, the attempt if all are the same, schema) of a consumed
-        group. Cached per group version: the P consumers of an ALL_TO_ALL result share one group,
-        and building its P attempts for each of them would make deployment O(P²)."""
-        cached = self._gate_cache.get(id(group))
-        if cached is not None and cached[0] == group.version:
-            return cached[1]
-        # Not yet available: -1 - n, "waiting for attempt n". A consumer TaskManager may still
-        # remember an older attempt of the partition; it must not count.
-        attempts = tuple(p.location.producer_attempt if p.location else -1 - p.producer.current_execution.attempt_number
-                         for p in group.partitions)
-        uniform = attempts[0] if attempts and attempts.count(attempts[0]) == len(attempts) else None
-        schema = next((p.location.schema for p in group.partitions if p.location), "")
-        state = (attempts, uniform, schema)
-        self._gate_cache[id(group)] = (group.version, state)
-        return state
-
-    def _notify_waiting_consumers(self, partition: IntermediateResultPartition, location: PartitionLocation) -> None:
-        """Deployed consumers that started before this partition existed (pipelined inputs,
-        eager scheduling) learn where it is; one update per TaskManager, not per consumer."""
-        task_managers: set[str] = set()
-        for group in partition.consumer_vertex_groups:
-            task_managers.update(tm for tm, n in self._deployed_on.get(id(group), {}).items() if n)
-        for tm in sorted(task_managers):
-            self._out.append(UpdatePartitionInfo(
-                tm, partition.result.id, partition.partition_index, location.producer_attempt, location.schema
-            ))
-
     def _check_progress(self, now: float) -> None:
+        """Move the job on once its executions say so (`JOB_STATUS_WHEN_EXECUTIONS_END`)."""
         status = self.status
         if status is J.RUNNING and self._finished == self.graph.number_of_vertices() and not self._committing:
             self._finish(now)
-        elif status is J.FAILING and self._non_terminal == 0:
+        elif status in (J.FAILING, J.CANCELLING) and self._non_terminal == 0:
             gf = self._global_failure
-            if gf is not None and gf.restart:
+            outcome = (ExecutionsOutcome.ENDED_TO_RESTART if status is J.FAILING and gf is not None and gf.restart
+                       else ExecutionsOutcome.ENDED)
+            target = JOB_STATUS_WHEN_EXECUTIONS_END[(status, outcome)]
+            if target is J.RESTARTING:
+                assert gf is not None
                 self._job_transition(J.RESTARTING, now, f"restarting after: {gf.root}")
                 self._start_timer("restart", max(now, gf.restart_at))
-            else:
+            elif target is J.FAILED:
                 self._job_transition(J.FAILED, now, str(self.failure) if self.failure else "failed")
                 self._terminate(now)
-        elif status is J.CANCELLING and self._non_terminal == 0:
-            self._job_transition(J.CANCELED, now, "all tasks cancelled")
-            self._terminate(now)
+            else:
+                self._job_transition(target, now, "all tasks cancelled")
+                self._terminate(now)
         elif self._pending_restart is not None:
             self._maybe_restart_regions(now)
 
@@ -854,7 +737,8 @@ class Scheduler:
             self._committing = True
             self._out.append(CommitOutputs(tuple(sinks)))
         else:
-            self._job_transition(J.FINISHED, now, "all tasks finished")
+            self._job_transition(JOB_STATUS_WHEN_EXECUTIONS_END[(J.RUNNING, ExecutionsOutcome.ALL_FINISHED)], now,
+                                 "all tasks finished")
             self._terminate(now)
 
     # ------------------------------------------------------------------ failures
@@ -876,24 +760,21 @@ class Scheduler:
                 now, ev.name, ex.attempt_id, ex.task_manager_id or task_manager_id, ex.failure or failure))
         if not failed:
             self._record_exception(ExceptionHistoryEntry(now, "", None, task_manager_id, failure))
-        if self.status not in (J.CREATED, J.RUNNING):
+        if self.status not in SCHEDULING_JOB_STATUSES:
             return  # already failing, cancelling or restarting: the failure changes nothing
         failed = list(failed) + list(also_restart)
         pending = self._pending_restart
         if pending is not None and all(ev in pending.vertices for ev in failed):
             return  # part of a restart already under way: not a new failure
-        if self.failover_strategy is FailoverStrategyKind.FULL:
-            self._fail_globally(failure, now, allow_restart=True)
+        handling = self.failures.on_task_failure(failed, now)
+        if handling.is_global:
+            self._fail_globally(failure, now, handling)
             return
-        to_restart = self.regions.regions_to_restart(failed, is_available=_will_be_available)
-        decision = decide(self.restart_strategy, now)
-        if not decision.restart:
-            self._fail_globally(failure, now, allow_restart=False, suppressed_by=decision.strategy)
-            return
-        vertices = {ev for region in to_restart for ev in region.vertices}
-        for region in to_restart:
+        assert handling.regions is not None
+        vertices = vertices_of(handling.regions)
+        for region in handling.regions:
             self._scheduled_regions.discard(region)
-        restart_at = now + decision.delay_s
+        restart_at = now + handling.delay_s
         if pending is not None:
             vertices |= pending.vertices
             restart_at = max(restart_at, pending.restart_at)
@@ -902,18 +783,10 @@ class Scheduler:
         self._cancel_vertices(sorted(vertices, key=_vertex_order), now, f"restarting after failure of {failed[0].name}")
         self._invalidate_partitions(vertices)
 
-    def _fail_globally(self, failure: FailureInfo, now: float, *, allow_restart: bool, suppressed_by: str = "") -> None:
-        restart, delay = False, 0.0
-        if allow_restart:
-            decision = decide(self.restart_strategy, now)
-            restart, delay, suppressed_by = decision.restart, decision.delay_s, decision.strategy
-        if not restart:
-            self.failure = FailureInfo(
-                failure.exception_type,
-                f"{failure.message}\n(recovery is suppressed by {suppressed_by})",
-                failure.traceback,
-            )
-        self._global_failure = _GlobalFailure(failure, restart, now + delay, suppressed_by)
+    def _fail_globally(self, failure: FailureInfo, now: float, handling: FailureHandling) -> None:
+        if not handling.restart:
+            self.failure = _suppressed(failure, handling.suppressed_by)
+        self._global_failure = _GlobalFailure(failure, handling.restart, now + handling.delay_s, handling.suppressed_by)
         self._pending_restart = None
         self._job_transition(J.FAILING, now, str(failure))
         self._cancel_everything(now, f"job failing: {failure}")
@@ -926,17 +799,13 @@ class Scheduler:
         if any(not ev.state.is_terminal and ev.state is not E.CREATED for ev in pending.vertices):
             return
         self._pending_restart = None
-        if self.status not in (J.CREATED, J.RUNNING):
+        if self.status not in SCHEDULING_JOB_STATUSES:
             return
         for ev in sorted(pending.vertices, key=_vertex_order):
             if ev.state is not E.CREATED:
                 self._reset(ev, now)
-        if self.eager:
-            regions = {self.regions.region_of(ev).index: self.regions.region_of(ev) for ev in pending.vertices}
-            self._schedule_regions(list(regions.values()), now, one_batch=True)
-        else:
-            regions = {self.regions.region_of(ev).index: self.regions.region_of(ev) for ev in pending.vertices}
-            self._schedule_regions([r for r in regions.values() if self._inputs_ready(r)], now)
+        regions = [self.regions.region_of(ev) for ev in pending.vertices]
+        self._schedule_regions(self.strategy.regions_to_restart(regions), now)
 
     def _restart_globally(self, now: float) -> None:
         self._global_failure = None
@@ -945,7 +814,7 @@ class Scheduler:
         for ev in self.graph.execution_vertices():
             self._reset(ev, now)
         self._invalidate_partitions(self.graph.execution_vertices())
-        self._schedule_initial(now)
+        self._schedule_regions(self.strategy.initial_regions(), now)
 
     def _reset(self, ev: ExecutionVertex, now: float) -> None:
         was_finished = ev.state is E.FINISHED
@@ -960,7 +829,7 @@ class Scheduler:
             self._finished -= 1
 
     def _invalidate_partitions(self, vertices: Iterable[ExecutionVertex]) -> None:
-        by_tm: dict[str, list[tuple[str, int, int]]] = {}
+        by_tm: dict[str, list[PartitionRef]] = {}
         for ev in vertices:
             for partition in ev.produced_partitions:
                 loc = partition.location
@@ -968,7 +837,7 @@ class Scheduler:
                     self.graph.mark_partition_unavailable(partition)
                     if loc.task_manager_id:
                         by_tm.setdefault(loc.task_manager_id, []).append(
-                            (partition.result.id, partition.partition_index, loc.producer_attempt))
+                            PartitionRef(partition.result.id, partition.partition_index, loc.producer_attempt))
         for tm, refs in sorted(by_tm.items()):
             self._out.append(ReleasePartitions(tm, tuple(refs)))
 
@@ -984,6 +853,41 @@ class Scheduler:
             if needed:
                 return True
         return False
+
+    def _record_exception(self, entry: ExceptionHistoryEntry) -> None:
+        history = self.exception_history
+        history.append(entry)
+        if len(history) > EXCEPTION_HISTORY_SIZE:
+            del history[0]
+
+    # ------------------------------------------------------------------ timers
+
+    def _start_timer(self, kind: str, at: float) -> Timer:
+        self._timer_seq += 1
+        timer = self._timers[kind] = Timer(kind, self._timer_seq)
+        self._out.append(StartTimer(timer, at))
+        return timer
+
+    def _cancellation_timed_out(self, now: float) -> None:
+        """Executions still CANCELING after the cancellation timeout: the job cannot wait for
+        them forever. A cancelled job ends FAILED (Flink: CANCELLING -> FAILED); during a
+        failover they are marked FAILED, so the restart or the job's failure can go on."""
+        stuck = [ev for ev in self.graph.execution_vertices() if ev.state is E.CANCELING]
+        if not stuck:
+            return
+        names = ", ".join(ev.name for ev in stuck[:10]) + (" ..." if len(stuck) > 10 else "")
+        failure = FailureInfo("CancellationTimeout",
+                              f"tasks could not be cancelled within {self.cancellation_timeout_s:g} s: {names}")
+        self._record_exception(ExceptionHistoryEntry(now, "", None, None, failure))
+        # The executions give up first: a terminal job never has a live execution.
+        for ev in stuck:
+            self._transition(ev.current_execution, E.FAILED, now, str(failure), failure)
+        if self.status is J.CANCELLING:
+            self.failure = failure
+            self._job_transition(J.FAILED, now, str(failure))
+            self._terminate(now)
+            return
+        self._check_progress(now)
 
     # ------------------------------------------------------------------ cancellation
 
@@ -1005,7 +909,7 @@ class Scheduler:
                     self._transition(ex, E.CANCELED, now, cause)
             elif ex.state in _DEPLOYED:
                 self._transition(ex, E.CANCELING, now, cause)
-                self._out.append(CancelTask(ex.task_manager_id or "", ex.attempt_id))
+                self._out.append(CancelTask(ex.task_manager_id or "", ex.attempt_id, self._stimulus))
                 canceling = True
         if canceling and not self.status.is_terminal:
             # Nothing may wait forever for a task that does not stop (Flink's task.cancellation.timeout).
@@ -1042,7 +946,7 @@ class Scheduler:
         self, execution: Execution, to: ExecutionState, now: float, cause: str, failure: FailureInfo | None = None
     ) -> None:
         before = execution.state
-        t = execution.machine.transition(to, now, cause)
+        t = execution.machine.transition(to, now, cause, self._stimulus)
         if execution.vertex.current_execution is execution:
             counts = self.state_counts
             counts[before] -= 1
@@ -1052,10 +956,7 @@ class Scheduler:
         group = self.plan.group_of(execution.vertex)
         was_deployed, is_deployed = before in _DEPLOYED, to in _DEPLOYED
         if was_deployed != is_deployed and execution.task_manager_id:
-            step = 1 if is_deployed else -1
-            for consumed in execution.vertex.consumed_partition_groups:
-                on = self._deployed_on.setdefault(id(consumed.consumer_vertex_group), {})
-                on[execution.task_manager_id] = on.get(execution.task_manager_id, 0) + step
+            self.deployments.consumer_moved(execution, execution.task_manager_id, 1 if is_deployed else -1)
         was_live, is_live = before in _LIVE, to in _LIVE
         if not was_live and is_live:
             self._usage[group] = self._usage.get(group, 0) + 1
@@ -1069,7 +970,7 @@ class Scheduler:
             execution.attempt_id, execution.vertex.name, t, execution.task_manager_id, execution.failure if to is E.FAILED else None))
         if to in (E.FAILED, E.CANCELED) and before in _DEPLOYED | {E.CANCELING} and execution.task_manager_id:
             # whatever this attempt wrote is garbage: nobody will ever be told to read it
-            refs = tuple((p.result.id, p.partition_index, execution.attempt_number)
+            refs = tuple(PartitionRef(p.result.id, p.partition_index, execution.attempt_number)
                          for p in execution.vertex.produced_partitions)
             if refs:
                 self._out.append(ReleasePartitions(execution.task_manager_id, refs))
@@ -1081,7 +982,7 @@ class Scheduler:
         self._out.append(ReleaseSlot(slot, cause))
 
     def _job_transition(self, to: JobStatus, now: float, cause: str) -> None:
-        t = self.graph.status_machine.transition(to, now, cause)
+        t = self.graph.status_machine.transition(to, now, cause, self._stimulus)
         self._out.append(JobStatusChanged(t))
 
     def _current(self, attempt: ExecutionAttemptId) -> Execution | None:
@@ -1096,11 +997,9 @@ class Scheduler:
         return out
 
 
-def _will_be_available(partition: IntermediateResultPartition) -> bool:
-    """An input a restarted consumer can count on: produced already, or its producer is still
-    live and will produce it. Flink restarts live producers of unfinished inputs too; only a
-    producer that is terminal without a usable partition (lost, failed, cancelled) needs it."""
-    return partition.is_available or not partition.producer.state.is_terminal
+def _suppressed(failure: FailureInfo, by: str) -> FailureInfo:
+    return FailureInfo(failure.exception_type, f"{failure.message}\n(recovery is suppressed by {by})",
+                       failure.traceback)
 
 
 def _vertex_order(ev: ExecutionVertex) -> tuple[int, int]:

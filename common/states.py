@@ -1,10 +1,15 @@
 """The two state machines users rely on: JobStatus and ExecutionState.
 
 Everything that decides which state change is legal lives in this module, as data:
-`JOB_STATUS_TRANSITIONS`, `EXECUTION_STATE_TRANSITIONS` and `EXECUTION_REPORT_RESOLUTION`.
-`StateMachine` applies a table to one entity (a job, an execution) and keeps that entity's story:
-every transition with its time and cause. A rejected transition raises `IllegalTransition`,
-which names the entity, the two states, the cause and the whole story, and changes nothing.
+`JOB_STATUS_TRANSITIONS` and `EXECUTION_STATE_TRANSITIONS`; the sets of states the cores act on
+(`LIVE_EXECUTION_STATES`, `DEPLOYED_EXECUTION_STATES`, `SCHEDULING_JOB_STATUSES`); how a job's
+status follows from its executions (`JOB_STATUS_WHEN_EXECUTIONS_END`); and how a task's report
+is read in the light of a stop that was asked for, on the JobManager
+(`EXECUTION_REPORT_RESOLUTION`) and on the TaskManager (`TASK_REPORT_RESOLUTION`).
+`StateMachine` applies a table to one entity (a job, an execution, a TaskManager's task) and keeps
+that entity's story: every transition with its time, cause and the id of the event that caused
+it (its stimulus). A rejected transition raises `IllegalTransition`, which names the entity, the
+two states, the cause and the whole story, and changes nothing.
 
 The tables follow Flink ("Jobs and Scheduling"; ExecutionState): see the README for the diagrams,
 which `render_mermaid` generates from these same tables.
@@ -107,6 +112,60 @@ def resolve_report(current: ExecutionState, reported: ExecutionState) -> Executi
     return EXECUTION_REPORT_RESOLUTION.get((current, reported), reported)
 
 
+# Executions that need their slot-sharing group's slot: scheduled, deployed, or being cancelled.
+LIVE_EXECUTION_STATES: frozenset[ExecutionState] = frozenset(
+    {_E.SCHEDULED, _E.DEPLOYING, _E.INITIALIZING, _E.RUNNING, _E.CANCELING})
+# Executions a TaskManager runs: stopping one takes a cancel call.
+DEPLOYED_EXECUTION_STATES: frozenset[ExecutionState] = frozenset({_E.DEPLOYING, _E.INITIALIZING, _E.RUNNING})
+# Job statuses in which the scheduler schedules and deploys, and in which a task's failure is a
+# new failure. In every other status the job is failing, restarting, cancelling or over.
+SCHEDULING_JOB_STATUSES: frozenset[JobStatus] = frozenset({_J.CREATED, _J.RUNNING})
+
+
+class ExecutionsOutcome(enum.Enum):
+    """What a job's executions came to, once none of them runs any more."""
+
+    ALL_FINISHED = "every task finished (and the outputs are committed)"
+    ENDED_TO_RESTART = "every task ended; the restart strategy allows a restart"
+    ENDED = "every task ended; no restart"
+
+
+# The job status that follows when the executions end, per status the job was in. A status not
+# listed does not change on its own (CREATED, RESTARTING: they wait for a timer or a slot).
+JOB_STATUS_WHEN_EXECUTIONS_END: Mapping[tuple[JobStatus, ExecutionsOutcome], JobStatus] = {
+    (_J.RUNNING, ExecutionsOutcome.ALL_FINISHED): _J.FINISHED,
+    (_J.FAILING, ExecutionsOutcome.ENDED_TO_RESTART): _J.RESTARTING,
+    (_J.FAILING, ExecutionsOutcome.ENDED): _J.FAILED,
+    (_J.CANCELLING, ExecutionsOutcome.ENDED): _J.CANCELED,
+    (_J.CANCELLING, ExecutionsOutcome.ENDED_TO_RESTART): _J.CANCELED,
+}
+
+
+class StopRequest(enum.Enum):
+    """Who asked a TaskManager's task to stop, if anyone."""
+
+    NONE = "none"
+    JOBMANAGER = "the JobManager (cancel, or its slot freed)"
+    TASKMANAGER = "the TaskManager itself (it is shutting down)"
+
+
+# On a TaskManager: how a task's own outcome is reported once a stop was asked for. Cancel wins:
+# a task the JobManager cancelled that still finished or failed ends CANCELED (its output is
+# discarded, its failure is not the job's). A task the TaskManager stopped on its own ends FAILED:
+# to the JobManager, which asked for nothing, it is a failure (it keeps its own failure if it had
+# one). Pairs not listed are reported as they are.
+TASK_REPORT_RESOLUTION: Mapping[tuple[StopRequest, ExecutionState], ExecutionState] = {
+    (StopRequest.JOBMANAGER, _E.FINISHED): _E.CANCELED,
+    (StopRequest.JOBMANAGER, _E.FAILED): _E.CANCELED,
+    (StopRequest.TASKMANAGER, _E.FINISHED): _E.FAILED,
+    (StopRequest.TASKMANAGER, _E.CANCELED): _E.FAILED,
+}
+
+
+def resolve_task_report(stop: StopRequest, reported: ExecutionState) -> ExecutionState:
+    return TASK_REPORT_RESOLUTION.get((stop, reported), reported)
+
+
 S = TypeVar("S", JobStatus, ExecutionState)
 
 
@@ -116,10 +175,12 @@ class Transition(Generic[S]):
     to_state: S
     timestamp: float
     cause: str = ""
+    stimulus_id: str = ""  # the event that caused it, e.g. "tm-1:report-17" or "jm:slots-allocated-3"
 
     def __str__(self) -> str:
         why = f" ({self.cause})" if self.cause else ""
-        return f"{self.from_state.value} -> {self.to_state.value} at {self.timestamp:.3f}{why}"
+        by = f" [{self.stimulus_id}]" if self.stimulus_id else ""
+        return f"{self.from_state.value} -> {self.to_state.value} at {self.timestamp:.3f}{why}{by}"
 
 
 class IllegalTransition(Exception):
@@ -154,10 +215,10 @@ class StateMachine(Generic[S]):
     def can_transition(self, to: S) -> bool:
         return to in self.table[self.state]
 
-    def transition(self, to: S, now: float, cause: str = "") -> Transition[S]:
+    def transition(self, to: S, now: float, cause: str = "", stimulus_id: str = "") -> Transition[S]:
         if to not in self.table[self.state]:
             raise IllegalTransition(self.entity, self.state, to, cause, tuple(self.history))
-        t = Transition(self.state, to, now, cause)
+        t = Transition(self.state, to, now, cause, stimulus_id)
         self.history.append(t)
         self.state = to
         return t

@@ -25,9 +25,8 @@ from funke.common.restart import describe_config, restart_strategy_from_config
 from funke.common.scheduler import Scheduler
 from funke.common.states import JobStatus
 from funke.common.validation import Problem, ValidationContext, describe_problems, find_problems
-from funke.common.wire import WireError, job_graph_from_proto
+from funke.common.codec import DeploymentEncoder, WireError, job_graph_from_proto
 from funke.jobmanager import committer
-from funke.jobmanager.conversions import DescriptorFactory
 from funke.jobmanager.jobmaster import JobMaster
 from funke.jobmanager.jobstore import ArchivedJob, JobStore, archive
 from funke.jobmanager.mailbox import Mailbox
@@ -110,7 +109,7 @@ class Dispatcher:
             self._reserved.discard(job_id)
         jm = JobMaster(
             graph, scheduler, resource_manager=self.rm, mailbox=self.mailbox, data_dir=self.config.data_dir,
-            descriptors=DescriptorFactory(self.config.data_dir, dict(job.configuration.options), artifacts),
+            descriptors=DeploymentEncoder(self.config.data_dir, dict(job.configuration.options), artifacts),
             restart_description=restart, on_terminal=self._archive,
         )
         self.jobs[job_id] = jm

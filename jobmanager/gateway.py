@@ -64,8 +64,8 @@ class TaskManagerGateway:
         """`size`: about how many bytes the descriptor has (its vertex's functions and config)."""
         self._enqueue("submit", descriptor.job_id, descriptor, size=size)
 
-    def cancel(self, job_id: str, attempt: job_pb2.ExecutionAttemptId) -> None:
-        self._enqueue("cancel", job_id, attempt)
+    def cancel(self, job_id: str, attempt: job_pb2.ExecutionAttemptId, stimulus_id: str = "") -> None:
+        self._enqueue("cancel", job_id, attempt, stimulus_id=stimulus_id)
 
     def update_partition(self, job_id: str, update: cluster_pb2.PartitionInfoUpdate) -> None:
         self._enqueue("update", job_id, update)
@@ -143,8 +143,9 @@ class TaskManagerGateway:
                     self._fail_deployments([d], f"TaskManager {self.task_manager_id} rejected the task: "
                                                 f"{r.error if r else 'no answer for it'}")
         elif call.kind == "cancel":
-            await self._stub.CancelTasks(cluster_pb2.CancelTasksRequest(job_id=call.job_id, attempts=call.items),
-                                         timeout=RPC_TIMEOUT_S)
+            await self._stub.CancelTasks(cluster_pb2.CancelTasksRequest(
+                job_id=call.job_id, attempts=call.items, stimulus_id=call.extra.get("stimulus_id", "")),
+                timeout=RPC_TIMEOUT_S)
         elif call.kind == "update":
             await self._stub.UpdatePartitionInfo(
                 cluster_pb2.UpdatePartitionInfoRequest(job_id=call.job_id, updates=call.items), timeout=RPC_TIMEOUT_S)

@@ -14,23 +14,14 @@ import time
 import traceback
 from typing import TYPE_CHECKING, Callable
 
-from funke.common import layout
+from funke.common import codec, layout
 from funke.common import scheduler as s
+from funke.common.codec import DeploymentEncoder
 from funke.common.executiongraph import ExecutionGraph, FailureInfo
 from funke.common.operators import CATALOGUE
 from funke.common.scheduler import Scheduler
 from funke.common.states import ExecutionState, JobStatus
 from funke.jobmanager import committer
-from funke.jobmanager.conversions import (
-    DescriptorFactory,
-    attempt_from_pb,
-    attempt_pb,
-    event_pb,
-    execution_state_from_pb,
-    failure_from_pb,
-    job_details,
-    job_summary,
-)
 from funke.jobmanager.mailbox import Mailbox
 from funke.v1 import cluster_pb2, job_pb2, jobmanager_pb2
 
@@ -51,7 +42,7 @@ class JobMaster:
         resource_manager: "ResourceManager",
         mailbox: Mailbox,
         data_dir: str,
-        descriptors: DescriptorFactory,
+        descriptors: DeploymentEncoder,
         restart_description: str,
         on_terminal: Callable[["JobMaster"], None] = lambda jm: None,
     ):
@@ -91,10 +82,11 @@ class JobMaster:
         return tuple(v.id for v in self.graph.job_graph.vertices if v.operators and v.operators[-1].kind == "sink.collect")
 
     def details(self) -> job_pb2.JobDetails:
-        return job_details(self)
+        return codec.job_details(self.graph, self.scheduler, waiting_for_resources=self.waiting_for_resources,
+                                 restart_description=self.restart_description)
 
     def summary(self) -> job_pb2.JobSummary:
-        return job_summary(self)
+        return codec.job_summary(self.graph, self.scheduler)
 
     # ------------------------------------------------------------------ events (main thread)
 
@@ -114,17 +106,18 @@ class JobMaster:
         """A TaskManager's report. One that does not decode (an unknown state number from a
         newer or broken TaskManager) is logged and dropped: it says nothing the job can use."""
         try:
-            attempt, state = attempt_from_pb(update.attempt), execution_state_from_pb(update.state)
+            report = codec.report_from_proto(update)
         except ValueError as exc:
             log.warning("job %s: ignoring a task report that does not decode: %s", self.job_id, exc)
             return
-        failure = failure_from_pb(update.failure) if update.HasField("failure") else None
-        schemas = {(p.data_set_id, p.partition_index): p.schema for p in update.produced}
+        schemas = {(p.data_set_id, p.partition_index): p.schema for p in report.produced}
+        stimulus = report.stimulus_id or f"{report.task_manager_id or 'tm'}:report"
         self._decide(lambda now: self.scheduler.on_task_state(
-            attempt, state, now, failure=failure, produced_schemas=schemas))
+            report.attempt, report.state, now, failure=report.failure, produced_schemas=schemas,
+            stimulus_id=stimulus))
 
-    def on_deploy_failed(self, attempt, failure: FailureInfo) -> None:
-        self._decide(lambda now: self.scheduler.on_deploy_failed(attempt_from_pb(attempt), failure, now))
+    def on_deploy_failed(self, attempt: job_pb2.ExecutionAttemptId, failure: FailureInfo) -> None:
+        self._decide(lambda now: self.scheduler.on_deploy_failed(codec.attempt_from_proto(attempt), failure, now))
 
     def on_slots_allocated(self, request_id: int, slots) -> None:
         self._decide(lambda now: self.scheduler.on_slots_allocated(request_id, slots, now))
@@ -167,7 +160,7 @@ class JobMaster:
     def subscribe(self) -> tuple[jobmanager_pb2.JobEvent, asyncio.Queue]:
         """The current snapshot, and a queue of every later event (ending with END_OF_STREAM)."""
         queue: asyncio.Queue = asyncio.Queue()
-        snapshot = jobmanager_pb2.JobEvent(sequence=self._sequence, snapshot=job_details(self))
+        snapshot = jobmanager_pb2.JobEvent(sequence=self._sequence, snapshot=self.details())
         if self.status.is_terminal:
             queue.put_nowait(END_OF_STREAM)
         else:
@@ -233,14 +226,14 @@ class JobMaster:
         t = a.transition
         log.info("job %s: %s -> %s%s", self.job_id, t.from_state.value, t.to_state.value, f" ({t.cause})" if t.cause else "")
         self._sequence += 1
-        self._publish(event_pb(self._sequence, a), end=t.to_state.is_terminal)
+        self._publish(codec.event_to_proto(self._sequence, a), end=t.to_state.is_terminal)
 
     def _on_execution_state(self, a: s.ExecutionStateChanged) -> None:
         if a.transition.to_state is ExecutionState.FAILED:
             log.info("job %s: %s attempt #%d FAILED: %s", self.job_id, a.task_name, a.attempt.attempt_number, a.failure)
         self._sequence += 1
         if self._watchers:  # a P = 10 000 job makes 60 000 of these; build them only for a reader
-            self._publish(event_pb(self._sequence, a))
+            self._publish(codec.event_to_proto(self._sequence, a))
 
     def _on_request_slots(self, a: s.RequestSlots) -> None:
         self.rm.request_slots(self.job_id, a.requests, a.timeout_s)
@@ -252,7 +245,7 @@ class JobMaster:
         self.rm.release_slot(a.slot, self.job_id, a.cause)
 
     def _on_deploy(self, a: s.DeployTask) -> None:
-        descriptor = self.descriptors.build(a.deployment)
+        descriptor = self.descriptors.encode(a.deployment)
         gateway = self.rm.gateway(a.deployment.slot.task_manager_id)
         if gateway is None:
             failure = FailureInfo("DeploymentFailed", f"TaskManager {a.deployment.slot.task_manager_id} is gone")
@@ -263,21 +256,17 @@ class JobMaster:
     def _on_cancel_task(self, a: s.CancelTask) -> None:
         gateway = self.rm.gateway(a.task_manager_id)
         if gateway is not None:
-            gateway.cancel(self.job_id, attempt_pb(a.attempt))
+            gateway.cancel(self.job_id, codec.attempt_to_proto(a.attempt), a.stimulus_id)
 
     def _on_update_partition(self, a: s.UpdatePartitionInfo) -> None:
         gateway = self.rm.gateway(a.task_manager_id)
         if gateway is not None:
-            gateway.update_partition(self.job_id, cluster_pb2.PartitionInfoUpdate(
-                data_set_id=a.data_set_id, partition_index=a.partition_index,
-                producer_attempt=a.producer_attempt, schema=a.schema))
+            gateway.update_partition(self.job_id, codec.partition_update_to_proto(a.update))
 
     def _on_release_partitions(self, a: s.ReleasePartitions) -> None:
         gateway = self.rm.gateway(a.task_manager_id)
         if gateway is not None:
-            gateway.release_partitions(self.job_id, [
-                cluster_pb2.ResultPartitionRef(data_set_id=d, partition_index=i, producer_attempt=n)
-                for d, i, n in a.partitions])
+            gateway.release_partitions(self.job_id, [codec.partition_ref_to_proto(r) for r in a.partitions])
 
     def _on_timer(self, a: s.StartTimer) -> None:
         def fire() -> None:

@@ -17,7 +17,7 @@ from funke.common import slotmanager as sm
 from funke.common.configuration import ClusterConfiguration
 from funke.common.executiongraph import SlotId
 from funke.common.scheduler import SlotRequest
-from funke.jobmanager.conversions import timestamp
+from funke.common.codec import timestamp
 from funke.jobmanager.gateway import TaskManagerGateway
 from funke.jobmanager.mailbox import Mailbox
 from funke.v1 import cluster_pb2, jobmanager_pb2

@@ -15,7 +15,7 @@ import grpc
 from funke.common import ids
 from funke.common.states import JobStatus
 from funke.jobmanager import committer
-from funke.jobmanager.conversions import job_status_pb
+from funke.common.codec import job_status_to_proto
 from funke.jobmanager.dispatcher import Dispatcher, DispatcherError
 from funke.jobmanager.jobmaster import END_OF_STREAM, JobMaster
 from funke.jobmanager.jobstore import ArchivedJob
@@ -69,7 +69,7 @@ class JobManagerService(jobmanager_pb2_grpc.JobManagerServicer):
             status = self.d.cancel(request.job_id)
         except DispatcherError as exc:
             await _abort(context, exc)
-        return jobmanager_pb2.CancelJobResponse(status=job_status_pb(status))
+        return jobmanager_pb2.CancelJobResponse(status=job_status_to_proto(status))
 
     async def WatchJob(self, request, context):
         job = await _job(self.d, request.job_id, context)

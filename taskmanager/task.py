@@ -51,7 +51,7 @@ from funke.common.executiongraph import FailureInfo
 from funke.common.jobgraph import JobVertex, OperatorSpec
 from funke.common.operators import CATALOGUE, NOOP_KINDS, OperatorRole
 from funke.common.states import ExecutionState
-from funke.common.wire import vertex_from_proto
+from funke.common.codec import vertex_from_proto
 from funke.taskmanager import operators as operators_module
 from funke.taskmanager.inputgates import UNAVAILABLE, GateSnapshot, InputGate, PartitionAvailability
 from funke.taskmanager.operators import OPERATORS, RuntimeContext, column_ref, union_all

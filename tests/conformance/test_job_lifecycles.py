@@ -41,7 +41,7 @@ def test_batch_regions_run_in_order_and_pipelined_jobs_deploy_eagerly():
     assert {a.vertex_id for a in streaming.running} == {"source", "map", "reduce"}
     streaming.run()
     # deployed consumers learned about partitions as producers finished, one update per TaskManager
-    assert {(u.data_set_id.split(".to.")[0]) for u in streaming.partition_updates} == {"source", "map"}
+    assert {(u.update.data_set_id.split(".to.")[0]) for u in streaming.partition_updates} == {"source", "map"}
 
 
 def test_region_failover_restarts_only_the_failed_region():
@@ -269,7 +269,7 @@ def test_partitions_of_failed_attempts_are_released_at_once():
     ).start()
     assert sim.run() is J.FINISHED
     released = [r for a in sim.actions if isinstance(a, s.ReleasePartitions) for r in a.partitions]
-    failed_map_output = [r for r in released if r[0].startswith("map.to.") and r[1] == 0 and r[2] == 0]
+    failed_map_output = [r for r in released if r.data_set_id.startswith("map.to.") and r.partition_index == 0 and r.producer_attempt == 0]
     assert failed_map_output, released
 
 

@@ -40,7 +40,7 @@ from hypothesis import strategies as st
 from funke.common.client import JobManagerClient, job_status_name
 from funke.common.dsl import ExecutionEnvironment
 from funke.common.jobgraph import IntermediateDataSet, JobEdge, JobGraph, JobType, JobVertex, OperatorSpec
-from funke.common.wire import job_graph_to_proto
+from funke.common.codec import job_graph_to_proto
 from funke.v1 import cluster_pb2, jobgraph_pb2, jobmanager_pb2
 from tests.integration.conftest import REPO, funke
 

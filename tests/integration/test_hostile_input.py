@@ -32,7 +32,7 @@ from funke.common.jobgraph import (
     OperatorSpec,
     RestartStrategyConfig,
 )
-from funke.common.wire import job_graph_to_proto
+from funke.common.codec import job_graph_to_proto
 from funke.deploy import localcluster
 from funke.v1 import cluster_pb2, job_pb2, jobmanager_pb2, jobmanager_pb2_grpc
 from tests.integration.conftest import REPO, funke, wait_for_end

@@ -595,7 +595,7 @@ def test_join_example_builds_a_valid_graph():
 
 @pytest.mark.parametrize("name", ["wordcount", "join"])
 def test_example_graphs_survive_the_wire(name):
-    from funke.common.wire import job_graph_from_proto, job_graph_to_proto
+    from funke.common.codec import job_graph_from_proto, job_graph_to_proto
 
     job = load_example(name).build([])
     assert job_graph_from_proto(job_graph_to_proto(job)) == job

@@ -32,7 +32,7 @@ from funke.common import layout
 from funke.common.jobgraph import JobVertex, OperatorSpec
 from funke.common.operators import CATALOGUE
 from funke.common.states import ExecutionState
-from funke.common.wire import vertex_to_proto
+from funke.common.codec import vertex_to_proto
 from funke.taskmanager.inputgates import PartitionAvailability, PartitionUnavailable
 from funke.taskmanager.operators import OPERATORS, RuntimeContext
 from funke.taskmanager.task import Task, VertexCache

@@ -86,20 +86,22 @@ class ProducedPartition(_message.Message):
     def __init__(self, data_set_id: _Optional[str] = ..., partition_index: _Optional[int] = ..., schema: _Optional[str] = ..., row_count: _Optional[int] = ...) -> None: ...
 
 class TaskExecutionState(_message.Message):
-    __slots__ = ("job_id", "attempt", "state", "failure", "produced", "task_manager_id")
+    __slots__ = ("job_id", "attempt", "state", "failure", "produced", "task_manager_id", "stimulus_id")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     FAILURE_FIELD_NUMBER: _ClassVar[int]
     PRODUCED_FIELD_NUMBER: _ClassVar[int]
     TASK_MANAGER_ID_FIELD_NUMBER: _ClassVar[int]
+    STIMULUS_ID_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     attempt: _job_pb2.ExecutionAttemptId
     state: _job_pb2.ExecutionState
     failure: _job_pb2.Failure
     produced: _containers.RepeatedCompositeFieldContainer[ProducedPartition]
     task_manager_id: str
-    def __init__(self, job_id: _Optional[str] = ..., attempt: _Optional[_Union[_job_pb2.ExecutionAttemptId, _Mapping]] = ..., state: _Optional[_Union[_job_pb2.ExecutionState, str]] = ..., failure: _Optional[_Union[_job_pb2.Failure, _Mapping]] = ..., produced: _Optional[_Iterable[_Union[ProducedPartition, _Mapping]]] = ..., task_manager_id: _Optional[str] = ...) -> None: ...
+    stimulus_id: str
+    def __init__(self, job_id: _Optional[str] = ..., attempt: _Optional[_Union[_job_pb2.ExecutionAttemptId, _Mapping]] = ..., state: _Optional[_Union[_job_pb2.ExecutionState, str]] = ..., failure: _Optional[_Union[_job_pb2.Failure, _Mapping]] = ..., produced: _Optional[_Iterable[_Union[ProducedPartition, _Mapping]]] = ..., task_manager_id: _Optional[str] = ..., stimulus_id: _Optional[str] = ...) -> None: ...
 
 class UpdateTaskExecutionStateRequest(_message.Message):
     __slots__ = ("updates",)
@@ -148,7 +150,7 @@ class ResultPartitionDeploymentDescriptor(_message.Message):
     def __init__(self, data_set_id: _Optional[str] = ..., partition_index: _Optional[int] = ..., num_subpartitions: _Optional[int] = ..., partitioner: _Optional[_Union[_jobgraph_pb2.Partitioner, str]] = ..., partition_keys: _Optional[_Iterable[str]] = ..., partition_type: _Optional[_Union[_jobgraph_pb2.ResultPartitionType, str]] = ...) -> None: ...
 
 class TaskDeploymentDescriptor(_message.Message):
-    __slots__ = ("job_id", "job_name", "attempt", "task_name", "parallelism", "slot_index", "vertex", "inputs", "outputs", "data_dir", "job_options", "artifacts")
+    __slots__ = ("job_id", "job_name", "attempt", "task_name", "parallelism", "slot_index", "vertex", "inputs", "outputs", "data_dir", "job_options", "artifacts", "stimulus_id")
     class JobOptionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -168,6 +170,7 @@ class TaskDeploymentDescriptor(_message.Message):
     DATA_DIR_FIELD_NUMBER: _ClassVar[int]
     JOB_OPTIONS_FIELD_NUMBER: _ClassVar[int]
     ARTIFACTS_FIELD_NUMBER: _ClassVar[int]
+    STIMULUS_ID_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     job_name: str
     attempt: _job_pb2.ExecutionAttemptId
@@ -180,7 +183,8 @@ class TaskDeploymentDescriptor(_message.Message):
     data_dir: str
     job_options: _containers.ScalarMap[str, str]
     artifacts: _containers.RepeatedCompositeFieldContainer[_jobgraph_pb2.Artifact]
-    def __init__(self, job_id: _Optional[str] = ..., job_name: _Optional[str] = ..., attempt: _Optional[_Union[_job_pb2.ExecutionAttemptId, _Mapping]] = ..., task_name: _Optional[str] = ..., parallelism: _Optional[int] = ..., slot_index: _Optional[int] = ..., vertex: _Optional[_Union[_jobgraph_pb2.JobVertex, _Mapping]] = ..., inputs: _Optional[_Iterable[_Union[InputGateDeploymentDescriptor, _Mapping]]] = ..., outputs: _Optional[_Iterable[_Union[ResultPartitionDeploymentDescriptor, _Mapping]]] = ..., data_dir: _Optional[str] = ..., job_options: _Optional[_Mapping[str, str]] = ..., artifacts: _Optional[_Iterable[_Union[_jobgraph_pb2.Artifact, _Mapping]]] = ...) -> None: ...
+    stimulus_id: str
+    def __init__(self, job_id: _Optional[str] = ..., job_name: _Optional[str] = ..., attempt: _Optional[_Union[_job_pb2.ExecutionAttemptId, _Mapping]] = ..., task_name: _Optional[str] = ..., parallelism: _Optional[int] = ..., slot_index: _Optional[int] = ..., vertex: _Optional[_Union[_jobgraph_pb2.JobVertex, _Mapping]] = ..., inputs: _Optional[_Iterable[_Union[InputGateDeploymentDescriptor, _Mapping]]] = ..., outputs: _Optional[_Iterable[_Union[ResultPartitionDeploymentDescriptor, _Mapping]]] = ..., data_dir: _Optional[str] = ..., job_options: _Optional[_Mapping[str, str]] = ..., artifacts: _Optional[_Iterable[_Union[_jobgraph_pb2.Artifact, _Mapping]]] = ..., stimulus_id: _Optional[str] = ...) -> None: ...
 
 class SubmitTasksRequest(_message.Message):
     __slots__ = ("tasks",)
@@ -205,12 +209,14 @@ class SubmitTasksResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[TaskSubmissionResult, _Mapping]]] = ...) -> None: ...
 
 class CancelTasksRequest(_message.Message):
-    __slots__ = ("job_id", "attempts")
+    __slots__ = ("job_id", "attempts", "stimulus_id")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    STIMULUS_ID_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     attempts: _containers.RepeatedCompositeFieldContainer[_job_pb2.ExecutionAttemptId]
-    def __init__(self, job_id: _Optional[str] = ..., attempts: _Optional[_Iterable[_Union[_job_pb2.ExecutionAttemptId, _Mapping]]] = ...) -> None: ...
+    stimulus_id: str
+    def __init__(self, job_id: _Optional[str] = ..., attempts: _Optional[_Iterable[_Union[_job_pb2.ExecutionAttemptId, _Mapping]]] = ..., stimulus_id: _Optional[str] = ...) -> None: ...
 
 class CancelTasksResponse(_message.Message):
     __slots__ = ()

@@ -78,28 +78,32 @@ class Failure(_message.Message):
     def __init__(self, exception_type: _Optional[str] = ..., message: _Optional[str] = ..., traceback: _Optional[str] = ...) -> None: ...
 
 class JobStatusTransition(_message.Message):
-    __slots__ = ("from_status", "to_status", "timestamp", "cause")
+    __slots__ = ("from_status", "to_status", "timestamp", "cause", "stimulus_id")
     FROM_STATUS_FIELD_NUMBER: _ClassVar[int]
     TO_STATUS_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
     CAUSE_FIELD_NUMBER: _ClassVar[int]
+    STIMULUS_ID_FIELD_NUMBER: _ClassVar[int]
     from_status: JobStatus
     to_status: JobStatus
     timestamp: _timestamp_pb2.Timestamp
     cause: str
-    def __init__(self, from_status: _Optional[_Union[JobStatus, str]] = ..., to_status: _Optional[_Union[JobStatus, str]] = ..., timestamp: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cause: _Optional[str] = ...) -> None: ...
+    stimulus_id: str
+    def __init__(self, from_status: _Optional[_Union[JobStatus, str]] = ..., to_status: _Optional[_Union[JobStatus, str]] = ..., timestamp: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cause: _Optional[str] = ..., stimulus_id: _Optional[str] = ...) -> None: ...
 
 class ExecutionStateTransition(_message.Message):
-    __slots__ = ("from_state", "to_state", "timestamp", "cause")
+    __slots__ = ("from_state", "to_state", "timestamp", "cause", "stimulus_id")
     FROM_STATE_FIELD_NUMBER: _ClassVar[int]
     TO_STATE_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
     CAUSE_FIELD_NUMBER: _ClassVar[int]
+    STIMULUS_ID_FIELD_NUMBER: _ClassVar[int]
     from_state: ExecutionState
     to_state: ExecutionState
     timestamp: _timestamp_pb2.Timestamp
     cause: str
-    def __init__(self, from_state: _Optional[_Union[ExecutionState, str]] = ..., to_state: _Optional[_Union[ExecutionState, str]] = ..., timestamp: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cause: _Optional[str] = ...) -> None: ...
+    stimulus_id: str
+    def __init__(self, from_state: _Optional[_Union[ExecutionState, str]] = ..., to_state: _Optional[_Union[ExecutionState, str]] = ..., timestamp: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cause: _Optional[str] = ..., stimulus_id: _Optional[str] = ...) -> None: ...
 
 class Execution(_message.Message):
     __slots__ = ("id", "state", "created_at", "history", "task_manager_id", "slot_index", "failure")

@@ -25,7 +25,7 @@ from funke.common.jobgraph import (
     ResultPartitionType,
 )
 from funke.common.operators import CATALOGUE
-from funke.common.wire import (
+from funke.common.codec import (
     WireError,
     job_graph_from_proto,
     job_graph_to_proto,

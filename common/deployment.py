@@ -1,0 +1,151 @@
+"""The deployment contract between the JobManager and its TaskManagers, as typed values.
+
+Owns what travels between the two cores, in the model's terms: the deployment of one execution
+attempt (`TaskDeployment`, with its input gates and result partitions), the reports a
+TaskManager sends back (`TaskReport`), partitions becoming available (`PartitionUpdate`) or being
+released (`PartitionRef`). The scheduler (`scheduler.py`) produces deployments and consumes
+reports; the TaskManager core (`taskexecutorstate.py`) does the opposite. Neither sees protobuf:
+`codec.py` is the one place these become wire messages and back.
+
+A consumer's input names, per partition of its range, the producer attempt to read:
+`Available(n)` when attempt n finished it, `Awaiting(n)` when the consumer was deployed before
+attempt n finished (it arrives later as a `PartitionUpdate`). An older attempt a TaskManager may
+remember of an `Awaiting` partition is stale: the JobManager restarted its producer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from funke.common.executiongraph import ExecutionAttemptId, FailureInfo, SlotId
+from funke.common.jobgraph import Artifact, JobVertex, PartitionerKind, ResultPartitionType
+from funke.common.states import ExecutionState
+
+
+@dataclass(frozen=True, slots=True)
+class Available:
+    """The partition is finished: read what producer attempt `attempt` wrote."""
+
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class Awaiting:
+    """The partition is not finished yet: wait for producer attempt `attempt`."""
+
+    attempt: int
+
+
+ProducerAttempt = Available | Awaiting
+
+# Shared instances for the attempt numbers every job uses: deployments of large jobs name one per
+# partition, and identical objects compare at once.
+_AVAILABLE = tuple(Available(n) for n in range(32))
+_AWAITING = tuple(Awaiting(n) for n in range(32))
+
+
+def available(attempt: int) -> Available:
+    return _AVAILABLE[attempt] if 0 <= attempt < 32 else Available(attempt)
+
+
+def awaiting(attempt: int) -> Awaiting:
+    return _AWAITING[attempt] if 0 <= attempt < 32 else Awaiting(attempt)
+
+
+@dataclass(frozen=True, slots=True)
+class InputGateDeployment:
+    """What a consumer reads from one input: partitions `partitions` of a data set, subpartition
+    `subpartition` of each (None: whole partitions). `uniform` names the producer attempt of every
+    partition when they are all the same; otherwise `producers` names one per partition."""
+
+    input_index: int
+    data_set_id: str
+    partitions: range
+    subpartition: int | None
+    uniform: ProducerAttempt | None
+    producers: tuple[ProducerAttempt, ...] | None
+    schema: str  # Spark StructType JSON; "" until a producer finished
+
+    def producer_of(self, position: int) -> ProducerAttempt:
+        """The producer attempt of the `position`-th partition of the range."""
+        if self.producers is not None:
+            return self.producers[position]
+        assert self.uniform is not None
+        return self.uniform
+
+    def describe(self) -> str:
+        return f"input {self.input_index} (data set {self.data_set_id!r})"
+
+
+@dataclass(frozen=True, slots=True)
+class ResultPartitionSpec:
+    data_set_id: str
+    partition_index: int
+    num_subpartitions: int
+    partitioner: PartitionerKind
+    partition_keys: tuple[str, ...]
+    partition_type: ResultPartitionType
+
+
+@dataclass(frozen=True, slots=True)
+class TaskDeployment:
+    """One execution attempt, as deployed into a slot. The scheduler fills the job's part; the
+    JobMaster adds the cluster's (`data_dir`, the job's options and artifacts)."""
+
+    job_id: str
+    job_name: str
+    attempt: ExecutionAttemptId
+    task_name: str
+    parallelism: int
+    slot: SlotId
+    vertex: JobVertex
+    inputs: tuple[InputGateDeployment, ...]
+    outputs: tuple[ResultPartitionSpec, ...]
+    data_dir: str = ""
+    job_options: Mapping[str, str] = field(default_factory=dict)
+    artifacts: tuple[Artifact, ...] = ()
+    stimulus_id: str = ""  # the JobManager event that decided the deployment
+
+
+@dataclass(frozen=True, slots=True)
+class ProducedPartition:
+    """A result partition a finished task wrote."""
+
+    data_set_id: str
+    partition_index: int
+    schema: str  # Spark StructType JSON of the rows; "" for a no-op chain
+    row_count: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TaskReport:
+    """What a TaskManager tells the JobManager about one task: a new state, why it failed, and
+    with FINISHED the partitions it produced."""
+
+    job_id: str
+    attempt: ExecutionAttemptId
+    state: ExecutionState
+    failure: FailureInfo | None = None
+    produced: tuple[ProducedPartition, ...] = ()
+    task_manager_id: str = ""
+    stimulus_id: str = ""  # the TaskManager event that caused it
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionUpdate:
+    """Partition `partition_index` of a data set is available from `producer_attempt`."""
+
+    data_set_id: str
+    partition_index: int
+    producer_attempt: int
+    schema: str
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionRef:
+    """One producer attempt's result partition, to be released."""
+
+    data_set_id: str
+    partition_index: int
+    producer_attempt: int
