@@ -1,20 +1,12 @@
-"""The Task: one deployed execution attempt of a subtask, run to a terminal state.
+"""The Task: one deployed execution attempt of a subtask that needs Spark, run in a thread of its own.
 
-Owns the life of one TaskDeploymentDescriptor on a TaskManager, independent of gRPC: decoding the
-chain, waiting for input partitions, reading the input gates, running the operators
-(`operators.py`), writing the result partitions, and reporting the ExecutionState changes
-(INITIALIZING, RUNNING, then exactly one of FINISHED / FAILED / CANCELED) through a callback;
-a task cancelled before it reached a state does not report that state. Cancel wins: a task
-cancelled while it fails or finishes reports CANCELED.
-
-Two ways to run. `run` blocks (the TaskExecutor gives it a thread: it waits on Spark). A chain of
-no-op kinds needs neither Spark nor a thread: `run_inline` reports on the calling thread and, if
-its inputs are not all available yet, finishes later on the thread that completes its last gate
-(the TaskExecutor's loop), or reports CANCELED at once from `cancel`.
-
-Input gates are `inputgates.py`'s: the TaskManager's one record of partition availability, which
-calls a task back when a gate is complete; a standalone Task (tests) has a record of its own, fed by
-`update_partition`. Decoded vertices come from a `VertexCache` shared by the TaskManager's tasks.
+Owns running one `TaskDeployment` (`funke.common.deployment`) to its end, independent of gRPC and
+of the TaskManager's decisions: unpickling the chain's functions, waiting until the TaskManager's
+core hands it its inputs (`give_inputs`, with the producer attempts to read), reading them, running
+the operators (`operators.py`), writing the result partitions, and telling what happened through a
+callback: INITIALIZING, RUNNING, then exactly one of FINISHED (with the partitions written), FAILED
+(with the failure, the user's own exception first) or CANCELED (it was interrupted). Whether a
+cancelled task that still finished counts as CANCELED is the core's rule, not this module's.
 
 Every Spark job of an attempt carries the attempt's tag, so cancel() can interrupt exactly those
 jobs; it keeps re-sending the interrupt until `run` returns, which also catches a job submitted
@@ -47,22 +39,21 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import IntegerType, StructField, StructType
 
 from funke.common import layout
+from funke.common.deployment import ProducedPartition, ResultPartitionSpec, TaskDeployment
 from funke.common.executiongraph import FailureInfo
-from funke.common.jobgraph import JobVertex, OperatorSpec
-from funke.common.operators import CATALOGUE, NOOP_KINDS, OperatorRole
+from funke.common.inputgates import GateSnapshot
+from funke.common.jobgraph import JobVertex, OperatorSpec, PartitionerKind
+from funke.common.operators import CATALOGUE, OperatorRole
 from funke.common.states import ExecutionState
-from funke.common.codec import vertex_from_proto
 from funke.taskmanager import operators as operators_module
-from funke.taskmanager.inputgates import UNAVAILABLE, GateSnapshot, InputGate, PartitionAvailability
 from funke.taskmanager.operators import OPERATORS, RuntimeContext, column_ref, union_all
-from funke.v1 import cluster_pb2, jobgraph_pb2
 
-__all__ = ["Task", "TaskCancelled", "Report", "VertexCache", "UNAVAILABLE", "decode_vertex", "is_noop_chain"]
+__all__ = ["Task", "TaskCancelled", "Report", "check_vertex", "failure_of"]
 
 log = logging.getLogger(__name__)
 
 # state, why it FAILED (None otherwise), the partitions it produced (with FINISHED)
-Report = Callable[[ExecutionState, FailureInfo | None, list[cluster_pb2.ProducedPartition]], None]
+Report = Callable[[ExecutionState, FailureInfo | None, tuple[ProducedPartition, ...]], None]
 
 
 # How often a cancelled task re-sends the interrupt while it winds down: a Spark job started
@@ -112,10 +103,9 @@ class TaskCancelled(Exception):
     """Raised inside `run` when the task notices cancel() between two steps."""
 
 
-def decode_vertex(m: jobgraph_pb2.JobVertex) -> JobVertex:
-    """The vertex of a descriptor, decoded and checked against the catalogue; functions stay
-    pickled (unpickling is each task's own, see `_Chain.of`)."""
-    vertex = vertex_from_proto(m)
+def check_vertex(vertex: JobVertex) -> JobVertex:
+    """The vertex, checked against the catalogue and this TaskManager's operators (ValueError
+    otherwise): what the JobManager validated, checked again where it runs."""
     if not vertex.operators:
         raise ValueError(f"vertex {vertex.id!r} has no operators")
     for i, op in enumerate(vertex.operators):
@@ -131,43 +121,6 @@ def decode_vertex(m: jobgraph_pb2.JobVertex) -> JobVertex:
     return vertex
 
 
-def is_noop_chain(vertex: JobVertex) -> bool:
-    return all(op.kind in NOOP_KINDS for op in vertex.operators)
-
-
-class VertexCache:
-    """Decoded vertices per (job, vertex id), shared by a TaskManager's tasks: the P subtasks of a
-    vertex carry the same JobVertex, and decoding it for each was a measurable share of deploying
-    no-op tasks. Thread-safe (task threads decode on first use); failures are not cached, every
-    task of a broken vertex fails with its own exception."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._jobs: dict[str, dict[str, JobVertex]] = {}
-
-    def get(self, job_id: str, m: jobgraph_pb2.JobVertex) -> JobVertex:
-        with self._lock:
-            vertex = self._jobs.get(job_id, {}).get(m.id)
-        if vertex is None:
-            vertex = decode_vertex(m)  # outside the lock: a big vertex must not stall the others
-            with self._lock:
-                vertex = self._jobs.setdefault(job_id, {}).setdefault(m.id, vertex)
-        return vertex
-
-    def drop_job(self, job_id: str) -> None:
-        with self._lock:
-            self._jobs.pop(job_id, None)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._jobs.clear()
-
-    def __contains__(self, key: tuple[str, str]) -> bool:
-        job_id, vertex_id = key
-        with self._lock:
-            return vertex_id in self._jobs.get(job_id, {})
-
-
 @dataclass(frozen=True, slots=True)
 class _Chain:
     """A decoded operator chain, checked against the catalogue, functions unpickled."""
@@ -178,16 +131,9 @@ class _Chain:
     @classmethod
     def of(cls, vertex: JobVertex) -> _Chain:
         # Unpickled per task, not cached with the vertex: each subtask gets its own function
-        # objects, as it did when every task decoded its descriptor.
+        # objects.
+        check_vertex(vertex)
         return cls(vertex, tuple(_unpickle(vertex, op) if op.function else None for op in vertex.operators))
-
-    @classmethod
-    def decode(cls, m: jobgraph_pb2.JobVertex) -> _Chain:
-        return cls.of(decode_vertex(m))
-
-    @property
-    def is_noop(self) -> bool:
-        return is_noop_chain(self.vertex)
 
     @property
     def ends_in_sink(self) -> bool:
@@ -252,66 +198,39 @@ def _tag(job_id: str, vertex_id: str, subtask: int, attempt: int) -> str:
 
 
 def _report_nothing(state: ExecutionState, failure: FailureInfo | None,
-                    produced: list[cluster_pb2.ProducedPartition]) -> None:
+                    produced: tuple[ProducedPartition, ...]) -> None:
     pass
 
 
 class Task:
-    """Runs one TaskDeploymentDescriptor. `run` blocks (give it its own thread); `run_inline`
-    (no-op chains only) does not. `cancel` and `update_partition` may be called from any thread,
-    at any time, also before `run`."""
+    """Runs one TaskDeployment in the calling thread (`run` blocks: give it a thread of its own).
+    `give_inputs` and `cancel` may be called from any thread, at any time, also before `run`;
+    `inputs` given to the constructor count as given at once (a task without inputs needs none)."""
 
-    def __init__(
-        self,
-        descriptor: cluster_pb2.TaskDeploymentDescriptor,
-        spark: SparkSession | None,
-        report: Report,
-        *,
-        partitions: PartitionAvailability | None = None,
-        vertices: VertexCache | None = None,
-    ):
-        self.descriptor = descriptor
+    def __init__(self, deployment: TaskDeployment, spark: SparkSession | None, report: Report, *,
+                 inputs: tuple[GateSnapshot, ...] | None = None):
+        self.deployment = deployment
         self.spark = spark
         self._report = report
-        self._partitions = partitions if partitions is not None else PartitionAvailability()
-        self._vertices = vertices
-        # A TaskManager deploys no-op tasks by the thousand: a task makes its condition and event
-        # only if a thread waits on them (`run`), not in every task.
         self._lock = threading.Lock()
-        self._cond: threading.Condition | None = None  # on _lock, made by the first waiter
+        self._inputs_ready = threading.Condition(self._lock)
+        self._inputs = inputs if inputs is not None else (() if not deployment.inputs else None)
         self._cancelled = False
         self._started = False
-        self._inline = False
-        self._waiting_inline = False  # run_inline returned; the last gate or cancel() ends it
         self._done = False
-        self._done_event: threading.Event | None = None  # made by run(): ends the re-interrupting
+        self._done_event = threading.Event()  # ends the re-interrupting
         self._reinterrupting = False
-        # Gates are opened here, not in run(): a partition that becomes available before the task
-        # thread got going must not be lost. Under the lock, so that a gate completing on another
-        # thread meanwhile waits for the count it decrements.
-        self._gates: list[InputGate] = []
-        self._pending_inputs = 0
-        with self._lock:
-            try:
-                for m in sorted(descriptor.inputs, key=lambda g: g.input_index):
-                    gate, waits = self._partitions.open_gate(descriptor.job_id, m, self._on_gate_complete)
-                    self._gates.append(gate)
-                    self._pending_inputs += waits
-            except BaseException:
-                self._partitions.close(self._gates)
-                raise
 
     @property
     def name(self) -> str:
-        d = self.descriptor
+        d = self.deployment
         return d.task_name or f"{d.attempt.vertex_id} ({d.attempt.subtask_index + 1}/{d.parallelism})"
 
-    # The tag and the SparkContext are looked up when Spark needs them: no-op tasks never do,
-    # and they are deployed by the thousand.
+    # The tag and the SparkContext are looked up when Spark needs them.
     @functools.cached_property
     def tag(self) -> str:
-        d = self.descriptor
-        return _tag(d.job_id, d.attempt.vertex_id, d.attempt.subtask_index, d.attempt.attempt_number)
+        a = self.deployment.attempt
+        return _tag(self.deployment.job_id, a.vertex_id, a.subtask_index, a.attempt_number)
 
     @functools.cached_property
     def _context(self) -> SparkContext | None:
@@ -321,62 +240,29 @@ class Task:
     def cancelled(self) -> bool:
         return self._cancelled
 
-    @property
-    def inline(self) -> bool:
-        return self._inline
-
-    @property
-    def waiting_for_inputs(self) -> bool:
-        with self._lock:
-            return self._pending_inputs > 0
-
-    def _notify(self) -> None:
-        # With _lock held.
-        if self._cond is not None:
-            self._cond.notify_all()
-
     # ---- control, from other threads ----
+
+    def give_inputs(self, gates: tuple[GateSnapshot, ...]) -> None:
+        """Every input is complete: what to read (per partition, the producer attempt)."""
+        with self._lock:
+            self._inputs = gates
+            self._inputs_ready.notify_all()
 
     def cancel(self) -> None:
         with self._lock:
             first = not self._cancelled
             self._cancelled = True
-            self._notify()
-            end_inline = self._waiting_inline
-            self._waiting_inline = False
-            start_reinterrupting = (not self._inline and self._started and not self._done
-                                    and not self._reinterrupting)
+            self._inputs_ready.notify_all()
+            running = self._started and not self._done
+            start_reinterrupting = running and not self._reinterrupting
             self._reinterrupting = self._reinterrupting or start_reinterrupting
-            mark = first and not self._inline and self._started and not self._done
-        if self._inline:
-            # The TaskExecutor logs the cancellation of the tasks it runs inline (in bulk).
-            if end_inline:  # waiting for inputs without a thread: nothing else will end it
-                self._end_inline(ExecutionState.CANCELED, None, [])
-            return  # no Spark job to interrupt
         if first:
             log.info("%s: cancelling", self.name)
         self._interrupt()
-        if mark:
+        if first and running:
             self._mark_cancelled()
         if start_reinterrupting:
             threading.Thread(target=self._keep_interrupting, name=f"{self.tag}-cancel", daemon=True).start()
-
-    def update_partition(self, data_set_id: str, partition_index: int, producer_attempt: int, schema: str) -> None:
-        """Partition `partition_index` of `data_set_id` is available from `producer_attempt`:
-        recorded in this task's record of availability (shared with the other tasks of its
-        TaskManager, if it was given one)."""
-        self._partitions.update_one(self.descriptor.job_id, data_set_id, partition_index, producer_attempt, schema)
-
-    def _on_gate_complete(self) -> None:
-        # Called by the availability record, once per gate that had to wait.
-        with self._lock:
-            self._pending_inputs -= 1
-            self._notify()
-            finish = self._waiting_inline and self._pending_inputs == 0
-            if finish:
-                self._waiting_inline = False
-        if finish:
-            self._finish_inline()
 
     def _interrupt(self) -> None:
         if self.spark is None:
@@ -391,7 +277,7 @@ class Task:
     def _mark_cancelled(self) -> None:
         """Creates the attempt's cancel marker: its Python workers end themselves on seeing it
         (see `operators._cancellable`), long before Spark's own monitor would kill them."""
-        d = self.descriptor
+        d = self.deployment
         marker = layout.cancel_marker(d.data_dir, d.job_id, d.attempt.vertex_id, d.attempt.subtask_index,
                                       d.attempt.attempt_number)
         if marker is None:
@@ -431,7 +317,6 @@ class Task:
             log.warning("%s: could not check that its Spark tasks ended", self.name, exc_info=True)
 
     def _keep_interrupting(self) -> None:
-        assert self._done_event is not None  # run() made it before it started
         while not self._done_event.wait(_REINTERRUPT_INTERVAL_S):
             self._interrupt()
 
@@ -439,84 +324,12 @@ class Task:
         if self._cancelled:
             raise TaskCancelled(self.name)
 
-    def _vertex(self) -> JobVertex:
-        if self._vertices is not None:
-            return self._vertices.get(self.descriptor.job_id, self.descriptor.vertex)
-        return decode_vertex(self.descriptor.vertex)
-
-    def _noop_outputs(self) -> list[cluster_pb2.ProducedPartition]:
-        return [
-            cluster_pb2.ProducedPartition(data_set_id=o.data_set_id, partition_index=o.partition_index, schema="")
-            for o in self.descriptor.outputs
-        ]
-
-    def discard(self) -> None:
-        """The task will never run (its thread could not start): its gates are closed."""
-        with self._lock:
-            self._done = True
-        self._partitions.close(self._gates)
-
-    # ---- a no-op chain, without a thread ----
-
-    def run_inline(self) -> None:
-        """Run a chain of no-op kinds on the calling thread, without blocking. Reports
-        INITIALIZING and RUNNING, then FINISHED at once if every input is available; otherwise
-        the gate that completes last (on the thread recording the update) or cancel() reports the
-        end. A chain that is not all no-op fails."""
-        with self._lock:
-            if self._started:
-                raise RuntimeError(f"{self.name}: run() was already called")
-            self._started = True
-            self._inline = True
-        if self._cancelled:
-            self._end_inline(ExecutionState.CANCELED, None, [])
-            return
-        self._report(ExecutionState.INITIALIZING, None, [])
-        try:
-            vertex = self._vertex()
-            if not is_noop_chain(vertex):
-                raise RuntimeError(f"{self.name}: only a chain of no-op kinds runs without a thread")
-        except Exception as e:
-            if self._cancelled:
-                self._end_inline(ExecutionState.CANCELED, None, [])
-            else:
-                log.warning("%s: failed: %s: %s", self.name, type(e).__name__, e)
-                self._end_inline(ExecutionState.FAILED, failure_of(e), [])
-            return
-        if self._cancelled:
-            self._end_inline(ExecutionState.CANCELED, None, [])
-            return
-        self._report(ExecutionState.RUNNING, None, [])
-        with self._lock:
-            if self._cancelled:
-                ready = True  # _finish_inline reports CANCELED
-            else:
-                ready = self._pending_inputs == 0
-                self._waiting_inline = not ready
-        if ready:
-            self._finish_inline()
-
-    def _finish_inline(self) -> None:
-        if self._cancelled:
-            self._end_inline(ExecutionState.CANCELED, None, [])
-        else:
-            self._end_inline(ExecutionState.FINISHED, None, self._noop_outputs())
-
-    def _end_inline(self, state: ExecutionState, failure: FailureInfo | None,
-                    produced: list[cluster_pb2.ProducedPartition]) -> None:
-        with self._lock:
-            self._done = True
-        self._partitions.close(self._gates)
-        report, self._report = self._report, _report_nothing
-        report(state, failure, produced)
-
     # ---- the task thread ----
 
     def run(self) -> None:
         with self._lock:
             if self._started:
                 raise RuntimeError(f"{self.name}: run() was already called")
-            self._done_event = threading.Event()
             self._started = True
         tagged = False
         try:
@@ -528,27 +341,21 @@ class Task:
                 tagged = True
             produced = self._run()
         except Exception as e:
-            if self._cancelled:
+            if self._cancelled:  # an interrupted Spark job raises: the interrupt is the cause
                 self._await_spark_tasks_gone()
                 log.info("%s: canceled", self.name)
-                self._report(ExecutionState.CANCELED, None, [])
+                self._report(ExecutionState.CANCELED, None, ())
             else:
                 log.warning("%s: failed: %s: %s", self.name, type(e).__name__, e)
-                failure = failure_of(e)
-                self._report(ExecutionState.FAILED, failure, [])
+                self._report(ExecutionState.FAILED, failure_of(e), ())
         else:
-            # Cancel wins over a task that finished anyway: the JobManager discards its output.
-            if self._cancelled:
-                self._report(ExecutionState.CANCELED, None, [])
-            else:
-                self._report(ExecutionState.FINISHED, None, produced)
+            self._report(ExecutionState.FINISHED, None, produced)
         finally:
             with self._lock:
                 self._done = True
             self._done_event.set()
-            self._partitions.close(self._gates)
             # Nothing is reported after the terminal state; letting go of the callback also frees
-            # the task without the cycle collector (the TaskExecutor's callback holds its entry).
+            # the task without the cycle collector.
             self._report = _report_nothing
             if tagged:
                 try:
@@ -558,18 +365,16 @@ class Task:
                 except Exception:  # a stopped session: the tags went with it
                     log.debug("%s: removing tag %s failed", self.name, self.tag, exc_info=True)
 
-    def _run(self) -> list[cluster_pb2.ProducedPartition]:
+    def _run(self) -> tuple[ProducedPartition, ...]:
         self._check_cancelled()
-        self._report(ExecutionState.INITIALIZING, None, [])
-        chain = _Chain.of(self._vertex())
+        self._report(ExecutionState.INITIALIZING, None, ())
+        chain = _Chain.of(self.deployment.vertex)
         self._check_cancelled()
-        self._report(ExecutionState.RUNNING, None, [])
+        self._report(ExecutionState.RUNNING, None, ())
         gates = self._await_inputs()
-        if chain.is_noop:
-            return self._noop_outputs()
         if self.spark is None:
             raise RuntimeError(f"{self.name}: the chain needs Spark, but this task has no SparkSession")
-        d = self.descriptor
+        d = self.deployment
         ctx = RuntimeContext(
             spark=self.spark,
             job_id=d.job_id,
@@ -585,22 +390,20 @@ class Task:
         if chain.ends_in_sink:
             if d.outputs:
                 raise ValueError(f"{self.name}: the chain ends in a sink but the task has {len(d.outputs)} output(s)")
-            return []
+            return ()
         return self._write_outputs(ctx, tail)
 
-    def _await_inputs(self) -> list[GateSnapshot]:
-        """Blocks until every input gate is complete; returns what each then reads (snapshots:
-        a later update must not change what is being read)."""
+    def _await_inputs(self) -> tuple[GateSnapshot, ...]:
+        """Blocks until the TaskManager hands over the inputs (or the task is cancelled)."""
         with self._lock:
-            while True:
-                self._check_cancelled()
-                if self._pending_inputs == 0:
-                    break
-                log.debug("%s: waiting for %d of %d input(s)", self.name, self._pending_inputs, len(self._gates))
-                if self._cond is None:
-                    self._cond = threading.Condition(self._lock)
-                self._cond.wait()
-        return [self._partitions.snapshot(self.descriptor.job_id, gate) for gate in self._gates]
+            while self._inputs is None:
+                if self._cancelled:
+                    raise TaskCancelled(self.name)
+                log.debug("%s: waiting for its inputs", self.name)
+                self._inputs_ready.wait()
+            if self._cancelled:
+                raise TaskCancelled(self.name)
+            return self._inputs
 
     def _read_gate(self, ctx: RuntimeContext, gate: GateSnapshot) -> DataFrame:
         if not gate.schema:
@@ -630,10 +433,10 @@ class Task:
         ]
         return union_all(parts)
 
-    def _write_outputs(self, ctx: RuntimeContext, df: DataFrame | None) -> list[cluster_pb2.ProducedPartition]:
-        outputs = list(self.descriptor.outputs)
+    def _write_outputs(self, ctx: RuntimeContext, df: DataFrame | None) -> tuple[ProducedPartition, ...]:
+        outputs = list(self.deployment.outputs)
         if not outputs or df is None:
-            return []
+            return ()
         schema = df.schema.json()
         if layout.SUBPARTITION_COLUMN in df.columns:
             raise ValueError(f"{self.name}: column {layout.SUBPARTITION_COLUMN!r} is reserved for routing rows to consumers")
@@ -656,20 +459,15 @@ class Task:
         finally:
             if shared:
                 observed.unpersist()
-        return [
-            cluster_pb2.ProducedPartition(
-                data_set_id=o.data_set_id, partition_index=o.partition_index, schema=schema, row_count=row_count
-            )
-            for o in outputs
-        ]
+        return tuple(ProducedPartition(o.data_set_id, o.partition_index, schema, row_count) for o in outputs)
 
 
-def _route(df: DataFrame, out: cluster_pb2.ResultPartitionDeploymentDescriptor) -> tuple[DataFrame, bool]:
+def _route(df: DataFrame, out: ResultPartitionSpec) -> tuple[DataFrame, bool]:
     """Adds the subpartition column for a partition that feeds several consumers."""
     n = out.num_subpartitions
-    if n <= 1 or out.partitioner == jobgraph_pb2.PARTITIONER_BROADCAST:
+    if n <= 1 or out.partitioner is PartitionerKind.BROADCAST:
         return df, False
-    if out.partitioner == jobgraph_pb2.PARTITIONER_HASH:
+    if out.partitioner is PartitionerKind.HASH:
         keys = list(out.partition_keys)
         if not keys:
             raise ValueError(f"data set {out.data_set_id!r}: HASH partitioning without keys")

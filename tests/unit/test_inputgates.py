@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-from funke.taskmanager.inputgates import PartitionAvailability
-from funke.v1 import cluster_pb2
+from funke.common.deployment import Available, Awaiting, InputGateDeployment, PartitionUpdate
+from funke.common.inputgates import PartitionAvailability
+
+SCHEMA = '{"type":"struct","fields":[]}'
 
 
-def gate(start: int, stop: int, *, uniform: int | None = None, attempts: list[int] | None = None):
-    m = cluster_pb2.InputGateDeploymentDescriptor(input_index=0, data_set_id="d", partition_start=start,
-                                                  partition_end=stop, schema='{"type":"struct","fields":[]}')
-    if attempts is not None:
-        m.producer_attempts.extend(attempts)
-    else:
-        m.uniform_attempt = uniform
-    return m
+def gate(start: int, stop: int, *, uniform=None, producers=None) -> InputGateDeployment:
+    return InputGateDeployment(0, "d", range(start, stop), None, uniform,
+                               tuple(producers) if producers is not None else None, SCHEMA)
 
 
-def update(registry: PartitionAvailability, index: int, attempt: int) -> None:
-    registry.update("job", [cluster_pb2.PartitionInfoUpdate(data_set_id="d", partition_index=index,
-                                                            producer_attempt=attempt, schema="")])
+def update(registry: PartitionAvailability, index: int, attempt: int) -> list:
+    return registry.update("job", [PartitionUpdate("d", index, attempt, "")])
 
 
 def test_a_gate_waiting_for_attempt_one_does_not_count_a_remembered_attempt_zero():
@@ -26,11 +22,12 @@ def test_a_gate_waiting_for_attempt_one_does_not_count_a_remembered_attempt_zero
     update(registry, 0, 0)
     update(registry, 1, 0)  # both partitions' first attempts were announced to this TaskManager
     woken = []
-    g, waits = registry.open_gate("job", gate(0, 2, uniform=-2), lambda: woken.append(True))  # waits for attempt 1
+    g, waits = registry.open_gate("job", gate(0, 2, uniform=Awaiting(1)), lambda: woken.append(True))
     assert waits, "attempt 0 is stale: the producers were restarted"
-    update(registry, 0, 1)
-    assert not woken
-    update(registry, 1, 1)
+    assert update(registry, 0, 1) == []
+    fired = update(registry, 1, 1)
+    assert len(fired) == 1
+    fired[0]()
     assert woken == [True]
     assert registry.snapshot("job", g).attempts == (1, 1)
 
@@ -39,18 +36,41 @@ def test_listed_attempts_wait_for_the_named_attempt_per_partition():
     registry = PartitionAvailability()
     update(registry, 0, 0)
     update(registry, 1, 2)
-    woken = []
-    g, waits = registry.open_gate("job", gate(0, 2, attempts=[-2, -2]), lambda: woken.append(True))
+    g, waits = registry.open_gate("job", gate(0, 2, producers=[Awaiting(1), Awaiting(1)]), lambda: None)
     # partition 0 remembers attempt 0 (stale, attempt 1 awaited); partition 1 already has attempt 2
     assert waits
-    update(registry, 0, 1)
-    assert woken == [True]
+    assert update(registry, 0, 0) == []  # late news of the stale attempt changes nothing
+    assert len(update(registry, 0, 1)) == 1
     assert registry.snapshot("job", g).attempts == (1, 2)
 
 
 def test_first_attempts_still_count_as_before():
     registry = PartitionAvailability()
     update(registry, 0, 0)
-    g, waits = registry.open_gate("job", gate(0, 1, uniform=-1), lambda: None)  # -1: waiting for attempt 0
+    g, waits = registry.open_gate("job", gate(0, 1, uniform=Awaiting(0)), lambda: None)
     assert not waits
     assert registry.snapshot("job", g).attempts == (0,)
+
+
+def test_the_deployments_attempt_and_the_recorded_one_the_newer_is_read():
+    registry = PartitionAvailability()
+    update(registry, 0, 1)
+    update(registry, 1, 0)
+    g, waits = registry.open_gate("job", gate(0, 2, producers=[Awaiting(1), Available(2)]), lambda: None)
+    assert not waits and registry.snapshot("job", g).attempts == (1, 2)
+
+
+def test_a_superseded_producer_attempt_is_not_counted_even_when_its_news_comes_late():
+    registry = PartitionAvailability()
+    registry.supersede("job", "d", 0, 2)  # attempt 2 of the producer is deployed here
+    g, waits = registry.open_gate("job", gate(0, 1, uniform=Awaiting(2)), lambda: None)
+    assert waits
+    assert update(registry, 0, 1) == []
+    assert len(update(registry, 0, 2)) == 1
+
+
+def test_a_closed_gate_is_never_called_back():
+    registry = PartitionAvailability()
+    g, waits = registry.open_gate("job", gate(0, 1, uniform=Awaiting(0)), lambda: None)
+    registry.close([g])
+    assert update(registry, 0, 0) == []

@@ -1,8 +1,9 @@
 """Task runtime (funke.taskmanager.task, funke.taskmanager.operators) on a real local SparkSession.
 
-Tasks are deployed by hand-built TaskDeploymentDescriptors and run directly, without gRPC: a
-producer's reports give the schema its consumers' gates need, exactly as the JobManager would
-pass it on.
+Tasks run hand-built TaskDeployments directly, without gRPC and without the TaskManager's core: a
+producer's reports give the schema its consumers need, and a consumer is handed the producer
+attempts to read, exactly as the core would hand them over (`Task.give_inputs`). What the core
+decides (which attempts, when, no-op chains, cancel wins) is tested on the core.
 """
 
 from __future__ import annotations
@@ -29,20 +30,20 @@ from pyspark.sql import Row, SparkSession
 from pyspark.sql import functions as F
 
 from funke.common import layout
-from funke.common.jobgraph import JobVertex, OperatorSpec
+from funke.common.deployment import Awaiting, InputGateDeployment, ResultPartitionSpec, TaskDeployment
+from funke.common.executiongraph import ExecutionAttemptId, SlotId
+from funke.common.inputgates import GateSnapshot
+from funke.common.jobgraph import JobVertex, OperatorSpec, PartitionerKind, ResultPartitionType
 from funke.common.operators import CATALOGUE
 from funke.common.states import ExecutionState
-from funke.common.codec import vertex_to_proto
-from funke.taskmanager.inputgates import PartitionAvailability, PartitionUnavailable
 from funke.taskmanager.operators import OPERATORS, RuntimeContext
-from funke.taskmanager.task import Task, VertexCache
-from funke.v1 import cluster_pb2, job_pb2, jobgraph_pb2
+from funke.taskmanager.task import Task
 
 # The functions below are shipped to Python workers; by value, so workers need not import tests.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 S = ExecutionState
-HASH, REBALANCE, BROADCAST = jobgraph_pb2.PARTITIONER_HASH, jobgraph_pb2.PARTITIONER_REBALANCE, jobgraph_pb2.PARTITIONER_BROADCAST
+HASH, REBALANCE, BROADCAST = PartitionerKind.HASH, PartitionerKind.REBALANCE, PartitionerKind.BROADCAST
 
 
 @pytest.fixture(scope="module")
@@ -72,32 +73,27 @@ def op(kind: str, fn=None, name: str = "", **config) -> OperatorSpec:
 
 
 def gate(data_set: str, partitions: range, *, subpartition: int | None = None, attempts: list[int] | None = None,
-         uniform: int = 0, schema: str = "", index: int = 0) -> cluster_pb2.InputGateDeploymentDescriptor:
-    m = cluster_pb2.InputGateDeploymentDescriptor(
-        input_index=index, data_set_id=data_set, partition_start=partitions.start, partition_end=partitions.stop,
-        producer_attempts=attempts or [], uniform_attempt=uniform, schema=schema,
-    )
-    if subpartition is not None:
-        m.subpartition = subpartition
-    return m
+         schema: str = "", index: int = 0) -> GateSnapshot:
+    """What the core hands a consumer: per partition, the producer attempt to read (0 unless named)."""
+    return GateSnapshot(index, data_set, partitions, subpartition,
+                        tuple(attempts) if attempts is not None else (0,) * len(partitions), schema)
 
 
-def output(data_set: str, index: int, n: int = 1, partitioner=REBALANCE, keys=()) -> cluster_pb2.ResultPartitionDeploymentDescriptor:
-    return cluster_pb2.ResultPartitionDeploymentDescriptor(
-        data_set_id=data_set, partition_index=index, num_subpartitions=n, partitioner=partitioner,
-        partition_keys=list(keys), partition_type=jobgraph_pb2.RESULT_PARTITION_TYPE_BLOCKING,
-    )
+def output(data_set: str, index: int, n: int = 1, partitioner=REBALANCE, keys=()) -> ResultPartitionSpec:
+    return ResultPartitionSpec(data_set, index, n, partitioner, tuple(keys), ResultPartitionType.BLOCKING)
 
 
 def deploy(data_dir, ops, *, vertex: str = "v", subtask: int = 0, parallelism: int = 1, attempt: int = 0,
-           inputs=(), outputs=(), job: str = "job1") -> cluster_pb2.TaskDeploymentDescriptor:
+           inputs=(), outputs=(), job: str = "job1") -> tuple[TaskDeployment, tuple[GateSnapshot, ...]]:
+    """A deployment, and the inputs the core would hand it once they are complete."""
     jv = JobVertex(id=vertex, name=vertex, parallelism=parallelism, operators=tuple(ops))
-    return cluster_pb2.TaskDeploymentDescriptor(
-        job_id=job, job_name="test", task_name=f"{vertex} ({subtask + 1}/{parallelism})",
-        attempt=job_pb2.ExecutionAttemptId(vertex_id=vertex, subtask_index=subtask, attempt_number=attempt),
-        parallelism=parallelism, vertex=vertex_to_proto(jv), inputs=list(inputs), outputs=list(outputs),
-        data_dir=str(data_dir),
-    )
+    gates = tuple(InputGateDeployment(g.input_index, g.data_set_id, g.partitions, g.subpartition, Awaiting(0), None,
+                                      g.schema) for g in inputs)
+    d = TaskDeployment(
+        job_id=job, job_name="test", attempt=ExecutionAttemptId(vertex, subtask, attempt),
+        task_name=f"{vertex} ({subtask + 1}/{parallelism})", parallelism=parallelism, slot=SlotId("tm", 0),
+        vertex=jv, inputs=gates, outputs=tuple(outputs), data_dir=str(data_dir))
+    return d, tuple(inputs)
 
 
 class Reports:
@@ -125,21 +121,24 @@ class Reports:
             return self._cond.wait_for(lambda: state in self.states, timeout)
 
 
-def run(descriptor, spark) -> Reports:
+def run(deployed, spark) -> Reports:
+    """Run a task with its inputs given at once."""
+    deployment, inputs = deployed
     reports = Reports()
-    Task(descriptor, spark, reports).run()
+    Task(deployment, spark, reports, inputs=inputs).run()
     return reports
 
 
-def start(descriptor, spark) -> tuple[Task, Reports, threading.Thread]:
+def start(deployed, spark, *, inputs_now: bool = True) -> tuple[Task, Reports, threading.Thread]:
+    deployment, inputs = deployed
     reports = Reports()
-    task = Task(descriptor, spark, reports)
+    task = Task(deployment, spark, reports, inputs=inputs if inputs_now else None)
     thread = threading.Thread(target=task.run, daemon=True)
     thread.start()
     return task, reports, thread
 
 
-def finished(reports: Reports) -> list[cluster_pb2.ProducedPartition]:
+def finished(reports: Reports) -> list:
     state, failure, produced = reports.last
     assert state is S.FINISHED, f"{reports.states}: {failure and failure.traceback}"
     assert reports.states == [S.INITIALIZING, S.RUNNING, S.FINISHED]
@@ -288,7 +287,8 @@ def test_a_function_that_does_not_unpickle_fails_while_initializing(tmp_path):
 
 
 def test_cancel_while_waiting_for_an_input_is_quick(spark, tmp_path):
-    task, reports, thread = start(deploy(tmp_path, [op("sink.collect")], inputs=[gate("ds", range(2), uniform=-1)]), spark)
+    task, reports, thread = start(deploy(tmp_path, [op("sink.collect")], inputs=[gate("ds", range(2))]), spark,
+                                  inputs_now=False)
     assert reports.wait_for(S.RUNNING)
     time.sleep(0.2)
     assert thread.is_alive()  # waiting, not failed
@@ -347,16 +347,16 @@ def test_cancel_interrupts_the_spark_job_and_ends_its_python_workers_at_once(spa
 
 def test_cancel_before_run_reports_only_canceled(tmp_path):
     reports = Reports()
-    task = Task(deploy(tmp_path, [op("source.noop")]), None, reports)
+    task = Task(deploy(tmp_path, [op("source.range", end=3), op("sink.discard")])[0], None, reports)
     task.cancel()
     task.run()
     assert reports.states == [S.CANCELED]
 
 
-# ---- (e) partitions that become available later ----
+# ---- (e) inputs handed over later ----
 
 
-def test_update_partition_releases_a_waiting_consumer(spark, tmp_path):
+def test_a_consumer_reads_the_producer_attempts_it_is_given_once_they_are_given(spark, tmp_path):
     def produce(subtask: int, attempt: int, rows: list) -> str:
         ops = [op("source.collection", rows=rows, schema="n int, s string")]
         produced = finished(run(deploy(tmp_path, ops, vertex="p", subtask=subtask, parallelism=2, attempt=attempt,
@@ -365,207 +365,20 @@ def test_update_partition_releases_a_waiting_consumer(spark, tmp_path):
 
     rows = [[1, "a"], [2, "b"], [3, None]]  # subtask 0 of 2 makes the first, subtask 1 the rest
     schema = produce(0, 0, rows)
-    consumer = deploy(tmp_path, [op("sink.collect")], vertex="c",
-                      inputs=[gate("ds", range(2), attempts=[0, -1], schema=schema)])
-    task, reports, thread = start(consumer, spark)
+    consumer = deploy(tmp_path, [op("sink.collect")], vertex="c", inputs=[gate("ds", range(2), schema=schema)])
+    task, reports, thread = start(consumer, spark, inputs_now=False)
     assert reports.wait_for(S.RUNNING)
-    time.sleep(0.3)
-    assert thread.is_alive() and reports.states == [S.INITIALIZING, S.RUNNING]
-    task.update_partition("other", 1, 0, schema)  # another data set: still waiting
-    time.sleep(0.2)
-    assert thread.is_alive()
-    # the second producer needed a second attempt; the consumer must read that one
+    # the second producer needed a second attempt; the consumer is told to read that one
     produce(1, 1, rows)
-    task.update_partition("ds", 1, 1, schema)
+    task.give_inputs((gate("ds", range(2), attempts=[0, 1], schema=schema),))
     thread.join(30)
     finished(reports)
     assert sorted((r["n"], r["s"]) for r in collected(tmp_path, "c", 0)) == [(1, "a"), (2, "b"), (3, None)]
 
 
-# ---- (f) no-op chains ----
-
-
-def test_noop_chains_finish_without_spark(tmp_path):
-    produced = finished(run(deploy(tmp_path, [op("source.noop"), op("noop")], outputs=[output("ds", 0, 3)]), None))
-    assert [(p.data_set_id, p.partition_index, p.schema) for p in produced] == [("ds", 0, "")]
-    consumer = deploy(tmp_path, [op("noop"), op("sink.noop")], inputs=[gate("ds", range(1), uniform=-1)])
-    task, reports, thread = start(consumer, None)
-    assert reports.wait_for(S.RUNNING)
-    task.update_partition("ds", 0, 0, "")
-    thread.join(5)
-    assert finished(reports) == []
-    assert not os.path.exists(layout.job_dir(str(tmp_path), "job1"))
-
-
 def test_a_chain_that_needs_spark_fails_without_it(tmp_path):
     reports = run(deploy(tmp_path, [op("source.range", end=3), op("sink.discard")]), None)
     assert reports.states[-1] is S.FAILED and "SparkSession" in reports.last[1].message
-
-
-# ---- (f2) shared input gates, no-op chains without a thread ----
-
-
-class ThreadedReports(Reports):
-    """Reports, and the thread each one was made on."""
-
-    def __init__(self):
-        super().__init__()
-        self.threads: list[int] = []
-
-    def __call__(self, state, failure, produced):
-        self.threads.append(threading.get_ident())
-        super().__call__(state, failure, produced)
-
-
-def noop_consumer(data_dir, partitions: range, *, subtask: int = 0, parallelism: int = 1, uniform: int = -1,
-                  attempts: list[int] | None = None) -> cluster_pb2.TaskDeploymentDescriptor:
-    return deploy(data_dir, [op("noop"), op("sink.noop")], vertex="c", subtask=subtask, parallelism=parallelism,
-                  inputs=[gate("ds", partitions, subpartition=subtask, uniform=uniform, attempts=attempts)])
-
-
-def test_a_noop_chain_runs_inline_without_a_thread(tmp_path):
-    threads_before = threading.active_count()
-    partitions = PartitionAvailability()
-    producer = Task(deploy(tmp_path, [op("source.noop")], outputs=[output("ds", 0, 2)]), None,
-                    reports := ThreadedReports(), partitions=partitions)
-    producer.run_inline()  # inputs (none) all available: done when it returns
-    assert reports.states == [S.INITIALIZING, S.RUNNING, S.FINISHED]
-    assert [(p.data_set_id, p.partition_index) for p in reports.last[2]] == [("ds", 0)]
-
-    waiting = Task(noop_consumer(tmp_path, range(2)), None, waiting_reports := ThreadedReports(),
-                   partitions=partitions)
-    waiting.run_inline()  # returns at once, waiting for its inputs without a thread
-    assert waiting_reports.states == [S.INITIALIZING, S.RUNNING]
-    assert threading.active_count() == threads_before
-    partitions.update_one("job1", "ds", 0, 0)
-    assert waiting_reports.states == [S.INITIALIZING, S.RUNNING]  # one of two
-    partitions.update_one("job1", "ds", 1, 0)
-    # finished by the update, on the thread that recorded it
-    assert waiting_reports.states == [S.INITIALIZING, S.RUNNING, S.FINISHED]
-    assert set(reports.threads + waiting_reports.threads) == {threading.get_ident()}
-    assert threading.active_count() == threads_before
-
-
-def test_an_update_recorded_before_the_task_exists_counts(tmp_path):
-    partitions = PartitionAvailability()
-    partitions.update_one("job1", "ds", 0, 0)
-    partitions.update_one("job1", "ds", 1, 0)
-    task = Task(noop_consumer(tmp_path, range(2)), None, reports := Reports(), partitions=partitions)
-    task.run_inline()
-    assert reports.states == [S.INITIALIZING, S.RUNNING, S.FINISHED]
-    # a descriptor listing attempts per partition, -1 for one whose update came first: the same
-    partitions.update_one("job1", "ds", 3, 0)
-    listed = Task(noop_consumer(tmp_path, range(2, 4), attempts=[0, -1]), None, listed_reports := Reports(),
-                  partitions=partitions)
-    listed.run_inline()
-    assert listed_reports.states == [S.INITIALIZING, S.RUNNING, S.FINISHED]
-
-
-def test_many_consumers_sharing_a_gate_are_woken_by_one_update(tmp_path):
-    p, consumers = 1000, 400
-    dispatched: list[int] = []
-
-    def dispatch(callbacks):
-        dispatched.append(len(callbacks))
-        for callback in callbacks:
-            callback()
-
-    partitions = PartitionAvailability(dispatch=dispatch)
-    reports = [Reports() for _ in range(consumers)]
-    for i, r in enumerate(reports):  # ALL_TO_ALL: every consumer reads [0, p), its own subpartition
-        Task(noop_consumer(tmp_path, range(p), subtask=i, parallelism=consumers), None, r,
-             partitions=partitions).run_inline()
-    for k in range(p - 1):
-        partitions.update_one("job1", "ds", k, 0)
-    assert dispatched == []  # p - 1 updates: no consumer was called, none finished
-    assert all(r.states == [S.INITIALIZING, S.RUNNING] for r in reports)
-    partitions.update_one("job1", "ds", p - 1, 0)
-    assert dispatched == [consumers]  # the last one completed the gate they all share
-    assert all(r.states == [S.INITIALIZING, S.RUNNING, S.FINISHED] for r in reports)
-
-
-def test_cancelling_an_inline_task_waiting_for_inputs_reports_canceled_at_once(tmp_path):
-    partitions = PartitionAvailability()
-    cancelled = Task(noop_consumer(tmp_path, range(1)), None, cancelled_reports := Reports(), partitions=partitions)
-    sharing = Task(noop_consumer(tmp_path, range(1), subtask=1, parallelism=2), None, sharing_reports := Reports(),
-                   partitions=partitions)
-    cancelled.run_inline()
-    sharing.run_inline()
-    cancelled.cancel()
-    assert cancelled_reports.states == [S.INITIALIZING, S.RUNNING, S.CANCELED]
-    assert cancelled_reports.last[1] is None
-    partitions.update_one("job1", "ds", 0, 0)
-    assert cancelled_reports.states == [S.INITIALIZING, S.RUNNING, S.CANCELED]  # nothing after the end
-    assert sharing_reports.states == [S.INITIALIZING, S.RUNNING, S.FINISHED]
-
-
-def test_cancel_before_run_inline_reports_only_canceled(tmp_path):
-    task = Task(noop_consumer(tmp_path, range(1)), None, reports := Reports())
-    task.cancel()
-    task.run_inline()
-    assert reports.states == [S.CANCELED]
-
-
-def test_a_newer_producer_attempt_supersedes_an_older_one(tmp_path):
-    partitions = PartitionAvailability()
-    partitions.update_one("job1", "ds", 0, 1)
-    partitions.update_one("job1", "ds", 0, 0)  # late news of an older attempt: ignored
-    partitions.update_one("job1", "ds", 1, 0)
-    fresh = Task(noop_consumer(tmp_path, range(2)), None, Reports(), partitions=partitions)
-    [snapshot] = [partitions.snapshot("job1", g) for g in fresh._gates]
-    assert snapshot.attempts == (1, 0)
-    # the descriptor's attempt counts too: the newer of the two is read
-    described = Task(noop_consumer(tmp_path, range(2), uniform=2), None, Reports(), partitions=partitions)
-    assert [partitions.snapshot("job1", g) for g in described._gates][0].attempts == (2, 2)
-
-    # attempt 2 of partition 0's producer is deployed: attempt 1's news is stale for later tasks
-    partitions.supersede("job1", "ds", 0, 2)
-    later = Task(noop_consumer(tmp_path, range(2)), None, later_reports := Reports(), partitions=partitions)
-    later.run_inline()
-    assert later_reports.states == [S.INITIALIZING, S.RUNNING]
-    partitions.update_one("job1", "ds", 0, 2)
-    assert later_reports.states == [S.INITIALIZING, S.RUNNING, S.FINISHED]
-    assert [partitions.snapshot("job1", g) for g in later._gates][0].attempts == (2, 0)
-
-
-def test_a_released_partition_is_not_read_and_later_tasks_wait_for_it_again(tmp_path):
-    partitions = PartitionAvailability()
-    partitions.update_one("job1", "ds", 0, 0)
-    early = Task(noop_consumer(tmp_path, range(1)), None, Reports(), partitions=partitions)
-    assert not early.waiting_for_inputs
-    partitions.release("job1", "ds", 0, 0)  # the JobManager released it (its producer runs again)
-    with pytest.raises(PartitionUnavailable, match="became unavailable"):
-        partitions.snapshot("job1", early._gates[0])
-    late = Task(noop_consumer(tmp_path, range(1)), None, reports := Reports(), partitions=partitions)
-    late.run_inline()
-    assert reports.states == [S.INITIALIZING, S.RUNNING]
-    partitions.update_one("job1", "ds", 0, 1)
-    assert reports.states == [S.INITIALIZING, S.RUNNING, S.FINISHED]
-
-def test_the_vertex_cache_decodes_a_vertex_once_per_job(tmp_path):
-    vertices = VertexCache()
-    first = deploy(tmp_path, [op("source.noop")], subtask=0, parallelism=2)
-    second = deploy(tmp_path, [op("source.noop")], subtask=1, parallelism=2)
-    a = vertices.get("job1", first.vertex)
-    assert vertices.get("job1", second.vertex) is a  # not decoded again
-    assert vertices.get("job2", second.vertex) is not a  # another job's vertex of the same name
-    vertices.drop_job("job1")
-    assert ("job1", "v") not in vertices and ("job2", "v") in vertices
-    for d in (first, second):
-        Task(d, None, reports := Reports(), vertices=vertices).run_inline()
-        assert reports.states == [S.INITIALIZING, S.RUNNING, S.FINISHED]
-
-
-def test_an_update_recorded_before_a_spark_consumer_is_read_from_the_attempt_it_names(spark, tmp_path):
-    ops = [op("source.collection", rows=[[1], [2]], schema="n int")]
-    produced = finished(run(deploy(tmp_path, ops, vertex="p", attempt=1, outputs=[output("ds", 0)]), spark))
-    partitions = PartitionAvailability()
-    partitions.update_one("job1", "ds", 0, 1, produced[0].schema)  # before the consumer exists
-    consumer = deploy(tmp_path, [op("sink.collect")], vertex="c", inputs=[gate("ds", range(1), uniform=-1)])
-    reports = Reports()
-    Task(consumer, spark, reports, partitions=partitions).run()
-    finished(reports)
-    assert sorted(r["n"] for r in collected(tmp_path, "c", 0)) == [1, 2]
 
 
 # ---- (g) each operator on tiny data ----
