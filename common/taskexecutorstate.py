@@ -22,9 +22,10 @@ records the stimulus id of the event that caused it, and reports carry it to the
 A chain made only of no-op kinds needs neither Spark nor a thread: the core runs it itself
 (INITIALIZING, RUNNING, then FINISHED as soon as its inputs are complete).
 
-Generations: when the JobManager is lost every task is forgotten and the generation goes up; an
-event that began under an older generation (a bulk SubmitTasks or UpdatePartitionInfo that was
-being worked through while the TaskManager re-registered) is refused or ignored.
+Generations: when the JobManager is lost every task is forgotten and the generation goes up. Every
+event from the JobManager carries the generation it belongs to (the shell gives -1 to a request
+sent to a registration that is over, and the generation at its start to a bulk request worked
+through while the TaskManager registers again); one of an older generation is refused or ignored.
 """
 
 from __future__ import annotations
@@ -98,6 +99,7 @@ class FreeSlots:
     job_id: str  # "" : whichever job holds them
     slot_indexes: tuple[int, ...]
     cause: str
+    generation: int
     stimulus_id: str = ""
 
 
@@ -106,6 +108,7 @@ class ReleasePartitions:
     job_id: str
     partitions: tuple[PartitionRef, ...]
     whole_job: bool
+    generation: int
     stimulus_id: str = ""
 
 
@@ -522,6 +525,8 @@ class TaskExecutorState:
             self._out.append(InterruptTask(task.key))
 
     def _on_free_slots(self, e: FreeSlots) -> None:
+        if e.generation != self.generation:
+            return  # about slots of a registration that is over: they are no longer its to free
         holders: set[str] = set()
         for index in e.slot_indexes:
             if not 0 <= index < len(self.slots):
@@ -549,7 +554,7 @@ class TaskExecutorState:
 
     def _on_release(self, e: ReleasePartitions) -> None:
         job = e.job_id
-        if ids.job_id_problem(job) is not None:
+        if e.generation != self.generation or ids.job_id_problem(job) is not None:
             return
         if any(not ids.is_path_id(p.data_set_id) or p.partition_index < 0 or p.producer_attempt < 0
                for p in e.partitions):

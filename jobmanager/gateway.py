@@ -47,9 +47,12 @@ class _Call:
 
 
 class TaskManagerGateway:
-    def __init__(self, task_manager_id: str, address: str, on_deploy_failed: DeployFailed):
+    def __init__(self, task_manager_id: str, address: str, on_deploy_failed: DeployFailed, registration_id: str = ""):
         self.task_manager_id = task_manager_id
         self.address = address
+        # Every call names the registration it is for: a TaskManager that registered again since
+        # ignores it (fencing of a registration that is over).
+        self.registration_id = registration_id
         self._on_deploy_failed = on_deploy_failed
         self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
         self._stub = cluster_pb2_grpc.TaskExecutorStub(self._channel)
@@ -134,8 +137,10 @@ class TaskManagerGateway:
                 log.exception("sending %s to TaskManager %s", call.kind, self.task_manager_id)
 
     async def _send(self, call: _Call) -> None:
+        registration = self.registration_id
         if call.kind == "submit":
-            response = await self._stub.SubmitTasks(cluster_pb2.SubmitTasksRequest(tasks=call.items), timeout=RPC_TIMEOUT_S)
+            response = await self._stub.SubmitTasks(cluster_pb2.SubmitTasksRequest(
+                tasks=call.items, registration_id=registration), timeout=RPC_TIMEOUT_S)
             by_attempt = {(r.attempt.vertex_id, r.attempt.subtask_index, r.attempt.attempt_number): r for r in response.results}
             for d in call.items:
                 r = by_attempt.get((d.attempt.vertex_id, d.attempt.subtask_index, d.attempt.attempt_number))
@@ -144,17 +149,19 @@ class TaskManagerGateway:
                                                 f"{r.error if r else 'no answer for it'}")
         elif call.kind == "cancel":
             await self._stub.CancelTasks(cluster_pb2.CancelTasksRequest(
-                job_id=call.job_id, attempts=call.items, stimulus_id=call.extra.get("stimulus_id", "")),
-                timeout=RPC_TIMEOUT_S)
+                job_id=call.job_id, attempts=call.items, stimulus_id=call.extra.get("stimulus_id", ""),
+                registration_id=registration), timeout=RPC_TIMEOUT_S)
         elif call.kind == "update":
-            await self._stub.UpdatePartitionInfo(
-                cluster_pb2.UpdatePartitionInfoRequest(job_id=call.job_id, updates=call.items), timeout=RPC_TIMEOUT_S)
+            await self._stub.UpdatePartitionInfo(cluster_pb2.UpdatePartitionInfoRequest(
+                job_id=call.job_id, updates=call.items, registration_id=registration), timeout=RPC_TIMEOUT_S)
         elif call.kind == "free":
             await self._stub.FreeSlots(cluster_pb2.FreeSlotsRequest(
-                slot_indexes=call.items, job_id=call.job_id, cause="released by the job"), timeout=RPC_TIMEOUT_S)
+                slot_indexes=call.items, job_id=call.job_id, cause="released by the job",
+                registration_id=registration), timeout=RPC_TIMEOUT_S)
         elif call.kind == "release":
             await self._stub.ReleasePartitions(cluster_pb2.ReleasePartitionsRequest(
-                job_id=call.job_id, partitions=call.items, whole_job=call.extra["whole_job"]), timeout=RPC_TIMEOUT_S)
+                job_id=call.job_id, partitions=call.items, whole_job=call.extra["whole_job"],
+                registration_id=registration), timeout=RPC_TIMEOUT_S)
 
     def _fail_deployments(self, descriptors, message: str) -> None:
         for d in descriptors:

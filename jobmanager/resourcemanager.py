@@ -61,7 +61,7 @@ class ResourceManager:
             tm_id, request.address, request.number_of_slots, dict(request.resources), time.time())
         # the loss of an earlier incarnation is handled before the new one's gateway exists
         self._apply(a for a in actions if isinstance(a, sm.TaskManagerLost))
-        self._gateways[tm_id] = TaskManagerGateway(tm_id, request.address, self._deploy_failed)
+        self._gateways[tm_id] = TaskManagerGateway(tm_id, request.address, self._deploy_failed, registration_id)
         log.info("TaskManager %s registered from %s with %d slots", tm_id, request.address, request.number_of_slots)
         self._apply(a for a in actions if not isinstance(a, sm.TaskManagerLost))
         return cluster_pb2.RegisterTaskManagerResponse(

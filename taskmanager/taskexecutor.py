@@ -628,9 +628,18 @@ class TaskExecutor:
             deployment = replace(deployment, data_dir=self.data_dir)
         return deployment
 
+    def _generation(self, registration_id: str) -> int:
+        """The core's generation a request belongs to: -1 if it was sent to a registration that
+        is over (or to none while we register again); the current one otherwise. A request that
+        names no registration (an older JobManager) counts as current."""
+        if not registration_id:
+            return self.core.generation
+        current = self.registration
+        return self.core.generation if current is not None and current.registration_id == registration_id else -1
+
     async def submit_tasks(self, request: cluster_pb2.SubmitTasksRequest) -> cluster_pb2.SubmitTasksResponse:
         results = []
-        generation = self.core.generation
+        generation = self._generation(request.registration_id)
         for i, m in enumerate(request.tasks):
             if i and i % _DEPLOYS_PER_TURN == 0:
                 await asyncio.sleep(0)  # let heartbeats and reports through
@@ -650,7 +659,7 @@ class TaskExecutor:
         return cluster_pb2.SubmitTasksResponse(results=results)
 
     async def cancel_tasks(self, request: cluster_pb2.CancelTasksRequest) -> None:
-        generation = self.core.generation
+        generation = self._generation(request.registration_id)
         stimulus = request.stimulus_id or self._stimulus("cancel")
         for i, a in enumerate(request.attempts):
             if i and i % _CANCELS_PER_TURN == 0:
@@ -661,7 +670,7 @@ class TaskExecutor:
         # Recorded once for every local task reading these partitions; the gates they complete
         # hand their tasks the inputs (or finish no-op tasks) within the same event.
         updates = [codec.partition_update_from_proto(u) for u in request.updates]
-        generation = self.core.generation
+        generation = self._generation(request.registration_id)
         for start in range(0, len(updates), _UPDATES_PER_TURN):
             if start:
                 await asyncio.sleep(0)
@@ -670,13 +679,14 @@ class TaskExecutor:
 
     async def free_slots(self, request: cluster_pb2.FreeSlotsRequest) -> None:
         self._handle(core.FreeSlots(request.job_id, tuple(request.slot_indexes), request.cause,
-                                    self._stimulus("free-slots")))
+                                    self._generation(request.registration_id), self._stimulus("free-slots")))
 
     async def release_partitions(self, request: cluster_pb2.ReleasePartitionsRequest) -> None:
         """Answers once the partitions are deleted."""
         refs = tuple(PartitionRef(p.data_set_id, p.partition_index, p.producer_attempt) for p in request.partitions)
         self._deletions = []
-        self._handle(core.ReleasePartitions(request.job_id, refs, request.whole_job, self._stimulus("release")))
+        self._handle(core.ReleasePartitions(request.job_id, refs, request.whole_job,
+                                            self._generation(request.registration_id), self._stimulus("release")))
         deletions, self._deletions = self._deletions, []
         await asyncio.gather(*deletions, return_exceptions=True)
 

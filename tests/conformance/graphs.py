@@ -2,7 +2,9 @@
 and the graphs several suites share (Flink's seed example, source→sink ALL_TO_ALL at any P).
 
 Every graph built here is meant to pass `validation.validate`: sources head with `source.range`,
-middle vertices are `noop` (any number of inputs), sinks are `sink.discard` (one input).
+middle vertices are `union` (any number of inputs), sinks are `sink.discard` (one input). All three
+run as tasks with a thread of their own on a TaskManager (none is a no-op chain, which the
+TaskManager's core would run by itself), so the simulator can script what each does.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ def source(vertex_id: str, parallelism: int, *, slot_sharing_group: str = DEFAUL
 
 def operator(vertex_id: str, parallelism: int, *, slot_sharing_group: str = DEFAULT_SLOT_SHARING_GROUP,
              co_location_group: str | None = None) -> JobVertex:
-    return JobVertex(vertex_id, vertex_id, parallelism, (OperatorSpec("noop"),),
+    return JobVertex(vertex_id, vertex_id, parallelism, (OperatorSpec("union"),),
                      slot_sharing_group=slot_sharing_group, co_location_group=co_location_group)
 
 

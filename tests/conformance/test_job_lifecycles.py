@@ -187,8 +187,7 @@ def test_not_enough_slots_waits_then_fails_with_required_vs_available():
 def test_a_task_manager_arriving_in_time_lets_the_waiting_job_run():
     sim = SimulatedCluster(seed_example_job(PIPELINED), task_managers={"tm-1": 3}, slot_request_timeout_s=10.0).start()
     sim.advance(5.0)
-    _, actions = sim.slots.register("tm-2", "tm-2:1", 2, {}, sim.now)
-    sim._slot_actions(actions)
+    sim.register_task_manager("tm-2", 2)
     assert sim.run() is J.FINISHED
     sim.assert_conformant()
 
@@ -201,13 +200,12 @@ def test_task_manager_loss_fails_its_tasks_and_the_job_recovers():
     sim.step_tasks()
     lost = {a for a, d in sim.running.items() if d.slot.task_manager_id == "tm-1"}
     assert lost
-    sim._slot_actions(sim.slots.lose("tm-1", "connection broken", sim.now))
+    sim.lose_task_manager("tm-1", "connection broken")
     for attempt in lost:
         ex = sim.graph.find_execution(attempt)
         assert ex.state is E.FAILED and "TaskManager tm-1 lost" in ex.failure.message
     # the replacement TaskManager comes back with the same id
-    _, actions = sim.slots.register("tm-1", "tm-1:2", 3, {}, sim.now)
-    sim._slot_actions(actions)
+    sim.register_task_manager("tm-1", 3)
     assert sim.run() is J.FINISHED
     assert len(sim.scheduler.exception_history) == len(lost)
     sim.assert_conformant()
@@ -287,8 +285,7 @@ def test_a_partition_lost_while_its_consumer_is_pending_restart_is_produced_agai
                            restart_strategy=FixedDelayRestartBackoffTimeStrategy(attempts=10, delay_s=1.0)).start()
     sim.run_until(lambda: all(ev.state is E.DEPLOYING for ev in sim.graph.vertices["reduce"].task_vertices))
     for tm in ("tm-1", "tm-2"):  # each registers again with the same id: the old process is gone
-        _, actions = sim.slots.register(tm, f"{tm}:2", 2, {}, sim.now)
-        sim._slot_actions(actions)
+        sim.register_task_manager(tm, 2)
     assert sim.run() is J.FINISHED
     sim.assert_conformant()
 
@@ -301,9 +298,8 @@ def test_a_lost_slot_that_a_waiting_batch_needs_is_requested_again():
     sim = SimulatedCluster(job, task_managers={"tm-1": 1},
                            restart_strategy=FixedDelayRestartBackoffTimeStrategy(attempts=5, delay_s=0.0)).start()
     sim.run_until(lambda: sim.graph.vertices["a"].task_vertices[0].state is E.FINISHED)
-    sim._slot_actions(sim.slots.lose("tm-1", "heartbeat timeout", sim.now))
-    _, actions = sim.slots.register("tm-2", "tm-2:1", 4, {}, sim.now)
-    sim._slot_actions(actions)
+    sim.lose_task_manager("tm-1")
+    sim.register_task_manager("tm-2", 4)
     assert sim.run() is J.FINISHED
     assert sim.slots.free_slots == sim.slots.total_slots
     sim.assert_conformant()
@@ -332,8 +328,7 @@ def test_a_task_that_never_stops_cannot_hold_a_failover_forever(failover):
     sim.step_tasks()
     sim.report(ExecutionAttemptId("source", 0, 0), E.FAILED, BOOM)
     stuck = ExecutionAttemptId("map", 2, 0)
-    sim.cancel_requested.discard(stuck)  # its CancelTasks never arrives: the task keeps running
-    sim.running.pop(stuck, None)
+    sim.hang(stuck)  # its thread never stops nor reports: the task keeps running
     sim.advance(sim.scheduler.cancellation_timeout_s + 1)
     assert sim.graph.find_execution(stuck).state is E.FAILED
     assert sim.run() is J.FINISHED
@@ -345,8 +340,8 @@ def test_a_cancellation_timeout_fails_a_cancelled_job_and_is_in_the_exception_hi
     sim = SimulatedCluster(seed_example_job(PIPELINED)).start()
     sim.step_tasks()
     sim.apply(sim.scheduler.cancel(sim.now))
-    sim.cancel_requested.clear()  # no TaskManager answers
-    sim.running.clear()
+    for attempt in list(sim.running):  # no TaskManager answers
+        sim.hang(attempt)
     sim.advance(sim.scheduler.cancellation_timeout_s + 1)
     assert sim.scheduler.status is J.FAILED
     assert sim.scheduler.failure.exception_type == "CancellationTimeout"
@@ -365,8 +360,6 @@ def test_an_internal_error_fails_the_job_without_a_restart_from_every_live_statu
     sim = _drive_to(status)
     error = FailureInfo("JobManagerError", "the deployment descriptor could not be built")
     deploying = [a for a in sim.running if sim.graph.find_execution(a).state is E.DEPLOYING]
-    for a in deploying:
-        sim.running.pop(a)
     sim.apply(sim.scheduler.on_internal_error(error, sim.now, deploying))
     assert all(sim.graph.find_execution(a).state is E.FAILED for a in deploying)
     final = sim.run()

@@ -599,3 +599,18 @@ def test_news_of_an_older_producer_attempt_does_not_release_a_later_consumer(
     # (that attempt 0 does not count: test_taskexecutorstate.py, without a process)
     update(tm, job, "ds-retry", 0, producer_attempt=1)
     assert jm.wait_for_state(job, waiting.attempt, "FINISHED") == ["INITIALIZING", "RUNNING", "FINISHED"]
+
+
+def test_calls_for_another_registration_are_refused(tm: TaskManagerProcess, jm: FakeJobManager, job: str) -> None:
+    """A deployment sent to a registration that is over (the TaskManager registered again since)
+    must not start: the JobManager has already given that slot up."""
+    with jm._cond:
+        current = [i for r, i in zip(jm.registrations, jm.registration_ids) if r.task_manager_id == tm.id][-1]
+    stale = consumer(job, vertex="stale")
+    response = tm.executor.SubmitTasks(cluster_pb2.SubmitTasksRequest(tasks=[stale], registration_id="tm-old#0"),
+                                       timeout=WAIT_S)
+    assert not response.results[0].accepted and "lost the JobManager" in response.results[0].error
+    fresh = consumer(job, vertex="fresh")
+    response = tm.executor.SubmitTasks(cluster_pb2.SubmitTasksRequest(tasks=[fresh], registration_id=current),
+                                       timeout=WAIT_S)
+    assert response.results[0].accepted, response.results[0].error

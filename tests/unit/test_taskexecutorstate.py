@@ -214,7 +214,7 @@ def test_a_spark_consumer_is_given_the_newest_attempt_of_each_partition():
 def test_a_released_partition_makes_later_consumers_wait_again():
     c = Core()
     c.update((0, 0))
-    c(core.ReleasePartitions(JOB, (PartitionRef("ds", 0, 0),), False))
+    c(core.ReleasePartitions(JOB, (PartitionRef("ds", 0, 0),), False, c.state.generation))
     out = c.submit(deployment(inputs=[gate(range(1))]))
     assert reports(out) == [E.INITIALIZING, E.RUNNING]
     assert reports(c.update((0, 1))) == [E.FINISHED]
@@ -264,13 +264,13 @@ def test_freeing_a_slot_stops_its_tasks_and_forgets_the_job_once_it_holds_no_slo
     b = deployment("b", slot=1, inputs=[gate(range(1))])
     c.submit(a)
     c.submit(b)
-    out = c(core.FreeSlots(JOB, (0,), "released"))
+    out = c(core.FreeSlots(JOB, (0,), "released", c.state.generation))
     assert of(out, core.InterruptTask) == [core.InterruptTask(key(a))] and not of(out, core.DropJob)
     assert c.state.slot_report()[0].job_id is None
-    out = c(core.FreeSlots(JOB, (1,), "released"))
+    out = c(core.FreeSlots(JOB, (1,), "released", c.state.generation))
     assert reports(out, b) == [E.CANCELED] and of(out, core.DropJob) == [core.DropJob(JOB)]
     assert reports(c.report(a, E.CANCELED), a) == [E.CANCELED]
-    assert c(core.FreeSlots("other-job", (0, 5), "stale")) == []  # a free slot, an unknown one
+    assert c(core.FreeSlots("other-job", (0, 5), "stale", c.state.generation)) == []  # a free slot, an unknown one
 
 
 def test_a_shutdown_fails_what_still_runs():
@@ -335,7 +335,7 @@ def test_a_partition_lost_before_a_gate_completed_fails_the_task_instead_of_read
     d = deployment(inputs=[gate(range(2), producers=[Awaiting(0), Awaiting(0)])])
     c.submit(d)
     c.update((0, 0))
-    c(core.ReleasePartitions(JOB, (PartitionRef("ds", 0, 0),), False))
+    c(core.ReleasePartitions(JOB, (PartitionRef("ds", 0, 0),), False, c.state.generation))
     out = c.update((1, 0))
     [report] = [i.report for i in of(out, core.SendReport)]
     assert report.state is E.FAILED and report.failure.exception_type == "PartitionUnavailable"
@@ -348,13 +348,14 @@ def test_release_deletes_what_it_names_and_a_whole_job_what_this_taskmanager_wro
     c = Core()
     for i in range(2):
         c.submit(deployment("p", i, parallelism=2, slot=i, ops=NOOP_SOURCE, outputs=[output(i, "words")]))
-    [delete] = of(c(core.ReleasePartitions(JOB, (PartitionRef("words", 5, 3),), False)), core.DeletePartitions)
+    [delete] = of(c(core.ReleasePartitions(JOB, (PartitionRef("words", 5, 3),), False, c.state.generation)),
+                  core.DeletePartitions)
     assert delete.paths == ("/data/jobs/job1/partitions/words/p5/a3",)
-    [delete] = of(c(core.ReleasePartitions(JOB, (), True)), core.DeletePartitions)
+    [delete] = of(c(core.ReleasePartitions(JOB, (), True, c.state.generation)), core.DeletePartitions)
     assert delete.paths == ("/data/jobs/job1/partitions/words/p0/a0", "/data/jobs/job1/partitions/words/p1/a0",
                             "/data/jobs/job1/cancelled")
-    assert c(core.ReleasePartitions("..", (), True)) == []  # not a job id: nothing is deleted
-    assert c(core.ReleasePartitions(JOB, (PartitionRef("../x", 0, 0),), False)) == []
+    assert c(core.ReleasePartitions("..", (), True, c.state.generation)) == []  # not a job id: nothing is deleted
+    assert c(core.ReleasePartitions(JOB, (PartitionRef("../x", 0, 0),), False, c.state.generation)) == []
 
 
 # ---------------------------------------------------------------------------------- the JobManager
@@ -388,3 +389,20 @@ def test_the_slot_report_changes_version_only_when_the_slot_table_does():
     assert c.state.slot_version > v0
     assert [(s.index, s.job_id, s.running) for s in c.state.slot_report()[:2]] == [
         (0, JOB, (d.attempt,)), (1, None, ())]
+
+
+def test_calls_for_a_registration_that_is_over_change_nothing():
+    """After the TaskManager registered again, what the JobManager sent to its old registration
+    (the shell gives it generation -1) is refused or ignored: a stale FreeSlot must not free a
+    slot the new registration gave to a job, a stale deployment must not take one."""
+    c = Core()
+    c(core.JobManagerLost("heartbeat stream broke"))
+    d = deployment(inputs=[gate(range(1))])
+    c.submit(d)
+    stale = c.state.generation - 1
+    assert "lost the JobManager" in c(core.SubmitTask(deployment("old", slot=1), stale))[0].reason
+    assert c(core.FreeSlots(JOB, (0,), "old registration", stale)) == []
+    assert c(core.CancelTask(JOB, d.attempt, stale)) == []
+    assert c(core.ReleasePartitions(JOB, (), True, stale)) == []
+    assert c(core.PartitionsAvailable(JOB, (PartitionUpdate("ds", 0, 0, SCHEMA),), stale)) == []
+    assert c.state.slot_report()[0].running == (d.attempt,)

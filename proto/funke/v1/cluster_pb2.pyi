@@ -187,10 +187,12 @@ class TaskDeploymentDescriptor(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., job_name: _Optional[str] = ..., attempt: _Optional[_Union[_job_pb2.ExecutionAttemptId, _Mapping]] = ..., task_name: _Optional[str] = ..., parallelism: _Optional[int] = ..., slot_index: _Optional[int] = ..., vertex: _Optional[_Union[_jobgraph_pb2.JobVertex, _Mapping]] = ..., inputs: _Optional[_Iterable[_Union[InputGateDeploymentDescriptor, _Mapping]]] = ..., outputs: _Optional[_Iterable[_Union[ResultPartitionDeploymentDescriptor, _Mapping]]] = ..., data_dir: _Optional[str] = ..., job_options: _Optional[_Mapping[str, str]] = ..., artifacts: _Optional[_Iterable[_Union[_jobgraph_pb2.Artifact, _Mapping]]] = ..., stimulus_id: _Optional[str] = ...) -> None: ...
 
 class SubmitTasksRequest(_message.Message):
-    __slots__ = ("tasks",)
+    __slots__ = ("tasks", "registration_id")
     TASKS_FIELD_NUMBER: _ClassVar[int]
+    REGISTRATION_ID_FIELD_NUMBER: _ClassVar[int]
     tasks: _containers.RepeatedCompositeFieldContainer[TaskDeploymentDescriptor]
-    def __init__(self, tasks: _Optional[_Iterable[_Union[TaskDeploymentDescriptor, _Mapping]]] = ...) -> None: ...
+    registration_id: str
+    def __init__(self, tasks: _Optional[_Iterable[_Union[TaskDeploymentDescriptor, _Mapping]]] = ..., registration_id: _Optional[str] = ...) -> None: ...
 
 class TaskSubmissionResult(_message.Message):
     __slots__ = ("attempt", "accepted", "error")
@@ -209,14 +211,16 @@ class SubmitTasksResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[TaskSubmissionResult, _Mapping]]] = ...) -> None: ...
 
 class CancelTasksRequest(_message.Message):
-    __slots__ = ("job_id", "attempts", "stimulus_id")
+    __slots__ = ("job_id", "attempts", "stimulus_id", "registration_id")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
     STIMULUS_ID_FIELD_NUMBER: _ClassVar[int]
+    REGISTRATION_ID_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     attempts: _containers.RepeatedCompositeFieldContainer[_job_pb2.ExecutionAttemptId]
     stimulus_id: str
-    def __init__(self, job_id: _Optional[str] = ..., attempts: _Optional[_Iterable[_Union[_job_pb2.ExecutionAttemptId, _Mapping]]] = ..., stimulus_id: _Optional[str] = ...) -> None: ...
+    registration_id: str
+    def __init__(self, job_id: _Optional[str] = ..., attempts: _Optional[_Iterable[_Union[_job_pb2.ExecutionAttemptId, _Mapping]]] = ..., stimulus_id: _Optional[str] = ..., registration_id: _Optional[str] = ...) -> None: ...
 
 class CancelTasksResponse(_message.Message):
     __slots__ = ()
@@ -235,26 +239,30 @@ class PartitionInfoUpdate(_message.Message):
     def __init__(self, data_set_id: _Optional[str] = ..., partition_index: _Optional[int] = ..., producer_attempt: _Optional[int] = ..., schema: _Optional[str] = ...) -> None: ...
 
 class UpdatePartitionInfoRequest(_message.Message):
-    __slots__ = ("job_id", "updates")
+    __slots__ = ("job_id", "updates", "registration_id")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     UPDATES_FIELD_NUMBER: _ClassVar[int]
+    REGISTRATION_ID_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     updates: _containers.RepeatedCompositeFieldContainer[PartitionInfoUpdate]
-    def __init__(self, job_id: _Optional[str] = ..., updates: _Optional[_Iterable[_Union[PartitionInfoUpdate, _Mapping]]] = ...) -> None: ...
+    registration_id: str
+    def __init__(self, job_id: _Optional[str] = ..., updates: _Optional[_Iterable[_Union[PartitionInfoUpdate, _Mapping]]] = ..., registration_id: _Optional[str] = ...) -> None: ...
 
 class UpdatePartitionInfoResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class FreeSlotsRequest(_message.Message):
-    __slots__ = ("slot_indexes", "job_id", "cause")
+    __slots__ = ("slot_indexes", "job_id", "cause", "registration_id")
     SLOT_INDEXES_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     CAUSE_FIELD_NUMBER: _ClassVar[int]
+    REGISTRATION_ID_FIELD_NUMBER: _ClassVar[int]
     slot_indexes: _containers.RepeatedScalarFieldContainer[int]
     job_id: str
     cause: str
-    def __init__(self, slot_indexes: _Optional[_Iterable[int]] = ..., job_id: _Optional[str] = ..., cause: _Optional[str] = ...) -> None: ...
+    registration_id: str
+    def __init__(self, slot_indexes: _Optional[_Iterable[int]] = ..., job_id: _Optional[str] = ..., cause: _Optional[str] = ..., registration_id: _Optional[str] = ...) -> None: ...
 
 class FreeSlotsResponse(_message.Message):
     __slots__ = ()
@@ -271,14 +279,16 @@ class ResultPartitionRef(_message.Message):
     def __init__(self, data_set_id: _Optional[str] = ..., partition_index: _Optional[int] = ..., producer_attempt: _Optional[int] = ...) -> None: ...
 
 class ReleasePartitionsRequest(_message.Message):
-    __slots__ = ("job_id", "partitions", "whole_job")
+    __slots__ = ("job_id", "partitions", "whole_job", "registration_id")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     WHOLE_JOB_FIELD_NUMBER: _ClassVar[int]
+    REGISTRATION_ID_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     partitions: _containers.RepeatedCompositeFieldContainer[ResultPartitionRef]
     whole_job: bool
-    def __init__(self, job_id: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[ResultPartitionRef, _Mapping]]] = ..., whole_job: _Optional[bool] = ...) -> None: ...
+    registration_id: str
+    def __init__(self, job_id: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[ResultPartitionRef, _Mapping]]] = ..., whole_job: _Optional[bool] = ..., registration_id: _Optional[str] = ...) -> None: ...
 
 class ReleasePartitionsResponse(_message.Message):
     __slots__ = ()

@@ -1,11 +1,17 @@
-"""Random interleavings of task progress and faults against the real scheduler.
+"""Random interleavings of progress, faults and message timing against both real cores together.
 
-A hypothesis state machine drives the simulated cluster: tasks make progress, attempts fail,
-TaskManagers are lost and register again (under the same id or a new one), cancellations are
-lost, the job is cancelled, time jumps past restart delays, slot-request and cancellation
-timeouts. After every step the scheduler's books must agree with the execution graph and the
-SlotManager; at the end, once faults stop and a big TaskManager arrives, the job must end.
-A hang (a job that waits for something nobody will do) shows up there.
+A hypothesis state machine drives the simulated cluster (`simulator.py`): the JobManager's
+scheduler and SlotManager wired to a real `TaskExecutorState` per TaskManager, messages in
+channels that the test delivers when it likes. Tasks make progress, attempts fail, TaskManagers
+crash and come back (a new process) or are cut off and register again (the same process, with
+messages for its old registration still in flight), a cancel overtakes the deployment it cancels,
+reports arrive late, tasks never stop, the job is cancelled, time jumps past restart delays,
+slot-request and cancellation timeouts, and the JobManager fails to carry out deployments. After
+every step the books of every core must hold (`validate_state()`), the event stream must be legal
+and the job's slot ledger must agree with the SlotManager. At the end, once faults stop, every
+message is delivered and a big TaskManager arrives: the job must end, every slot on both sides
+must be free, and no TaskManager may still run a task the JobManager gave up on (except the
+threads that never stop).
 """
 
 from __future__ import annotations
@@ -25,19 +31,17 @@ from funke.common.restart import FixedDelayRestartBackoffTimeStrategy, NoRestart
 from funke.common.states import ExecutionState, JobStatus
 from tests.conformance.assertions import GLOBALLY_TERMINAL_JOB, assert_event_stream
 from tests.conformance.graphs import ALL_TO_ALL, BLOCKING, PIPELINED, POINTWISE, connect, job_graph, operator, sink, source
-from tests.conformance.simulator import SimulatedCluster
+from tests.conformance.simulator import JOB, SimulatedCluster
 
 J, E = JobStatus, ExecutionState
-BOOM = FailureInfo("RuntimeError", "injected by the scheduler fuzz")
+BOOM = FailureInfo("RuntimeError", "injected by the cluster fuzz")
 
 RESTART_DELAY_S = 2.0
 SLOT_REQUEST_TIMEOUT_S = 5.0
 CANCELLATION_TIMEOUT_S = 10.0
-# just past each timeout the scheduler or the SlotManager keeps, and small steps between them
-TIME_STEPS_S = (0.1, RESTART_DELAY_S + 0.5, SLOT_REQUEST_TIMEOUT_S + 1, CANCELLATION_TIMEOUT_S + 1)
-
-_LIVE = {E.SCHEDULED, E.DEPLOYING, E.INITIALIZING, E.RUNNING, E.CANCELING}
-_IN_A_SLOT = {E.DEPLOYING, E.INITIALIZING, E.RUNNING, E.CANCELING}
+# just past each timeout the scheduler, the SlotManager or a TaskManager keeps, and small steps
+TIME_STEPS_S = (0.1, 1.5, RESTART_DELAY_S + 0.5, SLOT_REQUEST_TIMEOUT_S + 1, CANCELLATION_TIMEOUT_S + 1)
+TASK_MANAGERS = ("tm-1", "tm-2", "tm-3")
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,78 +81,55 @@ SCENARIOS = {scenario.name: scenario for scenario in (
 
 class CheckedCluster(SimulatedCluster):
     """The simulated cluster, keeping a ledger of the slots the job holds: granted by the
-    SlotManager, handed back by ReleaseSlot, gone with their TaskManager.
-
-    SlotManager answers go through a mailbox, as in the JobManager (`jobmanager/mailbox.py`):
-    an answer to an action is delivered after every action of the same scheduler call was
-    carried out, never in the middle of them. The plain simulator delivers it at once, which
-    records a later call's transitions before an earlier call's."""
+    SlotManager, handed back by ReleaseSlot, gone with their TaskManager; and able to make the
+    JobManager fail to carry out deployments, as a bug between decision and RPC would."""
 
     def __post_init__(self) -> None:
         self.held: set[SlotId] = set()
-        self._mail: list[object] = []
-        self._carrying_out = False
+        self.in_flight: set[SlotId] = set()  # granted, the answer not read by the scheduler yet
+        self.given_back: set[SlotId] = set()  # granted as the job ended, taken back by release_job
         self._checked = (0, 0)  # job steps, execution steps
         self._last_states: dict[str, str] = {"job": "CREATED"}
         self.deployments_to_break = 0
+        self._broken: list = []
         super().__post_init__()
 
     def apply(self, actions: list) -> None:
-        outermost = not self._carrying_out
-        self._carrying_out = True
-        broken: list = []
-        if self.deployments_to_break:
-            # As the JobMaster does: a deployment that raised is not carried out, the other
-            # actions are, and the job learns of the error as an event of its own, through the
-            # mailbox (so decisions taken meanwhile may raise too).
-            for deploy in [a for a in actions if isinstance(a, s.DeployTask)][:self.deployments_to_break]:
-                self.deployments_to_break -= 1
-                broken.append(deploy.deployment.attempt)
-            actions = [a for a in actions if not (isinstance(a, s.DeployTask) and a.deployment.attempt in broken)]
-        try:
-            super().apply(actions)
-            if broken:
-                self._mail.append(lambda: self._internal_error(broken))
-        finally:
-            self._carrying_out = not outermost
-        if outermost:
-            self._deliver()
+        super().apply(actions)
 
-    def _slot_actions(self, actions: list) -> None:
-        self._mail.extend(actions)
-        if not self._carrying_out:
-            self._deliver()
+    def _carry_out(self, a: object) -> None:
+        if isinstance(a, s.DeployTask) and self.deployments_to_break:
+            # As the JobMaster does: the action that raised is not carried out, the others are,
+            # and the job learns of the error through the mailbox, after the action list.
+            self.deployments_to_break -= 1
+            self.observe(a)
+            self.actions.append(a)
+            self.running[a.deployment.attempt] = a.deployment
+            attempt = a.deployment.attempt
+            self._post(lambda: self._internal_error(attempt))
+            return
+        super()._carry_out(a)
 
-    def _deliver(self) -> None:
-        self._carrying_out = True
-        try:
-            while self._mail:
-                letter = self._mail.pop(0)
-                if callable(letter):
-                    letter()
-                else:
-                    super()._slot_actions([letter])
-        finally:
-            self._carrying_out = False
-
-    def _internal_error(self, broken: list) -> None:
+    def _internal_error(self, attempt) -> None:
         if self.scheduler.status.is_terminal:
             return
         failure = FailureInfo("JobManagerError", "injected: the deployment could not be built")
-        self._carrying_out = False
-        self.apply(self.scheduler.on_internal_error(failure, self.now, broken))
-        self._carrying_out = True
+        self.apply(self.scheduler.on_internal_error(failure, self.now, [attempt]))
         assert self.scheduler.status not in (J.CREATED, J.RUNNING, J.RESTARTING), self.scheduler.status
-        for attempt in broken:
-            execution = self.graph.find_execution(attempt)
-            assert execution.state is E.FAILED, f"{execution!r} waits for a report no TaskManager can send"
+        execution = self.graph.find_execution(attempt)
+        assert execution.state is E.FAILED, f"{execution!r} waits for a report no TaskManager can send"
 
     def observe(self, action: object) -> None:
         if isinstance(action, sm.SlotsAllocated):
             twice = self.held.intersection(action.slots)
             assert not twice, f"the SlotManager gave the job slots it already holds: {sorted(map(str, twice))}"
             self.held.update(action.slots)
+            self.in_flight.update(action.slots)  # until the scheduler reads the answer
+            self._post(lambda slots=action.slots: self.in_flight.difference_update(slots))
         elif isinstance(action, s.ReleaseSlot):
+            if self.scheduler.status.is_terminal and action.slot in self.given_back:
+                self.given_back.discard(action.slot)  # granted as the job ended: release_job took it back
+                return
             assert action.slot in self.held, (
                 f"ReleaseSlot({action.slot}, {action.cause!r}) for a slot the job does not hold "
                 f"(released twice, or lost with its TaskManager)")
@@ -156,7 +137,12 @@ class CheckedCluster(SimulatedCluster):
         elif isinstance(action, sm.TaskManagerLost):
             self.held = {slot for slot in self.held if slot.task_manager_id != action.task_manager_id}
         elif isinstance(action, s.JobCleanup):
-            assert not self.held, f"the job ended {action.status.value} still holding {sorted(map(str, self.held))}"
+            # What the scheduler does not know of yet (an answer still in the mailbox) is all it
+            # may still hold; the ResourceManager's release_job takes that back.
+            assert self.held <= self.in_flight, (
+                f"the job ended {action.status.value} still holding {sorted(map(str, self.held - self.in_flight))}")
+            self.given_back |= self.held
+            self.held = set()
 
     def assert_stream_so_far_is_legal(self) -> None:
         """Only the steps since the last check, continuing from where each entity was."""
@@ -170,13 +156,13 @@ class CheckedCluster(SimulatedCluster):
     def slots_of_the_job(self) -> set[SlotId]:
         """What the SlotManager says the job holds."""
         return {SlotId(tm.task_manager_id, i) for tm in self.slots.task_managers.values()
-                for i, holder in enumerate(tm.slots) if holder == "job-1"}
+                for i, holder in enumerate(tm.slots) if holder == JOB}
 
     def assert_books_agree(self) -> None:
         self.assert_stream_so_far_is_legal()
-        self.scheduler.validate_state()
+        self.validate_cores()
         known = set(self.scheduler._slot_of.values())
-        assert known == self.held == self.slots_of_the_job(), (
+        assert known == self.held - self.in_flight and self.held == self.slots_of_the_job(), (
             f"slots: the scheduler knows {sorted(map(str, known))}, the ledger says {sorted(map(str, self.held))}, "
             f"the SlotManager says {sorted(map(str, self.slots_of_the_job()))}")
 
@@ -187,9 +173,10 @@ def _pick(items, index: int):
 
 
 INDEX = st.integers(0, 5)
+TM = st.sampled_from(TASK_MANAGERS)
 
 
-class SchedulerFuzz(RuleBasedStateMachine):
+class ClusterFuzz(RuleBasedStateMachine):
     sim: CheckedCluster | None = None
 
     @initialize(
@@ -197,18 +184,21 @@ class SchedulerFuzz(RuleBasedStateMachine):
         failover=st.sampled_from([FailoverStrategyKind.REGION, FailoverStrategyKind.FULL]),
         restarts=st.sampled_from([1000, 3, 0]),
         delay=st.sampled_from([RESTART_DELAY_S, 0.0]),
+        auto_deliver=st.sampled_from([False, False, True]),
         undisturbed_rounds=st.integers(0, 12),
     )
     def start(self, scenario: str, failover: FailoverStrategyKind, restarts: int, delay: float,
-              undisturbed_rounds: int) -> None:
+              auto_deliver: bool, undisturbed_rounds: int) -> None:
         strategy = (FixedDelayRestartBackoffTimeStrategy(attempts=restarts, delay_s=delay) if restarts
                     else NoRestartBackoffTimeStrategy())
         self.sim = CheckedCluster(
             SCENARIOS[scenario].job, task_managers=dict(SCENARIOS[scenario].task_managers),
-            restart_strategy=strategy, failover=failover,
+            restart_strategy=strategy, failover=failover, auto_deliver=auto_deliver,
             slot_request_timeout_s=SLOT_REQUEST_TIMEOUT_S, cancellation_timeout_s=CANCELLATION_TIMEOUT_S,
         ).start()
         for _ in range(undisturbed_rounds):  # so that faults hit late stages as often as early ones
+            if not auto_deliver:
+                self.sim.deliver_everything()
             self.sim.step_tasks()
 
     def job_is_live(self) -> bool:
@@ -232,6 +222,24 @@ class SchedulerFuzz(RuleBasedStateMachine):
     def time_passes(self, seconds: float) -> None:
         self.sim.advance(seconds)
 
+    # -- the network
+
+    @rule(task_manager=TM, n=st.integers(1, 4))
+    def messages_reach_a_task_manager(self, task_manager: str, n: int) -> None:
+        self.sim.deliver_to_taskmanager(task_manager, n)
+
+    @rule(task_manager=TM, n=st.integers(1, 4))
+    def reports_reach_the_jobmanager(self, task_manager: str, n: int) -> None:
+        self.sim.deliver_reports(task_manager, n)
+
+    @rule(task_manager=TM)
+    def a_cancel_overtakes_what_was_sent_before_it(self, task_manager: str) -> None:
+        self.sim.deliver_to_taskmanager(task_manager, 1, overtake=True)
+
+    @rule()
+    def everything_in_flight_arrives(self) -> None:
+        self.sim.deliver_everything()
+
     # -- faults
 
     @precondition(job_is_live)
@@ -245,31 +253,36 @@ class SchedulerFuzz(RuleBasedStateMachine):
     @rule(index=INDEX)
     def a_cancelled_task_never_stops(self, index: int) -> None:
         attempt = _pick(self.sim.cancel_requested & self.sim.running.keys(), index)
-        if attempt is not None:  # its TaskManager keeps it running and never reports again
-            del self.sim.running[attempt]
+        if attempt is not None:  # its thread keeps running and never reports again
+            self.sim.hang(attempt)
 
     @precondition(job_is_live)
     @rule(index=INDEX, how_many=st.integers(1, 2))
-    def task_managers_are_lost(self, index: int, how_many: int) -> None:
-        for task_manager in sorted(self.sim.slots.task_managers)[index:][:how_many]:  # one after the other
+    def task_managers_crash(self, index: int, how_many: int) -> None:
+        for task_manager in sorted(self.sim.tms)[index:][:how_many]:  # one after the other
             self.sim.lose_task_manager(task_manager)
 
     @precondition(job_is_live)
-    @rule(task_manager=st.sampled_from(["tm-1", "tm-2", "tm-3"]), slots=st.integers(1, 3))
-    def a_task_manager_registers(self, task_manager: str, slots: int) -> None:
-        self.sim.register_task_manager(task_manager, slots)  # a known id: its old process is gone
+    @rule(task_manager=TM)
+    def a_task_manager_is_cut_off_and_registers_again(self, task_manager: str) -> None:
+        self.sim.partition_task_manager(task_manager)
 
     @precondition(job_is_live)
-    @rule(how_many=st.sampled_from([1, 1000]))
-    def the_next_deployments_cannot_be_carried_out(self, how_many: int) -> None:
-        """The JobManager will raise between the scheduler's decision and the RPC of the next
-        deployment(s) (see `CheckedCluster.apply`)."""
-        self.sim.deployments_to_break = how_many
+    @rule(task_manager=TM, slots=st.integers(1, 3))
+    def a_task_manager_process_starts(self, task_manager: str, slots: int) -> None:
+        self.sim.register_task_manager(task_manager, slots)  # a known id: its old process is gone
 
     @precondition(job_is_live)
     @rule()
     def the_job_is_cancelled(self) -> None:
         self.sim.apply(self.sim.scheduler.cancel(self.sim.now))
+
+    @precondition(job_is_live)
+    @rule(how_many=st.sampled_from([1, 1000]))
+    def the_next_deployments_cannot_be_carried_out(self, how_many: int) -> None:
+        """The JobManager will raise between the scheduler's decision and the RPC of the next
+        deployment(s) (see `CheckedCluster._carry_out`)."""
+        self.sim.deployments_to_break = how_many
 
     # -- checks
 
@@ -284,6 +297,7 @@ class SchedulerFuzz(RuleBasedStateMachine):
             return
         sim = self.sim
         sim.script = lambda attempt: None
+        sim.deployments_to_break = 0
         sim.register_task_manager("tm-big", sim.scheduler.plan.required_slots())
         status = sim.run()
         sched = sim.scheduler
@@ -291,8 +305,20 @@ class SchedulerFuzz(RuleBasedStateMachine):
             f"the job hangs in {status.value}: pending restart {sched._pending_restart is not None}, "
             f"{len(sched._batches)} waiting batches, requests {sorted(sched._requests)}, live executions "
             f"{[repr(ev.current_execution) for ev in sim.graph.execution_vertices() if not ev.state.is_terminal]}")
+        # Whatever is still in flight arrives; threads that can still end do.
+        for _ in range(50):
+            sim.deliver_everything()
+            if not sim.step_tasks():
+                sim.advance(2.0)
+        sim.deliver_everything()
         sim.assert_books_agree()
         assert sim.slots.free_slots == sim.slots.total_slots, "slots still taken after the job ended"
+        for tm in sim.tms.values():
+            held = [(v.index, v.job_id) for v in tm.core.slot_report() if v.job_id is not None]
+            assert not held, f"{tm.task_manager_id} still gives slots to the ended job: {held}"
+            hung = {key for key, thread in tm.threads.items() if thread.hung}
+            live = [str(key) for key, task in tm.core.tasks.items() if not task.terminal and key not in hung]
+            assert not live, f"{tm.task_manager_id} still runs tasks of the ended job: {live}"
         if status is J.FINISHED:
             unfinished = [repr(ev.current_execution) for ev in sim.graph.execution_vertices()
                           if ev.current_execution.state is not E.FINISHED]
@@ -300,8 +326,8 @@ class SchedulerFuzz(RuleBasedStateMachine):
         sim.assert_conformant()
 
 
-def test_any_interleaving_of_progress_and_faults_keeps_the_books_and_ends_the_job():
-    run_state_machine_as_test(SchedulerFuzz, settings=settings(
-        max_examples=200, stateful_step_count=40, deadline=None,
+def test_any_interleaving_of_progress_faults_and_messages_keeps_the_books_of_both_cores_and_ends_the_job():
+    run_state_machine_as_test(ClusterFuzz, settings=settings(
+        max_examples=250, stateful_step_count=40, deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
     ))
