@@ -1,15 +1,14 @@
 """Cluster configuration: Flink's key names, typed values, defaults, and one error listing every
 bad entry.
 
-Owns the options a JobManager reads from `-D key=value` flags or a `key: value` file (the flat
-format of Flink's flink-conf.yaml). Durations use Flink's syntax ("5 s", "500 ms"; a bare
+Owns the options a JobManager reads from `-D key=value` flags or the text of a `key: value` file
+(the flat format of Flink's flink-conf.yaml; the JobManager reads the file). Durations use Flink's syntax ("5 s", "500 ms"; a bare
 number is milliseconds).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Mapping
 
 from funke.common.jobgraph import FailoverStrategyKind, RestartStrategyConfig
@@ -120,16 +119,17 @@ def parse_configuration(entries: Mapping[str, str], base: ClusterConfiguration |
     return replace(config, **changes)
 
 
-def read_config_file(path: str | Path) -> dict[str, str]:
-    """`key: value` per line; `#` starts a comment."""
+def parse_config_lines(text: str, source: str = "configuration") -> dict[str, str]:
+    """`key: value` per line; `#` starts a comment. `source` names the text in errors (the
+    caller reads the file: this module does no I/O)."""
     entries: dict[str, str] = {}
-    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+    for n, line in enumerate(text.splitlines(), 1):
         line = line.split("#", 1)[0].strip()
         if not line:
             continue
         key, sep, value = line.partition(":")
         if not sep:
-            raise ConfigurationError([f"{path}:{n}: expected 'key: value', got {line!r}"])
+            raise ConfigurationError([f"{source}:{n}: expected 'key: value', got {line!r}"])
         entries[key.strip()] = value.strip()
     return entries
 

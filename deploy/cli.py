@@ -35,11 +35,10 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from funke.common.client import (
+from funke.deploy.client import (
     DEFAULT_JOBMANAGER,
     FunkeError,
     InvalidJobGraph,
-    JobFileError,
     JobManagerClient,
     JobManagerConnectionLost,
     JobManagerUnavailable,
@@ -47,8 +46,8 @@ from funke.common.client import (
     NotAJobManager,
     execution_state_name,
     job_status_name,
-    load_job_file,
 )
+from funke.deploy.jobfile import JobFileError, load_job_file
 from funke.deploy import localcluster
 from funke.v1 import job_pb2, jobgraph_pb2, jobmanager_pb2
 

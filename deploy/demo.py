@@ -23,7 +23,8 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
-from funke.common.client import FunkeError, JobManagerClient, job_status_name, load_job_file
+from funke.deploy.client import FunkeError, JobManagerClient, job_status_name
+from funke.deploy.jobfile import load_job_file
 from funke.common.jobgraph import JobGraph, OperatorSpec
 from funke.deploy import localcluster
 from funke.deploy.cli import collect_sinks, follow_job, format_duration, render_failure, render_history, render_rows

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from funke.common.client import FunkeError, JobManagerClient
+from funke.deploy.client import FunkeError, JobManagerClient
 from funke.v1 import jobmanager_pb2
 
 __all__ = [

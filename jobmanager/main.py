@@ -20,7 +20,7 @@ from funke.common.configuration import (
     ConfigurationError,
     parse_configuration,
     parse_key_values,
-    read_config_file,
+    parse_config_lines,
 )
 from funke.deploy.rpc import MESSAGE_SIZE_OPTIONS, add_service
 from funke.jobmanager import datadir
@@ -49,7 +49,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def build_configuration(args: argparse.Namespace) -> ClusterConfiguration:
     entries: dict[str, str] = {}
     if args.config:
-        entries.update(read_config_file(args.config))
+        try:
+            text = Path(args.config).read_text()
+        except OSError as exc:
+            raise ConfigurationError([f"cannot read {args.config}: {exc.strerror or exc}"]) from None
+        entries.update(parse_config_lines(text, args.config))
     entries.update(parse_key_values(args.dynamic))
     config = parse_configuration(entries)
     data_dir = args.data_dir or config.data_dir or str(Path.home() / ".funke" / "data")

@@ -23,7 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from funke.common.client import JobManagerClient  # noqa: E402
+from funke.deploy.client import JobManagerClient  # noqa: E402
 from funke.common.jobgraph import (  # noqa: E402
     IntermediateDataSet,
     JobEdge,

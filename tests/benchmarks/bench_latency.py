@@ -22,7 +22,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from funke.common.client import JobManagerClient, load_job_file  # noqa: E402
+from funke.deploy.client import JobManagerClient  # noqa: E402
+from funke.deploy.jobfile import load_job_file  # noqa: E402
 from funke.common.dsl import ExecutionEnvironment  # noqa: E402
 from funke.deploy import localcluster  # noqa: E402
 from funke.v1 import job_pb2  # noqa: E402

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import statistics
 import subprocess
@@ -146,7 +145,7 @@ def main() -> int:
 
     import cloudpickle
 
-    from funke.common.client import JobManagerClient
+    from funke.deploy.client import JobManagerClient
     from funke.deploy import localcluster
     from funke.v1 import job_pb2
 

@@ -10,7 +10,7 @@ import pytest
 
 from funke.common.executiongraph import ExecutionAttemptId, FailureInfo
 from funke.common.jobgraph import FailoverStrategyKind, ResultPartitionType
-from funke.common.restart import FixedDelayRestartBackoffTimeStrategy, NoRestartBackoffTimeStrategy
+from funke.common.restart import FixedDelayRestartBackoffTimeStrategy
 from funke.common.states import ExecutionState, JobStatus
 from tests.conformance.graphs import BLOCKING, PIPELINED, seed_example_job, source_sink_all_to_all
 from tests.conformance.simulator import SimulatedCluster

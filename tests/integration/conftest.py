@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from funke.common.client import JobManagerClient
+from funke.deploy.client import JobManagerClient
 
 REPO = Path(__file__).resolve().parents[2]
 

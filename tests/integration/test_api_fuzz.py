@@ -37,7 +37,7 @@ from google.protobuf.descriptor import FieldDescriptor as FD
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from funke.common.client import JobManagerClient, job_status_name
+from funke.deploy.client import JobManagerClient, job_status_name
 from funke.common.dsl import ExecutionEnvironment
 from funke.common.jobgraph import IntermediateDataSet, JobEdge, JobGraph, JobType, JobVertex, OperatorSpec
 from funke.common.codec import job_graph_to_proto

@@ -16,7 +16,7 @@ from pathlib import Path
 import cloudpickle
 import pytest
 
-from funke.common.client import JobManagerClient
+from funke.deploy.client import JobManagerClient
 from funke.common.dsl import ExecutionEnvironment
 from funke.deploy import localcluster
 from funke.v1 import job_pb2

@@ -21,7 +21,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from funke.common.client import JobManagerClient, load_job_file
+from funke.deploy.client import JobManagerClient
+from funke.deploy.jobfile import load_job_file
 from funke.common.jobgraph import (
     Artifact,
     IntermediateDataSet,

@@ -9,7 +9,7 @@ import time
 import grpc
 import pytest
 
-from funke.common.client import InvalidJobGraph, JobAlreadyExists, JobNotFound
+from funke.deploy.client import InvalidJobGraph, JobAlreadyExists, JobNotFound
 from funke.common.jobgraph import (
     DistributionPattern,
     IntermediateDataSet,

@@ -7,11 +7,10 @@ import collections
 import random
 import re
 import time
-from pathlib import Path
 
 import pytest
 
-from funke.common.client import load_job_file
+from funke.deploy.jobfile import load_job_file
 from funke.common.states import ExecutionState, JobStatus
 from tests.conformance.assertions import Step, assert_event_stream
 from tests.integration.conftest import REPO, as_json, wait_for_end

@@ -25,15 +25,14 @@ import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from funke.common.client import (
+from funke.deploy.client import (
     FunkeError,
     InvalidJobGraph,
-    JobFileError,
     JobManagerClient,
     JobManagerUnavailable,
     JobNotFound,
-    load_job_file,
 )
+from funke.deploy.jobfile import JobFileError, load_job_file
 from funke.common.jobgraph import JobGraph
 from funke.deploy import cli, localcluster
 from funke.v1 import job_pb2, jobmanager_pb2, jobmanager_pb2_grpc
@@ -553,7 +552,7 @@ def test_functions_from_modules_beside_the_job_file_travel_by_value(tmp_path):
     import subprocess
     import sys
 
-    from funke.common.client import load_job_file
+    from funke.deploy.jobfile import load_job_file
 
     (tmp_path / "helpers.py").write_text("def double(n):\n    return 2 * n\n")
     (tmp_path / "pkg").mkdir()

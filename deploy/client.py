@@ -1,11 +1,12 @@
-"""The client SDK: talking to a JobManager from Python, and loading job files.
+"""The client SDK: talking to a JobManager from Python.
 
 Owns the synchronous gRPC client of the `funke.v1.JobManager` service (`JobManagerClient`), the
 errors a caller sees (`FunkeError` and its subclasses, which keep the gRPC status code and the
-server's message), the decoding of collected results (an Arrow IPC stream) into rows, and
-`load_job_file`, the contract of a job file (`build(args)` or a module-level `job`).
+server's message), and the decoding of collected results (an Arrow IPC stream) into rows. Job
+files are loaded by `funke.deploy.jobfile`; presenting jobs to people is `funke.deploy.cli`'s.
 
-It owns nothing about presenting jobs to people: that is `funke.deploy.cli`.
+    from funke.deploy.client import JobManagerClient
+    from funke.deploy.jobfile import load_job_file
 
     with JobManagerClient("127.0.0.1:6123") as client:
         job_id = client.submit(load_job_file("examples/wordcount.py", []))
@@ -16,14 +17,8 @@ It owns nothing about presenting jobs to people: that is `funke.deploy.cli`.
 
 from __future__ import annotations
 
-import os
-import runpy
-import sys
 import time
-import traceback
-import types
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
@@ -31,6 +26,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from funke.common.jobgraph import JobGraph
+from funke.deploy.rpc import MESSAGE_SIZE_OPTIONS
 from funke.v1 import job_pb2, jobgraph_pb2, jobmanager_pb2, jobmanager_pb2_grpc
 
 if TYPE_CHECKING:
@@ -41,7 +37,6 @@ __all__ = [
     "FunkeError",
     "InvalidJobGraph",
     "JobAlreadyExists",
-    "JobFileError",
     "JobManagerClient",
     "JobManagerConnectionLost",
     "JobManagerUnavailable",
@@ -49,12 +44,9 @@ __all__ = [
     "NotAJobManager",
     "execution_state_name",
     "job_status_name",
-    "load_job_file",
 ]
 
 DEFAULT_JOBMANAGER = "127.0.0.1:6123"  # Flink's JobManager RPC port
-MAX_MESSAGE_BYTES = 256 * 1024 * 1024  # job graphs carry pickled functions and artifacts
-JOB_MODULE = "__funke_job__"  # the module name a job file runs as
 # The health service name the JobManager sets SERVING once it accepts jobs.
 _HEALTH_SERVICE = "funke.v1.JobManager"
 _LOOPBACK_HOSTS = ("127.", "localhost", "[::1]", "::1")
@@ -134,15 +126,6 @@ class JobManagerConnectionLost(FunkeError):
         self.job_id = job_id
 
 
-class JobFileError(FunkeError):
-    """A job file that cannot be loaded: missing, raising, or defining no job. `user_traceback`
-    is the traceback of the job file's own code when it raised."""
-
-    def __init__(self, message: str, user_traceback: str = "") -> None:
-        super().__init__(message)
-        self.user_traceback = user_traceback
-
-
 def _problems_of(message: str) -> list[str]:
     """The JobManager lists problems as "  - ..." lines under a summary line; a single problem
     comes as the bare message."""
@@ -199,10 +182,7 @@ class JobManagerClient:
     def __init__(self, address: str, timeout: float = 30) -> None:
         self.address = address
         self.timeout = timeout
-        options: list[tuple[str, Any]] = [
-            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-        ]
+        options: list[tuple[str, Any]] = list(MESSAGE_SIZE_OPTIONS)
         if address.startswith(_LOOPBACK_HOSTS):
             # An http_proxy in the environment must not capture a loopback connection.
             options.append(("grpc.enable_http_proxy", 0))
@@ -319,128 +299,3 @@ class JobManagerClient:
             return method(request, timeout=self.timeout)
         except grpc.RpcError as exc:
             raise _translate(exc, self.address) from None
-
-
-# --------------------------------------------------------------------------------------------
-# Job files
-# --------------------------------------------------------------------------------------------
-
-
-def load_job_file(path: str | os.PathLike[str], args: Sequence[str] = ()) -> JobGraph:
-    """Run a job file and return its JobGraph.
-
-    The file runs as the module `__funke_job__` (so its `if __name__ == "__main__"` block does
-    not run), with its own directory on sys.path (so it can import its neighbours) and sys.argv
-    set to `[path, *args]` as if it ran alone. It must define `build(args)`, called with `args`, or a
-    module-level `job`; either may be a JobGraph or an ExecutionEnvironment (then built).
-    A job file's own argument parser may exit (`--help`); that SystemExit is not caught."""
-    from funke.common.dsl import ExecutionEnvironment
-
-    file = Path(path)
-    if not file.is_file():
-        what = "is a directory, not a job file" if file.is_dir() else "does not exist"
-        raise JobFileError(f"job file {str(path)!r} {what}")
-    file = file.resolve()
-    _pickle_job_module_by_value()
-    _pickle_neighbours_by_value(file.parent)
-    directory = str(file.parent)
-    saved_argv = sys.argv
-    sys.path.insert(0, directory)
-    sys.argv = [str(path), *args]
-    try:
-        try:
-            namespace = runpy.run_path(str(file), run_name=JOB_MODULE)
-        except Exception as exc:  # SystemExit and KeyboardInterrupt pass: they are not errors of the file
-            raise JobFileError(f"job file {str(path)!r} raised {_describe(exc)} while loading",
-                               _user_traceback(exc, file)) from exc
-        build = namespace.get("build")
-        if callable(build):
-            origin = "build(args)"
-            try:
-                job = build(list(args))
-            except Exception as exc:
-                raise _build_error(path, origin, exc, file) from exc
-        elif "job" in namespace:
-            origin, job = "job", namespace["job"]
-        else:
-            raise JobFileError(
-                f"job file {str(path)!r} defines neither build(args) nor a module-level `job`: "
-                "define `def build(args: list[str]) -> JobGraph` (see examples/wordcount.py)"
-            )
-        if isinstance(job, ExecutionEnvironment):
-            try:
-                job = job.build()
-            except Exception as exc:
-                raise _build_error(path, f"{origin}.build()", exc, file) from exc
-        if not isinstance(job, JobGraph):
-            raise JobFileError(
-                f"job file {str(path)!r}: {origin} is a {type(job).__name__}, expected a JobGraph "
-                "or an ExecutionEnvironment"
-            )
-        return job
-    finally:
-        sys.argv = saved_argv
-        try:
-            sys.path.remove(directory)
-        except ValueError:  # the job file removed it itself
-            pass
-
-
-def _pickle_job_module_by_value() -> None:
-    """While runpy runs a job file, the file is the module `__funke_job__` in sys.modules, so
-    cloudpickle would pickle the functions it defines at module level *by reference*, and the
-    TaskManagers, which cannot import it, would fail to unpickle them. Registering the name
-    makes them travel by value, like the functions of `__main__`."""
-    _register_by_value(JOB_MODULE)
-
-
-def _pickle_neighbours_by_value(directory: Path) -> None:
-    """Modules and packages beside the job file are not installed on the TaskManagers either:
-    functions the job takes from them must travel by value too. (Registering a package covers
-    its submodules.)"""
-    for entry in sorted(directory.iterdir()):
-        if entry.suffix == ".py" and entry.stem.isidentifier():
-            _register_by_value(entry.stem)
-        elif entry.is_dir() and entry.name.isidentifier() and (entry / "__init__.py").is_file():
-            _register_by_value(entry.name)
-
-
-def _register_by_value(name: str) -> None:
-    import cloudpickle
-
-    if name in sys.modules:
-        cloudpickle.register_pickle_by_value(sys.modules[name])
-        return
-    # The registration is by name but wants the module present; a placeholder stands in.
-    sys.modules[name] = types.ModuleType(name)
-    try:
-        cloudpickle.register_pickle_by_value(sys.modules[name])
-    finally:
-        del sys.modules[name]
-
-
-def _build_error(path: str | os.PathLike[str], origin: str, exc: Exception, file: Path) -> FunkeError:
-    from funke.common.validation import JobGraphInvalid
-
-    if isinstance(exc, JobGraphInvalid):
-        return InvalidJobGraph(f"job file {str(path)!r}: {exc}", [str(p) for p in exc.problems])
-    return JobFileError(f"job file {str(path)!r}: {origin} raised {_describe(exc)}", _user_traceback(exc, file))
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def _user_traceback(exc: BaseException, file: Path) -> str:
-    """The traceback from the job file's first frame on: the loader's own frames (runpy, this
-    module) say nothing to the user."""
-    tb = exc.__traceback__
-    frames = tb
-    while frames is not None and Path(frames.tb_frame.f_code.co_filename) != file:
-        frames = frames.tb_next
-    if frames is None and not isinstance(exc, SyntaxError):
-        frames = tb  # raised before any of the file's code ran: show everything
-    # A SyntaxError carries its location itself; without frames only that part is printed.
-    return "".join(traceback.format_exception(type(exc), exc, frames))
-
