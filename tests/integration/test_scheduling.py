@@ -200,3 +200,21 @@ def test_a_hung_taskmanager_is_lost_after_the_heartbeat_timeout_and_registers_ag
         assert time.time() - woke < 15, "the TaskManager did not register again after waking up"
         time.sleep(0.1)
     assert client.cluster_overview().slots_total == 4
+
+
+def test_every_transition_names_the_event_that_caused_it_across_both_processes(noop_cluster):
+    """Stimulus ids: a JobManager event ("jm:...") or a TaskManager's ("tm-N:..."), kept with
+    every transition, so a task's story says what moved it on either side."""
+    client = noop_cluster.client
+    job_id = client.submit(two_vertices(2, job_type=JobType.STREAMING))  # sinks wait for the sources
+    _, details = wait_for_end(client, job_id)
+    assert status_name(details) == "FINISHED"
+    transitions = [t for v in details.vertices for sub in v.subtasks for t in sub.current.history]
+    assert transitions and all(t.stimulus_id for t in transitions), [t for t in transitions if not t.stimulus_id][:3]
+    assert all(t.stimulus_id for t in details.status_history)
+    sink_finished = [t.stimulus_id for v in details.vertices if v.id == "sink" for sub in v.subtasks
+                     for t in sub.current.history if t.to_state == job_pb2.EXECUTION_STATE_FINISHED]
+    # a sink finished when its TaskManager learned its input was there: that TaskManager's event
+    assert sink_finished and all(s.startswith(("tm-1:", "tm-2:")) for s in sink_finished), sink_finished
+    scheduled = [t.stimulus_id for t in transitions if t.to_state == job_pb2.EXECUTION_STATE_SCHEDULED]
+    assert all(s.startswith("jm:") for s in scheduled), scheduled
