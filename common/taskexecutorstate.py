@@ -22,10 +22,13 @@ records the stimulus id of the event that caused it, and reports carry it to the
 A chain made only of no-op kinds needs neither Spark nor a thread: the core runs it itself
 (INITIALIZING, RUNNING, then FINISHED as soon as its inputs are complete).
 
-Generations: when the JobManager is lost every task is forgotten and the generation goes up. Every
-event from the JobManager carries the generation it belongs to (the shell gives -1 to a request
-sent to a registration that is over, and the generation at its start to a bulk request worked
-through while the TaskManager registers again); one of an older generation is refused or ignored.
+Registrations: every event from the JobManager names the registration it was sent to. When the
+JobManager is lost every task is forgotten and the registration is over; until the TaskManager
+registered again, and for any other registration than the current one, such events are refused
+or ignored (a bulk SubmitTasks worked through while the TaskManager registers again, a call that
+was in flight when the link broke). An event that names no registration comes from a JobManager
+that does not say: it counts as current. Reports carry the generation (the count of
+registrations lost) they were made in, so the shell drops those of a registration that is over.
 """
 
 from __future__ import annotations
@@ -74,7 +77,7 @@ class TaskKey:
 @dataclass(frozen=True, slots=True)
 class SubmitTask:
     deployment: TaskDeployment
-    generation: int  # the core's generation when the SubmitTasks call arrived
+    registration_id: str  # the registration the JobManager sent it to ("": it does not say)
     stimulus_id: str = ""
 
 
@@ -82,7 +85,7 @@ class SubmitTask:
 class CancelTask:
     job_id: str
     attempt: ExecutionAttemptId
-    generation: int
+    registration_id: str
     stimulus_id: str = ""
 
 
@@ -90,7 +93,7 @@ class CancelTask:
 class PartitionsAvailable:
     job_id: str
     updates: tuple[PartitionUpdate, ...]
-    generation: int
+    registration_id: str
     stimulus_id: str = ""
 
 
@@ -99,7 +102,7 @@ class FreeSlots:
     job_id: str  # "" : whichever job holds them
     slot_indexes: tuple[int, ...]
     cause: str
-    generation: int
+    registration_id: str
     stimulus_id: str = ""
 
 
@@ -108,7 +111,7 @@ class ReleasePartitions:
     job_id: str
     partitions: tuple[PartitionRef, ...]
     whole_job: bool
-    generation: int
+    registration_id: str
     stimulus_id: str = ""
 
 
@@ -145,6 +148,7 @@ class TimerFired:
 
 @dataclass(frozen=True, slots=True)
 class JobManagerRegistered:
+    registration_id: str
     data_dir: str  # the data directory this TaskManager uses when a job names none
     stimulus_id: str = ""
 
@@ -295,7 +299,8 @@ class TaskExecutorState:
         self.task_manager_id = task_manager_id
         self.spark = spark
         self.data_dir = data_dir  # used for a job that named none (release of unknown jobs)
-        self.generation = 0
+        self.generation = 0  # how many registrations were lost
+        self.registration_id: str | None = None  # None: not registered (any more)
         self.stopping = False
         self.slots = [_Slot(i) for i in range(number_of_slots)]
         self.slot_version = 0  # bumped on every change of the slot report
@@ -384,7 +389,7 @@ class TaskExecutorState:
     def _on_submit(self, e: SubmitTask) -> None:
         d = e.deployment
         key = TaskKey(d.job_id, d.attempt)
-        reason = self._why_not_deployable(key, d, e.generation)
+        reason = self._why_not_deployable(key, d, e.registration_id)
         if reason is not None:
             self._out.append(TaskRejected(key, reason))
             return
@@ -425,10 +430,14 @@ class TaskExecutorState:
             if task.pending_inputs == 0:
                 self._give_inputs(task)
 
-    def _why_not_deployable(self, key: TaskKey, d: TaskDeployment, generation: int) -> str | None:
-        if generation != self.generation:
-            return (f"TaskManager {self.task_manager_id} lost the JobManager while deploying; it has "
-                    "registered again")
+    def _current(self, registration_id: str) -> bool:
+        """Whether an event from the JobManager belongs to the current registration."""
+        return not registration_id or registration_id == self.registration_id
+
+    def _why_not_deployable(self, key: TaskKey, d: TaskDeployment, registration_id: str) -> str | None:
+        if not self._current(registration_id):
+            return (f"TaskManager {self.task_manager_id} lost the JobManager since it was sent (it was for "
+                    f"registration {registration_id}, which is over)")
         if self.stopping:
             return f"TaskManager {self.task_manager_id} is shutting down"
         if not d.job_id:
@@ -490,7 +499,7 @@ class TaskExecutorState:
             ProducedPartition(o.data_set_id, o.partition_index, "") for o in task.deployment.outputs))
 
     def _on_partitions_available(self, e: PartitionsAvailable) -> None:
-        if e.generation != self.generation:
+        if not self._current(e.registration_id):
             return  # the JobManager that sent it is no longer ours
         for callback in self.partitions.update(e.job_id, e.updates):
             callback()
@@ -498,7 +507,7 @@ class TaskExecutorState:
     # ------------------------------------------------------------------ stopping tasks
 
     def _on_cancel(self, e: CancelTask) -> None:
-        if e.generation != self.generation:
+        if not self._current(e.registration_id):
             return
         key = TaskKey(e.job_id, e.attempt)
         task = self.tasks.get(key)
@@ -525,7 +534,7 @@ class TaskExecutorState:
             self._out.append(InterruptTask(task.key))
 
     def _on_free_slots(self, e: FreeSlots) -> None:
-        if e.generation != self.generation:
+        if not self._current(e.registration_id):
             return  # about slots of a registration that is over: they are no longer its to free
         holders: set[str] = set()
         for index in e.slot_indexes:
@@ -554,7 +563,7 @@ class TaskExecutorState:
 
     def _on_release(self, e: ReleasePartitions) -> None:
         job = e.job_id
-        if e.generation != self.generation or ids.job_id_problem(job) is not None:
+        if not self._current(e.registration_id) or ids.job_id_problem(job) is not None:
             return
         if any(not ids.is_path_id(p.data_set_id) or p.partition_index < 0 or p.producer_attempt < 0
                for p in e.partitions):
@@ -659,6 +668,7 @@ class TaskExecutorState:
     # ------------------------------------------------------------------ the JobManager
 
     def _on_registered(self, e: JobManagerRegistered) -> None:
+        self.registration_id = e.registration_id
         self.data_dir = e.data_dir
 
     def _on_jobmanager_lost(self, e: JobManagerLost) -> None:
@@ -678,6 +688,7 @@ class TaskExecutorState:
         self._timers.clear()
         self._exit_errors.clear()
         self.generation += 1
+        self.registration_id = None
         self._out.append(DropJob(""))
         self._out.append(RegisterAgain(e.reason))
 

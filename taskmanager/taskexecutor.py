@@ -521,7 +521,8 @@ class TaskExecutor:
             self.registration = await self._register()
             if self.registration.data_dir:
                 self._jobmanager_data_dir = self.registration.data_dir
-            self._handle(core.JobManagerRegistered(self.data_dir, self._stimulus("registered")))
+            self._handle(core.JobManagerRegistered(self.registration.registration_id, self.data_dir,
+                                                   self._stimulus("registered")))
             for service in _HEALTH_SERVICES:
                 await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
             if not self._registered_once:
@@ -628,18 +629,8 @@ class TaskExecutor:
             deployment = replace(deployment, data_dir=self.data_dir)
         return deployment
 
-    def _generation(self, registration_id: str) -> int:
-        """The core's generation a request belongs to: -1 if it was sent to a registration that
-        is over (or to none while we register again); the current one otherwise. A request that
-        names no registration (an older JobManager) counts as current."""
-        if not registration_id:
-            return self.core.generation
-        current = self.registration
-        return self.core.generation if current is not None and current.registration_id == registration_id else -1
-
     async def submit_tasks(self, request: cluster_pb2.SubmitTasksRequest) -> cluster_pb2.SubmitTasksResponse:
         results = []
-        generation = self._generation(request.registration_id)
         for i, m in enumerate(request.tasks):
             if i and i % _DEPLOYS_PER_TURN == 0:
                 await asyncio.sleep(0)  # let heartbeats and reports through
@@ -649,7 +640,7 @@ class TaskExecutor:
                 error = f"the task deployment does not decode: {e}"
             else:
                 stimulus = m.stimulus_id or self._stimulus("submit")
-                answers = self._handle(core.SubmitTask(deployment, generation, stimulus))
+                answers = self._handle(core.SubmitTask(deployment, request.registration_id, stimulus))
                 error = next((a.reason for a in answers if isinstance(a, core.TaskRejected)), None)
             if error is not None:
                 log.warning("rejected task %s (%s of job %s): %s", m.task_name, codec.attempt_from_proto(m.attempt),
@@ -659,34 +650,32 @@ class TaskExecutor:
         return cluster_pb2.SubmitTasksResponse(results=results)
 
     async def cancel_tasks(self, request: cluster_pb2.CancelTasksRequest) -> None:
-        generation = self._generation(request.registration_id)
         stimulus = request.stimulus_id or self._stimulus("cancel")
         for i, a in enumerate(request.attempts):
             if i and i % _CANCELS_PER_TURN == 0:
                 await asyncio.sleep(0)
-            self._handle(core.CancelTask(request.job_id, codec.attempt_from_proto(a), generation, stimulus))
+            self._handle(core.CancelTask(request.job_id, codec.attempt_from_proto(a), request.registration_id, stimulus))
 
     async def update_partition_info(self, request: cluster_pb2.UpdatePartitionInfoRequest) -> None:
         # Recorded once for every local task reading these partitions; the gates they complete
         # hand their tasks the inputs (or finish no-op tasks) within the same event.
         updates = [codec.partition_update_from_proto(u) for u in request.updates]
-        generation = self._generation(request.registration_id)
         for start in range(0, len(updates), _UPDATES_PER_TURN):
             if start:
                 await asyncio.sleep(0)
             self._handle(core.PartitionsAvailable(request.job_id, tuple(updates[start:start + _UPDATES_PER_TURN]),
-                                                  generation, self._stimulus("partitions")))
+                                                  request.registration_id, self._stimulus("partitions")))
 
     async def free_slots(self, request: cluster_pb2.FreeSlotsRequest) -> None:
         self._handle(core.FreeSlots(request.job_id, tuple(request.slot_indexes), request.cause,
-                                    self._generation(request.registration_id), self._stimulus("free-slots")))
+                                    request.registration_id, self._stimulus("free-slots")))
 
     async def release_partitions(self, request: cluster_pb2.ReleasePartitionsRequest) -> None:
         """Answers once the partitions are deleted."""
         refs = tuple(PartitionRef(p.data_set_id, p.partition_index, p.producer_attempt) for p in request.partitions)
         self._deletions = []
         self._handle(core.ReleasePartitions(request.job_id, refs, request.whole_job,
-                                            self._generation(request.registration_id), self._stimulus("release")))
+                                            request.registration_id, self._stimulus("release")))
         deletions, self._deletions = self._deletions, []
         await asyncio.gather(*deletions, return_exceptions=True)
 

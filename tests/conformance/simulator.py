@@ -41,8 +41,8 @@ SCHEMA = '{"type":"struct","fields":[{"name":"id","type":"long","nullable":true,
 
 # decides what a deployed attempt does when it runs: None = finish, a FailureInfo = fail with it
 TaskScript = Callable[[ExecutionAttemptId], FailureInfo | None]
-# builds the event a message becomes on arrival, given the generation it arrives in
-MakeEvent = Callable[[int], core.Event]
+# builds the event a message becomes on arrival, given the registration it was sent to
+MakeEvent = Callable[[str], core.Event]
 
 
 @dataclass(eq=False)
@@ -235,9 +235,7 @@ class SimulatedCluster:
                 tm.to_taskmanager.remove(message)
             else:
                 message = tm.to_taskmanager.popleft()
-            # A message sent for a registration that is over arrives with a stale generation.
-            generation = tm.core.generation if message.registration_id == tm.registration_id else -1
-            self._handle(tm, message.make(generation))
+            self._handle(tm, message.make(message.registration_id))
             delivered += 1
         self._drain()
         return delivered
@@ -303,6 +301,7 @@ class SimulatedCluster:
         registration_id, actions = self.slots.register(tm.task_manager_id, f"{tm.task_manager_id}:1", tm.slots, {},
                                                        self.now)
         tm.registration_id = registration_id
+        self._handle(tm, core.JobManagerRegistered(registration_id, "/data"))
         self._slot_actions(actions)
 
     def register_task_manager(self, task_manager_id: str, slots: int) -> None:

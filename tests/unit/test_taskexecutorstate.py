@@ -57,6 +57,8 @@ class Core:
     def __init__(self, slots: int = 4, spark: bool = True):
         self.state = TaskExecutorState("tm-1", slots, spark=spark, data_dir="/data")
         self.instructions: list = []
+        self.registration = "reg-1"
+        self(core.JobManagerRegistered(self.registration, "/data"))
 
     def __call__(self, event) -> list:
         out = self.state.handle(event)
@@ -65,14 +67,14 @@ class Core:
         return out
 
     def submit(self, d: TaskDeployment) -> list:
-        return self(core.SubmitTask(d, self.state.generation))
+        return self(core.SubmitTask(d, self.registration))
 
     def update(self, *updates: tuple[int, int], data_set: str = "ds", job: str = JOB) -> list:
         return self(core.PartitionsAvailable(job, tuple(PartitionUpdate(data_set, i, a, SCHEMA) for i, a in updates),
-                                             self.state.generation))
+                                             self.registration))
 
     def cancel(self, d: TaskDeployment) -> list:
-        return self(core.CancelTask(d.job_id, d.attempt, self.state.generation))
+        return self(core.CancelTask(d.job_id, d.attempt, self.registration))
 
     def report(self, d: TaskDeployment, state: E, failure: FailureInfo | None = None, produced=()) -> list:
         return self(core.TaskReported(key(d), state, failure, tuple(produced)))
@@ -119,15 +121,15 @@ def test_a_deployment_that_cannot_run_here_is_rejected_with_the_reason(change, r
     assert c.state.tasks == {}
 
 
-def test_a_slot_held_by_another_job_a_duplicate_and_a_stale_generation_are_rejected():
+def test_a_slot_held_by_another_job_a_duplicate_and_another_registration_are_rejected():
     c = Core()
     c.submit(deployment(job="job-a", inputs=[gate(range(1), data_set="ds")]))
     out = c.submit(deployment(job="job-b"))
     assert "slot 0 is held by job job-a" in out[0].reason
     out = c.submit(deployment(job="job-a", inputs=[gate(range(1))]))
     assert "already deployed" in out[0].reason
-    out = c(core.SubmitTask(deployment(vertex="late", slot=1), c.state.generation - 1))
-    assert "lost the JobManager while deploying" in out[0].reason
+    out = c(core.SubmitTask(deployment(vertex="late", slot=1), "reg-0"))
+    assert "lost the JobManager since it was sent" in out[0].reason and "reg-0" in out[0].reason
 
 
 def test_without_spark_only_noop_chains_are_accepted():
@@ -214,7 +216,7 @@ def test_a_spark_consumer_is_given_the_newest_attempt_of_each_partition():
 def test_a_released_partition_makes_later_consumers_wait_again():
     c = Core()
     c.update((0, 0))
-    c(core.ReleasePartitions(JOB, (PartitionRef("ds", 0, 0),), False, c.state.generation))
+    c(core.ReleasePartitions(JOB, (PartitionRef("ds", 0, 0),), False, c.registration))
     out = c.submit(deployment(inputs=[gate(range(1))]))
     assert reports(out) == [E.INITIALIZING, E.RUNNING]
     assert reports(c.update((0, 1))) == [E.FINISHED]
@@ -264,13 +266,13 @@ def test_freeing_a_slot_stops_its_tasks_and_forgets_the_job_once_it_holds_no_slo
     b = deployment("b", slot=1, inputs=[gate(range(1))])
     c.submit(a)
     c.submit(b)
-    out = c(core.FreeSlots(JOB, (0,), "released", c.state.generation))
+    out = c(core.FreeSlots(JOB, (0,), "released", c.registration))
     assert of(out, core.InterruptTask) == [core.InterruptTask(key(a))] and not of(out, core.DropJob)
     assert c.state.slot_report()[0].job_id is None
-    out = c(core.FreeSlots(JOB, (1,), "released", c.state.generation))
+    out = c(core.FreeSlots(JOB, (1,), "released", c.registration))
     assert reports(out, b) == [E.CANCELED] and of(out, core.DropJob) == [core.DropJob(JOB)]
     assert reports(c.report(a, E.CANCELED), a) == [E.CANCELED]
-    assert c(core.FreeSlots("other-job", (0, 5), "stale", c.state.generation)) == []  # a free slot, an unknown one
+    assert c(core.FreeSlots("other-job", (0, 5), "stale", c.registration)) == []  # a free slot, an unknown one
 
 
 def test_a_shutdown_fails_what_still_runs():
@@ -335,7 +337,7 @@ def test_a_partition_lost_before_a_gate_completed_fails_the_task_instead_of_read
     d = deployment(inputs=[gate(range(2), producers=[Awaiting(0), Awaiting(0)])])
     c.submit(d)
     c.update((0, 0))
-    c(core.ReleasePartitions(JOB, (PartitionRef("ds", 0, 0),), False, c.state.generation))
+    c(core.ReleasePartitions(JOB, (PartitionRef("ds", 0, 0),), False, c.registration))
     out = c.update((1, 0))
     [report] = [i.report for i in of(out, core.SendReport)]
     assert report.state is E.FAILED and report.failure.exception_type == "PartitionUnavailable"
@@ -348,14 +350,14 @@ def test_release_deletes_what_it_names_and_a_whole_job_what_this_taskmanager_wro
     c = Core()
     for i in range(2):
         c.submit(deployment("p", i, parallelism=2, slot=i, ops=NOOP_SOURCE, outputs=[output(i, "words")]))
-    [delete] = of(c(core.ReleasePartitions(JOB, (PartitionRef("words", 5, 3),), False, c.state.generation)),
+    [delete] = of(c(core.ReleasePartitions(JOB, (PartitionRef("words", 5, 3),), False, c.registration)),
                   core.DeletePartitions)
     assert delete.paths == ("/data/jobs/job1/partitions/words/p5/a3",)
-    [delete] = of(c(core.ReleasePartitions(JOB, (), True, c.state.generation)), core.DeletePartitions)
+    [delete] = of(c(core.ReleasePartitions(JOB, (), True, c.registration)), core.DeletePartitions)
     assert delete.paths == ("/data/jobs/job1/partitions/words/p0/a0", "/data/jobs/job1/partitions/words/p1/a0",
                             "/data/jobs/job1/cancelled")
-    assert c(core.ReleasePartitions("..", (), True, c.state.generation)) == []  # not a job id: nothing is deleted
-    assert c(core.ReleasePartitions(JOB, (PartitionRef("../x", 0, 0),), False, c.state.generation)) == []
+    assert c(core.ReleasePartitions("..", (), True, c.registration)) == []  # not a job id: nothing is deleted
+    assert c(core.ReleasePartitions(JOB, (PartitionRef("../x", 0, 0),), False, c.registration)) == []
 
 
 # ---------------------------------------------------------------------------------- the JobManager
@@ -366,16 +368,17 @@ def test_losing_the_jobmanager_forgets_every_task_and_reports_nothing_more_of_th
     spark_task, waiting = deployment("s", ops=SPARK_SINK), deployment("w", slot=1, inputs=[gate(range(1))])
     c.submit(spark_task)
     c.submit(waiting)
-    generation = c.state.generation
     out = c(core.JobManagerLost("heartbeat stream broke"))
     assert of(out, core.InterruptTask) == [core.InterruptTask(key(spark_task))]
     assert of(out, core.RegisterAgain) and of(out, core.DropJob) == [core.DropJob("")]
     assert not of(out, core.SendReport)  # the JobManager already failed them
     assert c.state.tasks == {} and all(s.job_id is None for s in c.state.slot_report())
     assert c.report(spark_task, E.CANCELED) == []  # its thread's late report goes nowhere
-    # what the old JobManager had under way is stale
-    assert c(core.PartitionsAvailable(JOB, (PartitionUpdate("ds", 0, 0, ""),), generation)) == []
-    assert c(core.CancelTask(JOB, spark_task.attempt, generation)) == []
+    # what was sent to the registration that is over is stale, also once registered again
+    assert c(core.PartitionsAvailable(JOB, (PartitionUpdate("ds", 0, 0, ""),), "reg-1")) == []
+    c.registration = "reg-2"
+    c(core.JobManagerRegistered("reg-2", "/data"))
+    assert c(core.CancelTask(JOB, spark_task.attempt, "reg-1")) == []
     assert isinstance(c.submit(spark_task)[0], core.TaskAccepted)  # a new JobManager's attempts start over
 
 
@@ -393,16 +396,21 @@ def test_the_slot_report_changes_version_only_when_the_slot_table_does():
 
 def test_calls_for_a_registration_that_is_over_change_nothing():
     """After the TaskManager registered again, what the JobManager sent to its old registration
-    (the shell gives it generation -1) is refused or ignored: a stale FreeSlot must not free a
-    slot the new registration gave to a job, a stale deployment must not take one."""
+    is refused or ignored: a stale FreeSlot must not free a slot the new registration gave to a
+    job, a stale deployment must not take one. While not registered, every call is stale."""
     c = Core()
     c(core.JobManagerLost("heartbeat stream broke"))
+    assert "lost the JobManager" in c(core.SubmitTask(deployment("between", slot=2), "reg-1"))[0].reason
+    c.registration = "reg-2"
+    c(core.JobManagerRegistered("reg-2", "/data"))
     d = deployment(inputs=[gate(range(1))])
     c.submit(d)
-    stale = c.state.generation - 1
+    stale = "reg-1"
     assert "lost the JobManager" in c(core.SubmitTask(deployment("old", slot=1), stale))[0].reason
     assert c(core.FreeSlots(JOB, (0,), "old registration", stale)) == []
     assert c(core.CancelTask(JOB, d.attempt, stale)) == []
     assert c(core.ReleasePartitions(JOB, (), True, stale)) == []
     assert c(core.PartitionsAvailable(JOB, (PartitionUpdate("ds", 0, 0, SCHEMA),), stale)) == []
     assert c.state.slot_report()[0].running == (d.attempt,)
+    # a JobManager that names no registration is taken to mean the current one
+    assert reports(c(core.PartitionsAvailable(JOB, (PartitionUpdate("ds", 0, 0, SCHEMA),), "")), d) == [E.FINISHED]
