@@ -36,6 +36,7 @@ from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from funke.common.deployment import (
+    NO_OPTIONS,
     Available,
     InputGateDeployment,
     PartitionRef,
@@ -628,10 +629,13 @@ def gate_from_proto(m: cluster_pb.InputGateDeploymentDescriptor) -> InputGateDep
 
 
 def _result_partition_from_proto(m: cluster_pb.ResultPartitionDeploymentDescriptor) -> ResultPartitionSpec:
-    problems: _Problems = []
-    partitioner = _PARTITIONER.decode(m.partitioner, f"data set {m.data_set_id!r}", "partitioner", problems)
-    partition_type = _PARTITION_TYPE.decode(m.partition_type, f"data set {m.data_set_id!r}", "partition_type", problems)
-    _raise_if_any(problems)
+    partitioner = _PARTITIONER.from_number.get(m.partitioner)
+    partition_type = _PARTITION_TYPE.from_number.get(m.partition_type)
+    if partitioner is None or partition_type is None:  # name every unknown value
+        problems: _Problems = []
+        _PARTITIONER.decode(m.partitioner, f"data set {m.data_set_id!r}", "partitioner", problems)
+        _PARTITION_TYPE.decode(m.partition_type, f"data set {m.data_set_id!r}", "partition_type", problems)
+        _raise_if_any(problems)
     return ResultPartitionSpec(m.data_set_id, m.partition_index, m.num_subpartitions, partitioner,  # type: ignore[arg-type]
                                tuple(m.partition_keys), partition_type)  # type: ignore[arg-type]
 
@@ -687,16 +691,20 @@ class DeploymentEncoder:
 
 
 def deployment_from_proto(m: cluster_pb.TaskDeploymentDescriptor, task_manager_id: str,
-                          vertex: JobVertex) -> TaskDeployment:
+                          vertex: JobVertex, data_dir: str | None = None) -> TaskDeployment:
     """A TaskManager's view of a descriptor; `vertex` is the descriptor's JobVertex, decoded (and
-    cached) by the caller. Raises ValueError for a descriptor that does not decode."""
+    cached) by the caller; `data_dir`, if given, replaces the descriptor's (a TaskManager that sees
+    the shared data dir under a path of its own). Raises ValueError for a descriptor that does
+    not decode."""
     return TaskDeployment(
         job_id=m.job_id, job_name=m.job_name, attempt=attempt_from_proto(m.attempt), task_name=m.task_name,
         parallelism=m.parallelism, slot=SlotId(task_manager_id, m.slot_index), vertex=vertex,
-        inputs=tuple(gate_from_proto(g) for g in m.inputs),
-        outputs=tuple(_result_partition_from_proto(o) for o in m.outputs),
-        data_dir=m.data_dir, job_options=dict(m.job_options),
-        artifacts=tuple(_artifact_from_proto(a) for a in m.artifacts), stimulus_id=m.stimulus_id,
+        inputs=tuple(gate_from_proto(g) for g in m.inputs) if m.inputs else (),
+        outputs=tuple(_result_partition_from_proto(o) for o in m.outputs) if m.outputs else (),
+        data_dir=m.data_dir if data_dir is None else data_dir,
+        job_options=dict(m.job_options) if m.job_options else NO_OPTIONS,
+        artifacts=tuple(_artifact_from_proto(a) for a in m.artifacts) if m.artifacts else (),
+        stimulus_id=m.stimulus_id,
     )
 
 

@@ -16,6 +16,7 @@ remember of an `Awaiting` partition is stale: the JobManager restarted its produ
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Mapping
 
 from funke.common.executiongraph import ExecutionAttemptId, FailureInfo, SlotId
@@ -38,6 +39,8 @@ class Awaiting:
 
 
 ProducerAttempt = Available | Awaiting
+
+NO_OPTIONS: Mapping[str, str] = MappingProxyType({})
 
 # Shared instances for the attempt numbers every job uses: deployments of large jobs name one per
 # partition, and identical objects compare at once.
@@ -103,7 +106,8 @@ class TaskDeployment:
     inputs: tuple[InputGateDeployment, ...]
     outputs: tuple[ResultPartitionSpec, ...]
     data_dir: str = ""
-    job_options: Mapping[str, str] = field(default_factory=dict)
+    # a shared, read-only empty mapping unless the JobMaster sets the job's options
+    job_options: Mapping[str, str] = field(default_factory=lambda: NO_OPTIONS)
     artifacts: tuple[Artifact, ...] = ()
     stimulus_id: str = ""  # the JobManager event that decided the deployment
 

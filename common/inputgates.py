@@ -37,6 +37,9 @@ Callback = Callable[[], None]
 # A group compacts its list of waiting gates once more than this share of them has closed
 # (cancelled tasks), so a long wait through many cancellations does not grow without end.
 _COMPACT_SHARE = 0.5
+# Gates over at least this many partitions share their reads (`snapshot`); narrower ones are
+# cheaper to read again than to remember.
+_SHARED_VIEW_MIN = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +53,8 @@ class GateSnapshot:
     subpartition: int | None
     attempts: tuple[int, ...]
     schema: str
+    # partitions of the range with no known attempt (released before the gate's task read them)
+    unavailable: tuple[int, ...] = ()
 
     def describe(self) -> str:
         return f"input {self.input_index} (data set {self.data_set_id!r})"
@@ -75,10 +80,15 @@ class _ConsumedPartitionGroup:
 class _DataSetPartitions:
     """What this TaskManager knows of one data set of one job."""
 
-    __slots__ = ("attempts", "schema", "groups", "groups_of", "waiting", "floors", "minimum")
+    __slots__ = ("attempts", "version", "views", "schema", "groups", "groups_of", "waiting", "floors", "minimum")
 
     def __init__(self) -> None:
         self.attempts: dict[int, int] = {}  # partition index -> newest producer attempt available
+        self.version = 0  # bumped whenever `attempts` changes
+        # (start, stop, uniform) of gates that name no producer per partition -> (version, attempts,
+        # unavailable) as last read: the P consumers of an ALL_TO_ALL edge that complete together
+        # share one O(P) read instead of each making its own
+        self.views: dict[tuple[int, int, Available | Awaiting], tuple[int, tuple[int, ...], tuple[int, ...]]] = {}
         # (start, stop) of a range -> the highest attempt a gate over it was told to wait for
         self.floors: dict[tuple[int, int], int] = {}
         # partition index -> the oldest attempt that is not stale (a newer one was deployed here,
@@ -223,15 +233,31 @@ class PartitionAvailability:
 
     def snapshot(self, job_id: str, gate: InputGate) -> GateSnapshot:
         """What a complete gate reads: per partition, the newer of the deployment's attempt and
-        the recorded one."""
+        the recorded one. Gates over the same range with the same uniform deployment share the
+        read while nothing changes in between, so P such snapshots cost O(P), not O(P²)."""
         ds = gate._data_set
         assert ds is not None, "snapshot of a gate that was never opened"
         d = gate.deployment
         recorded = ds.attempts
-        attempts = tuple(
-            a.attempt if type(a) is Available else recorded.get(p, UNAVAILABLE)
-            for p, a in zip(d.partitions, d.producers if d.producers is not None else (d.uniform,) * len(d.partitions)))
-        return GateSnapshot(d.input_index, d.data_set_id, d.partitions, d.subpartition, attempts, ds.schema or d.schema)
+        if d.producers is not None or len(d.partitions) < _SHARED_VIEW_MIN:
+            producers = d.producers if d.producers is not None else (d.uniform,) * len(d.partitions)
+            attempts = tuple(a.attempt if type(a) is Available else recorded.get(p, UNAVAILABLE)
+                             for p, a in zip(d.partitions, producers))
+            unavailable = tuple(p for p, a in zip(d.partitions, attempts) if a == UNAVAILABLE)
+        else:
+            key = (d.partitions.start, d.partitions.stop, d.uniform)
+            view = ds.views.get(key)
+            if view is not None and view[0] == ds.version:
+                attempts, unavailable = view[1], view[2]
+            else:
+                if type(d.uniform) is Available:
+                    attempts, unavailable = (d.uniform.attempt,) * len(d.partitions), ()
+                else:
+                    attempts = tuple(recorded.get(p, UNAVAILABLE) for p in d.partitions)
+                    unavailable = tuple(p for p, a in zip(d.partitions, attempts) if a == UNAVAILABLE)
+                ds.views[key] = (ds.version, attempts, unavailable)
+        return GateSnapshot(d.input_index, d.data_set_id, d.partitions, d.subpartition, attempts,
+                            ds.schema or d.schema, unavailable)
 
     # ---- what the JobManager tells ----
 
@@ -264,6 +290,7 @@ class PartitionAvailability:
         if any(attempt < ds.floors.get((g.partitions.start, g.partitions.stop), 0) for g in groups):
             return  # late news of an attempt older than gates over this partition await
         ds.attempts[index] = attempt
+        ds.version += 1
         if old is not None:
             return  # a newer attempt of a partition that was available already: counts unchanged
         for group in groups:
@@ -304,6 +331,7 @@ class PartitionAvailability:
         if old is None or old > up_to_attempt:
             return
         del ds.attempts[index]
+        ds.version += 1
         for group in ds.groups_of.get(index, ()):
             group.available -= 1
 

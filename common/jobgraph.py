@@ -27,12 +27,16 @@ MAX_PARALLELISM_LIMIT = 32768
 
 
 class JobType(enum.Enum):
+    # Members are singletons compared by identity: hash them by identity too (Enum's own
+    # __hash__ is Python code, and these are hashed on every state change).
+    __hash__ = object.__hash__
     BATCH = "BATCH"
     STREAMING = "STREAMING"
 
 
 class DistributionPattern(enum.Enum):
     """How producer subtasks connect to consumer subtasks."""
+    __hash__ = object.__hash__
 
     POINTWISE = "POINTWISE"
     ALL_TO_ALL = "ALL_TO_ALL"
@@ -40,6 +44,7 @@ class DistributionPattern(enum.Enum):
 
 class PartitionerKind(enum.Enum):
     """How a producer subtask splits its records among the consumer subtasks it feeds."""
+    __hash__ = object.__hash__
 
     FORWARD = "FORWARD"
     HASH = "HASH"
@@ -50,12 +55,14 @@ class PartitionerKind(enum.Enum):
 class ResultPartitionType(enum.Enum):
     """BLOCKING results are complete before consumers start and survive consumer failures;
     PIPELINED results tie producer and consumer into one pipelined region."""
+    __hash__ = object.__hash__
 
     BLOCKING = "BLOCKING"
     PIPELINED = "PIPELINED"
 
 
 class FailoverStrategyKind(enum.Enum):
+    __hash__ = object.__hash__
     FULL = "full"
     REGION = "region"
 

@@ -23,6 +23,9 @@ from typing import Generic, Mapping, TypeVar
 
 
 class JobStatus(enum.Enum):
+    # Members are singletons compared by identity: hash them by identity too (Enum's own
+    # __hash__ is Python code, and these are hashed on every state change).
+    __hash__ = object.__hash__
     CREATED = "CREATED"
     RUNNING = "RUNNING"
     FAILING = "FAILING"
@@ -49,6 +52,7 @@ _GLOBALLY_TERMINAL_JOB = frozenset({JobStatus.FINISHED, JobStatus.CANCELED, JobS
 
 
 class ExecutionState(enum.Enum):
+    __hash__ = object.__hash__
     CREATED = "CREATED"
     SCHEDULED = "SCHEDULED"
     DEPLOYING = "DEPLOYING"
@@ -124,6 +128,7 @@ SCHEDULING_JOB_STATUSES: frozenset[JobStatus] = frozenset({_J.CREATED, _J.RUNNIN
 
 class ExecutionsOutcome(enum.Enum):
     """What a job's executions came to, once none of them runs any more."""
+    __hash__ = object.__hash__
 
     ALL_FINISHED = "every task finished (and the outputs are committed)"
     ENDED_TO_RESTART = "every task ended; the restart strategy allows a restart"
@@ -143,6 +148,7 @@ JOB_STATUS_WHEN_EXECUTIONS_END: Mapping[tuple[JobStatus, ExecutionsOutcome], Job
 
 class StopRequest(enum.Enum):
     """Who asked a TaskManager's task to stop, if anyone."""
+    __hash__ = object.__hash__
 
     NONE = "none"
     JOBMANAGER = "the JobManager (cancel, or its slot freed)"

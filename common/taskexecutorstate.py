@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from funke.common import ids, layout
 from funke.common.deployment import PartitionRef, PartitionUpdate, ProducedPartition, TaskDeployment, TaskReport
 from funke.common.executiongraph import ExecutionAttemptId, FailureInfo
-from funke.common.inputgates import UNAVAILABLE, GateSnapshot, InputGate, PartitionAvailability
+from funke.common.inputgates import GateSnapshot, InputGate, PartitionAvailability
 from funke.common.operators import NOOP_KINDS
 from funke.common.states import (
     DEPLOYED_EXECUTION_STATES,
@@ -58,6 +58,7 @@ MISSING_TERMINAL_GRACE_S = 1.0
 # Attempts cancelled before their SubmitTasks arrived; bounded so a long-lived TaskManager
 # does not grow without end (such races involve only the most recent cancellations).
 EARLY_CANCELS_MAX = 10_000
+VALID_IDS_KEPT = 4_096  # ids (job, vertex, data set) already found valid, before the memo starts over
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -221,7 +222,17 @@ class SendReport:
 
 @dataclass(frozen=True, slots=True)
 class DeletePartitions:
-    paths: tuple[str, ...]
+    """Delete these result partitions of a job, (data dir, data set, index, producer attempt),
+    and these directories. `paths()` builds the paths: the shell calls it off its loop, since a
+    job's release names thousands."""
+
+    job_id: str
+    partitions: frozenset[tuple[str, str, int, int]]
+    dirs: tuple[str, ...] = ()
+
+    def paths(self) -> tuple[str, ...]:
+        return tuple(sorted({layout.partition_dir(d, self.job_id, ds, index, attempt)
+                             for d, ds, index, attempt in self.partitions})) + self.dirs
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,6 +274,7 @@ class _Slot:
     index: int
     job_id: str | None = None  # None: free
     tasks: dict[TaskKey, None] = field(default_factory=dict)  # insertion-ordered set
+    version: int = 0  # the core's slot_version when this slot last changed
 
 
 @dataclass(eq=False, slots=True)
@@ -308,6 +320,7 @@ class TaskExecutorState:
         self.partitions = PartitionAvailability()
         self._held: dict[str, int] = {}  # job -> how many slots it holds
         self._early_cancels: collections.OrderedDict[TaskKey, None] = collections.OrderedDict()
+        self._valid_ids: set[str] = set()
         # Partitions this TaskManager wrote, per job: (data dir, data set, index, producer attempt).
         self._produced: dict[str, set[tuple[str, str, int, int]]] = {}
         self._job_data_dirs: dict[str, str] = {}
@@ -341,6 +354,11 @@ class TaskExecutorState:
     def slot_report(self) -> list[SlotView]:
         return [SlotView(s.index, s.job_id, tuple(k.attempt for k in s.tasks)) for s in self.slots]
 
+    def slots_changed(self, since: int) -> list[SlotView]:
+        """The slots that changed after `slot_version` was `since`: a heartbeat's slot report is
+        kept up to date by rewriting those alone (a TaskManager may have thousands of slots)."""
+        return [SlotView(s.index, s.job_id, tuple(k.attempt for k in s.tasks)) for s in self.slots if s.version > since]
+
     def live_tasks(self) -> int:
         return sum(1 for t in self.tasks.values() if not t.terminal)
 
@@ -350,6 +368,7 @@ class TaskExecutorState:
         held: dict[str, int] = {}
         in_slots: dict[TaskKey, int] = {}
         for slot in self.slots:
+            assert slot.version <= self.slot_version, f"slot {slot.index} changed after the slot table did"
             if slot.job_id is None:
                 assert not slot.tasks, f"free slot {slot.index} runs {sorted(map(str, slot.tasks))}"
                 continue
@@ -430,6 +449,18 @@ class TaskExecutorState:
             if task.pending_inputs == 0:
                 self._give_inputs(task)
 
+    def _id_problem(self, value: str, what: str, max_length: int = ids.MAX_PATH_ID_LENGTH) -> str | None:
+        """`ids.path_id_problem`, remembering (a bounded number of) ids found valid: every
+        deployment of a job names the same few."""
+        if value in self._valid_ids and len(value) <= max_length:
+            return None
+        problem = ids.path_id_problem(value, what, max_length)
+        if problem is None:
+            if len(self._valid_ids) >= VALID_IDS_KEPT:
+                self._valid_ids.clear()
+            self._valid_ids.add(value)
+        return problem
+
     def _current(self, registration_id: str) -> bool:
         """Whether an event from the JobManager belongs to the current registration."""
         return not registration_id or registration_id == self.registration_id
@@ -442,9 +473,10 @@ class TaskExecutorState:
             return f"TaskManager {self.task_manager_id} is shutting down"
         if not d.job_id:
             return "the task deployment has no job id"
-        problem = (ids.job_id_problem(d.job_id) or ids.path_id_problem(d.attempt.vertex_id, "vertex id")
-                   or next((p for g in d.inputs if (p := ids.path_id_problem(g.data_set_id, "data set id"))), None)
-                   or next((p for o in d.outputs if (p := ids.path_id_problem(o.data_set_id, "data set id"))), None))
+        problem = (self._id_problem(d.job_id, "job id", ids.MAX_JOB_ID_LENGTH)
+                   or self._id_problem(d.attempt.vertex_id, "vertex id")
+                   or next((p for g in d.inputs if (p := self._id_problem(g.data_set_id, "data set id"))), None)
+                   or next((p for o in d.outputs if (p := self._id_problem(o.data_set_id, "data set id"))), None))
         if problem is not None:
             return problem
         if d.attempt.subtask_index < 0 or d.attempt.attempt_number < 0:
@@ -478,7 +510,7 @@ class TaskExecutorState:
         """What the task reads; None (and the task failed) if a partition its gates counted was
         released before they all completed."""
         snapshots = tuple(self.partitions.snapshot(task.key.job_id, g) for g in task.gates)
-        lost = [(s.data_set_id, p) for s in snapshots for p, a in zip(s.partitions, s.attempts) if a == UNAVAILABLE]
+        lost = [(s.data_set_id, p) for s in snapshots for p in s.unavailable]
         if lost:
             self._report(task, E.FAILED, FailureInfo(
                 "PartitionUnavailable", f"partition(s) {lost[:10]} of job {task.key.job_id} became unavailable "
@@ -589,8 +621,7 @@ class TaskExecutorState:
             targets |= written
             produced -= written
         if targets or extra:
-            paths = sorted({layout.partition_dir(d, job, ds, index, attempt) for d, ds, index, attempt in targets})
-            self._out.append(DeletePartitions(tuple(paths + extra)))
+            self._out.append(DeletePartitions(job, frozenset(targets), tuple(extra)))
 
     # ------------------------------------------------------------------ what tasks tell
 
@@ -706,10 +737,12 @@ class TaskExecutorState:
             slot.job_id = key.job_id
         slot.tasks[key] = None
         self.slot_version += 1
+        slot.version = self.slot_version
 
     def _slot_remove(self, index: int, key: TaskKey) -> None:
         if 0 <= index < len(self.slots) and self.slots[index].tasks.pop(key, 0) is None:
             self.slot_version += 1
+            self.slots[index].version = self.slot_version
 
     def _slot_free(self, index: int) -> None:
         slot = self.slots[index]
@@ -722,6 +755,7 @@ class TaskExecutorState:
         slot.job_id = None
         slot.tasks.clear()
         self.slot_version += 1
+        slot.version = self.slot_version
 
 
 _HANDLERS = {

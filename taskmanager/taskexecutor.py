@@ -37,7 +37,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
@@ -322,10 +322,13 @@ class TaskExecutor:
         self._outbox_ready.set()
 
     def _delete_partitions(self, i: core.DeletePartitions) -> None:
+        def delete() -> None:  # paths are built here too: thousands of them are loop time
+            delete_partition_dirs(i.paths())
+
         if self._loop is None:
-            delete_partition_dirs(i.paths)
+            delete()
             return
-        future = self._loop.run_in_executor(None, delete_partition_dirs, i.paths)
+        future = self._loop.run_in_executor(None, delete)
         future.add_done_callback(lambda f: f.exception() and log.warning("deleting partitions: %s", f.exception()))
         self._deletions.append(future)
 
@@ -506,15 +509,21 @@ class TaskExecutor:
     # ------------------------------------------------------------------ JobManager connection
 
     def _current_slot_report(self) -> cluster_pb2.SlotReport:
-        """The slot report, rebuilt only when the slot table changed since the last one."""
-        cached = self._slot_report
-        if cached is None or cached[0] != self.core.slot_version:
-            report = cluster_pb2.SlotReport()
-            for view in self.core.slot_report():
-                status = report.slots.add(index=view.index, job_id=view.job_id or "")
+        """The slot report, kept as one message: only the slots that changed since the last
+        heartbeat are rewritten."""
+        version = self.core.slot_version
+        if self._slot_report is None:
+            self._slot_report = (-1, cluster_pb2.SlotReport(
+                slots=[cluster_pb2.SlotStatus(index=i) for i in range(len(self.core.slots))]))
+        known, report = self._slot_report
+        if known != version:
+            for view in self.core.slots_changed(known):
+                status = report.slots[view.index]
+                status.job_id = view.job_id or ""
+                del status.running[:]
                 status.running.extend(codec.attempt_to_proto(a) for a in view.running)
-            cached = self._slot_report = (self.core.slot_version, report)
-        return cached[1]
+            self._slot_report = (version, report)
+        return report
 
     async def _stay_connected(self) -> None:
         while True:
@@ -624,10 +633,8 @@ class TaskExecutor:
         vertex = vertices.get(m.vertex.id)
         if vertex is None:
             vertex = vertices[m.vertex.id] = codec.vertex_from_proto(m.vertex)
-        deployment = codec.deployment_from_proto(m, self.id, vertex)
-        if self.config.data_dir or not deployment.data_dir:
-            deployment = replace(deployment, data_dir=self.data_dir)
-        return deployment
+        return codec.deployment_from_proto(m, self.id, vertex,
+                                           self.data_dir if self.config.data_dir or not m.data_dir else None)
 
     async def submit_tasks(self, request: cluster_pb2.SubmitTasksRequest) -> cluster_pb2.SubmitTasksResponse:
         results = []

@@ -291,7 +291,7 @@ class SimulatedCluster:
                 if self.auto_deliver:
                     self._post(lambda: self.deliver_reports(tm.task_manager_id))
             elif isinstance(i, core.DeletePartitions):
-                tm.deleted.extend(i.paths)
+                tm.deleted.extend(i.paths())
             elif isinstance(i, core.StartTimer):
                 heapq.heappush(tm.timers, (self.now + i.delay_s, next(self._seq), i.timer))
             elif isinstance(i, core.RegisterAgain):

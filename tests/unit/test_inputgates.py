@@ -74,3 +74,28 @@ def test_a_closed_gate_is_never_called_back():
     g, waits = registry.open_gate("job", gate(0, 1, uniform=Awaiting(0)), lambda: None)
     registry.close([g])
     assert update(registry, 0, 0) == []
+
+
+def test_gates_over_one_range_share_a_read_until_the_record_changes():
+    registry = PartitionAvailability()
+    n = 20
+    gates = [registry.open_gate("job", gate(0, n, uniform=Awaiting(0)), lambda: None)[0] for _ in range(3)]
+    for p in range(n):
+        update(registry, p, 0)
+    first, second = registry.snapshot("job", gates[0]), registry.snapshot("job", gates[1])
+    assert first.attempts == (0,) * n and first.unavailable == ()
+    assert second.attempts is first.attempts, "the second consumer reads the first one's view"
+    registry.release("job", "d", 1, 0)  # partition 1 is released before the third reads it
+    third = registry.snapshot("job", gates[2])
+    assert third.attempts == (0, -1) + (0,) * (n - 2) and third.unavailable == (1,)
+    update(registry, 1, 1)  # a newer attempt of partition 1 becomes available
+    assert registry.snapshot("job", gates[2]).attempts == (0, 1) + (0,) * (n - 2)
+
+
+def test_a_uniformly_available_gate_reads_its_attempt_everywhere():
+    registry = PartitionAvailability()
+    for n in (4, 40):  # read directly, and through a shared view
+        g, waits = registry.open_gate("job", gate(0, n, uniform=Available(3)), lambda: None)
+        assert not waits
+        s = registry.snapshot("job", g)
+        assert s.attempts == (3,) * n and s.unavailable == ()

@@ -121,6 +121,14 @@ def test_a_deployment_that_cannot_run_here_is_rejected_with_the_reason(change, r
     assert c.state.tasks == {}
 
 
+
+def test_an_id_found_valid_in_one_role_is_still_checked_against_the_limits_of_another():
+    c = Core()
+    long_id = "v" * 100  # a valid vertex id, too long for a job id
+    assert isinstance(c.submit(deployment(vertex=long_id))[0], core.TaskAccepted)
+    out = c.submit(deployment(job=long_id, slot=1))
+    assert [type(i) for i in out] == [core.TaskRejected] and "longer than 64" in out[0].reason
+
 def test_a_slot_held_by_another_job_a_duplicate_and_another_registration_are_rejected():
     c = Core()
     c.submit(deployment(job="job-a", inputs=[gate(range(1), data_set="ds")]))
@@ -352,9 +360,9 @@ def test_release_deletes_what_it_names_and_a_whole_job_what_this_taskmanager_wro
         c.submit(deployment("p", i, parallelism=2, slot=i, ops=NOOP_SOURCE, outputs=[output(i, "words")]))
     [delete] = of(c(core.ReleasePartitions(JOB, (PartitionRef("words", 5, 3),), False, c.registration)),
                   core.DeletePartitions)
-    assert delete.paths == ("/data/jobs/job1/partitions/words/p5/a3",)
+    assert delete.paths() == ("/data/jobs/job1/partitions/words/p5/a3",)
     [delete] = of(c(core.ReleasePartitions(JOB, (), True, c.registration)), core.DeletePartitions)
-    assert delete.paths == ("/data/jobs/job1/partitions/words/p0/a0", "/data/jobs/job1/partitions/words/p1/a0",
+    assert delete.paths() == ("/data/jobs/job1/partitions/words/p0/a0", "/data/jobs/job1/partitions/words/p1/a0",
                             "/data/jobs/job1/cancelled")
     assert c(core.ReleasePartitions("..", (), True, c.registration)) == []  # not a job id: nothing is deleted
     assert c(core.ReleasePartitions(JOB, (PartitionRef("../x", 0, 0),), False, c.registration)) == []
@@ -393,6 +401,20 @@ def test_the_slot_report_changes_version_only_when_the_slot_table_does():
     assert [(s.index, s.job_id, s.running) for s in c.state.slot_report()[:2]] == [
         (0, JOB, (d.attempt,)), (1, None, ())]
 
+
+
+def test_a_heartbeat_rewrites_only_the_slots_that_changed_since_the_last_one():
+    c = Core(slots=4)
+    everything = c.state.slots_changed(-1)
+    assert [v.index for v in everything] == [0, 1, 2, 3]
+    seen = c.state.slot_version
+    assert c.state.slots_changed(seen) == []
+    waiting = deployment("a", slot=2, inputs=[gate(range(1))])  # waits for its input: stays in its slot
+    c.submit(waiting)
+    assert [(v.index, v.job_id, v.running) for v in c.state.slots_changed(seen)] == [(2, JOB, (waiting.attempt,))]
+    seen = c.state.slot_version
+    c(core.FreeSlots(JOB, (2,), "done", c.registration))
+    assert [(v.index, v.job_id, v.running) for v in c.state.slots_changed(seen)] == [(2, None, ())]
 
 def test_calls_for_a_registration_that_is_over_change_nothing():
     """After the TaskManager registered again, what the JobManager sent to its old registration
