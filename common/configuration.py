@@ -11,7 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Mapping
 
+from funke.common import ids
 from funke.common.jobgraph import FailoverStrategyKind, RestartStrategyConfig
+from funke.common.leadership import DEFAULT_LEASE_S
 from funke.common.restart import RestartStrategyError, parse_duration, restart_strategy_from_config
 from funke.common.slotmanager import DEFAULT_HEARTBEAT_INTERVAL_S, DEFAULT_HEARTBEAT_TIMEOUT_S
 
@@ -39,6 +41,16 @@ class ClusterConfiguration:
     jobstore_max_capacity: int = 1000
     jobstore_expiration_s: float = 3600.0
     jobstore_cache_bytes: int = 50 * 1024 * 1024
+    # High availability (Flink's keys): "none", or "filesystem" (leader election and the job
+    # stores in files under <storageDir>/<cluster-id>, for the JobManagers of one machine).
+    high_availability: str = "none"
+    ha_storage_dir: str = ""
+    ha_cluster_id: str = "default"
+    ha_lease_s: float = DEFAULT_LEASE_S  # how long a leader's silence lasts before a standby takes over
+
+    @property
+    def ha_enabled(self) -> bool:
+        return self.high_availability != "none"
 
 
 _DURATIONS = {
@@ -47,7 +59,9 @@ _DURATIONS = {
     "slot.request.timeout": "slot_request_timeout_s",
     "task.cancellation.timeout": "cancellation_timeout_s",
     "jobstore.expiration-time": "jobstore_expiration_s",
+    "high-availability.filesystem.lease-duration": "ha_lease_s",
 }
+HA_MODES = ("none", "filesystem")
 # key -> (field, smallest, largest)
 _INTEGERS = {
     "funke.job.max-subtasks": ("max_subtasks", 1, 10_000_000),
@@ -104,6 +118,31 @@ def parse_configuration(entries: Mapping[str, str], base: ClusterConfiguration |
                 changes["allowed_paths"] = paths
         elif key == "funke.data-dir":
             changes["data_dir"] = value
+        elif key in ("high-availability", "high-availability.type"):
+            mode = value.lower()
+            if mode == "zookeeper":
+                problems.append(f"{key}: zookeeper is not supported yet; use filesystem (one machine) or none")
+            elif mode not in HA_MODES:
+                problems.append(f"{key}: expected one of {', '.join(HA_MODES)}, got {value!r}")
+            else:
+                changes["high_availability"] = mode
+        elif key == "high-availability.storageDir":
+            if value.startswith("file://"):
+                value = value[len("file://"):]
+            if not value or ids.has_control_characters(value):
+                problems.append(f"{key}: expected a directory, got {ids.echo(value)}")
+            elif "://" in value:
+                problems.append(f"{key}: the filesystem backend needs a local directory (or file://), "
+                                f"got {ids.echo(value)}")
+            else:
+                changes["ha_storage_dir"] = value
+        elif key == "high-availability.cluster-id":
+            # Flink writes it as a path ("/default"); here it names one directory.
+            problem = ids.path_id_problem(value.strip("/"), key)
+            if problem is not None:
+                problems.append(problem)
+            else:
+                changes["ha_cluster_id"] = value.strip("/")
         else:
             problems.append(f"unknown key {key!r}")
     if restart_type is not None or restart_options:
@@ -114,6 +153,9 @@ def parse_configuration(entries: Mapping[str, str], base: ClusterConfiguration |
             changes["restart_strategy"] = cfg
         except RestartStrategyError as exc:
             problems.append(f"restart strategy: {exc}")
+    mode = changes.get("high_availability", config.high_availability)
+    if mode != "none" and not changes.get("ha_storage_dir", config.ha_storage_dir):
+        problems.append(f"high-availability: {mode} needs high-availability.storageDir")
     if problems:
         raise ConfigurationError(problems)
     return replace(config, **changes)

@@ -1,0 +1,302 @@
+"""High availability on a local file system: the lease that elects the leader, leader retrieval,
+the job graph store and the job result store (`high-availability: filesystem`).
+
+Owns the files under `<high-availability.storageDir>/<high-availability.cluster-id>/`:
+
+    leader/lock                   flock'ed for the length of one read-decide-write of the lease
+    leader/lease.json             the lease: holder, epoch (fencing token), leader address, renewal
+    jobgraphs/<job id>.jobgraph   a submitted JobGraph (its wire form, artifacts included), kept
+                                  until the job is globally terminal
+    jobgraphs/<job id>.history    the job's status transitions so far, across leaders (JSON)
+    job-results/<job id>_DIRTY.json  a terminal job whose clean-up is not done yet (Flink's
+                                  naming); renamed to <job id>.json once it is
+    archive/<job id>.archived     what `funke list/status` show of a terminal job (protobuf)
+
+Every write is atomic (temporary file, fsync, rename, fsync of the directory): a reader sees the
+old content or the new, never a torn file. Every write of a leader is fenced: under the lease
+lock it checks that the lease is still its own with the epoch it was granted, and refuses
+(`Fenced`) otherwise, so a deposed leader that has not noticed yet changes nothing.
+
+What to decide lives in `funke.common.leadership`; this module does the I/O. It is meant for the
+JobManagers of one machine (or a file system with working `flock` and rename); several hosts use
+ZooKeeper.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import socket
+import time
+from dataclasses import asdict, dataclass
+from typing import Iterator
+
+from funke.common import ids
+from funke.common.leadership import Contender, Change, Lease
+
+LEASE_FILE = "lease.json"
+_SUFFIX_GRAPH = ".jobgraph"
+_SUFFIX_HISTORY = ".history"
+_SUFFIX_ARCHIVE = ".archived"
+_DIRTY = "_DIRTY.json"
+_CLEAN = ".json"
+MAX_RECORD_BYTES = 64 * 1024 * 1024  # a JobGraph with artifacts is capped well below this by gRPC
+
+
+class Fenced(Exception):
+    """A write by a contender that does not hold the lease (any more) with its epoch."""
+
+
+@dataclass(frozen=True, slots=True)
+class JobResult:
+    job_id: str
+    status: str  # the JobStatus value
+    ended_at: float
+    epoch: int  # the leader that recorded it
+    clean: bool = False  # the job's clean-up (job graph removed, ...) is done
+
+
+def process_identity(pid: int | None = None) -> str:
+    """`host:pid:start` for this (or another local) process: unique for the process's life, so a
+    reused pid is not mistaken for the holder."""
+    pid = os.getpid() if pid is None else pid
+    return f"{socket.gethostname()}:{pid}:{_start_ticks(pid)}"
+
+
+def _start_ticks(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        return "?"
+
+
+def holder_gone(holder: str) -> bool:
+    """Whether the lease holder is a process of this host that no longer exists (a kill -9 of
+    the leader frees the lease at once instead of after it expires). Unknown: False."""
+    host, _, rest = holder.partition(":")
+    pid_text, _, start = rest.partition(":")
+    if host != socket.gethostname() or not pid_text.isdigit() or start in ("", "?"):
+        return False
+    return _start_ticks(int(pid_text)) != start
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomically(path: str, data: bytes) -> None:
+    directory = os.path.dirname(path)
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    _fsync_dir(directory)
+
+
+def _read(path: str) -> bytes | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except (FileNotFoundError, OSError):
+        return None
+    with os.fdopen(fd, "rb") as f:
+        return f.read(MAX_RECORD_BYTES + 1)[:MAX_RECORD_BYTES]
+
+
+def lease_to_json(lease: Lease) -> bytes:
+    return json.dumps(asdict(lease), sort_keys=True).encode()
+
+
+def lease_from_json(data: bytes | None) -> Lease | None:
+    """The lease, or None if there is none or it cannot be read (a stranger's file: treated as no
+    lease, so it is overwritten by the next leader rather than blocking the cluster)."""
+    if not data:
+        return None
+    try:
+        raw = json.loads(data)
+        return Lease(holder=str(raw["holder"]), epoch=int(raw["epoch"]), address=str(raw["address"]),
+                     renewed_at=float(raw["renewed_at"]), duration_s=float(raw["duration_s"]),
+                     released=bool(raw.get("released", False)), since=float(raw.get("since", 0.0)))
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+class FileSystemHaServices:
+    """The HA services of one cluster on a local directory, for one process (a contender, a
+    TaskManager or a client: the latter two only read the lease)."""
+
+    def __init__(self, storage_dir: str, cluster_id: str = "default"):
+        ids.require_path_id(cluster_id, "high-availability.cluster-id")
+        self.root = os.path.join(os.path.abspath(storage_dir), cluster_id)
+        self.leader_dir = os.path.join(self.root, "leader")
+        self.graphs_dir = os.path.join(self.root, "jobgraphs")
+        self.results_dir = os.path.join(self.root, "job-results")
+        self.archive_dir = os.path.join(self.root, "archive")
+
+    def create_dirs(self) -> None:
+        for d in (self.leader_dir, self.graphs_dir, self.results_dir, self.archive_dir):
+            os.makedirs(d, mode=0o700, exist_ok=True)
+
+    # ------------------------------------------------------------------ leader election
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        fd = os.open(os.path.join(self.leader_dir, "lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    def leader(self) -> Lease | None:
+        """Leader retrieval: the current lease as written (check `valid(now)` for a live leader)."""
+        return lease_from_json(_read(os.path.join(self.leader_dir, LEASE_FILE)))
+
+    def contend(self, contender: Contender, now: float | None = None) -> tuple[Lease | None, list[Change]]:
+        """One election round for `contender`: returns the lease as it stands after the round and
+        what changed for the contender (granted, revoked)."""
+        with self._locked():
+            current = self.leader()
+            t = time.time() if now is None else now
+            gone = current is not None and current.holder != contender.holder and holder_gone(current.holder)
+            new, changes = contender.step(current, t, gone)
+            if new is not None:
+                write_atomically(os.path.join(self.leader_dir, LEASE_FILE), lease_to_json(new))
+                current = new
+        return current, changes
+
+    def release(self, contender: Contender, now: float | None = None) -> list[Change]:
+        with self._locked():
+            new, changes = contender.release(self.leader(), time.time() if now is None else now)
+            if new is not None:
+                write_atomically(os.path.join(self.leader_dir, LEASE_FILE), lease_to_json(new))
+        return changes
+
+    @contextlib.contextmanager
+    def _fenced(self, holder: str, epoch: int) -> Iterator[None]:
+        with self._locked():
+            current = self.leader()
+            if current is None or current.holder != holder or current.epoch != epoch or current.released:
+                now_leading = "nobody" if current is None else f"epoch {current.epoch}"
+                raise Fenced(f"the lease of epoch {epoch} is not held any more ({now_leading} leads)")
+            yield
+
+    # ------------------------------------------------------------------ job graph store
+
+    def _job_path(self, directory: str, job_id: str, suffix: str) -> str:
+        ids.require_path_id(job_id, "job id", ids.MAX_JOB_ID_LENGTH)
+        return os.path.join(directory, job_id + suffix)
+
+    def put_job_graph(self, holder: str, epoch: int, job_id: str, job_graph: bytes) -> None:
+        path = self._job_path(self.graphs_dir, job_id, _SUFFIX_GRAPH)
+        with self._fenced(holder, epoch):
+            write_atomically(path, job_graph)
+
+    def put_history(self, holder: str, epoch: int, job_id: str, history: list[dict]) -> None:
+        path = self._job_path(self.graphs_dir, job_id, _SUFFIX_HISTORY)
+        with self._fenced(holder, epoch):
+            write_atomically(path, json.dumps(history).encode())
+
+    def job_graph_ids(self) -> list[str]:
+        return sorted(n[:-len(_SUFFIX_GRAPH)] for n in _names(self.graphs_dir)
+                      if n.endswith(_SUFFIX_GRAPH) and ids.is_path_id(n[:-len(_SUFFIX_GRAPH)], ids.MAX_JOB_ID_LENGTH))
+
+    def job_graph(self, job_id: str) -> bytes | None:
+        return _read(self._job_path(self.graphs_dir, job_id, _SUFFIX_GRAPH))
+
+    def history(self, job_id: str) -> list[dict]:
+        data = _read(self._job_path(self.graphs_dir, job_id, _SUFFIX_HISTORY))
+        try:
+            value = json.loads(data) if data else []
+        except ValueError:
+            return []
+        return [t for t in value if isinstance(t, dict)] if isinstance(value, list) else []
+
+    def remove_job_graph(self, holder: str, epoch: int, job_id: str) -> None:
+        paths = [self._job_path(self.graphs_dir, job_id, s) for s in (_SUFFIX_GRAPH, _SUFFIX_HISTORY)]
+        with self._fenced(holder, epoch):
+            for path in paths:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+            _fsync_dir(self.graphs_dir)
+
+    # ------------------------------------------------------------------ job result store
+
+    def put_dirty_result(self, holder: str, epoch: int, result: JobResult) -> None:
+        path = self._job_path(self.results_dir, result.job_id, _DIRTY)
+        with self._fenced(holder, epoch):
+            write_atomically(path, json.dumps(asdict(result)).encode())
+
+    def mark_result_clean(self, holder: str, epoch: int, job_id: str) -> None:
+        dirty = self._job_path(self.results_dir, job_id, _DIRTY)
+        clean = self._job_path(self.results_dir, job_id, _CLEAN)
+        with self._fenced(holder, epoch):
+            data = _read(dirty)
+            if data is None:
+                return
+            try:
+                raw = json.loads(data)
+                raw["clean"] = True
+                write_atomically(clean, json.dumps(raw).encode())
+            except ValueError:
+                pass
+            os.unlink(dirty)
+            _fsync_dir(self.results_dir)
+
+    def results(self) -> dict[str, JobResult]:
+        """Every job result, clean ones winning over a leftover dirty one."""
+        found: dict[str, JobResult] = {}
+        for name in sorted(_names(self.results_dir), key=lambda n: n.endswith(_DIRTY), reverse=True):
+            job_id = name[:-len(_DIRTY)] if name.endswith(_DIRTY) else name[:-len(_CLEAN)] if name.endswith(_CLEAN) else ""
+            if not ids.is_path_id(job_id, ids.MAX_JOB_ID_LENGTH):
+                continue
+            data = _read(os.path.join(self.results_dir, name))
+            try:
+                raw = json.loads(data or b"")
+                found[job_id] = JobResult(job_id, str(raw["status"]), float(raw["ended_at"]), int(raw["epoch"]),
+                                          clean=name.endswith(_CLEAN) and not name.endswith(_DIRTY))
+            except (ValueError, KeyError, TypeError):
+                continue
+        return found
+
+    # ------------------------------------------------------------------ archive of terminal jobs
+
+    def put_archive(self, holder: str, epoch: int, job_id: str, data: bytes) -> None:
+        path = self._job_path(self.archive_dir, job_id, _SUFFIX_ARCHIVE)
+        with self._fenced(holder, epoch):
+            write_atomically(path, data)
+
+    def archives(self) -> dict[str, bytes]:
+        found = {}
+        for name in _names(self.archive_dir):
+            job_id = name[:-len(_SUFFIX_ARCHIVE)]
+            if name.endswith(_SUFFIX_ARCHIVE) and ids.is_path_id(job_id, ids.MAX_JOB_ID_LENGTH):
+                data = _read(os.path.join(self.archive_dir, name))
+                if data is not None:
+                    found[job_id] = data
+        return found
+
+    def remove_archive(self, holder: str, epoch: int, job_id: str) -> None:
+        path = self._job_path(self.archive_dir, job_id, _SUFFIX_ARCHIVE)
+        with self._fenced(holder, epoch):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+
+
+def _names(directory: str) -> list[str]:
+    try:
+        return [e.name for e in os.scandir(directory) if e.is_file(follow_symlinks=False)]
+    except FileNotFoundError:
+        return []

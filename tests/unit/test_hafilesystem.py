@@ -1,0 +1,150 @@
+"""The filesystem HA services (deploy/hafilesystem.py) on real files: election rounds, fencing of
+every write, the job graph and job result stores, and a real dead process freeing the lease."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from funke.common.leadership import Contender, Granted, Revoked
+from funke.deploy.hafilesystem import (
+    Fenced,
+    FileSystemHaServices,
+    JobResult,
+    holder_gone,
+    process_identity,
+)
+
+
+@pytest.fixture
+def ha(tmp_path):
+    services = FileSystemHaServices(str(tmp_path / "ha"), "cluster-1")
+    services.create_dirs()
+    return services
+
+
+def test_the_first_contender_leads_and_the_lease_names_it_for_leader_retrieval(ha):
+    a = Contender("a", "127.0.0.1:6123", 3)
+    lease, changes = ha.contend(a, now=10.0)
+    assert changes == [Granted(1)]
+    assert ha.leader() == lease and lease.address == "127.0.0.1:6123" and lease.epoch == 1
+
+
+def test_a_standby_takes_over_only_after_expiry_and_the_old_leader_is_fenced_out(ha):
+    a, b = Contender("a", "A", 3), Contender("b", "B", 3)
+    ha.contend(a, now=0.0)
+    ha.put_job_graph("a", 1, "job-1", b"graph")
+    assert ha.contend(b, now=2.0)[1] == []
+    lease, changes = ha.contend(b, now=3.5)
+    assert changes == [Granted(2)] and lease.holder == "b"
+    # the deposed leader has not run a round yet: every write it tries is refused
+    with pytest.raises(Fenced, match="epoch 2 leads"):
+        ha.put_job_graph("a", 1, "job-2", b"late")
+    with pytest.raises(Fenced):
+        ha.remove_job_graph("a", 1, "job-1")
+    with pytest.raises(Fenced):
+        ha.put_dirty_result("a", 1, JobResult("job-1", "FAILED", 4.0, 1))
+    assert ha.job_graph_ids() == ["job-1"] and ha.results() == {}
+    # and its next round tells it
+    _, changes = ha.contend(a, now=3.6)
+    assert changes == [Revoked(1, "the lease is held by epoch 2 now")]
+
+
+def test_a_released_lease_is_taken_at_once_and_its_old_holder_cannot_write(ha):
+    a, b = Contender("a", "A", 60), Contender("b", "B", 60)
+    ha.contend(a, now=0.0)
+    assert ha.release(a, now=1.0) == [Revoked(1, "the JobManager stepped down")]
+    with pytest.raises(Fenced):
+        ha.put_job_graph("a", 1, "job-1", b"x")
+    assert ha.contend(b, now=1.5)[1] == [Granted(2)]
+
+
+def test_the_job_graph_store_keeps_graphs_and_histories_until_removed(ha):
+    a = Contender("a", "A", 3)
+    ha.contend(a, now=0.0)
+    ha.put_job_graph("a", 1, "job-1", b"\x00graph bytes")
+    ha.put_history("a", 1, "job-1", [{"to": "CREATED"}, {"to": "RUNNING"}])
+    assert ha.job_graph("job-1") == b"\x00graph bytes"
+    assert ha.history("job-1") == [{"to": "CREATED"}, {"to": "RUNNING"}]
+    ha.remove_job_graph("a", 1, "job-1")
+    assert ha.job_graph_ids() == [] and ha.job_graph("job-1") is None and ha.history("job-1") == []
+
+
+def test_job_results_go_from_dirty_to_clean(ha):
+    a = Contender("a", "A", 3)
+    ha.contend(a, now=0.0)
+    ha.put_dirty_result("a", 1, JobResult("job-1", "FINISHED", 5.0, 1))
+    assert ha.results() == {"job-1": JobResult("job-1", "FINISHED", 5.0, 1, clean=False)}
+    assert os.listdir(ha.results_dir) == ["job-1_DIRTY.json"]
+    ha.mark_result_clean("a", 1, "job-1")
+    assert ha.results() == {"job-1": JobResult("job-1", "FINISHED", 5.0, 1, clean=True)}
+    assert os.listdir(ha.results_dir) == ["job-1.json"]
+
+
+def test_ids_that_are_not_path_ids_never_reach_a_path(ha):
+    a = Contender("a", "A", 3)
+    ha.contend(a, now=0.0)
+    for bad in ("../escape", "a/b", "", ".hidden", "x" * 65):
+        with pytest.raises(ValueError):
+            ha.put_job_graph("a", 1, bad, b"x")
+    with pytest.raises(ValueError):
+        FileSystemHaServices(str(ha.root), "../other")
+    assert os.listdir(ha.graphs_dir) == []
+
+
+def test_strangers_files_in_the_store_are_ignored_and_a_corrupt_lease_is_no_lease(ha):
+    (open(os.path.join(ha.graphs_dir, "notes.txt"), "w")).close()
+    (open(os.path.join(ha.results_dir, "..json"), "w")).close()
+    with open(os.path.join(ha.results_dir, "job-9.json"), "w") as f:
+        f.write("{not json")
+    with open(os.path.join(ha.leader_dir, "lease.json"), "w") as f:
+        f.write("garbage")
+    assert ha.job_graph_ids() == [] and ha.results() == {} and ha.leader() is None
+    assert ha.contend(Contender("a", "A", 3), now=0.0)[1] == [Granted(1)]
+
+
+def test_writes_are_atomic_no_temporary_file_is_left_behind(ha):
+    a = Contender("a", "A", 3)
+    ha.contend(a, now=0.0)
+    for i in range(5):
+        ha.put_history("a", 1, "job-1", [{"n": i}])
+    assert sorted(os.listdir(ha.graphs_dir)) == ["job-1.history"]
+    assert json.loads(open(os.path.join(ha.graphs_dir, "job-1.history")).read()) == [{"n": 4}]
+
+
+def test_a_killed_holder_is_recognised_as_gone_and_a_live_one_is_not():
+    assert not holder_gone(process_identity())
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        identity = process_identity(child.pid)
+        assert not holder_gone(identity)
+    finally:
+        child.kill()
+        child.wait()
+    assert holder_gone(identity)
+    assert not holder_gone("other-host:1:1")  # another host's process: unknown, not gone
+
+
+def test_concurrent_contenders_in_threads_elect_exactly_one_leader(ha):
+    """The lock makes each round atomic: of 8 contenders racing for a free lease, one wins."""
+    contenders = [Contender(f"c{i}", f"C{i}", 30) for i in range(8)]
+    barrier = threading.Barrier(len(contenders))
+    granted = []
+
+    def run(c):
+        barrier.wait()
+        _, changes = ha.contend(c, now=0.0)
+        granted.extend(changes)
+
+    threads = [threading.Thread(target=run, args=(c,)) for c in contenders]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert granted == [Granted(1)]
+    assert sum(c.epoch is not None for c in contenders) == 1
