@@ -102,6 +102,36 @@ _CHANNEL_OPTIONS = (
 _HEALTH_SERVICES = ("", "funke.v1.TaskExecutor")
 
 
+SCRATCH_PREFIX = "funke-taskmanager-"
+
+
+def scratch_dir_of(root: str, pid: int) -> str:
+    return os.path.join(root, f"{SCRATCH_PREFIX}{pid}")
+
+
+def sweep_scratch_dirs(root: str) -> list[str]:
+    """Remove the scratch directories under `root` of TaskManagers that are gone: named after a
+    pid that no longer runs, owned by us, real directories (not links). Returns what it removed."""
+    removed = []
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return removed
+    for entry in entries:
+        pid_text = entry.name[len(SCRATCH_PREFIX):]
+        if not entry.name.startswith(SCRATCH_PREFIX) or not pid_text.isdigit() or pid_text.startswith("0"):
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if not entry.is_dir(follow_symlinks=False) or st.st_uid != os.getuid() or os.path.exists(f"/proc/{pid_text}"):
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        removed.append(entry.path)
+    return removed
+
+
 class StartupError(Exception):
     """The TaskManager cannot start (a port in use, ...): a user's problem, not a bug."""
 
@@ -251,6 +281,7 @@ class TaskExecutor:
         self._jobmanager_data_dir = ""  # from the last registration; kept while re-registering
         self.address: str | None = None
         self.spark: SparkSession | None = None
+        self._scratch: str | None = None  # this process's Spark scratch directory, removed at stop
         self._registered_once = False
         self._server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
@@ -467,9 +498,21 @@ class TaskExecutor:
                 log.warning("stopping Spark failed", exc_info=True)
         if self._channel is not None:
             await self._channel.close()
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
         log.info("TaskManager %s stopped", self.id)
 
     # ------------------------------------------------------------------ Spark
+
+    def _scratch_dir(self) -> str:
+        """`<temp dir>/funke-taskmanager-<pid>`, created now; the scratch directories of
+        TaskManagers that died without removing theirs are removed first."""
+        sweep_scratch_dirs(tempfile.gettempdir())
+        path = scratch_dir_of(tempfile.gettempdir(), os.getpid())
+        for sub in ("spark", "jvm"):
+            os.makedirs(os.path.join(path, sub), mode=0o700, exist_ok=True)
+        self._scratch = path
+        return path
 
     def _spark_target(self) -> str:
         cfg = self.config
@@ -498,7 +541,17 @@ class TaskExecutor:
             # whose Python worker already went back to the pool has that worker destroyed while
             # another task reuses it, failing a healthy task of another job.
         }
-        conf.update(cfg.spark_conf)
+        if not cfg.spark_remote:
+            # Spark's block manager, shuffle files and the JVM's extracted native libraries go
+            # under this process's scratch directory, removed when it stops (or by the next
+            # TaskManager if this one is killed), not strewn over the temp directory.
+            scratch = self._scratch_dir()
+            conf["spark.local.dir"] = os.path.join(scratch, "spark")
+            conf["spark.driver.extraJavaOptions"] = f"-Djava.io.tmpdir={os.path.join(scratch, 'jvm')}"
+            user_options = dict(cfg.spark_conf).get("spark.driver.extraJavaOptions")
+            if user_options:
+                conf["spark.driver.extraJavaOptions"] += f" {user_options}"
+        conf.update((k, v) for k, v in cfg.spark_conf if k != "spark.driver.extraJavaOptions" or cfg.spark_remote)
         for key, value in conf.items():
             builder = builder.config(key, value)
         spark = builder.getOrCreate()

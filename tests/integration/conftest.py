@@ -12,12 +12,14 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from funke.deploy.client import JobManagerClient
+from funke.taskmanager.taskexecutor import scratch_dir_of
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -61,6 +63,9 @@ def _stop(cluster: Cluster) -> None:
     funke("cluster", "stop", "--dir", str(cluster.dir), timeout=60)
     for name, pid in pids.items():  # every process we started is gone
         assert not _alive(pid), f"{name} (pid {pid}) survived `funke cluster stop`"
+    for name, pid in pids.items():  # and took its Spark scratch directory with it
+        scratch = scratch_dir_of(tempfile.gettempdir(), pid)
+        assert not os.path.exists(scratch), f"{name} (pid {pid}) left {scratch} behind"
 
 
 def _alive(pid: int) -> bool:

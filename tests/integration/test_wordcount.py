@@ -6,13 +6,16 @@ from __future__ import annotations
 import collections
 import random
 import re
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
 from funke.deploy.jobfile import load_job_file
 from funke.common.states import ExecutionState, JobStatus
 from tests.conformance.assertions import Step, assert_event_stream
+from funke.taskmanager.taskexecutor import scratch_dir_of
 from tests.integration.conftest import REPO, as_json, wait_for_end
 
 pytestmark = pytest.mark.cluster
@@ -270,3 +273,20 @@ def test_a_streaming_job_deploys_eagerly_and_consumers_wait_for_pipelined_partit
                              if _state_name(s.current.state) != "CREATED")
     assert len(deployed) + snapshot_deploying == 4
     assert all(seq < first_finished for seq in deployed)
+
+
+def test_spark_keeps_its_files_in_the_taskmanagers_scratch_directory(spark_cluster, corpus):
+    """Block manager, shuffle files and the JVM's temp files of each TaskManager's SparkSession
+    live under `<temp>/funke-taskmanager-<pid>` (removed at stop: checked by the fixture), not
+    loose in the temp directory."""
+    job = load_job_file(WORDCOUNT, ["--input", corpus[0], "--parallelism", "2"])
+    job_id = spark_cluster.client.submit(job)
+    _, details = wait_for_end(spark_cluster.client, job_id)
+    assert JobStatus[_status(details)] is JobStatus.FINISHED, details.failure
+    taskmanagers = {name: pid for name, pid in spark_cluster.pids().items() if name.startswith("tm-")}
+    assert sorted(taskmanagers) == ["tm-1", "tm-2"]
+    for name, pid in taskmanagers.items():
+        scratch = Path(scratch_dir_of(tempfile.gettempdir(), pid))
+        assert any(p.name.startswith("blockmgr-") for p in (scratch / "spark").iterdir()), \
+            f"{name}: no block manager under {scratch / 'spark'}"
+        assert any((scratch / "jvm").iterdir()), f"{name}: the JVM wrote nothing under {scratch / 'jvm'}"
