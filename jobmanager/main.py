@@ -114,6 +114,12 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigurationError as exc:
         print(exc, file=sys.stderr)
         return 2
+    if config.ha_enabled:
+        # The HA services exist (funke.deploy.hafilesystem); the JobManager does not contend or
+        # recover through them yet. Refusing beats running without the availability asked for.
+        print(f"high-availability: {config.high_availability} is not available in this JobManager yet; "
+              "run without it (high-availability: none)", file=sys.stderr)
+        return 2
     try:
         # Before serving: no job may start while an earlier JobManager's leftovers are swept.
         claim = datadir.claim(config.data_dir)
