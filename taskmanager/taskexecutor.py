@@ -498,8 +498,9 @@ class TaskExecutor:
                 log.warning("stopping Spark failed", exc_info=True)
         if self._channel is not None:
             await self._channel.close()
-        if self._scratch is not None:
-            shutil.rmtree(self._scratch, ignore_errors=True)
+        if self._scratch is not None:  # shuffle files can be many: off the loop
+            scratch, self._scratch = self._scratch, None
+            await _in_daemon_thread(lambda: shutil.rmtree(scratch, ignore_errors=True), "scratch-removal")
         log.info("TaskManager %s stopped", self.id)
 
     # ------------------------------------------------------------------ Spark
