@@ -506,10 +506,16 @@ def failure_from_proto(m: job_pb.Failure) -> FailureInfo:
 # ================================================================================================
 
 
-def job_transition_to_proto(t: Transition) -> job_pb.JobStatusTransition:
+def job_transition_to_proto(t: Transition, leader_epoch: int = 0, job_manager: str = "") -> job_pb.JobStatusTransition:
     return job_pb.JobStatusTransition(
         from_status=_JOB_STATUS_TO[t.from_state], to_status=_JOB_STATUS_TO[t.to_state],
-        timestamp=timestamp(t.timestamp), cause=t.cause, stimulus_id=t.stimulus_id)
+        timestamp=timestamp(t.timestamp), cause=t.cause, stimulus_id=t.stimulus_id,
+        leader_epoch=leader_epoch, job_manager=job_manager)
+
+
+def job_transition_from_proto(m: job_pb.JobStatusTransition) -> Transition:
+    return Transition(_JOB_STATUS_FROM[m.from_status], _JOB_STATUS_FROM[m.to_status],
+                      m.timestamp.seconds + m.timestamp.nanos / 1e9, m.cause, m.stimulus_id)
 
 
 def execution_transition_to_proto(t: Transition) -> job_pb.ExecutionStateTransition:
@@ -548,7 +554,8 @@ def job_details(graph: ExecutionGraph, scheduler: Scheduler, *, waiting_for_reso
         job_type=job_type_to_proto(graph.job_graph.job_type),
         status=_JOB_STATUS_TO[graph.status],
         created_at=timestamp(graph.status_machine.created_at),
-        status_history=[job_transition_to_proto(t) for t in graph.status_machine.history],
+        status_history=[job_transition_to_proto(h.transition, h.leader_epoch, h.job_manager)
+                        for h in graph.status_history()],
         waiting_for_resources=waiting_for_resources,
         required_slots=scheduler.plan.required_slots(),
         restart_strategy=restart_description,
@@ -589,9 +596,11 @@ def job_summary(graph: ExecutionGraph, scheduler: Scheduler) -> job_pb.JobSummar
     return msg
 
 
-def event_to_proto(sequence: int, change: JobStatusChanged | ExecutionStateChanged) -> jobmanager_pb.JobEvent:
+def event_to_proto(sequence: int, change: JobStatusChanged | ExecutionStateChanged, leader_epoch: int = 0,
+                   job_manager: str = "") -> jobmanager_pb.JobEvent:
     if isinstance(change, JobStatusChanged):
-        return jobmanager_pb.JobEvent(sequence=sequence, job_status=job_transition_to_proto(change.transition))
+        return jobmanager_pb.JobEvent(sequence=sequence, job_status=job_transition_to_proto(
+            change.transition, leader_epoch, job_manager))
     state = jobmanager_pb.ExecutionStateChange(
         attempt=attempt_to_proto(change.attempt), task_name=change.task_name,
         transition=execution_transition_to_proto(change.transition), task_manager_id=change.task_manager_id or "")

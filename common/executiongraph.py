@@ -30,6 +30,7 @@ from funke.common.states import (
     ExecutionState,
     JobStatus,
     StateMachine,
+    Transition,
     execution_state_machine,
     job_status_machine,
 )
@@ -127,7 +128,7 @@ class ExecutionVertex:
         self.consumed_partition_groups: list[ConsumedPartitionGroup] = []
         # one per produced IntermediateResult, in the job vertex's produced order
         self.produced_partitions: list[IntermediateResultPartition] = []
-        self.current_execution = Execution(self, 0, now)
+        self.current_execution = Execution(self, job_vertex.graph.first_attempt_number, now)
 
     @property
     def id(self) -> ExecutionVertexId:
@@ -355,14 +356,45 @@ def subpartition_count(edge: JobEdge, partition_index: int, upstream: int, downs
     return len(pointwise_consumers_of(partition_index, upstream, downstream))
 
 
+@dataclass(frozen=True, slots=True)
+class Incarnation:
+    """Which run of a job an ExecutionGraph is (high availability: a job recovered by a new leader
+    gets a new ExecutionGraph that continues the old one's story).
+
+    `leader_epoch` and `job_manager` say under which leader this graph runs (0 and "": no high
+    availability); `earlier_history` holds the job status transitions of the earlier runs, each
+    with the epoch and JobManager it happened under; `first_attempt_number` starts this run's
+    attempts above every earlier run's, so no output of an earlier run's straggling task can be
+    taken for this run's; `created_at` is when the job was first submitted."""
+
+    leader_epoch: int = 0
+    job_manager: str = ""
+    earlier_history: tuple["LeaderTransition", ...] = ()
+    first_attempt_number: int = 0
+    created_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderTransition:
+    """A job status transition and the leader it happened under."""
+
+    transition: Transition[JobStatus]
+    leader_epoch: int
+    job_manager: str
+
+
 class ExecutionGraph:
     """The ExecutionGraph of one job: vertices in topological order, results, job status and
     the history of failures."""
 
-    def __init__(self, job_graph: JobGraph, job_id: str, now: float):
+    def __init__(self, job_graph: JobGraph, job_id: str, now: float, incarnation: Incarnation = Incarnation()):
         self.job_graph = job_graph
         self.job_id = job_id
+        self.incarnation = incarnation
+        self.first_attempt_number = incarnation.first_attempt_number
         self.status_machine: StateMachine[JobStatus] = job_status_machine(f"job '{job_graph.name}' ({job_id})", now)
+        if incarnation.created_at is not None:
+            self.status_machine.created_at = incarnation.created_at
         self.vertices: dict[str, ExecutionJobVertex] = {}
         self.results: dict[str, IntermediateResult] = {}
         for i, jv in enumerate(job_graph.topological_order()):
@@ -384,6 +416,12 @@ class ExecutionGraph:
     @property
     def status(self) -> JobStatus:
         return self.status_machine.state
+
+    def status_history(self) -> list[LeaderTransition]:
+        """Every job status transition of every run of this job, oldest first."""
+        inc = self.incarnation
+        return list(inc.earlier_history) + [LeaderTransition(t, inc.leader_epoch, inc.job_manager)
+                                            for t in self.status_machine.history]
 
     def execution_vertices(self) -> Iterator[ExecutionVertex]:
         for ejv in self.vertices.values():

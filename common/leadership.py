@@ -72,6 +72,18 @@ class Contender:
         start)."""
         return self.epoch is not None and now < self._valid_until
 
+    @property
+    def valid_until(self) -> float:
+        """When this contender's leadership ends unless renewed (0: it does not lead)."""
+        return self._valid_until if self.epoch is not None else 0.0
+
+    def expire(self, now: float) -> list[Change]:
+        """Between rounds: a leader whose last renewal has run out stops leading now, even if it
+        cannot reach the store to find out who leads instead."""
+        if self.epoch is not None and now >= self._valid_until:
+            return [self._lose("the lease ran out before it could be renewed")]
+        return []
+
     def step(self, current: Lease | None, now: float, holder_gone: bool = False
              ) -> tuple[Lease | None, list[Change]]:
         """One round: `current` is the lease as read. Returns the lease to write (None: write

@@ -106,6 +106,9 @@ class SlotManager:
 
     heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S
     evenly_spread: bool = False
+    # Part of every registration id: a new JobManager (a new leader) never hands out an id an
+    # earlier one did, so a TaskManager refuses what an earlier JobManager still sends.
+    session: str = ""
     task_managers: dict[str, TaskManagerRegistration] = field(default_factory=dict)  # in registration order
     _pending: dict[tuple[str, int], _Pending] = field(default_factory=dict)  # in arrival order
     _pending_per_job: dict[str, int] = field(default_factory=dict)
@@ -126,7 +129,7 @@ class SlotManager:
         if task_manager_id in self.task_managers:
             actions += self.lose(task_manager_id, "it registered again (restarted)", now)
         self._registrations += 1
-        registration_id = f"{task_manager_id}#{self._registrations}"
+        registration_id = f"{task_manager_id}#{self.session}{self._registrations}"
         self.task_managers[task_manager_id] = TaskManagerRegistration(
             task_manager_id, address, registration_id, [None] * number_of_slots, dict(resources), now, now
         )

@@ -579,7 +579,13 @@ def collect_sinks(job: JobGraph) -> list[str]:
 
 
 def _client(args: argparse.Namespace) -> JobManagerClient:
-    return JobManagerClient(resolve_jobmanager(args.jobmanager))
+    address = resolve_jobmanager(args.jobmanager)
+    if not args.jobmanager and not os.environ.get("FUNKE_JOBMANAGER"):
+        root = localcluster.default_cluster_dir()
+        if localcluster.ha_services(root) is not None:
+            # A high-availability cluster: follow its leader through failovers.
+            return JobManagerClient(address, leader=lambda: localcluster.read_address(root))
+    return JobManagerClient(address)
 
 
 _SUBMIT_FLAGS = {"--detach": "detach", "--json": "json"}
@@ -742,8 +748,11 @@ def cmd_cluster_start(args: argparse.Namespace) -> int:
     print(f"starting a JobManager and {args.taskmanagers} TaskManager(s) x {args.slots} slot(s) in {root} ...",
           flush=True)
     info = localcluster.start(root, args.taskmanagers, args.slots, port=args.port, data_dir=args.data_dir,
-                              dynamic=args.dynamic, no_spark=args.no_spark, timeout=args.timeout)
-    rows = [["jobmanager", info.address, "", str(info.jobmanager.pid), str(info.jobmanager.log)]]
+                              dynamic=args.dynamic, no_spark=args.no_spark, timeout=args.timeout,
+                              ha=args.ha, jobmanagers=args.jobmanagers)
+    leads = " (leader)" if info.high_availability != "none" else ""
+    rows = [[info.jobmanager.name + leads, info.address, "", str(info.jobmanager.pid), str(info.jobmanager.log)]]
+    rows += [[jm.name + " (standby)", "", "", str(jm.pid), str(jm.log)] for jm in info.standbys]
     rows += [[tm.name, "", str(info.slots_per_taskmanager), str(tm.pid), str(tm.log)] for tm in info.taskmanagers]
     print("\n".join(_table(["PROCESS", "ADDRESS", "SLOTS", "PID", "LOG"], rows)))
     total = len(info.taskmanagers) * info.slots_per_taskmanager
@@ -778,17 +787,33 @@ def cmd_cluster_status(args: argparse.Namespace) -> int:
             "processes": [{"name": p.name, "pid": p.pid, "alive": p.alive, "log": str(p.log)} for p in st.processes],
             "overview": _to_dict(st.overview) if st.overview is not None else None,
             "error": st.error or None,
+            "high_availability": st.high_availability,
+            "leader": ({"epoch": st.lease.epoch, "address": st.lease.address, "holder": st.lease.holder,
+                        "since": st.lease.since, "valid": st.lease.valid(time.time())}
+                       if st.lease is not None else None),
         })
         return EXIT_OK if st.running else EXIT_UNSUCCESSFUL
     if not st.processes:
         print(f"no cluster recorded in {root}")
         return EXIT_UNSUCCESSFUL
     print(f"cluster in {st.dir}: {'running' if st.running else 'NOT running'}")
+    lease = st.lease
+    leader_pid = lease.holder.split(":")[1] if lease is not None and lease.holder.count(":") >= 2 else ""
+    if st.high_availability != "none":
+        if lease is not None and lease.valid(time.time()):
+            print(f"high availability: {st.high_availability}; leader epoch {lease.epoch} at {lease.address} "
+                  f"(pid {leader_pid}) since {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(lease.since))}")
+        else:
+            print(f"high availability: {st.high_availability}; no leader right now"
+                  + (f" (last: epoch {lease.epoch})" if lease is not None else ""))
     registered = {tm.id: tm for tm in st.overview.task_managers} if st.overview is not None else {}
     rows = []
     for p in st.processes:
         tm = registered.get(p.name)
-        if p.name == localcluster.JOBMANAGER:
+        if localcluster.is_jobmanager(p.name) and st.high_availability != "none":
+            leads = lease is not None and lease.valid(time.time()) and str(p.pid) == leader_pid
+            detail = f"leader, epoch {lease.epoch}, {st.address}" if leads and lease else "standby"
+        elif p.name == localcluster.JOBMANAGER:
             detail = st.address or "-"
         elif tm is not None:
             detail = f"{tm.address}, {tm.slots_free}/{tm.slots_total} slots free"
@@ -854,6 +879,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="JobManager configuration, e.g. -D restart-strategy.type=fixed-delay")
     start.add_argument("--no-spark", action="store_true", help="TaskManagers without Spark (no-op jobs only)")
     start.add_argument("--timeout", type=float, default=120, help="seconds to wait for startup (default: 120)")
+    start.add_argument("--ha", choices=["none", "filesystem"], default="none",
+                       help="high availability: 'filesystem' elects a leader among the JobManagers through a "
+                            "lease in <dir>/ha and keeps jobs there across JobManager failures (default: none)")
+    start.add_argument("--jobmanagers", type=_positive_int, default=1, metavar="N",
+                       help="JobManagers to start: one leads, the others stand by (needs --ha; default: 1)")
     stop = cluster_commands.add_parser("stop", help="stop the cluster's processes", allow_abbrev=False)
     stop.set_defaults(handler=cmd_cluster_stop)
     stop.add_argument("--dir", help=dir_help)

@@ -18,7 +18,8 @@ files are loaded by `funke.deploy.jobfile`; presenting jobs to people is `funke.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+import uuid
+from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
@@ -177,17 +178,44 @@ def execution_state_name(value: int) -> str:
 
 class JobManagerClient:
     """A synchronous client of one JobManager. `timeout` bounds every unary call in seconds;
-    `watch` has no deadline (a job may run for hours)."""
+    `watch` has no deadline (a job may run for hours).
 
-    def __init__(self, address: str, timeout: float = 30) -> None:
-        self.address = address
+    With high availability, `leader` looks up the current leader's address (None: none elected
+    right now). A call that finds no leader at `address` (the leader died, or it is a standby)
+    then follows the leader for up to `failover_timeout` seconds and is made again there, and
+    `watch` keeps following a job across a leader change (the new leader's snapshot comes next)."""
+
+    def __init__(self, address: str, timeout: float = 30, *, leader: Callable[[], str | None] | None = None,
+                 failover_timeout: float = 60) -> None:
         self.timeout = timeout
+        self.failover_timeout = failover_timeout
+        self._leader = leader
+        self._connect(address)
+
+    def _connect(self, address: str) -> None:
+        self.address = address
         options: list[tuple[str, Any]] = list(MESSAGE_SIZE_OPTIONS)
         if address.startswith(_LOOPBACK_HOSTS):
             # An http_proxy in the environment must not capture a loopback connection.
             options.append(("grpc.enable_http_proxy", 0))
         self._channel = grpc.insecure_channel(address, options=options)
         self._stub = jobmanager_pb2_grpc.JobManagerStub(self._channel)
+
+    def _follow_leader(self, deadline: float) -> bool:
+        """Wait for a leader (until `deadline`, monotonic) and talk to it from now on. False:
+        no high availability, or no leader in time."""
+        if self._leader is None:
+            return False
+        while True:
+            address = self._leader()
+            if address:
+                if address != self.address:
+                    self._channel.close()
+                    self._connect(address)
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.1)
 
     # ---- lifecycle ----
 
@@ -239,28 +267,85 @@ class JobManagerClient:
             message = job
         else:
             raise TypeError(f"submit() takes a JobGraph or a funke.v1.JobGraph, got {type(job).__name__}")
-        try:
-            response = self._stub.SubmitJob(jobmanager_pb2.SubmitJobRequest(job_graph=message), timeout=self.timeout)
-        except grpc.RpcError as exc:
-            raise _translate(exc, self.address, submitting=True) from None
-        return response.job_id
+        if self._leader is not None and not message.job_id:
+            # Chosen here, so that submitting again to a new leader cannot start the job twice.
+            named = jobgraph_pb2.JobGraph()
+            named.CopyFrom(message)
+            named.job_id = uuid.uuid4().hex
+            message = named
+        request = jobmanager_pb2.SubmitJobRequest(job_graph=message)
+        deadline = time.monotonic() + self.failover_timeout
+        retried = False
+        while True:
+            try:
+                return self._stub.SubmitJob(request, timeout=self.timeout).job_id
+            except grpc.RpcError as exc:
+                code = exc.code()  # type: ignore[attr-defined]
+                if retried and code == grpc.StatusCode.ALREADY_EXISTS and message.job_id:
+                    return message.job_id  # the first try reached the old leader and was stored
+                if self._retry(code, deadline):
+                    retried = True
+                    continue
+                raise _translate(exc, self.address, submitting=True) from None
+
+    def _retry(self, code: grpc.StatusCode, deadline: float) -> bool:
+        """After a failed call: whether to call again, at the leader (waited for). UNAVAILABLE:
+        no leader here. DEADLINE_EXCEEDED: a leader that hangs (paused, partitioned) is followed
+        if another has been elected meanwhile."""
+        if self._leader is None or time.monotonic() >= deadline:
+            return False
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            address = self._leader()
+            return bool(address) and address != self.address and self._follow_leader(deadline)
+        if code != grpc.StatusCode.UNAVAILABLE:
+            return False
+        time.sleep(0.1)
+        return self._follow_leader(deadline)
 
     def list_jobs(self) -> list[job_pb2.JobSummary]:
-        response = self._call(self._stub.ListJobs, jobmanager_pb2.ListJobsRequest())
+        response = self._call("ListJobs", jobmanager_pb2.ListJobsRequest())
         return list(response.jobs)
 
     def get_job(self, job_id: str) -> job_pb2.JobDetails:
-        return self._call(self._stub.GetJob, jobmanager_pb2.GetJobRequest(job_id=job_id))
+        return self._call("GetJob", jobmanager_pb2.GetJobRequest(job_id=job_id))
 
     def cancel(self, job_id: str) -> str:
         """Request cancellation; returns the job's status right after, e.g. "CANCELLING"."""
-        response = self._call(self._stub.CancelJob, jobmanager_pb2.CancelJobRequest(job_id=job_id))
+        response = self._call("CancelJob", jobmanager_pb2.CancelJobRequest(job_id=job_id))
         return job_status_name(response.status)
 
     def watch(self, job_id: str) -> Iterator[jobmanager_pb2.JobEvent]:
         """The job's snapshot, then every event in order; ends once the job is terminal on the
         JobManager. Closing the iterator early cancels the stream. A stream that breaks after it
-        began raises JobManagerConnectionLost."""
+        began raises JobManagerConnectionLost. With high availability a job that was SUSPENDED
+        or whose JobManager went away is followed to the next leader, which sends a new
+        snapshot (its history continued) and the events after it."""
+        if self._leader is None:
+            yield from self._watch_once(job_id)
+            return
+        deadline: float | None = None
+        while True:
+            suspended = False
+            try:
+                for event in self._watch_once(job_id):
+                    deadline = None
+                    kind = event.WhichOneof("event")
+                    status = (event.snapshot.status if kind == "snapshot"
+                              else event.job_status.to_status if kind == "job_status" else None)
+                    if status is not None:
+                        suspended = status == job_pb2.JOB_STATUS_SUSPENDED
+                    yield event
+                if not suspended:
+                    return
+            except (JobManagerConnectionLost, JobManagerUnavailable):
+                pass
+            deadline = deadline or time.monotonic() + self.failover_timeout
+            time.sleep(0.1)
+            if not self._follow_leader(deadline) or time.monotonic() >= deadline:
+                raise JobManagerConnectionLost(self.address, job_id, f"no leader took the job over within "
+                                               f"{self.failover_timeout:g} s")
+
+    def _watch_once(self, job_id: str) -> Iterator[jobmanager_pb2.JobEvent]:
         call = self._stub.WatchJob(jobmanager_pb2.WatchJobRequest(job_id=job_id))
         started = False
         try:
@@ -276,7 +361,7 @@ class JobManagerClient:
             call.cancel()
 
     def cluster_overview(self) -> jobmanager_pb2.ClusterOverview:
-        return self._call(self._stub.GetClusterOverview, jobmanager_pb2.GetClusterOverviewRequest())
+        return self._call("GetClusterOverview", jobmanager_pb2.GetClusterOverviewRequest())
 
     def result_table(self, job_id: str, vertex_id: str = "") -> tuple[str, pa.Table]:
         """The rows a FINISHED job collected, as the collect sink's vertex id and an Arrow table.
@@ -284,7 +369,7 @@ class JobManagerClient:
         import pyarrow as pa  # only results need Arrow; keep the client quick to import
 
         response: jobmanager_pb2.JobResult = self._call(
-            self._stub.GetJobResult, jobmanager_pb2.GetJobResultRequest(job_id=job_id, vertex_id=vertex_id))
+            "GetJobResult", jobmanager_pb2.GetJobResultRequest(job_id=job_id, vertex_id=vertex_id))
         if not response.arrow_ipc_stream:
             return response.vertex_id, pa.table({})
         with pa.ipc.open_stream(response.arrow_ipc_stream) as reader:
@@ -295,7 +380,12 @@ class JobManagerClient:
         return self.result_table(job_id, vertex_id)[1].to_pylist()
 
     def _call(self, method: Any, request: Any) -> Any:
-        try:
-            return method(request, timeout=self.timeout)
-        except grpc.RpcError as exc:
-            raise _translate(exc, self.address) from None
+        deadline = time.monotonic() + self.failover_timeout
+        while True:
+            try:
+                # Looked up each time: following the leader replaces the stub.
+                return getattr(self._stub, method)(request, timeout=self.timeout)
+            except grpc.RpcError as exc:
+                if self._retry(exc.code(), deadline):  # type: ignore[attr-defined]
+                    continue
+                raise _translate(exc, self.address) from None

@@ -74,13 +74,22 @@ def _start_ticks(pid: int) -> str:
 
 
 def holder_gone(holder: str) -> bool:
-    """Whether the lease holder is a process of this host that no longer exists (a kill -9 of
-    the leader frees the lease at once instead of after it expires). Unknown: False."""
+    """Whether the lease holder is a process of this host that no longer exists, or exited and
+    waits to be reaped (a kill -9 of the leader frees the lease at once instead of after it
+    expires). Unknown: False."""
     host, _, rest = holder.partition(":")
     pid_text, _, start = rest.partition(":")
     if host != socket.gethostname() or not pid_text.isdigit() or start in ("", "?"):
         return False
-    return _start_ticks(int(pid_text)) != start
+    return _start_ticks(int(pid_text)) != start or _zombie(int(pid_text))
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
+    except (OSError, IndexError):
+        return False
 
 
 def _fsync_dir(path: str) -> None:

@@ -7,6 +7,15 @@ Owns the layout of a cluster directory and the lifecycle of the processes record
     <dir>/log/<name>.log         each process's stdout and stderr
     <dir>/data/                  the JobManager's data dir unless another is given
 
+With high availability (`ha="filesystem"`, several JobManagers: `jobmanager`, `jobmanager-2`, ...)
+the cluster directory also holds:
+
+    <dir>/ha.conf                the high-availability.* keys every process is started with
+    <dir>/ha/                    the HA storage directory (lease, job graphs, results, archive)
+    <dir>/<name>.address         each JobManager's own address
+
+and the JobManager address is the lease's: whoever leads now (`read_address`, `leader`).
+
 Every process is started in its own session (`start_new_session`), so its pid is also its
 process-group id: stopping signals the group, which takes the PySpark JVM a TaskManager started
 along with it. Only pids read from our pid files are ever signalled, and only after checking
@@ -24,7 +33,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from funke.common.leadership import Lease
 from funke.deploy.client import FunkeError, JobManagerClient
+from funke.deploy.hafilesystem import FileSystemHaServices
 from funke.v1 import jobmanager_pb2
 
 __all__ = [
@@ -41,8 +52,18 @@ __all__ = [
 ]
 
 ADDRESS_FILE = "jobmanager.address"
+HA_CONF = "ha.conf"
+HA_CLUSTER_ID = "default"
 JOBMANAGER = "jobmanager"
 _MODULES = {JOBMANAGER: "funke.jobmanager.main", "tm": "funke.taskmanager.main"}
+
+
+def _kind(name: str) -> str:
+    return JOBMANAGER if name == JOBMANAGER or name.startswith(JOBMANAGER + "-") else "tm"
+
+
+def is_jobmanager(name: str) -> bool:
+    return _kind(name) == JOBMANAGER
 _LOG_TAIL_LINES = 30
 _POLL_S = 0.1
 
@@ -64,10 +85,12 @@ class ProcessInfo:
 class ClusterInfo:
     dir: Path
     address: str
-    jobmanager: ProcessInfo
+    jobmanager: ProcessInfo  # the leader, with high availability
     taskmanagers: tuple[ProcessInfo, ...]
     slots_per_taskmanager: int
     data_dir: str
+    standbys: tuple[ProcessInfo, ...] = ()
+    high_availability: str = "none"
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +100,8 @@ class ClusterStatus:
     address: str | None
     overview: jobmanager_pb2.ClusterOverview | None  # None: no JobManager answered
     error: str = ""  # why there is no overview, if a JobManager should have answered
+    high_availability: str = "none"
+    lease: Lease | None = None  # with high availability: the lease as written
 
     @property
     def running(self) -> bool:
@@ -98,12 +123,30 @@ def default_cluster_dir(environ: Mapping[str, str] | None = None) -> Path:
 
 
 def read_address(dir: str | os.PathLike[str]) -> str | None:
-    """The JobManager address recorded in a cluster directory, if any."""
+    """The JobManager address recorded in a cluster directory, if any; with high availability
+    the current leader's (None while none is elected)."""
+    services = ha_services(dir)
+    if services is not None:
+        lease = services.leader()
+        return lease.address if lease is not None and lease.valid(time.time()) else None
     try:
         text = (Path(dir) / ADDRESS_FILE).read_text().strip()
     except (FileNotFoundError, NotADirectoryError):
         return None
     return text or None
+
+
+def ha_services(dir: str | os.PathLike[str]) -> FileSystemHaServices | None:
+    """The HA services of a cluster started with high availability, else None."""
+    root = Path(dir)
+    if not (root / HA_CONF).is_file():
+        return None
+    return FileSystemHaServices(str(root / "ha"), HA_CLUSTER_ID)
+
+
+def leader(dir: str | os.PathLike[str]) -> Lease | None:
+    services = ha_services(dir)
+    return services.leader() if services is not None else None
 
 
 # --------------------------------------------------------------------------------------------
@@ -120,11 +163,20 @@ def start(
     dynamic: Iterable[str] = (),
     no_spark: bool = False,
     timeout: float = 120,
+    ha: str = "none",
+    jobmanagers: int = 1,
 ) -> ClusterInfo:
     """Start a JobManager and `taskmanagers` TaskManagers with `slots` slots each, recorded in
     `dir`. Returns once the JobManager serves and every TaskManager is registered; otherwise
     stops whatever it started and raises ClusterError. `dynamic` holds `KEY=VALUE` entries for
-    the JobManager's configuration (its -D flags)."""
+    the JobManager's configuration (its -D flags). With `ha="filesystem"`, `jobmanagers`
+    JobManagers contend for leadership (one leads, the others stand by); jobs a stopped HA
+    cluster suspended are recovered when it starts again on the same directory."""
+    if ha not in ("none", "filesystem"):
+        raise ClusterError(f"high availability {ha!r}: the local cluster supports none and filesystem")
+    if jobmanagers < 1 or (jobmanagers > 1 and ha == "none"):
+        raise ClusterError(f"{jobmanagers} JobManagers: more than one needs high availability (--ha filesystem)"
+                           if jobmanagers > 1 else f"a cluster needs at least one JobManager, got {jobmanagers}")
     if taskmanagers < 0:
         raise ClusterError(f"the number of TaskManagers must be 0 or more, got {taskmanagers}")
     if slots < 1:
@@ -140,6 +192,12 @@ def start(
             f"`funke cluster stop --dir {root}`"
         )
     _forget(root)  # pid files of dead processes and a stale address must not mislead anyone
+    ha_conf = root / HA_CONF
+    if ha == "filesystem":
+        ha_conf.write_text(f"high-availability.type: filesystem\nhigh-availability.storageDir: {root / 'ha'}\n"
+                           f"high-availability.cluster-id: {HA_CLUSTER_ID}\n")
+    else:
+        ha_conf.unlink(missing_ok=True)
     data = data_dir or str(root / "data")
     if "://" not in data:
         # The processes run in the cluster dir; a relative path meant the caller's cwd.
@@ -149,16 +207,22 @@ def start(
     deadline = time.monotonic() + timeout
     ok = False
     try:
-        address_file = root / ADDRESS_FILE
-        jm_args = ["--port", str(port), "--address-file", str(address_file), "--data-dir", data]
-        for entry in dynamic:
-            jm_args += ["-D", entry]
-        _launch(started, JOBMANAGER, jm_args)
-        address = _wait_for_address(started, address_file, deadline)
+        ha_args = ["--config", str(ha_conf)] if ha != "none" else []
+        jm_names = [JOBMANAGER] + [f"{JOBMANAGER}-{i}" for i in range(2, jobmanagers + 1)]
+        for i, name in enumerate(jm_names):
+            address_file = root / ADDRESS_FILE if name == JOBMANAGER else root / f"{name}.address"
+            jm_args = ["--port", str(port if i == 0 else 0), "--address-file", str(address_file),
+                       "--data-dir", data, *ha_args]
+            for entry in dynamic:
+                jm_args += ["-D", entry]
+            _launch(started, name, jm_args)
+        for name in jm_names:
+            _wait_for_address(started, root / (ADDRESS_FILE if name == JOBMANAGER else f"{name}.address"), deadline)
+        address = _wait_for_leader(started, root, deadline) if ha != "none" else read_address(root) or ""
 
         tm_names = [f"tm-{i}" for i in range(1, taskmanagers + 1)]
         for name in tm_names:
-            tm_args = ["--jobmanager", address, "--slots", str(slots), "--id", name]
+            tm_args = ["--jobmanager", address, "--slots", str(slots), "--id", name, *ha_args]
             if no_spark:
                 tm_args.append("--no-spark")
             _launch(started, name, tm_args)
@@ -170,13 +234,16 @@ def start(
                 _fail(started, JOBMANAGER, f"the JobManager at {address} did not become ready: {exc}")
             _wait_for_registrations(started, client, tm_names, deadline)
         ok = True
+        lead = _leader_name(root) if ha != "none" else JOBMANAGER
         return ClusterInfo(
             dir=root,
             address=address,
-            jobmanager=_info(root, JOBMANAGER, started.processes[JOBMANAGER].pid, True),
+            jobmanager=_info(root, lead, started.processes[lead].pid, True),
             taskmanagers=tuple(_info(root, n, started.processes[n].pid, True) for n in tm_names),
             slots_per_taskmanager=slots,
             data_dir=data,
+            standbys=tuple(_info(root, n, started.processes[n].pid, True) for n in jm_names if n != lead),
+            high_availability=ha,
         )
     finally:
         if not ok:  # includes KeyboardInterrupt: never leave half a cluster behind
@@ -196,25 +263,50 @@ def start_taskmanager(dir: str | os.PathLike[str], name: str, slots: int, no_spa
         raise ClusterError(f"{name} (pid {alive[0].pid}) is still running")
     started = _Started(root)
     args = ["--jobmanager", address, "--slots", str(slots), "--id", name] + (["--no-spark"] if no_spark else [])
+    if (root / HA_CONF).is_file():
+        args += ["--config", str(root / HA_CONF)]
     _launch(started, name, args)
     with JobManagerClient(address, timeout=5) as client:
         _wait_for_registrations(started, client, [name], time.monotonic() + timeout)
     return _info(root, name, started.processes[name].pid, True)
 
 
-def kill(dir: str | os.PathLike[str], name: str) -> int:
+def start_jobmanager(dir: str | os.PathLike[str], name: str, data_dir: str | None = None,
+                     dynamic: Iterable[str] = (), timeout: float = 60) -> ProcessInfo:
+    """Start a JobManager (a replacement with a dead one's name, or one more standby) in a
+    running high-availability cluster; returns once it serves (as leader or standby)."""
+    root = Path(dir).expanduser().resolve()
+    if not (root / HA_CONF).is_file():
+        raise ClusterError(f"the cluster in {root} runs without high availability: it has one JobManager")
+    alive = [p for p in _recorded(root) if p.name == name and p.alive]
+    if alive:
+        raise ClusterError(f"{name} (pid {alive[0].pid}) is still running")
+    started = _Started(root)
+    address_file = root / (ADDRESS_FILE if name == JOBMANAGER else f"{name}.address")
+    address_file.unlink(missing_ok=True)
+    args = ["--port", "0", "--address-file", str(address_file), "--data-dir", data_dir or str(root / "data"),
+            "--config", str(root / HA_CONF)]
+    for entry in dynamic:
+        args += ["-D", entry]
+    _launch(started, name, args)
+    _wait_for_address(started, address_file, time.monotonic() + timeout)
+    return _info(root, name, started.processes[name].pid, True)
+
+
+def kill(dir: str | os.PathLike[str], name: str, signum: int = signal.SIGKILL) -> int:
     """SIGKILL a recorded process and everything it started (its session: for a TaskManager,
-    the Spark JVM and Python workers too), as if its machine died. Returns the pid."""
+    the Spark JVM and Python workers too), as if its machine died; or send it `signum` (SIGTERM:
+    a graceful stop, SIGSTOP: a long pause). Returns the pid."""
     root = Path(dir).expanduser().resolve()
     for p in _recorded(root):
         if p.name == name and p.alive:
-            _signal_group(p.pid, signal.SIGKILL)
+            _signal_group(p.pid, signum)
             return p.pid
     raise ClusterError(f"no running process named {name} in {root}")
 
 
 def _launch(started: _Started, name: str, args: Sequence[str]) -> None:
-    module = _MODULES[JOBMANAGER if name == JOBMANAGER else "tm"]
+    module = _MODULES[_kind(name)]
     log_path = started.dir / "log" / f"{name}.log"
     env = dict(os.environ, PYTHONUNBUFFERED="1")  # log lines must reach the file as they happen
     with open(log_path, "wb") as log:
@@ -232,12 +324,43 @@ def _launch(started: _Started, name: str, args: Sequence[str]) -> None:
 def _wait_for_address(started: _Started, address_file: Path, deadline: float) -> str:
     while time.monotonic() < deadline:
         _check_alive(started)
-        address = read_address(address_file.parent)
+        try:
+            address = address_file.read_text().strip()
+        except FileNotFoundError:
+            address = ""
         if address:
             return address
         time.sleep(_POLL_S)
-    _fail(started, JOBMANAGER, "the JobManager did not write its address in time")
+    name = address_file.stem if address_file.name != ADDRESS_FILE else JOBMANAGER
+    _fail(started, name, f"{name} did not write its address in time")
     raise AssertionError("unreachable")
+
+
+def _wait_for_leader(started: _Started, root: Path, deadline: float) -> str:
+    while time.monotonic() < deadline:
+        _check_alive(started)
+        address = read_address(root)
+        if address:
+            return address
+        time.sleep(_POLL_S)
+    _fail(started, JOBMANAGER, "no JobManager was elected leader in time")
+    raise AssertionError("unreachable")
+
+
+def leader_name(dir: str | os.PathLike[str]) -> str:
+    """With high availability: the recorded JobManager that leads (`jobmanager` if none)."""
+    return _leader_name(Path(dir).expanduser().resolve())
+
+
+def _leader_name(root: Path) -> str:
+    """The recorded JobManager that holds the lease (by its pid), else `jobmanager`."""
+    lease = leader(root)
+    if lease is not None:
+        pid = lease.holder.split(":")[1] if lease.holder.count(":") >= 2 else ""
+        for p in _recorded(root):
+            if is_jobmanager(p.name) and str(p.pid) == pid:
+                return p.name
+    return JOBMANAGER
 
 
 def _wait_for_registrations(started: _Started, client: JobManagerClient, names: list[str], deadline: float) -> None:
@@ -308,9 +431,12 @@ def stop(dir: str | os.PathLike[str], timeout: float = 15) -> list[tuple[Process
     outcome: dict[str, str] = {p.name: "not running" for p in recorded if not p.alive}
     live = [p for p in recorded if p.alive]
     deadline = time.monotonic() + timeout
-    taskmanagers = [p for p in live if p.name != JOBMANAGER]
-    jobmanager = [p for p in live if p.name == JOBMANAGER]
-    for group in (taskmanagers, jobmanager):
+    taskmanagers = [p for p in live if not is_jobmanager(p.name)]
+    # Standbys before the leader: a standby must not take over the jobs the leader suspends.
+    lead = _leader_name(root)
+    standbys = [p for p in live if is_jobmanager(p.name) and p.name != lead]
+    jobmanager = [p for p in live if p.name == lead]
+    for group in (taskmanagers, standbys, jobmanager):
         for p in group:
             _signal_group(p.pid, signal.SIGTERM)
         # The JobManager gets at least a moment even when the TaskManagers used up the time.
@@ -373,6 +499,8 @@ def _forget(root: Path) -> None:
         for f in pids.glob("*.pid"):
             f.unlink(missing_ok=True)
     (root / ADDRESS_FILE).unlink(missing_ok=True)
+    for f in root.glob(f"{JOBMANAGER}-*.address"):
+        f.unlink(missing_ok=True)
 
 
 # --------------------------------------------------------------------------------------------
@@ -386,7 +514,8 @@ def status(dir: str | os.PathLike[str], timeout: float = 5) -> ClusterStatus:
     processes = tuple(_recorded(root))
     address = read_address(root)
     overview, error = None, ""
-    jm_alive = any(p.name == JOBMANAGER and p.alive for p in processes)
+    jm_alive = any(is_jobmanager(p.name) and p.alive for p in processes)
+    ha = "filesystem" if (root / HA_CONF).is_file() else "none"
     if address and jm_alive:
         try:
             with JobManagerClient(address, timeout=timeout) as client:
@@ -396,8 +525,9 @@ def status(dir: str | os.PathLike[str], timeout: float = 5) -> ClusterStatus:
     elif processes and not jm_alive:
         error = "the JobManager is not running"
     elif jm_alive:
-        error = "the JobManager has not written its address yet"
-    return ClusterStatus(root, processes, address, overview, error)
+        error = ("no JobManager leads right now (an election is under way)" if ha != "none"
+                 else "the JobManager has not written its address yet")
+    return ClusterStatus(root, processes, address, overview, error, ha, leader(root) if ha != "none" else None)
 
 
 # --------------------------------------------------------------------------------------------
@@ -414,9 +544,12 @@ def _info(root: Path, name: str, pid: int, alive: bool) -> ProcessInfo:
 
 
 def _order(name: str) -> tuple[int, int]:
-    """jobmanager first, then tm-1, tm-2, ..., tm-10 in numeric order."""
+    """jobmanager, jobmanager-2, ... first, then tm-1, tm-2, ..., tm-10 in numeric order."""
     if name == JOBMANAGER:
         return (0, 0)
+    if is_jobmanager(name):
+        number = name.rpartition("-")[2]
+        return (0, int(number) if number.isdigit() else 0)
     number = name.rpartition("-")[2]
     return (1, int(number)) if number.isdigit() else (2, 0)
 
@@ -469,7 +602,7 @@ def _is_ours(pid: int, name: str) -> bool:
             return False
     except (ProcessLookupError, PermissionError):
         return False
-    module = _MODULES[JOBMANAGER if name == JOBMANAGER else "tm"]
+    module = _MODULES[_kind(name)]
     if not Path("/proc/self").exists():
         return True  # no procfs (macOS): the session-leader check is all we have
     try:

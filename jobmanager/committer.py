@@ -8,6 +8,12 @@ A file sink's subtasks write into hidden staging directories beside the target (
 finished attempts under deterministic names (`part-<subtask>-<n><ext>`, so a rerun after failures
 produces the same file set) and renames the assembled directory onto the target. A failed or
 cancelled job never reaches the rename, and `cleanup_job` removes its staging.
+
+The staging root keeps a marker (`committed`, naming the job) from the moment a commit passed
+its checks until the job's clean-up: a job recovered by a new leader after its commit but before
+its end was recorded commits again, and the marker lets that second commit replace the job's own
+output (same files, same names) instead of failing on a taken target. The target itself holds
+only the part files.
 """
 
 from __future__ import annotations
@@ -24,6 +30,9 @@ import pyarrow.parquet as pq
 
 from funke.common import layout
 from funke.common.scheduler import SinkCommit
+
+
+COMMIT_MARKER = "committed"
 
 
 def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
@@ -90,8 +99,10 @@ def commit_outputs(data_dir: str, job_id: str, sinks: Sequence[SinkCommit]) -> N
             c.unpublish()
         raise
     for c in commits:
-        try:
-            _remove(c.fs, c.root)
+        try:  # all but the marker, which stays until the job's clean-up
+            for info in c.fs.get_file_info(pafs.FileSelector(c.root)):
+                if PurePosixPath(info.path).name != COMMIT_MARKER:
+                    _remove(c.fs, info.path)
         except OSError:  # the output is in place; clean-up at the job's end tries again
             pass
 
@@ -115,9 +126,17 @@ class _SinkTarget:
     def refused(self) -> bool:
         """The target holds something and the mode does not allow replacing it."""
         existing = _exists(self.fs, self.path)
-        if existing is pafs.FileType.NotFound or self.mode == "overwrite":
+        if existing is pafs.FileType.NotFound or self.mode == "overwrite" or self._own_output():
             return False
         return not (existing is pafs.FileType.Directory and not self.fs.get_file_info(pafs.FileSelector(self.path)))
+
+    def _own_output(self) -> bool:
+        """The target is this job's own earlier commit (it was recovered after committing)."""
+        try:
+            with self.fs.open_input_stream(f"{self.root}/{COMMIT_MARKER}") as f:
+                return f.read(1000).decode(errors="replace") == self.job_id
+        except (OSError, FileNotFoundError):
+            return False
 
     def assemble(self) -> None:
         """The finished attempts' files under deterministic names (`part-<subtask>-<n><ext>`), still hidden."""
@@ -138,6 +157,10 @@ class _SinkTarget:
             for n, path in enumerate(_data_files(self.fs, staged)):
                 suffix = "".join(PurePosixPath(path).suffixes)
                 self.fs.move(path, f"{self.assembled}/part-{sink.subtask_index:05d}-{n:03d}{suffix}")
+        # Before anything is published: the checks passed, so whatever is at the target now
+        # may be replaced by this job (again, should it be recovered).
+        with self.fs.open_output_stream(f"{self.root}/{COMMIT_MARKER}") as f:
+            f.write(self.job_id.encode())
 
     def publish(self) -> None:
         if _exists(self.fs, self.path) is not pafs.FileType.NotFound:  # overwrite, or an empty directory

@@ -10,7 +10,9 @@ Owns two things done once, at start-up, before the JobManager accepts a job:
   job directory under `<data dir>/jobs/` is an orphan of an earlier JobManager (a crash leaves
   result partitions, cancel markers and collected rows behind). They are removed; nothing
   outside `<data dir>/jobs/` is touched, and entries whose names are not job ids are left alone
-  and reported.
+  and reported. With high availability the JobManagers of a cluster share the data directory
+  (the lease, not the lock, says who acts): the new leader sweeps once it leads, keeping the jobs
+  the HA stores still own (`sweep(data_dir, keep)`).
 """
 
 from __future__ import annotations
@@ -79,6 +81,15 @@ def claim(data_dir: str, *, sweep: bool = True) -> DataDirClaim:
     return result
 
 
+def sweep(data_dir: str, keep: set[str] | frozenset[str] = frozenset()) -> DataDirClaim:
+    """Remove the job directories of a local data directory except those in `keep` (no lock)."""
+    result = DataDirClaim(data_dir)
+    local = _local(data_dir)
+    if local is not None:
+        _sweep(local, result, keep)
+    return result
+
+
 def _read_holder(fd: int) -> str:
     try:
         text = os.pread(fd, 32, 0).decode(errors="replace").strip()
@@ -87,7 +98,7 @@ def _read_holder(fd: int) -> str:
     return f" (pid {text})" if text.isdigit() else ""
 
 
-def _sweep(local: str, result: DataDirClaim) -> None:
+def _sweep(local: str, result: DataDirClaim, keep: set[str] | frozenset[str] = frozenset()) -> None:
     jobs = layout.jobs_dir(local)
     if os.path.islink(jobs):
         # Following it would sweep whatever directory it points to.
@@ -99,6 +110,8 @@ def _sweep(local: str, result: DataDirClaim) -> None:
     except FileNotFoundError:
         return
     for entry in entries:
+        if entry.name in keep:
+            continue
         if not ids.is_path_id(entry.name, ids.MAX_JOB_ID_LENGTH) or entry.is_symlink() or not entry.is_dir():
             result.left_alone.append(entry.name)
             continue

@@ -8,12 +8,19 @@ but not free at P = 10 000), and only then is the job registered and started.
 A job that reaches a terminal status leaves its JobMaster behind: the dispatcher keeps a compact
 archive of it in the `JobStore` (Flink's ExecutionGraphInfoStore) until it is evicted by count,
 age or size, and then deletes what the job left in the data directory.
+
+With high availability (`ha` set: this Dispatcher is the leader's, for one epoch) a job is
+written to the job graph store before it starts, each of its status changes to its history
+there, and when it ends globally its result (dirty, then clean once its job graph is removed)
+and its archive; `recover` starts every job the store holds and shows the archived ones. A job
+id with a recorded result is never run again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 import uuid
 
@@ -25,13 +32,17 @@ from funke.common.restart import describe_config, restart_strategy_from_config
 from funke.common.scheduler import Scheduler
 from funke.common.states import JobStatus
 from funke.common.validation import Problem, ValidationContext, describe_problems, find_problems
-from funke.common.codec import DeploymentEncoder, WireError, job_graph_from_proto
-from funke.jobmanager import committer
+from funke.common.codec import DeploymentEncoder, WireError, job_graph_from_proto, job_graph_to_proto
+from funke.common.executiongraph import Incarnation
+from funke.deploy.hafilesystem import Fenced, JobResult
+from funke.jobmanager import committer, datadir
+from funke.jobmanager import highavailability as hamod
+from funke.jobmanager.highavailability import HaContext
 from funke.jobmanager.jobmaster import JobMaster
 from funke.jobmanager.jobstore import ArchivedJob, JobStore, archive
 from funke.jobmanager.mailbox import Mailbox
 from funke.jobmanager.resourcemanager import ResourceManager
-from funke.v1 import cluster_pb2, job_pb2, jobgraph_pb2
+from funke.v1 import cluster_pb2, ha_pb2, job_pb2, jobgraph_pb2, jobmanager_pb2
 
 log = logging.getLogger("funke.jobmanager")
 
@@ -47,8 +58,12 @@ class DispatcherError(Exception):
 
 
 class Dispatcher:
-    def __init__(self, config: ClusterConfiguration):
+    def __init__(self, config: ClusterConfiguration, ha: HaContext | None = None):
         self.config = config
+        self.ha = ha
+        self.results: dict[str, JobResult] = {}  # with HA: every job the result store knows ended
+        self._runs: dict[str, list[dict]] = {}  # with HA: each job's run records, kept in its history
+        self._writes: set[asyncio.Future] = set()
         self.mailbox = Mailbox()
         self.jobs: dict[str, JobMaster] = {}  # jobs that have not ended on this JobManager
         self.store = JobStore(config.jobstore_max_capacity, config.jobstore_expiration_s, config.jobstore_cache_bytes)
@@ -60,16 +75,128 @@ class Dispatcher:
             config, self.mailbox,
             job_master=self.jobs.get,
             running_job_masters=lambda: [jm for jm in self.jobs.values() if not jm.status.is_terminal],
+            session=f"e{ha.epoch}." if ha is not None else f"{secrets.token_hex(3)}.",
+            leader_epoch=ha.epoch if ha is not None else 0,
         )
 
     def start(self) -> None:
         self.rm.start()
 
-    async def stop(self) -> None:
+    async def stop(self, cause: str = "JobManager shut down") -> None:
+        """Suspend every job that has not ended (with HA it stays in the job graph store for the
+        next leader) and let the TaskManagers go."""
         for jm in list(self.jobs.values()):
             if not jm.status.is_terminal:
-                self.mailbox.call(lambda jm=jm: jm.suspend("JobManager shut down"))
+                self.mailbox.call(lambda jm=jm: jm.suspend(cause))
+        if self.ha is not None:
+            await asyncio.sleep(0)  # let the suspensions' letters queue their writes
+            await self.ha.flush()
         await self.rm.stop()
+
+    # ------------------------------------------------------------------ high availability
+
+    def leader_info(self) -> jobmanager_pb2.LeaderInfo | None:
+        if self.ha is None:
+            return None
+        lease = self.ha.lease()
+        info = jobmanager_pb2.LeaderInfo(high_availability=self.config.high_availability, epoch=self.ha.epoch,
+                                         job_manager=self.ha.job_manager)
+        if lease is not None and lease.epoch == self.ha.epoch:
+            info.address = lease.address
+            info.since.FromNanoseconds(int(lease.since * 1e9))
+        return info
+
+    async def recover(self) -> list[str]:
+        """As the new leader: show the archived jobs, finish what a leader left half-done (a job
+        with a result whose graph is still stored), sweep the data directory of jobs nobody owns,
+        and start every stored job again. Returns the ids of the jobs started."""
+        ha = self.ha
+        assert ha is not None
+        services = ha.services
+        self.results = await ha.read(services.results)
+        archives = await ha.read(services.archives)
+        graph_ids = await ha.read(services.job_graph_ids)
+        now = time.time()
+        for job_id, data in sorted(archives.items()):
+            entry = _archived_from_bytes(job_id, data)
+            if entry is not None:
+                self._forget(self.store.put(entry, now))
+        keep = set(graph_ids) | set(archives)
+        await asyncio.get_running_loop().run_in_executor(None, datadir.sweep, self.config.data_dir, keep)
+        started = []
+        for job_id in graph_ids:
+            if job_id in self.results:  # ended, but its clean-up was cut short
+                self._spawn(self._finish_in_store(job_id, None))
+                continue
+            try:
+                if await self._recover_job(job_id):
+                    started.append(job_id)
+            except Exception:
+                log.exception("job %s: recovering it from the job graph store failed; it stays there", job_id)
+        if started:
+            log.info("recovered %d job(s) from the job graph store: %s", len(started), ", ".join(started))
+        return started
+
+    async def _recover_job(self, job_id: str) -> bool:
+        ha = self.ha
+        assert ha is not None
+        data = await ha.read(ha.services.job_graph, job_id)
+        records = await ha.read(ha.services.history, job_id)
+        if data is None:
+            return False
+        message = jobgraph_pb2.JobGraph.FromString(data)
+        job = job_graph_from_proto(message)
+        problems = find_problems(job, self._validation)
+        if problems or job.job_id != job_id:
+            log.error("job %s in the job graph store is not valid here; not recovered: %s", job_id,
+                      describe_problems(problems) if problems else f"it names itself {job.job_id}")
+            return False
+        story = hamod.read_story(records)
+        incarnation, run = hamod.next_incarnation(story, ha.epoch, ha.job_manager, time.time(), None)
+        self._runs[job_id] = story.runs + [run]
+        # The new run's record (its attempt numbers) is stored before any of its tasks exists.
+        await ha.write(ha.services.put_history, job_id, self._records(job_id, incarnation.earlier_history))
+        await self.start_job(job, message.artifacts, incarnation=incarnation, persist=None)
+        return True
+
+    def _records(self, job_id: str, transitions) -> list[dict]:
+        return self._runs.get(job_id, []) + [hamod.transition_record(h) for h in transitions]
+
+    def _spawn(self, coroutine) -> None:
+        future = asyncio.ensure_future(coroutine)
+        self._writes.add(future)
+        future.add_done_callback(self._written)
+
+    def _written(self, future: asyncio.Future) -> None:
+        self._writes.discard(future)
+        exc = None if future.cancelled() else future.exception()
+        if isinstance(exc, Fenced):
+            log.info("high availability: a write was refused, this JobManager no longer leads: %s", exc)
+        elif exc is not None:
+            log.error("high availability: writing to the store failed: %s", exc, exc_info=exc)
+
+    def _on_status(self, jm: JobMaster) -> None:
+        if self.ha is not None:
+            self._spawn(self.ha.write(self.ha.services.put_history, jm.job_id,
+                                      self._records(jm.job_id, jm.graph.status_history())))
+
+    async def _finish_in_store(self, job_id: str, entry: ArchivedJob | None, cleanup=None) -> None:
+        """A globally terminal job: its result (dirty), its archive, its data cleaned up, its job
+        graph removed, its result clean. Each step is idempotent, so a new leader finishes what a
+        dead one began."""
+        ha = self.ha
+        assert ha is not None
+        services = ha.services
+        if entry is not None:
+            await ha.write(services.put_dirty_result, self.results[job_id])
+            await ha.write(services.put_archive, job_id, _archived_to_bytes(entry))
+        if cleanup is not None:
+            try:
+                await asyncio.get_running_loop().run_in_executor(None, cleanup)
+            except Exception as exc:
+                log.warning("cleaning up job %s: %s", job_id, exc)
+        await ha.write(services.remove_job_graph, job_id)
+        await ha.write(services.mark_result_clean, job_id)
 
     # ------------------------------------------------------------------ client API
 
@@ -82,12 +209,23 @@ class Dispatcher:
         problems = find_problems(job, self._validation)
         if problems:
             raise DispatcherError("INVALID_ARGUMENT", describe_problems(problems))
-        return await self.start_job(job, message.artifacts)
+        return await self.start_job(job, message.artifacts, persist=message)
 
-    async def start_job(self, job: JobGraph, artifacts=()) -> str:
+    async def start_job(self, job: JobGraph, artifacts=(), *, incarnation: Incarnation | None = None,
+                        persist: jobgraph_pb2.JobGraph | None | bool = True) -> str:
         """Build and start a job that passed validation (the second half of `submit`; `artifacts`
-        are the wire form the TaskManagers get)."""
+        are the wire form the TaskManagers get). With HA the job graph is stored first (`persist`:
+        the message as submitted, True to encode `job`, None for a job recovered from the store)."""
         job_id = job.job_id or uuid.uuid4().hex
+        if self.ha is not None and not self.ha.leads():
+            raise DispatcherError("UNAVAILABLE", f"this JobManager no longer leads the cluster; "
+                                  f"{self.ha.leader_address() or 'a new leader is being elected'}")
+        recorded = self.results.get(job_id)
+        if recorded is not None:
+            raise DispatcherError("ALREADY_EXISTS", f"a job with id {job_id} already ran and ended "
+                                  f"{recorded.status} at {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(recorded.ended_at))} "
+                                  "(recorded in the job result store, so it is never run again); "
+                                  "submit it under a new id")
         if job_id in self.jobs or job_id in self._reserved:
             raise DispatcherError("ALREADY_EXISTS", f"a job with id {job_id} already exists")
         if job_id in self._deleting:
@@ -100,7 +238,14 @@ class Dispatcher:
         self._reserved.add(job_id)
         try:
             graph, scheduler, restart = await asyncio.get_running_loop().run_in_executor(
-                None, self._build, job, job_id, time.time())
+                None, self._build, job, job_id, time.time(), incarnation or self._first_run())
+            if self.ha is not None and persist is not None:
+                await self._store_job_graph(job, job_id, persist)
+        except DispatcherError:
+            raise
+        except Fenced as exc:
+            raise DispatcherError("UNAVAILABLE", f"job {job_id} was not started: this JobManager no longer "
+                                  f"leads the cluster ({exc})") from None
         except Exception as exc:  # validation let through what the ExecutionGraph cannot take: a bug
             log.exception("job %s: building its ExecutionGraph failed", job_id)
             raise DispatcherError("INTERNAL", f"the JobManager could not build job {job_id}: "
@@ -110,16 +255,35 @@ class Dispatcher:
         jm = JobMaster(
             graph, scheduler, resource_manager=self.rm, mailbox=self.mailbox, data_dir=self.config.data_dir,
             descriptors=DeploymentEncoder(self.config.data_dir, dict(job.configuration.options), artifacts),
-            restart_description=restart, on_terminal=self._archive,
+            restart_description=restart, on_terminal=self._archive, on_status=self._on_status,
         )
+        jm.defer_cleanup = self.ha is not None
         self.jobs[job_id] = jm
         self.mailbox.call(jm.start)
         return job_id
 
-    def _build(self, job: JobGraph, job_id: str, now: float) -> tuple[ExecutionGraph, Scheduler, str]:
+    def _first_run(self) -> Incarnation:
+        if self.ha is None:
+            return Incarnation()
+        return Incarnation(self.ha.epoch, self.ha.job_manager)
+
+    async def _store_job_graph(self, job: JobGraph, job_id: str, persist) -> None:
+        """Into the job graph store before the job starts: a leader that dies a moment later
+        leaves it for the next one."""
+        assert self.ha is not None
+        message = job_graph_to_proto(job) if persist is True else persist
+        if message.job_id != job_id:
+            copy = jobgraph_pb2.JobGraph()
+            copy.CopyFrom(message)
+            copy.job_id = job_id
+            message = copy
+        await self.ha.write(self.ha.services.put_job_graph, job_id, message.SerializeToString())
+
+    def _build(self, job: JobGraph, job_id: str, now: float,
+               incarnation: Incarnation = Incarnation()) -> tuple[ExecutionGraph, Scheduler, str]:
         cfg = job.configuration
         restart_cfg = cfg.restart_strategy if cfg.restart_strategy is not None else self.config.restart_strategy
-        graph = ExecutionGraph(job, job_id, now)
+        graph = ExecutionGraph(job, job_id, now, incarnation)
         scheduler = Scheduler(
             graph,
             restart_strategy=restart_strategy_from_config(restart_cfg),
@@ -169,6 +333,9 @@ class Dispatcher:
             return
         entry = archive(jm.details(), jm.summary(), jm.status, jm.sequence, jm.collect_vertices, time.time())
         del self.jobs[jm.job_id]
+        if self.ha is not None and jm.status.is_globally_terminal:
+            self.results[jm.job_id] = JobResult(jm.job_id, jm.status.value, time.time(), self.ha.epoch)
+            self._spawn(self._finish_in_store(jm.job_id, entry, jm.pending_cleanup))
         self._forget(self.store.put(entry, time.time()))
 
     def _expire(self) -> None:
@@ -179,6 +346,8 @@ class Dispatcher:
             log.info("job %s (%s) evicted from the job store; its collected rows are deleted",
                      entry.job_id, entry.status.value)
             self._deleting.add(entry.job_id)  # its id is not reused until the deletion is done
+            if self.ha is not None:
+                self._spawn(self.ha.write(self.ha.services.remove_archive, entry.job_id))
             future = asyncio.get_running_loop().run_in_executor(
                 None, committer.remove_job_data, self.config.data_dir, entry.job_id)
             future.add_done_callback(lambda f, job_id=entry.job_id: self._deleted(job_id, f))
@@ -202,3 +371,19 @@ class Dispatcher:
                     log.exception("job %s: a task report could not be applied", jm.job_id)
 
         self.mailbox.call(deliver)
+
+
+def _archived_to_bytes(entry: ArchivedJob) -> bytes:
+    return ha_pb2.ArchivedJob(details=entry.details(), summary=entry.summary, sequence=entry.sequence,
+                              collect_vertices=list(entry.collect_vertices),
+                              archived_at=entry.archived_at).SerializeToString()
+
+
+def _archived_from_bytes(job_id: str, data: bytes) -> ArchivedJob | None:
+    try:
+        m = ha_pb2.ArchivedJob.FromString(data)
+        status = JobStatus[job_pb2.JobStatus.Name(m.details.status).removeprefix("JOB_STATUS_")]
+    except Exception as exc:  # a torn or foreign file: the job's result still refuses its id
+        log.warning("job %s: its archive in the HA store cannot be read (%s); not shown", job_id, exc)
+        return None
+    return archive(m.details, m.summary, status, m.sequence, tuple(m.collect_vertices), m.archived_at)

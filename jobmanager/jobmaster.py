@@ -45,6 +45,7 @@ class JobMaster:
         descriptors: DeploymentEncoder,
         restart_description: str,
         on_terminal: Callable[["JobMaster"], None] = lambda jm: None,
+        on_status: Callable[["JobMaster"], None] = lambda jm: None,
     ):
         self.graph = graph
         self.scheduler = scheduler
@@ -55,6 +56,12 @@ class JobMaster:
         self.descriptors = descriptors
         self.restart_description = restart_description
         self._on_terminal = on_terminal
+        self._on_status = on_status  # after each job status change (high availability records it)
+        # With high availability the data clean-up waits until the job's end is recorded (until
+        # then a new leader may run it again, and needs the commit marker): `pending_cleanup`
+        # holds it for the dispatcher.
+        self.defer_cleanup = False
+        self.pending_cleanup: Callable[[], None] | None = None
         self.waiting_for_resources = ""
         self._internal_error = False
         self._broken = False  # the scheduler could not even fail the job: it gets no more events
@@ -226,7 +233,10 @@ class JobMaster:
         t = a.transition
         log.info("job %s: %s -> %s%s", self.job_id, t.from_state.value, t.to_state.value, f" ({t.cause})" if t.cause else "")
         self._sequence += 1
-        self._publish(codec.event_to_proto(self._sequence, a), end=t.to_state.is_terminal)
+        inc = self.graph.incarnation
+        self._publish(codec.event_to_proto(self._sequence, a, inc.leader_epoch, inc.job_manager),
+                      end=t.to_state.is_terminal)
+        self._on_status(self)
 
     def _on_execution_state(self, a: s.ExecutionStateChanged) -> None:
         if a.transition.to_state is ExecutionState.FAILED:
@@ -301,10 +311,17 @@ class JobMaster:
                 gateway.release_partitions(self.job_id, [], whole_job=True)
         if a.status is not JobStatus.SUSPENDED:
             keep = a.status is JobStatus.FINISHED
-            future = self._loop.run_in_executor(None, committer.cleanup_job, self.data_dir, self.job_id,
-                                                self.sink_targets, keep)
-            future.add_done_callback(lambda f: f.exception() and log.warning(
-                "cleaning up job %s: %s", self.job_id, f.exception()))
+            targets = list(self.sink_targets)
+
+            def cleanup() -> None:
+                committer.cleanup_job(self.data_dir, self.job_id, targets, keep)
+
+            if self.defer_cleanup:
+                self.pending_cleanup = cleanup
+            else:
+                future = self._loop.run_in_executor(None, cleanup)
+                future.add_done_callback(lambda f: f.exception() and log.warning(
+                    "cleaning up job %s: %s", self.job_id, f.exception()))
         # After the other actions of this decision: the dispatcher then keeps only a summary.
         self.mailbox.run(lambda: self._on_terminal(self))
 

@@ -1,5 +1,12 @@
 """`funke jobmanager`: the JobManager process (dispatcher, resource manager, job masters) on one
-asyncio event loop, serving the client API, the TaskManager protocol and gRPC health."""
+asyncio event loop, serving the client API, the TaskManager protocol and gRPC health.
+
+Without high availability the process leads from the start, alone on its data directory (which
+it locks). With it (`high-availability: filesystem`) it is a contender: it serves at once, as a
+standby whose every call is answered UNAVAILABLE with the leader's address, until it is granted
+leadership; then a Dispatcher of that epoch recovers the stored jobs and serves. Losing
+leadership suspends its jobs and makes it a standby again; SIGTERM suspends them, records it and
+releases the lease, so a standby takes over at once."""
 
 from __future__ import annotations
 
@@ -24,7 +31,9 @@ from funke.common.configuration import (
 )
 from funke.deploy.rpc import MESSAGE_SIZE_OPTIONS, add_service
 from funke.jobmanager import datadir
-from funke.jobmanager.dispatcher import Dispatcher
+from funke.deploy.hafilesystem import FileSystemHaServices
+from funke.jobmanager.dispatcher import Dispatcher, DispatcherError
+from funke.jobmanager.highavailability import LeaderElection
 from funke.jobmanager.services import JobManagerService, JobMasterService, ResourceManagerService
 from funke.v1 import cluster_pb2, jobmanager_pb2
 
@@ -67,31 +76,80 @@ def _fields(config: ClusterConfiguration) -> dict:
     return {name: getattr(config, name) for name in config.__dataclass_fields__}
 
 
+class JobManagerRole:
+    """Which Dispatcher serves right now: the one Dispatcher without HA; with HA, the one of
+    the epoch this process leads, or none (standby)."""
+
+    def __init__(self, config: ClusterConfiguration, health_servicer: health.aio.HealthServicer):
+        self.config = config
+        self.health = health_servicer
+        self.dispatcher: Dispatcher | None = None
+        self.election: LeaderElection | None = None
+
+    def current(self) -> Dispatcher:
+        if self.dispatcher is not None:
+            return self.dispatcher
+        where = self.election.describe_leader() if self.election is not None else "it is starting"
+        raise DispatcherError("UNAVAILABLE", f"this JobManager is a standby (high availability); {where}")
+
+    async def serving(self, serving: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for service in ("funke.v1.JobManager", "funke.v1.ResourceManager", "funke.v1.JobMaster"):
+            await self.health.set(service, status)
+
+    async def granted(self, epoch: int) -> None:
+        assert self.election is not None
+        dispatcher = Dispatcher(self.config, ha=self.election.context(epoch))
+        dispatcher.start()
+        await dispatcher.recover()
+        if self.election.leading_epoch != epoch:  # lost it again while recovering
+            await dispatcher.stop("the JobManager lost leadership while recovering its jobs")
+            return
+        self.dispatcher = dispatcher
+        await self.serving(True)
+        print(f"JobManager leads (epoch {epoch})", flush=True)
+
+    async def revoked(self, epoch: int, reason: str) -> None:
+        dispatcher, self.dispatcher = self.dispatcher, None
+        await self.serving(False)
+        if dispatcher is not None:
+            await dispatcher.stop(f"the JobManager lost leadership (epoch {epoch}): {reason}")
+        print(f"JobManager is a standby (lost epoch {epoch})", flush=True)
+
+
 async def serve(args: argparse.Namespace, config: ClusterConfiguration) -> None:
-    dispatcher = Dispatcher(config)
+    health_servicer = health.aio.HealthServicer()
+    role = JobManagerRole(config, health_servicer)
     server = grpc.aio.server(options=MESSAGE_SIZE_OPTIONS)
     services = jobmanager_pb2.DESCRIPTOR.services_by_name, cluster_pb2.DESCRIPTOR.services_by_name
-    add_service(server, JobManagerService(dispatcher), services[0]["JobManager"])
-    add_service(server, ResourceManagerService(dispatcher), services[1]["ResourceManager"])
-    add_service(server, JobMasterService(dispatcher), services[1]["JobMaster"])
-    health_servicer = health.aio.HealthServicer()
+    add_service(server, JobManagerService(role.current), services[0]["JobManager"])
+    add_service(server, ResourceManagerService(role.current), services[1]["ResourceManager"])
+    add_service(server, JobMasterService(role.current), services[1]["JobMaster"])
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     port = server.add_insecure_port(f"{args.host}:{args.port}")
     if port == 0:
         raise SystemExit(f"cannot bind {args.host}:{args.port}")
     await server.start()
-    dispatcher.start()
+    address = f"{args.host}:{port}"
+    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    if config.ha_enabled:
+        ha = FileSystemHaServices(config.ha_storage_dir, config.ha_cluster_id)
+        role.election = LeaderElection(ha, address, config.ha_lease_s, role.granted, role.revoked)
+        await role.serving(False)
+        role.election.start()
+    else:
+        role.dispatcher = Dispatcher(config)
+        role.dispatcher.start()
+        await role.serving(True)
     # Everything loaded so far lives as long as the process: keep the collector from rescanning
     # it in every full collection (which a job of 20 000 tasks would otherwise trigger often).
     gc.freeze()
-    address = f"{args.host}:{port}"
-    for service in ("", "funke.v1.JobManager", "funke.v1.ResourceManager", "funke.v1.JobMaster"):
-        await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
     if args.address_file:
         tmp = f"{args.address_file}.tmp"
         Path(tmp).write_text(address)
         os.replace(tmp, args.address_file)
-    log.info("JobManager listening on %s, data dir %s", address, config.data_dir)
+    log.info("JobManager listening on %s, data dir %s%s", address, config.data_dir,
+             f", high availability {config.high_availability} in {config.ha_storage_dir}" if config.ha_enabled else "")
     print(f"JobManager listening on {address}", flush=True)
 
     stop = asyncio.Event()
@@ -101,7 +159,14 @@ async def serve(args: argparse.Namespace, config: ClusterConfiguration) -> None:
     await stop.wait()
     log.info("JobManager shutting down")
     await health_servicer.enter_graceful_shutdown()
-    await dispatcher.stop()
+    if role.election is not None:
+        async def step_down() -> None:
+            dispatcher, role.dispatcher = role.dispatcher, None
+            if dispatcher is not None:
+                await dispatcher.stop("JobManager shut down")
+        await role.election.stop(step_down)
+    elif role.dispatcher is not None:
+        await role.dispatcher.stop()
     await server.stop(grace=2.0)
 
 
@@ -115,11 +180,14 @@ def main(argv: list[str] | None = None) -> int:
         print(exc, file=sys.stderr)
         return 2
     if config.ha_enabled:
-        # The HA services exist (funke.deploy.hafilesystem); the JobManager does not contend or
-        # recover through them yet. Refusing beats running without the availability asked for.
-        print(f"high-availability: {config.high_availability} is not available in this JobManager yet; "
-              "run without it (high-availability: none)", file=sys.stderr)
-        return 2
+        # The lease says who acts; the JobManagers of the cluster share the data directory, and
+        # the leader sweeps it once it leads.
+        try:
+            asyncio.run(serve(args, config))
+        except OSError as exc:
+            print(f"high availability: {exc}", file=sys.stderr)
+            return 2
+        return 0
     try:
         # Before serving: no job may start while an earlier JobManager's leftovers are swept.
         claim = datadir.claim(config.data_dir)

@@ -33,11 +33,14 @@ class ResourceManager:
         *,
         job_master: Callable[[str], object | None],
         running_job_masters: Callable[[], Iterable[object]],
+        session: str = "",
+        leader_epoch: int = 0,
     ):
         self.config = config
         self.mailbox = mailbox
         self.slots = sm.SlotManager(heartbeat_timeout_s=config.heartbeat_timeout_s,
-                                    evenly_spread=config.evenly_spread_out_slots)
+                                    evenly_spread=config.evenly_spread_out_slots, session=session)
+        self.leader_epoch = leader_epoch
         self._job_master = job_master
         self._running = running_job_masters
         self._gateways: dict[str, TaskManagerGateway] = {}
@@ -69,6 +72,7 @@ class ResourceManager:
             heartbeat_interval_seconds=self.config.heartbeat_interval_s,
             heartbeat_timeout_seconds=self.config.heartbeat_timeout_s,
             data_dir=self.config.data_dir,
+            leader_epoch=self.leader_epoch,
         )
 
     def heartbeat(self, task_manager_id: str, registration_id: str) -> bool:

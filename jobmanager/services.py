@@ -3,7 +3,11 @@ ResourceManager calls on the main thread, and their errors into status codes.
 
 Every request is untrusted: ids are checked before they are used or echoed (a message quotes at
 most a shortened form of what the client sent), and what a TaskManager registers with is checked
-before the ResourceManager allocates anything for it."""
+before the ResourceManager allocates anything for it.
+
+The services reach the Dispatcher through `current()`: with high availability a standby has none
+(every call gets UNAVAILABLE naming the leader, so clients and TaskManagers go there), and a new
+leader gets a new one each time it is granted leadership."""
 
 from __future__ import annotations
 
@@ -11,6 +15,8 @@ import asyncio
 import logging
 
 import grpc
+
+from typing import Callable
 
 from funke.common import ids
 from funke.common.states import JobStatus
@@ -38,6 +44,17 @@ async def _refuse(context: grpc.aio.ServicerContext, code: grpc.StatusCode, mess
     await context.abort(code, ids.status_message(message))
 
 
+Current = Callable[[], Dispatcher]  # the leading Dispatcher, or DispatcherError("UNAVAILABLE", ...)
+
+
+async def _current(current: Current, context: grpc.aio.ServicerContext) -> Dispatcher:
+    try:
+        return current()
+    except DispatcherError as exc:
+        await _abort(context, exc)
+        raise  # not reached: abort raises
+
+
 async def _job(d: Dispatcher, job_id: str, context: grpc.aio.ServicerContext) -> JobMaster | ArchivedJob:
     try:
         return d.job(job_id)
@@ -47,32 +64,37 @@ async def _job(d: Dispatcher, job_id: str, context: grpc.aio.ServicerContext) ->
 
 
 class JobManagerService(jobmanager_pb2_grpc.JobManagerServicer):
-    def __init__(self, dispatcher: Dispatcher):
-        self.d = dispatcher
+    def __init__(self, current: Current):
+        self._current = current
 
     async def SubmitJob(self, request, context):
+        d = await _current(self._current, context)
         try:
-            job_id = await self.d.submit(request.job_graph)
+            job_id = await d.submit(request.job_graph)
         except DispatcherError as exc:
             await _abort(context, exc)
         return jobmanager_pb2.SubmitJobResponse(job_id=job_id)
 
     async def ListJobs(self, request, context):
-        return jobmanager_pb2.ListJobsResponse(jobs=self.d.summaries())
+        d = await _current(self._current, context)
+        return jobmanager_pb2.ListJobsResponse(jobs=d.summaries())
 
     async def GetJob(self, request, context):
-        job = await _job(self.d, request.job_id, context)
+        d = await _current(self._current, context)
+        job = await _job(d, request.job_id, context)
         return job.details()
 
     async def CancelJob(self, request, context):
+        d = await _current(self._current, context)
         try:
-            status = self.d.cancel(request.job_id)
+            status = d.cancel(request.job_id)
         except DispatcherError as exc:
             await _abort(context, exc)
         return jobmanager_pb2.CancelJobResponse(status=job_status_to_proto(status))
 
     async def WatchJob(self, request, context):
-        job = await _job(self.d, request.job_id, context)
+        d = await _current(self._current, context)
+        job = await _job(d, request.job_id, context)
         if isinstance(job, ArchivedJob):
             yield jobmanager_pb2.JobEvent(sequence=job.sequence, snapshot=job.details())
             return
@@ -88,12 +110,17 @@ class JobManagerService(jobmanager_pb2_grpc.JobManagerServicer):
             job.unsubscribe(queue)
 
     async def GetClusterOverview(self, request, context):
-        overview = self.d.rm.overview()
-        overview.jobs_by_status.update(self.d.counts_by_status())
+        d = await _current(self._current, context)
+        overview = d.rm.overview()
+        overview.jobs_by_status.update(d.counts_by_status())
+        leader = d.leader_info()
+        if leader is not None:
+            overview.leader.CopyFrom(leader)
         return overview
 
     async def GetJobResult(self, request, context):
-        job = await _job(self.d, request.job_id, context)
+        d = await _current(self._current, context)
+        job = await _job(d, request.job_id, context)
         collects = job.collect_vertices
         if request.vertex_id:
             if request.vertex_id not in collects:
@@ -111,7 +138,7 @@ class JobManagerService(jobmanager_pb2_grpc.JobManagerServicer):
                                 f"job {request.job_id} is {job.status.value}; results exist once it FINISHED")
         try:
             data, rows = await asyncio.get_running_loop().run_in_executor(
-                None, committer.read_collected, self.d.config.data_dir, request.job_id, vertex_id)
+                None, committer.read_collected, d.config.data_dir, request.job_id, vertex_id)
         except FileNotFoundError as exc:
             await _refuse(context, grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         except Exception as exc:  # unreadable (corrupt, no permission): the rows are there but lost to us
@@ -140,43 +167,53 @@ def registration_problem(request: cluster_pb2.RegisterTaskManagerRequest) -> str
 
 
 class ResourceManagerService(cluster_pb2_grpc.ResourceManagerServicer):
-    def __init__(self, dispatcher: Dispatcher):
-        self.d = dispatcher
+    def __init__(self, current: Current):
+        self._current = current
 
     async def RegisterTaskManager(self, request, context):
+        d = await _current(self._current, context)
         problem = registration_problem(request)
         if problem is not None:
             await _refuse(context, grpc.StatusCode.INVALID_ARGUMENT, f"registration refused: {problem}")
-        return self.d.mailbox.call(lambda: self.d.rm.register(request))
+        return d.mailbox.call(lambda: d.rm.register(request))
 
     async def Heartbeat(self, request_iterator, context):
         tm_id = registration_id = ""
         cause = "heartbeat connection closed"
+        d: Dispatcher | None = None  # the Dispatcher the stream began with
         try:
             async for beat in request_iterator:
+                now = await _current(self._current, context)
+                if d is not None and now is not d:
+                    # This JobManager lost leadership (and maybe won it again) since: whatever
+                    # the TaskManager registered with is over.
+                    await _refuse(context, grpc.StatusCode.UNAVAILABLE,
+                                  "the JobManager's leadership changed: register again")
+                d = now
                 if tm_id and beat.task_manager_id != tm_id:
                     # One stream is one TaskManager's: a stream that changes its id is not one.
                     await _refuse(context, grpc.StatusCode.INVALID_ARGUMENT,
                                         f"a heartbeat stream belongs to one TaskManager ({ids.echo(tm_id)}), not "
                                         f"{ids.echo(beat.task_manager_id)}")
                 tm_id, registration_id = beat.task_manager_id, beat.registration_id
-                known = self.d.mailbox.call(lambda: self.d.rm.heartbeat(tm_id, registration_id))
+                known = d.mailbox.call(lambda: d.rm.heartbeat(tm_id, registration_id))
                 yield cluster_pb2.HeartbeatResponse(reregister=not known)
         except (grpc.aio.AioRpcError, asyncio.CancelledError) as exc:
             cause = f"heartbeat connection broken ({type(exc).__name__})"
             if isinstance(exc, asyncio.CancelledError):
                 raise
         finally:
-            if tm_id:
+            if tm_id and d is not None:
                 # A TaskManager that dies takes its stream with it: noticed at once, not after
                 # the heartbeat timeout.
-                self.d.mailbox.run(lambda: self.d.rm.connection_lost(tm_id, registration_id, cause))
+                d.mailbox.run(lambda: d.rm.connection_lost(tm_id, registration_id, cause))
 
 
 class JobMasterService(cluster_pb2_grpc.JobMasterServicer):
-    def __init__(self, dispatcher: Dispatcher):
-        self.d = dispatcher
+    def __init__(self, current: Current):
+        self._current = current
 
     async def UpdateTaskExecutionState(self, request, context):
-        self.d.on_task_states(list(request.updates))
+        d = await _current(self._current, context)
+        d.on_task_states(list(request.updates))
         return cluster_pb2.UpdateTaskExecutionStateResponse()

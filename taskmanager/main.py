@@ -15,6 +15,9 @@ import signal
 import socket
 import sys
 
+from pathlib import Path
+
+from funke.common.configuration import ConfigurationError, parse_config_lines, parse_configuration, parse_key_values
 from funke.taskmanager.taskexecutor import StartupError, TaskExecutor, TaskExecutorConfig
 
 DEFAULT_JOBMANAGER = "127.0.0.1:6123"
@@ -74,6 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="extra Spark configuration (repeatable)")
     parser.add_argument("--data-dir", default=None,
                         help="where result partitions live, overriding the JobManager's data dir")
+    parser.add_argument("--config", help="a file of 'key: value' lines, as the JobManager's; the TaskManager "
+                        "reads the high-availability.* keys (then it finds the leader itself)")
+    parser.add_argument("-D", dest="dynamic", action="append", default=[], metavar="KEY=VALUE",
+                        help="a configuration entry, e.g. -D high-availability.type=filesystem")
     parser.add_argument("--log-level", default="INFO", type=str.upper,
                         choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
                         help="log level (default: %(default)s)")
@@ -81,6 +88,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace) -> TaskExecutorConfig:
+    """Raises ConfigurationError for a bad --config or -D."""
+    entries: dict[str, str] = {}
+    if args.config:
+        try:
+            text = Path(args.config).read_text()
+        except OSError as exc:
+            raise ConfigurationError([f"cannot read {args.config}: {exc.strerror or exc}"]) from None
+        entries.update(parse_config_lines(text, args.config))
+    entries.update(parse_key_values(args.dynamic))
+    cluster = parse_configuration(entries)
+    ha = cluster.ha_enabled
     return TaskExecutorConfig(
         task_manager_id=args.task_manager_id or f"tm-{socket.gethostname()}-{os.getpid()}",
         jobmanager_address=args.jobmanager,
@@ -92,6 +110,8 @@ def config_from_args(args: argparse.Namespace) -> TaskExecutorConfig:
         spark_conf=tuple(args.spark_conf),
         data_dir=args.data_dir,
         use_spark=not args.no_spark,
+        ha_storage_dir=cluster.ha_storage_dir if ha else None,
+        ha_cluster_id=cluster.ha_cluster_id,
     )
 
 
@@ -99,7 +119,7 @@ async def serve(config: TaskExecutorConfig) -> None:
     """Run a TaskExecutor on the current loop until SIGTERM or SIGINT."""
 
     def announce(executor: TaskExecutor) -> None:
-        print(f"TaskManager {executor.id} registered with {config.jobmanager_address} "
+        print(f"TaskManager {executor.id} registered with {executor.jobmanager_address} "
               f"({config.number_of_slots} slots)", flush=True)
 
     executor = TaskExecutor(config, on_registered=announce)
@@ -121,7 +141,11 @@ def main(argv: list[str] | None = None) -> int:
     # gRPC and py4j are chatty at INFO; their problems surface through our own logs.
     for noisy in ("py4j", "grpc"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLevelName(args.log_level)))
-    config = config_from_args(args)
+    try:
+        config = config_from_args(args)
+    except ConfigurationError as exc:
+        print(exc, file=sys.stderr)
+        return 2
     try:
         asyncio.run(serve(config))
     except KeyboardInterrupt:  # a second Ctrl-C while shutting down

@@ -13,7 +13,10 @@ fed with events; this module only translates, like the JobMaster does for the sc
 - the connection to the JobManager: register (retrying until it answers), one long-lived
   heartbeat stream carrying the slot report, and when the stream breaks, the JobManager stops
   answering or asks us to register again, the `JobManagerLost` event (the core forgets every
-  task) and a new registration.
+  task) and a new registration. With high availability the JobManager is whoever holds the
+  lease: each registration attempt looks the leader up there, and a lease taken by a new epoch
+  ends the current registration at the next heartbeat (what the deposed leader still sends names
+  a registration that is over, and is refused).
 
 Everything runs on one asyncio loop (Flink's main-thread model); blocking work leaves it (task
 threads, creating and stopping the SparkSession, deleting directories, talking to the JVM).
@@ -51,6 +54,7 @@ from funke.common.jobgraph import JobVertex
 from funke.common.slotmanager import DEFAULT_HEARTBEAT_INTERVAL_S, DEFAULT_HEARTBEAT_TIMEOUT_S
 from funke.common.states import ExecutionState
 from funke.common.taskexecutorstate import TaskExecutorState, TaskKey
+from funke.deploy.hafilesystem import FileSystemHaServices
 from funke.deploy.rpc import MESSAGE_SIZE_OPTIONS, add_service
 from funke.taskmanager.task import Task
 from funke.v1 import cluster_pb2, cluster_pb2_grpc
@@ -66,6 +70,8 @@ T = TypeVar("T")
 # restarted JobManager finds us again within a couple of seconds.
 _BACKOFF_START_S = 0.2
 _BACKOFF_MAX_S = 2.0
+# With high availability a new leader is usually elected within a second: look for it often.
+_HA_BACKOFF_MAX_S = 0.5
 _RPC_TIMEOUT_S = 10.0
 # Shutdown: how long cancelled tasks get to end, and how long we try to tell the JobManager.
 _TASK_CANCEL_GRACE_S = 5.0
@@ -148,6 +154,10 @@ class TaskExecutorConfig:
     spark_conf: tuple[tuple[str, str], ...] = ()
     data_dir: str | None = None  # overrides the JobManager's data dir for this TaskManager
     use_spark: bool = True  # False: no SparkSession, only no-op chains run
+    # High availability (filesystem): find the leader through the lease under this directory
+    # instead of `jobmanager_address`.
+    ha_storage_dir: str | None = None
+    ha_cluster_id: str = "default"
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +166,7 @@ class Registration:
     heartbeat_interval_s: float
     heartbeat_timeout_s: float
     data_dir: str
+    leader_epoch: int = 0  # with high availability: the epoch of the leader registered with
 
 
 def _host_port(host: str, port: int) -> str:
@@ -286,6 +297,9 @@ class TaskExecutor:
         self._server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
         self._channel: grpc.aio.Channel | None = None
+        self._ha = (FileSystemHaServices(config.ha_storage_dir, config.ha_cluster_id)
+                    if config.ha_storage_dir else None)
+        self.jobmanager_address = config.jobmanager_address  # with HA: the leader's, as last looked up
         self._resource_manager: cluster_pb2_grpc.ResourceManagerStub | None = None
         self._job_master: cluster_pb2_grpc.JobMasterStub | None = None
         self._background: list[asyncio.Task[None]] = []
@@ -449,9 +463,7 @@ class TaskExecutor:
         log.info("TaskManager %s: TaskExecutor service on %s, %d slot(s)", self.id, self.address,
                  cfg.number_of_slots)
 
-        self._channel = grpc.aio.insecure_channel(cfg.jobmanager_address, options=_CHANNEL_OPTIONS)
-        self._resource_manager = cluster_pb2_grpc.ResourceManagerStub(self._channel)
-        self._job_master = cluster_pb2_grpc.JobMasterStub(self._channel)
+        self._connect(cfg.jobmanager_address)
         self._background = [
             asyncio.create_task(self._stay_connected(), name="jobmanager-connection"),
             asyncio.create_task(self._report_loop(), name="task-state-reporter"),
@@ -601,6 +613,25 @@ class TaskExecutor:
             self._handle(core.JobManagerLost(reason, self._stimulus("jobmanager-lost")))
             self._drop_stale_reports()
 
+    def _connect(self, address: str) -> None:
+        """Talk to the JobManager at `address` from now on (a new leader: a new channel)."""
+        if self._channel is not None and address == self.jobmanager_address:
+            return
+        if self._channel is not None:
+            old = self._channel
+            asyncio.get_running_loop().create_task(old.close(), name="close-old-jobmanager-channel")
+            log.info("TaskManager %s follows the leader to %s", self.id, address)
+        self.jobmanager_address = address
+        self._channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        self._resource_manager = cluster_pb2_grpc.ResourceManagerStub(self._channel)
+        self._job_master = cluster_pb2_grpc.JobMasterStub(self._channel)
+
+    def _current_leader(self):
+        """With high availability: the lease if it names a live leader, else None."""
+        assert self._ha is not None
+        lease = self._ha.leader()
+        return lease if lease is not None and lease.valid(time.time()) else None
+
     async def _register(self) -> Registration:
         assert self._resource_manager is not None and self.address is not None
         cfg = self.config
@@ -610,8 +641,17 @@ class TaskExecutor:
             "pid": str(os.getpid()),
         }
         delay = _BACKOFF_START_S
+        max_delay = _HA_BACKOFF_MAX_S if self._ha is not None else _BACKOFF_MAX_S
         failures = 0
         while True:
+            if self._ha is not None:
+                lease = self._current_leader()
+                if lease is None:
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, max_delay)
+                    continue
+                self._connect(lease.address)
+            assert self._resource_manager is not None
             request = cluster_pb2.RegisterTaskManagerRequest(
                 task_manager_id=self.id, address=self.address, number_of_slots=len(self.core.slots),
                 resources=resources, slot_report=self._current_slot_report())
@@ -622,18 +662,19 @@ class TaskExecutor:
                 # The first miss is normal (JobManager starting); keep the log quiet after that.
                 level = logging.INFO if failures == 1 else logging.DEBUG
                 log.log(level, "JobManager at %s does not answer yet (%s); retrying",
-                        cfg.jobmanager_address, _rpc_error(e))
+                        self.jobmanager_address, _rpc_error(e))
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, _BACKOFF_MAX_S)
+                delay = min(delay * 2, max_delay)
                 continue
             registration = Registration(
                 registration_id=response.registration_id,
                 heartbeat_interval_s=response.heartbeat_interval_seconds or DEFAULT_HEARTBEAT_INTERVAL_S,
                 heartbeat_timeout_s=response.heartbeat_timeout_seconds or DEFAULT_HEARTBEAT_TIMEOUT_S,
                 data_dir=response.data_dir,
+                leader_epoch=response.leader_epoch,
             )
             log.info("TaskManager %s registered with the JobManager at %s as %s (%d slots, address %s, "
-                     "heartbeat every %g s, data dir %s)", self.id, cfg.jobmanager_address,
+                     "heartbeat every %g s, data dir %s)", self.id, self.jobmanager_address,
                      registration.registration_id, len(self.core.slots), self.address,
                      registration.heartbeat_interval_s, cfg.data_dir or registration.data_dir or "(default)")
             return registration
@@ -664,6 +705,10 @@ class TaskExecutor:
                 done, _ = await asyncio.wait({reader}, timeout=registration.heartbeat_interval_s)
                 if done:
                     return reader.result()
+                if self._ha is not None:
+                    lease = self._current_leader()
+                    if lease is not None and lease.epoch != registration.leader_epoch:
+                        return f"a new leader was elected (epoch {lease.epoch}, at {lease.address})"
                 silent = loop.time() - last_answer
                 if silent > registration.heartbeat_timeout_s:
                     # A hung JobManager keeps the stream open; its silence is what we can see.

@@ -25,7 +25,10 @@ def sink(vertex: str, target: Path, subtask: int, attempt: int, mode: str = "err
 
 
 def tree(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): p.read_text() for p in sorted(root.rglob("*")) if p.is_file()}
+    """Every file below `root` with its text, except the commit marker in a staging root
+    (tested on its own)."""
+    return {str(p.relative_to(root)): p.read_text() for p in sorted(root.rglob("*"))
+            if p.is_file() and p.name != committer.COMMIT_MARKER}
 
 
 def test_only_the_finished_attempts_are_published_under_deterministic_names(tmp_path):
@@ -167,3 +170,26 @@ def test_an_evicted_job_takes_its_collected_rows_and_nothing_else(tmp_path):
         (collected / "part-0.parquet").write_text(job)
     committer.remove_job_data(str(data), "gone")
     assert sorted(p.name for p in (data / "jobs").iterdir()) == ["kept"]
+
+
+def test_a_job_recovered_after_its_commit_replaces_its_own_output_and_never_anothers(tmp_path):
+    out = tmp_path / "out"
+    stage(out, 0, 0, {"part-a.csv": "first run\n"})
+    committer.commit_outputs(str(tmp_path), JOB, [sink("v", out, 0, 0)])
+    marker = Path(layout.staging_root(str(out), JOB)) / committer.COMMIT_MARKER
+    assert marker.read_text() == JOB and sorted(p.name for p in out.iterdir()) == ["part-00000-000.csv"]
+    # A new leader recovered the job (its end was not recorded) and it ran again: attempts
+    # start higher, the target is the job's own, so mode 'error' does not refuse it.
+    stage(out, 0, 1000, {"part-b.csv": "second run\n"})
+    committer.commit_outputs(str(tmp_path), JOB, [sink("v", out, 0, 1000)])
+    assert tree(out) == {"part-00000-000.csv": "second run\n"}
+    # Another job's commit into the same target is refused as before.
+    staged = Path(layout.sink_staging_dir(str(out), "job-other", 0, 0))
+    staged.mkdir(parents=True)
+    (staged / "p.csv").write_text("other\n")
+    with pytest.raises(FileExistsError, match="already exists"):
+        committer.commit_outputs(str(tmp_path), "job-other", [sink("v", out, 0, 0)])
+    assert tree(out) == {"part-00000-000.csv": "second run\n"}
+    # The job's clean-up removes the marker with the staging root.
+    committer.cleanup_job(str(tmp_path / "data"), JOB, [str(out)], keep_collected=True)
+    assert not marker.exists()

@@ -29,13 +29,3 @@ def test_high_availability_keys_are_flinks_and_every_problem_is_listed():
         parse_configuration({"high-availability": "filesystem"})
     with pytest.raises(ConfigurationError, match="expected one of none, filesystem"):
         parse_configuration({"high-availability": "etcd"})
-
-
-def test_a_jobmanager_asked_for_high_availability_refuses_to_start_rather_than_run_without_it(tmp_path, capsys):
-    from funke.jobmanager import main
-
-    code = main.main(["--data-dir", str(tmp_path / "data"), "-D", "high-availability=filesystem",
-                      "-D", f"high-availability.storageDir={tmp_path / 'ha'}"])
-    assert code == 2
-    assert "high-availability: filesystem is not available in this JobManager yet" in capsys.readouterr().err
-    assert not (tmp_path / "ha").exists()

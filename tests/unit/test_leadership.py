@@ -116,3 +116,13 @@ def test_at_no_time_do_two_contenders_both_lead_and_epochs_only_grow(rounds):
         if new is not None:
             lease = new
         assert sum(x.leads(now) for x in contenders) <= 1
+
+
+def test_a_leader_that_cannot_renew_stops_leading_when_its_lease_runs_out():
+    c = Contender("a", "h:1", duration_s=3.0)
+    _, changes = c.step(None, 100.0)
+    assert changes == [Granted(1)] and c.valid_until == 103.0
+    assert c.expire(102.9) == [] and c.leads(102.9)
+    assert c.expire(103.0) == [Revoked(1, "the lease ran out before it could be renewed")]
+    assert not c.leads(103.0) and c.valid_until == 0.0
+    assert c.expire(200.0) == []  # a standby has nothing to lose

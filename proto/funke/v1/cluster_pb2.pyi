@@ -46,16 +46,18 @@ class RegisterTaskManagerRequest(_message.Message):
     def __init__(self, task_manager_id: _Optional[str] = ..., address: _Optional[str] = ..., number_of_slots: _Optional[int] = ..., resources: _Optional[_Mapping[str, str]] = ..., slot_report: _Optional[_Union[SlotReport, _Mapping]] = ...) -> None: ...
 
 class RegisterTaskManagerResponse(_message.Message):
-    __slots__ = ("registration_id", "heartbeat_interval_seconds", "heartbeat_timeout_seconds", "data_dir")
+    __slots__ = ("registration_id", "heartbeat_interval_seconds", "heartbeat_timeout_seconds", "data_dir", "leader_epoch")
     REGISTRATION_ID_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     DATA_DIR_FIELD_NUMBER: _ClassVar[int]
+    LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     registration_id: str
     heartbeat_interval_seconds: float
     heartbeat_timeout_seconds: float
     data_dir: str
-    def __init__(self, registration_id: _Optional[str] = ..., heartbeat_interval_seconds: _Optional[float] = ..., heartbeat_timeout_seconds: _Optional[float] = ..., data_dir: _Optional[str] = ...) -> None: ...
+    leader_epoch: int
+    def __init__(self, registration_id: _Optional[str] = ..., heartbeat_interval_seconds: _Optional[float] = ..., heartbeat_timeout_seconds: _Optional[float] = ..., data_dir: _Optional[str] = ..., leader_epoch: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("task_manager_id", "registration_id", "slot_report")

@@ -78,18 +78,22 @@ class Failure(_message.Message):
     def __init__(self, exception_type: _Optional[str] = ..., message: _Optional[str] = ..., traceback: _Optional[str] = ...) -> None: ...
 
 class JobStatusTransition(_message.Message):
-    __slots__ = ("from_status", "to_status", "timestamp", "cause", "stimulus_id")
+    __slots__ = ("from_status", "to_status", "timestamp", "cause", "stimulus_id", "leader_epoch", "job_manager")
     FROM_STATUS_FIELD_NUMBER: _ClassVar[int]
     TO_STATUS_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
     CAUSE_FIELD_NUMBER: _ClassVar[int]
     STIMULUS_ID_FIELD_NUMBER: _ClassVar[int]
+    LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    JOB_MANAGER_FIELD_NUMBER: _ClassVar[int]
     from_status: JobStatus
     to_status: JobStatus
     timestamp: _timestamp_pb2.Timestamp
     cause: str
     stimulus_id: str
-    def __init__(self, from_status: _Optional[_Union[JobStatus, str]] = ..., to_status: _Optional[_Union[JobStatus, str]] = ..., timestamp: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cause: _Optional[str] = ..., stimulus_id: _Optional[str] = ...) -> None: ...
+    leader_epoch: int
+    job_manager: str
+    def __init__(self, from_status: _Optional[_Union[JobStatus, str]] = ..., to_status: _Optional[_Union[JobStatus, str]] = ..., timestamp: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cause: _Optional[str] = ..., stimulus_id: _Optional[str] = ..., leader_epoch: _Optional[int] = ..., job_manager: _Optional[str] = ...) -> None: ...
 
 class ExecutionStateTransition(_message.Message):
     __slots__ = ("from_state", "to_state", "timestamp", "cause", "stimulus_id")

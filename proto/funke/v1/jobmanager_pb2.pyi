@@ -125,7 +125,7 @@ class TaskManagerInfo(_message.Message):
     def __init__(self, id: _Optional[str] = ..., address: _Optional[str] = ..., slots_total: _Optional[int] = ..., slots_free: _Optional[int] = ..., registered_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_heartbeat: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., resources: _Optional[_Mapping[str, str]] = ..., slots: _Optional[_Iterable[_Union[SlotInfo, _Mapping]]] = ...) -> None: ...
 
 class ClusterOverview(_message.Message):
-    __slots__ = ("task_managers", "slots_total", "slots_free", "jobs_by_status", "data_dir")
+    __slots__ = ("task_managers", "slots_total", "slots_free", "jobs_by_status", "data_dir", "leader")
     class JobsByStatusEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -138,12 +138,28 @@ class ClusterOverview(_message.Message):
     SLOTS_FREE_FIELD_NUMBER: _ClassVar[int]
     JOBS_BY_STATUS_FIELD_NUMBER: _ClassVar[int]
     DATA_DIR_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
     task_managers: _containers.RepeatedCompositeFieldContainer[TaskManagerInfo]
     slots_total: int
     slots_free: int
     jobs_by_status: _containers.ScalarMap[str, int]
     data_dir: str
-    def __init__(self, task_managers: _Optional[_Iterable[_Union[TaskManagerInfo, _Mapping]]] = ..., slots_total: _Optional[int] = ..., slots_free: _Optional[int] = ..., jobs_by_status: _Optional[_Mapping[str, int]] = ..., data_dir: _Optional[str] = ...) -> None: ...
+    leader: LeaderInfo
+    def __init__(self, task_managers: _Optional[_Iterable[_Union[TaskManagerInfo, _Mapping]]] = ..., slots_total: _Optional[int] = ..., slots_free: _Optional[int] = ..., jobs_by_status: _Optional[_Mapping[str, int]] = ..., data_dir: _Optional[str] = ..., leader: _Optional[_Union[LeaderInfo, _Mapping]] = ...) -> None: ...
+
+class LeaderInfo(_message.Message):
+    __slots__ = ("high_availability", "epoch", "address", "job_manager", "since")
+    HIGH_AVAILABILITY_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    JOB_MANAGER_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    high_availability: str
+    epoch: int
+    address: str
+    job_manager: str
+    since: _timestamp_pb2.Timestamp
+    def __init__(self, high_availability: _Optional[str] = ..., epoch: _Optional[int] = ..., address: _Optional[str] = ..., job_manager: _Optional[str] = ..., since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class GetJobResultRequest(_message.Message):
     __slots__ = ("job_id", "vertex_id")

@@ -1,0 +1,243 @@
+"""The JobManager's part in high availability: contending for leadership, and what a leader
+writes to the HA stores.
+
+Owns three things:
+
+- **The election loop** (`LeaderElection`): rounds of the HA services' `contend` on a thread of
+  their own, as often as `Contender.next_check` says; a watchdog on the event loop that stops
+  acting as leader the moment our lease runs out, even if the store cannot be reached to learn
+  who leads instead. Granted and revoked leadership are handed to the JobManager one at a time,
+  in order, so that taking over never overlaps stepping down.
+- **`HaContext`**: what a leading Dispatcher writes through. Every write carries the leader's
+  identity and epoch (the services refuse it, `Fenced`, once that epoch is over) and goes through
+  one writer thread, so the writes of a job land in the order they were asked for.
+- **The job's story across leaders**: how status transitions and run starts are recorded in the
+  store and read back into an `Incarnation` for the next run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+from funke.common.executiongraph import Incarnation, LeaderTransition
+from funke.common.leadership import Contender, Granted, Lease, Revoked
+from funke.common.states import JobStatus, Transition
+from funke.deploy.hafilesystem import FileSystemHaServices, process_identity
+
+log = logging.getLogger("funke.jobmanager")
+
+# A recovered run starts its attempts this far above the previous run's (see Incarnation).
+ATTEMPT_STRIDE = 1000
+_WATCHDOG_S = 0.1
+
+
+def job_manager_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass
+class HaContext:
+    """A leading Dispatcher's handle on the HA services: its epoch, and ordered, fenced writes."""
+
+    services: FileSystemHaServices
+    holder: str
+    epoch: int
+    job_manager: str
+    writer: concurrent.futures.Executor
+    leads: Callable[[], bool] = lambda: True
+    leader_address: Callable[[], str] = lambda: ""
+    lease: Callable[[], Lease | None] = lambda: None
+
+    async def write(self, method: Callable[..., Any], *args: Any) -> Any:
+        """`method(holder, epoch, *args)` on the writer thread (raises `Fenced` once deposed)."""
+        return await asyncio.get_running_loop().run_in_executor(self.writer, method, self.holder, self.epoch, *args)
+
+    async def read(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self.writer, fn, *args)
+
+    async def flush(self) -> None:
+        """Wait until every write asked for so far is done."""
+        await self.read(lambda: None)
+
+
+# ------------------------------------------------------------------------------ the job's story
+
+
+def transition_record(h: LeaderTransition) -> dict:
+    t = h.transition
+    return {"from": t.from_state.value, "to": t.to_state.value, "at": t.timestamp, "cause": t.cause,
+            "stimulus": t.stimulus_id, "epoch": h.leader_epoch, "job_manager": h.job_manager}
+
+
+def run_record(epoch: int, job_manager: str, attempt_base: int, now: float) -> dict:
+    return {"run_started": epoch, "job_manager": job_manager, "attempt_base": attempt_base, "at": now}
+
+
+@dataclass
+class StoredStory:
+    """A job's records as read from the store."""
+
+    transitions: list[LeaderTransition] = field(default_factory=list)
+    runs: list[dict] = field(default_factory=list)  # run_record()s: one per recovery
+    created_at: float | None = None
+
+
+def read_story(records: list[dict]) -> StoredStory:
+    story = StoredStory()
+    for r in records:
+        try:
+            if "run_started" in r:
+                story.runs.append({"run_started": int(r["run_started"]), "job_manager": str(r["job_manager"]),
+                                   "attempt_base": int(r["attempt_base"]), "at": float(r["at"])})
+                continue
+            t = Transition(JobStatus(r["from"]), JobStatus(r["to"]), float(r["at"]), str(r.get("cause", "")),
+                           str(r.get("stimulus", "")))
+            story.transitions.append(LeaderTransition(t, int(r.get("epoch", 0)), str(r.get("job_manager", ""))))
+        except (KeyError, TypeError, ValueError):
+            log.warning("ignoring an unreadable job history record: %.200r", r)
+    return story
+
+
+def next_incarnation(story: StoredStory, epoch: int, job_manager: str, now: float,
+                     created_at: float | None) -> tuple[Incarnation, dict]:
+    """The next run of a job whose story is `story`, under leader `epoch`; and the run record to
+    store before it starts. A run the store last saw active ended when its leader did: its job
+    moved to SUSPENDED on that leader, which the story says now (a killed leader could not)."""
+    earlier = list(story.transitions)
+    if earlier:
+        last = earlier[-1]
+        if not last.transition.to_state.is_terminal and last.transition.to_state is not JobStatus.SUSPENDED:
+            gone = Transition(last.transition.to_state, JobStatus.SUSPENDED, now,
+                              f"its JobManager {last.job_manager or '?'} (epoch {last.leader_epoch}) lost "
+                              f"leadership; recovered by {job_manager} (epoch {epoch})", "ha:recovery")
+            earlier.append(LeaderTransition(gone, last.leader_epoch, last.job_manager))
+    base = ATTEMPT_STRIDE * (len(story.runs) + 1)
+    first_created = created_at if created_at is not None else (
+        earlier[0].transition.timestamp if earlier else None)
+    return (Incarnation(epoch, job_manager, tuple(earlier), base, first_created),
+            run_record(epoch, job_manager, base, now))
+
+
+# ------------------------------------------------------------------------------ the election
+
+
+Handler = Callable[[int], Awaitable[None]]
+
+
+class LeaderElection:
+    """This JobManager's contention for leadership. `on_granted(epoch)` and
+    `on_revoked(epoch, reason)` run on the event loop, one at a time."""
+
+    def __init__(self, services: FileSystemHaServices, address: str, lease_s: float,
+                 on_granted: Handler, on_revoked: Callable[[int, str], Awaitable[None]]):
+        self.services = services
+        self.contender = Contender(process_identity(), address, lease_s)
+        self.job_manager = job_manager_name()
+        self.lease: Lease | None = None  # as last read
+        self.leading_epoch: int | None = None  # the epoch this JobManager acts under
+        self._on_granted = on_granted
+        self._on_revoked = on_revoked
+        self._election_io = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="funke-ha-election")
+        self.writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="funke-ha-writer")
+        self._changes: asyncio.Queue = asyncio.Queue()
+        self._tasks: list[asyncio.Task] = []
+        self._stopped = False
+
+    def start(self) -> None:
+        self.services.create_dirs()
+        self._tasks = [asyncio.create_task(self._elect(), name="ha-election"),
+                       asyncio.create_task(self._watchdog(), name="ha-watchdog"),
+                       asyncio.create_task(self._act(), name="ha-leadership")]
+
+    def leads(self) -> bool:
+        return self.leading_epoch is not None and time.time() < self.contender.valid_until
+
+    def leader_address(self) -> str:
+        lease = self.lease
+        return lease.address if lease is not None and lease.valid(time.time()) else ""
+
+    def context(self, epoch: int) -> HaContext:
+        return HaContext(self.services, self.contender.holder, epoch, self.job_manager, self.writer,
+                         leads=self.leads, leader_address=self.leader_address, lease=lambda: self.lease)
+
+    def describe_leader(self) -> str:
+        lease = self.lease
+        if lease is None or not lease.valid(time.time()):
+            return "no leader is elected right now; try again in a moment"
+        return f"the leader is {lease.address} (epoch {lease.epoch})"
+
+    async def _io(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._election_io, fn, *args)
+
+    async def _elect(self) -> None:
+        while not self._stopped:
+            try:
+                lease, changes = await self._io(self.services.contend, self.contender)
+            except OSError as exc:
+                log.warning("high availability: cannot reach the lease (%s); trying again", exc)
+                await asyncio.sleep(self.contender.duration_s / 3)
+                continue
+            self.lease = lease
+            for change in changes:
+                self._changes.put_nowait(change)
+            if self.contender.epoch is not None and self.leading_epoch is None and not any(
+                    isinstance(c, Granted) for c in changes):
+                # The watchdog stepped down while a renewal was under way: give the lease up
+                # rather than hold it without leading.
+                await self._io(self.services.release, self.contender)
+            now = time.time()
+            await asyncio.sleep(max(0.02, self.contender.next_check(now, lease) - now))
+
+    async def _watchdog(self) -> None:
+        while not self._stopped:
+            await asyncio.sleep(_WATCHDOG_S)
+            epoch = self.leading_epoch
+            if epoch is not None and time.time() >= self.contender.valid_until:
+                self._changes.put_nowait(Revoked(epoch, "the lease ran out before it could be renewed"))
+
+    async def _act(self) -> None:
+        while True:
+            change = await self._changes.get()
+            try:
+                if isinstance(change, Granted):
+                    if self.leading_epoch is not None:
+                        await self._step_down(self.leading_epoch, "a newer epoch was granted")
+                    self.leading_epoch = change.epoch
+                    log.info("high availability: this JobManager (%s) leads, epoch %d", self.job_manager,
+                             change.epoch)
+                    await self._on_granted(change.epoch)
+                elif change.epoch == self.leading_epoch:
+                    await self._step_down(change.epoch, change.reason)
+            except Exception:
+                log.exception("high availability: handling %s failed", change)
+
+    async def _step_down(self, epoch: int, reason: str) -> None:
+        self.leading_epoch = None
+        log.warning("high availability: this JobManager lost leadership (epoch %d): %s", epoch, reason)
+        await self._on_revoked(epoch, reason)
+
+    async def stop(self, release: Callable[[], Awaitable[None]] | None = None) -> None:
+        """Stop contending. `release` runs first while still leading (suspend the jobs, record
+        it); then the lease is released so a standby takes over at once."""
+        self._stopped = True
+        for task in self._tasks:
+            if task.get_name() != "ha-leadership":
+                task.cancel()
+        await asyncio.gather(*self._tasks[:2], return_exceptions=True)
+        if release is not None and self.leading_epoch is not None:
+            await release()
+        self._tasks[2].cancel()
+        await asyncio.gather(self._tasks[2], return_exceptions=True)
+        try:
+            await self._io(self.services.release, self.contender)
+        except OSError as exc:
+            log.warning("high availability: could not release the lease: %s", exc)
+        self._election_io.shutdown(wait=False)
+        self.writer.shutdown(wait=True)

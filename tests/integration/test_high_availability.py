@@ -1,0 +1,297 @@
+"""High availability on a real cluster: two JobManagers (a leader and a standby, filesystem
+backend) and two TaskManagers with PySpark, started by `localcluster` and hurt by PID: kill -9
+of the leader mid-job, SIGTERM of the only JobManager, a leader paused past its lease, and a
+deposed leader's calls at a TaskManager. Output is compared byte for byte with a clean run."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from pathlib import Path
+
+import cloudpickle
+import grpc
+import pytest
+
+from funke.common.codec import job_graph_to_proto
+from funke.common.dsl import ExecutionEnvironment
+from funke.deploy import localcluster
+from funke.deploy.client import JobAlreadyExists, JobManagerClient
+from funke.v1 import cluster_pb2, cluster_pb2_grpc, job_pb2
+from tests.integration.test_failover import corpus, read_output, slow_word_count  # noqa: F401 (fixture)
+
+pytestmark = pytest.mark.cluster
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+JOBMANAGERS = ("jobmanager", "jobmanager-2")
+TASKMANAGERS = ("tm-1", "tm-2")
+
+
+class HaCluster:
+    def __init__(self, dir: Path):
+        self.dir = dir
+        self.info = localcluster.start(dir, len(TASKMANAGERS), 2, ha="filesystem", jobmanagers=2)
+        self.client = self.follower()
+
+    def follower(self) -> JobManagerClient:
+        """A client that follows the leader, as the CLI does for an HA cluster."""
+        return JobManagerClient(localcluster.read_address(self.dir) or "127.0.0.1:1", timeout=10, failover_timeout=120,
+                                leader=lambda: localcluster.read_address(self.dir))
+
+    def lease(self):
+        return localcluster.leader(self.dir)
+
+    def restore(self) -> None:
+        """Both JobManagers alive, a leader elected, every TaskManager registered with it."""
+        alive = {p.name for p in localcluster.status(self.dir).processes if p.alive}
+        for name in JOBMANAGERS:
+            if name not in alive:
+                localcluster.start_jobmanager(self.dir, name)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                registered = {tm.id for tm in self.client.cluster_overview().task_managers}
+            except Exception:
+                registered = set()
+            if registered >= set(TASKMANAGERS):
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"TaskManagers did not come back: {registered}")
+
+    def kill_leader(self, signum: int = signal.SIGKILL) -> tuple[str, int, float]:
+        """Signal the leading JobManager; returns its name, the epoch it led and when."""
+        lease = self.lease()
+        name = localcluster.leader_name(self.dir)
+        localcluster.kill(self.dir, name, signum)
+        return name, lease.epoch, time.time()
+
+    def wait_for_new_leader(self, old_epoch: int, timeout: float = 30):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            lease = self.lease()
+            if lease is not None and lease.epoch > old_epoch and lease.valid(time.time()):
+                return lease, time.time()
+            time.sleep(0.05)
+        raise AssertionError(f"no leader after epoch {old_epoch} within {timeout} s")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = HaCluster(tmp_path_factory.mktemp("ha-cluster"))
+    yield c
+    c.client.close()
+    pids = {p.name: p.pid for p in localcluster.status(c.dir).processes}
+    localcluster.stop(c.dir)
+    for p in localcluster.status(c.dir).processes:
+        assert not p.alive, f"{p.name} survived the stop"
+    assert pids
+
+
+@pytest.fixture
+def ha(cluster):
+    cluster.restore()
+    yield cluster
+
+
+@pytest.fixture(scope="module")
+def reference(cluster, corpus, tmp_path_factory) -> dict[str, bytes]:  # noqa: F811
+    out = tmp_path_factory.mktemp("ha-reference") / "counts"
+    cluster.restore()
+    job_id = cluster.client.submit(slow_word_count(corpus, out, seconds_per_stage=0.3))
+    assert _wait_status(cluster.client, job_id, "FINISHED", 240)
+    return read_output(out)
+
+
+def _status(details) -> str:
+    return job_pb2.JobStatus.Name(details.status).removeprefix("JOB_STATUS_")
+
+
+def _wait_status(client: JobManagerClient, job_id: str, wanted: str, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = _status(client.get_job(job_id))
+        if status == wanted:
+            return True
+        if status in ("FAILED", "CANCELED", "FINISHED") and status != wanted:
+            raise AssertionError(f"job {job_id} ended {status}, not {wanted}:\n{client.get_job(job_id)}")
+        time.sleep(0.1)
+    return False
+
+
+def _wait_running_under(client: JobManagerClient, job_id: str, epoch: int, timeout: float = 60) -> float:
+    """When the job was RUNNING again under leader `epoch`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            details = client.get_job(job_id)
+        except Exception:
+            time.sleep(0.05)
+            continue
+        for t in details.status_history:
+            if t.leader_epoch == epoch and t.to_status == job_pb2.JOB_STATUS_RUNNING:
+                return t.timestamp.seconds + t.timestamp.nanos / 1e9
+        time.sleep(0.05)
+    raise AssertionError(f"job {job_id} not RUNNING under epoch {epoch} within {timeout} s")
+
+
+def _history(details) -> list[tuple[str, str, int]]:
+    return [(job_pb2.JobStatus.Name(t.from_status).removeprefix("JOB_STATUS_"),
+             job_pb2.JobStatus.Name(t.to_status).removeprefix("JOB_STATUS_"), t.leader_epoch)
+            for t in details.status_history]
+
+
+def _attempts(details) -> dict[tuple[str, int], int]:
+    return {(v.id, s.subtask_index): s.current.id.attempt_number for v in details.vertices for s in v.subtasks}
+
+
+def _some_task_running(client: JobManagerClient, job_id: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        details = client.get_job(job_id)
+        states = {s.current.state for v in details.vertices for s in v.subtasks}
+        if job_pb2.EXECUTION_STATE_RUNNING in states:
+            return
+        time.sleep(0.1)
+    raise AssertionError("no task of the job started running")
+
+
+# ---------------------------------------------------------------------------- kill -9 of the leader
+
+
+def test_kill_9_of_the_leader_mid_job_the_standby_finishes_it_with_identical_output(ha, corpus, reference, tmp_path):  # noqa: F811
+    out = tmp_path / "counts"
+    job_id = ha.client.submit(slow_word_count(corpus, out, seconds_per_stage=3.0))
+    _some_task_running(ha.client, job_id)
+    name, epoch, killed_at = ha.kill_leader()
+    lease, elected_at = ha.wait_for_new_leader(epoch)
+    running_at = _wait_running_under(ha.client, job_id, lease.epoch)
+    assert _wait_status(ha.client, job_id, "FINISHED", 300)
+    assert read_output(out) == reference
+    history = _history(ha.client.get_job(job_id))
+    # The old leader's run, SUSPENDED for it (said by the new leader), then the new leader's run.
+    assert ("RUNNING", "SUSPENDED", epoch) in history, history
+    assert ("CREATED", "RUNNING", lease.epoch) in history and history[-1] == ("RUNNING", "FINISHED", lease.epoch)
+    assert history.index(("RUNNING", "SUSPENDED", epoch)) < history.index(("CREATED", "RUNNING", lease.epoch))
+    details = ha.client.get_job(job_id)
+    suspended = next(t for t in details.status_history if t.to_status == job_pb2.JOB_STATUS_SUSPENDED)
+    assert f"epoch {epoch}" in suspended.cause and "lost leadership" in suspended.cause
+    # The new run's attempts start above every earlier run's.
+    assert min(_attempts(details).values()) >= 1000
+    print(f"kill -9 of {name} (epoch {epoch}): new leader epoch {lease.epoch} after "
+          f"{elected_at - killed_at:.2f} s, job RUNNING again after {running_at - killed_at:.2f} s")
+
+
+# ---------------------------------------------------------------------------- SIGTERM: SUSPENDED, then recovered
+
+
+def test_sigterm_of_the_only_jobmanager_suspends_the_job_and_a_restart_recovers_it(ha, corpus, reference, tmp_path):  # noqa: F811
+    standby = next(n for n in JOBMANAGERS if n != localcluster.leader_name(ha.dir))
+    localcluster.kill(ha.dir, standby)
+    out = tmp_path / "counts"
+    job_id = ha.client.submit(slow_word_count(corpus, out, seconds_per_stage=3.0))
+    _some_task_running(ha.client, job_id)
+    name, epoch, _ = ha.kill_leader(signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    while any(p.alive for p in localcluster.status(ha.dir).processes if p.name == name):
+        assert time.monotonic() < deadline, f"{name} did not stop on SIGTERM"
+        time.sleep(0.1)
+    services = localcluster.ha_services(ha.dir)
+    assert services.job_graph_ids() == [job_id]  # kept for the next leader
+    stored = [r for r in services.history(job_id) if "to" in r]
+    assert stored[-1]["to"] == "SUSPENDED" and stored[-1]["epoch"] == epoch, stored
+    assert job_id not in services.results()
+    lease = services.leader()
+    assert lease.released, "a JobManager stopping gracefully releases its lease"
+
+    localcluster.start_jobmanager(ha.dir, name)
+    lease, _ = ha.wait_for_new_leader(epoch)
+    assert _wait_status(ha.client, job_id, "FINISHED", 300)
+    assert read_output(out) == reference
+    history = _history(ha.client.get_job(job_id))
+    assert ("RUNNING", "SUSPENDED", epoch) in history and history[-1] == ("RUNNING", "FINISHED", lease.epoch)
+    assert services.job_graph_ids() == [] and services.results()[job_id].status == "FINISHED"
+
+
+# ---------------------------------------------------------------------------- ended jobs stay ended
+
+
+def fails_at_once(out: Path):
+    def boom(row):
+        raise RuntimeError("fails on purpose")
+
+    env = ExecutionEnvironment("fails at once", parallelism=1)
+    env.set_restart_strategy("none")
+    env.from_collection([(1,)], "x bigint").map(boom, schema="x bigint").write_csv(str(out))
+    return env.build()
+
+
+def small_count(out: Path):
+    env = ExecutionEnvironment("small count", parallelism=2)
+    (env.from_collection([(w,) for w in "a b a c b a".split()], "word string")
+        .key_by("word").count().write_csv(str(out)))
+    return env.build()
+
+
+def test_finished_and_failed_jobs_are_not_run_again_after_failovers_and_their_ids_stay_taken(ha, tmp_path):
+    finished = ha.client.submit(small_count(tmp_path / "finished"))
+    failed = ha.client.submit(fails_at_once(tmp_path / "failed"))
+    assert _wait_status(ha.client, finished, "FINISHED", 120)
+    assert _wait_status(ha.client, failed, "FAILED", 120)
+    before = {job_id: ha.client.get_job(job_id) for job_id in (finished, failed)}
+    written = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "finished").iterdir()}
+    # A leadership flap right after the failure: the leader is killed, the standby takes over,
+    # then that one is killed too and the first, restarted, takes over again.
+    for _ in range(2):
+        _, epoch, _ = ha.kill_leader()
+        ha.wait_for_new_leader(epoch)
+        ha.restore()
+    for job_id, old in before.items():
+        now = ha.client.get_job(job_id)
+        assert _status(now) == _status(old)
+        assert _history(now) == _history(old)  # no new run, under any leader
+        assert _attempts(now) == _attempts(old)
+    listed = {j.job_id: job_pb2.JobStatus.Name(j.status) for j in ha.client.list_jobs()}
+    assert listed[finished] == "JOB_STATUS_FINISHED" and listed[failed] == "JOB_STATUS_FAILED"
+    assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "finished").iterdir()} == written
+    again = job_graph_to_proto(fails_at_once(tmp_path / "failed-again"))
+    again.job_id = failed
+    with pytest.raises(JobAlreadyExists, match="already ran and ended FAILED"):
+        ha.client.submit(again)
+
+
+# ---------------------------------------------------------------------------- fencing
+
+
+def test_a_leader_paused_past_its_lease_is_deposed_and_the_taskmanagers_refuse_its_calls(ha, corpus, reference, tmp_path):  # noqa: F811
+    out = tmp_path / "counts"
+    job_id = ha.client.submit(slow_word_count(corpus, out, seconds_per_stage=2.0))
+    _some_task_running(ha.client, job_id)
+    name, epoch, _ = ha.kill_leader(signal.SIGSTOP)
+    try:
+        lease, _ = ha.wait_for_new_leader(epoch)
+        _wait_running_under(ha.client, job_id, lease.epoch)
+    finally:
+        localcluster.kill(ha.dir, name, signal.SIGCONT)
+    assert _wait_status(ha.client, job_id, "FINISHED", 300)
+    assert read_output(out) == reference
+    # The paused leader woke up deposed: it stands by and says why.
+    log = (ha.dir / "log" / f"{name}.log").read_text()
+    deadline = time.monotonic() + 10
+    while f"lost leadership (epoch {epoch})" not in log and time.monotonic() < deadline:
+        time.sleep(0.2)
+        log = (ha.dir / "log" / f"{name}.log").read_text()
+    assert f"lost leadership (epoch {epoch})" in log
+    # What a deposed leader sends names a registration of its epoch: every TaskManager refuses it.
+    overview = ha.client.cluster_overview()
+    assert overview.leader.epoch == lease.epoch
+    for tm in overview.task_managers:
+        with grpc.insecure_channel(tm.address) as channel:
+            stub = cluster_pb2_grpc.TaskExecutorStub(channel)
+            deployment = cluster_pb2.TaskDeploymentDescriptor(job_id=job_id, task_name="stale (1/1)")
+            deployment.attempt.vertex_id, deployment.attempt.attempt_number = "stale", 0
+            response = stub.SubmitTasks(cluster_pb2.SubmitTasksRequest(
+                tasks=[deployment], registration_id=f"{tm.id}#e{epoch}.1"), timeout=10)
+            assert not response.results[0].accepted
+            assert "which is over" in response.results[0].error
