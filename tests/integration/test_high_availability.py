@@ -5,7 +5,10 @@ deposed leader's calls at a TaskManager. Output is compared byte for byte with a
 
 from __future__ import annotations
 
+import json
+import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -19,6 +22,7 @@ from funke.common.dsl import ExecutionEnvironment
 from funke.deploy import localcluster
 from funke.deploy.client import JobAlreadyExists, JobManagerClient
 from funke.v1 import cluster_pb2, cluster_pb2_grpc, job_pb2
+from tests.integration.conftest import REPO
 from tests.integration.test_failover import corpus, read_output, slow_word_count  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.cluster
@@ -295,3 +299,52 @@ def test_a_leader_paused_past_its_lease_is_deposed_and_the_taskmanagers_refuse_i
                 tasks=[deployment], registration_id=f"{tm.id}#e{epoch}.1"), timeout=10)
             assert not response.results[0].accepted
             assert "which is over" in response.results[0].error
+
+
+# ---------------------------------------------------------------------------- the CLI follows the leader
+
+SLOW_COLLECT = '''
+import time
+from funke.common.dsl import ExecutionEnvironment
+
+
+def build(args):
+    def slowly(row):
+        time.sleep(0.02)
+        return row
+
+    env = ExecutionEnvironment("slow squares", parallelism=2)
+    env.from_range(300).map(lambda r: (r.id, r.id * r.id), schema="n bigint, square bigint") \\
+        .map(slowly, schema="n bigint, square bigint").collect()
+    return env.build()
+'''
+
+
+def test_funke_submit_follows_the_job_to_the_new_leader_and_prints_its_result(ha, tmp_path):
+    job_file = tmp_path / "slow_squares.py"
+    job_file.write_text(SLOW_COLLECT)
+    env = dict(os.environ, FUNKE_CLUSTER_DIR=str(ha.dir))
+    env.pop("FUNKE_JOBMANAGER", None)
+    process = subprocess.Popen([sys.executable, "-m", "funke.deploy.cli", "submit", str(job_file), "--json"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    try:
+        deadline = time.monotonic() + 120
+        job_id = ""
+        while not job_id and time.monotonic() < deadline:  # the job exists and runs: then kill
+            running = [j for j in ha.client.list_jobs() if j.name == "slow squares"
+                       and j.status == job_pb2.JOB_STATUS_RUNNING and j.tasks_per_state.get("RUNNING")]
+            job_id = running[0].job_id if running else ""
+            time.sleep(0.1)
+        assert job_id, "the submitted job did not start running"
+        _, epoch, _ = ha.kill_leader()
+        stdout, stderr = process.communicate(timeout=300)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0, stderr
+    outcome = json.loads(stdout)
+    assert outcome["job_id"] == job_id and outcome["status"] == "FINISHED", outcome
+    rows = sorted((r["n"], r["square"]) for r in outcome["rows"])
+    assert rows == [(n, n * n) for n in range(300)]
+    history = _history(ha.client.get_job(job_id))
+    assert ("RUNNING", "SUSPENDED", epoch) in history and history[-1][2] > epoch

@@ -579,3 +579,28 @@ def test_functions_from_modules_beside_the_job_file_travel_by_value(tmp_path):
         )
         assert out.returncode == 0, out.stderr
         assert out.stdout.strip() == str(expected)
+
+
+def test_cluster_start_takes_high_availability_and_refuses_several_jobmanagers_without_it(tmp_path):
+    args = cli.build_parser().parse_args(["cluster", "start", "--ha", "filesystem", "--jobmanagers", "2"])
+    assert (args.ha, args.jobmanagers) == ("filesystem", 2)
+    with pytest.raises(localcluster.ClusterError, match="more than one needs high availability"):
+        localcluster.start(tmp_path / "c", 1, 1, jobmanagers=2)
+    with pytest.raises(localcluster.ClusterError, match="supports none and filesystem"):
+        localcluster.start(tmp_path / "c", 1, 1, ha="zookeeper")
+    assert not (tmp_path / "c" / "pids").exists() or not list((tmp_path / "c" / "pids").iterdir())
+
+
+def test_an_ha_cluster_directory_names_its_leader_by_the_lease(tmp_path):
+    from funke.common.leadership import Contender
+
+    assert localcluster.read_address(tmp_path) is None and localcluster.ha_services(tmp_path) is None
+    (tmp_path / localcluster.HA_CONF).write_text("high-availability.type: filesystem\n")
+    services = localcluster.ha_services(tmp_path)
+    services.create_dirs()
+    assert localcluster.read_address(tmp_path) is None  # no leader yet
+    contender = Contender("host:1:2", "127.0.0.1:7001", duration_s=30)
+    services.contend(contender)
+    assert localcluster.read_address(tmp_path) == "127.0.0.1:7001"
+    services.release(contender)
+    assert localcluster.read_address(tmp_path) is None  # released: nobody leads
