@@ -314,7 +314,7 @@ def build(args):
         return row
 
     env = ExecutionEnvironment("slow squares", parallelism=2)
-    env.from_range(300).map(lambda r: (r.id, r.id * r.id), schema="n bigint, square bigint") \\
+    env.generate(300, lambda i: (i, i * i), "n bigint, square bigint") \\
         .map(slowly, schema="n bigint, square bigint").collect()
     return env.build()
 '''
@@ -341,7 +341,7 @@ def test_funke_submit_follows_the_job_to_the_new_leader_and_prints_its_result(ha
     finally:
         if process.poll() is None:
             process.kill()
-    assert process.returncode == 0, stderr
+    assert process.returncode == 0, (stderr[-2000:], ha.client.get_job(job_id).failure, ha.client.get_job(job_id).exceptions)
     outcome = json.loads(stdout)
     assert outcome["job_id"] == job_id and outcome["status"] == "FINISHED", outcome
     rows = sorted((r["n"], r["square"]) for r in outcome["rows"])
