@@ -22,13 +22,8 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from funke.common.configuration import (
-    ClusterConfiguration,
-    ConfigurationError,
-    parse_configuration,
-    parse_key_values,
-    parse_config_lines,
-)
+from funke.common.configuration import ClusterConfiguration, ConfigurationError, parse_configuration
+from funke.deploy.configfile import load_configuration
 from funke.deploy.rpc import MESSAGE_SIZE_OPTIONS, add_service
 from funke.jobmanager import datadir
 from funke.deploy.hafilesystem import FileSystemHaServices
@@ -56,15 +51,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def build_configuration(args: argparse.Namespace) -> ClusterConfiguration:
-    entries: dict[str, str] = {}
-    if args.config:
-        try:
-            text = Path(args.config).read_text()
-        except OSError as exc:
-            raise ConfigurationError([f"cannot read {args.config}: {exc.strerror or exc}"]) from None
-        entries.update(parse_config_lines(text, args.config))
-    entries.update(parse_key_values(args.dynamic))
-    config = parse_configuration(entries)
+    config = load_configuration(args.config, args.dynamic)
     data_dir = args.data_dir or config.data_dir or str(Path.home() / ".funke" / "data")
     if "://" not in data_dir:
         data_dir = os.path.abspath(data_dir)

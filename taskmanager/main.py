@@ -15,9 +15,8 @@ import signal
 import socket
 import sys
 
-from pathlib import Path
-
-from funke.common.configuration import ConfigurationError, parse_config_lines, parse_configuration, parse_key_values
+from funke.common.configuration import ConfigurationError
+from funke.deploy.configfile import load_configuration
 from funke.taskmanager.taskexecutor import StartupError, TaskExecutor, TaskExecutorConfig
 
 DEFAULT_JOBMANAGER = "127.0.0.1:6123"
@@ -89,15 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def config_from_args(args: argparse.Namespace) -> TaskExecutorConfig:
     """Raises ConfigurationError for a bad --config or -D."""
-    entries: dict[str, str] = {}
-    if args.config:
-        try:
-            text = Path(args.config).read_text()
-        except OSError as exc:
-            raise ConfigurationError([f"cannot read {args.config}: {exc.strerror or exc}"]) from None
-        entries.update(parse_config_lines(text, args.config))
-    entries.update(parse_key_values(args.dynamic))
-    cluster = parse_configuration(entries)
+    cluster = load_configuration(args.config, args.dynamic)
     ha = cluster.ha_enabled
     return TaskExecutorConfig(
         task_manager_id=args.task_manager_id or f"tm-{socket.gethostname()}-{os.getpid()}",
