@@ -150,7 +150,10 @@ class ExecutionVertex:
         self.prior_executions.append(current)
         if len(self.prior_executions) > ATTEMPTS_HISTORY_SIZE:
             del self.prior_executions[0]  # a job restarting for days keeps the latest attempts only
-        self.current_execution = Execution(self, current.attempt_number + 1, now)
+        # Above every attempt of this run; an attempt taken over from an earlier run (a job a new
+        # leader recovered) is numbered below the run's first one.
+        number = max(current.attempt_number + 1, self.job_vertex.graph.first_attempt_number)
+        self.current_execution = Execution(self, number, now)
         return self.current_execution
 
     def execution(self, attempt_number: int) -> Execution | None:

@@ -173,6 +173,17 @@ class StartTimer:
 
 
 @dataclass(frozen=True, slots=True)
+class FinishedSubtask:
+    """A subtask whose current attempt FINISHED, and the schemas of the partitions it produced:
+    what a new leader needs to take its output over instead of running it again."""
+
+    vertex_id: str
+    subtask_index: int
+    attempt_number: int
+    schemas: tuple[tuple[str, int, str], ...]  # (data set id, partition index, schema)
+
+
+@dataclass(frozen=True, slots=True)
 class SinkCommit:
     vertex_id: str
     subtask_index: int
@@ -292,6 +303,7 @@ class Scheduler:
         self._timer_seq = 0
         self._timers: dict[str, Timer] = {}  # the one live timer of each kind
         self._committing = False
+        self._restoring = False  # taking finished subtasks over: start() schedules what they unblock
         self._task_managers_used: set[str] = set()
         self._stimuli = itertools.count(1)
         self._stimulus = ""  # the id of the event being handled
@@ -366,7 +378,55 @@ class Scheduler:
         if self.status is not J.CREATED:
             raise ValueError(f"cannot start a job in {self.status.value}")
         self._schedule_regions(self.strategy.initial_regions(), now)
+        if self.status is J.CREATED and self._finished == self.graph.number_of_vertices():
+            # Every subtask finished under an earlier leader: only the commit is left.
+            self._job_transition(J.RUNNING, now, "every task finished before the job was recovered")
+            self._check_progress(now)
         return self._drain()
+
+    def finished_subtasks(self) -> list[FinishedSubtask]:
+        """The subtasks whose current attempt FINISHED with every partition it produced still
+        available (what `restore_finished` takes over after a change of leader)."""
+        done = []
+        for ev in self.graph.execution_vertices():
+            ex = ev.current_execution
+            if ex.state is not E.FINISHED or any(p.location is None for p in ev.produced_partitions):
+                continue
+            schemas = tuple((p.result.id, p.partition_index, p.location.schema)  # type: ignore[union-attr]
+                            for p in ev.produced_partitions)
+            done.append(FinishedSubtask(ev.job_vertex.id, ev.subtask_index, ex.attempt_number, schemas))
+        return done
+
+    @_event
+    def restore_finished(self, finished: Iterable[FinishedSubtask], now: float, cause: str) -> list[Action]:
+        """Before `start`, for a job a new leader recovered: the subtasks that FINISHED under an
+        earlier leader (and whose output is still there: the caller checked) are FINISHED again
+        with their old attempts and their partitions available, so `start` schedules only the
+        rest. Only whole pipelined regions are taken over (a region's subtasks run together);
+        returns the actions (state changes) and restores nothing twice."""
+        if self.status is not J.CREATED:
+            raise ValueError(f"cannot restore finished subtasks of a job in {self.status.value}")
+        by_subtask = {(f.vertex_id, f.subtask_index): f for f in finished}
+        self._restoring = True
+        try:
+            self._restore_regions(by_subtask, now, cause)
+        finally:
+            self._restoring = False
+        return self._drain()
+
+    def _restore_regions(self, by_subtask: dict[tuple[str, int], FinishedSubtask], now: float, cause: str) -> None:
+        for region in self.regions.regions:
+            records = [by_subtask.get((ev.job_vertex.id, ev.subtask_index)) for ev in region.vertices]
+            if not records or any(r is None for r in records) or any(ev.state is not E.CREATED for ev in region.vertices):
+                continue
+            for ev, record in zip(region.vertices, records):
+                assert record is not None
+                ev.current_execution = Execution(ev, record.attempt_number, now)
+                execution = ev.current_execution
+                for state in (E.SCHEDULED, E.DEPLOYING, E.FINISHED):
+                    self._transition(execution, state, now, cause)
+                self._on_finished(execution, {(d, i): schema for d, i, schema in record.schemas}, now)
+            self._scheduled_regions.add(region)
 
     @_event
     def on_slots_allocated(self, request_id: int, slots: Sequence[SlotId], now: float) -> list[Action]:
@@ -692,7 +752,7 @@ class Scheduler:
             completed_groups.extend(self.graph.mark_partition_finished(partition, location))
             for task_manager_id, update in self.deployments.partition_updates(partition, location):
                 self._out.append(UpdatePartitionInfo(task_manager_id, update))
-        if completed_groups and self.status in SCHEDULING_JOB_STATUSES:
+        if completed_groups and self.status in SCHEDULING_JOB_STATUSES and not self._restoring:
             ready = [r for r in self.strategy.regions_ready_after(completed_groups) if r not in self._scheduled_regions]
             if ready and self._pending_restart_excludes(ready):
                 self._schedule_regions(ready, now)

@@ -8,6 +8,8 @@ Owns the files under `<high-availability.storageDir>/<high-availability.cluster-
     jobgraphs/<job id>.jobgraph   a submitted JobGraph (its wire form, artifacts included), kept
                                   until the job is globally terminal
     jobgraphs/<job id>.history    the job's status transitions so far, across leaders (JSON)
+    jobgraphs/<job id>.progress   the job's finished subtasks as last recorded (JSON): what a new
+                                  leader takes over instead of running it again
     job-results/<job id>_DIRTY.json  a terminal job whose clean-up is not done yet (Flink's
                                   naming); renamed to <job id>.json once it is
     archive/<job id>.archived     what `funke list/status` show of a terminal job (protobuf)
@@ -40,6 +42,7 @@ LEASE_FILE = "lease.json"
 _SUFFIX_GRAPH = ".jobgraph"
 _SUFFIX_HISTORY = ".history"
 _SUFFIX_ARCHIVE = ".archived"
+_SUFFIX_PROGRESS = ".progress"
 _DIRTY = "_DIRTY.json"
 _CLEAN = ".json"
 MAX_RECORD_BYTES = 64 * 1024 * 1024  # a JobGraph with artifacts is capped well below this by gRPC
@@ -218,6 +221,19 @@ class FileSystemHaServices:
         with self._fenced(holder, epoch):
             write_atomically(path, json.dumps(history).encode())
 
+    def put_progress(self, holder: str, epoch: int, job_id: str, progress: list[dict]) -> None:
+        path = self._job_path(self.graphs_dir, job_id, _SUFFIX_PROGRESS)
+        with self._fenced(holder, epoch):
+            write_atomically(path, json.dumps(progress).encode())
+
+    def progress(self, job_id: str) -> list[dict]:
+        data = _read(self._job_path(self.graphs_dir, job_id, _SUFFIX_PROGRESS))
+        try:
+            value = json.loads(data) if data else []
+        except ValueError:
+            return []
+        return [t for t in value if isinstance(t, dict)] if isinstance(value, list) else []
+
     def job_graph_ids(self) -> list[str]:
         return sorted(n[:-len(_SUFFIX_GRAPH)] for n in _names(self.graphs_dir)
                       if n.endswith(_SUFFIX_GRAPH) and ids.is_path_id(n[:-len(_SUFFIX_GRAPH)], ids.MAX_JOB_ID_LENGTH))
@@ -234,7 +250,7 @@ class FileSystemHaServices:
         return [t for t in value if isinstance(t, dict)] if isinstance(value, list) else []
 
     def remove_job_graph(self, holder: str, epoch: int, job_id: str) -> None:
-        paths = [self._job_path(self.graphs_dir, job_id, s) for s in (_SUFFIX_GRAPH, _SUFFIX_HISTORY)]
+        paths = [self._job_path(self.graphs_dir, job_id, s) for s in (_SUFFIX_GRAPH, _SUFFIX_HISTORY, _SUFFIX_PROGRESS)]
         with self._fenced(holder, epoch):
             for path in paths:
                 with contextlib.suppress(FileNotFoundError):

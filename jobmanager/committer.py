@@ -41,6 +41,12 @@ def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
     return pafs.FileSystem.from_uri(uri)
 
 
+def exists(uri: str) -> bool:
+    """Whether a directory or file is at `uri` (a path or any URI pyarrow knows)."""
+    fs, path = filesystem(uri)
+    return _exists(fs, path) is not pafs.FileType.NotFound
+
+
 def _exists(fs: pafs.FileSystem, path: str) -> pafs.FileType:
     return fs.get_file_info(path).type
 

@@ -29,7 +29,7 @@ from funke.common.configuration import ClusterConfiguration
 from funke.common.executiongraph import ExecutionGraph
 from funke.common.jobgraph import JobGraph
 from funke.common.restart import describe_config, restart_strategy_from_config
-from funke.common.scheduler import Scheduler
+from funke.common.scheduler import FinishedSubtask, Scheduler
 from funke.common.states import JobStatus
 from funke.common.validation import Problem, ValidationContext, describe_problems, find_problems
 from funke.common.codec import DeploymentEncoder, WireError, job_graph_from_proto, job_graph_to_proto
@@ -47,6 +47,8 @@ from funke.v1 import cluster_pb2, ha_pb2, job_pb2, jobgraph_pb2, jobmanager_pb2
 log = logging.getLogger("funke.jobmanager")
 
 Job = JobMaster | ArchivedJob
+PROGRESS_INTERVAL_S = 0.5
+STOP_WRITES_TIMEOUT_S = 10.0
 
 
 class DispatcherError(Exception):
@@ -64,6 +66,7 @@ class Dispatcher:
         self.results: dict[str, JobResult] = {}  # with HA: every job the result store knows ended
         self._runs: dict[str, list[dict]] = {}  # with HA: each job's run records, kept in its history
         self._writes: set[asyncio.Future] = set()
+        self._progress_due: set[str] = set()  # jobs whose finished subtasks are to be recorded
         self.mailbox = Mailbox()
         self.jobs: dict[str, JobMaster] = {}  # jobs that have not ended on this JobManager
         self.store = JobStore(config.jobstore_max_capacity, config.jobstore_expiration_s, config.jobstore_cache_bytes)
@@ -90,6 +93,9 @@ class Dispatcher:
                 self.mailbox.call(lambda jm=jm: jm.suspend(cause))
         if self.ha is not None:
             await asyncio.sleep(0)  # let the suspensions' letters queue their writes
+            # What a leader records (a job's end, a suspension) is done before it steps down.
+            if self._writes:
+                await asyncio.wait(list(self._writes), timeout=STOP_WRITES_TIMEOUT_S)
             await self.ha.flush()
         await self.rm.stop()
 
@@ -154,9 +160,15 @@ class Dispatcher:
         story = hamod.read_story(records)
         incarnation, run = hamod.next_incarnation(story, ha.epoch, ha.job_manager, time.time(), None)
         self._runs[job_id] = story.runs + [run]
+        recorded = hamod.read_progress(await ha.read(ha.services.progress, job_id))
+        finished = await asyncio.get_running_loop().run_in_executor(
+            None, hamod.outputs_still_there, self.config.data_dir, job, recorded)
+        if recorded:
+            log.info("job %s: %d of %d finished subtask(s) recorded by the earlier leader still have their "
+                     "output", job_id, len(finished), len(recorded))
         # The new run's record (its attempt numbers) is stored before any of its tasks exists.
         await ha.write(ha.services.put_history, job_id, self._records(job_id, incarnation.earlier_history))
-        await self.start_job(job, message.artifacts, incarnation=incarnation, persist=None)
+        await self.start_job(job, message.artifacts, incarnation=incarnation, persist=None, restore=finished)
         return True
 
     def _records(self, job_id: str, transitions) -> list[dict]:
@@ -174,6 +186,21 @@ class Dispatcher:
             log.info("high availability: a write was refused, this JobManager no longer leads: %s", exc)
         elif exc is not None:
             log.error("high availability: writing to the store failed: %s", exc, exc_info=exc)
+
+    def _on_progress(self, jm: JobMaster) -> None:
+        """A subtask finished: record the job's finished subtasks, at most every half second
+        (a subtask that finished since the last record runs again after a failover)."""
+        if self.ha is None or jm.job_id in self._progress_due:
+            return
+        self._progress_due.add(jm.job_id)
+
+        def record() -> None:
+            self._progress_due.discard(jm.job_id)
+            if self.jobs.get(jm.job_id) is jm and not jm.status.is_terminal and self.ha is not None:
+                progress = [hamod.progress_record(f) for f in jm.scheduler.finished_subtasks()]
+                self._spawn(self.ha.write(self.ha.services.put_progress, jm.job_id, progress))
+
+        asyncio.get_running_loop().call_later(PROGRESS_INTERVAL_S, lambda: self.mailbox.run(record))
 
     def _on_status(self, jm: JobMaster) -> None:
         if self.ha is not None:
@@ -212,7 +239,8 @@ class Dispatcher:
         return await self.start_job(job, message.artifacts, persist=message)
 
     async def start_job(self, job: JobGraph, artifacts=(), *, incarnation: Incarnation | None = None,
-                        persist: jobgraph_pb2.JobGraph | None | bool = True) -> str:
+                        persist: jobgraph_pb2.JobGraph | None | bool = True,
+                        restore: list[FinishedSubtask] | None = None) -> str:
         """Build and start a job that passed validation (the second half of `submit`; `artifacts`
         are the wire form the TaskManagers get). With HA the job graph is stored first (`persist`:
         the message as submitted, True to encode `job`, None for a job recovered from the store)."""
@@ -256,9 +284,12 @@ class Dispatcher:
             graph, scheduler, resource_manager=self.rm, mailbox=self.mailbox, data_dir=self.config.data_dir,
             descriptors=DeploymentEncoder(self.config.data_dir, dict(job.configuration.options), artifacts),
             restart_description=restart, on_terminal=self._archive, on_status=self._on_status,
+            on_progress=self._on_progress,
         )
         jm.defer_cleanup = self.ha is not None
         self.jobs[job_id] = jm
+        if restore:
+            self.mailbox.call(lambda: jm.restore(restore, "finished under an earlier leader; its output is taken over"))
         self.mailbox.call(jm.start)
         return job_id
 

@@ -26,10 +26,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
+from funke.common import layout
 from funke.common.executiongraph import Incarnation, LeaderTransition
+from funke.common.jobgraph import JobGraph
+from funke.common.operators import CATALOGUE
+from funke.common.scheduler import FinishedSubtask
 from funke.common.leadership import Contender, Granted, Lease, Revoked
 from funke.common.states import JobStatus, Transition
 from funke.deploy.hafilesystem import FileSystemHaServices, process_identity
+from funke.jobmanager.committer import exists
 
 log = logging.getLogger("funke.jobmanager")
 
@@ -123,6 +128,45 @@ def next_incarnation(story: StoredStory, epoch: int, job_manager: str, now: floa
         earlier[0].transition.timestamp if earlier else None)
     return (Incarnation(epoch, job_manager, tuple(earlier), base, first_created),
             run_record(epoch, job_manager, base, now))
+
+
+def progress_record(f: FinishedSubtask) -> dict:
+    return {"vertex": f.vertex_id, "subtask": f.subtask_index, "attempt": f.attempt_number,
+            "partitions": [list(p) for p in f.schemas]}
+
+
+def read_progress(records: list[dict]) -> list[FinishedSubtask]:
+    found = []
+    for r in records:
+        try:
+            found.append(FinishedSubtask(str(r["vertex"]), int(r["subtask"]), int(r["attempt"]),
+                                         tuple((str(d), int(i), str(schema)) for d, i, schema in r["partitions"])))
+        except (KeyError, TypeError, ValueError):
+            log.warning("ignoring an unreadable progress record: %.200r", r)
+    return found
+
+
+def outputs_still_there(data_dir: str, job: JobGraph, finished: list[FinishedSubtask]) -> list[FinishedSubtask]:
+    """Of the subtasks an earlier leader saw finish, those whose output is still there: every
+    result partition they wrote, and for a file sink its staged output (blocking I/O)."""
+    vertices = {v.id: v for v in job.vertices}
+    kept = []
+    for f in finished:
+        vertex = vertices.get(f.vertex_id)
+        if vertex is None or not 0 <= f.subtask_index < vertex.parallelism:
+            continue
+        paths = [layout.partition_dir(data_dir, job.job_id, d, i, f.attempt_number) for d, i, _ in f.schemas]
+        tail = vertex.operators[-1] if vertex.operators else None
+        entry = CATALOGUE.get(tail.kind) if tail is not None else None
+        if tail is not None and entry is not None and entry.commits_output:
+            target = layout.sink_target(data_dir, job.job_id, vertex.id, tail.kind, dict(tail.config))
+            paths.append(layout.sink_staging_dir(target, job.job_id, f.subtask_index, f.attempt_number))
+        try:
+            if all(exists(p) for p in paths):
+                kept.append(f)
+        except (OSError, ValueError):
+            continue
+    return kept
 
 
 # ------------------------------------------------------------------------------ the election

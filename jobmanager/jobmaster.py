@@ -46,6 +46,7 @@ class JobMaster:
         restart_description: str,
         on_terminal: Callable[["JobMaster"], None] = lambda jm: None,
         on_status: Callable[["JobMaster"], None] = lambda jm: None,
+        on_progress: Callable[["JobMaster"], None] = lambda jm: None,
     ):
         self.graph = graph
         self.scheduler = scheduler
@@ -57,6 +58,7 @@ class JobMaster:
         self.restart_description = restart_description
         self._on_terminal = on_terminal
         self._on_status = on_status  # after each job status change (high availability records it)
+        self._on_progress = on_progress  # after a subtask FINISHED (high availability records it)
         # With high availability the data clean-up waits until the job's end is recorded (until
         # then a new leader may run it again, and needs the commit marker): `pending_cleanup`
         # holds it for the dispatcher.
@@ -101,6 +103,11 @@ class JobMaster:
         log.info("job %s (%s): %d tasks, %d slots needed", self.job_id, self.graph.job_graph.name,
                  self.graph.number_of_vertices(), self.scheduler.plan.required_slots())
         self._decide(lambda now: self.scheduler.start(now))
+
+    def restore(self, finished: list[s.FinishedSubtask], cause: str) -> None:
+        """Before `start`: take over the subtasks an earlier leader saw finish (their output is
+        there), so that they do not run again."""
+        self._decide(lambda now: self.scheduler.restore_finished(finished, now, cause))
 
     def cancel(self) -> JobStatus:
         self._decide(lambda now: self.scheduler.cancel(now))
@@ -239,7 +246,9 @@ class JobMaster:
         self._on_status(self)
 
     def _on_execution_state(self, a: s.ExecutionStateChanged) -> None:
-        if a.transition.to_state is ExecutionState.FAILED:
+        if a.transition.to_state is ExecutionState.FINISHED:
+            self._on_progress(self)
+        elif a.transition.to_state is ExecutionState.FAILED:
             log.info("job %s: %s attempt #%d FAILED: %s", self.job_id, a.task_name, a.attempt.attempt_number, a.failure)
         self._sequence += 1
         if self._watchers:  # a P = 10 000 job makes 60 000 of these; build them only for a reader

@@ -28,7 +28,7 @@ from funke.common import scheduler as s
 from funke.common import slotmanager as sm
 from funke.common import taskexecutorstate as core
 from funke.common.deployment import PartitionRef, ProducedPartition, TaskDeployment
-from funke.common.executiongraph import ExecutionAttemptId, ExecutionGraph, FailureInfo
+from funke.common.executiongraph import ExecutionAttemptId, ExecutionGraph, FailureInfo, Incarnation
 from funke.common.jobgraph import FailoverStrategyKind, JobGraph
 from funke.common.restart import NoRestartBackoffTimeStrategy, RestartBackoffTimeStrategy
 from funke.common.states import ExecutionState, JobStatus
@@ -94,9 +94,10 @@ class SimulatedCluster:
     now: float = 1000.0
     commit_error: FailureInfo | None = None
     auto_deliver: bool = True
+    incarnation: Incarnation = field(default_factory=Incarnation)  # a later run: a job a new leader recovered
 
     def __post_init__(self) -> None:
-        self.graph = ExecutionGraph(self.job, JOB, self.now)
+        self.graph = ExecutionGraph(self.job, JOB, self.now, self.incarnation)
         self.scheduler = s.Scheduler(
             self.graph,
             restart_strategy=self.restart_strategy,

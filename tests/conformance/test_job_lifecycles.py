@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from funke.common.executiongraph import ExecutionAttemptId, FailureInfo
+from funke.common import scheduler as s
+from funke.common.executiongraph import ExecutionAttemptId, FailureInfo, Incarnation
 from funke.common.jobgraph import FailoverStrategyKind, ResultPartitionType
 from funke.common.restart import FixedDelayRestartBackoffTimeStrategy
 from funke.common.states import ExecutionState, JobStatus
@@ -370,3 +371,47 @@ def test_an_internal_error_fails_the_job_without_a_restart_from_every_live_statu
     assert sim.slots.free_slots == sim.slots.total_slots
     sim.scheduler.validate_state()
     sim.assert_conformant()
+
+
+# ---------------------------------------------------------------------------- recovery by a new leader
+
+
+class _Deployments(SimulatedCluster):
+    def observe(self, action: object) -> None:
+        if isinstance(action, s.DeployTask):
+            self.deployed = getattr(self, "deployed", []) + [action.deployment.attempt]
+
+
+def test_a_recovered_batch_job_takes_over_the_finished_regions_and_runs_only_the_rest():
+    job = seed_example_job(ResultPartitionType.BLOCKING)
+    first = SimulatedCluster(job).start()
+    sources = first.graph.vertices["source"].task_vertices
+    first.run_until(lambda: all(ev.state is ExecutionState.FINISHED for ev in sources))
+    finished = first.scheduler.finished_subtasks()
+    assert {(f.vertex_id, f.subtask_index) for f in finished} >= {("source", i) for i in range(4)}
+    # The leader died here. The next one recovers the job with attempts from 1000 up and takes
+    # over what finished: those subtasks are never deployed again.
+    second = _Deployments(job, incarnation=Incarnation(2, "h:2", (), 1000, None))
+    second.apply(second.scheduler.restore_finished(finished, second.now, "finished under epoch 1"))
+    second.scheduler.validate_state()
+    assert second.start().run() is JobStatus.FINISHED
+    redeployed = {(a.vertex_id, a.subtask_index) for a in getattr(second, "deployed", [])}
+    taken_over = {(f.vertex_id, f.subtask_index) for f in finished}
+    assert not redeployed & taken_over and redeployed | taken_over == {
+        (v, i) for v, p in (("source", 4), ("map", 4), ("reduce", 3)) for i in range(p)}
+    assert second.attempts("source") == first.attempts("source")
+    assert all(n >= 1000 for v in ("map", "reduce") for n, ev in zip(second.attempts(v), second.graph.vertices[v].task_vertices)
+               if (v, ev.subtask_index) not in taken_over)
+    second.assert_conformant()
+    second.validate_cores()
+
+
+def test_a_job_whose_every_subtask_finished_before_recovery_only_commits():
+    job = seed_example_job(ResultPartitionType.BLOCKING)
+    first = SimulatedCluster(job).start()
+    first.run_until(lambda: first.scheduler.state_counts.get(ExecutionState.FINISHED, 0) == 11)
+    second = _Deployments(job, incarnation=Incarnation(2, "h:2", (), 1000, None))
+    second.apply(second.scheduler.restore_finished(first.scheduler.finished_subtasks(), second.now, "taken over"))
+    assert second.start().run() is JobStatus.FINISHED
+    assert not getattr(second, "deployed", [])
+    assert second.job_path() == ["CREATED", "RUNNING", "FINISHED"]

@@ -167,7 +167,11 @@ def _some_task_running(client: JobManagerClient, job_id: str, timeout: float = 1
 def test_kill_9_of_the_leader_mid_job_the_standby_finishes_it_with_identical_output(ha, corpus, reference, tmp_path):  # noqa: F811
     out = tmp_path / "counts"
     job_id = ha.client.submit(slow_word_count(corpus, out, seconds_per_stage=3.0))
-    _some_task_running(ha.client, job_id)
+    done = _finished_subtasks(ha.client, job_id)
+    time.sleep(1.0)  # the leader records finished subtasks every 0.5 s
+    details = ha.client.get_job(job_id)
+    finished_at_kill = {(v.id, s.subtask_index): s.current.id.attempt_number for v in details.vertices
+                        for s in v.subtasks if s.current.state == job_pb2.EXECUTION_STATE_FINISHED}
     name, epoch, killed_at = ha.kill_leader()
     lease, elected_at = ha.wait_for_new_leader(epoch)
     running_at = _wait_running_under(ha.client, job_id, lease.epoch)
@@ -181,10 +185,27 @@ def test_kill_9_of_the_leader_mid_job_the_standby_finishes_it_with_identical_out
     details = ha.client.get_job(job_id)
     suspended = next(t for t in details.status_history if t.to_status == job_pb2.JOB_STATUS_SUSPENDED)
     assert f"epoch {epoch}" in suspended.cause and "lost leadership" in suspended.cause
-    # The new run's attempts start above every earlier run's.
-    assert min(_attempts(details).values()) >= 1000
+    # What had finished a second before the kill was taken over, not run again (same attempt);
+    # what ran again started its attempts above every earlier run's.
+    after = _attempts(details)
+    assert done and all(after[key] == attempt for key, attempt in done.items()), (done, after)
+    assert all(attempt >= 1000 or finished_at_kill.get(key) == attempt for key, attempt in after.items()), after
     print(f"kill -9 of {name} (epoch {epoch}): new leader epoch {lease.epoch} after "
-          f"{elected_at - killed_at:.2f} s, job RUNNING again after {running_at - killed_at:.2f} s")
+          f"{elected_at - killed_at:.2f} s, job RUNNING again after {running_at - killed_at:.2f} s, "
+          f"{len(done)} finished subtasks taken over")
+
+
+def _finished_subtasks(client: JobManagerClient, job_id: str, timeout: float = 120) -> dict[tuple[str, int], int]:
+    """Once some subtask of the job FINISHED (and others still run): the finished ones' attempts."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        details = client.get_job(job_id)
+        done = {(v.id, s.subtask_index): s.current.id.attempt_number for v in details.vertices for s in v.subtasks
+                if s.current.state == job_pb2.EXECUTION_STATE_FINISHED}
+        if done:
+            return done
+        time.sleep(0.05)
+    raise AssertionError("no subtask of the job finished")
 
 
 # ---------------------------------------------------------------------------- SIGTERM: SUSPENDED, then recovered
