@@ -67,6 +67,7 @@ class Dispatcher:
         self._runs: dict[str, list[dict]] = {}  # with HA: each job's run records, kept in its history
         self._writes: set[asyncio.Future] = set()
         self._progress_due: set[str] = set()  # jobs whose finished subtasks are to be recorded
+        self._progress_at: dict[str, float] = {}  # when each job's were last recorded (monotonic)
         self.mailbox = Mailbox()
         self.jobs: dict[str, JobMaster] = {}  # jobs that have not ended on this JobManager
         self.store = JobStore(config.jobstore_max_capacity, config.jobstore_expiration_s, config.jobstore_cache_bytes)
@@ -188,8 +189,9 @@ class Dispatcher:
             log.error("high availability: writing to the store failed: %s", exc, exc_info=exc)
 
     def _on_progress(self, jm: JobMaster) -> None:
-        """A subtask finished: record the job's finished subtasks, at most every half second
-        (a subtask that finished since the last record runs again after a failover)."""
+        """A subtask finished: record the job's finished subtasks, at once if the last record is
+        PROGRESS_INTERVAL_S old, else that long after it (a subtask that finished since the last
+        record runs again after a failover)."""
         if self.ha is None or jm.job_id in self._progress_due:
             return
         self._progress_due.add(jm.job_id)
@@ -197,10 +199,15 @@ class Dispatcher:
         def record() -> None:
             self._progress_due.discard(jm.job_id)
             if self.jobs.get(jm.job_id) is jm and not jm.status.is_terminal and self.ha is not None:
+                self._progress_at[jm.job_id] = time.monotonic()
                 progress = [hamod.progress_record(f) for f in jm.scheduler.finished_subtasks()]
                 self._spawn(self.ha.write(self.ha.services.put_progress, jm.job_id, progress))
 
-        asyncio.get_running_loop().call_later(PROGRESS_INTERVAL_S, lambda: self.mailbox.run(record))
+        wait = self._progress_at.get(jm.job_id, -PROGRESS_INTERVAL_S) + PROGRESS_INTERVAL_S - time.monotonic()
+        if wait <= 0:
+            self.mailbox.run(record)
+        else:
+            asyncio.get_running_loop().call_later(wait, lambda: self.mailbox.run(record))
 
     def _on_status(self, jm: JobMaster) -> None:
         if self.ha is not None:
@@ -364,6 +371,7 @@ class Dispatcher:
             return
         entry = archive(jm.details(), jm.summary(), jm.status, jm.sequence, jm.collect_vertices, time.time())
         del self.jobs[jm.job_id]
+        self._progress_at.pop(jm.job_id, None)
         if self.ha is not None and jm.status.is_globally_terminal:
             self.results[jm.job_id] = JobResult(jm.job_id, jm.status.value, time.time(), self.ha.epoch)
             self._spawn(self._finish_in_store(jm.job_id, entry, jm.pending_cleanup))
