@@ -47,7 +47,7 @@ from funke.v1 import cluster_pb2, ha_pb2, job_pb2, jobgraph_pb2, jobmanager_pb2
 log = logging.getLogger("funke.jobmanager")
 
 Job = JobMaster | ArchivedJob
-PROGRESS_INTERVAL_S = 0.5
+PROGRESS_INTERVAL_S = 0.05
 STOP_WRITES_TIMEOUT_S = 10.0
 
 
@@ -67,6 +67,7 @@ class Dispatcher:
         self._runs: dict[str, list[dict]] = {}  # with HA: each job's run records, kept in its history
         self._writes: set[asyncio.Future] = set()
         self._progress_due: set[str] = set()  # jobs whose finished subtasks are to be recorded
+        self._progress_dirty: set[str] = set()  # ... and more finished since that record was taken
         self._progress_at: dict[str, float] = {}  # when each job's were last recorded (monotonic)
         self.mailbox = Mailbox()
         self.jobs: dict[str, JobMaster] = {}  # jobs that have not ended on this JobManager
@@ -189,25 +190,42 @@ class Dispatcher:
             log.error("high availability: writing to the store failed: %s", exc, exc_info=exc)
 
     def _on_progress(self, jm: JobMaster) -> None:
-        """A subtask finished: record the job's finished subtasks, at once if the last record is
-        PROGRESS_INTERVAL_S old, else that long after it (a subtask that finished since the last
-        record runs again after a failover)."""
-        if self.ha is None or jm.job_id in self._progress_due:
+        """A subtask finished: record the job's finished subtasks. One record per job is written
+        at a time, each of all that finished until it is taken, at least PROGRESS_INTERVAL_S
+        apart; a subtask that finished after the last record written runs again after a
+        failover."""
+        if self.ha is None:
+            return
+        if jm.job_id in self._progress_due:  # a record is being written or waits: it gets this too
+            self._progress_dirty.add(jm.job_id)
             return
         self._progress_due.add(jm.job_id)
-
-        def record() -> None:
-            self._progress_due.discard(jm.job_id)
-            if self.jobs.get(jm.job_id) is jm and not jm.status.is_terminal and self.ha is not None:
-                self._progress_at[jm.job_id] = time.monotonic()
-                progress = [hamod.progress_record(f) for f in jm.scheduler.finished_subtasks()]
-                self._spawn(self.ha.write(self.ha.services.put_progress, jm.job_id, progress))
-
         wait = self._progress_at.get(jm.job_id, -PROGRESS_INTERVAL_S) + PROGRESS_INTERVAL_S - time.monotonic()
         if wait <= 0:
-            self.mailbox.run(record)
+            self._record_progress(jm)
         else:
-            asyncio.get_running_loop().call_later(wait, lambda: self.mailbox.run(record))
+            asyncio.get_running_loop().call_later(wait, lambda: self.mailbox.run(lambda: self._record_progress(jm)))
+
+    def _record_progress(self, jm: JobMaster) -> None:
+        ha = self.ha
+        if ha is None or self.jobs.get(jm.job_id) is not jm or jm.status.is_terminal:
+            self._progress_due.discard(jm.job_id)
+            self._progress_dirty.discard(jm.job_id)
+            return
+        self._progress_dirty.discard(jm.job_id)
+        self._progress_at[jm.job_id] = time.monotonic()
+        progress = [hamod.progress_record(f) for f in jm.scheduler.finished_subtasks()]
+        future = asyncio.ensure_future(ha.write(ha.services.put_progress, jm.job_id, progress))
+        self._writes.add(future)
+
+        def written(f: asyncio.Future) -> None:
+            self._written(f)
+            self._progress_due.discard(jm.job_id)
+            if jm.job_id in self._progress_dirty:
+                self._progress_dirty.discard(jm.job_id)
+                self.mailbox.run(lambda: self._on_progress(jm))
+
+        future.add_done_callback(written)
 
     def _on_status(self, jm: JobMaster) -> None:
         if self.ha is not None:

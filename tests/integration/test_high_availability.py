@@ -168,7 +168,7 @@ def test_kill_9_of_the_leader_mid_job_the_standby_finishes_it_with_identical_out
     out = tmp_path / "counts"
     job_id = ha.client.submit(slow_word_count(corpus, out, seconds_per_stage=3.0))
     done = _finished_subtasks(ha.client, job_id)
-    time.sleep(1.0)  # the leader records finished subtasks every 0.5 s
+    time.sleep(1.0)  # the leader has recorded them by then
     details = ha.client.get_job(job_id)
     finished_at_kill = {(v.id, s.subtask_index): s.current.id.attempt_number for v in details.vertices
                         for s in v.subtasks if s.current.state == job_pb2.EXECUTION_STATE_FINISHED}
