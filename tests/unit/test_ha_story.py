@@ -52,3 +52,25 @@ def test_a_run_whose_leader_died_is_suspended_on_that_leader_and_the_next_starts
     again, _ = next_incarnation(graceful, 3, "h:3", 50.0, None)
     assert again.first_attempt_number == 2 * ATTEMPT_STRIDE
     assert [h.transition.to_state for h in again.earlier_history] == [J.RUNNING, J.SUSPENDED, J.RUNNING, J.SUSPENDED]
+
+
+def test_only_finished_subtasks_whose_output_is_still_there_are_taken_over(tmp_path):
+    import dataclasses
+    import os
+
+    from funke.common import layout
+    from funke.common.jobgraph import ResultPartitionType
+    from funke.common.scheduler import FinishedSubtask
+    from funke.jobmanager.highavailability import outputs_still_there, progress_record, read_progress
+    from tests.conformance.graphs import seed_example_job
+
+    job = dataclasses.replace(seed_example_job(ResultPartitionType.BLOCKING), job_id="job-1")
+    data_set = next(d.id for d in job.data_sets if d.producer == "source")
+    kept = FinishedSubtask("source", 0, 3, ((data_set, 0, "{}"),))
+    gone = FinishedSubtask("source", 1, 0, ((data_set, 1, "{}"),))
+    strangers = [FinishedSubtask("nope", 0, 0, ()), FinishedSubtask("source", 99, 0, ())]
+    os.makedirs(layout.partition_dir(str(tmp_path), "job-1", data_set, 0, 3))
+    records = [progress_record(f) for f in [kept, gone, *strangers]] + [{"vertex": "x"}]
+    finished = read_progress(records)  # the unreadable record is skipped
+    assert finished == [kept, gone, *strangers]
+    assert outputs_still_there(str(tmp_path), job, finished) == [kept]

@@ -69,10 +69,13 @@ def test_the_job_graph_store_keeps_graphs_and_histories_until_removed(ha):
     ha.contend(a, now=0.0)
     ha.put_job_graph("a", 1, "job-1", b"\x00graph bytes")
     ha.put_history("a", 1, "job-1", [{"to": "CREATED"}, {"to": "RUNNING"}])
+    ha.put_progress("a", 1, "job-1", [{"vertex": "v", "subtask": 0, "attempt": 0, "partitions": []}])
     assert ha.job_graph("job-1") == b"\x00graph bytes"
     assert ha.history("job-1") == [{"to": "CREATED"}, {"to": "RUNNING"}]
+    assert ha.progress("job-1") == [{"vertex": "v", "subtask": 0, "attempt": 0, "partitions": []}]
     ha.remove_job_graph("a", 1, "job-1")
     assert ha.job_graph_ids() == [] and ha.job_graph("job-1") is None and ha.history("job-1") == []
+    assert ha.progress("job-1") == [] and os.listdir(ha.graphs_dir) == []
 
 
 def test_job_results_go_from_dirty_to_clean(ha):
