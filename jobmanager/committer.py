@@ -29,6 +29,8 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from funke.common import layout
+from funke.common.jobgraph import JobGraph
+from funke.common.operators import CATALOGUE
 from funke.common.scheduler import SinkCommit
 
 
@@ -66,6 +68,17 @@ def _remove(fs: pafs.FileSystem, path: str) -> None:
         fs.delete_dir(path)
     elif kind is pafs.FileType.File:
         fs.delete_file(path)
+
+
+def sink_targets(data_dir: str, job_id: str, job: JobGraph) -> list[str]:
+    """Where the job's committing sinks publish their output."""
+    targets = []
+    for v in job.vertices:
+        tail = v.operators[-1] if v.operators else None
+        entry = CATALOGUE.get(tail.kind) if tail is not None else None
+        if tail is not None and entry is not None and entry.commits_output:
+            targets.append(layout.sink_target(data_dir, job_id, v.id, tail.kind, dict(tail.config)))
+    return targets
 
 
 def commit_outputs(data_dir: str, job_id: str, sinks: Sequence[SinkCommit]) -> None:

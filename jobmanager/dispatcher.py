@@ -134,7 +134,7 @@ class Dispatcher:
         started = []
         for job_id in graph_ids:
             if job_id in self.results:  # ended, but its clean-up was cut short
-                self._spawn(self._finish_in_store(job_id, None))
+                self._spawn(self._finish_in_store(job_id, None, await self._leftover_cleanup(job_id)))
                 continue
             try:
                 if await self._recover_job(job_id):
@@ -144,6 +144,19 @@ class Dispatcher:
         if started:
             log.info("recovered %d job(s) from the job graph store: %s", len(started), ", ".join(started))
         return started
+
+    async def _leftover_cleanup(self, job_id: str):
+        """The data clean-up of a job whose end a dead leader recorded but did not clean up."""
+        ha = self.ha
+        assert ha is not None
+        data = await ha.read(ha.services.job_graph, job_id)
+        try:
+            targets = committer.sink_targets(self.config.data_dir, job_id,
+                                             job_graph_from_proto(jobgraph_pb2.JobGraph.FromString(data or b"")))
+        except Exception:  # unreadable: its sink staging stays; the rest is still removed
+            targets = []
+        keep = self.results[job_id].status == JobStatus.FINISHED.value
+        return lambda: committer.cleanup_job(self.config.data_dir, job_id, targets, keep)
 
     async def _recover_job(self, job_id: str) -> bool:
         ha = self.ha

@@ -29,12 +29,11 @@ from typing import Any, Awaitable, Callable
 from funke.common import layout
 from funke.common.executiongraph import Incarnation, LeaderTransition
 from funke.common.jobgraph import JobGraph
-from funke.common.operators import CATALOGUE
 from funke.common.scheduler import FinishedSubtask
 from funke.common.leadership import Contender, Granted, Lease, Revoked
 from funke.common.states import JobStatus, Transition
 from funke.deploy.hafilesystem import FileSystemHaServices, process_identity
-from funke.jobmanager.committer import exists
+from funke.jobmanager.committer import exists, sink_targets
 
 log = logging.getLogger("funke.jobmanager")
 
@@ -156,10 +155,7 @@ def outputs_still_there(data_dir: str, job: JobGraph, finished: list[FinishedSub
         if vertex is None or not 0 <= f.subtask_index < vertex.parallelism:
             continue
         paths = [layout.partition_dir(data_dir, job.job_id, d, i, f.attempt_number) for d, i, _ in f.schemas]
-        tail = vertex.operators[-1] if vertex.operators else None
-        entry = CATALOGUE.get(tail.kind) if tail is not None else None
-        if tail is not None and entry is not None and entry.commits_output:
-            target = layout.sink_target(data_dir, job.job_id, vertex.id, tail.kind, dict(tail.config))
+        for target in sink_targets(data_dir, job.job_id, JobGraph(job.name, (vertex,))):
             paths.append(layout.sink_staging_dir(target, job.job_id, f.subtask_index, f.attempt_number))
         try:
             if all(exists(p) for p in paths):

@@ -14,11 +14,10 @@ import time
 import traceback
 from typing import TYPE_CHECKING, Callable
 
-from funke.common import codec, layout
+from funke.common import codec
 from funke.common import scheduler as s
 from funke.common.codec import DeploymentEncoder
 from funke.common.executiongraph import ExecutionGraph, FailureInfo
-from funke.common.operators import CATALOGUE
 from funke.common.scheduler import Scheduler
 from funke.common.states import ExecutionState, JobStatus
 from funke.jobmanager import committer
@@ -71,11 +70,7 @@ class JobMaster:
         self._timers: set[asyncio.TimerHandle] = set()
         self._watchers: set[asyncio.Queue] = set()
         self._sequence = 0
-        self.sink_targets = [
-            layout.sink_target(data_dir, self.job_id, jv.id, jv.operators[-1].kind, dict(jv.operators[-1].config))
-            for jv in graph.job_graph.vertices
-            if jv.operators and _commits_output(jv.operators[-1].kind)
-        ]
+        self.sink_targets = committer.sink_targets(data_dir, self.job_id, graph.job_graph)
 
     @property
     def status(self) -> JobStatus:
@@ -333,11 +328,6 @@ class JobMaster:
                     "cleaning up job %s: %s", self.job_id, f.exception()))
         # After the other actions of this decision: the dispatcher then keeps only a summary.
         self.mailbox.run(lambda: self._on_terminal(self))
-
-
-def _commits_output(kind: str) -> bool:
-    entry = CATALOGUE.get(kind)
-    return entry is not None and entry.commits_output
 
 
 _HANDLERS = {

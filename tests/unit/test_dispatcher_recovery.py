@@ -1,0 +1,68 @@
+"""A new leader's Dispatcher recovering from the HA stores, in process: stored jobs start again,
+an ended job whose clean-up a dead leader cut short is finished (graph removed, result clean,
+its data cleaned up) and never run, orphans in the data directory are swept, and stepping down
+records the suspension and keeps the job for the next leader."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+
+import pytest
+
+from funke.common.codec import job_graph_to_proto
+from funke.common.configuration import ClusterConfiguration
+from funke.common.leadership import Contender
+from funke.common.states import JobStatus
+from funke.deploy.hafilesystem import FileSystemHaServices, JobResult
+from funke.jobmanager.dispatcher import Dispatcher, DispatcherError
+from funke.jobmanager.highavailability import HaContext
+from tests.unit.test_jobmaster import noop_job
+
+
+def test_a_new_leader_recovers_stored_jobs_finishes_cut_short_clean_ups_and_sweeps_orphans(tmp_path):
+    data = tmp_path / "data"
+    services = FileSystemHaServices(str(tmp_path / "ha"))
+    services.create_dirs()
+    old = Contender("old:1:1", "127.0.0.1:1", 60)
+    services.contend(old, now=0.0)
+    for job_id in ("run-1", "done-1"):
+        services.put_job_graph("old:1:1", 1, job_id, job_graph_to_proto(noop_job(job_id)).SerializeToString())
+    services.put_history("old:1:1", 1, "run-1", [{"from": "CREATED", "to": "RUNNING", "at": 5.0, "epoch": 1,
+                                                   "job_manager": "old:1"}])
+    services.put_dirty_result("old:1:1", 1, JobResult("done-1", "FINISHED", 9.0, 1))
+    for job_id in ("run-1", "done-1", "orphan-1"):
+        os.makedirs(data / "jobs" / job_id / "partitions" / "x")
+    services.release(old)
+
+    async def scenario() -> None:
+        new = Contender("new:2:2", "127.0.0.1:2", 60)
+        services.contend(new)
+        writer = concurrent.futures.ThreadPoolExecutor(1)
+        ha = HaContext(services, "new:2:2", 2, "new:2", writer)
+        dispatcher = Dispatcher(ClusterConfiguration(data_dir=str(data)), ha=ha)
+        dispatcher.start()
+        try:
+            assert await dispatcher.recover() == ["run-1"]
+            await asyncio.wait(list(dispatcher._writes))
+            await ha.flush()
+            assert services.job_graph_ids() == ["run-1"]
+            assert services.results()["done-1"].clean
+            assert sorted(os.listdir(data / "jobs")) == ["done-1", "run-1"]  # the orphan swept
+            assert not (data / "jobs" / "done-1" / "partitions").exists()  # its clean-up done
+            job = dispatcher.job("run-1")
+            assert job.status is JobStatus.CREATED  # waiting for TaskManagers under the new leader
+            history = [(t.from_status, t.to_status, t.leader_epoch) for t in job.details().status_history]
+            assert len(history) == 2 and history[-1][2] == 1  # RUNNING -> SUSPENDED, said for epoch 1
+            assert min(s.current.id.attempt_number for v in job.details().vertices for s in v.subtasks) == 1000
+            with pytest.raises(DispatcherError, match="already ran and ended FINISHED"):
+                await dispatcher.start_job(noop_job("done-1"))
+        finally:
+            await dispatcher.stop("stepping down")
+            writer.shutdown()
+        stored = [r for r in services.history("run-1") if "to" in r]
+        assert stored[-1]["to"] == "SUSPENDED" and stored[-1]["epoch"] == 2
+        assert services.job_graph_ids() == ["run-1"]
+
+    asyncio.run(scenario())
