@@ -374,7 +374,9 @@ class TaskExecutor:
             delete()
             return
         future = self._loop.run_in_executor(None, delete)
-        future.add_done_callback(lambda f: f.exception() and log.warning("deleting partitions: %s", f.exception()))
+        # Cancelled: the ReleasePartitions call that waited for it went away (the thread goes on).
+        future.add_done_callback(lambda f: not f.cancelled() and f.exception() and log.warning(
+            "deleting partitions: %s", f.exception()))
         self._deletions.append(future)
 
     def _start_timer(self, i: core.StartTimer) -> None:
@@ -618,8 +620,11 @@ class TaskExecutor:
         if self._channel is not None and address == self.jobmanager_address:
             return
         if self._channel is not None:
+            # Closed once what is in flight on it has timed out: closing it now would cancel a
+            # report being sent (the report loop retries it, on the new channel, either way).
             old = self._channel
-            asyncio.get_running_loop().create_task(old.close(), name="close-old-jobmanager-channel")
+            loop = asyncio.get_running_loop()
+            loop.call_later(2 * _RPC_TIMEOUT_S, lambda: loop.create_task(old.close(), name="close-old-channel"))
             log.info("TaskManager %s follows the leader to %s", self.id, address)
         self.jobmanager_address = address
         self._channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
@@ -879,6 +884,13 @@ class TaskExecutor:
                 continue  # the JobManager was lost while we built it: leave those out
             try:
                 await self._job_master.UpdateTaskExecutionState(request, timeout=_RPC_TIMEOUT_S)
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise  # we are shutting down
+                # The call's channel was closed under it (we follow a new leader): not our end.
+                log.info("sending %d task state(s) was cut off; retrying", len(batch))
+                continue
             except grpc.aio.AioRpcError as e:
                 if e.code() in _PERMANENT_CODES:
                     log.error("the JobManager refused %d task state update(s) (%s); dropping them",
