@@ -31,7 +31,7 @@ from funke.common.executiongraph import Incarnation, LeaderTransition
 from funke.common.jobgraph import JobGraph
 from funke.common.scheduler import FinishedSubtask
 from funke.common.leadership import Contender, Granted, Lease, Revoked
-from funke.common.states import JobStatus, Transition
+from funke.common.states import JOB_STATUS_TRANSITIONS, JobStatus, Transition
 from funke.deploy.hafilesystem import FileSystemHaServices, process_identity
 from funke.jobmanager.committer import exists, sink_targets
 
@@ -117,7 +117,7 @@ def next_incarnation(story: StoredStory, epoch: int, job_manager: str, now: floa
     earlier = list(story.transitions)
     if earlier:
         last = earlier[-1]
-        if not last.transition.to_state.is_terminal and last.transition.to_state is not JobStatus.SUSPENDED:
+        if JobStatus.SUSPENDED in JOB_STATUS_TRANSITIONS[last.transition.to_state]:  # it had not ended
             gone = Transition(last.transition.to_state, JobStatus.SUSPENDED, now,
                               f"its JobManager {last.job_manager or '?'} (epoch {last.leader_epoch}) lost "
                               f"leadership; recovered by {job_manager} (epoch {epoch})", "ha:recovery")
