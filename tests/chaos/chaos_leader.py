@@ -142,37 +142,35 @@ class Cluster:
         raise SystemExit(f"job {job_id}: no task running within {timeout} s")
 
 
-def running_again(client: JobManagerClient, job_id: str, epoch_before: int, timeout: float = 120) -> float:
+def _first_time(client: JobManagerClient, job_id: str, times_of, what: str, timeout: float = 120) -> float:
+    """Poll the job until `times_of(details)` names a moment; the earliest one."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
             details = client.get_job(job_id)
-        except Exception:
+        except Exception:  # no leader answers yet
             time.sleep(0.02)
             continue
-        for t in details.status_history:
-            if t.leader_epoch > epoch_before and t.to_status == job_pb2.JOB_STATUS_RUNNING:
-                return stamp(t)
-        time.sleep(0.02)
-    raise SystemExit(f"job {job_id} not RUNNING again within {timeout} s")
-
-
-def tasks_running_again(client: JobManagerClient, job_id: str, epoch_before: int, timeout: float = 120) -> float:
-    """When the first task of the run after the kill was RUNNING (attempts of a later run are
-    numbered from 1000 up)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            details = client.get_job(job_id)
-        except Exception:
-            time.sleep(0.02)
-            continue
-        times = [stamp(t) for v in details.vertices for s in v.subtasks if s.current.id.attempt_number >= 1000
-                 for t in s.current.history if t.to_state == job_pb2.EXECUTION_STATE_RUNNING]
+        times = times_of(details)
         if times:
             return min(times)
         time.sleep(0.02)
-    raise SystemExit(f"job {job_id}: no task RUNNING again within {timeout} s")
+    raise SystemExit(f"job {job_id}: {what} not within {timeout} s")
+
+
+def running_again(client: JobManagerClient, job_id: str, epoch_before: int) -> float:
+    """When the job was RUNNING under a leader after `epoch_before`."""
+    return _first_time(client, job_id, lambda d: [
+        stamp(t) for t in d.status_history
+        if t.leader_epoch > epoch_before and t.to_status == job_pb2.JOB_STATUS_RUNNING], "RUNNING again")
+
+
+def tasks_running_again(client: JobManagerClient, job_id: str) -> float:
+    """When the first task of the run after the kill was RUNNING (attempts of a later run are
+    numbered from 1000 up)."""
+    return _first_time(client, job_id, lambda d: [
+        stamp(t) for v in d.vertices for s in v.subtasks if s.current.id.attempt_number >= 1000
+        for t in s.current.history if t.to_state == job_pb2.EXECUTION_STATE_RUNNING], "a task RUNNING again")
 
 
 def benchmark(c: Cluster, corpus: str, work: Path, reference: dict[str, bytes], kills: int) -> dict:
@@ -187,7 +185,7 @@ def benchmark(c: Cluster, corpus: str, work: Path, reference: dict[str, bytes], 
         name, epoch, killed_at = c.kill_leader()
         elected.append(c.elected_after(epoch) - killed_at)
         running.append(running_again(c.client, job_id, epoch) - killed_at)
-        tasks.append(tasks_running_again(c.client, job_id, epoch) - killed_at)
+        tasks.append(tasks_running_again(c.client, job_id) - killed_at)
         end = c.wait_end(job_id)
         details = c.client.get_job(job_id)
         after = {(v.id, s.subtask_index): s.current.id.attempt_number for v in details.vertices for s in v.subtasks}
