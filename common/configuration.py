@@ -18,6 +18,9 @@ from funke.common.restart import RestartStrategyError, parse_duration, restart_s
 from funke.common.slotmanager import DEFAULT_HEARTBEAT_INTERVAL_S, DEFAULT_HEARTBEAT_TIMEOUT_S
 
 
+DEFAULT_ZOOKEEPER_SESSION_S = 6.0
+
+
 class ConfigurationError(ValueError):
     def __init__(self, problems: list[str]):
         self.problems = problems
@@ -41,12 +44,19 @@ class ClusterConfiguration:
     jobstore_max_capacity: int = 1000
     jobstore_expiration_s: float = 3600.0
     jobstore_cache_bytes: int = 50 * 1024 * 1024
-    # High availability (Flink's keys): "none", or "filesystem" (leader election and the job
-    # stores in files under <storageDir>/<cluster-id>, for the JobManagers of one machine).
+    # High availability (Flink's keys): "none"; "filesystem" (leader election and the job
+    # stores in files under <storageDir>/<cluster-id>, for the JobManagers of one machine); or
+    # "zookeeper" (election, leader retrieval and the stores' small records on a ZooKeeper
+    # quorum under <path.root>/<cluster-id>; large records as files under storageDir).
     high_availability: str = "none"
     ha_storage_dir: str = ""
     ha_cluster_id: str = "default"
     ha_lease_s: float = DEFAULT_LEASE_S  # how long a leader's silence lasts before a standby takes over
+    ha_zookeeper_quorum: str = ""  # host:port,host:port
+    ha_zookeeper_root: str = "/funke"
+    # Flink's default is 60 s: the time a crashed leader's node lingers (a local leader known
+    # dead is removed at once).
+    ha_zookeeper_session_s: float = DEFAULT_ZOOKEEPER_SESSION_S
 
     @property
     def ha_enabled(self) -> bool:
@@ -60,8 +70,9 @@ _DURATIONS = {
     "task.cancellation.timeout": "cancellation_timeout_s",
     "jobstore.expiration-time": "jobstore_expiration_s",
     "high-availability.filesystem.lease-duration": "ha_lease_s",
+    "high-availability.zookeeper.client.session-timeout": "ha_zookeeper_session_s",
 }
-HA_MODES = ("none", "filesystem")
+HA_MODES = ("none", "filesystem", "zookeeper")
 # key -> (field, smallest, largest)
 _INTEGERS = {
     "funke.job.max-subtasks": ("max_subtasks", 1, 10_000_000),
@@ -120,9 +131,7 @@ def parse_configuration(entries: Mapping[str, str], base: ClusterConfiguration |
             changes["data_dir"] = value
         elif key in ("high-availability", "high-availability.type"):
             mode = value.lower()
-            if mode == "zookeeper":
-                problems.append(f"{key}: zookeeper is not supported yet; use filesystem (one machine) or none")
-            elif mode not in HA_MODES:
+            if mode not in HA_MODES:
                 problems.append(f"{key}: expected one of {', '.join(HA_MODES)}, got {value!r}")
             else:
                 changes["high_availability"] = mode
@@ -143,6 +152,19 @@ def parse_configuration(entries: Mapping[str, str], base: ClusterConfiguration |
                 problems.append(problem)
             else:
                 changes["ha_cluster_id"] = value.strip("/")
+        elif key == "high-availability.zookeeper.quorum":
+            problem = quorum_problem(value)
+            if problem is not None:
+                problems.append(f"{key}: {problem}")
+            else:
+                changes["ha_zookeeper_quorum"] = value.replace(" ", "")
+        elif key == "high-availability.zookeeper.path.root":
+            parts = value.strip("/").split("/")
+            bad = [p for part in parts if (p := ids.path_id_problem(part, key)) is not None]
+            if bad:
+                problems.append(bad[0])
+            else:
+                changes["ha_zookeeper_root"] = "/" + "/".join(parts)
         else:
             problems.append(f"unknown key {key!r}")
     if restart_type is not None or restart_options:
@@ -156,9 +178,27 @@ def parse_configuration(entries: Mapping[str, str], base: ClusterConfiguration |
     mode = changes.get("high_availability", config.high_availability)
     if mode != "none" and not changes.get("ha_storage_dir", config.ha_storage_dir):
         problems.append(f"high-availability: {mode} needs high-availability.storageDir")
+    if (mode == "zookeeper" and not changes.get("ha_zookeeper_quorum", config.ha_zookeeper_quorum)
+            and "high-availability.zookeeper.quorum" not in entries):  # a bad one is named above
+        problems.append("high-availability: zookeeper needs high-availability.zookeeper.quorum (host:port,...)")
     if problems:
         raise ConfigurationError(problems)
     return replace(config, **changes)
+
+
+def quorum_problem(value: str) -> str | None:
+    """What is wrong with a ZooKeeper connect string `host:port,host:port`, or None."""
+    servers = [s.strip() for s in value.split(",")]
+    if not value.strip() or not all(servers):
+        return f"expected host:port[,host:port...], got {ids.echo(value)}"
+    for server in servers:
+        host, sep, port = server.rpartition(":")
+        host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+        if not sep or not host or not port.isascii() or not port.isdigit() or not 0 < int(port) < 65536:
+            return f"expected host:port with a port from 1 to 65535, got {ids.echo(server)}"
+        if not all(c.isascii() and (c.isalnum() or c in ".-_:") for c in host):
+            return f"not a host name or address: {ids.echo(host)}"
+    return None
 
 
 def parse_config_lines(text: str, source: str = "configuration") -> dict[str, str]:

@@ -102,12 +102,31 @@ class Contender:
         free = current is None or not current.valid(now) or holder_gone
         if not free:
             return None, changes
-        epoch = (current.epoch if current is not None else 0) + 1
-        lease = Lease(self.holder, epoch, self.address, now, self.duration_s, since=now)
-        self.epoch = epoch
+        lease, granted = self.grant(current.epoch if current is not None else 0, now)
+        return lease, changes + granted
+
+    def grant(self, last_epoch: int, now: float) -> tuple[Lease, list[Change]]:
+        """Lead from `now` with the epoch after `last_epoch`. For a backend whose store decides
+        the winner itself (ZooKeeper's latch: the oldest contender leads), once it has."""
+        lease = Lease(self.holder, last_epoch + 1, self.address, now, self.duration_s, since=now)
+        self.epoch = lease.epoch
         self._valid_until = lease.expires_at
-        changes.append(Granted(epoch))
-        return lease, changes
+        return lease, [Granted(lease.epoch)]
+
+    def renew(self, now: float) -> list[Change]:
+        """The store confirmed at `now` that this contender still leads (its ZooKeeper session
+        and leader node are alive): act for another lease from then. A renewal that comes too
+        late ends the leadership instead."""
+        if self.epoch is None:
+            return []
+        if now >= self._valid_until:
+            return [self._lose(f"the lease expired {now - self._valid_until:.1f} s before it was renewed")]
+        self._valid_until = now + self.duration_s
+        return []
+
+    def lose(self, reason: str) -> list[Change]:
+        """The store says this contender does not lead (any more)."""
+        return [self._lose(reason)] if self.epoch is not None else []
 
     def release(self, current: Lease | None, now: float) -> tuple[Lease | None, list[Change]]:
         """Step down (graceful stop): the lease is marked released, so a standby takes over at

@@ -749,11 +749,13 @@ def cmd_cluster_start(args: argparse.Namespace) -> int:
           flush=True)
     info = localcluster.start(root, args.taskmanagers, args.slots, port=args.port, data_dir=args.data_dir,
                               dynamic=args.dynamic, no_spark=args.no_spark, timeout=args.timeout,
-                              ha=args.ha, jobmanagers=args.jobmanagers)
+                              ha=args.ha, jobmanagers=args.jobmanagers, zookeeper_quorum=args.zookeeper_quorum)
     leads = " (leader)" if info.high_availability != "none" else ""
     rows = [[info.jobmanager.name + leads, info.address, "", str(info.jobmanager.pid), str(info.jobmanager.log)]]
     rows += [[jm.name + " (standby)", "", "", str(jm.pid), str(jm.log)] for jm in info.standbys]
     rows += [[tm.name, "", str(info.slots_per_taskmanager), str(tm.pid), str(tm.log)] for tm in info.taskmanagers]
+    if info.zookeeper is not None:
+        rows.insert(0, [info.zookeeper.name, info.zookeeper_quorum, "", str(info.zookeeper.pid), str(info.zookeeper.log)])
     print("\n".join(_table(["PROCESS", "ADDRESS", "SLOTS", "PID", "LOG"], rows)))
     total = len(info.taskmanagers) * info.slots_per_taskmanager
     print(f"cluster running: JobManager at {info.address}, {len(info.taskmanagers)} TaskManager(s), "
@@ -815,6 +817,8 @@ def cmd_cluster_status(args: argparse.Namespace) -> int:
             detail = f"leader, epoch {lease.epoch}, {st.address}" if leads and lease else "standby"
         elif p.name == localcluster.JOBMANAGER:
             detail = st.address or "-"
+        elif p.name == localcluster.ZOOKEEPER:
+            detail = "the cluster's ZooKeeper server"
         elif tm is not None:
             detail = f"{tm.address}, {tm.slots_free}/{tm.slots_total} slots free"
         else:
@@ -879,9 +883,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help="JobManager configuration, e.g. -D restart-strategy.type=fixed-delay")
     start.add_argument("--no-spark", action="store_true", help="TaskManagers without Spark (no-op jobs only)")
     start.add_argument("--timeout", type=float, default=120, help="seconds to wait for startup (default: 120)")
-    start.add_argument("--ha", choices=["none", "filesystem"], default="none",
+    start.add_argument("--ha", choices=list(localcluster.HA_MODES), default="none",
                        help="high availability: 'filesystem' elects a leader among the JobManagers through a "
-                            "lease in <dir>/ha and keeps jobs there across JobManager failures (default: none)")
+                            "lease in <dir>/ha and keeps jobs there across JobManager failures; 'zookeeper' does "
+                            "so on ZooKeeper (default: none)")
+    start.add_argument("--zookeeper-quorum", metavar="HOST:PORT[,...]",
+                       help="with --ha zookeeper: the ZooKeeper to use (default: start one for the cluster, "
+                            "from the Debian package zookeeper)")
     start.add_argument("--jobmanagers", type=_positive_int, default=1, metavar="N",
                        help="JobManagers to start: one leads, the others stand by (needs --ha; default: 1)")
     stop = cluster_commands.add_parser("stop", help="stop the cluster's processes", allow_abbrev=False)

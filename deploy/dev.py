@@ -7,7 +7,8 @@
     python3 deploy/dev.py docs    # regenerate the README's state diagrams from the tables
 
 Needs only Python >= 3.11 and Java 17. Creates `.venv` beside the checkout (override with
-FUNKE_VENV) and installs funke into it, once per change of pyproject.toml.
+FUNKE_VENV) and installs funke into it, once per change of pyproject.toml. `test` also installs
+the Debian package `zookeeper` when missing (the ZooKeeper HA tests run a real server).
 """
 
 from __future__ import annotations
@@ -51,6 +52,29 @@ def ensure_environment() -> Path:
     return _python()
 
 
+ZOOKEEPER_JAR = Path("/usr/share/java/zookeeper.jar")
+
+
+def ensure_zookeeper() -> None:
+    """The tests of the ZooKeeper HA backend run a real server: Debian's package `zookeeper`,
+    installed here when missing and possible (as root with apt-get). Otherwise those tests fail
+    saying what to install."""
+    if ZOOKEEPER_JAR.is_file() or os.environ.get("FUNKE_ZOOKEEPER_CLASSPATH"):
+        return
+    if shutil.which("apt-get") is None or not hasattr(os, "geteuid") or os.geteuid() != 0:
+        _say("ZooKeeper is not installed and cannot be installed from here (needs root and apt-get): "
+             "the ZooKeeper tests will fail; install the Debian package zookeeper")
+        return
+    _say("installing ZooKeeper (Debian package zookeeper) for the high-availability tests")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    quiet = {"stdout": subprocess.DEVNULL, "stdin": subprocess.DEVNULL, "env": env}
+    if subprocess.call(["apt-get", "install", "-y", "-q", "--no-install-recommends", "zookeeper"], **quiet) != 0:
+        subprocess.call(["apt-get", "update", "-q"], **quiet)  # a fresh machine's package lists may be empty
+        subprocess.call(["apt-get", "install", "-y", "-q", "--no-install-recommends", "zookeeper"], **quiet)
+    if not ZOOKEEPER_JAR.is_file():
+        _say("installing ZooKeeper failed: the ZooKeeper tests will fail")
+
+
 def main(argv: list[str]) -> int:
     if not argv or argv[0] not in ("demo", "test", "docs", "bench"):
         print(__doc__)
@@ -59,8 +83,10 @@ def main(argv: list[str]) -> int:
     python = ensure_environment()
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if command == "test":
+        ensure_zookeeper()
         return subprocess.call([str(python), "-m", "pytest", *rest], cwd=ROOT, env=env)
     if command == "bench":
+        ensure_zookeeper()  # the leader-kill figures on ZooKeeper
         return subprocess.call([str(python), str(ROOT / "tests" / "benchmarks" / "run_all.py"), *rest], cwd=ROOT, env=env)
     if command == "docs":
         return subprocess.call([str(python), "-m", "funke.deploy.docs", str(ROOT / "README.md")], cwd=ROOT, env=env)

@@ -33,10 +33,10 @@ import os
 import socket
 import time
 from dataclasses import asdict, dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 from funke.common import ids
-from funke.common.leadership import Contender, Change, Lease
+from funke.common.leadership import DEFAULT_LEASE_S, Change, Contender, Lease
 
 LEASE_FILE = "lease.json"
 _SUFFIX_GRAPH = ".jobgraph"
@@ -118,13 +118,33 @@ def write_atomically(path: str, data: bytes) -> None:
     _fsync_dir(directory)
 
 
-def _read(path: str) -> bytes | None:
+def read_file(path: str) -> bytes | None:
+    """A file's content (at most MAX_RECORD_BYTES), or None if it is missing or a symlink."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except (FileNotFoundError, OSError):
         return None
     with os.fdopen(fd, "rb") as f:
         return f.read(MAX_RECORD_BYTES + 1)[:MAX_RECORD_BYTES]
+
+
+def json_records(data: bytes | None) -> list[dict]:
+    """A stored JSON list of records (history, progress); what cannot be read counts as none."""
+    try:
+        value = json.loads(data) if data else []
+    except ValueError:
+        return []
+    return [t for t in value if isinstance(t, dict)] if isinstance(value, list) else []
+
+
+def job_result_from_json(job_id: str, data: bytes | None, clean: bool | None = None) -> JobResult | None:
+    """A stored job result (None if unreadable); `clean` overrides the stored flag."""
+    try:
+        raw = json.loads(data or b"")
+        return JobResult(job_id, str(raw["status"]), float(raw["ended_at"]), int(raw["epoch"]),
+                         clean=bool(raw.get("clean", False)) if clean is None else clean)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
 
 
 def lease_to_json(lease: Lease) -> bytes:
@@ -149,8 +169,9 @@ class FileSystemHaServices:
     """The HA services of one cluster on a local directory, for one process (a contender, a
     TaskManager or a client: the latter two only read the lease)."""
 
-    def __init__(self, storage_dir: str, cluster_id: str = "default"):
+    def __init__(self, storage_dir: str, cluster_id: str = "default", lease_duration_s: float = DEFAULT_LEASE_S):
         ids.require_path_id(cluster_id, "high-availability.cluster-id")
+        self.lease_duration_s = lease_duration_s
         self.root = os.path.join(os.path.abspath(storage_dir), cluster_id)
         self.leader_dir = os.path.join(self.root, "leader")
         self.graphs_dir = os.path.join(self.root, "jobgraphs")
@@ -160,6 +181,12 @@ class FileSystemHaServices:
     def create_dirs(self) -> None:
         for d in (self.leader_dir, self.graphs_dir, self.results_dir, self.archive_dir):
             os.makedirs(d, mode=0o700, exist_ok=True)
+
+    def on_change(self, callback: Callable[[], None]) -> None:
+        """ZooKeeper wakes the election when the leader goes; a lease file is polled instead."""
+
+    def close(self) -> None:
+        """Nothing to close: every call opens and closes its own files."""
 
     # ------------------------------------------------------------------ leader election
 
@@ -174,7 +201,7 @@ class FileSystemHaServices:
 
     def leader(self) -> Lease | None:
         """Leader retrieval: the current lease as written (check `valid(now)` for a live leader)."""
-        return lease_from_json(_read(os.path.join(self.leader_dir, LEASE_FILE)))
+        return lease_from_json(read_file(os.path.join(self.leader_dir, LEASE_FILE)))
 
     def contend(self, contender: Contender, now: float | None = None) -> tuple[Lease | None, list[Change]]:
         """One election round for `contender`: returns the lease as it stands after the round and
@@ -227,27 +254,17 @@ class FileSystemHaServices:
             write_atomically(path, json.dumps(progress).encode())
 
     def progress(self, job_id: str) -> list[dict]:
-        data = _read(self._job_path(self.graphs_dir, job_id, _SUFFIX_PROGRESS))
-        try:
-            value = json.loads(data) if data else []
-        except ValueError:
-            return []
-        return [t for t in value if isinstance(t, dict)] if isinstance(value, list) else []
+        return json_records(read_file(self._job_path(self.graphs_dir, job_id, _SUFFIX_PROGRESS)))
 
     def job_graph_ids(self) -> list[str]:
         return sorted(n[:-len(_SUFFIX_GRAPH)] for n in _names(self.graphs_dir)
                       if n.endswith(_SUFFIX_GRAPH) and ids.is_path_id(n[:-len(_SUFFIX_GRAPH)], ids.MAX_JOB_ID_LENGTH))
 
     def job_graph(self, job_id: str) -> bytes | None:
-        return _read(self._job_path(self.graphs_dir, job_id, _SUFFIX_GRAPH))
+        return read_file(self._job_path(self.graphs_dir, job_id, _SUFFIX_GRAPH))
 
     def history(self, job_id: str) -> list[dict]:
-        data = _read(self._job_path(self.graphs_dir, job_id, _SUFFIX_HISTORY))
-        try:
-            value = json.loads(data) if data else []
-        except ValueError:
-            return []
-        return [t for t in value if isinstance(t, dict)] if isinstance(value, list) else []
+        return json_records(read_file(self._job_path(self.graphs_dir, job_id, _SUFFIX_HISTORY)))
 
     def remove_job_graph(self, holder: str, epoch: int, job_id: str) -> None:
         paths = [self._job_path(self.graphs_dir, job_id, s) for s in (_SUFFIX_GRAPH, _SUFFIX_HISTORY, _SUFFIX_PROGRESS)]
@@ -268,7 +285,7 @@ class FileSystemHaServices:
         dirty = self._job_path(self.results_dir, job_id, _DIRTY)
         clean = self._job_path(self.results_dir, job_id, _CLEAN)
         with self._fenced(holder, epoch):
-            data = _read(dirty)
+            data = read_file(dirty)
             if data is None:
                 return
             try:
@@ -287,13 +304,10 @@ class FileSystemHaServices:
             job_id = name[:-len(_DIRTY)] if name.endswith(_DIRTY) else name[:-len(_CLEAN)] if name.endswith(_CLEAN) else ""
             if not ids.is_path_id(job_id, ids.MAX_JOB_ID_LENGTH):
                 continue
-            data = _read(os.path.join(self.results_dir, name))
-            try:
-                raw = json.loads(data or b"")
-                found[job_id] = JobResult(job_id, str(raw["status"]), float(raw["ended_at"]), int(raw["epoch"]),
-                                          clean=name.endswith(_CLEAN) and not name.endswith(_DIRTY))
-            except (ValueError, KeyError, TypeError):
-                continue
+            result = job_result_from_json(job_id, read_file(os.path.join(self.results_dir, name)),
+                                          clean=not name.endswith(_DIRTY))
+            if result is not None:
+                found[job_id] = result
         return found
 
     # ------------------------------------------------------------------ archive of terminal jobs
@@ -308,7 +322,7 @@ class FileSystemHaServices:
         for name in _names(self.archive_dir):
             job_id = name[:-len(_SUFFIX_ARCHIVE)]
             if name.endswith(_SUFFIX_ARCHIVE) and ids.is_path_id(job_id, ids.MAX_JOB_ID_LENGTH):
-                data = _read(os.path.join(self.archive_dir, name))
+                data = read_file(os.path.join(self.archive_dir, name))
                 if data is not None:
                     found[job_id] = data
         return found

@@ -7,14 +7,17 @@ Owns the layout of a cluster directory and the lifecycle of the processes record
     <dir>/log/<name>.log         each process's stdout and stderr
     <dir>/data/                  the JobManager's data dir unless another is given
 
-With high availability (`ha="filesystem"`, several JobManagers: `jobmanager`, `jobmanager-2`, ...)
-the cluster directory also holds:
+With high availability (`ha="filesystem"` or `"zookeeper"`, several JobManagers: `jobmanager`,
+`jobmanager-2`, ...) the cluster directory also holds:
 
     <dir>/ha.conf                the high-availability.* keys every process is started with
-    <dir>/ha/                    the HA storage directory (lease, job graphs, results, archive)
+    <dir>/ha/                    the HA storage directory (lease, job graphs, results, archive;
+                                 with ZooKeeper the records too large for a node)
     <dir>/<name>.address         each JobManager's own address
+    <dir>/zookeeper/             with ZooKeeper and no quorum given: the data of the cluster's
+                                 own ZooKeeper server (process `zookeeper`, stopped last)
 
-and the JobManager address is the lease's: whoever leads now (`read_address`, `leader`).
+and the JobManager address is the leader's: whoever leads now (`read_address`, `leader`).
 
 Every process is started in its own session (`start_new_session`), so its pid is also its
 process-group id: stopping signals the group, which takes the PySpark JVM a TaskManager started
@@ -24,6 +27,7 @@ that the pid still runs a funke process of that kind (pids are reused once a pro
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import subprocess
@@ -33,9 +37,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from funke.common.configuration import ConfigurationError, parse_config_lines, parse_configuration
 from funke.common.leadership import Lease
+from funke.deploy import zookeeperserver
 from funke.deploy.client import FunkeError, JobManagerClient
-from funke.deploy.hafilesystem import FileSystemHaServices
+from funke.deploy.haservices import HaServices, ha_services as _configured_services
 from funke.v1 import jobmanager_pb2
 
 __all__ = [
@@ -55,10 +61,16 @@ ADDRESS_FILE = "jobmanager.address"
 HA_CONF = "ha.conf"
 HA_CLUSTER_ID = "default"
 JOBMANAGER = "jobmanager"
-_MODULES = {JOBMANAGER: "funke.jobmanager.main", "tm": "funke.taskmanager.main"}
+ZOOKEEPER = "zookeeper"
+HA_MODES = ("none", "filesystem", "zookeeper")
+# What each kind of process runs: the marker its command line must hold to be ours.
+_MODULES = {JOBMANAGER: "funke.jobmanager.main", "tm": "funke.taskmanager.main",
+            ZOOKEEPER: zookeeperserver.MAIN_CLASS}
 
 
 def _kind(name: str) -> str:
+    if name == ZOOKEEPER:
+        return ZOOKEEPER
     return JOBMANAGER if name == JOBMANAGER or name.startswith(JOBMANAGER + "-") else "tm"
 
 
@@ -91,6 +103,8 @@ class ClusterInfo:
     data_dir: str
     standbys: tuple[ProcessInfo, ...] = ()
     high_availability: str = "none"
+    zookeeper_quorum: str = ""  # with ZooKeeper: the quorum every process uses
+    zookeeper: ProcessInfo | None = None  # the cluster's own ZooKeeper server, if it started one
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,12 +150,43 @@ def read_address(dir: str | os.PathLike[str]) -> str | None:
     return text or None
 
 
-def ha_services(dir: str | os.PathLike[str]) -> FileSystemHaServices | None:
-    """The HA services of a cluster started with high availability, else None."""
-    root = Path(dir)
-    if not (root / HA_CONF).is_file():
+_services: dict[tuple[str, str], HaServices] = {}
+
+
+def ha_services(dir: str | os.PathLike[str]) -> HaServices | None:
+    """The HA services of a cluster started with high availability (as its ha.conf says), else
+    None. One instance per cluster and configuration in this process (one ZooKeeper session)."""
+    root = Path(dir).expanduser().resolve()
+    try:
+        text = (root / HA_CONF).read_text()
+    except (FileNotFoundError, NotADirectoryError):
         return None
-    return FileSystemHaServices(str(root / "ha"), HA_CLUSTER_ID)
+    key = (str(root), text)
+    if key not in _services:
+        for old in [k for k in _services if k[0] == key[0]]:  # the cluster was started anew
+            _services.pop(old).close()
+        try:
+            config = parse_configuration(parse_config_lines(text, str(root / HA_CONF)))
+        except ConfigurationError as exc:
+            raise ClusterError(f"the cluster's {HA_CONF} is not usable: {exc}") from None
+        services = _configured_services(config)
+        if services is None:
+            return None
+        _services[key] = services
+    return _services[key]
+
+
+def ha_mode(dir: str | os.PathLike[str]) -> str:
+    """The high-availability backend of the cluster recorded in `dir` ("none" without)."""
+    try:
+        text = (Path(dir).expanduser() / HA_CONF).read_text()
+    except (FileNotFoundError, NotADirectoryError):
+        return "none"
+    try:
+        entries = parse_config_lines(text)
+    except ConfigurationError:
+        return "none"
+    return (entries.get("high-availability.type") or entries.get("high-availability") or "none").lower()
 
 
 def leader(dir: str | os.PathLike[str]) -> Lease | None:
@@ -165,15 +210,21 @@ def start(
     timeout: float = 120,
     ha: str = "none",
     jobmanagers: int = 1,
+    zookeeper_quorum: str | None = None,
+    ha_options: Mapping[str, str] | None = None,
 ) -> ClusterInfo:
     """Start a JobManager and `taskmanagers` TaskManagers with `slots` slots each, recorded in
     `dir`. Returns once the JobManager serves and every TaskManager is registered; otherwise
     stops whatever it started and raises ClusterError. `dynamic` holds `KEY=VALUE` entries for
-    the JobManager's configuration (its -D flags). With `ha="filesystem"`, `jobmanagers`
-    JobManagers contend for leadership (one leads, the others stand by); jobs a stopped HA
-    cluster suspended are recovered when it starts again on the same directory."""
-    if ha not in ("none", "filesystem"):
-        raise ClusterError(f"high availability {ha!r}: the local cluster supports none and filesystem")
+    the JobManager's configuration (its -D flags). With `ha="filesystem"` or `"zookeeper"`,
+    `jobmanagers` JobManagers contend for leadership (one leads, the others stand by); jobs a
+    stopped HA cluster suspended are recovered when it starts again on the same directory.
+    ZooKeeper: the quorum given, else a ZooKeeper server of the cluster's own (process
+    `zookeeper`); `ha_options` are more high-availability.* keys for every process."""
+    if ha not in HA_MODES:
+        raise ClusterError(f"high availability {ha!r}: expected one of {', '.join(HA_MODES)}")
+    if zookeeper_quorum and ha != "zookeeper":
+        raise ClusterError("a ZooKeeper quorum is only used with high availability zookeeper (--ha zookeeper)")
     if jobmanagers < 1 or (jobmanagers > 1 and ha == "none"):
         raise ClusterError(f"{jobmanagers} JobManagers: more than one needs high availability (--ha filesystem)"
                            if jobmanagers > 1 else f"a cluster needs at least one JobManager, got {jobmanagers}")
@@ -193,11 +244,7 @@ def start(
         )
     _forget(root)  # pid files of dead processes and a stale address must not mislead anyone
     ha_conf = root / HA_CONF
-    if ha == "filesystem":
-        ha_conf.write_text(f"high-availability.type: filesystem\nhigh-availability.storageDir: {root / 'ha'}\n"
-                           f"high-availability.cluster-id: {HA_CLUSTER_ID}\n")
-    else:
-        ha_conf.unlink(missing_ok=True)
+    ha_conf.unlink(missing_ok=True)
     data = data_dir or str(root / "data")
     if "://" not in data:
         # The processes run in the cluster dir; a relative path meant the caller's cwd.
@@ -207,6 +254,10 @@ def start(
     deadline = time.monotonic() + timeout
     ok = False
     try:
+        if ha == "zookeeper" and not zookeeper_quorum:
+            zookeeper_quorum = _start_zookeeper(started, deadline)
+        if ha != "none":
+            _write_ha_conf(root, ha, zookeeper_quorum, ha_options or {})
         ha_args = ["--config", str(ha_conf)] if ha != "none" else []
         jm_names = [JOBMANAGER] + [f"{JOBMANAGER}-{i}" for i in range(2, jobmanagers + 1)]
         for i, name in enumerate(jm_names):
@@ -244,10 +295,46 @@ def start(
             data_dir=data,
             standbys=tuple(_info(root, n, started.processes[n].pid, True) for n in jm_names if n != lead),
             high_availability=ha,
+            zookeeper_quorum=zookeeper_quorum or "",
+            zookeeper=(_info(root, ZOOKEEPER, started.processes[ZOOKEEPER].pid, True)
+                       if ZOOKEEPER in started.processes else None),
         )
     finally:
         if not ok:  # includes KeyboardInterrupt: never leave half a cluster behind
             stop(root)
+
+
+def _write_ha_conf(root: Path, ha: str, quorum: str | None, options: Mapping[str, str]) -> None:
+    entries = {"high-availability.type": ha, "high-availability.storageDir": str(root / "ha"),
+               # One ZooKeeper may serve many clusters: each has its own nodes.
+               "high-availability.cluster-id": HA_CLUSTER_ID if ha == "filesystem" else _cluster_id(root)}
+    if quorum:
+        entries["high-availability.zookeeper.quorum"] = quorum
+    entries.update(options)
+    text = "".join(f"{k}: {v}\n" for k, v in entries.items())
+    try:
+        parse_configuration(parse_config_lines(text, HA_CONF))
+    except ConfigurationError as exc:
+        raise ClusterError(str(exc)) from None
+    (root / HA_CONF).write_text(text)
+
+
+def _cluster_id(root: Path) -> str:
+    return "local-" + hashlib.sha256(str(root).encode()).hexdigest()[:12]
+
+
+def _start_zookeeper(started: _Started, deadline: float) -> str:
+    """The cluster's own ZooKeeper server (data kept in <dir>/zookeeper across restarts of the
+    cluster); its address once it answers."""
+    try:
+        argv, address = zookeeperserver.prepare(started.dir / ZOOKEEPER)
+    except zookeeperserver.ZooKeeperUnavailable as exc:
+        raise ClusterError(f"{exc}; or give the quorum of a running ZooKeeper (--zookeeper-quorum)") from None
+    _launch(started, ZOOKEEPER, argv)
+    if not zookeeperserver.wait_ready(address, started.processes[ZOOKEEPER], max(deadline - time.monotonic(), 1)):
+        _check_alive(started)
+        _fail(started, ZOOKEEPER, f"the ZooKeeper server at {address} did not answer")
+    return address
 
 
 def start_taskmanager(dir: str | os.PathLike[str], name: str, slots: int, no_spark: bool = False,
@@ -306,12 +393,14 @@ def kill(dir: str | os.PathLike[str], name: str, signum: int = signal.SIGKILL) -
 
 
 def _launch(started: _Started, name: str, args: Sequence[str]) -> None:
-    module = _MODULES[_kind(name)]
+    """Start a funke process (`python -m <module> args`), or the ZooKeeper server (`args` is its
+    whole command)."""
+    command = list(args) if _kind(name) == ZOOKEEPER else [sys.executable, "-m", _MODULES[_kind(name)], *args]
     log_path = started.dir / "log" / f"{name}.log"
     env = dict(os.environ, PYTHONUNBUFFERED="1")  # log lines must reach the file as they happen
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", module, *args],
+            command,
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             # The cluster dir, not the caller's cwd: whatever a process writes beside itself
             # (Spark's scratch files) stays inside the cluster's directory.
@@ -431,12 +520,14 @@ def stop(dir: str | os.PathLike[str], timeout: float = 15) -> list[tuple[Process
     outcome: dict[str, str] = {p.name: "not running" for p in recorded if not p.alive}
     live = [p for p in recorded if p.alive]
     deadline = time.monotonic() + timeout
-    taskmanagers = [p for p in live if not is_jobmanager(p.name)]
+    taskmanagers = [p for p in live if _kind(p.name) == "tm"]
     # Standbys before the leader: a standby must not take over the jobs the leader suspends.
     lead = _leader_name(root)
     standbys = [p for p in live if is_jobmanager(p.name) and p.name != lead]
     jobmanager = [p for p in live if p.name == lead]
-    for group in (taskmanagers, standbys, jobmanager):
+    # The cluster's ZooKeeper last: the leader records the suspension of its jobs there.
+    zookeeper = [p for p in live if p.name == ZOOKEEPER]
+    for group in (taskmanagers, standbys, jobmanager, zookeeper):
         for p in group:
             _signal_group(p.pid, signal.SIGTERM)
         # The JobManager gets at least a moment even when the TaskManagers used up the time.
@@ -453,6 +544,8 @@ def stop(dir: str | os.PathLike[str], timeout: float = 15) -> list[tuple[Process
         else:
             outcome[p.name] = "stopped"
     _forget(root)
+    for key in [k for k in _services if k[0] == str(root)]:
+        _services.pop(key).close()  # a ZooKeeper session to a server that is gone now
     return [(p, outcome[p.name]) for p in recorded]
 
 
@@ -512,10 +605,12 @@ def status(dir: str | os.PathLike[str], timeout: float = 5) -> ClusterStatus:
     """The processes recorded in `dir`, whether each is alive, and the JobManager's overview."""
     root = Path(dir).expanduser().resolve()
     processes = tuple(_recorded(root))
-    address = read_address(root)
+    ha = ha_mode(root)
+    # No cluster recorded, or its own ZooKeeper is down: no leader to ask for (asking would wait).
+    ask = ha == "none" or (bool(processes) and not any(p.name == ZOOKEEPER and not p.alive for p in processes))
+    address = read_address(root) if ask else None
     overview, error = None, ""
     jm_alive = any(is_jobmanager(p.name) and p.alive for p in processes)
-    ha = "filesystem" if (root / HA_CONF).is_file() else "none"
     if address and jm_alive:
         try:
             with JobManagerClient(address, timeout=timeout) as client:
@@ -527,7 +622,8 @@ def status(dir: str | os.PathLike[str], timeout: float = 5) -> ClusterStatus:
     elif jm_alive:
         error = ("no JobManager leads right now (an election is under way)" if ha != "none"
                  else "the JobManager has not written its address yet")
-    return ClusterStatus(root, processes, address, overview, error, ha, leader(root) if ha != "none" else None)
+    lease = leader(root) if ha != "none" and ask else None
+    return ClusterStatus(root, processes, address, overview, error, ha, lease)
 
 
 # --------------------------------------------------------------------------------------------
@@ -544,7 +640,9 @@ def _info(root: Path, name: str, pid: int, alive: bool) -> ProcessInfo:
 
 
 def _order(name: str) -> tuple[int, int]:
-    """jobmanager, jobmanager-2, ... first, then tm-1, tm-2, ..., tm-10 in numeric order."""
+    """zookeeper, jobmanager, jobmanager-2, ... first, then tm-1, tm-2, ..., tm-10 in numeric order."""
+    if name == ZOOKEEPER:
+        return (-1, 0)
     if name == JOBMANAGER:
         return (0, 0)
     if is_jobmanager(name):

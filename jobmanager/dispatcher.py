@@ -312,6 +312,9 @@ class Dispatcher:
         except Fenced as exc:
             raise DispatcherError("UNAVAILABLE", f"job {job_id} was not started: this JobManager no longer "
                                   f"leads the cluster ({exc})") from None
+        except OSError as exc:
+            raise DispatcherError("UNAVAILABLE", f"job {job_id} was not started: the high-availability store "
+                                  f"cannot be reached ({exc}); submit it again") from None
         except Exception as exc:  # validation let through what the ExecutionGraph cannot take: a bug
             log.exception("job %s: building its ExecutionGraph failed", job_id)
             raise DispatcherError("INTERNAL", f"the JobManager could not build job {job_id}: "

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import os
 import socket
@@ -32,7 +33,8 @@ from funke.common.jobgraph import JobGraph
 from funke.common.scheduler import FinishedSubtask
 from funke.common.leadership import Contender, Granted, Lease, Revoked
 from funke.common.states import JOB_STATUS_TRANSITIONS, JobStatus, Transition
-from funke.deploy.hafilesystem import FileSystemHaServices, process_identity
+from funke.deploy.hafilesystem import process_identity
+from funke.deploy.haservices import HaServices
 from funke.jobmanager.committer import exists, sink_targets
 
 log = logging.getLogger("funke.jobmanager")
@@ -50,7 +52,7 @@ def job_manager_name() -> str:
 class HaContext:
     """A leading Dispatcher's handle on the HA services: its epoch, and ordered, fenced writes."""
 
-    services: FileSystemHaServices
+    services: HaServices
     holder: str
     epoch: int
     job_manager: str
@@ -175,10 +177,10 @@ class LeaderElection:
     """This JobManager's contention for leadership. `on_granted(epoch)` and
     `on_revoked(epoch, reason)` run on the event loop, one at a time."""
 
-    def __init__(self, services: FileSystemHaServices, address: str, lease_s: float,
+    def __init__(self, services: HaServices, address: str,
                  on_granted: Handler, on_revoked: Callable[[int, str], Awaitable[None]]):
         self.services = services
-        self.contender = Contender(process_identity(), address, lease_s)
+        self.contender = Contender(process_identity(), address, services.lease_duration_s)
         self.job_manager = job_manager_name()
         self.lease: Lease | None = None  # as last read
         self.leading_epoch: int | None = None  # the epoch this JobManager acts under
@@ -189,9 +191,11 @@ class LeaderElection:
         self._changes: asyncio.Queue = asyncio.Queue()
         self._tasks: list[asyncio.Task] = []
         self._stopped = False
+        self._wake = asyncio.Event()
 
     def start(self) -> None:
-        self.services.create_dirs()
+        loop = asyncio.get_running_loop()
+        self.services.on_change(lambda: loop.call_soon_threadsafe(self._wake.set))
         self._tasks = [asyncio.create_task(self._elect(), name="ha-election"),
                        asyncio.create_task(self._watchdog(), name="ha-watchdog"),
                        asyncio.create_task(self._act(), name="ha-leadership")]
@@ -217,11 +221,15 @@ class LeaderElection:
         return await asyncio.get_running_loop().run_in_executor(self._election_io, fn, *args)
 
     async def _elect(self) -> None:
+        ready = False
         while not self._stopped:
             try:
+                if not ready:
+                    await self._io(self.services.create_dirs)
+                    ready = True
                 lease, changes = await self._io(self.services.contend, self.contender)
             except OSError as exc:
-                log.warning("high availability: cannot reach the lease (%s); trying again", exc)
+                log.warning("high availability: cannot reach the HA services (%s); trying again", exc)
                 await asyncio.sleep(self.contender.duration_s / 3)
                 continue
             self.lease = lease
@@ -233,7 +241,10 @@ class LeaderElection:
                 # rather than hold it without leading.
                 await self._io(self.services.release, self.contender)
             now = time.time()
-            await asyncio.sleep(max(0.02, self.contender.next_check(now, lease) - now))
+            self._wake.clear()
+            # The next round is due then, or sooner if the services say the leader went.
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), max(0.02, self.contender.next_check(now, lease) - now))
 
     async def _watchdog(self) -> None:
         while not self._stopped:
@@ -279,5 +290,6 @@ class LeaderElection:
             await self._io(self.services.release, self.contender)
         except OSError as exc:
             log.warning("high availability: could not release the lease: %s", exc)
-        self._election_io.shutdown(wait=False)
         self.writer.shutdown(wait=True)
+        await self._io(self.services.close)
+        self._election_io.shutdown(wait=False)

@@ -2,7 +2,7 @@
 asyncio event loop, serving the client API, the TaskManager protocol and gRPC health.
 
 Without high availability the process leads from the start, alone on its data directory (which
-it locks). With it (`high-availability: filesystem`) it is a contender: it serves at once, as a
+it locks). With it (`high-availability: filesystem` or `zookeeper`) it is a contender: it serves at once, as a
 standby whose every call is answered UNAVAILABLE with the leader's address, until it is granted
 leadership; then a Dispatcher of that epoch recovers the stored jobs and serves. Losing
 leadership suspends its jobs and makes it a standby again; SIGTERM suspends them, records it and
@@ -26,7 +26,7 @@ from funke.common.configuration import ClusterConfiguration, ConfigurationError,
 from funke.deploy.configfile import load_configuration
 from funke.deploy.rpc import MESSAGE_SIZE_OPTIONS, add_service
 from funke.jobmanager import datadir
-from funke.deploy.hafilesystem import FileSystemHaServices
+from funke.deploy.haservices import ha_services
 from funke.jobmanager.dispatcher import Dispatcher, DispatcherError
 from funke.jobmanager.highavailability import LeaderElection
 from funke.jobmanager.services import JobManagerService, JobMasterService, ResourceManagerService
@@ -120,8 +120,9 @@ async def serve(args: argparse.Namespace, config: ClusterConfiguration) -> None:
     address = f"{args.host}:{port}"
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     if config.ha_enabled:
-        ha = FileSystemHaServices(config.ha_storage_dir, config.ha_cluster_id)
-        role.election = LeaderElection(ha, address, config.ha_lease_s, role.granted, role.revoked)
+        ha = ha_services(config)
+        assert ha is not None
+        role.election = LeaderElection(ha, address, role.granted, role.revoked)
         await role.serving(False)
         role.election.start()
     else:

@@ -101,8 +101,7 @@ def config_from_args(args: argparse.Namespace) -> TaskExecutorConfig:
         spark_conf=tuple(args.spark_conf),
         data_dir=args.data_dir,
         use_spark=not args.no_spark,
-        ha_storage_dir=cluster.ha_storage_dir if ha else None,
-        ha_cluster_id=cluster.ha_cluster_id,
+        ha=cluster if ha else None,
     )
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import gc
 import itertools
 import logging
@@ -48,13 +49,15 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from funke.common import codec
 from funke.common import taskexecutorstate as core
+from funke.common.configuration import ClusterConfiguration
 from funke.common.deployment import PartitionRef, ProducedPartition, TaskReport
 from funke.common.executiongraph import FailureInfo
 from funke.common.jobgraph import JobVertex
+from funke.common.leadership import Lease
 from funke.common.slotmanager import DEFAULT_HEARTBEAT_INTERVAL_S, DEFAULT_HEARTBEAT_TIMEOUT_S
 from funke.common.states import ExecutionState
 from funke.common.taskexecutorstate import TaskExecutorState, TaskKey
-from funke.deploy.hafilesystem import FileSystemHaServices
+from funke.deploy.haservices import ha_services
 from funke.deploy.rpc import MESSAGE_SIZE_OPTIONS, add_service
 from funke.taskmanager.task import Task
 from funke.v1 import cluster_pb2, cluster_pb2_grpc
@@ -154,10 +157,9 @@ class TaskExecutorConfig:
     spark_conf: tuple[tuple[str, str], ...] = ()
     data_dir: str | None = None  # overrides the JobManager's data dir for this TaskManager
     use_spark: bool = True  # False: no SparkSession, only no-op chains run
-    # High availability (filesystem): find the leader through the lease under this directory
-    # instead of `jobmanager_address`.
-    ha_storage_dir: str | None = None
-    ha_cluster_id: str = "default"
+    # High availability: find the leader through the configured HA services (the lease file,
+    # ZooKeeper's leader node) instead of `jobmanager_address`.
+    ha: ClusterConfiguration | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,8 +299,8 @@ class TaskExecutor:
         self._server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
         self._channel: grpc.aio.Channel | None = None
-        self._ha = (FileSystemHaServices(config.ha_storage_dir, config.ha_cluster_id)
-                    if config.ha_storage_dir else None)
+        self._ha = ha_services(config.ha) if config.ha is not None else None
+        self._ha_io = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="funke-ha")
         self.jobmanager_address = config.jobmanager_address  # with HA: the leader's, as last looked up
         self._resource_manager: cluster_pb2_grpc.ResourceManagerStub | None = None
         self._job_master: cluster_pb2_grpc.JobMasterStub | None = None
@@ -500,6 +502,9 @@ class TaskExecutor:
         for background in self._background:
             background.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
+        if self._ha is not None:
+            await asyncio.get_running_loop().run_in_executor(self._ha_io, self._ha.close)
+        self._ha_io.shutdown(wait=False)
         if self._server is not None:
             await self._server.stop(_SERVER_GRACE_S)
         if self.spark is not None:
@@ -631,10 +636,11 @@ class TaskExecutor:
         self._resource_manager = cluster_pb2_grpc.ResourceManagerStub(self._channel)
         self._job_master = cluster_pb2_grpc.JobMasterStub(self._channel)
 
-    def _current_leader(self):
-        """With high availability: the lease if it names a live leader, else None."""
+    async def _current_leader(self) -> Lease | None:
+        """With high availability: the lease if it names a live leader, else None. Looked up
+        off the event loop (a ZooKeeper read may wait for its server)."""
         assert self._ha is not None
-        lease = self._ha.leader()
+        lease = await asyncio.get_running_loop().run_in_executor(self._ha_io, self._ha.leader)
         return lease if lease is not None and lease.valid(time.time()) else None
 
     async def _register(self) -> Registration:
@@ -650,7 +656,7 @@ class TaskExecutor:
         failures = 0
         while True:
             if self._ha is not None:
-                lease = self._current_leader()
+                lease = await self._current_leader()
                 if lease is None:
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, max_delay)
@@ -711,7 +717,7 @@ class TaskExecutor:
                 if done:
                     return reader.result()
                 if self._ha is not None:
-                    lease = self._current_leader()
+                    lease = await self._current_leader()
                     if lease is not None and lease.epoch != registration.leader_epoch:
                         return f"a new leader was elected (epoch {lease.epoch}, at {lease.address})"
                 silent = loop.time() - last_answer

@@ -1,10 +1,28 @@
-"""Suite-wide settings. Under CI (CI=true) property-based tests run derandomized, so a CI result
-depends on the commit alone; local runs keep exploring new random examples."""
+"""Suite-wide settings and servers. Under CI (CI=true) property-based tests run derandomized, so
+a CI result depends on the commit alone; local runs keep exploring new random examples."""
 
 import os
 
+import pytest
 from hypothesis import settings
 
 settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
 if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
     settings.load_profile("ci")
+
+
+@pytest.fixture(scope="session")
+def zookeeper(tmp_path_factory):
+    """A real ZooKeeper server on loopback for the session (its address, host:port), stopped by
+    its pid. `python3 deploy/dev.py test` installs the Debian package when it is missing; a run
+    without it fails here, saying what to install, rather than skipping."""
+    from funke.deploy import zookeeperserver
+
+    try:
+        server = zookeeperserver.start(tmp_path_factory.mktemp("zookeeper"))
+    except zookeeperserver.ZooKeeperUnavailable as exc:
+        pytest.fail(str(exc), pytrace=False)
+    try:
+        yield server.address
+    finally:
+        server.stop()

@@ -3,10 +3,11 @@ job still ends FINISHED with the output of a clean run.
 
     python tests/chaos/chaos_leader.py [--kills 20]            # the failover benchmark
     python tests/chaos/chaos_leader.py --jepsen [--seconds 60]  # kill the leader every few seconds
+    python tests/chaos/chaos_leader.py --backend zookeeper --kills 10 [--pause]
 
-Starts a local cluster with `high-availability: filesystem`, two JobManagers (leader and standby)
-and two TaskManagers with PySpark, runs a slow word count once without faults (the reference),
-then:
+Starts a local cluster with `high-availability: filesystem` (or `zookeeper`, on a ZooKeeper
+server of the cluster's own), two JobManagers (leader and standby) and two TaskManagers with
+PySpark, runs a slow word count once without faults (the reference), then:
 
 - benchmark (default): --kills times, submit the word count, wait until its tasks run, kill -9
   the leader (its whole process group), and measure from the kill to the new leader's lease
@@ -14,6 +15,10 @@ then:
   JobManager's clock); then wait for FINISHED, compare the output with the reference byte for byte,
   count the subtasks that had FINISHED before the kill and ran again after it (attempt numbers),
   and start the killed JobManager again as the next standby.
+- --pause: SIGSTOP the leader instead of killing it: a process that stops answering without
+  dying, as a leader on a host that hangs or is cut off. No dead-process shortcut applies, so the
+  standby takes over only when the lease expires (filesystem) or the ZooKeeper server expires the
+  session (`--session-timeout`). Once measured, the paused leader is killed and started again.
 - --jepsen: for --seconds, keep jobs running and kill the leader every --every seconds (the
   killed one restarted as standby); then every job must end FINISHED with the reference output.
 
@@ -27,6 +32,7 @@ import argparse
 import json
 import random
 import re
+import signal
 import statistics
 import sys
 import tempfile
@@ -92,9 +98,10 @@ def stamp(t) -> float:
 
 
 class Cluster:
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, backend: str = "filesystem", options: dict[str, str] | None = None):
         self.root = root
-        localcluster.start(root, 2, 2, ha="filesystem", jobmanagers=2)
+        self.backend = backend
+        localcluster.start(root, 2, 2, ha=backend, jobmanagers=2, ha_options=options)
         self.client = JobManagerClient(localcluster.read_address(root) or "127.0.0.1:1", timeout=10,
                                        failover_timeout=120, leader=lambda: localcluster.read_address(root))
 
@@ -102,10 +109,10 @@ class Cluster:
         lease = localcluster.leader(self.root)
         return lease.epoch if lease is not None else 0
 
-    def kill_leader(self) -> tuple[str, int, float]:
+    def kill_leader(self, signum: int = signal.SIGKILL) -> tuple[str, int, float]:
         epoch = self.epoch()
         name = localcluster.leader_name(self.root)
-        localcluster.kill(self.root, name)
+        localcluster.kill(self.root, name, signum)
         return name, epoch, time.time()
 
     def elected_after(self, epoch: int, timeout: float = 60) -> float:
@@ -173,7 +180,7 @@ def tasks_running_again(client: JobManagerClient, job_id: str) -> float:
         for t in s.current.history if t.to_state == job_pb2.EXECUTION_STATE_RUNNING], "a task RUNNING again")
 
 
-def benchmark(c: Cluster, corpus: str, work: Path, reference: dict[str, bytes], kills: int) -> dict:
+def benchmark(c: Cluster, corpus: str, work: Path, reference: dict[str, bytes], kills: int, pause: bool) -> dict:
     elected, running, tasks, rerun, finished_before, identical = [], [], [], 0, 0, 0
     for i in range(kills):
         out = work / f"run-{i}"
@@ -182,8 +189,10 @@ def benchmark(c: Cluster, corpus: str, work: Path, reference: dict[str, bytes], 
         time.sleep(random.uniform(0.5, 5.0))  # kill at different moments of the job
         done = {(v.id, s.subtask_index): s.current.id.attempt_number for v in c.client.get_job(job_id).vertices
                 for s in v.subtasks if s.current.state == FINISHED}
-        name, epoch, killed_at = c.kill_leader()
+        name, epoch, killed_at = c.kill_leader(signal.SIGSTOP if pause else signal.SIGKILL)
         elected.append(c.elected_after(epoch) - killed_at)
+        if pause:  # the new leader is in charge: the paused one goes for good (and comes back below)
+            localcluster.kill(c.root, name, signal.SIGKILL)
         running.append(running_again(c.client, job_id, epoch) - killed_at)
         tasks.append(tasks_running_again(c.client, job_id) - killed_at)
         end = c.wait_end(job_id)
@@ -237,13 +246,19 @@ def main() -> int:
     p.add_argument("--jepsen", action="store_true", help="kill the leader every --every s for --seconds s")
     p.add_argument("--seconds", type=float, default=60)
     p.add_argument("--every", type=float, default=5)
+    p.add_argument("--backend", choices=["filesystem", "zookeeper"], default="filesystem")
+    p.add_argument("--pause", action="store_true", help="SIGSTOP the leader instead of kill -9 (a hung host)")
+    p.add_argument("--session-timeout", default="6 s",
+                   help="zookeeper: high-availability.zookeeper.client.session-timeout (default: 6 s, the default)")
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args()
+    options = ({"high-availability.zookeeper.client.session-timeout": args.session_timeout}
+               if args.backend == "zookeeper" else {})
     with tempfile.TemporaryDirectory(prefix="funke-chaos-leader-") as d:
         root = Path(d)
         (root / "corpus").mkdir()
         corpus = make_corpus(root / "corpus")
-        c = Cluster(root / "cluster")
+        c = Cluster(root / "cluster", args.backend, options)
         try:
             ref_out = root / "reference"
             ref = c.client.submit(slow_word_count(corpus, ref_out, 0.2))
@@ -256,13 +271,16 @@ def main() -> int:
                 print(f"{result['kills']} leader kills in {args.seconds:g} s; {result['identical']}/{result['jobs']} "
                       f"jobs FINISHED with identical output")
             else:
-                result = benchmark(c, corpus, root, reference, args.kills)
+                result = benchmark(c, corpus, root, reference, args.kills, args.pause)
+                result.update(backend=args.backend, fault="SIGSTOP" if args.pause else "kill -9",
+                              session_timeout=args.session_timeout if args.backend == "zookeeper" else None)
                 ok = result["identical"] == result["kills"]
                 e, r, t = result["elected_s"], result["running_again_s"], result["tasks_running_again_s"]
-                print(f"{result['kills']} leader kills (filesystem): {result['identical']}/{result['kills']} jobs "
-                      f"FINISHED with identical output; kill -> new leader elected median {e['median']:.2f} s, max "
-                      f"{e['max']:.2f} s; kill -> job RUNNING again median {r['median']:.2f} s, max {r['max']:.2f} s; "
-                      f"kill -> first task RUNNING again median {t['median']:.2f} s, max {t['max']:.2f} s; "
+                print(f"{result['kills']} leader {'pauses' if args.pause else 'kills'} ({args.backend}): "
+                      f"{result['identical']}/{result['kills']} jobs "
+                      f"FINISHED with identical output; {result['fault']} -> new leader elected median {e['median']:.2f} s, max "
+                      f"{e['max']:.2f} s; -> job RUNNING again median {r['median']:.2f} s, max {r['max']:.2f} s; "
+                      f"-> first task RUNNING again median {t['median']:.2f} s, max {t['max']:.2f} s; "
                       f"finished subtasks re-run {result['finished_subtasks_rerun']} of "
                       f"{result['finished_subtasks_before_kill']}")
             if args.json:

@@ -1,7 +1,8 @@
 """High availability on a real cluster: two JobManagers (a leader and a standby, filesystem
 backend) and two TaskManagers with PySpark, started by `localcluster` and hurt by PID: kill -9
 of the leader mid-job, SIGTERM of the only JobManager, a leader paused past its lease, and a
-deposed leader's calls at a TaskManager. Output is compared byte for byte with a clean run."""
+deposed leader's calls at a TaskManager. Output is compared byte for byte with a clean run.
+`HaCluster` and the kill scenarios serve the ZooKeeper backend's tests too."""
 
 from __future__ import annotations
 
@@ -34,9 +35,9 @@ TASKMANAGERS = ("tm-1", "tm-2")
 
 
 class HaCluster:
-    def __init__(self, dir: Path):
+    def __init__(self, dir: Path, backend: str = "filesystem", ha_options: dict[str, str] | None = None):
         self.dir = dir
-        self.info = localcluster.start(dir, len(TASKMANAGERS), 2, ha="filesystem", jobmanagers=2)
+        self.info = localcluster.start(dir, len(TASKMANAGERS), 2, ha=backend, jobmanagers=2, ha_options=ha_options)
         self.client = self.follower()
 
     def follower(self) -> JobManagerClient:
@@ -165,6 +166,10 @@ def _some_task_running(client: JobManagerClient, job_id: str, timeout: float = 1
 
 
 def test_kill_9_of_the_leader_mid_job_the_standby_finishes_it_with_identical_output(ha, corpus, reference, tmp_path):  # noqa: F811
+    kill_9_mid_job(ha, corpus, reference, tmp_path)
+
+
+def kill_9_mid_job(ha: HaCluster, corpus, reference, tmp_path) -> None:  # noqa: F811
     out = tmp_path / "counts"
     job_id = ha.client.submit(slow_word_count(corpus, out, seconds_per_stage=3.0))
     done = _finished_subtasks(ha.client, job_id)
@@ -290,12 +295,20 @@ def test_finished_and_failed_jobs_are_not_run_again_after_failovers_and_their_id
 
 
 def test_a_leader_paused_past_its_lease_is_deposed_and_the_taskmanagers_refuse_its_calls(ha, corpus, reference, tmp_path):  # noqa: F811
+    paused_leader(ha, corpus, reference, tmp_path)
+
+
+def paused_leader(ha: HaCluster, corpus, reference, tmp_path) -> float:  # noqa: F811
+    """SIGSTOP of the leader mid-job: a standby takes over once the leader's lease (file) or
+    session (ZooKeeper) ran out; the job finishes with identical output; the leader, woken up,
+    knows it was deposed, and what it would send is refused by every TaskManager. Returns the
+    seconds from the pause to the new leader."""
     out = tmp_path / "counts"
     job_id = ha.client.submit(slow_word_count(corpus, out, seconds_per_stage=2.0))
     _some_task_running(ha.client, job_id)
-    name, epoch, _ = ha.kill_leader(signal.SIGSTOP)
+    name, epoch, paused_at = ha.kill_leader(signal.SIGSTOP)
     try:
-        lease, _ = ha.wait_for_new_leader(epoch)
+        lease, elected_at = ha.wait_for_new_leader(epoch)
         _wait_running_under(ha.client, job_id, lease.epoch)
     finally:
         localcluster.kill(ha.dir, name, signal.SIGCONT)
@@ -320,6 +333,7 @@ def test_a_leader_paused_past_its_lease_is_deposed_and_the_taskmanagers_refuse_i
                 tasks=[deployment], registration_id=f"{tm.id}#e{epoch}.1"), timeout=10)
             assert not response.results[0].accepted
             assert "which is over" in response.results[0].error
+    return elected_at - paused_at
 
 
 # ---------------------------------------------------------------------------- the CLI follows the leader

@@ -586,8 +586,12 @@ def test_cluster_start_takes_high_availability_and_refuses_several_jobmanagers_w
     assert (args.ha, args.jobmanagers) == ("filesystem", 2)
     with pytest.raises(localcluster.ClusterError, match="more than one needs high availability"):
         localcluster.start(tmp_path / "c", 1, 1, jobmanagers=2)
-    with pytest.raises(localcluster.ClusterError, match="supports none and filesystem"):
-        localcluster.start(tmp_path / "c", 1, 1, ha="zookeeper")
+    with pytest.raises(localcluster.ClusterError, match="expected one of none, filesystem, zookeeper"):
+        localcluster.start(tmp_path / "c", 1, 1, ha="etcd")
+    with pytest.raises(localcluster.ClusterError, match="only used with high availability zookeeper"):
+        localcluster.start(tmp_path / "c", 1, 1, ha="filesystem", zookeeper_quorum="127.0.0.1:2181")
+    with pytest.raises(localcluster.ClusterError, match="zookeeper.quorum: expected host:port"):
+        localcluster.start(tmp_path / "c", 0, 1, ha="zookeeper", zookeeper_quorum="127.0.0.1:99999")
     assert not (tmp_path / "c" / "pids").exists() or not list((tmp_path / "c" / "pids").iterdir())
 
 
@@ -595,7 +599,8 @@ def test_an_ha_cluster_directory_names_its_leader_by_the_lease(tmp_path):
     from funke.common.leadership import Contender
 
     assert localcluster.read_address(tmp_path) is None and localcluster.ha_services(tmp_path) is None
-    (tmp_path / localcluster.HA_CONF).write_text("high-availability.type: filesystem\n")
+    (tmp_path / localcluster.HA_CONF).write_text(
+        f"high-availability.type: filesystem\nhigh-availability.storageDir: {tmp_path / 'ha'}\n")
     services = localcluster.ha_services(tmp_path)
     services.create_dirs()
     assert localcluster.read_address(tmp_path) is None  # no leader yet

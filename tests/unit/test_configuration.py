@@ -22,10 +22,39 @@ def test_high_availability_keys_are_flinks_and_every_problem_is_listed():
         parse_configuration({"high-availability": "zookeeper", "high-availability.cluster-id": "../x",
                              "high-availability.storageDir": "hdfs://nn/ha"})
     text = str(info.value)
-    assert "zookeeper is not supported yet" in text
+    assert "zookeeper needs high-availability.zookeeper.quorum" in text
     assert "high-availability.cluster-id" in text
     assert "needs a local directory" in text
     with pytest.raises(ConfigurationError, match="needs high-availability.storageDir"):
         parse_configuration({"high-availability": "filesystem"})
     with pytest.raises(ConfigurationError, match="expected one of none, filesystem"):
         parse_configuration({"high-availability": "etcd"})
+
+
+def test_zookeeper_keys_are_flinks_and_a_bad_quorum_or_root_is_named():
+    config = parse_configuration({
+        "high-availability": "zookeeper",
+        "high-availability.storageDir": "/var/funke/ha",
+        "high-availability.zookeeper.quorum": "zk-1:2181, zk-2:2181,[::1]:2181",
+        "high-availability.zookeeper.path.root": "/flink/prod/",
+        "high-availability.zookeeper.client.session-timeout": "8000",
+    })
+    assert config.high_availability == "zookeeper"
+    assert config.ha_zookeeper_quorum == "zk-1:2181,zk-2:2181,[::1]:2181"
+    assert config.ha_zookeeper_root == "/flink/prod" and config.ha_zookeeper_session_s == 8.0
+    assert parse_configuration({}).ha_zookeeper_session_s == 6.0  # Flink's 60 s is what we beat
+    with pytest.raises(ConfigurationError) as info:
+        parse_configuration({
+            "high-availability": "zookeeper", "high-availability.storageDir": "/ha",
+            "high-availability.zookeeper.quorum": "zk-1:2181,zk-2",
+            "high-availability.zookeeper.path.root": "/a/../b",
+            "high-availability.zookeeper.client.session-timeout": "0 s",
+        })
+    problems = info.value.problems
+    assert len(problems) == 3, problems
+    assert any("zookeeper.quorum: expected host:port" in p and "zk-2" in p for p in problems)
+    assert any("path.root" in p for p in problems)
+    assert any("session-timeout" in p for p in problems)
+    for bad in ("", "zk:0", "zk:70000", "zk:21a", "zk/x:2181", "a:1,,b:2", "zk\n:2181"):
+        with pytest.raises(ConfigurationError):
+            parse_configuration({"high-availability.zookeeper.quorum": bad})

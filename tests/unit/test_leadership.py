@@ -126,3 +126,17 @@ def test_a_leader_that_cannot_renew_stops_leading_when_its_lease_runs_out():
     assert c.expire(103.0) == [Revoked(1, "the lease ran out before it could be renewed")]
     assert not c.leads(103.0) and c.valid_until == 0.0
     assert c.expire(200.0) == []  # a standby has nothing to lose
+
+
+def test_a_store_that_picks_the_winner_grants_renews_and_takes_leadership_away():
+    # ZooKeeper's latch decides who leads; the contender only keeps the time and the epoch.
+    c = Contender("a", "A", duration_s=2)
+    lease, changes = c.grant(last_epoch=6, now=100.0)
+    assert changes == [Granted(7)] and lease.epoch == 7 and lease.since == 100.0 and c.leads(101.9)
+    assert c.renew(101.0) == [] and c.leads(102.9) and not c.leads(103.0)
+    late = c.renew(103.5)
+    assert [type(x) for x in late] == [Revoked] and "expired 0.5 s before" in late[0].reason and c.epoch is None
+    assert c.renew(104.0) == [] and c.lose("gone") == []  # nothing to lose any more
+    c.grant(7, 110.0)
+    assert c.lose("the leader node is held by epoch 9 now") == [Revoked(8, "the leader node is held by epoch 9 now")]
+    assert not c.leads(110.1)
