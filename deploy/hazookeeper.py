@@ -223,7 +223,10 @@ class ZooKeeperHaServices:
                         and current.epoch == contender.epoch == lead[1] and lead[2] == self._latch
                         and found is not None and found[1].ephemeralOwner == session)
                 if ours:
-                    return current, contender.renew(t)
+                    changes = contender.renew(t)
+                    if changes:  # renewed too late: no longer ours to write with
+                        self._lead = None
+                    return current, changes
                 self._lead = None
                 who = "nobody" if current is None else f"epoch {current.epoch}"
                 return current, contender.lose(f"the leader node is held by {who} now (or our session ended)")

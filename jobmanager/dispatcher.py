@@ -253,15 +253,15 @@ class Dispatcher:
         assert ha is not None
         services = ha.services
         if entry is not None:
-            await ha.write(services.put_dirty_result, self.results[job_id])
-            await ha.write(services.put_archive, job_id, _archived_to_bytes(entry))
+            await ha.write_until_done(services.put_dirty_result, self.results[job_id])
+            await ha.write_until_done(services.put_archive, job_id, _archived_to_bytes(entry))
         if cleanup is not None:
             try:
                 await asyncio.get_running_loop().run_in_executor(None, cleanup)
             except Exception as exc:
                 log.warning("cleaning up job %s: %s", job_id, exc)
-        await ha.write(services.remove_job_graph, job_id)
-        await ha.write(services.mark_result_clean, job_id)
+        await ha.write_until_done(services.remove_job_graph, job_id)
+        await ha.write_until_done(services.mark_result_clean, job_id)
 
     # ------------------------------------------------------------------ client API
 

@@ -33,7 +33,7 @@ from funke.common.jobgraph import JobGraph
 from funke.common.scheduler import FinishedSubtask
 from funke.common.leadership import Contender, Granted, Lease, Revoked
 from funke.common.states import JOB_STATUS_TRANSITIONS, JobStatus, Transition
-from funke.deploy.hafilesystem import process_identity
+from funke.deploy.hafilesystem import Fenced, process_identity
 from funke.deploy.haservices import HaServices
 from funke.jobmanager.committer import exists, sink_targets
 
@@ -64,6 +64,24 @@ class HaContext:
     async def write(self, method: Callable[..., Any], *args: Any) -> Any:
         """`method(holder, epoch, *args)` on the writer thread (raises `Fenced` once deposed)."""
         return await asyncio.get_running_loop().run_in_executor(self.writer, method, self.holder, self.epoch, *args)
+
+    async def write_until_done(self, method: Callable[..., Any], *args: Any) -> Any:
+        """`write`, tried again while the store cannot be reached and this JobManager still
+        leads: for the steps that must not be lost (a job's result), as Flink retries its job
+        result store. Raises `Fenced` once deposed."""
+        delay = 0.1
+        while True:
+            try:
+                return await self.write(method, *args)
+            except Fenced:
+                raise
+            except OSError as exc:
+                if not self.leads():
+                    raise Fenced(f"epoch {self.epoch} lost leadership while the store was unreachable") from exc
+                log.warning("high availability: %s failed (%s); trying again in %.1f s",
+                            getattr(method, "__name__", "a write"), exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
 
     async def read(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self.writer, fn, *args)

@@ -15,7 +15,7 @@ from funke.common.codec import job_graph_to_proto
 from funke.common.configuration import ClusterConfiguration
 from funke.common.leadership import Contender
 from funke.common.states import JobStatus
-from funke.deploy.hafilesystem import FileSystemHaServices, JobResult
+from funke.deploy.hafilesystem import Fenced, FileSystemHaServices, JobResult
 from funke.jobmanager.dispatcher import Dispatcher, DispatcherError
 from funke.jobmanager.highavailability import HaContext
 from tests.unit.test_jobmaster import noop_job
@@ -64,5 +64,30 @@ def test_a_new_leader_recovers_stored_jobs_finishes_cut_short_clean_ups_and_swee
         stored = [r for r in services.history("run-1") if "to" in r]
         assert stored[-1]["to"] == "SUSPENDED" and stored[-1]["epoch"] == 2
         assert services.job_graph_ids() == ["run-1"]
+
+    asyncio.run(scenario())
+
+
+def test_a_job_result_write_is_tried_again_while_the_store_is_unreachable_and_never_by_a_deposed_leader():
+    calls: list[tuple] = []
+
+    def flaky(holder, epoch, job_id):  # the store: down for two calls, then back
+        calls.append((holder, epoch, job_id))
+        if len(calls) <= 2:
+            raise ConnectionRefusedError("ZooKeeper is down")
+        return "stored"
+
+    async def scenario() -> None:
+        writer = concurrent.futures.ThreadPoolExecutor(1)
+        leading = [True]
+        ha = HaContext(None, "me:1:1", 3, "me:1", writer, leads=lambda: leading[0])
+        assert await ha.write_until_done(flaky, "job-1") == "stored"
+        assert calls == [("me:1:1", 3, "job-1")] * 3
+        calls.clear()
+        leading[0] = False  # deposed while the store is down: give up, as fenced
+        with pytest.raises(Fenced, match="epoch 3 lost leadership"):
+            await ha.write_until_done(flaky, "job-2")
+        assert len(calls) == 1
+        writer.shutdown()
 
     asyncio.run(scenario())
