@@ -248,8 +248,8 @@ class ZooKeeperHaServices:
         return self._latch.rpartition("/")[2]
 
     def _remove_if_dead(self, name: str, holder: str) -> bool:
-        """Delete a latch node ahead of ours whose holder is a dead process of this host; whether
-        it is gone."""
+        """Delete a latch node ahead of ours whose holder is a dead process of this host (or a
+        stray of our own session); whether it is gone."""
         path = self._path("latch", name)
         found = self._get(path)
         if found is None:
@@ -258,9 +258,16 @@ class ZooKeeperHaServices:
             theirs = str(json.loads(found[0])["holder"])
         except (ValueError, KeyError, TypeError):
             return False  # a stranger's node: not ours to judge
-        if theirs == holder or not holder_gone(theirs):
+        if theirs == holder:
+            # Ours from an earlier round whose create timed out on our side but was made: a
+            # stray of this session that would keep us behind ourselves forever.
+            if found[1].ephemeralOwner != self._session():
+                return False
+            log.info("high availability: removing a stray latch node of this JobManager (%s)", name)
+        elif not holder_gone(theirs):
             return False
-        log.info("high availability: removing the latch node of %s, a process that is gone", theirs)
+        else:
+            log.info("high availability: removing the latch node of %s, a process that is gone", theirs)
         with contextlib.suppress(NoNodeError, BadVersionError):
             self._wait(self._zk.delete_async(path, version=found[1].version))
         return True
@@ -453,11 +460,20 @@ class ZooKeeperHaServices:
     def put_progress(self, holder: str, epoch: int, job_id: str, progress: list[dict]) -> None:
         self._put(holder, epoch, _PROGRESS, job_id, json.dumps(progress).encode())
 
-    def job_graph_ids(self) -> list[str]:
+    def _job_ids(self, parent: str) -> list[str]:
+        """The job ids with a node under `parent` (a stranger's node name is left out)."""
         with self._unavailable():
             self._connect()
-            names = self._children(self._path(_GRAPHS))
+            names = self._children(self._path(parent))
         return sorted(n for n in names if ids.is_path_id(n, ids.MAX_JOB_ID_LENGTH))
+
+    def _records(self, parent: str) -> dict[str, bytes]:
+        """Every job's readable record under `parent`."""
+        found = {job_id: self._value(self._path(parent, job_id)) for job_id in self._job_ids(parent)}
+        return {job_id: data for job_id, data in found.items() if data is not None}
+
+    def job_graph_ids(self) -> list[str]:
+        return self._job_ids(_GRAPHS)
 
     def job_graph(self, job_id: str) -> bytes | None:
         return self._value(self._job_node(_GRAPHS, job_id))
@@ -484,16 +500,8 @@ class ZooKeeperHaServices:
             self._put(holder, epoch, _RESULTS, job_id, json.dumps(asdict(cleaned)).encode())
 
     def results(self) -> dict[str, JobResult]:
-        with self._unavailable():
-            self._connect()
-            names = self._children(self._path(_RESULTS))
-        found = {}
-        for job_id in names:
-            if ids.is_path_id(job_id, ids.MAX_JOB_ID_LENGTH):
-                result = job_result_from_json(job_id, self._value(self._path(_RESULTS, job_id)))
-                if result is not None:
-                    found[job_id] = result
-        return found
+        found = {job_id: job_result_from_json(job_id, data) for job_id, data in self._records(_RESULTS).items()}
+        return {job_id: result for job_id, result in found.items() if result is not None}
 
     # ------------------------------------------------------------------ archive of terminal jobs
 
@@ -501,16 +509,7 @@ class ZooKeeperHaServices:
         self._put(holder, epoch, _ARCHIVE, job_id, data)
 
     def archives(self) -> dict[str, bytes]:
-        with self._unavailable():
-            self._connect()
-            names = self._children(self._path(_ARCHIVE))
-        found = {}
-        for job_id in names:
-            if ids.is_path_id(job_id, ids.MAX_JOB_ID_LENGTH):
-                data = self._value(self._path(_ARCHIVE, job_id))
-                if data is not None:
-                    found[job_id] = data
-        return found
+        return self._records(_ARCHIVE)
 
     def remove_archive(self, holder: str, epoch: int, job_id: str) -> None:
         self._remove(holder, epoch, [self._job_node(_ARCHIVE, job_id)], job_id, (_ARCHIVE,))

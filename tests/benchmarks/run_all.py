@@ -8,7 +8,8 @@ Runs, each in its own process, on this machine:
   bench_wordcount.py   word count over >= 512 MiB, funke vs plain PySpark, same cores
   bench_latency.py     submit -> RUNNING / FINISHED on a warm cluster
   chaos_wordcount.py   kill -9 of a TaskManager -> restarted tasks RUNNING again
-  chaos_leader.py      kill -9 of the leading JobManager (high availability) -> new leader, job RUNNING
+  chaos_leader.py      kill -9 of the leading JobManager (high availability) -> new leader, job RUNNING;
+                       on ZooKeeper too, and a paused leader (SIGSTOP) replaced by session expiry
 then prints the figures beside the goals and Flink's published scheduler figures, and writes all
 of it to .funke/bench/results-<time>.json. --update-readme puts the table into README.md.
 --quick: fewer runs and a smaller corpus, to try the suite out (figures not comparable).
@@ -113,20 +114,22 @@ def table(results: dict) -> str:
     lines.append(f"| TaskManager kill -9 → every failed task RUNNING again (incl. recomputing lost partitions) | "
                  f"median {median(chaos['kill_to_all_failed_running_s']):.2f} s |  |  |  |")
     lines.append(f"| chaos runs: finished / identical output | {chaos['finished']} / {chaos['identical']} of {chaos['runs']} | all |  |  |")
-    lines += leader_rows(results["leader"])
+    lines += leader_rows(results["leader"], "filesystem", "kill -9", "≤ 5 s")
+    lines += leader_rows(results["leader_zookeeper"], "ZooKeeper", "kill -9", "≤ 8 s")
+    lines += leader_rows(results["leader_zookeeper_pause"], "ZooKeeper", "SIGSTOP (session expiry, 6 s)", "≤ 8 s")
     return "\n".join(lines)
 
 
-def leader_rows(leader: dict) -> list[str]:
+def leader_rows(leader: dict, backend: str, fault: str, goal: str) -> list[str]:
     e, r = leader["elected_s"], leader["running_again_s"]
     return [
-        f"| HA (filesystem): leader kill -9 → new leader elected ({leader['kills']} kills) | "
+        f"| HA ({backend}): leader {fault} → new leader elected ({leader['kills']} times) | "
         f"median {e['median']:.2f} s, max {e['max']:.2f} s |  | ZooKeeper session timeout: 40–60 s |  |",
-        f"| HA (filesystem): leader kill -9 → job RUNNING again | median {r['median']:.2f} s, max {r['max']:.2f} s | "
-        f"≤ 5 s | 20–60 s (defaults) |  |",
-        f"| HA: jobs FINISHED with identical output / finished subtasks re-run | {leader['identical']} of "
-        f"{leader['kills']} / {leader['finished_subtasks_rerun']} of {leader['finished_subtasks_before_kill']} | "
-        f"all / 0 |  |  |",
+        f"| HA ({backend}): leader {fault} → job RUNNING again | median {r['median']:.2f} s, max {r['max']:.2f} s | "
+        f"{goal} | 20–60 s (defaults) |  |",
+        f"| HA ({backend}, {fault}): jobs FINISHED with identical output / finished subtasks re-run | "
+        f"{leader['identical']} of {leader['kills']} / {leader['finished_subtasks_rerun']} of "
+        f"{leader['finished_subtasks_before_kill']} | all / 0 |  |  |",
     ]
 
 
@@ -149,6 +152,12 @@ def main() -> int:
                      OUT / f"chaos-{stamp}.json"),
         "leader": run(REPO / "tests" / "chaos" / "chaos_leader.py", ["--kills", "3" if quick else "20"],
                       OUT / f"leader-{stamp}.json"),
+        "leader_zookeeper": run(REPO / "tests" / "chaos" / "chaos_leader.py",
+                                ["--backend", "zookeeper", "--kills", "3" if quick else "10"],
+                                OUT / f"leader-zookeeper-{stamp}.json"),
+        "leader_zookeeper_pause": run(REPO / "tests" / "chaos" / "chaos_leader.py",
+                                      ["--backend", "zookeeper", "--pause", "--kills", "3" if quick else "10"],
+                                      OUT / f"leader-zookeeper-pause-{stamp}.json"),
     }
     results["table"] = table(results)
     path = OUT / f"results-{stamp}.json"

@@ -191,3 +191,13 @@ def test_a_dead_local_leader_is_replaced_at_once_not_after_its_session_timeout(m
     assert me.epoch == 2 and took < 10
     lease = ha.leader()
     assert (lease.holder, lease.epoch, lease.address) == (me.holder, 2, "me:2")
+
+
+def test_a_stray_latch_node_of_our_own_session_does_not_keep_us_behind_ourselves(make):
+    # A create that timed out on our side but was made: the node is ours, ahead of our own.
+    ha = make()
+    a = Contender("a", "A", 2)
+    ha._zk.create(ha._path("latch", "n-"), b'{"holder": "a", "address": "A"}', ephemeral=True, sequence=True)
+    lease, changes = ha.contend(a)
+    assert changes == [Granted(1)] and lease.holder == "a"
+    assert ha._zk.get_children(ha._path("latch")) == [ha._latch.rpartition("/")[2]]
