@@ -203,7 +203,7 @@ def benchmark(c: Cluster, corpus: str, work: Path, reference: dict[str, bytes], 
         rerun += again
         same = end == "FINISHED" and read_output(out) == reference
         identical += same
-        print(f"kill {i + 1}/{kills}: {name} (epoch {epoch}) -> elected {elected[-1]:.2f} s, RUNNING again "
+        print(f"{'pause' if pause else 'kill'} {i + 1}/{kills}: {name} (epoch {epoch}) -> elected {elected[-1]:.2f} s, RUNNING again "
               f"{running[-1]:.2f} s, first task RUNNING {tasks[-1]:.2f} s, {end}, output {'identical' if same else 'DIFFERENT'}, "
               f"{again}/{len(done)} finished subtasks re-run", flush=True)
         c.restart(name)
