@@ -1,7 +1,9 @@
-"""The two state machines users rely on: JobStatus and ExecutionState.
+"""The state machines users rely on: JobStatus and ExecutionState, and for streaming jobs
+QueryState and BatchPhase.
 
 Everything that decides which state change is legal lives in this module, as data:
-`JOB_STATUS_TRANSITIONS` and `EXECUTION_STATE_TRANSITIONS`; the sets of states the cores act on
+`JOB_STATUS_TRANSITIONS`, `EXECUTION_STATE_TRANSITIONS`, `QUERY_STATE_TRANSITIONS` and
+`BATCH_PHASE_TRANSITIONS`; the sets of states the cores act on
 (`LIVE_EXECUTION_STATES`, `DEPLOYED_EXECUTION_STATES`, `SCHEDULING_JOB_STATUSES`); how a job's
 status follows from its executions (`JOB_STATUS_WHEN_EXECUTIONS_END`); and how a task's report
 is read in the light of a stop that was asked for, on the JobManager
@@ -172,7 +174,52 @@ def resolve_task_report(stop: StopRequest, reported: ExecutionState) -> Executio
     return TASK_REPORT_RESOLUTION.get((stop, reported), reported)
 
 
-S = TypeVar("S", JobStatus, ExecutionState)
+class QueryState(enum.Enum):
+    """A streaming job's query, as Structured Streaming names its states (STOPPING added: a
+    graceful stop finishing its batches in flight)."""
+    INITIALIZING = "INITIALIZING"
+    ACTIVE = "ACTIVE"
+    STOPPING = "STOPPING"
+    TERMINATED = "TERMINATED"
+
+
+_Q = QueryState
+QUERY_STATE_TRANSITIONS: Mapping[QueryState, frozenset[QueryState]] = {
+    _Q.INITIALIZING: frozenset({_Q.ACTIVE, _Q.STOPPING, _Q.TERMINATED}),
+    _Q.ACTIVE: frozenset({_Q.STOPPING, _Q.TERMINATED}),
+    _Q.STOPPING: frozenset({_Q.TERMINATED}),
+    _Q.TERMINATED: frozenset(),
+}
+
+
+class BatchPhase(enum.Enum):
+    """One micro-batch of a streaming job, from its trigger to its commit log entry."""
+    PLANNING = "PLANNING"  # the sources are asked for their latest offsets
+    LOGGING = "LOGGING"  # its ranges are being written to the offset log (the write-ahead log)
+    QUEUED = "QUEUED"  # logged; waits for its turn (concurrentJobs, batch order)
+    RUNNING = "RUNNING"  # its tasks run it
+    COMMITTING = "COMMITTING"  # every sink wrote it; the sinks commit it
+    RECORDING = "RECORDING"  # committed; its commit log entry is being written
+    COMPLETED = "COMPLETED"
+    SKIPPED = "SKIPPED"  # no new data (or a stop came first): nothing logged, nothing run
+    DEFERRED = "DEFERRED"  # logged, not run: a stop came first; the next run of the job runs it
+
+
+_B = BatchPhase
+BATCH_PHASE_TRANSITIONS: Mapping[BatchPhase, frozenset[BatchPhase]] = {
+    _B.PLANNING: frozenset({_B.LOGGING, _B.SKIPPED}),
+    _B.LOGGING: frozenset({_B.QUEUED}),
+    _B.QUEUED: frozenset({_B.RUNNING, _B.DEFERRED}),
+    _B.RUNNING: frozenset({_B.COMMITTING}),
+    _B.COMMITTING: frozenset({_B.RECORDING}),
+    _B.RECORDING: frozenset({_B.COMPLETED}),
+    _B.COMPLETED: frozenset(),
+    _B.SKIPPED: frozenset(),
+    _B.DEFERRED: frozenset(),
+}
+
+
+S = TypeVar("S", JobStatus, ExecutionState, QueryState, BatchPhase)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,168 @@
+"""A streaming job's checkpoint: what its offset log (the write-ahead log of each batch's source
+ranges), commit log and metadata say, and where a restarted job goes on from.
+
+Owns the format of the three kinds of entry and the recovery rule; the files themselves are
+written and listed by the JobManager (`funke.jobmanager.checkpointstore`). Pure: bytes and batch
+ids in, entries, plans and errors out.
+
+    <checkpoint>/metadata           {"id": <query id>}: the query's identity across restarts
+    <checkpoint>/offsets/<batch>    "v1" line, then JSON: the batch's time and, per source, the
+                                    offset range it reads (start exclusive, end inclusive)
+    <checkpoint>/commits/<batch>    "v1" line, then JSON: the batch committed to every sink
+
+Recovery (Structured Streaming's rule, generalised to several batches in flight as Spark
+Streaming's pending JobSets): every batch up to the last commit is done; every batch logged
+after it runs again with exactly the logged ranges, in order; the next new batch follows the
+last logged one. The logged batches must be contiguous from the first one retained: a gap is an
+error that names the missing files, never a silent skip.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+VERSION = "v1"
+MAX_ENTRY_BYTES = 16 * 1024 * 1024
+
+
+class CheckpointError(ValueError):
+    """The checkpoint cannot be used as it is; the message says which files and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class SourceRange:
+    """What one source contributes to a batch: offsets after `start`, up to `end` inclusive.
+    Offsets are the source's own JSON values (a row count, a file index, per-partition
+    positions); `rows` is how many input rows the range holds, if the source knows."""
+    start: Any
+    end: Any
+    rows: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetEntry:
+    batch_id: int
+    batch_time_ms: int  # the trigger time the batch was generated for
+    sources: dict[str, SourceRange] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class CommitEntry:
+    batch_id: int
+    committed_at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryPlan:
+    """Where a job restarted on its checkpoint goes on."""
+    last_committed: int  # -1: no batch committed yet
+    rerun: tuple[int, ...]  # logged, not committed: run again with the logged ranges, in order
+    next_batch_id: int  # the first batch to plan anew
+
+
+def _header_and_body(data: bytes, what: str) -> dict:
+    if len(data) > MAX_ENTRY_BYTES:
+        raise CheckpointError(f"{what}: {len(data)} bytes, more than an entry may have ({MAX_ENTRY_BYTES})")
+    text = data.decode("utf-8", errors="replace")
+    header, _, body = text.partition("\n")
+    if header.strip() != VERSION:
+        raise CheckpointError(f"{what}: starts with {header[:40]!r}, expected {VERSION!r} (written by a newer funke?)")
+    try:
+        value = json.loads(body)
+    except ValueError as exc:
+        raise CheckpointError(f"{what}: not readable JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{what}: expected a JSON object")
+    return value
+
+
+def offset_entry_bytes(entry: OffsetEntry) -> bytes:
+    body = {"batchId": entry.batch_id, "batchTimestampMs": entry.batch_time_ms,
+            "sources": {name: {"start": r.start, "end": r.end, "rows": r.rows} for name, r in entry.sources.items()}}
+    return f"{VERSION}\n{json.dumps(body, sort_keys=True)}".encode()
+
+
+def parse_offset_entry(data: bytes, batch_id: int, what: str = "offset log entry") -> OffsetEntry:
+    """The entry of `batch_id` (its file name); an entry naming another batch is an error."""
+    raw = _header_and_body(data, what)
+    try:
+        if int(raw["batchId"]) != batch_id:
+            raise CheckpointError(f"{what}: says batch {raw['batchId']}, its file name says {batch_id}")
+        sources = {str(name): SourceRange(r["start"], r["end"], int(r.get("rows", 0)))
+                   for name, r in dict(raw["sources"]).items()}
+        return OffsetEntry(batch_id, int(raw["batchTimestampMs"]), sources)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        if isinstance(exc, CheckpointError):
+            raise
+        raise CheckpointError(f"{what}: missing or malformed field ({exc})") from None
+
+
+def commit_entry_bytes(entry: CommitEntry) -> bytes:
+    return f"{VERSION}\n{json.dumps({'batchId': entry.batch_id, 'committedAtMs': entry.committed_at_ms})}".encode()
+
+
+def parse_commit_entry(data: bytes, batch_id: int, what: str = "commit log entry") -> CommitEntry:
+    raw = _header_and_body(data, what)
+    try:
+        if int(raw["batchId"]) != batch_id:
+            raise CheckpointError(f"{what}: says batch {raw['batchId']}, its file name says {batch_id}")
+        return CommitEntry(batch_id, int(raw["committedAtMs"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        if isinstance(exc, CheckpointError):
+            raise
+        raise CheckpointError(f"{what}: missing or malformed field ({exc})") from None
+
+
+def metadata_bytes(query_id: str) -> bytes:
+    return json.dumps({"id": query_id}).encode()
+
+
+def parse_metadata(data: bytes, what: str = "metadata") -> str:
+    try:
+        raw = json.loads(data)
+        query_id = raw["id"]
+    except (ValueError, KeyError, TypeError):
+        raise CheckpointError(f"{what}: not a checkpoint's metadata (expected {{\"id\": ...}})") from None
+    if not isinstance(query_id, str) or not query_id:
+        raise CheckpointError(f"{what}: the query id must be a non-empty string")
+    return query_id
+
+
+def _gaps(ids: list[int]) -> list[int]:
+    present = set(ids)
+    return [i for i in range(min(ids), max(ids) + 1) if i not in present] if ids else []
+
+
+def plan_recovery(offset_ids: list[int], commit_ids: list[int]) -> RecoveryPlan:
+    """Where to go on, given the batch ids of the offset and commit log files (old entries may
+    have been purged: the logs start wherever retention left them)."""
+    offsets, commits = sorted(set(offset_ids)), sorted(set(commit_ids))
+    problems = []
+    if (gaps := _gaps(offsets)):
+        problems.append("the offset log has no entry for batch " + ", ".join(map(str, gaps[:10]))
+                        + (" …" if len(gaps) > 10 else "") + f" (files offsets/{gaps[0]} …): its entries must be contiguous")
+    if (gaps := _gaps(commits)):
+        problems.append("the commit log has no entry for batch " + ", ".join(map(str, gaps[:10]))
+                        + (" …" if len(gaps) > 10 else "") + f" (files commits/{gaps[0]} …)")
+    if commits and (not offsets or commits[-1] > offsets[-1]):
+        problems.append(f"commits/{commits[-1]} has no offset log entry: the commit log is ahead of the offset log")
+    if problems:
+        raise CheckpointError("; ".join(problems))
+    last_committed = commits[-1] if commits else -1
+    if offsets and last_committed < offsets[0] - 1:
+        raise CheckpointError(f"the offset log starts at batch {offsets[0]} but the last commit is batch "
+                              f"{last_committed}: the entries of batch {last_committed + 1} … {offsets[0] - 1} "
+                              f"were purged before they were committed")
+    rerun = tuple(b for b in offsets if b > last_committed)
+    return RecoveryPlan(last_committed, rerun, (offsets[-1] + 1) if offsets else 0)
+
+
+def to_purge(offset_ids: list[int], commit_ids: list[int], last_committed: int, retain: int) -> tuple[list[int], list[int]]:
+    """The offset and commit entries to delete so that the last `retain` committed batches stay
+    (Structured Streaming's minBatchesToRetain); never one after the last commit."""
+    if retain < 1:
+        raise ValueError(f"at least one batch must be retained, got {retain}")
+    below = last_committed - retain + 1
+    return [b for b in offset_ids if b < below], [b for b in commit_ids if b < below]
