@@ -105,8 +105,9 @@ def config_from_args(args: argparse.Namespace) -> TaskExecutorConfig:
     )
 
 
-async def serve(config: TaskExecutorConfig) -> None:
-    """Run a TaskExecutor on the current loop until SIGTERM or SIGINT."""
+async def serve(config: TaskExecutorConfig) -> str:
+    """Run a TaskExecutor on the current loop until SIGTERM or SIGINT; returns why it stopped on
+    its own ("" when it was asked to)."""
 
     def announce(executor: TaskExecutor) -> None:
         print(f"TaskManager {executor.id} registered with {executor.jobmanager_address} "
@@ -120,6 +121,7 @@ async def serve(config: TaskExecutorConfig) -> None:
         except (NotImplementedError, RuntimeError):  # not the main thread, or Windows
             pass
     await executor.run()
+    return executor.failure
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -137,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         print(exc, file=sys.stderr)
         return 2
     try:
-        asyncio.run(serve(config))
+        failure = asyncio.run(serve(config))
     except KeyboardInterrupt:  # a second Ctrl-C while shutting down
         return 130
     except StartupError as e:
@@ -146,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception:
         logging.getLogger("funke.taskmanager").exception("TaskManager %s failed", config.task_manager_id)
         return 1
-    return 0
+    return 1 if failure else 0
 
 
 if __name__ == "__main__":

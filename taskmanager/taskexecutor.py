@@ -305,6 +305,7 @@ class TaskExecutor:
         self._resource_manager: cluster_pb2_grpc.ResourceManagerStub | None = None
         self._job_master: cluster_pb2_grpc.JobMasterStub | None = None
         self._background: list[asyncio.Task[None]] = []
+        self.failure = ""  # why the TaskManager stopped on its own (empty: it was asked to)
 
     # ------------------------------------------------------------------ the core
 
@@ -472,10 +473,24 @@ class TaskExecutor:
             asyncio.create_task(self._stay_connected(), name="jobmanager-connection"),
             asyncio.create_task(self._report_loop(), name="task-state-reporter"),
         ]
+        for task in self._background:
+            task.add_done_callback(self._background_ended)
         # What exists now (modules, PySpark, the SparkSession, the server) lives as long as the
         # process: out of the cycle collector's sight, a full collection no longer scans it all on
         # the loop (100-200 ms with thousands of tasks deployed, measured, for nothing to free).
         gc.freeze()
+
+    def _background_ended(self, task: asyncio.Task[None]) -> None:
+        """The connection and report loops run for the life of the process: one that ends on
+        its own is a bug that would leave this TaskManager registered and silent. Say so loudly
+        and stop (exit 1), so the failure is seen and the tasks are recovered elsewhere."""
+        if self._stopping or task.cancelled():
+            return
+        exc = task.exception()
+        log.critical("TaskManager %s: its %s loop ended on its own%s; stopping rather than running without it",
+                     self.id, task.get_name(), f" with {type(exc).__name__}: {exc}" if exc else "", exc_info=exc)
+        self.failure = f"the {task.get_name()} loop ended: {exc!r}"
+        self.stop()
 
     async def shutdown(self) -> None:
         if self._stopping:
