@@ -1,0 +1,81 @@
+"""Exactly-once streaming file sinks (jobmanager/streamsinks.py) on real files: a batch's staged
+output is committed once, with a manifest; committing it again changes nothing; an interrupted
+commit's leftovers are replaced; a failed attempt's output is never committed."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from funke.jobmanager.streamsinks import (
+    SinkCommitError,
+    commit_batch,
+    committed_batches,
+    committed_files,
+    discard_batch,
+    is_committed,
+    staging_dir,
+)
+
+
+def stage(target, batch, subtask, attempt, files: dict[str, bytes]) -> None:
+    d = staging_dir(str(target), batch, subtask, attempt)
+    os.makedirs(d, exist_ok=True)
+    for name, data in files.items():
+        with open(os.path.join(d, name), "wb") as f:
+            f.write(data)
+
+
+def visible(target) -> dict[str, bytes]:
+    """What a plain Spark read of the target would list (hidden names excluded)."""
+    return {p.name: p.read_bytes() for p in target.iterdir() if p.is_file() and not p.name.startswith((".", "_"))}
+
+
+def test_a_batch_is_committed_once_from_the_attempts_chosen(tmp_path):
+    target = tmp_path / "out"
+    stage(target, 0, 0, 0, {"part-0.parquet": b"s0", "_SUCCESS": b""})
+    stage(target, 0, 1, 0, {"part-0.parquet": b"failed attempt"})
+    stage(target, 0, 1, 1, {"part-0.parquet": b"s1"})
+    assert not visible(target)  # staged output is hidden
+    names = commit_batch(str(target), 0, {0: 0, 1: 1})
+    assert names == ["batch-0-0-part-0.parquet", "batch-0-1-part-0.parquet"]
+    assert visible(target) == {"batch-0-0-part-0.parquet": b"s0", "batch-0-1-part-0.parquet": b"s1"}
+    assert is_committed(str(target), 0) and committed_files(str(target), 0) == names
+    assert not (target / ".funke-staging" / "0").exists()
+    # a batch run again after a failure between the sink commit and the commit log: no effect
+    stage(target, 0, 0, 2, {"part-0.parquet": b"again"})
+    assert commit_batch(str(target), 0, {0: 2}) == names
+    assert visible(target)["batch-0-0-part-0.parquet"] == b"s0"
+    assert committed_batches(str(target)) == [0]
+
+
+def test_an_interrupted_commit_is_replaced_not_added_to(tmp_path):
+    target = tmp_path / "out"
+    target.mkdir()
+    (target / "batch-3-0-part-0.parquet").write_bytes(b"half of an earlier commit")
+    (target / "batch-3-9-part-7.parquet").write_bytes(b"from a subtask that no longer exists")
+    (target / "batch-30-0-part-0.parquet").write_bytes(b"batch 30: not ours to touch")
+    stage(target, 3, 0, 1, {"part-0.parquet": b"new"})
+    commit_batch(str(target), 3, {0: 1})
+    assert visible(target) == {"batch-3-0-part-0.parquet": b"new", "batch-30-0-part-0.parquet": b"batch 30: not ours to touch"}
+
+
+def test_missing_staged_output_or_a_bad_manifest_is_an_error(tmp_path):
+    target = tmp_path / "out"
+    with pytest.raises(SinkCommitError, match="subtask 0 attempt 0 staged nothing"):
+        commit_batch(str(target), 1, {0: 0})
+    (target / "_funke_sink_log").mkdir(parents=True)
+    (target / "_funke_sink_log" / "2").write_text("{}")
+    with pytest.raises(SinkCommitError, match="not a funke sink manifest"):
+        committed_files(str(target), 2)
+    for bad in (-1, True, "1", 2**63):
+        with pytest.raises(ValueError):
+            staging_dir(str(target), bad, 0, 0)
+
+
+def test_a_discarded_batch_leaves_nothing(tmp_path):
+    target = tmp_path / "out"
+    stage(target, 4, 0, 0, {"part-0.parquet": b"x"})
+    discard_batch(str(target), 4)
+    assert not (target / ".funke-staging" / "4").exists() and not is_committed(str(target), 4)
