@@ -7,6 +7,7 @@ Owns the files of one checkpoint directory (the formats and the recovery rule ar
     <checkpoint>/metadata          the query id, written once, kept across runs
     <checkpoint>/offsets/<batch>   the write-ahead log: one file per batch, written before it runs
     <checkpoint>/commits/<batch>   one file per batch committed to every sink
+    <checkpoint>/sources/<source>/seen   a file source's seen-files log (JSON list, in order)
     <checkpoint>/.run.lock         flock'ed by the run that uses the checkpoint (SPARK-26425:
                                    a second run on the same checkpoint is refused)
 
@@ -22,10 +23,12 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import uuid
 from dataclasses import dataclass
 
+from funke.common import ids
 from funke.common.checkpoint import (
     CheckpointError,
     CommitEntry,
@@ -45,6 +48,7 @@ from funke.deploy.hafilesystem import read_file, write_atomically
 METADATA = "metadata"
 OFFSETS = "offsets"
 COMMITS = "commits"
+SOURCES = "sources"
 LOCK = ".run.lock"
 DEFAULT_MIN_BATCHES_TO_RETAIN = 100  # Structured Streaming's spark.sql.streaming.minBatchesToRetain
 
@@ -168,6 +172,34 @@ class CheckpointStore:
         if not os.path.exists(os.path.join(self.offsets_dir, str(entry.batch_id))):
             raise CheckpointError(f"batch {entry.batch_id} has no offset log entry: it cannot be committed")
         self._write_once(os.path.join(self.commits_dir, str(entry.batch_id)), commit_entry_bytes(entry))
+
+    # -------------------------------------------------------------- per-source logs
+
+    def _source_log(self, source: str) -> str:
+        ids.require_path_id(source, "source name")
+        return os.path.join(self.root, SOURCES, source, "seen")
+
+    def seen_files(self, source: str) -> list[str]:
+        """A file source's seen-files log: every file it took, in the order taken."""
+        data = read_file(self._source_log(source))
+        if data is None:
+            return []
+        try:
+            names = json.loads(data)
+        except ValueError:
+            raise CheckpointError(f"{self._source_log(source)}: not readable JSON") from None
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise CheckpointError(f"{self._source_log(source)}: expected a list of file names")
+        return names
+
+    def add_seen_files(self, source: str, names: list[str]) -> None:
+        """Append to a file source's seen-files log, durably, before an offset entry uses them."""
+        self._require_held()
+        if not names:
+            return
+        path = self._source_log(source)
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        write_atomically(path, json.dumps(self.seen_files(source) + list(names)).encode())
 
     def purge(self, retain: int = DEFAULT_MIN_BATCHES_TO_RETAIN) -> int:
         """Delete the entries older than the last `retain` committed batches; how many went."""

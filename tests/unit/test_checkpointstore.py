@@ -94,6 +94,7 @@ def test_a_second_run_on_a_checkpoint_in_use_is_refused_and_may_go_once_the_firs
     finally:
         holder.kill()
         holder.wait(10)
+        holder.stdout.close()
     store = CheckpointStore(path)
     assert store.open("run 8").plan.next_batch_id == 0  # a killed run's lock went with it
     store.close()

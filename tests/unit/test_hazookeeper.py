@@ -187,6 +187,7 @@ def test_a_dead_local_leader_is_replaced_at_once_not_after_its_session_timeout(m
         if process.poll() is None:
             process.kill()
             process.wait(10)
+        process.stdout.close()
     # the dead leader's session lives on the server for 30 s; its node went at once
     assert me.epoch == 2 and took < 10
     lease = ha.leader()
