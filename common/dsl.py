@@ -65,6 +65,7 @@ __all__ = [
     "DataStreamSink",
     "ExecutionEnvironment",
     "KeyedStream",
+    "StreamReader",
 ]
 
 # Flink's option keys, so that a Flink user's configuration means the same here.
@@ -510,6 +511,41 @@ class ExecutionEnvironment:
         normalised = [_collection_row(row, columns, i) for i, row in enumerate(rows)]
         return self._source("source.collection", "Source: collection", {"rows": normalised, "schema": schema})
 
+    # ---- streaming queries ----
+
+    @property
+    def read_stream(self) -> StreamReader:
+        """Unbounded sources: reading one makes this a streaming query, run as micro-batches
+        (`env.read_stream.rate(100)`, `env.read_stream.csv("incoming/", "user string, n int")`)."""
+        return StreamReader(self)
+
+    def set_trigger(self, processing_time: str | None = None, *, available_now: bool = False,
+                    once: bool = False) -> Self:
+        """When micro-batches run: every `processing_time` ("1 s", "500 ms"; the default, 1 s),
+        `available_now` (what the sources hold at the start, in batches within their limits,
+        then the job FINISHES) or `once` (one batch of everything, then FINISHED)."""
+        from funke.common import streamingjob as sj
+
+        chosen = [name for name, on in (("processing_time", processing_time is not None),
+                                        ("available_now", available_now), ("once", once)) if on]
+        if len(chosen) != 1:
+            raise ValueError(f"set_trigger(): give exactly one of processing_time, available_now, once; got {chosen or 'none'}")
+        self._options.pop(sj.INTERVAL, None)
+        if processing_time is not None:
+            self._options[sj.TRIGGER] = "processing-time"
+            self._options[sj.INTERVAL] = _option_text(processing_time)
+        else:
+            self._options[sj.TRIGGER] = "available-now" if available_now else "once"
+        return self
+
+    def set_checkpoint_location(self, path: str) -> Self:
+        """Where the query keeps its offset and commit logs; a query started again on it goes on
+        where it stopped (default: under the JobManager's data directory, by job name)."""
+        from funke.common import streamingjob as sj
+
+        self._options[sj.CHECKPOINT] = _location(path)
+        return self
+
     # ---- building ----
 
     def build(self) -> JobGraph:
@@ -565,6 +601,56 @@ class ExecutionEnvironment:
         if self._built_vertex_ids is not None and t.seq in self._built_vertex_ids:
             return self._built_vertex_ids[t.seq]
         return _translate(self)[1][t.seq]
+
+
+class StreamReader:
+    """The unbounded sources of an ExecutionEnvironment (`env.read_stream`). Each micro-batch
+    reads exactly the offset range its write-ahead log entry names, so a batch run again after a
+    failure reads the same rows."""
+
+    def __init__(self, env: ExecutionEnvironment):
+        self._env = env
+
+    def _stream(self, kind: str, name: str, config: dict[str, Any]) -> DataStream:
+        self._env.job_type = JobType.STREAMING
+        return self._env._source(kind, name, config)
+
+    def rate(self, rows_per_second: int, max_rows_per_trigger: int | None = None) -> DataStream:
+        """Rows `value` (bigint, 0, 1, 2, ...) and `timestamp` (when each row was due),
+        `rows_per_second` of them (Spark's rate source); value i is read by subtask
+        i % parallelism."""
+        config: dict[str, Any] = {"rows_per_second": _positive_int(rows_per_second, "rows_per_second")}
+        if max_rows_per_trigger is not None:
+            config["max_rows_per_trigger"] = _positive_int(max_rows_per_trigger, "max_rows_per_trigger")
+        return self._stream("source.rate", "Source: rate", config)
+
+    def _files(self, fmt: str, path: str, schema: str | None, max_files_per_trigger: int | None,
+               options: Mapping[str, Any]) -> DataStream:
+        kind = f"source.stream.{fmt}"
+        config: dict[str, Any] = {"path": _location(path)}
+        if schema is not None:
+            config["schema"] = _output_schema(schema, kind)
+        if max_files_per_trigger is not None:
+            config["max_files_per_trigger"] = _positive_int(max_files_per_trigger, "max_files_per_trigger")
+        if spark_options := _spark_options(options, kind):
+            config["options"] = spark_options
+        return self._stream(kind, f"Source: {fmt} files", config)
+
+    def text(self, path: str, max_files_per_trigger: int | None = None, **options: Any) -> DataStream:
+        """Each new file in directory `path`, once, one record per line in column `value`. Write
+        files elsewhere and rename them in: a file is taken as soon as it is listed."""
+        return self._files("text", path, None, max_files_per_trigger, options)
+
+    def csv(self, path: str, schema: str, header: bool = True, max_files_per_trigger: int | None = None,
+            **options: Any) -> DataStream:
+        return self._files("csv", path, schema, max_files_per_trigger, {"header": header, **options})
+
+    def json(self, path: str, schema: str, max_files_per_trigger: int | None = None, **options: Any) -> DataStream:
+        return self._files("json", path, schema, max_files_per_trigger, options)
+
+    def parquet(self, path: str, schema: str, max_files_per_trigger: int | None = None, **options: Any) -> DataStream:
+        return self._files("parquet", path, schema, max_files_per_trigger, options)
+
 
 
 # --------------------------------------------------------------------------------------------

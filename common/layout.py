@@ -108,6 +108,19 @@ def sink_staging_dir(target: str, job_id: str, subtask_index: int, attempt: int)
     return _join(staging_root(target, job_id), f"s{subtask_index}-a{attempt}")
 
 
+STREAM_STAGING = ".funke-staging"
+STREAM_SINK_LOG = "_funke_sink_log"
+
+
+def stream_sink_staging_dir(target: str, batch_id: int, subtask_index: int, attempt: int) -> str:
+    """Where a streaming sink subtask writes its output of one micro-batch (inside the target,
+    hidden from readers; `funke.jobmanager.streamsinks` commits it)."""
+    _index(batch_id, "batch id")
+    _index(subtask_index, "subtask index")
+    _index(attempt, "attempt number")
+    return _join(target.rstrip("/") or "/", STREAM_STAGING, str(batch_id), f"{subtask_index}-{attempt}")
+
+
 def commit_dir(target: str, job_id: str) -> str:
     return _join(staging_root(target, job_id), "commit")
 

@@ -25,6 +25,7 @@ class Value(enum.Enum):
     SQL_LIST = "a SQL expression string or a list of them"
     COLUMNS = "a list of column names"
     INT64 = "a 64-bit integer"
+    POSITIVE_INT = "a positive integer"
     OPTIONS = "an object of Spark options (string, number or boolean values)"
     ROWS = "a list of rows"
     JOIN_TYPE = "a join type"
@@ -79,6 +80,8 @@ JOIN_TYPES = frozenset({
 })
 
 _FILE_SOURCE = {"path": V.SOURCE_PATH, "schema": V.DDL, "options": V.OPTIONS}
+_STREAM_FILE_SOURCE = {"path": V.SOURCE_PATH, "schema": V.DDL, "options": V.OPTIONS,
+                       "max_files_per_trigger": V.POSITIVE_INT}
 _FILE_SINK = {"path": V.SINK_PATH, "mode": V.SINK_MODE, "options": V.OPTIONS}
 
 CATALOGUE: dict[str, OperatorKind] = {
@@ -92,6 +95,14 @@ CATALOGUE: dict[str, OperatorKind] = {
         _k("source.range", S, 0, "end", keys={"start": V.INT64, "end": V.INT64, "step": V.INT64, "schema": V.DDL},
            function=FunctionUse.OPTIONAL),
         _k("source.collection", S, 0, "rows", "schema", keys={"rows": V.ROWS, "schema": V.DDL}),
+        # stream sources (streaming queries, `funke.common.streamingjob`): each micro-batch reads
+        # exactly the offset range its offset log entry names
+        _k("source.rate", S, 0, "rows_per_second",
+           keys={"rows_per_second": V.POSITIVE_INT, "max_rows_per_trigger": V.POSITIVE_INT}),
+        _k("source.stream.text", S, 0, "path", keys=_STREAM_FILE_SOURCE),
+        _k("source.stream.csv", S, 0, "path", "schema", keys=_STREAM_FILE_SOURCE),
+        _k("source.stream.json", S, 0, "path", "schema", keys=_STREAM_FILE_SOURCE),
+        _k("source.stream.parquet", S, 0, "path", "schema", keys=_STREAM_FILE_SOURCE),
         # no-op kinds: a chain made only of these finishes without touching Spark (used to
         # measure scheduling and deployment alone)
         _k("source.noop", S, 0),

@@ -21,10 +21,24 @@ Pure: times and listings are passed in.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Mapping
 
 from funke.common.checkpoint import SourceRange
+
+
+# ------------------------------------------------------------------------------------ a batch's input
+
+
+@dataclass(frozen=True, slots=True)
+class BatchInput:
+    """What one micro-batch gives a task's stream sources: per source vertex, its range, and for
+    a file source the files the range holds (resolved on the JobManager from the seen-files log,
+    relative to the source's directory)."""
+    batch_id: int
+    batch_time_ms: int
+    ranges: Mapping[str, SourceRange] = field(default_factory=dict)
+    files: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 # ------------------------------------------------------------------------------------ rate

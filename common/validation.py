@@ -207,7 +207,21 @@ def find_problems(job: JobGraph, context: ValidationContext | None = None) -> li
     _check_cycles_and_reachability(job, vertices, data_sets, add)
     _check_configuration(job, add)
     _check_artifacts(job, add)
+    _check_streaming_query(job, context, add)
     return problems
+
+
+def _check_streaming_query(job: JobGraph, context: ValidationContext | None, add) -> None:
+    from funke.common.streamingjob import CHECKPOINT, query_problems
+
+    for problem in query_problems(job):
+        add("streaming query", problem)
+    options = job.configuration.options
+    location = options.get(CHECKPOINT, "").strip() if isinstance(options, Mapping) else ""
+    if location:
+        problem = path_problem(location, sink=True, context=context)
+        if problem is not None:
+            add("streaming query", f"option {CHECKPOINT} {problem}")
 
 
 # ------------------------------------------------------------------------------ the job itself
@@ -433,6 +447,10 @@ def _value_problem(expected: Value, value: object, context: ValidationContext | 
     if expected is Value.INT64:
         if not _is_int(value) or not INT64_MIN <= value <= INT64_MAX:
             return f"must be a 64-bit integer, got {ids.echo(value)}"
+        return None
+    if expected is Value.POSITIVE_INT:
+        if not _is_int(value) or not 1 <= value <= INT64_MAX:
+            return f"must be a positive integer, got {ids.echo(value)}"
         return None
     if expected is Value.OPTIONS:
         return _options_problem(value)

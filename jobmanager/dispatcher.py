@@ -34,6 +34,7 @@ from funke.common.states import JobStatus
 from funke.common.validation import Problem, ValidationContext, describe_problems, find_problems
 from funke.common.codec import DeploymentEncoder, WireError, job_graph_from_proto, job_graph_to_proto
 from funke.common.executiongraph import Incarnation
+from funke.common.streamingjob import is_streaming_query
 from funke.deploy.hafilesystem import Fenced, JobResult
 from funke.jobmanager import committer, datadir
 from funke.jobmanager import highavailability as hamod
@@ -274,6 +275,9 @@ class Dispatcher:
         problems = find_problems(job, self._validation)
         if problems:
             raise DispatcherError("INVALID_ARGUMENT", describe_problems(problems))
+        if is_streaming_query(job):
+            raise DispatcherError("UNIMPLEMENTED", f"job {job.name!r} is a streaming query (it reads a stream): "
+                                  "its graph is valid, but this JobManager does not run micro-batches yet")
         return await self.start_job(job, message.artifacts, persist=message)
 
     async def start_job(self, job: JobGraph, artifacts=(), *, incarnation: Incarnation | None = None,

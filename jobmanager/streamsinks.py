@@ -31,11 +31,11 @@ import json
 import os
 import shutil
 
-from funke.common import ids
+from funke.common import ids, layout
 from funke.deploy.hafilesystem import read_file, write_atomically
 
-STAGING = ".funke-staging"
-SINK_LOG = "_funke_sink_log"
+STAGING = layout.STREAM_STAGING
+SINK_LOG = layout.STREAM_SINK_LOG
 
 
 class SinkCommitError(Exception):
@@ -45,7 +45,7 @@ class SinkCommitError(Exception):
 def staging_dir(target: str, batch_id: int, subtask: int, attempt: int) -> str:
     """Where subtask `subtask` (attempt `attempt`) writes its output of a batch."""
     _check(batch_id, subtask, attempt)
-    return os.path.join(target, STAGING, str(batch_id), f"{subtask}-{attempt}")
+    return layout.stream_sink_staging_dir(target, batch_id, subtask, attempt)
 
 
 def manifest_path(target: str, batch_id: int) -> str:

@@ -44,6 +44,11 @@ writes one string column as is, several as tab-separated text (null: an empty fi
 plans the pipeline but runs nothing; source.noop only exists for chains made of no-op kinds, which
 the task runs without Spark.
 
+In a streaming query a task runs micro-batches (`RuntimeContext.batch`): stream sources read
+exactly the batch's range (source.rate: the rows due, by `RateSource`'s rule; source.stream.*:
+the files the JobManager resolved for the range, this subtask's share), and file sinks stage the
+batch inside the target (`layout.stream_sink_staging_dir`) for the JobMaster's commit.
+
 The worker-side half of this module is pickled *by value* (see the registration at the end of the
 imports), so Python workers need pyspark, pyarrow and cloudpickle, but not funke itself: that is
 what lets a Spark Connect server or a cluster's executors run funke tasks.
@@ -85,8 +90,10 @@ from pyspark.sql.types import (
 )
 
 from funke.common import layout
+from funke.common.checkpoint import SourceRange
 from funke.common.jobgraph import OperatorSpec
 from funke.common.operators import SINK_MODES
+from funke.common.streamsources import BatchInput, RateSource
 
 # The closures handed to mapInArrow reference this module's helpers; pickled by reference they
 # would need funke importable in every Python worker. By value, they need only what they import.
@@ -110,6 +117,9 @@ class RuntimeContext:
     data_dir: str
     # Spark partitions a keyed operator uses inside the task; None: spark.sql.shuffle.partitions.
     local_partitions: int | None = None
+    # A streaming query's task: the micro-batch it runs now (what its stream sources read, where
+    # its sinks stage); None in a bounded job.
+    batch: BatchInput | None = None
 
     @property
     def cancel_marker(self) -> str | None:
@@ -578,6 +588,56 @@ OPERATORS["source.csv"] = _file_source("csv", {"header": "true"})
 OPERATORS["source.json"] = _file_source("json")
 
 
+def _batch_range(ctx: RuntimeContext, spec: OperatorSpec) -> tuple[BatchInput, SourceRange]:
+    if ctx.batch is None:
+        raise ValueError(f"{_label(spec)} is a stream source: it runs in a streaming query's micro-batches")
+    source_range = ctx.batch.ranges.get(ctx.vertex_id)
+    if source_range is None:
+        raise ValueError(f"{_label(spec)}: batch {ctx.batch.batch_id} names no range for vertex {ctx.vertex_id!r}")
+    return ctx.batch, source_range
+
+
+@_operator("source.rate")
+def _rate(ctx: RuntimeContext, spec: OperatorSpec) -> DataFrame:
+    """Rows `value` (bigint, from 0) and `timestamp` (when the row was due) of this subtask's share
+    of the batch's range: value i goes to subtask i % parallelism (RateSource.rows)."""
+    _, source_range = _batch_range(ctx, spec)
+    rate = RateSource(int(_config(spec, "rows_per_second")), ctx.parallelism)
+    schema = "value bigint, timestamp timestamp"
+    if source_range.end is None or source_range.start == source_range.end:
+        return ctx.spark.createDataFrame([], schema)
+    base = int(source_range.end["baseMs"])
+    begin = int(source_range.start["rows"]) if source_range.start is not None else 0
+    end = int(source_range.end["rows"])
+    first = begin + (ctx.subtask_index - begin) % ctx.parallelism
+    ids_ = ctx.spark.range(first, max(first, end), ctx.parallelism)
+    millis = F.lit(base) + F.floor(F.col("id") * F.lit(1000) / F.lit(rate.rows_per_second)).cast("long")
+    return ids_.select(F.col("id").alias("value"), F.timestamp_millis(millis).alias("timestamp"))
+
+
+def _stream_file_source(fmt: str, defaults: dict[str, str] | None = None) -> Source:
+    def read(ctx: RuntimeContext, spec: OperatorSpec) -> DataFrame:
+        batch, _ = _batch_range(ctx, spec)
+        directory = str(_config(spec, "path")).rstrip("/")
+        ddl = spec.config.get("schema") or ("value string" if fmt == "text" else None)
+        if ddl is None:
+            raise ValueError(f"{_label(spec)}: a stream file source needs a schema")
+        schema = parse_schema(ddl, f"{_label(spec)}: config 'schema'")
+        names = batch.files.get(ctx.vertex_id, ())[ctx.subtask_index::ctx.parallelism]
+        if not names:
+            return ctx.spark.createDataFrame([], schema)
+        paths = [f"{directory}/{name}" for name in names]
+        return ctx.spark.read.format(fmt).options(**_options(spec, defaults)).schema(schema).load(paths)
+
+    return read
+
+
+OPERATORS["source.stream.text"] = _stream_file_source("text")
+OPERATORS["source.stream.csv"] = _stream_file_source("csv", {"header": "true"})
+OPERATORS["source.stream.json"] = _stream_file_source("json")
+OPERATORS["source.stream.parquet"] = _stream_file_source("parquet")
+
+
 @_operator("source.range")
 def _range(ctx: RuntimeContext, spec: OperatorSpec) -> DataFrame:
     start = int(spec.config.get("start", 0))
@@ -791,6 +851,14 @@ def _file_sink(fmt: str, defaults: dict[str, str] | None = None,
                prepare: Callable[[DataFrame], DataFrame] | None = None) -> Sink:
     def write(ctx: RuntimeContext, spec: OperatorSpec, df: DataFrame) -> None:
         target = str(_config(spec, "path"))
+        out = prepare(df) if prepare else df
+        writer = out.write.format(fmt).options(**_options(spec, defaults)).mode("overwrite")
+        if ctx.batch is not None:
+            # A streaming query: the target collects batch after batch; each batch is staged inside
+            # it and committed once by the JobMaster (funke.jobmanager.streamsinks).
+            writer.save(layout.stream_sink_staging_dir(target, ctx.batch.batch_id, ctx.subtask_index,
+                                                       ctx.attempt_number))
+            return
         mode = str(spec.config.get("mode", "error"))
         if mode not in _SINK_MODES:
             raise ValueError(f"{_label(spec)}: mode {mode!r} is not one of {', '.join(_SINK_MODES)}")
@@ -799,8 +867,7 @@ def _file_sink(fmt: str, defaults: dict[str, str] | None = None,
         staging = layout.sink_staging_dir(target, ctx.job_id, ctx.subtask_index, ctx.attempt_number)
         # overwrite: the staging directory belongs to this attempt alone; the target is only
         # touched by the commit once the job FINISHED.
-        out = prepare(df) if prepare else df
-        out.write.format(fmt).options(**_options(spec, defaults)).mode("overwrite").save(staging)
+        writer.save(staging)
 
     return write
 

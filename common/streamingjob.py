@@ -1,0 +1,127 @@
+"""What a JobGraph says about its streaming query: which vertices read streams, which write its
+output, and the query's settings (trigger, checkpoint location, concurrency, retention), with
+every problem named.
+
+A job is a streaming query when a vertex starts with a stream source (`source.rate`,
+`source.stream.*`): it runs as micro-batches (`funke.common.microbatch`). Its settings are job
+options:
+
+    streaming.trigger               processing-time (default) | available-now | once
+    streaming.trigger.interval      the processing-time interval (default 1 s; Flink duration syntax)
+    streaming.checkpoint-location   where its offset and commit logs live (default: under the
+                                    JobManager's data directory, by job name)
+    streaming.concurrent-jobs       batches run at once (Spark's spark.streaming.concurrentJobs, 1)
+    streaming.min-batches-to-retain log entries kept (Spark's minBatchesToRetain, 100)
+
+Pure: reads the graph, returns values and problems.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from funke.common import microbatch as mb
+from funke.common.jobgraph import JobGraph, JobType, JobVertex
+from funke.common.operators import CATALOGUE, OperatorRole
+
+RATE = "source.rate"
+STREAM_FILE_KINDS = ("source.stream.text", "source.stream.csv", "source.stream.json", "source.stream.parquet")
+STREAM_SOURCE_KINDS = frozenset({RATE, *STREAM_FILE_KINDS})
+
+TRIGGER = "streaming.trigger"
+INTERVAL = "streaming.trigger.interval"
+CHECKPOINT = "streaming.checkpoint-location"
+CONCURRENT_JOBS = "streaming.concurrent-jobs"
+RETAIN = "streaming.min-batches-to-retain"
+OPTIONS = (TRIGGER, INTERVAL, CHECKPOINT, CONCURRENT_JOBS, RETAIN)
+TRIGGERS = ("processing-time", "available-now", "once")
+DEFAULT_INTERVAL_MS = 1000
+DEFAULT_RETAIN = 100
+
+
+@dataclass(frozen=True, slots=True)
+class QuerySettings:
+    trigger: mb.Trigger
+    checkpoint_location: str  # "" : the default under the data directory
+    concurrent_jobs: int = 1
+    min_batches_to_retain: int = DEFAULT_RETAIN
+
+
+def stream_sources(job: JobGraph) -> list[JobVertex]:
+    """The vertices whose chain starts with a stream source."""
+    return [v for v in job.vertices if v.operators and v.operators[0].kind in STREAM_SOURCE_KINDS]
+
+
+def is_streaming_query(job: JobGraph) -> bool:
+    return bool(stream_sources(job))
+
+
+def sinks(job: JobGraph) -> list[JobVertex]:
+    """The vertices whose chain ends in a sink: the query's output operations."""
+    return [v for v in job.vertices if v.operators and (k := CATALOGUE.get(v.operators[-1].kind)) is not None
+            and k.role is OperatorRole.SINK]
+
+
+def query_problems(job: JobGraph) -> list[str]:
+    """What keeps a job from being a streaming query it says it is (empty: none, or not one)."""
+    problems: list[str] = []
+    streams = stream_sources(job)
+    misplaced = [f"{v.id!r} (operator {i})" for v in job.vertices for i, op in enumerate(v.operators)
+                 if op.kind in STREAM_SOURCE_KINDS and (i > 0)]
+    if misplaced:
+        problems.append(f"a stream source must start its vertex's chain: {', '.join(misplaced)}")
+    if not streams:
+        stray = [k for k in OPTIONS if k in job.configuration.options]
+        if stray:
+            problems.append(f"options {', '.join(stray)} are for streaming queries, and this job reads no stream")
+        return problems
+    if job.job_type is not JobType.STREAMING:
+        problems.append("a job that reads a stream must be a STREAMING job")
+    bounded = [v.id for v in job.vertices if v.operators and v.operators[0].kind not in STREAM_SOURCE_KINDS
+               and (k := CATALOGUE.get(v.operators[0].kind)) is not None and k.role is OperatorRole.SOURCE]
+    if bounded:
+        problems.append(f"vertices {bounded} read bounded sources in a streaming query; joining a stream with a "
+                        "static data set is not supported yet")
+    try:
+        query_settings(job)
+    except ValueError as exc:
+        problems.append(str(exc))
+    return problems
+
+
+def query_settings(job: JobGraph) -> QuerySettings:
+    """The query's settings from the job options (ValueError naming the bad one)."""
+    from funke.common.restart import RestartStrategyError, parse_duration
+
+    options = job.configuration.options
+    kind = options.get(TRIGGER, "processing-time").strip().lower()
+    if kind not in TRIGGERS:
+        raise ValueError(f"option {TRIGGER}: expected one of {', '.join(TRIGGERS)}, got {options.get(TRIGGER)!r}")
+    if INTERVAL in options and kind != "processing-time":
+        raise ValueError(f"option {INTERVAL} only applies to the processing-time trigger, not {kind}")
+    trigger: mb.Trigger
+    if kind == "processing-time":
+        interval_ms = DEFAULT_INTERVAL_MS
+        if INTERVAL in options:
+            try:
+                interval_ms = round(parse_duration(options[INTERVAL]) * 1000)
+            except RestartStrategyError as exc:
+                raise ValueError(f"option {INTERVAL}: {exc}") from None
+            if interval_ms < 1:
+                raise ValueError(f"option {INTERVAL}: must be at least 1 ms, got {options[INTERVAL]!r}")
+        trigger = mb.ProcessingTime(interval_ms)
+    elif kind == "available-now":
+        trigger = mb.AvailableNow()
+    else:
+        trigger = mb.Once()
+    return QuerySettings(trigger, options.get(CHECKPOINT, "").strip(),
+                         _positive(options, CONCURRENT_JOBS, 1, 64), _positive(options, RETAIN, DEFAULT_RETAIN, 10**6))
+
+
+def _positive(options, key: str, default: int, largest: int) -> int:
+    if key not in options:
+        return default
+    text = options[key].strip()
+    if not text.isascii() or not text.isdigit() or not 1 <= int(text) <= largest:
+        raise ValueError(f"option {key}: expected an integer from 1 to {largest}, got {options[key]!r}")
+    return int(text)

@@ -1,0 +1,87 @@
+"""The TaskManager's stream operators on real PySpark (taskmanager/operators.py): in a micro-batch
+a rate source reads exactly its range's rows — the same values and timestamps as the rule in
+common/streamsources.py, split across subtasks — a stream file source reads the files the
+JobManager resolved for the batch, and a file sink stages the batch inside its target for the
+JobMaster's commit. Outside a micro-batch a stream source refuses to run."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import sys
+
+import pytest
+from pyspark.sql import SparkSession
+
+from funke.common.checkpoint import SourceRange
+from funke.common.jobgraph import OperatorSpec
+from funke.common.streamsources import BatchInput, RateSource
+from funke.jobmanager import streamsinks
+from funke.taskmanager.operators import OPERATORS, RuntimeContext
+
+
+@pytest.fixture(scope="module")
+def spark():
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    session = (SparkSession.builder.master("local[2]").appName("funke-test-stream-operators")
+               .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.shuffle.partitions", "2").config("spark.sql.session.timeZone", "UTC")
+               .getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+def context(spark, tmp_path, vertex: str, subtask: int, parallelism: int, batch: BatchInput | None,
+            attempt: int = 0) -> RuntimeContext:
+    return RuntimeContext(spark=spark, job_id="job-1", vertex_id=vertex, subtask_index=subtask,
+                          parallelism=parallelism, attempt_number=attempt, data_dir=str(tmp_path / "data"),
+                          batch=batch)
+
+
+def test_a_rate_source_reads_exactly_its_range_split_by_subtask(spark, tmp_path):
+    r = SourceRange({"rows": 5, "baseMs": 1_000}, {"rows": 12, "baseMs": 1_000}, 7)
+    batch = BatchInput(3, 2_000, {"rate": r})
+    spec = OperatorSpec("source.rate", "rate", {"rows_per_second": 4})
+    rule = RateSource(4, partitions=3)
+    for subtask in range(3):
+        rows = OPERATORS["source.rate"](context(spark, tmp_path, "rate", subtask, 3, batch), spec).collect()
+        got = [(row.value, row.timestamp.replace(tzinfo=dt.timezone.utc)) for row in rows]
+        want = [(v, dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc)) for v, ms in rule.rows(r, subtask)]
+        assert got == want and got  # every subtask has some of the 7 rows
+
+
+def test_an_empty_rate_range_and_a_missing_batch(spark, tmp_path):
+    spec = OperatorSpec("source.rate", "rate", {"rows_per_second": 4})
+    empty = BatchInput(0, 0, {"rate": SourceRange(None, None, 0)})
+    assert OPERATORS["source.rate"](context(spark, tmp_path, "rate", 0, 1, empty), spec).count() == 0
+    with pytest.raises(ValueError, match="is a stream source: it runs in a streaming query's micro-batches"):
+        OPERATORS["source.rate"](context(spark, tmp_path, "rate", 0, 1, None), spec)
+    with pytest.raises(ValueError, match="names no range for vertex 'rate'"):
+        OPERATORS["source.rate"](context(spark, tmp_path, "rate", 0, 1, BatchInput(1, 0, {})), spec)
+
+
+def test_a_stream_file_source_reads_the_files_of_the_batch_only(spark, tmp_path):
+    incoming = tmp_path / "incoming"
+    incoming.mkdir()
+    for name, text in {"a.txt": "x y\n", "b.txt": "z\n", "c.txt": "not in this batch\n"}.items():
+        (incoming / name).write_text(text)
+    batch = BatchInput(0, 0, {"words": SourceRange(None, 2)}, {"words": ("a.txt", "b.txt")})
+    spec = OperatorSpec("source.stream.text", "words", {"path": str(incoming)})
+    lines = [sorted(r.value for r in OPERATORS["source.stream.text"](
+        context(spark, tmp_path, "words", s, 2, batch), spec).collect()) for s in range(2)]
+    assert lines == [["x y"], ["z"]]
+    csv_spec = OperatorSpec("source.stream.csv", "csv", {"path": str(incoming), "schema": "a string"})
+    none = BatchInput(1, 0, {"csv": SourceRange(2, 2)}, {"csv": ()})
+    assert OPERATORS["source.stream.csv"](context(spark, tmp_path, "csv", 0, 1, none), csv_spec).count() == 0
+
+
+def test_a_file_sink_stages_each_batch_inside_its_target_for_the_commit(spark, tmp_path):
+    target = tmp_path / "out"
+    spec = OperatorSpec("sink.parquet", "out", {"path": str(target)})
+    df = spark.createDataFrame([(1,), (2,)], "n int")
+    for batch_id in (0, 1):
+        OPERATORS["sink.parquet"](context(spark, tmp_path, "out", 0, 1, BatchInput(batch_id, 0), attempt=2), spec, df)
+        streamsinks.commit_batch(str(target), batch_id, {0: 2})
+    assert sorted(r.n for r in spark.read.parquet(str(target)).collect()) == [1, 1, 2, 2]
+    assert streamsinks.committed_batches(str(target)) == [0, 1]

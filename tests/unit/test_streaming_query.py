@@ -1,0 +1,129 @@
+"""A streaming query as the DSL builds it and validation checks it (common/dsl.py,
+common/streamingjob.py): stream sources, the trigger and checkpoint options, every problem named;
+and, until the JobManager runs micro-batches, a clear refusal at submit."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from funke.common import microbatch as mb
+from funke.common.codec import job_graph_from_proto, job_graph_to_proto
+from funke.common.configuration import ClusterConfiguration
+from funke.common.dsl import ExecutionEnvironment
+from funke.common.jobgraph import JobConfiguration, JobType
+from funke.common.streamingjob import (
+    QuerySettings,
+    is_streaming_query,
+    query_settings,
+    sinks,
+    stream_sources,
+)
+from funke.common.validation import JobGraphInvalid, find_problems, validate
+from funke.jobmanager.dispatcher import Dispatcher, DispatcherError
+
+
+def word_counts(tmp_path, env: ExecutionEnvironment):
+    return (env.read_stream.text(str(tmp_path / "incoming"), max_files_per_trigger=5)
+            .flat_map(lambda row: [(w,) for w in row.value.split()], schema="word string")
+            .key_by("word").count()
+            .write_csv(str(tmp_path / "counts")))
+
+
+def test_reading_a_stream_makes_a_streaming_query_with_its_settings(tmp_path):
+    env = ExecutionEnvironment("clicks", parallelism=2)
+    word_counts(tmp_path, env)
+    env.set_trigger("500 ms").set_checkpoint_location(str(tmp_path / "checkpoint"))
+    job = env.build()
+    assert job.job_type is JobType.STREAMING and is_streaming_query(job)
+    (source,) = stream_sources(job)
+    assert source.operators[0].kind == "source.stream.text"
+    assert source.operators[0].config["max_files_per_trigger"] == 5
+    assert [v.operators[-1].kind for v in sinks(job)] == ["sink.csv"]
+    assert query_settings(job) == QuerySettings(mb.ProcessingTime(500), str(tmp_path / "checkpoint"))
+    assert query_settings(job_graph_from_proto(job_graph_to_proto(job))) == query_settings(job)  # on the wire
+    rate = ExecutionEnvironment("rate")
+    rate.read_stream.rate(100, max_rows_per_trigger=1000).discard()
+    rate.set_trigger(available_now=True)
+    assert query_settings(rate.build()).trigger == mb.AvailableNow()
+    once = ExecutionEnvironment("once")
+    once.read_stream.rate(1).discard()
+    assert query_settings(once.set_trigger(once=True).build()).trigger == mb.Once()
+    default = ExecutionEnvironment("default trigger")
+    default.read_stream.rate(1).discard()
+    assert query_settings(default.build()).trigger == mb.ProcessingTime(1000)
+
+
+def test_the_dsl_refuses_bad_settings_where_they_are_made(tmp_path):
+    env = ExecutionEnvironment("bad")
+    with pytest.raises(ValueError, match="exactly one of"):
+        env.set_trigger("1 s", once=True)
+    with pytest.raises(ValueError, match="exactly one of"):
+        env.set_trigger()
+    with pytest.raises(ValueError):
+        env.read_stream.rate(0)
+    with pytest.raises(ValueError):
+        env.read_stream.text(str(tmp_path), max_files_per_trigger=0)
+
+
+def test_every_problem_of_a_streaming_query_is_named(tmp_path):
+    env = ExecutionEnvironment("mixed")
+    stream = env.read_stream.rate(10)
+    static = env.from_collection([(1,)], "value bigint")
+    stream.select("value").union(static).discard()
+    env.set_option("streaming.trigger", "sometimes").set_option("streaming.concurrent-jobs", "0")
+    env.set_option("streaming.checkpoint-location", "relative/../checkpoint")
+    with pytest.raises(JobGraphInvalid) as info:
+        env.build()
+    text = str(info.value)
+    assert "read bounded sources in a streaming query" in text
+    assert "streaming.trigger: expected one of processing-time, available-now, once" in text
+    assert "streaming.checkpoint-location" in text
+    batch = ExecutionEnvironment("batch")
+    batch.from_range(3).discard()
+    batch.set_option("streaming.trigger", "once")
+    problems = [p.message for p in find_problems(_unvalidated(batch))]
+    assert any("this job reads no stream" in p for p in problems)
+
+
+def _unvalidated(env: ExecutionEnvironment):
+    from funke.common.dsl import _translate
+
+    return _translate(env)[0]
+
+
+@pytest.mark.parametrize("options, match", [
+    ({"streaming.trigger": "once", "streaming.trigger.interval": "1 s"}, "only applies to the processing-time"),
+    ({"streaming.trigger.interval": "soon"}, "streaming.trigger.interval: invalid duration"),
+    ({"streaming.trigger.interval": "0 ms"}, "at least 1 ms"),
+    ({"streaming.min-batches-to-retain": "-3"}, "expected an integer from 1"),
+])
+def test_bad_query_options_are_named(options, match):
+    env = ExecutionEnvironment("q")
+    env.read_stream.rate(5).discard()
+    job = _unvalidated(env)
+    job = type(job)(job.name, job.vertices, job.data_sets, job.edges, job.job_type,
+                    JobConfiguration(options=options))
+    with pytest.raises(ValueError, match=match):
+        query_settings(job)
+    with pytest.raises(JobGraphInvalid, match=match.split(":")[0]):
+        validate(job)
+
+
+def test_the_jobmanager_refuses_a_streaming_query_clearly_until_it_runs_micro_batches(tmp_path):
+    env = ExecutionEnvironment("rate to nowhere")
+    env.read_stream.rate(10).discard()
+    message = job_graph_to_proto(env.build())
+
+    async def scenario() -> None:
+        dispatcher = Dispatcher(ClusterConfiguration(data_dir=str(tmp_path / "data")))
+        dispatcher.start()
+        try:
+            with pytest.raises(DispatcherError, match="does not run micro-batches yet") as info:
+                await dispatcher.submit(message)
+            assert info.value.code == "UNIMPLEMENTED"
+        finally:
+            await dispatcher.stop()
+
+    asyncio.run(scenario())
