@@ -63,6 +63,14 @@ def partition_dir(data_dir: str, job_id: str, data_set_id: str, partition_index:
     return _join(partitions_dir(data_dir, job_id), data_set_id, f"p{partition_index}", f"a{attempt}")
 
 
+def batch_partition_dir(data_dir: str, job_id: str, data_set_id: str, partition_index: int, attempt: int,
+                        batch_id: int) -> str:
+    """A streaming query's result partition for one micro-batch: inside the attempt's partition
+    directory, one per batch."""
+    _index(batch_id, "batch id")
+    return _join(partition_dir(data_dir, job_id, data_set_id, partition_index, attempt), f"batch-{batch_id}")
+
+
 def cancelled_dir(data_dir: str, job_id: str) -> str:
     return _join(job_dir(data_dir, job_id), "cancelled")
 

@@ -16,10 +16,14 @@ Exchanges follow `common/executiongraph.py` and the path scheme of `common/layou
 writes its partition of each output as Parquet under `partition_dir(.., attempt)`, split into
 `_sub=N/` directories when it feeds several consumers (HASH: by key hash, otherwise round robin);
 a consumer reads subpartition k of each partition in its gate's range.
+
+A streaming query's task is a `StreamTask`: it stays RUNNING and runs micro-batches as they are
+given, each over its own batch-scoped partitions (`layout.batch_partition_dir`).
 """
 
 from __future__ import annotations
 
+import collections
 import functools
 import json
 import logging
@@ -45,10 +49,11 @@ from funke.common.inputgates import GateSnapshot
 from funke.common.jobgraph import JobVertex, OperatorSpec, PartitionerKind
 from funke.common.operators import CATALOGUE, OperatorRole
 from funke.common.states import ExecutionState
+from funke.common.streamsources import BatchInput
 from funke.taskmanager import operators as operators_module
 from funke.taskmanager.operators import OPERATORS, RuntimeContext, column_ref, union_all
 
-__all__ = ["Task", "TaskCancelled", "Report", "check_vertex", "failure_of"]
+__all__ = ["BatchReport", "StreamTask", "Task", "TaskCancelled", "Report", "check_vertex", "failure_of"]
 
 log = logging.getLogger(__name__)
 
@@ -372,10 +377,13 @@ class Task:
         self._check_cancelled()
         self._report(ExecutionState.RUNNING, None, ())
         gates = self._await_inputs()
+        return self._run_chain(chain, self._runtime_context(), gates)
+
+    def _runtime_context(self, batch: BatchInput | None = None) -> RuntimeContext:
         if self.spark is None:
             raise RuntimeError(f"{self.name}: the chain needs Spark, but this task has no SparkSession")
         d = self.deployment
-        ctx = RuntimeContext(
+        return RuntimeContext(
             spark=self.spark,
             job_id=d.job_id,
             vertex_id=d.attempt.vertex_id,
@@ -383,13 +391,18 @@ class Task:
             parallelism=d.parallelism,
             attempt_number=d.attempt.attempt_number,
             data_dir=d.data_dir,
+            batch=batch,
         )
+
+    def _run_chain(self, chain: _Chain, ctx: RuntimeContext, gates: tuple[GateSnapshot, ...]
+                   ) -> tuple[ProducedPartition, ...]:
         inputs = [self._read_gate(ctx, gate) for gate in gates]
         self._check_cancelled()
         tail = chain.run(ctx, inputs)
         if chain.ends_in_sink:
-            if d.outputs:
-                raise ValueError(f"{self.name}: the chain ends in a sink but the task has {len(d.outputs)} output(s)")
+            if self.deployment.outputs:
+                raise ValueError(f"{self.name}: the chain ends in a sink but the task has "
+                                 f"{len(self.deployment.outputs)} output(s)")
             return ()
         return self._write_outputs(ctx, tail)
 
@@ -412,10 +425,7 @@ class Task:
                 "(a no-op chain's output cannot be read)"
             )
         schema = StructType.fromJson(json.loads(gate.schema))
-        paths = [
-            layout.partition_dir(ctx.data_dir, ctx.job_id, gate.data_set_id, p, a)
-            for p, a in zip(gate.partitions, gate.attempts)
-        ]
+        paths = [_partition_path(ctx, gate.data_set_id, p, a) for p, a in zip(gate.partitions, gate.attempts)]
         spark = ctx.spark
         if not paths:
             return spark.createDataFrame([], schema)
@@ -449,7 +459,7 @@ class Task:
         try:
             for out in outputs:
                 self._check_cancelled()
-                path = layout.partition_dir(ctx.data_dir, ctx.job_id, out.data_set_id, out.partition_index, ctx.attempt_number)
+                path = _partition_path(ctx, out.data_set_id, out.partition_index, ctx.attempt_number)
                 routed, split = _route(observed, out)
                 writer = routed.write.mode("overwrite")
                 if split:
@@ -460,6 +470,71 @@ class Task:
             if shared:
                 observed.unpersist()
         return tuple(ProducedPartition(o.data_set_id, o.partition_index, schema, row_count) for o in outputs)
+
+
+def _partition_path(ctx: RuntimeContext, data_set_id: str, partition_index: int, attempt: int) -> str:
+    """A result partition's directory; in a streaming query, the current micro-batch's."""
+    if ctx.batch is None:
+        return layout.partition_dir(ctx.data_dir, ctx.job_id, data_set_id, partition_index, attempt)
+    return layout.batch_partition_dir(ctx.data_dir, ctx.job_id, data_set_id, partition_index, attempt,
+                                      ctx.batch.batch_id)
+
+
+BatchReport = Callable[[int, tuple[ProducedPartition, ...]], None]
+
+
+class StreamTask(Task):
+    """A streaming query's task, long-lived as in Flink: deployed once, RUNNING until the query
+    stops, it runs the micro-batches it is given, one at a time, in the order given: for each,
+    its chain over the batch's input (stream sources read the batch's ranges, inputs are the
+    batch's partitions of the producers), its outputs written as the batch's partitions, its
+    sinks staged for the batch; then `batch_report(batch_id, produced)`. `finish()` ends it
+    FINISHED once the batches given are done; `cancel()` ends it CANCELED at once. A batch that
+    fails fails the task (the job's failover restarts the query from its checkpoint)."""
+
+    def __init__(self, deployment: TaskDeployment, spark: SparkSession | None, report: Report,
+                 batch_report: BatchReport):
+        super().__init__(deployment, spark, report, inputs=())
+        self._batch_report = batch_report
+        self._batches: collections.deque[tuple[BatchInput, tuple[GateSnapshot, ...]]] = collections.deque()
+        self._finishing = False
+
+    def give_batch(self, batch: BatchInput, gates: tuple[GateSnapshot, ...] = ()) -> None:
+        """Run batch `batch` next (with `gates`: what to read of each input for this batch)."""
+        with self._lock:
+            self._batches.append((batch, gates))
+            self._inputs_ready.notify_all()
+
+    def finish(self) -> None:
+        """End FINISHED once every batch given so far has run (a graceful stop)."""
+        with self._lock:
+            self._finishing = True
+            self._inputs_ready.notify_all()
+
+    def _next_batch(self) -> tuple[BatchInput, tuple[GateSnapshot, ...]] | None:
+        with self._lock:
+            while not self._batches:
+                if self._cancelled:
+                    raise TaskCancelled(self.name)
+                if self._finishing:
+                    return None
+                self._inputs_ready.wait()
+            if self._cancelled:
+                raise TaskCancelled(self.name)
+            return self._batches.popleft()
+
+    def _run(self) -> tuple[ProducedPartition, ...]:
+        self._check_cancelled()
+        self._report(ExecutionState.INITIALIZING, None, ())
+        chain = _Chain.of(self.deployment.vertex)
+        self._check_cancelled()
+        self._report(ExecutionState.RUNNING, None, ())
+        while (item := self._next_batch()) is not None:
+            batch, gates = item
+            log.debug("%s: batch %d", self.name, batch.batch_id)
+            produced = self._run_chain(chain, self._runtime_context(batch), gates)
+            self._batch_report(batch.batch_id, produced)
+        return ()
 
 
 def _route(df: DataFrame, out: ResultPartitionSpec) -> tuple[DataFrame, bool]:

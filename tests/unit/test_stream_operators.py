@@ -9,15 +9,18 @@ from __future__ import annotations
 import datetime as dt
 import os
 import sys
+import threading
 
 import pytest
 from pyspark.sql import SparkSession
 
 from funke.common.checkpoint import SourceRange
 from funke.common.jobgraph import OperatorSpec
+from funke.common.states import ExecutionState
 from funke.common.streamsources import BatchInput, RateSource
 from funke.jobmanager import streamsinks
 from funke.taskmanager.operators import OPERATORS, RuntimeContext
+from funke.taskmanager.task import StreamTask
 
 
 @pytest.fixture(scope="module")
@@ -85,3 +88,80 @@ def test_a_file_sink_stages_each_batch_inside_its_target_for_the_commit(spark, t
         streamsinks.commit_batch(str(target), batch_id, {0: 2})
     assert sorted(r.n for r in spark.read.parquet(str(target)).collect()) == [1, 1, 2, 2]
     assert streamsinks.committed_batches(str(target)) == [0, 1]
+
+
+# ---------------------------------------------------------------------------------------- StreamTask
+
+
+class BatchReports:
+    def __init__(self):
+        self.done: list[tuple[int, list]] = []
+        self._cond = threading.Condition()
+
+    def __call__(self, batch_id, produced):
+        with self._cond:
+            self.done.append((batch_id, list(produced)))
+            self._cond.notify_all()
+
+    def wait_for(self, batch_id: int, timeout: float = 60.0) -> bool:
+        with self._cond:
+            return self._cond.wait_for(lambda: any(b == batch_id for b, _ in self.done), timeout)
+
+
+def test_a_stream_task_stays_running_and_runs_each_batch_it_is_given_over_its_own_partitions(spark, tmp_path):
+    from tests.unit.test_task_runtime import Reports, deploy, gate, op, output
+
+    E = ExecutionState
+    rate_range = [SourceRange(None, {"rows": 4, "baseMs": 0}, 4), SourceRange({"rows": 4, "baseMs": 0},
+                                                                              {"rows": 10, "baseMs": 0}, 6)]
+    producer, _ = deploy(tmp_path, [op("source.rate", rows_per_second=1000), op("select", exprs=["value"])],
+                         vertex="rate", outputs=[output("ds", 0)])
+    target = tmp_path / "out"
+    consumer, _ = deploy(tmp_path, [op("sink.parquet", path=str(target))], vertex="sink", attempt=3)
+    p_reports, c_reports = Reports(), Reports()
+    p_batches, c_batches = BatchReports(), BatchReports()
+    p_task = StreamTask(producer, spark, p_reports, p_batches)
+    c_task = StreamTask(consumer, spark, c_reports, c_batches)
+    threads = [threading.Thread(target=t.run, daemon=True) for t in (p_task, c_task)]
+    for t in threads:
+        t.start()
+    assert p_reports.wait_for(E.RUNNING) and c_reports.wait_for(E.RUNNING)
+    for batch_id, r in enumerate(rate_range):
+        p_task.give_batch(BatchInput(batch_id, 0, {"rate": r}))
+        assert p_batches.wait_for(batch_id)
+        (produced,) = p_batches.done[-1][1]
+        assert produced.row_count == r.rows and produced.data_set_id == "ds"
+        c_task.give_batch(BatchInput(batch_id, 0), (gate("ds", range(0, 1), schema=produced.schema),))
+        assert c_batches.wait_for(batch_id)
+        streamsinks.commit_batch(str(target), batch_id, {0: 3})
+    assert p_reports.states == [E.INITIALIZING, E.RUNNING] and not p_reports.wait_for(E.FINISHED, 0.2)
+    p_task.finish()
+    c_task.finish()
+    for t in threads:
+        t.join(60)
+    assert p_reports.states[-1] is E.FINISHED and c_reports.states[-1] is E.FINISHED
+    assert sorted(r.value for r in spark.read.parquet(str(target)).collect()) == list(range(10))
+    # each batch has its own partition of the data set
+    assert sorted(os.listdir(tmp_path / "jobs" / "job1" / "partitions" / "ds" / "p0" / "a0")) == ["batch-0", "batch-1"]
+
+
+def test_a_stream_task_cancelled_between_batches_ends_canceled_and_a_failing_batch_fails_it(spark, tmp_path):
+    from tests.unit.test_task_runtime import Reports, deploy, op
+
+    E = ExecutionState
+    waiting, _ = deploy(tmp_path, [op("source.rate", rows_per_second=10), op("sink.discard")], vertex="rate")
+    reports = Reports()
+    task = StreamTask(waiting, spark, reports, BatchReports())
+    thread = threading.Thread(target=task.run, daemon=True)
+    thread.start()
+    assert reports.wait_for(E.RUNNING)
+    task.cancel()
+    thread.join(30)
+    assert reports.states[-1] is E.CANCELED
+    failing, _ = deploy(tmp_path, [op("source.rate", rows_per_second=10), op("sink.discard")], vertex="rate", attempt=1)
+    reports = Reports()
+    task = StreamTask(failing, spark, reports, BatchReports())
+    task.give_batch(BatchInput(0, 0, {"other": SourceRange(None, None)}))  # no range for this vertex
+    task.run()
+    state, failure, _ = reports.last
+    assert state is E.FAILED and "names no range for vertex 'rate'" in failure.message
