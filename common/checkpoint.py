@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 VERSION = "v1"
+T = TypeVar("T")
 MAX_ENTRY_BYTES = 16 * 1024 * 1024
 
 
@@ -84,19 +85,27 @@ def offset_entry_bytes(entry: OffsetEntry) -> bytes:
     return f"{VERSION}\n{json.dumps(body, sort_keys=True)}".encode()
 
 
-def parse_offset_entry(data: bytes, batch_id: int, what: str = "offset log entry") -> OffsetEntry:
-    """The entry of `batch_id` (its file name); an entry naming another batch is an error."""
+def _entry(data: bytes, batch_id: int, what: str, read: Callable[[dict], T]) -> T:
+    """An entry of batch `batch_id` (its file name says so), read by `read`; an entry naming
+    another batch, or missing a field, is an error naming `what`."""
     raw = _header_and_body(data, what)
     try:
         if int(raw["batchId"]) != batch_id:
             raise CheckpointError(f"{what}: says batch {raw['batchId']}, its file name says {batch_id}")
+        return read(raw)
+    except CheckpointError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise CheckpointError(f"{what}: missing or malformed field ({exc})") from None
+
+
+def parse_offset_entry(data: bytes, batch_id: int, what: str = "offset log entry") -> OffsetEntry:
+    def read(raw: dict) -> OffsetEntry:
         sources = {str(name): SourceRange(r["start"], r["end"], int(r.get("rows", 0)))
                    for name, r in dict(raw["sources"]).items()}
         return OffsetEntry(batch_id, int(raw["batchTimestampMs"]), sources)
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        if isinstance(exc, CheckpointError):
-            raise
-        raise CheckpointError(f"{what}: missing or malformed field ({exc})") from None
+
+    return _entry(data, batch_id, what, read)
 
 
 def commit_entry_bytes(entry: CommitEntry) -> bytes:
@@ -104,15 +113,7 @@ def commit_entry_bytes(entry: CommitEntry) -> bytes:
 
 
 def parse_commit_entry(data: bytes, batch_id: int, what: str = "commit log entry") -> CommitEntry:
-    raw = _header_and_body(data, what)
-    try:
-        if int(raw["batchId"]) != batch_id:
-            raise CheckpointError(f"{what}: says batch {raw['batchId']}, its file name says {batch_id}")
-        return CommitEntry(batch_id, int(raw["committedAtMs"]))
-    except (KeyError, TypeError, ValueError) as exc:
-        if isinstance(exc, CheckpointError):
-            raise
-        raise CheckpointError(f"{what}: missing or malformed field ({exc})") from None
+    return _entry(data, batch_id, what, lambda raw: CommitEntry(batch_id, int(raw["committedAtMs"])))
 
 
 def metadata_bytes(query_id: str) -> bytes:

@@ -27,6 +27,7 @@ import json
 import os
 import uuid
 from dataclasses import dataclass
+from typing import Callable, TypeVar
 
 from funke.common import ids
 from funke.common.checkpoint import (
@@ -51,6 +52,9 @@ COMMITS = "commits"
 SOURCES = "sources"
 LOCK = ".run.lock"
 DEFAULT_MIN_BATCHES_TO_RETAIN = 100  # Structured Streaming's spark.sql.streaming.minBatchesToRetain
+
+
+T = TypeVar("T")
 
 
 class CheckpointInUse(CheckpointError):
@@ -141,19 +145,19 @@ class CheckpointStore:
     def commit_ids(self) -> list[int]:
         return self._ids(self.commits_dir)
 
-    def read_offsets(self, batch_id: int) -> OffsetEntry:
-        path = os.path.join(self.offsets_dir, str(batch_id))
+    @staticmethod
+    def _read(directory: str, batch_id: int, parse: Callable[[bytes, int, str], T]) -> T:
+        path = os.path.join(directory, str(batch_id))
         data = read_file(path)
         if data is None:
             raise CheckpointError(f"{path} is missing")
-        return parse_offset_entry(data, batch_id, path)
+        return parse(data, batch_id, path)
+
+    def read_offsets(self, batch_id: int) -> OffsetEntry:
+        return self._read(self.offsets_dir, batch_id, parse_offset_entry)
 
     def read_commit(self, batch_id: int) -> CommitEntry:
-        path = os.path.join(self.commits_dir, str(batch_id))
-        data = read_file(path)
-        if data is None:
-            raise CheckpointError(f"{path} is missing")
-        return parse_commit_entry(data, batch_id, path)
+        return self._read(self.commits_dir, batch_id, parse_commit_entry)
 
     def _write_once(self, path: str, data: bytes) -> None:
         self._require_held()

@@ -370,12 +370,17 @@ class Task:
                 except Exception:  # a stopped session: the tags went with it
                     log.debug("%s: removing tag %s failed", self.name, self.tag, exc_info=True)
 
-    def _run(self) -> tuple[ProducedPartition, ...]:
+    def _start_chain(self) -> _Chain:
+        """INITIALIZING while the chain's functions are unpickled, then RUNNING."""
         self._check_cancelled()
         self._report(ExecutionState.INITIALIZING, None, ())
         chain = _Chain.of(self.deployment.vertex)
         self._check_cancelled()
         self._report(ExecutionState.RUNNING, None, ())
+        return chain
+
+    def _run(self) -> tuple[ProducedPartition, ...]:
+        chain = self._start_chain()
         gates = self._await_inputs()
         return self._run_chain(chain, self._runtime_context(), gates)
 
@@ -524,11 +529,7 @@ class StreamTask(Task):
             return self._batches.popleft()
 
     def _run(self) -> tuple[ProducedPartition, ...]:
-        self._check_cancelled()
-        self._report(ExecutionState.INITIALIZING, None, ())
-        chain = _Chain.of(self.deployment.vertex)
-        self._check_cancelled()
-        self._report(ExecutionState.RUNNING, None, ())
+        chain = self._start_chain()
         while (item := self._next_batch()) is not None:
             batch, gates = item
             log.debug("%s: batch %d", self.name, batch.batch_id)
