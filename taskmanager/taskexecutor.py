@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import contextlib
 import gc
 import itertools
 import logging
@@ -76,6 +77,8 @@ _BACKOFF_MAX_S = 2.0
 # With high availability a new leader is usually elected within a second: look for it often.
 _HA_BACKOFF_MAX_S = 0.5
 _RPC_TIMEOUT_S = 10.0
+# How long a JobManager call naming a registration not known yet waits for it (see _registration_known).
+_REGISTRATION_OVERTAKEN_S = 2.0
 # Shutdown: how long cancelled tasks get to end, and how long we try to tell the JobManager.
 _TASK_CANCEL_GRACE_S = 5.0
 _REPORT_FLUSH_S = 2.0
@@ -264,6 +267,8 @@ class TaskExecutor:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop_requested = asyncio.Event()
         self._stopping = False
+        # Set while registered; cleared from losing the JobManager until registered again.
+        self._registered = asyncio.Event()
 
         self.core = TaskExecutorState(self.id, config.number_of_slots, spark=config.use_spark,
                                       data_dir=config.data_dir or "")
@@ -620,6 +625,7 @@ class TaskExecutor:
                 self._jobmanager_data_dir = self.registration.data_dir
             self._handle(core.JobManagerRegistered(self.registration.registration_id, self.data_dir,
                                                    self._stimulus("registered")))
+            self._registered.set()
             for service in _HEALTH_SERVICES:
                 await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
             if not self._registered_once:
@@ -627,6 +633,7 @@ class TaskExecutor:
                 if self._on_registered is not None:
                     self._on_registered(self)
             reason = await self._heartbeat(self.registration)
+            self._registered.clear()
             self.registration = None
             for service in _HEALTH_SERVICES:
                 await self._health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
@@ -761,7 +768,19 @@ class TaskExecutor:
         return codec.deployment_from_proto(m, self.id, vertex,
                                            self.data_dir if self.config.data_dir or not m.data_dir else None)
 
+    async def _registration_known(self, registration_id: str) -> None:
+        """The JobManager deploys into a registration's slots the moment it makes it, so its
+        first calls can overtake its answer to our registration. A call naming a registration
+        this TaskManager does not know yet, made while it is not registered, waits (at most an
+        RPC timeout) for the registration in progress before the core judges it: otherwise
+        it would be refused as stale, and the job would fail for nothing."""
+        if not registration_id or self._registered.is_set() or registration_id == self.core.registration_id:
+            return
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._registered.wait(), _REGISTRATION_OVERTAKEN_S)
+
     async def submit_tasks(self, request: cluster_pb2.SubmitTasksRequest) -> cluster_pb2.SubmitTasksResponse:
+        await self._registration_known(request.registration_id)
         results = []
         for i, m in enumerate(request.tasks):
             if i and i % _DEPLOYS_PER_TURN == 0:
@@ -782,6 +801,7 @@ class TaskExecutor:
         return cluster_pb2.SubmitTasksResponse(results=results)
 
     async def cancel_tasks(self, request: cluster_pb2.CancelTasksRequest) -> None:
+        await self._registration_known(request.registration_id)
         stimulus = request.stimulus_id or self._stimulus("cancel")
         for i, a in enumerate(request.attempts):
             if i and i % _CANCELS_PER_TURN == 0:
@@ -791,6 +811,7 @@ class TaskExecutor:
     async def update_partition_info(self, request: cluster_pb2.UpdatePartitionInfoRequest) -> None:
         # Recorded once for every local task reading these partitions; the gates they complete
         # hand their tasks the inputs (or finish no-op tasks) within the same event.
+        await self._registration_known(request.registration_id)
         updates = [codec.partition_update_from_proto(u) for u in request.updates]
         for start in range(0, len(updates), _UPDATES_PER_TURN):
             if start:
@@ -799,11 +820,13 @@ class TaskExecutor:
                                                   request.registration_id, self._stimulus("partitions")))
 
     async def free_slots(self, request: cluster_pb2.FreeSlotsRequest) -> None:
+        await self._registration_known(request.registration_id)
         self._handle(core.FreeSlots(request.job_id, tuple(request.slot_indexes), request.cause,
                                     request.registration_id, self._stimulus("free-slots")))
 
     async def release_partitions(self, request: cluster_pb2.ReleasePartitionsRequest) -> None:
         """Answers once the partitions are deleted."""
+        await self._registration_known(request.registration_id)
         refs = tuple(PartitionRef(p.data_set_id, p.partition_index, p.producer_attempt) for p in request.partitions)
         self._deletions = []
         self._handle(core.ReleasePartitions(request.job_id, refs, request.whole_job,

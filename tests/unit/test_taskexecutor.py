@@ -54,6 +54,11 @@ class FakeJobManager:
         self.update_calls = 0
         self.streams_opened = 0
         self._known: dict[str, str] = {}  # TaskManager id -> its current registration id
+        # (request, registration id) -> deployments to send before answering a registration, as a
+        # real JobManager may: its SubmitTasks then overtakes the answer
+        self.deploy_on_register: Callable[[cluster_pb2.RegisterTaskManagerRequest, str],
+                                          list[cluster_pb2.TaskDeploymentDescriptor]] | None = None
+        self.early_results: list[cluster_pb2.TaskSubmissionResult] = []
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="fake-jobmanager", daemon=True)
         self._thread.start()
@@ -163,6 +168,18 @@ class _ResourceManager(cluster_pb2_grpc.ResourceManagerServicer):
 
     async def RegisterTaskManager(self, request, context):
         registration_id = self.jm._register(request)
+        deploy = self.jm.deploy_on_register
+        if deploy is not None and (tasks := deploy(request, registration_id)):
+            async def overtake() -> None:
+                async with grpc.aio.insecure_channel(request.address) as channel:
+                    response = await cluster_pb2_grpc.TaskExecutorStub(channel).SubmitTasks(
+                        cluster_pb2.SubmitTasksRequest(tasks=tasks, registration_id=registration_id), timeout=WAIT_S)
+                with self.jm._cond:
+                    self.jm.early_results.extend(response.results)
+                    self.jm._cond.notify_all()
+
+            asyncio.get_running_loop().create_task(overtake())
+            await asyncio.sleep(0.5)  # the deployment reaches the TaskManager first
         return cluster_pb2.RegisterTaskManagerResponse(
             registration_id=registration_id, heartbeat_interval_seconds=HEARTBEAT_INTERVAL_S,
             heartbeat_timeout_seconds=5.0, data_dir=self.jm.data_dir)
@@ -614,3 +631,22 @@ def test_calls_for_another_registration_are_refused(tm: TaskManagerProcess, jm: 
     response = tm.executor.SubmitTasks(cluster_pb2.SubmitTasksRequest(tasks=[fresh], registration_id=current),
                                        timeout=WAIT_S)
     assert response.results[0].accepted, response.results[0].error
+
+
+def test_a_deployment_that_overtakes_the_answer_to_the_registration_is_accepted(
+        own_tm: TaskManagerProcess, jm: FakeJobManager) -> None:
+    """A JobManager deploys into a registration's slots as soon as it makes it; its SubmitTasks
+    can reach the TaskManager before the answer to RegisterTaskManager does. The TaskManager waits
+    for the registration in progress instead of refusing the deployment as stale (found by CI: a
+    job recovered by a new leader failed that way)."""
+    job_id = f"job-{uuid.uuid4().hex[:8]}"
+    task = producer(job_id, 0, slot=0, parallelism=1)
+    jm.deploy_on_register = lambda request, _: [task] if request.task_manager_id == own_tm.id else []
+    try:
+        jm.forget(own_tm.id)  # its next heartbeat is told to register again
+        jm.wait_for("the deployment sent ahead of the registration's answer", lambda: jm.early_results)
+    finally:
+        jm.deploy_on_register = None
+    (result,) = jm.early_results
+    assert result.accepted, result.error
+    assert jm.wait_for_state(job_id, task.attempt, "FINISHED") == ["INITIALIZING", "RUNNING", "FINISHED"]
