@@ -110,6 +110,9 @@ class TaskDeployment:
     job_options: Mapping[str, str] = field(default_factory=lambda: NO_OPTIONS)
     artifacts: tuple[Artifact, ...] = ()
     stimulus_id: str = ""  # the JobManager event that decided the deployment
+    # A streaming query's task: long-lived, it runs the micro-batches it is given (its inputs
+    # are named per batch, not awaited at deployment)
+    streaming: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +137,7 @@ class TaskReport:
     produced: tuple[ProducedPartition, ...] = ()
     task_manager_id: str = ""
     stimulus_id: str = ""  # the TaskManager event that caused it
+    batch_id: int | None = None  # a streaming task finished this micro-batch (it stays RUNNING)
 
 
 @dataclass(frozen=True, slots=True)

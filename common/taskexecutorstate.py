@@ -8,16 +8,21 @@ contract (`deployment.py`), never on protobuf.
 
 Events (what happened):  SubmitTask, CancelTask, PartitionsAvailable, FreeSlots, ReleasePartitions,
                          TaskReported and TaskThreadExited (from a task's thread), TimerFired,
-                         JobManagerRegistered, JobManagerLost, ReportsDelivered, ShutdownRequested
+                         JobManagerRegistered, JobManagerLost, ReportsDelivered, ShutdownRequested;
+                         for streaming tasks RunBatch, FinishTasks, BatchReported
 Instructions (do this):  TaskAccepted / TaskRejected (the answer to SubmitTasks), StartTask (run a
                          Spark task in a thread), InputsReady (hand it what to read),
                          InterruptTask, SendReport, DeletePartitions, StartTimer, DropJob,
-                         RegisterAgain
+                         RegisterAgain; for streaming tasks GiveBatch, BatchRejected, FinishTask
 
 Every task's state goes through the ExecutionState table of `states.py`, starting at DEPLOYING
 when the deployment is accepted; a stop the JobManager asked for moves it to CANCELING, and what
 the task then reports is resolved by `TASK_REPORT_RESOLUTION` (cancel wins). Each transition
 records the stimulus id of the event that caused it, and reports carry it to the JobManager.
+
+A streaming query's task (`TaskDeployment.streaming`) is long-lived: it waits for no input at
+deployment; the JobManager names what each micro-batch reads (RunBatch), the task reports each
+batch done while it stays RUNNING (a report with `batch_id`), and FinishTasks ends it FINISHED.
 
 A chain made only of no-op kinds needs neither Spark nor a thread: the core runs it itself
 (INITIALIZING, RUNNING, then FINISHED as soon as its inputs are complete).
@@ -41,6 +46,7 @@ from funke.common.deployment import PartitionRef, PartitionUpdate, ProducedParti
 from funke.common.executiongraph import ExecutionAttemptId, FailureInfo
 from funke.common.inputgates import GateSnapshot, InputGate, PartitionAvailability
 from funke.common.operators import NOOP_KINDS
+from funke.common.streamsources import BatchInput
 from funke.common.states import (
     DEPLOYED_EXECUTION_STATES,
     EXECUTION_STATE_TRANSITIONS,
@@ -128,6 +134,54 @@ class TaskReported:
 
 
 @dataclass(frozen=True, slots=True)
+class BatchGate:
+    """What a streaming task reads of one input in a micro-batch: per partition of the gate's
+    range, the producer attempt whose batch partition to read, and the data's schema."""
+
+    input_index: int
+    attempts: tuple[int, ...]
+    schema: str
+
+
+@dataclass(frozen=True, slots=True)
+class BatchTask:
+    attempt: ExecutionAttemptId
+    gates: tuple[BatchGate, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RunBatch:
+    """The JobManager: run micro-batch `batch` on these streaming tasks of a job."""
+
+    job_id: str
+    batch: BatchInput
+    tasks: tuple[BatchTask, ...]
+    registration_id: str
+    stimulus_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class FinishTasks:
+    """The JobManager: these streaming tasks end FINISHED once their batches given are done
+    (a graceful stop of the query)."""
+
+    job_id: str
+    attempts: tuple[ExecutionAttemptId, ...]
+    registration_id: str
+    stimulus_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class BatchReported:
+    """A streaming task's thread finished a micro-batch (with what it wrote)."""
+
+    key: TaskKey
+    batch_id: int
+    produced: tuple[ProducedPartition, ...] = ()
+    stimulus_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class TaskThreadExited:
     key: TaskKey
     error: FailureInfo | None = None  # the thread raised past the task's own reporting (a bug)
@@ -174,7 +228,7 @@ class ShutdownRequested:
 
 Event = (SubmitTask | CancelTask | PartitionsAvailable | FreeSlots | ReleasePartitions | TaskReported
          | TaskThreadExited | TimerFired | JobManagerRegistered | JobManagerLost | ReportsDelivered
-         | ShutdownRequested)
+         | ShutdownRequested | RunBatch | FinishTasks | BatchReported)
 
 
 # ---------------------------------------------------------------------------------- instructions
@@ -205,6 +259,30 @@ class InputsReady:
 
     key: TaskKey
     gates: tuple[GateSnapshot, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GiveBatch:
+    """Hand a streaming task its next micro-batch, with what to read of each input."""
+
+    key: TaskKey
+    batch: BatchInput
+    gates: tuple[GateSnapshot, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class BatchRejected:
+    """The answer to RunBatch for a task that cannot run it."""
+
+    key: TaskKey
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class FinishTask:
+    """End a streaming task once its batches given are done."""
+
+    key: TaskKey
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,7 +332,7 @@ class RegisterAgain:
 
 
 Instruction = (TaskAccepted | TaskRejected | StartTask | InputsReady | InterruptTask | SendReport
-               | DeletePartitions | StartTimer | DropJob | RegisterAgain)
+               | DeletePartitions | StartTimer | DropJob | RegisterAgain | GiveBatch | BatchRejected | FinishTask)
 
 
 # ---------------------------------------------------------------------------------- the core
@@ -393,7 +471,9 @@ class TaskExecutorState:
                 assert task.pending_inputs == waiting, f"{key}: {task.pending_inputs} pending, {waiting} gates wait"
                 if task.stop is not StopRequest.NONE:
                     assert task.state is E.CANCELING, f"{key} was asked to stop but is {task.state.value}"
-                if task.noop:  # the core runs it: alive only while it waits for inputs
+                if task.noop and task.deployment.streaming:  # the core runs its batches until told to finish
+                    assert task.state is E.RUNNING, f"streaming no-op {key} is {task.state.value}"
+                elif task.noop:  # the core runs it: alive only while it waits for inputs
                     assert task.state is E.RUNNING and task.pending_inputs > 0, (
                         f"no-op {key} is {task.state.value} with {task.pending_inputs} inputs pending")
                 if task.inputs_given:
@@ -422,7 +502,8 @@ class TaskExecutorState:
         task = _Task(key, d, StateMachine(f"task {d.task_name or key.attempt} of job {d.job_id}",
                                           EXECUTION_STATE_TRANSITIONS, E.DEPLOYING, self._now), noop)
         try:
-            for gate in sorted(d.inputs, key=lambda g: g.input_index):
+            # A streaming task's inputs are named batch by batch (RunBatch), not awaited now.
+            for gate in sorted(d.inputs, key=lambda g: g.input_index) if not d.streaming else ():
                 opened, waits = self.partitions.open_gate(d.job_id, gate, lambda t=task: self._gate_complete(t))
                 task.gates.append(opened)
                 task.pending_inputs += waits
@@ -442,11 +523,11 @@ class TaskExecutorState:
         if noop:
             self._report(task, E.INITIALIZING)
             self._report(task, E.RUNNING)
-            if task.pending_inputs == 0:
+            if task.pending_inputs == 0 and not d.streaming:
                 self._finish_noop(task)
         else:
             self._out.append(StartTask(key, d))
-            if task.pending_inputs == 0:
+            if task.pending_inputs == 0 and not d.streaming:
                 self._give_inputs(task)
 
     def _id_problem(self, value: str, what: str, max_length: int = ids.MAX_PATH_ID_LENGTH) -> str | None:
@@ -625,6 +706,67 @@ class TaskExecutorState:
 
     # ------------------------------------------------------------------ what tasks tell
 
+    # ------------------------------------------------------------------ micro-batches
+
+    def _on_run_batch(self, e: RunBatch) -> None:
+        current = self._current(e.registration_id)
+        for t in e.tasks:
+            key = TaskKey(e.job_id, t.attempt)
+            task = self.tasks.get(key)
+            reason = self._why_no_batch(task, key, current)
+            gates: list[GateSnapshot] = []
+            if reason is None:
+                assert task is not None
+                given = {g.input_index: g for g in t.gates}
+                for g in sorted(task.deployment.inputs, key=lambda g: g.input_index):
+                    b = given.get(g.input_index)
+                    if b is None or len(b.attempts) != len(g.partitions):
+                        reason = (f"batch {e.batch.batch_id} names no producer attempts for input {g.input_index} "
+                                  f"({len(g.partitions)} partition(s))")
+                        break
+                    gates.append(GateSnapshot(g.input_index, g.data_set_id, g.partitions, g.subpartition,
+                                              b.attempts, b.schema))
+            if reason is not None:
+                self._out.append(BatchRejected(key, reason))
+            elif task.noop:
+                self._batch_done(task, e.batch.batch_id, tuple(
+                    ProducedPartition(o.data_set_id, o.partition_index, "") for o in task.deployment.outputs))
+            else:
+                self._out.append(GiveBatch(key, e.batch, tuple(gates)))
+
+    def _why_no_batch(self, task: _Task | None, key: TaskKey, current: bool) -> str | None:
+        if not current:
+            return f"TaskManager {self.task_manager_id} lost the JobManager since the batch was sent"
+        if task is None:
+            return f"task {key} is not deployed on TaskManager {self.task_manager_id}"
+        if not task.deployment.streaming:
+            return f"task {key} is not a streaming task: it runs no micro-batches"
+        if task.terminal or task.stop is not StopRequest.NONE:
+            return f"task {key} is {task.state.value}{' and stopping' if task.stop is not StopRequest.NONE else ''}"
+        return None
+
+    def _on_finish_tasks(self, e: FinishTasks) -> None:
+        if not self._current(e.registration_id):
+            return
+        for attempt in e.attempts:
+            task = self.tasks.get(TaskKey(e.job_id, attempt))
+            if task is None or task.terminal or not task.deployment.streaming or task.stop is not StopRequest.NONE:
+                continue
+            if task.noop:
+                self._report(task, E.FINISHED)
+            else:
+                self._out.append(FinishTask(task.key))
+
+    def _on_batch_reported(self, e: BatchReported) -> None:
+        task = self.tasks.get(e.key)
+        if task is not None and not task.terminal and task.stop is StopRequest.NONE:
+            self._batch_done(task, e.batch_id, e.produced)
+
+    def _batch_done(self, task: _Task, batch_id: int, produced: tuple[ProducedPartition, ...]) -> None:
+        """A micro-batch done: reported with the task's state (RUNNING), the batch and its output."""
+        self._out.append(SendReport(TaskReport(task.key.job_id, task.key.attempt, task.state, None, produced,
+                                               self.task_manager_id, self._stimulus, batch_id), self.generation))
+
     def _on_task_reported(self, e: TaskReported) -> None:
         task = self.tasks.get(e.key)
         if task is None or task.terminal:
@@ -760,6 +902,9 @@ class TaskExecutorState:
 
 _HANDLERS = {
     SubmitTask: TaskExecutorState._on_submit,
+    RunBatch: TaskExecutorState._on_run_batch,
+    FinishTasks: TaskExecutorState._on_finish_tasks,
+    BatchReported: TaskExecutorState._on_batch_reported,
     CancelTask: TaskExecutorState._on_cancel,
     PartitionsAvailable: TaskExecutorState._on_partitions_available,
     FreeSlots: TaskExecutorState._on_free_slots,

@@ -60,7 +60,7 @@ from funke.common.states import ExecutionState
 from funke.common.taskexecutorstate import TaskExecutorState, TaskKey
 from funke.deploy.haservices import ha_services
 from funke.deploy.rpc import MESSAGE_SIZE_OPTIONS, add_service
-from funke.taskmanager.task import Task
+from funke.taskmanager.task import StreamTask, Task
 from funke.v1 import cluster_pb2, cluster_pb2_grpc
 
 if TYPE_CHECKING:
@@ -332,7 +332,13 @@ class TaskExecutor:
             # Called on the task's thread: hand over to the loop, never touch state here.
             self._to_loop(self._task_reported, key, state, failure, produced)
 
-        task = Task(i.deployment, self.spark, report)
+        if i.deployment.streaming:
+            def batch_done(batch_id: int, produced: tuple[ProducedPartition, ...]) -> None:
+                self._to_loop(self._batch_reported, key, batch_id, produced)
+
+            task: Task = StreamTask(i.deployment, self.spark, report, batch_done)
+        else:
+            task = Task(i.deployment, self.spark, report)
         thread = threading.Thread(target=self._run_task, args=(key, task), daemon=True,
                                   name=f"task {i.deployment.task_name or key.attempt}")
         self._tasks[key] = task
@@ -350,6 +356,16 @@ class TaskExecutor:
         task = self._tasks.get(i.key)
         if task is not None:
             task.give_inputs(i.gates)
+
+    def _give_batch(self, i: core.GiveBatch) -> None:
+        task = self._tasks.get(i.key)
+        if isinstance(task, StreamTask):
+            task.give_batch(i.batch, i.gates)
+
+    def _finish_task(self, i: core.FinishTask) -> None:
+        task = self._tasks.get(i.key)
+        if isinstance(task, StreamTask):
+            task.finish()
 
     def _interrupt(self, i: core.InterruptTask) -> None:
         task = self._tasks.get(i.key)
@@ -849,6 +865,9 @@ class TaskExecutor:
                        produced: tuple[ProducedPartition, ...]) -> None:
         self._handle(core.TaskReported(key, state, failure, produced, self._stimulus("report")))
 
+    def _batch_reported(self, key: TaskKey, batch_id: int, produced: tuple[ProducedPartition, ...]) -> None:
+        self._handle(core.BatchReported(key, batch_id, produced, self._stimulus("batch")))
+
     def _thread_exited(self, key: TaskKey, error: FailureInfo | None) -> None:
         self._tasks.pop(key, None)
         self._threads_running -= 1
@@ -966,6 +985,9 @@ _INSTRUCTIONS: dict[type, Callable[[TaskExecutor, Any], None]] = {
     core.StartTimer: TaskExecutor._start_timer,
     core.DropJob: TaskExecutor._drop_job,
     core.RegisterAgain: TaskExecutor._register_again,
+    core.GiveBatch: TaskExecutor._give_batch,
+    core.BatchRejected: TaskExecutor._answer,
+    core.FinishTask: TaskExecutor._finish_task,
 }
 
 

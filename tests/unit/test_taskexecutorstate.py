@@ -14,12 +14,14 @@ from funke.common.deployment import (
     InputGateDeployment,
     PartitionRef,
     PartitionUpdate,
+    ProducedPartition,
     ResultPartitionSpec,
     TaskDeployment,
 )
 from funke.common.executiongraph import ExecutionAttemptId, FailureInfo, SlotId
 from funke.common.jobgraph import JobVertex, OperatorSpec, PartitionerKind, ResultPartitionType
 from funke.common.states import ExecutionState
+from funke.common.streamsources import BatchInput
 from funke.common.taskexecutorstate import TaskExecutorState, TaskKey
 
 E = ExecutionState
@@ -436,3 +438,72 @@ def test_calls_for_a_registration_that_is_over_change_nothing():
     assert c.state.slot_report()[0].running == (d.attempt,)
     # a JobManager that names no registration is taken to mean the current one
     assert reports(c(core.PartitionsAvailable(JOB, (PartitionUpdate("ds", 0, 0, SCHEMA),), "")), d) == [E.FINISHED]
+
+
+# ---------------------------------------------------------------------------------- micro-batches
+
+
+def streaming(d: TaskDeployment) -> TaskDeployment:
+    return replace(d, streaming=True)
+
+
+def batch_reports(instructions: list) -> list[tuple[int, E, tuple]]:
+    return [(i.report.batch_id, i.report.state, i.report.produced) for i in instructions
+            if isinstance(i, core.SendReport) and i.report.batch_id is not None]
+
+
+def test_a_streaming_task_waits_for_no_input_and_runs_each_batch_with_the_attempts_it_names():
+    c = Core()
+    d = streaming(deployment(ops=SPARK_SINK, inputs=[gate(range(0, 2))]))
+    out = c.submit(d)
+    assert of(out, core.StartTask) and not of(out, core.InputsReady)  # inputs come per batch
+    batch = BatchInput(4, 1000)
+    out = c(core.RunBatch(JOB, batch, (core.BatchTask(d.attempt, (core.BatchGate(0, (0, 2), SCHEMA),)),), c.registration))
+    (given,) = of(out, core.GiveBatch)
+    assert given.batch == batch and given.gates[0].attempts == (0, 2) and given.gates[0].partitions == range(0, 2)
+    c.report(d, E.INITIALIZING)
+    c.report(d, E.RUNNING)
+    produced = (ProducedPartition("out", 0, SCHEMA, 3),)
+    out = c(core.BatchReported(key(d), 4, produced))
+    assert batch_reports(out) == [(4, E.RUNNING, produced)]
+    out = c(core.FinishTasks(JOB, (d.attempt,), c.registration))
+    assert of(out, core.FinishTask) == [core.FinishTask(key(d))]
+    c.report(d, E.FINISHED)
+    assert reports(c.instructions, d)[-1] is E.FINISHED
+
+
+def test_a_batch_for_a_task_that_cannot_run_it_is_rejected_with_the_reason():
+    c = Core()
+    bounded = deployment("bounded", ops=SPARK_SINK)
+    stream = streaming(deployment("stream", ops=SPARK_SINK, inputs=[gate(range(0, 2))], slot=1))
+    c.submit(bounded)
+    c.submit(stream)
+    batch = BatchInput(0, 0)
+    out = c(core.RunBatch(JOB, batch, (
+        core.BatchTask(bounded.attempt),
+        core.BatchTask(stream.attempt, (core.BatchGate(0, (0,), SCHEMA),)),  # one attempt for two partitions
+        core.BatchTask(ExecutionAttemptId("ghost", 0, 0)),
+    ), c.registration))
+    reasons = {r.key.attempt.vertex_id: r.reason for r in of(out, core.BatchRejected)}
+    assert "not a streaming task" in reasons["bounded"]
+    assert "no producer attempts for input 0 (2 partition(s))" in reasons["stream"]
+    assert "not deployed" in reasons["ghost"] and not of(out, core.GiveBatch)
+    stale = c(core.RunBatch(JOB, batch, (core.BatchTask(stream.attempt, (core.BatchGate(0, (0, 0), SCHEMA),)),),
+                            "reg-old"))
+    assert "lost the JobManager" in of(stale, core.BatchRejected)[0].reason
+    c.cancel(stream)
+    out = c(core.RunBatch(JOB, batch, (core.BatchTask(stream.attempt, (core.BatchGate(0, (0, 0), SCHEMA),)),),
+                          c.registration))
+    assert "stopping" in of(out, core.BatchRejected)[0].reason
+    assert not batch_reports(c(core.BatchReported(key(stream), 0)))  # a cancelled task's batch is not reported
+
+
+def test_a_noop_streaming_task_runs_its_batches_in_the_core_and_finishes_when_told():
+    c = Core(spark=False)
+    d = streaming(deployment(ops=NOOP_SOURCE, outputs=[output()]))
+    out = c.submit(d)
+    assert reports(out, d) == [E.INITIALIZING, E.RUNNING]  # and no FINISHED: it waits for batches
+    out = c(core.RunBatch(JOB, BatchInput(0, 0), (core.BatchTask(d.attempt),), c.registration))
+    assert batch_reports(out) == [(0, E.RUNNING, (ProducedPartition("out", 0, ""),))]
+    out = c(core.FinishTasks(JOB, (d.attempt,), c.registration))
+    assert reports(out, d) == [E.FINISHED]
