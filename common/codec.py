@@ -76,6 +76,8 @@ from funke.common.jobgraph import (
 from funke.common.ids import echo
 from funke.common.scheduler import ExecutionStateChanged, JobStatusChanged, Scheduler
 from funke.common.states import ExecutionState, JobStatus, Transition
+from funke.common.checkpoint import SourceRange
+from funke.common.streamsources import BatchInput
 from funke.v1 import cluster_pb2 as cluster_pb
 from funke.v1 import job_pb2 as job_pb
 from funke.v1 import jobgraph_pb2 as pb
@@ -674,7 +676,7 @@ class DeploymentEncoder:
         msg = cluster_pb.TaskDeploymentDescriptor(
             job_id=d.job_id, job_name=d.job_name, attempt=attempt_to_proto(d.attempt), task_name=d.task_name,
             parallelism=d.parallelism, slot_index=d.slot.slot_index, vertex=vertex, data_dir=d.data_dir or self.data_dir,
-            artifacts=self.artifacts, stimulus_id=d.stimulus_id,
+            artifacts=self.artifacts, stimulus_id=d.stimulus_id, streaming=d.streaming,
         )
         msg.job_options.update(self.options)
         for gate in d.inputs:
@@ -714,6 +716,7 @@ def deployment_from_proto(m: cluster_pb.TaskDeploymentDescriptor, task_manager_i
         job_options=dict(m.job_options) if m.job_options else NO_OPTIONS,
         artifacts=tuple(_artifact_from_proto(a) for a in m.artifacts) if m.artifacts else (),
         stimulus_id=m.stimulus_id,
+        streaming=m.streaming,
     )
 
 
@@ -729,6 +732,8 @@ def report_to_proto(r: TaskReport) -> cluster_pb.TaskExecutionState:
         stimulus_id=r.stimulus_id)
     if r.failure is not None:
         msg.failure.CopyFrom(failure_to_proto(r.failure))
+    if r.batch_id is not None:
+        msg.batch_id = r.batch_id
     return msg
 
 
@@ -739,7 +744,40 @@ def report_from_proto(m: cluster_pb.TaskExecutionState) -> TaskReport:
         failure=failure_from_proto(m.failure) if m.HasField("failure") else None,
         produced=tuple(ProducedPartition(p.data_set_id, p.partition_index, p.schema, p.row_count)
                        for p in m.produced),
-        task_manager_id=m.task_manager_id, stimulus_id=m.stimulus_id)
+        task_manager_id=m.task_manager_id, stimulus_id=m.stimulus_id,
+        batch_id=m.batch_id if m.HasField("batch_id") else None)
+
+
+# ---------------------------------------------------------------------------- micro-batches
+
+
+def run_batch_to_proto(job_id: str, registration_id: str, batch: BatchInput,
+                       tasks: Sequence[tuple[ExecutionAttemptId, Sequence[tuple[int, Sequence[int], str]]]]
+                       ) -> cluster_pb.RunBatchesRequest:
+    """A RunBatches request: the batch, and per task, per input (index, producer attempts, schema)."""
+    msg = cluster_pb.RunBatchesRequest(
+        job_id=job_id, registration_id=registration_id, batch_id=batch.batch_id, batch_time_ms=batch.batch_time_ms,
+        ranges_json=json.dumps({v: {"start": r.start, "end": r.end, "rows": r.rows} for v, r in batch.ranges.items()},
+                               sort_keys=True))
+    for vertex, names in batch.files.items():
+        msg.files[vertex].names.extend(names)
+    for attempt, gates in tasks:
+        t = msg.tasks.add(attempt=attempt_to_proto(attempt))
+        for index, attempts, schema in gates:
+            t.gates.add(input_index=index, producer_attempts=list(attempts), schema=schema)
+    return msg
+
+
+def batch_from_proto(m: cluster_pb.RunBatchesRequest) -> BatchInput:
+    """The batch a RunBatches request names; ValueError if it does not decode."""
+    if m.batch_id < 0 or m.batch_time_ms < 0:
+        raise ValueError(f"batch id and time must not be negative, got {m.batch_id} and {m.batch_time_ms}")
+    try:
+        raw = json.loads(m.ranges_json or "{}")
+        ranges = {str(v): SourceRange(r["start"], r["end"], int(r.get("rows", 0))) for v, r in dict(raw).items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"the batch's ranges do not decode: {exc}") from None
+    return BatchInput(m.batch_id, m.batch_time_ms, ranges, {v: tuple(f.names) for v, f in m.files.items()})
 
 
 def partition_update_to_proto(u: PartitionUpdate) -> cluster_pb.PartitionInfoUpdate:

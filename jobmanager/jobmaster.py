@@ -119,6 +119,11 @@ class JobMaster:
         except ValueError as exc:
             log.warning("job %s: ignoring a task report that does not decode: %s", self.job_id, exc)
             return
+        if report.batch_id is not None:
+            # A micro-batch done: the JobMaster does not run streaming queries yet (the
+            # Dispatcher refuses them), so no task of its jobs runs batches.
+            log.debug("job %s: ignoring a report of micro-batch %d", self.job_id, report.batch_id)
+            return
         schemas = {(p.data_set_id, p.partition_index): p.schema for p in report.produced}
         stimulus = report.stimulus_id or f"{report.task_manager_id or 'tm'}:report"
         self._decide(lambda now: self.scheduler.on_task_state(

@@ -816,6 +816,29 @@ class TaskExecutor:
                                                             error=error or ""))
         return cluster_pb2.SubmitTasksResponse(results=results)
 
+    async def run_batches(self, request: cluster_pb2.RunBatchesRequest) -> cluster_pb2.RunBatchesResponse:
+        """A micro-batch for some of a job's streaming tasks; each is told whether its task has it."""
+        await self._registration_known(request.registration_id)
+        try:
+            batch = codec.batch_from_proto(request)
+            tasks = tuple(core.BatchTask(codec.attempt_from_proto(t.attempt), tuple(
+                core.BatchGate(g.input_index, tuple(g.producer_attempts), g.schema) for g in t.gates))
+                for t in request.tasks)
+        except ValueError as exc:
+            return cluster_pb2.RunBatchesResponse(results=[cluster_pb2.TaskSubmissionResult(
+                attempt=t.attempt, accepted=False, error=f"the batch does not decode: {exc}") for t in request.tasks])
+        answers = self._handle(core.RunBatch(request.job_id, batch, tasks, request.registration_id,
+                                             self._stimulus(f"batch-{batch.batch_id}")))
+        refused = {a.key.attempt: a.reason for a in answers if isinstance(a, core.BatchRejected)}
+        return cluster_pb2.RunBatchesResponse(results=[cluster_pb2.TaskSubmissionResult(
+            attempt=codec.attempt_to_proto(t.attempt), accepted=t.attempt not in refused,
+            error=refused.get(t.attempt, "")) for t in tasks])
+
+    async def finish_tasks(self, request: cluster_pb2.FinishTasksRequest) -> None:
+        await self._registration_known(request.registration_id)
+        self._handle(core.FinishTasks(request.job_id, tuple(codec.attempt_from_proto(a) for a in request.attempts),
+                                      request.registration_id, self._stimulus("finish")))
+
     async def cancel_tasks(self, request: cluster_pb2.CancelTasksRequest) -> None:
         await self._registration_known(request.registration_id)
         stimulus = request.stimulus_id or self._stimulus("cancel")
@@ -1020,3 +1043,12 @@ class _TaskExecutorServicer(cluster_pb2_grpc.TaskExecutorServicer):
                                 context: grpc.aio.ServicerContext) -> cluster_pb2.ReleasePartitionsResponse:
         await self._executor.release_partitions(request)
         return cluster_pb2.ReleasePartitionsResponse()
+
+    async def RunBatches(self, request: cluster_pb2.RunBatchesRequest,
+                         context: grpc.aio.ServicerContext) -> cluster_pb2.RunBatchesResponse:
+        return await self._executor.run_batches(request)
+
+    async def FinishTasks(self, request: cluster_pb2.FinishTasksRequest,
+                          context: grpc.aio.ServicerContext) -> cluster_pb2.FinishTasksResponse:
+        await self._executor.finish_tasks(request)
+        return cluster_pb2.FinishTasksResponse()

@@ -424,3 +424,23 @@ def test_unencodable_models_raise_wire_error(vertex: JobVertex, why: str) -> Non
     with pytest.raises(WireError, match=why) as info:
         job_graph_to_proto(JobGraph("j", (vertex,)))
     assert "vertex 'v'" in str(info.value)
+
+
+def test_a_micro_batch_survives_the_wire_and_a_broken_one_is_refused():
+    from funke.common.checkpoint import SourceRange
+    from funke.common.codec import batch_from_proto, run_batch_to_proto
+    from funke.common.executiongraph import ExecutionAttemptId
+    from funke.common.streamsources import BatchInput
+
+    batch = BatchInput(7, 123, {"rate": SourceRange({"rows": 1, "baseMs": 5}, {"rows": 9, "baseMs": 5}, 8),
+                                "files": SourceRange(None, 2)}, {"files": ("a.csv", "b.csv")})
+    msg = run_batch_to_proto("job-1", "tm#1", batch, [(ExecutionAttemptId("v", 1, 2), [(0, [3, 4], "{}")])])
+    assert batch_from_proto(msg) == batch
+    assert list(msg.tasks[0].gates[0].producer_attempts) == [3, 4] and msg.registration_id == "tm#1"
+    for breakage in ({"ranges_json": "{not json"}, {"ranges_json": '{"v": {"end": 1}}'}, {"batch_id": -1}):
+        broken = type(msg)()
+        broken.CopyFrom(msg)
+        for field, value in breakage.items():
+            setattr(broken, field, value)
+        with pytest.raises(ValueError):
+            batch_from_proto(broken)

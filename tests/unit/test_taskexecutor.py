@@ -650,3 +650,38 @@ def test_a_deployment_that_overtakes_the_answer_to_the_registration_is_accepted(
     (result,) = jm.early_results
     assert result.accepted, result.error
     assert jm.wait_for_state(job_id, task.attempt, "FINISHED") == ["INITIALIZING", "RUNNING", "FINISHED"]
+
+
+def test_a_streaming_task_runs_the_micro_batches_it_is_sent_and_finishes_when_told(
+        tm: TaskManagerProcess, jm: FakeJobManager, job: str) -> None:
+    from funke.common.codec import run_batch_to_proto
+    from funke.common.checkpoint import SourceRange
+    from funke.common.executiongraph import ExecutionAttemptId
+    from funke.common.streamsources import BatchInput
+
+    task = producer(job, 0, slot=0, parallelism=1)
+    task.streaming = True
+    bounded = consumer(job, slot=1, vertex="bounded")
+    submit_ok(tm, task, bounded)
+    assert jm.wait_for_state(job, task.attempt, "RUNNING") == ["INITIALIZING", "RUNNING"]
+    with jm._cond:
+        registration = jm._known[tm.id]
+    source = ExecutionAttemptId("source", 0, 0)
+    for batch_id in (0, 1):
+        batch = BatchInput(batch_id, 1000 * batch_id, {"source": SourceRange(batch_id * 10, batch_id * 10 + 10, 10)})
+        response = tm.executor.RunBatches(run_batch_to_proto(job, registration, batch, [(source, [])]), timeout=WAIT_S)
+        assert response.results[0].accepted, response.results[0].error
+    done = jm.wait_for("both batches reported", lambda: [
+        u for u in jm.updates if u.job_id == job and u.attempt == task.attempt and u.HasField("batch_id")]
+        if len([u for u in jm.updates if u.job_id == job and u.HasField("batch_id")]) == 2 else None)
+    assert [(u.batch_id, job_pb2.ExecutionState.Name(u.state)) for u in done] == [
+        (0, "EXECUTION_STATE_RUNNING"), (1, "EXECUTION_STATE_RUNNING")]
+    assert [p.data_set_id for p in done[0].produced] == ["ds-words"]
+    # a task that is not a streaming one runs no batch, and says why
+    other = ExecutionAttemptId("bounded", 0, 0)
+    response = tm.executor.RunBatches(run_batch_to_proto(job, registration, BatchInput(2, 0), [(other, [(0, [0], "")])]),
+                                      timeout=WAIT_S)
+    assert not response.results[0].accepted and "not a streaming task" in response.results[0].error
+    tm.executor.FinishTasks(cluster_pb2.FinishTasksRequest(job_id=job, registration_id=registration,
+                                                           attempts=[task.attempt]), timeout=WAIT_S)
+    assert jm.wait_for_state(job, task.attempt, "FINISHED")[-1] == "FINISHED"

@@ -88,7 +88,7 @@ class ProducedPartition(_message.Message):
     def __init__(self, data_set_id: _Optional[str] = ..., partition_index: _Optional[int] = ..., schema: _Optional[str] = ..., row_count: _Optional[int] = ...) -> None: ...
 
 class TaskExecutionState(_message.Message):
-    __slots__ = ("job_id", "attempt", "state", "failure", "produced", "task_manager_id", "stimulus_id")
+    __slots__ = ("job_id", "attempt", "state", "failure", "produced", "task_manager_id", "stimulus_id", "batch_id")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -96,6 +96,7 @@ class TaskExecutionState(_message.Message):
     PRODUCED_FIELD_NUMBER: _ClassVar[int]
     TASK_MANAGER_ID_FIELD_NUMBER: _ClassVar[int]
     STIMULUS_ID_FIELD_NUMBER: _ClassVar[int]
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     attempt: _job_pb2.ExecutionAttemptId
     state: _job_pb2.ExecutionState
@@ -103,7 +104,8 @@ class TaskExecutionState(_message.Message):
     produced: _containers.RepeatedCompositeFieldContainer[ProducedPartition]
     task_manager_id: str
     stimulus_id: str
-    def __init__(self, job_id: _Optional[str] = ..., attempt: _Optional[_Union[_job_pb2.ExecutionAttemptId, _Mapping]] = ..., state: _Optional[_Union[_job_pb2.ExecutionState, str]] = ..., failure: _Optional[_Union[_job_pb2.Failure, _Mapping]] = ..., produced: _Optional[_Iterable[_Union[ProducedPartition, _Mapping]]] = ..., task_manager_id: _Optional[str] = ..., stimulus_id: _Optional[str] = ...) -> None: ...
+    batch_id: int
+    def __init__(self, job_id: _Optional[str] = ..., attempt: _Optional[_Union[_job_pb2.ExecutionAttemptId, _Mapping]] = ..., state: _Optional[_Union[_job_pb2.ExecutionState, str]] = ..., failure: _Optional[_Union[_job_pb2.Failure, _Mapping]] = ..., produced: _Optional[_Iterable[_Union[ProducedPartition, _Mapping]]] = ..., task_manager_id: _Optional[str] = ..., stimulus_id: _Optional[str] = ..., batch_id: _Optional[int] = ...) -> None: ...
 
 class UpdateTaskExecutionStateRequest(_message.Message):
     __slots__ = ("updates",)
@@ -152,7 +154,7 @@ class ResultPartitionDeploymentDescriptor(_message.Message):
     def __init__(self, data_set_id: _Optional[str] = ..., partition_index: _Optional[int] = ..., num_subpartitions: _Optional[int] = ..., partitioner: _Optional[_Union[_jobgraph_pb2.Partitioner, str]] = ..., partition_keys: _Optional[_Iterable[str]] = ..., partition_type: _Optional[_Union[_jobgraph_pb2.ResultPartitionType, str]] = ...) -> None: ...
 
 class TaskDeploymentDescriptor(_message.Message):
-    __slots__ = ("job_id", "job_name", "attempt", "task_name", "parallelism", "slot_index", "vertex", "inputs", "outputs", "data_dir", "job_options", "artifacts", "stimulus_id")
+    __slots__ = ("job_id", "job_name", "attempt", "task_name", "parallelism", "slot_index", "vertex", "inputs", "outputs", "data_dir", "job_options", "artifacts", "stimulus_id", "streaming")
     class JobOptionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -173,6 +175,7 @@ class TaskDeploymentDescriptor(_message.Message):
     JOB_OPTIONS_FIELD_NUMBER: _ClassVar[int]
     ARTIFACTS_FIELD_NUMBER: _ClassVar[int]
     STIMULUS_ID_FIELD_NUMBER: _ClassVar[int]
+    STREAMING_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     job_name: str
     attempt: _job_pb2.ExecutionAttemptId
@@ -186,7 +189,8 @@ class TaskDeploymentDescriptor(_message.Message):
     job_options: _containers.ScalarMap[str, str]
     artifacts: _containers.RepeatedCompositeFieldContainer[_jobgraph_pb2.Artifact]
     stimulus_id: str
-    def __init__(self, job_id: _Optional[str] = ..., job_name: _Optional[str] = ..., attempt: _Optional[_Union[_job_pb2.ExecutionAttemptId, _Mapping]] = ..., task_name: _Optional[str] = ..., parallelism: _Optional[int] = ..., slot_index: _Optional[int] = ..., vertex: _Optional[_Union[_jobgraph_pb2.JobVertex, _Mapping]] = ..., inputs: _Optional[_Iterable[_Union[InputGateDeploymentDescriptor, _Mapping]]] = ..., outputs: _Optional[_Iterable[_Union[ResultPartitionDeploymentDescriptor, _Mapping]]] = ..., data_dir: _Optional[str] = ..., job_options: _Optional[_Mapping[str, str]] = ..., artifacts: _Optional[_Iterable[_Union[_jobgraph_pb2.Artifact, _Mapping]]] = ..., stimulus_id: _Optional[str] = ...) -> None: ...
+    streaming: bool
+    def __init__(self, job_id: _Optional[str] = ..., job_name: _Optional[str] = ..., attempt: _Optional[_Union[_job_pb2.ExecutionAttemptId, _Mapping]] = ..., task_name: _Optional[str] = ..., parallelism: _Optional[int] = ..., slot_index: _Optional[int] = ..., vertex: _Optional[_Union[_jobgraph_pb2.JobVertex, _Mapping]] = ..., inputs: _Optional[_Iterable[_Union[InputGateDeploymentDescriptor, _Mapping]]] = ..., outputs: _Optional[_Iterable[_Union[ResultPartitionDeploymentDescriptor, _Mapping]]] = ..., data_dir: _Optional[str] = ..., job_options: _Optional[_Mapping[str, str]] = ..., artifacts: _Optional[_Iterable[_Union[_jobgraph_pb2.Artifact, _Mapping]]] = ..., stimulus_id: _Optional[str] = ..., streaming: _Optional[bool] = ...) -> None: ...
 
 class SubmitTasksRequest(_message.Message):
     __slots__ = ("tasks", "registration_id")
@@ -293,5 +297,74 @@ class ReleasePartitionsRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[ResultPartitionRef, _Mapping]]] = ..., whole_job: _Optional[bool] = ..., registration_id: _Optional[str] = ...) -> None: ...
 
 class ReleasePartitionsResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class BatchGate(_message.Message):
+    __slots__ = ("input_index", "producer_attempts", "schema")
+    INPUT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    input_index: int
+    producer_attempts: _containers.RepeatedScalarFieldContainer[int]
+    schema: str
+    def __init__(self, input_index: _Optional[int] = ..., producer_attempts: _Optional[_Iterable[int]] = ..., schema: _Optional[str] = ...) -> None: ...
+
+class BatchTask(_message.Message):
+    __slots__ = ("attempt", "gates")
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    GATES_FIELD_NUMBER: _ClassVar[int]
+    attempt: _job_pb2.ExecutionAttemptId
+    gates: _containers.RepeatedCompositeFieldContainer[BatchGate]
+    def __init__(self, attempt: _Optional[_Union[_job_pb2.ExecutionAttemptId, _Mapping]] = ..., gates: _Optional[_Iterable[_Union[BatchGate, _Mapping]]] = ...) -> None: ...
+
+class SourceFiles(_message.Message):
+    __slots__ = ("names",)
+    NAMES_FIELD_NUMBER: _ClassVar[int]
+    names: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, names: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class RunBatchesRequest(_message.Message):
+    __slots__ = ("job_id", "registration_id", "batch_id", "batch_time_ms", "ranges_json", "files", "tasks")
+    class FilesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: SourceFiles
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[SourceFiles, _Mapping]] = ...) -> None: ...
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    REGISTRATION_ID_FIELD_NUMBER: _ClassVar[int]
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    BATCH_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    RANGES_JSON_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    registration_id: str
+    batch_id: int
+    batch_time_ms: int
+    ranges_json: str
+    files: _containers.MessageMap[str, SourceFiles]
+    tasks: _containers.RepeatedCompositeFieldContainer[BatchTask]
+    def __init__(self, job_id: _Optional[str] = ..., registration_id: _Optional[str] = ..., batch_id: _Optional[int] = ..., batch_time_ms: _Optional[int] = ..., ranges_json: _Optional[str] = ..., files: _Optional[_Mapping[str, SourceFiles]] = ..., tasks: _Optional[_Iterable[_Union[BatchTask, _Mapping]]] = ...) -> None: ...
+
+class RunBatchesResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[TaskSubmissionResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[TaskSubmissionResult, _Mapping]]] = ...) -> None: ...
+
+class FinishTasksRequest(_message.Message):
+    __slots__ = ("job_id", "registration_id", "attempts")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    REGISTRATION_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    registration_id: str
+    attempts: _containers.RepeatedCompositeFieldContainer[_job_pb2.ExecutionAttemptId]
+    def __init__(self, job_id: _Optional[str] = ..., registration_id: _Optional[str] = ..., attempts: _Optional[_Iterable[_Union[_job_pb2.ExecutionAttemptId, _Mapping]]] = ...) -> None: ...
+
+class FinishTasksResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

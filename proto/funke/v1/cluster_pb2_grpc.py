@@ -248,6 +248,16 @@ class TaskExecutorStub:
                 request_serializer=funke_dot_v1_dot_cluster__pb2.ReleasePartitionsRequest.SerializeToString,
                 response_deserializer=funke_dot_v1_dot_cluster__pb2.ReleasePartitionsResponse.FromString,
                 _registered_method=True)
+        self.RunBatches = channel.unary_unary(
+                '/funke.v1.TaskExecutor/RunBatches',
+                request_serializer=funke_dot_v1_dot_cluster__pb2.RunBatchesRequest.SerializeToString,
+                response_deserializer=funke_dot_v1_dot_cluster__pb2.RunBatchesResponse.FromString,
+                _registered_method=True)
+        self.FinishTasks = channel.unary_unary(
+                '/funke.v1.TaskExecutor/FinishTasks',
+                request_serializer=funke_dot_v1_dot_cluster__pb2.FinishTasksRequest.SerializeToString,
+                response_deserializer=funke_dot_v1_dot_cluster__pb2.FinishTasksResponse.FromString,
+                _registered_method=True)
 
 
 class TaskExecutorServicer:
@@ -283,6 +293,19 @@ class TaskExecutorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RunBatches(self, request, context):
+        """Streaming queries: run one micro-batch on these (long-lived) tasks; end them gracefully.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FinishTasks(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TaskExecutorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -310,6 +333,16 @@ def add_TaskExecutorServicer_to_server(servicer, server):
                     servicer.ReleasePartitions,
                     request_deserializer=funke_dot_v1_dot_cluster__pb2.ReleasePartitionsRequest.FromString,
                     response_serializer=funke_dot_v1_dot_cluster__pb2.ReleasePartitionsResponse.SerializeToString,
+            ),
+            'RunBatches': grpc.unary_unary_rpc_method_handler(
+                    servicer.RunBatches,
+                    request_deserializer=funke_dot_v1_dot_cluster__pb2.RunBatchesRequest.FromString,
+                    response_serializer=funke_dot_v1_dot_cluster__pb2.RunBatchesResponse.SerializeToString,
+            ),
+            'FinishTasks': grpc.unary_unary_rpc_method_handler(
+                    servicer.FinishTasks,
+                    request_deserializer=funke_dot_v1_dot_cluster__pb2.FinishTasksRequest.FromString,
+                    response_serializer=funke_dot_v1_dot_cluster__pb2.FinishTasksResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -447,6 +480,60 @@ class TaskExecutor:
             '/funke.v1.TaskExecutor/ReleasePartitions',
             funke_dot_v1_dot_cluster__pb2.ReleasePartitionsRequest.SerializeToString,
             funke_dot_v1_dot_cluster__pb2.ReleasePartitionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RunBatches(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/funke.v1.TaskExecutor/RunBatches',
+            funke_dot_v1_dot_cluster__pb2.RunBatchesRequest.SerializeToString,
+            funke_dot_v1_dot_cluster__pb2.RunBatchesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FinishTasks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/funke.v1.TaskExecutor/FinishTasks',
+            funke_dot_v1_dot_cluster__pb2.FinishTasksRequest.SerializeToString,
+            funke_dot_v1_dot_cluster__pb2.FinishTasksResponse.FromString,
             options,
             channel_credentials,
             insecure,
