@@ -37,8 +37,9 @@ from funke.common.executiongraph import (
 
 
 class TaskDeploymentFactory:
-    def __init__(self, graph: ExecutionGraph):
+    def __init__(self, graph: ExecutionGraph, *, streaming: bool = False):
         self.graph = graph
+        self.streaming = streaming  # a streaming query's tasks: long-lived, given micro-batches
         # id(ConsumedPartitionGroup) -> (its version, (uniform, per-partition attempts, schema))
         self._gate_cache: dict[int, tuple[int, tuple]] = {}
         # id(ConsumerVertexGroup) -> TaskManager -> how many of its consumers are deployed there
@@ -82,6 +83,7 @@ class TaskDeploymentFactory:
             inputs=tuple(inputs),
             outputs=tuple(outputs),
             stimulus_id=stimulus_id,
+            streaming=self.streaming,
         )
 
     def _gate_state(self, group: ConsumedPartitionGroup) -> tuple[ProducerAttempt | None, tuple[ProducerAttempt, ...],

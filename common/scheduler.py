@@ -66,6 +66,7 @@ from funke.common.states import (
     Transition,
     resolve_report,
 )
+from funke.common.streamingjob import is_streaming_query
 
 __all__ = [
     "Action", "CancelSlotRequest", "CancelTask", "CommitOutputs", "DeployTask", "ExceptionHistoryEntry",
@@ -274,6 +275,12 @@ class Scheduler:
         cancellation_timeout_s: float = DEFAULT_CANCELLATION_TIMEOUT_S,
     ):
         self.graph = graph
+        # A streaming query's tasks are long-lived and run micro-batches: one failure restarts
+        # them all (the query's next run recovers from its checkpoint), and their sinks commit
+        # batch by batch, not when the tasks finish.
+        self.streaming = is_streaming_query(graph.job_graph)
+        if self.streaming:
+            failover_strategy = FailoverStrategyKind.FULL
         self.plan = build_slot_sharing_plan(graph)
         self.regions = compute_pipelined_regions(graph)
         self.restart_strategy = restart_strategy
@@ -282,7 +289,7 @@ class Scheduler:
         self.cancellation_timeout_s = cancellation_timeout_s
         self.strategy = scheduling_strategy(graph.job_graph.job_type, self.regions)
         self.failures = ExecutionFailureHandler(failover_strategy, restart_strategy, self.regions)
-        self.deployments = TaskDeploymentFactory(graph)
+        self.deployments = TaskDeploymentFactory(graph, streaming=self.streaming)
         self.exception_history: list[ExceptionHistoryEntry] = []
         self.failure: FailureInfo | None = None  # why the job FAILED
 
@@ -577,6 +584,15 @@ class Scheduler:
         return self._drain()
 
     @_event
+    def on_global_failure(self, failure: FailureInfo, now: float) -> list[Action]:
+        """The job as a whole failed (Flink's handleGlobalFailure: a streaming query's batch
+        could not run or commit): every task restarts if the restart strategy allows."""
+        self._record_exception(ExceptionHistoryEntry(now, "", None, None, failure))
+        if self.status in SCHEDULING_JOB_STATUSES:
+            self._fail_globally(failure, now, self.failures.on_global_failure(now))
+        return self._drain()
+
+    @_event
     def cancel(self, now: float) -> list[Action]:
         if self.status.is_terminal or self.status is J.CANCELLING:
             return []
@@ -786,7 +802,7 @@ class Scheduler:
 
     def _finish(self, now: float) -> None:
         sinks = []
-        for ejv in self.graph.vertices.values():
+        for ejv in self.graph.vertices.values() if not self.streaming else ():
             tail = ejv.job_vertex.operators[-1] if ejv.job_vertex.operators else None
             kind = CATALOGUE.get(tail.kind) if tail else None
             if kind is not None and kind.commits_output:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import queue
 import shutil
@@ -251,6 +252,9 @@ def render_job_details(details: job_pb2.JobDetails) -> str:
                 rows.append(["", f"(was {execution_state_name(prior.state)})", str(prior.id.attempt_number), ptm, pslot])
         if rows:
             lines += _table(["SUBTASK", "STATE", "ATTEMPT", "TASKMANAGER", "SLOT"], rows, prefix="    ")
+    if details.latest_progress_json:
+        lines.append("latest micro-batch:")
+        lines += render_progress_line(json.loads(details.latest_progress_json), prefix="  ")
     if details.HasField("failure"):
         lines.append("failure:")
         lines += render_failure(details.failure)
@@ -328,7 +332,57 @@ def render_event(event: jobmanager_pb2.JobEvent) -> list[str]:
     if kind == "waiting_for_resources":
         message = event.waiting_for_resources
         return [f"waiting for resources: {message}" if message else "no longer waiting for resources"]
+    if kind == "streaming":
+        e = event.streaming
+        info = json.loads(e.info_json or "{}")
+        when = format_time(e.at, with_date=False)
+        if e.kind == "QueryProgress":
+            return render_progress_line(info, prefix=f"{when}  ")
+        detail = ""
+        if e.kind.startswith("OutputOperation"):
+            detail = f"  ({info.get('sink', '')})" if info.get("sink") else ""
+        elif e.kind == "BatchCompleted" and "totalDelayMs" in info:
+            detail = (f"  (scheduling delay {info.get('schedulingDelayMs', 0)} ms, processing {info.get('processingDelayMs', 0)}"
+                      f" ms, total {info['totalDelayMs']} ms)")
+        return [f"{when}  batch {e.batch_id}: {e.kind}{detail}"]
     return [f"(unknown event #{event.sequence})"]
+
+
+def render_progress_line(p: dict[str, Any], prefix: str = "") -> list[str]:
+    """One progress record in a line: batch, rows, rates, durations."""
+    durations = p.get("durationMs") or {}
+    rate_in, rate_done = p.get("inputRowsPerSecond"), p.get("processedRowsPerSecond")
+    parts = [f"batch {p.get('batchId')}", f"{p.get('numInputRows', 0)} input rows"]
+    if isinstance(rate_in, (int, float)):
+        parts.append(f"{rate_in:,.1f} rows/s in")
+    if isinstance(rate_done, (int, float)):
+        parts.append(f"{rate_done:,.1f} rows/s processed")
+    if "triggerExecution" in durations:
+        parts.append(f"took {durations['triggerExecution']} ms")
+    return [prefix + ", ".join(parts) + f"  ({p.get('timestamp', '')})"]
+
+
+def render_progress(records: list[dict[str, Any]]) -> list[str]:
+    """What `funke progress JOB` prints: a table of the recent batches."""
+    if not records:
+        return ["no micro-batch has completed yet"]
+    first = records[0]
+    lines = [f"query id {first.get('id', '')}  (run {records[-1].get('runId', '')})"]
+    rows = []
+    for p in records:
+        d = p.get("durationMs") or {}
+        rows.append([str(p.get("batchId")), str(p.get("timestamp", "")), str(p.get("numInputRows", 0)),
+                     _rate(p.get("inputRowsPerSecond")), _rate(p.get("processedRowsPerSecond")),
+                     *(str(d.get(k, "")) for k in ("latestOffset", "walCommit", "addBatch", "commitOffsets",
+                                                    "triggerExecution")),
+                     str(p.get("schedulingDelayMs", "")), str(p.get("totalDelayMs", ""))])
+    lines += _table(["BATCH", "TIMESTAMP", "ROWS", "IN ROWS/S", "DONE ROWS/S", "OFFSETS MS", "WAL MS", "ADD MS",
+                     "COMMIT MS", "TOTAL MS", "SCHED DELAY", "TOTAL DELAY"], rows, prefix="")
+    return lines
+
+
+def _rate(value: Any) -> str:
+    return f"{value:,.1f}" if isinstance(value, (int, float)) else ""
 
 
 # --------------------------------------------------------------------------------------------
@@ -564,6 +618,9 @@ def _follow(client: JobManagerClient, job_id: str, progress: JobProgress, view: 
         elif kind == "execution_state" and event.execution_state.HasField("failure"):
             view.changed(changed)
             view.note(render_event(event))
+        elif kind == "streaming":  # a streaming query: one line per batch, its progress
+            if event.streaming.kind == "QueryProgress":
+                view.note(render_event(event))
         else:
             view.changed(changed)
 
@@ -718,6 +775,43 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         _print_json({"job_id": args.job, "status": status})
     else:
         print(f"job {args.job} is {status}")
+    return EXIT_OK
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        status, message = client.stop(args.job, drain=args.drain, timeout_s=args.timeout)
+        if args.detach:
+            if args.json:
+                _print_json({"job_id": args.job, "status": status, "message": message})
+            else:
+                print(f"job {args.job} is {status}: {message}")
+            return EXIT_OK
+        if not args.json:
+            print(f"job {args.job}: {message}", flush=True)
+        final = status
+        for event in client.watch(args.job):  # until the job ends: FINISHED, or CANCELED on timeout
+            kind = event.WhichOneof("event")
+            if kind == "snapshot":
+                final = job_status_name(event.snapshot.status)
+            elif kind == "job_status":
+                final = job_status_name(event.job_status.to_status)
+                if not args.json:
+                    print("\n".join(render_event(event)), flush=True)
+    if args.json:
+        _print_json({"job_id": args.job, "status": final, "message": message})
+    else:
+        print(f"job {args.job} is {final}")
+    return EXIT_OK if final == "FINISHED" else EXIT_UNSUCCESSFUL
+
+
+def cmd_progress(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        records = client.progress(args.job)
+    if args.json:
+        _print_json(records)
+    else:
+        print("\n".join(render_progress(records)))
     return EXIT_OK
 
 
@@ -924,7 +1018,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("cancel", cmd_cancel, "cancel a job")
     p.add_argument("job", metavar="JOB")
     p.add_argument("--json", action="store_true")
-    p = command("result", cmd_result, "the rows a FINISHED job collected")
+    p = command("stop", cmd_stop, "stop a streaming query gracefully: its batch in flight finishes and commits, "
+                "then the job ends FINISHED (cancelled after --timeout)")
+    p.add_argument("job", metavar="JOB")
+    p.add_argument("--drain", action="store_true", help="first process everything the sources hold now")
+    p.add_argument("--timeout", type=_positive_float, default=60.0, metavar="SECONDS",
+                   help="cancel the job if it has not finished by then (default 60)")
+    p.add_argument("--detach", action="store_true", help="return at once instead of following the job to its end")
+    p.add_argument("--json", action="store_true")
+    p = command("progress", cmd_progress, "a streaming query's recent micro-batches (the last 100)")
+    p.add_argument("job", metavar="JOB")
+    p.add_argument("--json", action="store_true", help="Structured Streaming's progress records, as JSON")
+    p = command("result", cmd_result, "the rows a job collected (FINISHED, or a streaming query's committed batches)")
     p.add_argument("job", metavar="JOB")
     p.add_argument("--vertex", help="the collect sink's vertex id (needed when the job has several)")
     p.add_argument("--json", action="store_true")
@@ -944,6 +1049,16 @@ def _int_arg(check: Callable[[int], bool], what: str) -> Callable[[str], int]:
 
 
 _positive_int = _int_arg(lambda v: v >= 1, "must be at least 1")
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return value
 _non_negative_int = _int_arg(lambda v: v >= 0, "must be 0 or more")
 _port = _int_arg(lambda v: 0 <= v <= 65535, "must be a port number (0-65535)")
 

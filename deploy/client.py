@@ -17,6 +17,7 @@ files are loaded by `funke.deploy.jobfile`; presenting jobs to people is `funke.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -24,11 +25,10 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
 from funke.common.jobgraph import JobGraph
 from funke.deploy.rpc import MESSAGE_SIZE_OPTIONS
 from funke.v1 import job_pb2, jobgraph_pb2, jobmanager_pb2, jobmanager_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -313,6 +313,19 @@ class JobManagerClient:
         """Request cancellation; returns the job's status right after, e.g. "CANCELLING"."""
         response = self._call("CancelJob", jobmanager_pb2.CancelJobRequest(job_id=job_id))
         return job_status_name(response.status)
+
+    def stop(self, job_id: str, drain: bool = False, timeout_s: float = 0.0) -> tuple[str, str]:
+        """Stop a streaming query gracefully; returns (the job's status right after, what
+        happens now). The job ends FINISHED once its batch in flight committed, or is cancelled
+        after `timeout_s` (0: the JobManager's default, 60 s)."""
+        response = self._call("StopJob", jobmanager_pb2.StopJobRequest(job_id=job_id, drain=drain,
+                                                                       timeout_seconds=timeout_s))
+        return job_status_name(response.status), response.message
+
+    def progress(self, job_id: str) -> list[dict[str, Any]]:
+        """A streaming query's recent progress records (the last 100, oldest first)."""
+        response = self._call("GetQueryProgress", jobmanager_pb2.GetQueryProgressRequest(job_id=job_id))
+        return [json.loads(p) for p in response.progress_json]
 
     def watch(self, job_id: str) -> Iterator[jobmanager_pb2.JobEvent]:
         """The job's snapshot, then every event in order; ends once the job is terminal on the

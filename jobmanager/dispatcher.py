@@ -19,6 +19,7 @@ id with a recorded result is never run again.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import secrets
 import time
@@ -34,7 +35,6 @@ from funke.common.states import JobStatus
 from funke.common.validation import Problem, ValidationContext, describe_problems, find_problems
 from funke.common.codec import DeploymentEncoder, WireError, job_graph_from_proto, job_graph_to_proto
 from funke.common.executiongraph import Incarnation
-from funke.common.streamingjob import is_streaming_query
 from funke.deploy.hafilesystem import Fenced, JobResult
 from funke.jobmanager import committer, datadir
 from funke.jobmanager import highavailability as hamod
@@ -275,9 +275,6 @@ class Dispatcher:
         problems = find_problems(job, self._validation)
         if problems:
             raise DispatcherError("INVALID_ARGUMENT", describe_problems(problems))
-        if is_streaming_query(job):
-            raise DispatcherError("UNIMPLEMENTED", f"job {job.name!r} is a streaming query (it reads a stream): "
-                                  "its graph is valid, but this JobManager does not run micro-batches yet")
         return await self.start_job(job, message.artifacts, persist=message)
 
     async def start_job(self, job: JobGraph, artifacts=(), *, incarnation: Incarnation | None = None,
@@ -387,6 +384,29 @@ class Dispatcher:
         if isinstance(job, ArchivedJob):
             return job.status
         return self.mailbox.call(job.cancel)
+
+    def stop_query(self, job_id: str, drain: bool, timeout_s: float) -> tuple[JobStatus, str]:
+        """A streaming query's graceful stop: (the job's status now, what happens)."""
+        job = self.job(job_id)
+        if isinstance(job, ArchivedJob):
+            return job.status, f"the job already ended {job.status.value}"
+        if job.query is None:
+            raise DispatcherError("FAILED_PRECONDITION", f"job {job_id} is not a streaming query; "
+                                  "a bounded job ends by itself (cancel it to stop it now)")
+        message = self.mailbox.call(lambda: job.stop(drain, timeout_s))
+        return job.status, message
+
+    def query_progress(self, job_id: str) -> jobmanager_pb2.QueryProgress:
+        job = self.job(job_id)
+        if isinstance(job, ArchivedJob):
+            progress = json.loads(job.details().latest_progress_json or "null")
+            return jobmanager_pb2.QueryProgress(progress_json=[json.dumps(progress, sort_keys=True)] if progress else [])
+        if job.query is None:
+            raise DispatcherError("FAILED_PRECONDITION", f"job {job_id} is not a streaming query: it has no "
+                                  "micro-batch progress")
+        q = job.query
+        return jobmanager_pb2.QueryProgress(query_id=q.query_id, checkpoint_location=q.checkpoint_location,
+                                            progress_json=[json.dumps(r, sort_keys=True) for r in q.progress])
 
     def summaries(self) -> list[job_pb2.JobSummary]:
         """Every job this JobManager knows, oldest first."""

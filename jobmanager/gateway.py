@@ -34,11 +34,13 @@ MAX_RETRIES = 5  # for calls other than deployments, which fail the task instead
 _TRANSIENT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED)
 
 DeployFailed = Callable[[str, job_pb2.ExecutionAttemptId, FailureInfo], None]
+# A micro-batch a task did not take: (job, the task's attempt, why)
+BatchRefused = Callable[[str, job_pb2.ExecutionAttemptId, str], None]
 
 
 @dataclass(slots=True)
 class _Call:
-    kind: str  # submit | cancel | update | free | release
+    kind: str  # submit | cancel | update | free | release | batch | finish
     job_id: str
     items: list = field(default_factory=list)
     extra: dict = field(default_factory=dict)
@@ -82,6 +84,21 @@ class TaskManagerGateway:
         self._queue.append(_Call("release", job_id, list(refs), {"whole_job": whole_job}))
         self._wakeup.set()
 
+    def run_batch(self, request: cluster_pb2.RunBatchesRequest, refused: BatchRefused) -> None:
+        """A micro-batch for some of a job's streaming tasks. Each task that does not take it
+        (refused, or the call failed) is handed to `refused`: the batch cannot complete."""
+        if self._closed:
+            for t in request.tasks:
+                refused(request.job_id, t.attempt, f"TaskManager {self.task_manager_id} is gone")
+            return
+        self._queue.append(_Call("batch", request.job_id, [request], {"refused": refused}))
+        self._wakeup.set()
+
+    def finish_tasks(self, job_id: str, attempts: list[job_pb2.ExecutionAttemptId]) -> None:
+        """End these streaming tasks once their batches given are done (a graceful stop)."""
+        for attempt in attempts:
+            self._enqueue("finish", job_id, attempt)
+
     def _enqueue(self, kind: str, job_id: str, item, size: int = 0, **extra) -> None:
         if self._closed:
             if kind == "submit":
@@ -122,6 +139,11 @@ class TaskManagerGateway:
                 detail = f"{exc.code().name}: {exc.details()}"
                 if call.kind == "submit":
                     self._fail_deployments(call.items, f"could not deploy to TaskManager {self.task_manager_id}: {detail}")
+                elif call.kind == "batch":  # a batch half given cannot complete: the run fails
+                    for request in call.items:
+                        for t in request.tasks:
+                            call.extra["refused"](request.job_id, t.attempt,
+                                                  f"TaskManager {self.task_manager_id} did not take the batch: {detail}")
                 elif call.retries < MAX_RETRIES and exc.code() in _TRANSIENT:
                     # A cancel that does not arrive leaves a task running: try again, in order.
                     call.retries += 1
@@ -158,6 +180,20 @@ class TaskManagerGateway:
             await self._stub.FreeSlots(cluster_pb2.FreeSlotsRequest(
                 slot_indexes=call.items, job_id=call.job_id, cause="released by the job",
                 registration_id=registration), timeout=RPC_TIMEOUT_S)
+        elif call.kind == "batch":
+            for request in call.items:
+                request.registration_id = registration
+                response = await self._stub.RunBatches(request, timeout=RPC_TIMEOUT_S)
+                answered = {(r.attempt.vertex_id, r.attempt.subtask_index, r.attempt.attempt_number): r
+                            for r in response.results}
+                for t in request.tasks:
+                    r = answered.get((t.attempt.vertex_id, t.attempt.subtask_index, t.attempt.attempt_number))
+                    if r is None or not r.accepted:
+                        call.extra["refused"](request.job_id, t.attempt, r.error if r else "no answer for it")
+        elif call.kind == "finish":
+            await self._stub.FinishTasks(cluster_pb2.FinishTasksRequest(
+                job_id=call.job_id, attempts=call.items, registration_id=registration),
+                timeout=RPC_TIMEOUT_S)
         elif call.kind == "release":
             await self._stub.ReleasePartitions(cluster_pb2.ReleasePartitionsRequest(
                 job_id=call.job_id, partitions=call.items, whole_job=call.extra["whole_job"],

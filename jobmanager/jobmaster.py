@@ -9,12 +9,16 @@ It also fans the job's state changes out to WatchJob subscribers, in order, with
 from __future__ import annotations
 
 import asyncio
+import datetime
+import json
 import logging
+import os
 import time
 import traceback
 from typing import TYPE_CHECKING, Callable
 
 from funke.common import codec
+from funke.common import microbatch as mb
 from funke.common import scheduler as s
 from funke.common.codec import DeploymentEncoder
 from funke.common.executiongraph import ExecutionGraph, FailureInfo
@@ -22,6 +26,7 @@ from funke.common.scheduler import Scheduler
 from funke.common.states import ExecutionState, JobStatus
 from funke.jobmanager import committer
 from funke.jobmanager.mailbox import Mailbox
+from funke.jobmanager.streamquery import StreamingQuery
 from funke.v1 import cluster_pb2, job_pb2, jobmanager_pb2
 
 if TYPE_CHECKING:
@@ -71,6 +76,17 @@ class JobMaster:
         self._watchers: set[asyncio.Queue] = set()
         self._sequence = 0
         self.sink_targets = committer.sink_targets(data_dir, self.job_id, graph.job_graph)
+        # A streaming query: its micro-batches run on the job's long-lived tasks.
+        self.query: StreamingQuery | None = None
+        if scheduler.streaming:
+            inc = graph.incarnation
+            self.query = StreamingQuery(
+                graph, data_dir=data_dir, resource_manager=resource_manager,
+                holder=f"job {self.job_id} on JobManager {inc.job_manager or 'local'} (pid {os.getpid()})",
+                on_failure=lambda failure: self.mailbox.run(
+                    lambda: self._decide(lambda now: self.scheduler.on_global_failure(failure, now))),
+                on_event=self._on_streaming_event,
+                on_stop_timeout=lambda why: self.mailbox.run(lambda: self._stop_timed_out(why)))
 
     @property
     def status(self) -> JobStatus:
@@ -86,8 +102,12 @@ class JobMaster:
         return tuple(v.id for v in self.graph.job_graph.vertices if v.operators and v.operators[-1].kind == "sink.collect")
 
     def details(self) -> job_pb2.JobDetails:
-        return codec.job_details(self.graph, self.scheduler, waiting_for_resources=self.waiting_for_resources,
-                                 restart_description=self.restart_description)
+        details = codec.job_details(self.graph, self.scheduler, waiting_for_resources=self.waiting_for_resources,
+                                    restart_description=self.restart_description)
+        latest = self.query.latest_progress if self.query is not None else None
+        if latest is not None:
+            details.latest_progress_json = json.dumps(latest, sort_keys=True)
+        return details
 
     def summary(self) -> job_pb2.JobSummary:
         return codec.job_summary(self.graph, self.scheduler)
@@ -111,6 +131,30 @@ class JobMaster:
     def suspend(self, cause: str) -> None:
         self._decide(lambda now: self.scheduler.suspend(now, cause))
 
+    def stop(self, drain: bool, timeout_s: float) -> str:
+        """A streaming query's graceful stop (see `StreamingQuery.stop`)."""
+        assert self.query is not None
+        if self.status.is_terminal:
+            return f"the job is already {self.status.value}"
+        return self.query.stop(drain, timeout_s)
+
+    def _stop_timed_out(self, why: str) -> None:
+        if self.status.is_terminal:
+            return
+        log.warning("job %s: %s", self.job_id, why)
+        self._decide(lambda now: self.scheduler.cancel(now))
+
+    def _on_streaming_event(self, event: mb.Publish) -> None:
+        if event.kind in ("BatchCompleted", "QueryProgress"):
+            log.debug("job %s: %s %d", self.job_id, event.kind, event.batch_id)
+        self._sequence += 1
+        if self._watchers:
+            at = datetime.datetime.fromtimestamp(event.at_ms / 1000, tz=datetime.timezone.utc)
+            message = jobmanager_pb2.JobEvent(sequence=self._sequence, streaming=jobmanager_pb2.StreamingEvent(
+                kind=event.kind, batch_id=event.batch_id, info_json=json.dumps(event.info, sort_keys=True)))
+            message.streaming.at.FromDatetime(at)
+            self._publish(message)
+
     def on_task_state(self, update: cluster_pb2.TaskExecutionState) -> None:
         """A TaskManager's report. One that does not decode (an unknown state number from a
         newer or broken TaskManager) is logged and dropped: it says nothing the job can use."""
@@ -119,10 +163,10 @@ class JobMaster:
         except ValueError as exc:
             log.warning("job %s: ignoring a task report that does not decode: %s", self.job_id, exc)
             return
-        if report.batch_id is not None:
-            # A micro-batch done: the JobMaster does not run streaming queries yet (the
-            # Dispatcher refuses them), so no task of its jobs runs batches.
-            log.debug("job %s: ignoring a report of micro-batch %d", self.job_id, report.batch_id)
+        if report.batch_id is not None:  # a streaming task wrote a micro-batch; it stays RUNNING
+            if self.query is not None:
+                self.query.on_batch_report(report.attempt, report.batch_id,
+                                           {p.data_set_id: p.schema for p in report.produced})
             return
         schemas = {(p.data_set_id, p.partition_index): p.schema for p in report.produced}
         stimulus = report.stimulus_id or f"{report.task_manager_id or 'tm'}:report"
@@ -235,6 +279,13 @@ class JobMaster:
                     undelivered.append(action.attempt)
         if error is not None:
             self.mailbox.run(lambda: self.on_internal_error(error, undelivered))
+        if self.query is not None:
+            try:
+                self.query.after_decision(self.status)
+            except Exception as exc:  # the query could not start or end a run: the job fails
+                log.exception("job %s: the streaming query", self.job_id)
+                failed = exc  # `exc` is unbound once the except clause ends
+                self.mailbox.run(lambda: self.on_internal_error(failed, []))
 
     def _on_job_status(self, a: s.JobStatusChanged) -> None:
         t = a.transition
@@ -309,6 +360,10 @@ class JobMaster:
         future.add_done_callback(done)
 
     def _on_cleanup(self, a: s.JobCleanup) -> None:
+        if self.query is not None:
+            closing = self._loop.create_task(self.query.close())
+            closing.add_done_callback(lambda f: f.cancelled() or f.exception() and log.warning(
+                "job %s: closing the streaming query: %s", self.job_id, f.exception()))
         for handle in self._timers:
             handle.cancel()
         self._timers.clear()

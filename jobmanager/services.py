@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 
 import grpc
 
@@ -31,6 +32,8 @@ log = logging.getLogger("funke.jobmanager")
 
 # What one TaskManager may offer: enough for any machine, too few to exhaust the JobManager.
 MAX_SLOTS_PER_TASK_MANAGER = 4096
+DEFAULT_STOP_TIMEOUT_S = 60.0
+MAX_STOP_TIMEOUT_S = 86_400.0
 MAX_ADDRESS_LENGTH = 300
 MAX_RESOURCES = 100
 
@@ -92,6 +95,25 @@ class JobManagerService(jobmanager_pb2_grpc.JobManagerServicer):
             await _abort(context, exc)
         return jobmanager_pb2.CancelJobResponse(status=job_status_to_proto(status))
 
+    async def StopJob(self, request, context):
+        d = await _current(self._current, context)
+        timeout = request.timeout_seconds or DEFAULT_STOP_TIMEOUT_S
+        if not math.isfinite(timeout) or not 0 < timeout <= MAX_STOP_TIMEOUT_S:
+            await _refuse(context, grpc.StatusCode.INVALID_ARGUMENT,
+                          f"timeout_seconds must be in (0, {MAX_STOP_TIMEOUT_S:g}], got {request.timeout_seconds!r}")
+        try:
+            status, message = d.stop_query(request.job_id, request.drain, timeout)
+        except DispatcherError as exc:
+            await _abort(context, exc)
+        return jobmanager_pb2.StopJobResponse(status=job_status_to_proto(status), message=message)
+
+    async def GetQueryProgress(self, request, context):
+        d = await _current(self._current, context)
+        try:
+            return d.query_progress(request.job_id)
+        except DispatcherError as exc:
+            await _abort(context, exc)
+
     async def WatchJob(self, request, context):
         d = await _current(self._current, context)
         job = await _job(d, request.job_id, context)
@@ -133,7 +155,8 @@ class JobManagerService(jobmanager_pb2_grpc.JobManagerServicer):
             listed = ", ".join(collects[:10]) + (f" and {len(collects) - 10} more" if len(collects) > 10 else "")
             await _refuse(context, grpc.StatusCode.NOT_FOUND if not collects else grpc.StatusCode.INVALID_ARGUMENT,
                           f"job {request.job_id} has {len(collects)} collect sinks ({listed}); name one")
-        if job.status is not JobStatus.FINISHED:
+        # A streaming query's committed batches can be read while it runs.
+        if job.status is not JobStatus.FINISHED and getattr(job, "query", None) is None:
             await _refuse(context, grpc.StatusCode.FAILED_PRECONDITION,
                                 f"job {request.job_id} is {job.status.value}; results exist once it FINISHED")
         try:

@@ -101,6 +101,7 @@ _spark_cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 __all__ = ["OPERATORS", "ROWS_PER_BATCH", "RuntimeContext", "column_ref", "parse_schema", "union_all"]
 
+PRINT_ROWS_PER_BATCH = 10  # a streaming query's print sink: rows shown per batch (Spark Streaming's print())
 ROWS_PER_BATCH = 10_000  # the most rows a Python operator hands back to Spark in one Arrow batch
 
 
@@ -890,13 +891,27 @@ OPERATORS["sink.text"] = _file_sink("text", prepare=_as_text)
 @_operator("sink.collect")
 def _collect(ctx: RuntimeContext, spec: OperatorSpec, df: DataFrame) -> None:
     target = layout.collect_dir(ctx.data_dir, ctx.job_id, ctx.vertex_id)
-    staging = layout.sink_staging_dir(target, ctx.job_id, ctx.subtask_index, ctx.attempt_number)
+    if ctx.batch is not None:  # a streaming query: a memory sink of committed batches
+        staging = layout.stream_sink_staging_dir(target, ctx.batch.batch_id, ctx.subtask_index, ctx.attempt_number)
+    else:
+        staging = layout.sink_staging_dir(target, ctx.job_id, ctx.subtask_index, ctx.attempt_number)
     df.write.mode("overwrite").parquet(staging)
 
 
 @_operator("sink.print")
 def _print(ctx: RuntimeContext, spec: OperatorSpec, df: DataFrame) -> None:
     prefix = f"{ctx.subtask_index + 1}> "  # Flink's print sink: "subtask> record"
+    if ctx.batch is not None:
+        # A streaming query: Spark Streaming's print(), per batch and subtask: the batch time and
+        # the first rows.
+        rows = df.take(PRINT_ROWS_PER_BATCH + 1)
+        rule = "-------------------------------------------\n"
+        lines = [rule, f"{prefix}Time: {ctx.batch.batch_time_ms} ms (batch {ctx.batch.batch_id})\n", rule]
+        lines += [f"{prefix}{row}\n" for row in rows[:PRINT_ROWS_PER_BATCH]]
+        lines += [f"{prefix}...\n"] if len(rows) > PRINT_ROWS_PER_BATCH else []
+        sys.stdout.write("".join(lines) + "\n")
+        sys.stdout.flush()
+        return
     lines = [f"{prefix}{row}\n" for row in df.collect()]
     sys.stdout.write("".join(lines))
     sys.stdout.flush()

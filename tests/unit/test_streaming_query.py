@@ -1,6 +1,6 @@
 """A streaming query as the DSL builds it and validation checks it (common/dsl.py,
 common/streamingjob.py): stream sources, the trigger and checkpoint options, every problem named;
-and, until the JobManager runs micro-batches, a clear refusal at submit."""
+and the JobManager taking it as one."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ import pytest
 from funke.common import microbatch as mb
 from funke.common.codec import job_graph_from_proto, job_graph_to_proto
 from funke.common.configuration import ClusterConfiguration
+from funke.common.executiongraph import SlotId
 from funke.common.dsl import ExecutionEnvironment
-from funke.common.jobgraph import JobConfiguration, JobType
+from funke.common.jobgraph import FailoverStrategyKind, JobConfiguration, JobType
 from funke.common.streamingjob import (
     QuerySettings,
     is_streaming_query,
@@ -111,18 +112,27 @@ def test_bad_query_options_are_named(options, match):
         validate(job)
 
 
-def test_the_jobmanager_refuses_a_streaming_query_clearly_until_it_runs_micro_batches(tmp_path):
-    env = ExecutionEnvironment("rate to nowhere")
-    env.read_stream.rate(10).discard()
+def test_the_jobmanager_runs_a_streaming_query_on_long_lived_tasks_restarted_together(tmp_path):
+    env = ExecutionEnvironment("rate to nowhere", parallelism=2)
+    env.read_stream.rate(10).map(lambda v: v, schema="value bigint").discard()
     message = job_graph_to_proto(env.build())
 
     async def scenario() -> None:
         dispatcher = Dispatcher(ClusterConfiguration(data_dir=str(tmp_path / "data")))
         dispatcher.start()
         try:
-            with pytest.raises(DispatcherError, match="does not run micro-batches yet") as info:
-                await dispatcher.submit(message)
-            assert info.value.code == "UNIMPLEMENTED"
+            job_id = await dispatcher.submit(message)
+            jm = dispatcher.jobs[job_id]
+            assert jm.scheduler.streaming and jm.query is not None
+            assert jm.scheduler.failover_strategy is FailoverStrategyKind.FULL  # not the cluster default, region
+            assert jm.query.checkpoint_location == str(tmp_path / "data" / "checkpoints" / "rate_to_nowhere")
+            ev = next(iter(jm.graph.execution_vertices()))
+            assert jm.scheduler.deployments.deployment(ev, SlotId("tm", 0)).streaming
+            with pytest.raises(DispatcherError, match="not a streaming query") as info:
+                bounded = ExecutionEnvironment("bounded")
+                bounded.from_collection([(1,)], "value bigint").discard()
+                dispatcher.stop_query(await dispatcher.submit(job_graph_to_proto(bounded.build())), False, 1.0)
+            assert info.value.code == "FAILED_PRECONDITION"
         finally:
             await dispatcher.stop()
 

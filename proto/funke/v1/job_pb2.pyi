@@ -179,7 +179,7 @@ class ExceptionHistoryEntry(_message.Message):
     def __init__(self, timestamp: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., task_name: _Optional[str] = ..., attempt: _Optional[_Union[ExecutionAttemptId, _Mapping]] = ..., task_manager_id: _Optional[str] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ...) -> None: ...
 
 class JobDetails(_message.Message):
-    __slots__ = ("job_id", "name", "job_type", "status", "created_at", "status_history", "vertices", "exceptions", "failure", "waiting_for_resources", "required_slots", "restart_strategy", "failover_strategy")
+    __slots__ = ("job_id", "name", "job_type", "status", "created_at", "status_history", "vertices", "exceptions", "failure", "waiting_for_resources", "required_slots", "restart_strategy", "failover_strategy", "latest_progress_json")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     JOB_TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -193,6 +193,7 @@ class JobDetails(_message.Message):
     REQUIRED_SLOTS_FIELD_NUMBER: _ClassVar[int]
     RESTART_STRATEGY_FIELD_NUMBER: _ClassVar[int]
     FAILOVER_STRATEGY_FIELD_NUMBER: _ClassVar[int]
+    LATEST_PROGRESS_JSON_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     name: str
     job_type: _jobgraph_pb2.JobType
@@ -206,7 +207,8 @@ class JobDetails(_message.Message):
     required_slots: int
     restart_strategy: str
     failover_strategy: str
-    def __init__(self, job_id: _Optional[str] = ..., name: _Optional[str] = ..., job_type: _Optional[_Union[_jobgraph_pb2.JobType, str]] = ..., status: _Optional[_Union[JobStatus, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., status_history: _Optional[_Iterable[_Union[JobStatusTransition, _Mapping]]] = ..., vertices: _Optional[_Iterable[_Union[Vertex, _Mapping]]] = ..., exceptions: _Optional[_Iterable[_Union[ExceptionHistoryEntry, _Mapping]]] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ..., waiting_for_resources: _Optional[str] = ..., required_slots: _Optional[int] = ..., restart_strategy: _Optional[str] = ..., failover_strategy: _Optional[str] = ...) -> None: ...
+    latest_progress_json: str
+    def __init__(self, job_id: _Optional[str] = ..., name: _Optional[str] = ..., job_type: _Optional[_Union[_jobgraph_pb2.JobType, str]] = ..., status: _Optional[_Union[JobStatus, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., status_history: _Optional[_Iterable[_Union[JobStatusTransition, _Mapping]]] = ..., vertices: _Optional[_Iterable[_Union[Vertex, _Mapping]]] = ..., exceptions: _Optional[_Iterable[_Union[ExceptionHistoryEntry, _Mapping]]] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ..., waiting_for_resources: _Optional[str] = ..., required_slots: _Optional[int] = ..., restart_strategy: _Optional[str] = ..., failover_strategy: _Optional[str] = ..., latest_progress_json: _Optional[str] = ...) -> None: ...
 
 class JobSummary(_message.Message):
     __slots__ = ("job_id", "name", "job_type", "status", "created_at", "ended_at", "duration_seconds", "tasks_per_state", "total_tasks")

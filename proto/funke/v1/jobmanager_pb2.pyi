@@ -11,6 +11,40 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class StopJobRequest(_message.Message):
+    __slots__ = ("job_id", "drain", "timeout_seconds")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    drain: bool
+    timeout_seconds: float
+    def __init__(self, job_id: _Optional[str] = ..., drain: _Optional[bool] = ..., timeout_seconds: _Optional[float] = ...) -> None: ...
+
+class StopJobResponse(_message.Message):
+    __slots__ = ("status", "message")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    status: _job_pb2.JobStatus
+    message: str
+    def __init__(self, status: _Optional[_Union[_job_pb2.JobStatus, str]] = ..., message: _Optional[str] = ...) -> None: ...
+
+class GetQueryProgressRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class QueryProgress(_message.Message):
+    __slots__ = ("query_id", "checkpoint_location", "progress_json")
+    QUERY_ID_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_LOCATION_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_JSON_FIELD_NUMBER: _ClassVar[int]
+    query_id: str
+    checkpoint_location: str
+    progress_json: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, query_id: _Optional[str] = ..., checkpoint_location: _Optional[str] = ..., progress_json: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class SubmitJobRequest(_message.Message):
     __slots__ = ("job_graph",)
     JOB_GRAPH_FIELD_NUMBER: _ClassVar[int]
@@ -72,18 +106,32 @@ class ExecutionStateChange(_message.Message):
     def __init__(self, attempt: _Optional[_Union[_job_pb2.ExecutionAttemptId, _Mapping]] = ..., task_name: _Optional[str] = ..., transition: _Optional[_Union[_job_pb2.ExecutionStateTransition, _Mapping]] = ..., task_manager_id: _Optional[str] = ..., failure: _Optional[_Union[_job_pb2.Failure, _Mapping]] = ...) -> None: ...
 
 class JobEvent(_message.Message):
-    __slots__ = ("sequence", "snapshot", "job_status", "execution_state", "waiting_for_resources")
+    __slots__ = ("sequence", "snapshot", "job_status", "execution_state", "waiting_for_resources", "streaming")
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
     JOB_STATUS_FIELD_NUMBER: _ClassVar[int]
     EXECUTION_STATE_FIELD_NUMBER: _ClassVar[int]
     WAITING_FOR_RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    STREAMING_FIELD_NUMBER: _ClassVar[int]
     sequence: int
     snapshot: _job_pb2.JobDetails
     job_status: _job_pb2.JobStatusTransition
     execution_state: ExecutionStateChange
     waiting_for_resources: str
-    def __init__(self, sequence: _Optional[int] = ..., snapshot: _Optional[_Union[_job_pb2.JobDetails, _Mapping]] = ..., job_status: _Optional[_Union[_job_pb2.JobStatusTransition, _Mapping]] = ..., execution_state: _Optional[_Union[ExecutionStateChange, _Mapping]] = ..., waiting_for_resources: _Optional[str] = ...) -> None: ...
+    streaming: StreamingEvent
+    def __init__(self, sequence: _Optional[int] = ..., snapshot: _Optional[_Union[_job_pb2.JobDetails, _Mapping]] = ..., job_status: _Optional[_Union[_job_pb2.JobStatusTransition, _Mapping]] = ..., execution_state: _Optional[_Union[ExecutionStateChange, _Mapping]] = ..., waiting_for_resources: _Optional[str] = ..., streaming: _Optional[_Union[StreamingEvent, _Mapping]] = ...) -> None: ...
+
+class StreamingEvent(_message.Message):
+    __slots__ = ("kind", "batch_id", "at", "info_json")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    INFO_JSON_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    batch_id: int
+    at: _timestamp_pb2.Timestamp
+    info_json: str
+    def __init__(self, kind: _Optional[str] = ..., batch_id: _Optional[int] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., info_json: _Optional[str] = ...) -> None: ...
 
 class GetClusterOverviewRequest(_message.Message):
     __slots__ = ()

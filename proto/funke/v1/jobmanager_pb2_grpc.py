@@ -70,6 +70,16 @@ class JobManagerStub:
                 request_serializer=funke_dot_v1_dot_jobmanager__pb2.GetJobResultRequest.SerializeToString,
                 response_deserializer=funke_dot_v1_dot_jobmanager__pb2.JobResult.FromString,
                 _registered_method=True)
+        self.StopJob = channel.unary_unary(
+                '/funke.v1.JobManager/StopJob',
+                request_serializer=funke_dot_v1_dot_jobmanager__pb2.StopJobRequest.SerializeToString,
+                response_deserializer=funke_dot_v1_dot_jobmanager__pb2.StopJobResponse.FromString,
+                _registered_method=True)
+        self.GetQueryProgress = channel.unary_unary(
+                '/funke.v1.JobManager/GetQueryProgress',
+                request_serializer=funke_dot_v1_dot_jobmanager__pb2.GetQueryProgressRequest.SerializeToString,
+                response_deserializer=funke_dot_v1_dot_jobmanager__pb2.QueryProgress.FromString,
+                _registered_method=True)
 
 
 class JobManagerServicer:
@@ -120,6 +130,22 @@ class JobManagerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StopJob(self, request, context):
+        """A streaming query: stop it gracefully (the batch in flight finishes and commits; with
+        drain, everything its sources hold now too), ending the job FINISHED; after the timeout the
+        job is cancelled. FAILED_PRECONDITION for a job that is not a streaming query.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetQueryProgress(self, request, context):
+        """A streaming query's recent progress records (the last 100, oldest first).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_JobManagerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -157,6 +183,16 @@ def add_JobManagerServicer_to_server(servicer, server):
                     servicer.GetJobResult,
                     request_deserializer=funke_dot_v1_dot_jobmanager__pb2.GetJobResultRequest.FromString,
                     response_serializer=funke_dot_v1_dot_jobmanager__pb2.JobResult.SerializeToString,
+            ),
+            'StopJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.StopJob,
+                    request_deserializer=funke_dot_v1_dot_jobmanager__pb2.StopJobRequest.FromString,
+                    response_serializer=funke_dot_v1_dot_jobmanager__pb2.StopJobResponse.SerializeToString,
+            ),
+            'GetQueryProgress': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetQueryProgress,
+                    request_deserializer=funke_dot_v1_dot_jobmanager__pb2.GetQueryProgressRequest.FromString,
+                    response_serializer=funke_dot_v1_dot_jobmanager__pb2.QueryProgress.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -348,6 +384,60 @@ class JobManager:
             '/funke.v1.JobManager/GetJobResult',
             funke_dot_v1_dot_jobmanager__pb2.GetJobResultRequest.SerializeToString,
             funke_dot_v1_dot_jobmanager__pb2.JobResult.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StopJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/funke.v1.JobManager/StopJob',
+            funke_dot_v1_dot_jobmanager__pb2.StopJobRequest.SerializeToString,
+            funke_dot_v1_dot_jobmanager__pb2.StopJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetQueryProgress(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/funke.v1.JobManager/GetQueryProgress',
+            funke_dot_v1_dot_jobmanager__pb2.GetQueryProgressRequest.SerializeToString,
+            funke_dot_v1_dot_jobmanager__pb2.QueryProgress.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,348 @@
+"""The JobMaster's side of a streaming query: runs of its micro-batch driver on the job's
+long-lived tasks, the batches' flow through them, the sinks' commits, a graceful stop, and the
+progress a user watches.
+
+Owns, for one job: the current run (a `StreamDriver` with its checkpoint, and the `BatchFlow` of
+the RUNNING attempts it started with), the progress records of every run (the last 100), and the
+stop asked for.
+
+A run starts when every task of the job is RUNNING, and ends when any leaves RUNNING (the job
+restarts every task of a streaming query on any failure), when the driver ends (a stop, or the
+trigger's end), or when the job ends. The next run recovers from the checkpoint: a batch logged
+and not committed runs again with exactly its logged ranges. A run that fails (a batch refused, a
+commit or a log write failing) fails the job globally, and its restart strategy decides.
+
+Runs on the JobMaster's event loop; blocking file work (the checkpoint, listing source
+directories, sink commits) goes to executor threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import re
+import traceback
+import uuid
+from collections import deque
+from typing import TYPE_CHECKING, Any, Callable
+
+from funke.common import codec, layout
+from funke.common import microbatch as mb
+from funke.common.batchflow import BatchFlow, Dispatch, SinkStarted, SinkWritten, Step
+from funke.common.checkpoint import OffsetEntry
+from funke.common.executiongraph import ExecutionAttemptId, ExecutionGraph, FailureInfo
+from funke.common.operators import CATALOGUE
+from funke.common.states import ExecutionState, JobStatus
+from funke.common.streamingjob import RATE, QuerySettings, query_settings, sinks, stream_sources
+from funke.common.streamsources import BatchInput, FilesSource, RateSource
+from funke.jobmanager import streamsinks
+from funke.jobmanager.checkpointstore import CheckpointStore
+from funke.jobmanager.streamdriver import FilesPlanner, RatePlanner, SourcePlanner, StreamDriver
+
+if TYPE_CHECKING:
+    from funke.jobmanager.resourcemanager import ResourceManager
+
+log = logging.getLogger("funke.jobmanager")
+
+CHECKPOINTS = "checkpoints"  # under the data directory: default checkpoint locations, by job name
+PROGRESS_KEPT = mb.PROGRESS_KEPT
+FILE_SINK_KINDS = ("sink.parquet", "sink.csv", "sink.json", "sink.text")
+
+
+class BatchNotRun(Exception):
+    """A task did not take a batch, or the batch cannot be handed out."""
+
+
+def default_checkpoint(data_dir: str, job_name: str) -> str:
+    """`<data dir>/checkpoints/<job name>`, the name made a plain path component."""
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", job_name).strip(".") or "query"
+    return os.path.join(data_dir, CHECKPOINTS, safe[:200])
+
+
+def local_path(location: str) -> str:
+    """A local directory from a path or a file:// URI (streaming checkpoints and file sources
+    are local for now)."""
+    if location.startswith("file://"):
+        rest = location[len("file://"):]
+        return rest if rest.startswith("/") else "/" + rest.partition("/")[2]
+    if "://" in location:
+        raise ValueError(f"{location}: only local paths and file:// URIs are supported here")
+    return location
+
+
+class StreamingQuery:
+    def __init__(self, graph: ExecutionGraph, *, data_dir: str, resource_manager: "ResourceManager",
+                 holder: str, on_failure: Callable[[FailureInfo], None],
+                 on_event: Callable[[mb.Publish], None], on_stop_timeout: Callable[[str], None]):
+        self.graph = graph
+        self.job_id = graph.job_id
+        self.data_dir = data_dir
+        self.rm = resource_manager
+        self.holder = holder
+        self.settings: QuerySettings = query_settings(graph.job_graph)
+        self.checkpoint_location = local_path(self.settings.checkpoint_location) if self.settings.checkpoint_location \
+            else default_checkpoint(data_dir, graph.job_graph.name)
+        self.sinks = [v.id for v in sinks(graph.job_graph)]
+        self.sources = [v.id for v in stream_sources(graph.job_graph)]
+        self._on_failure, self._on_event, self._on_stop_timeout = on_failure, on_event, on_stop_timeout
+        self.progress: deque[dict[str, Any]] = deque(maxlen=PROGRESS_KEPT)
+        self.query_id = ""
+        self.runs = 0
+        self._run: _Run | None = None
+        self._closing: asyncio.Task | None = None
+        self.ended = ""  # why the query ended (a stop, the trigger), once its tasks are told to finish
+        self._stop: tuple[bool, float] | None = None  # (drain, timeout s) asked for
+        self._stop_timer: asyncio.TimerHandle | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._run is not None
+
+    @property
+    def latest_progress(self) -> dict[str, Any] | None:
+        return self.progress[-1] if self.progress else None
+
+    # ------------------------------------------------------------------ the job's decisions
+
+    def after_decision(self, status: JobStatus) -> None:
+        """Called after every decision of the job: start a run when all tasks are RUNNING, end
+        the run when they no longer all are."""
+        run = self._run
+        if run is not None:
+            if status is not JobStatus.RUNNING or not run.all_running():
+                self._close_run("the job's tasks are no longer all RUNNING")
+            return
+        if status is JobStatus.RUNNING and not self.ended and self._all_running():
+            self._start_run()
+
+    def _all_running(self) -> bool:
+        for ejv in self.graph.vertices.values():
+            for ev in ejv.task_vertices:
+                if ev.state is not ExecutionState.RUNNING:
+                    return False
+        return True
+
+    def on_batch_report(self, attempt: ExecutionAttemptId, batch_id: int, schemas: dict[str, str]) -> None:
+        if self._run is not None:
+            self._run.on_report(attempt, batch_id, schemas)
+
+    def stop(self, drain: bool, timeout_s: float) -> str:
+        """A graceful stop: no new batch; the batch in flight (with `drain`, everything the
+        sources hold now) finishes and commits, then the tasks end FINISHED. After `timeout_s`
+        the job is cancelled. Returns what happens now."""
+        if self.ended:
+            return f"the query is already ending ({self.ended})"
+        if self._stop is not None:
+            return "a stop is already under way"
+        self._stop = (drain, timeout_s)
+        loop = asyncio.get_running_loop()
+        self._stop_timer = loop.call_later(timeout_s, self._stop_timed_out)
+        if self._run is not None and self._run.driver.coordinator is not None:
+            self._run.driver.stop(drain)
+            return "stopping: the batch in flight finishes and commits" + (", then what the sources hold now" if drain else "")
+        # No run now (starting or recovering): the next one stops at once (after its re-runs).
+        return "stopping: the query stops once its tasks run again"
+
+    def _stop_timed_out(self) -> None:
+        self._stop_timer = None
+        if self.ended and self.ended != "stopped":
+            return
+        drain, timeout = self._stop or (False, 0.0)
+        self._on_stop_timeout(f"the graceful stop did not finish within {timeout:g} s; cancelling the job")
+
+    async def close(self) -> None:
+        """The job ended (or this JobManager stopped it): abandon the run."""
+        if self._stop_timer is not None:
+            self._stop_timer.cancel()
+            self._stop_timer = None
+        self._close_run("the job ended")
+        if self._closing is not None:
+            await asyncio.gather(self._closing, return_exceptions=True)
+
+    # ------------------------------------------------------------------ runs
+
+    def _start_run(self) -> None:
+        flow = BatchFlow(self.graph, self.sinks)
+        self.runs += 1
+        planners = self._planners
+        run_id = str(uuid.uuid4())
+        checkpoint = CheckpointStore(self.checkpoint_location)
+        run = _Run(self, flow, checkpoint)
+        driver = StreamDriver(self.graph.job_graph.name, self.settings.trigger, checkpoint, {}, self.sinks, run,
+                              publish=self._publish, concurrent_jobs=self.settings.concurrent_jobs,
+                              retain=self.settings.min_batches_to_retain, run_id=run_id)
+        run.driver = driver
+        self._run = run
+        previous = self._closing
+
+        async def begin() -> None:
+            if previous is not None:  # the last run lets go of the checkpoint first
+                await asyncio.gather(previous, return_exceptions=True)
+            driver.planners = await asyncio.get_running_loop().run_in_executor(None, planners, checkpoint)
+            await driver.start(self.holder)
+            assert driver.coordinator is not None
+            self.query_id = driver.coordinator.query_id
+            if self._stop is not None:
+                driver.stop(self._stop[0])
+
+        async def watch() -> None:
+            try:
+                await begin()
+                assert driver.done is not None
+                reason = await asyncio.shield(driver.done)
+            except asyncio.CancelledError:
+                return
+            except Exception as exc:
+                if self._run is run:
+                    self._run = None
+                    self._closing = asyncio.get_running_loop().create_task(driver.close())
+                    log.warning("job %s: streaming query run failed: %s: %s", self.job_id, type(exc).__name__, exc)
+                    self._on_failure(FailureInfo(type(exc).__name__, f"the streaming query failed: {exc}",
+                                                 "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))))
+                return
+            if reason != "closed" and self._run is run:
+                self._end(run, reason)
+
+        run.watcher = asyncio.get_running_loop().create_task(watch(), name=f"stream-run-{self.job_id}")
+
+    def _planners(self, checkpoint: CheckpointStore) -> dict[str, SourcePlanner]:
+        planners: dict[str, SourcePlanner] = {}
+        for v in stream_sources(self.graph.job_graph):
+            op = v.operators[0]
+            if op.kind == RATE:
+                limit = op.config.get("max_rows_per_trigger")
+                planners[v.id] = RatePlanner(RateSource(int(op.config["rows_per_second"]), v.parallelism,
+                                                        int(limit) if limit is not None else None))
+            else:
+                limit = op.config.get("max_files_per_trigger")
+                directory = local_path(str(op.config["path"]))
+                planners[v.id] = FilesPlanner(v.id, directory, FilesSource(int(limit) if limit is not None else None),
+                                              checkpoint)
+        return planners
+
+    def _end(self, run: "_Run", reason: str) -> None:
+        """The driver ended (a stop, or the trigger's end): every batch it ran is committed; the
+        tasks end FINISHED, and with them the job."""
+        self.ended = reason
+        self._run = None
+        self._closing = asyncio.get_running_loop().create_task(run.driver.close())
+        log.info("job %s: streaming query ended (%s); finishing its tasks", self.job_id, reason)
+        by_tm: dict[str, list] = {}
+        for a in run.flow.all_attempts():
+            by_tm.setdefault(run.flow.task_managers[(a.vertex_id, a.subtask_index)], []).append(codec.attempt_to_proto(a))
+        for tm, attempts in by_tm.items():
+            gateway = self.rm.gateway(tm)
+            if gateway is not None:
+                gateway.finish_tasks(self.job_id, attempts)
+
+    def _close_run(self, why: str) -> None:
+        run, self._run = self._run, None
+        if run is None:
+            return
+        log.info("job %s: streaming query run %d closed: %s", self.job_id, self.runs, why)
+        if run.watcher is not None:
+            run.watcher.cancel()
+        run.abandon()
+        self._closing = asyncio.get_running_loop().create_task(run.driver.close())
+
+    def _publish(self, event: mb.Publish) -> None:
+        if event.kind == "QueryProgress":
+            self.progress.append(event.info)
+        self._on_event(event)
+
+
+class _Run:
+    """One run's BatchRunner: hands each batch to the tasks vertex by vertex and commits it."""
+
+    def __init__(self, query: StreamingQuery, flow: BatchFlow, checkpoint: CheckpointStore):
+        self.query, self.flow, self.checkpoint = query, flow, checkpoint
+        self.driver: StreamDriver
+        self.watcher: asyncio.Task | None = None
+        self._batches: dict[int, tuple[asyncio.Future, Callable[[str, str], None]]] = {}
+
+    def all_running(self) -> bool:
+        for (vertex, subtask), attempt in self.flow.attempts.items():
+            ev = self.query.graph.vertices[vertex].task_vertices[subtask]
+            if ev.current_execution.attempt_number != attempt or ev.state is not ExecutionState.RUNNING:
+                return False
+        return True
+
+    def abandon(self) -> None:
+        for future, _ in self._batches.values():
+            if not future.done():
+                future.cancel()
+        self._batches.clear()
+
+    async def run(self, entry: OffsetEntry, output: Callable[[str, str], None]) -> None:
+        batch = await asyncio.get_running_loop().run_in_executor(None, self._batch_input, entry)
+        future: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._batches[entry.batch_id] = (future, output)
+        try:
+            self._carry_out(entry.batch_id, self.flow.start(batch))
+            await future
+        finally:
+            self._batches.pop(entry.batch_id, None)
+
+    def _batch_input(self, entry: OffsetEntry) -> BatchInput:
+        files: dict[str, tuple[str, ...]] = {}
+        for v in stream_sources(self.query.graph.job_graph):
+            r = entry.sources.get(v.id)
+            if r is not None and v.operators[0].kind != RATE:
+                files[v.id] = tuple(FilesSource.files(r, self.checkpoint.seen_files(v.id)))
+        return BatchInput(entry.batch_id, entry.batch_time_ms, dict(entry.sources), files)
+
+    def on_report(self, attempt: ExecutionAttemptId, batch_id: int, schemas: dict[str, str]) -> None:
+        if batch_id in self._batches:
+            self._carry_out(batch_id, self.flow.on_report(attempt, batch_id, schemas))
+
+    def _carry_out(self, batch_id: int, steps: list[Step]) -> None:
+        future, output = self._batches[batch_id]
+        for step in steps:
+            if isinstance(step, Dispatch):
+                gateway = self.query.rm.gateway(step.task_manager_id)
+                if gateway is None:
+                    self._refused(batch_id, f"TaskManager {step.task_manager_id} is gone")
+                    return
+                tasks = [(t.attempt, [(g.input_index, g.attempts, g.schema) for g in t.gates]) for t in step.tasks]
+                request = codec.run_batch_to_proto(self.query.job_id, "", step.batch, tasks)
+                gateway.run_batch(request, lambda job, attempt, why: self._refused(
+                    batch_id, f"task {codec.attempt_from_proto(attempt)} did not take batch {batch_id}: {why}"))
+            elif isinstance(step, SinkStarted):
+                output("started", step.sink)
+            elif isinstance(step, SinkWritten):
+                output("completed", step.sink)
+        if not self.flow.in_flight or batch_id not in self.flow.in_flight:
+            if not future.done():
+                future.set_result(None)
+
+    def _refused(self, batch_id: int, why: str) -> None:
+        entry = self._batches.get(batch_id)
+        if entry is not None and not entry[0].done():
+            entry[0].set_exception(BatchNotRun(why))
+
+    async def commit(self, batch_id: int) -> None:
+        job = self.query.graph.job_graph
+        work = []
+        for sink in self.query.sinks:
+            op = job.vertex(sink).operators[-1]
+            if op.kind in FILE_SINK_KINDS:
+                target = local_path(str(op.config["path"]))
+            elif op.kind == "sink.collect":
+                target = layout.collect_dir(self.query.data_dir, self.query.job_id, sink)
+            else:
+                continue  # print, discard, noop: nothing to commit
+            kind = CATALOGUE.get(op.kind)
+            assert kind is not None and kind.commits_output
+            work.append((target, self.flow.sink_attempts(sink)))
+
+        def commit_all() -> None:
+            for target, attempts in work:
+                streamsinks.commit_batch(target, batch_id, attempts)
+
+        await asyncio.get_running_loop().run_in_executor(None, commit_all)
+
+
+def progress_json(records) -> list[str]:
+    return [json.dumps(r, sort_keys=True) for r in records]
