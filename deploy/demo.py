@@ -63,14 +63,14 @@ def _operator(job: JobGraph, kind: str) -> OperatorSpec:
     return found[0]
 
 
-def tokeniser_and_input(job: JobGraph) -> tuple[Callable[[str], Iterable[str]], str]:
+def tokeniser_and_input(job: JobGraph, source_kind: str = "source.text") -> tuple[Callable[[str], Iterable[str]], str]:
     """The flat_map function and the input path of the word count, taken from the job graph
     the example built: the very function the TaskManagers run (the example defines it inside
     build() so that it ships by value), so the two counts cannot drift apart."""
     import cloudpickle
 
     words = cloudpickle.loads(_operator(job, "flat_map").function)
-    path = str(_operator(job, "source.text").config["path"])
+    path = str(_operator(job, source_kind).config["path"])
     return words, path
 
 
@@ -85,9 +85,14 @@ def input_files(path: str) -> list[Path]:
 
 
 def direct_count(files: Sequence[Path], words: Callable[[str], Iterable[str]]) -> collections.Counter[str]:
+    return count_texts([f.read_text(encoding="utf-8") for f in files], words)
+
+
+def count_texts(texts: Iterable[str], words: Callable[[str], Iterable[str]]) -> collections.Counter[str]:
+    """Words of texts, split into lines as Spark's text source does."""
     counts: collections.Counter[str] = collections.Counter()
-    for f in files:
-        for line in _LINE_ENDS.split(f.read_text(encoding="utf-8")):
+    for text in texts:
+        for line in _LINE_ENDS.split(text):
             counts.update(words(line))
     return counts
 

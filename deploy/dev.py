@@ -3,6 +3,7 @@
 
     python3 deploy/dev.py demo    # local multi-process cluster, word count, result and state history
     python3 deploy/dev.py test    # the whole test suite
+    python3 deploy/dev.py stream  # the streaming word count, fed file by file, checked batch by batch
     python3 deploy/dev.py bench   # the benchmark suite: a table and a JSON file (about 20 minutes)
     python3 deploy/dev.py docs    # regenerate the README's state diagrams from the tables
 
@@ -76,7 +77,7 @@ def ensure_zookeeper() -> None:
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("demo", "test", "docs", "bench"):
+    if not argv or argv[0] not in ("demo", "test", "docs", "bench", "stream"):
         print(__doc__)
         return 2
     command, rest = argv[0], argv[1:]
@@ -90,7 +91,8 @@ def main(argv: list[str]) -> int:
         return subprocess.call([str(python), str(ROOT / "tests" / "benchmarks" / "run_all.py"), *rest], cwd=ROOT, env=env)
     if command == "docs":
         return subprocess.call([str(python), "-m", "funke.deploy.docs", str(ROOT / "README.md")], cwd=ROOT, env=env)
-    return subprocess.call([str(python), "-m", "funke.deploy.demo", *rest], cwd=ROOT, env=env)
+    module = "funke.deploy.streamdemo" if command == "stream" else "funke.deploy.demo"
+    return subprocess.call([str(python), "-m", module, *rest], cwd=ROOT, env=env)
 
 
 if __name__ == "__main__":

@@ -94,6 +94,9 @@ class BatchRunner(Protocol):
     async def commit(self, batch_id: int) -> None:
         """Commit the batch's output on every sink (idempotent)."""
 
+    async def settle(self) -> None:
+        """Wait for blocking work still under way (a commit whose caller was cancelled)."""
+
 
 Publisher = Callable[[mb.Publish], None]
 
@@ -114,13 +117,19 @@ class StreamDriver:
         self.coordinator: mb.MicroBatchCoordinator | None = None
         self.done: asyncio.Future[str] | None = None  # the reason it ended, or the failure
         self._pending: set[asyncio.Task] = set()
+        # Blocking work under way in threads: a cancelled step's thread runs on, and `close`
+        # waits for it, so that nothing of this run writes after the checkpoint is let go.
+        self._in_threads: set[asyncio.Future] = set()
         self._timer: asyncio.TimerHandle | None = None
 
     def _now(self) -> int:
         return int(self.clock() * 1000)
 
     async def _blocking(self, fn: Callable[..., Any], *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self._io, fn, *args)
+        future = asyncio.get_running_loop().run_in_executor(self._io, fn, *args)
+        self._in_threads.add(future)
+        future.add_done_callback(self._in_threads.discard)
+        return await future
 
     # -------------------------------------------------------------- control
 
@@ -149,6 +158,8 @@ class StreamDriver:
         for task in list(self._pending):
             task.cancel()
         await asyncio.gather(*self._pending, return_exceptions=True)
+        await asyncio.gather(*self._in_threads, return_exceptions=True)
+        await self.runner.settle()
         await self._blocking(self.checkpoint.close)
         if self.done is not None and not self.done.done():
             self.done.set_result("closed")

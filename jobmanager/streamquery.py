@@ -261,6 +261,7 @@ class _Run:
         self.driver: StreamDriver
         self.watcher: asyncio.Task | None = None
         self._batches: dict[int, tuple[asyncio.Future, Callable[[str, str], None]]] = {}
+        self._in_threads: set[asyncio.Future] = set()
 
     def all_running(self) -> bool:
         for (vertex, subtask), attempt in self.flow.attempts.items():
@@ -341,7 +342,13 @@ class _Run:
             for target, attempts in work:
                 streamsinks.commit_batch(target, batch_id, attempts)
 
-        await asyncio.get_running_loop().run_in_executor(None, commit_all)
+        future = asyncio.get_running_loop().run_in_executor(None, commit_all)
+        self._in_threads.add(future)
+        future.add_done_callback(self._in_threads.discard)
+        await future
+
+    async def settle(self) -> None:
+        await asyncio.gather(*self._in_threads, return_exceptions=True)
 
 
 def progress_json(records) -> list[str]:

@@ -54,6 +54,9 @@ class StagingRunner:
         attempt = len([b for b in self.ran if b == batch_id]) - 1
         await asyncio.to_thread(streamsinks.commit_batch, self.target, batch_id, {0: attempt})
 
+    async def settle(self) -> None:
+        return None
+
 
 def sink_lines(target: str) -> list[str]:
     lines = []

@@ -1,0 +1,391 @@
+"""Streaming queries on a real cluster (a JobManager and three TaskManagers with PySpark):
+micro-batches over files dropped into a directory and over the rate source, the offset and
+commit logs, exactly-once file sinks through TaskManager kills, restart from a checkpoint,
+graceful stop, cancel, a stuck sink, and the listener events' order.
+
+Every check reads what the query left on disk — the checkpoint's logs and the sinks' manifests
+— and compares it with what the input was."""
+
+from __future__ import annotations
+
+import collections
+import csv
+import json
+import os
+import queue
+import sys
+import threading
+import time
+from pathlib import Path
+
+import cloudpickle
+import pyarrow.parquet as pq
+import pytest
+
+from funke.common.dsl import ExecutionEnvironment
+from funke.common.streamsources import FilesSource
+from funke.deploy import localcluster
+from funke.deploy.client import JobManagerClient, job_status_name
+from funke.jobmanager import streamsinks
+from funke.jobmanager.checkpointstore import CheckpointStore
+from tests.integration.conftest import funke
+
+pytestmark = pytest.mark.cluster
+
+# The TaskManagers cannot import this module: its functions travel by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+TASKMANAGERS = ("tm-1", "tm-2", "tm-3")
+ORDER = ("BatchSubmitted", "BatchStarted", "OutputOperationStarted", "OutputOperationCompleted", "BatchCompleted")
+
+
+# ---------------------------------------------------------------------------- the cluster
+
+class StreamCluster:
+    def __init__(self, dir: Path):
+        self.dir = dir
+        self.info = localcluster.start(dir, len(TASKMANAGERS), 2)
+        self.client = JobManagerClient(self.info.address)
+        self.spare = 0
+
+    def restore(self) -> None:
+        """Three TaskManagers registered (tests kill some and start replacements)."""
+        registered = {tm.id for tm in self.client.cluster_overview().task_managers}
+        missing = 3 - len(registered)
+        for _ in range(missing):
+            self.add_taskmanager()
+
+    def add_taskmanager(self) -> str:
+        self.spare += 1
+        name = f"tm-spare-{self.spare}"
+        localcluster.start_taskmanager(self.dir, name, 2)
+        return name
+
+    def funke(self, *args: str, **kw):
+        command, *rest = args
+        return funke(command, "--jobmanager", self.info.address, *rest, **kw)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = StreamCluster(tmp_path_factory.mktemp("stream-cluster"))
+    yield c
+    c.client.close()
+    localcluster.stop(c.dir)
+
+
+@pytest.fixture
+def stream_cluster(cluster):
+    cluster.restore()
+    yield cluster
+
+
+class Events:
+    """A job's streaming events as WatchJob delivers them, gathered by a thread."""
+
+    def __init__(self, client: JobManagerClient, job_id: str):
+        self.seen: list[tuple[str, int]] = []
+        self.statuses: list[str] = []
+        self._queue: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._pump, args=(client, job_id), daemon=True)
+        self._thread.start()
+
+    def _pump(self, client: JobManagerClient, job_id: str) -> None:
+        for event in client.watch(job_id):
+            kind = event.WhichOneof("event")
+            if kind == "streaming":
+                self._queue.put((event.streaming.kind, event.streaming.batch_id))
+            elif kind == "job_status":
+                self._queue.put(("status", job_status_name(event.job_status.to_status)))
+        self._queue.put(("end", -1))
+
+    def wait(self, kind: str, min_batch: int = 0, timeout: float = 120) -> int:
+        """Until an event `kind` of a batch >= min_batch (returns its batch id)."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            try:
+                item = self._queue.get(timeout=max(0.01, deadline - time.time()))
+            except queue.Empty:
+                break
+            if item[0] == "status":
+                self.statuses.append(item[1])
+                continue
+            self.seen.append(item)
+            if item[0] == kind and item[1] >= min_batch:
+                return item[1]
+            if item[0] == "end":
+                break
+        raise AssertionError(f"no {kind} of a batch >= {min_batch} within {timeout} s; saw {self.seen[-12:]}")
+
+    def drain(self, timeout: float = 120) -> None:
+        try:
+            self.wait("end", timeout=timeout)
+        except AssertionError:
+            pass
+
+
+def wait_status(client: JobManagerClient, job_id: str, statuses: tuple[str, ...], timeout: float = 180) -> str:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        status = job_status_name(client.get_job(job_id).status)
+        if status in statuses:
+            return status
+        time.sleep(0.2)
+    raise AssertionError(f"job {job_id} is {status}, not {statuses}, after {timeout} s")
+
+
+def words(line):
+    return [(w,) for w in line.lower().split() if w]
+
+
+def committed_rows(target: Path, reader) -> dict[int, list]:
+    """Per committed batch (its manifest), the rows of its files."""
+    out = {}
+    for b in streamsinks.committed_batches(str(target)):
+        rows = []
+        for name in streamsinks.committed_files(str(target), b):
+            rows += reader(target / name)
+        out[b] = rows
+    return out
+
+
+def read_counts(path: Path) -> list[tuple[str, int]]:
+    with open(path, newline="") as f:
+        return [(r["word"], int(r["count"])) for r in csv.DictReader(f)]
+
+
+def read_values(path: Path) -> list[int]:
+    return pq.read_table(path).column("value").to_pylist()
+
+
+def assert_listener_order(seen: list[tuple[str, int]]) -> None:
+    """Per batch, the seeds' order: submitted, started, output operations, completed."""
+    by_batch: dict[int, list[str]] = collections.defaultdict(list)
+    for kind, batch in seen:
+        if kind in ORDER:
+            by_batch[batch].append(kind)
+    assert by_batch, "no batch events"
+    for batch, kinds in by_batch.items():
+        if "BatchCompleted" not in kinds:
+            continue
+        firsts = [kinds.index(k) for k in ORDER]
+        assert firsts == sorted(firsts), f"batch {batch}: events out of order: {kinds}"
+
+
+# ---------------------------------------------------------------------------- word count over files
+
+def test_a_streaming_word_count_counts_each_batch_exactly_as_its_files(stream_cluster, tmp_path):
+    incoming, out, checkpoint = tmp_path / "incoming", tmp_path / "counts", tmp_path / "checkpoint"
+    incoming.mkdir()
+    env = ExecutionEnvironment("streaming word count", parallelism=2)
+    (env.read_stream.text(str(incoming), max_files_per_trigger=2)
+        .flat_map(words, schema="word string")
+        .key_by("word").count()
+        .write_csv(str(out)))
+    env.set_trigger("300 ms").set_checkpoint_location(str(checkpoint))
+    client = stream_cluster.client
+    job_id = client.submit(env.build())
+    events = Events(client, job_id)
+    wait_status(client, job_id, ("RUNNING",))
+    texts = {}
+    vocabulary = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta"]
+    for i in range(7):  # dropped while the job runs, written aside and renamed in (as with Spark)
+        text = " ".join(vocabulary[(i + j) % 7] for j in range(3 + 2 * i)) + "\n" + vocabulary[i] + "\n"
+        aside = incoming / f".part-{i}.txt"
+        aside.write_text(text)
+        aside.rename(incoming / f"part-{i}.txt")
+        texts[f"part-{i}.txt"] = text
+        time.sleep(0.4)
+    deadline = time.time() + 180
+    while time.time() < deadline:  # until a batch committed the 7th file
+        progress = client.progress(job_id)
+        if progress and progress[-1]["sources"][0]["endOffset"] == 7:
+            break
+        time.sleep(0.5)
+    else:
+        raise AssertionError(f"the 7 files were not all processed: {client.progress(job_id)[-1:]}")
+    status = job_status_name(client.get_job(job_id).status)
+    shown = stream_cluster.funke("status", job_id).stdout
+    assert status == "RUNNING" and "latest micro-batch:" in shown, shown
+    table = stream_cluster.funke("progress", job_id).stdout
+    assert "BATCH" in table and "ROWS" in table, table
+    stopped = stream_cluster.funke("stop", job_id, "--timeout", "60")
+    assert f"job {job_id} is FINISHED" in stopped.stdout, stopped.stdout
+    events.drain()
+
+    store = CheckpointStore(str(checkpoint))
+    seen = store.seen_files(store_source(store))
+    assert sorted(seen) == sorted(texts)
+    counted = committed_rows(out, read_counts)
+    assert len(counted) >= 4, f"7 files at most 2 per trigger make at least 4 batches, got {sorted(counted)}"
+    assert sorted(counted) == store.commit_ids()
+    total: collections.Counter = collections.Counter()
+    for batch, rows in counted.items():
+        entry = store.read_offsets(batch)
+        (source_range,) = entry.sources.values()
+        files = FilesSource.files(source_range, seen)
+        assert 1 <= len(files) <= 2
+        expected = collections.Counter(w for f in files for (w,) in words(texts[f]))
+        assert dict(rows) == dict(expected), f"batch {batch} ({files})"
+        assert len(rows) == len(expected), f"batch {batch}: a word counted twice: {rows}"
+        total.update(dict(rows))
+    assert total == collections.Counter(w for t in texts.values() for (w,) in words(t))
+    assert_listener_order(events.seen)
+    progress = json.loads(stream_cluster.funke("progress", job_id, "--json").stdout)
+    assert progress and progress[-1]["batchId"] == max(counted)
+
+
+def store_source(store: CheckpointStore) -> str:
+    (source,) = os.listdir(os.path.join(store.root, "sources"))
+    return source
+
+
+# ---------------------------------------------------------------------------- rate source jobs
+
+def rate_job(name: str, out: Path, checkpoint: Path, *, rows_per_second: int = 40, parallelism: int = 2,
+             slow_marker: Path | None = None, trigger: str = "500 ms") -> ExecutionEnvironment:
+    marker = str(slow_marker) if slow_marker else ""
+
+    def through(value):
+        # With a marker file, each row waits as long as it says (a slow or stuck sink).
+        if marker and os.path.exists(marker):
+            with open(marker) as f:
+                time.sleep(float(f.read() or 0))
+        return value
+
+    env = ExecutionEnvironment(name, parallelism=parallelism)
+    env.read_stream.rate(rows_per_second).select("value").map(through, schema="value bigint").write_parquet(str(out))
+    env.set_trigger(trigger).set_checkpoint_location(str(checkpoint))
+    env.set_restart_strategy("fixed-delay", attempts=20, delay="500 ms")
+    return env
+
+
+def assert_exactly_once(out: Path, checkpoint: Path) -> tuple[int, int, int]:
+    """Every row the committed batches' offsets hold is in the sink once: (rows, duplicates, lost)."""
+    store = CheckpointStore(str(checkpoint))
+    commits = store.commit_ids()
+    assert commits == list(range(commits[0], commits[-1] + 1))
+    last = store.read_offsets(commits[-1])
+    (end,) = [r.end for r in last.sources.values()]
+    expected = int(end["rows"])
+    values = [v for rows in committed_rows(out, read_values).values() for v in rows]
+    counts = collections.Counter(values)
+    duplicates = sum(n - 1 for n in counts.values() if n > 1)
+    lost = len(set(range(expected)) - set(counts))
+    assert (duplicates, lost) == (0, 0), f"{duplicates} duplicate(s), {lost} lost of {expected} rows"
+    assert set(counts) == set(range(expected)), "rows beyond the committed offsets"
+    return expected, duplicates, lost
+
+
+def test_restart_from_the_checkpoint_keeps_the_query_id_and_continues_at_the_next_batch(stream_cluster, tmp_path):
+    out, checkpoint = tmp_path / "values", tmp_path / "checkpoint"
+    client = stream_cluster.client
+    first = client.submit(rate_job("rate restart", out, checkpoint).build())
+    events = Events(client, first)
+    events.wait("BatchCompleted", min_batch=2)
+    before = client.progress(first)
+    client.cancel(first)
+    wait_status(client, first, ("CANCELED",))
+    events.drain()
+    store = CheckpointStore(str(checkpoint))
+    commits = store.commit_ids()
+    # cancel commits nothing more: every manifest is a committed batch's
+    assert set(streamsinks.committed_batches(str(out))) <= set(commits) | {max(commits) + 1}
+
+    second = client.submit(rate_job("rate restart", out, checkpoint).build())
+    events = Events(client, second)
+    events.wait("BatchCompleted", min_batch=max(commits) + 2)
+    after = client.progress(second)
+    assert after[0]["id"] == before[0]["id"], "the query id is the checkpoint's"
+    assert after[0]["runId"] != before[-1]["runId"], "a new run id per start"
+    assert after[0]["batchId"] == max(commits) + 1, f"continues after the last commit {max(commits)}: {after[0]}"
+    client.stop(second, timeout_s=60)
+    wait_status(client, second, ("FINISHED",))
+    events.drain()
+    assert_exactly_once(out, checkpoint)
+
+
+def test_graceful_stop_finishes_the_batch_in_flight_and_cancel_does_not_commit_it(stream_cluster, tmp_path):
+    client = stream_cluster.client
+    slow = tmp_path / "slow"
+    slow.write_text("0.6")
+    outcomes = {}
+    for how in ("stop", "cancel"):
+        out, checkpoint = tmp_path / f"{how}-values", tmp_path / f"{how}-checkpoint"
+        job_id = client.submit(rate_job(f"slow {how}", out, checkpoint, rows_per_second=4, parallelism=1,
+                                        slow_marker=slow).build())
+        events = Events(client, job_id)
+        batch = events.wait("BatchStarted", min_batch=1)
+        if how == "stop":
+            status, message = client.stop(job_id, timeout_s=120)
+            assert status == "RUNNING" and "finishes and commits" in message
+            outcomes[how] = wait_status(client, job_id, ("FINISHED", "CANCELED", "FAILED"))
+        else:
+            client.cancel(job_id)
+            outcomes[how] = wait_status(client, job_id, ("CANCELED", "FAILED"))
+        events.drain()
+        store = CheckpointStore(str(checkpoint))
+        committed = store.commit_ids()
+        if how == "stop":
+            assert batch in committed and batch in streamsinks.committed_batches(str(out))
+            assert_exactly_once(out, checkpoint)
+            assert_listener_order(events.seen)
+        else:
+            assert batch not in committed and batch not in streamsinks.committed_batches(str(out))
+            assert batch in store.offset_ids(), "the batch stays in the offset log, to run again"
+    assert outcomes == {"stop": "FINISHED", "cancel": "CANCELED"}
+
+
+def test_a_stuck_sink_makes_stop_time_out_and_cancel_instead_of_hanging(stream_cluster, tmp_path):
+    client = stream_cluster.client
+    stuck = tmp_path / "stuck"
+    out, checkpoint = tmp_path / "values", tmp_path / "checkpoint"
+    stuck.write_text("600")
+    job_id = client.submit(rate_job("stuck sink", out, checkpoint, rows_per_second=4, parallelism=1,
+                                    slow_marker=stuck).build())
+    events = Events(client, job_id)
+    events.wait("BatchStarted")
+    began = time.time()
+    stopped = stream_cluster.funke("stop", job_id, "--timeout", "3", check=False, timeout=120)
+    took = time.time() - began
+    assert stopped.returncode == 1 and f"job {job_id} is CANCELED" in stopped.stdout, stopped.stdout + stopped.stderr
+    assert took < 90, f"stop took {took:.1f} s"
+    history = stream_cluster.funke("status", job_id).stdout
+    assert "CANCELLING" in history
+    events.drain()
+
+
+# ---------------------------------------------------------------------------- exactly once through kills
+
+PHASES = (
+    # (the event a TaskManager is killed at, what has happened to that batch by then)
+    ("BatchCompleted", "between batches: the next one's offsets are not logged yet"),
+    ("BatchSubmitted", "its offsets are logged (WAL), its tasks not run"),
+    ("OutputOperationStarted", "its sinks are writing"),
+    ("OutputOperationCompleted", "its sinks have written; its commit and commit entry follow"),
+)
+
+
+def _task_managers_of(client: JobManagerClient, job_id: str) -> set[str]:
+    return {s.current.task_manager_id for v in client.get_job(job_id).vertices for s in v.subtasks
+            if s.current.task_manager_id}
+
+
+def test_exactly_once_through_taskmanager_kills_at_every_phase_of_a_batch(stream_cluster, tmp_path):
+    out, checkpoint = tmp_path / "values", tmp_path / "checkpoint"
+    client = stream_cluster.client
+    job_id = client.submit(rate_job("kill at every phase", out, checkpoint, rows_per_second=200).build())
+    events = Events(client, job_id)
+    batch = events.wait("BatchCompleted")
+    for kind, _ in PHASES:
+        batch = events.wait(kind, min_batch=batch + 1)
+        victim = sorted(_task_managers_of(client, job_id))[0]
+        localcluster.kill(stream_cluster.dir, victim)
+        stream_cluster.add_taskmanager()
+        batch = events.wait("BatchCompleted", min_batch=batch, timeout=180)
+    client.stop(job_id, timeout_s=60)
+    assert wait_status(client, job_id, ("FINISHED", "FAILED", "CANCELED")) == "FINISHED"
+    events.drain()
+    rows, duplicates, lost = assert_exactly_once(out, checkpoint)
+    assert rows > 0
+    assert events.statuses.count("RESTARTING") >= len(PHASES), events.statuses
