@@ -398,9 +398,11 @@ class Dispatcher:
 
     def query_progress(self, job_id: str) -> jobmanager_pb2.QueryProgress:
         job = self.job(job_id)
-        if isinstance(job, ArchivedJob):
-            progress = json.loads(job.details().latest_progress_json or "null")
-            return jobmanager_pb2.QueryProgress(progress_json=[json.dumps(progress, sort_keys=True)] if progress else [])
+        if isinstance(job, ArchivedJob):  # kept with the job (recovered archives keep the latest only)
+            latest = job.details().latest_progress_json
+            records = list(job.progress) or ([latest] if latest else [])
+            query_id = json.loads(records[0]).get("id", "") if records else ""
+            return jobmanager_pb2.QueryProgress(query_id=query_id, progress_json=records)
         if job.query is None:
             raise DispatcherError("FAILED_PRECONDITION", f"job {job_id} is not a streaming query: it has no "
                                   "micro-batch progress")
@@ -427,7 +429,9 @@ class Dispatcher:
         """The job ended: keep its details, let go of its JobMaster (graph, functions, artifacts)."""
         if self.jobs.get(jm.job_id) is not jm:
             return
-        entry = archive(jm.details(), jm.summary(), jm.status, jm.sequence, jm.collect_vertices, time.time())
+        progress = tuple(json.dumps(r, sort_keys=True) for r in jm.query.progress) if jm.query is not None else ()
+        entry = archive(jm.details(), jm.summary(), jm.status, jm.sequence, jm.collect_vertices, time.time(),
+                        progress)
         del self.jobs[jm.job_id]
         self._progress_at.pop(jm.job_id, None)
         if self.ha is not None and jm.status.is_globally_terminal:

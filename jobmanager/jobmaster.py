@@ -83,6 +83,8 @@ class JobMaster:
             self.query = StreamingQuery(
                 graph, data_dir=data_dir, resource_manager=resource_manager,
                 holder=f"job {self.job_id} on JobManager {inc.job_manager or 'local'} (pid {os.getpid()})",
+                all_running=lambda: (self.scheduler.state_counts.get(ExecutionState.RUNNING, 0)
+                                     == self.graph.number_of_vertices()),
                 on_failure=lambda failure: self.mailbox.run(
                     lambda: self._decide(lambda now: self.scheduler.on_global_failure(failure, now))),
                 on_event=self._on_streaming_event,

@@ -34,19 +34,20 @@ class ArchivedJob:
     sequence: int  # the last event sequence number the job published
     collect_vertices: tuple[str, ...]
     archived_at: float
+    progress: tuple[str, ...] = ()  # a streaming query's recent progress records (JSON)
 
     def details(self) -> job_pb2.JobDetails:
         return job_pb2.JobDetails.FromString(zlib.decompress(self.compressed_details))
 
     @property
     def size(self) -> int:
-        return len(self.compressed_details) + self.summary.ByteSize() + 200
+        return len(self.compressed_details) + self.summary.ByteSize() + sum(len(p) for p in self.progress) + 200
 
 
 def archive(details: job_pb2.JobDetails, summary: job_pb2.JobSummary, status: JobStatus, sequence: int,
-            collect_vertices: tuple[str, ...], now: float) -> ArchivedJob:
+            collect_vertices: tuple[str, ...], now: float, progress: tuple[str, ...] = ()) -> ArchivedJob:
     return ArchivedJob(details.job_id, status, summary, zlib.compress(details.SerializeToString(), 1),
-                       sequence, collect_vertices, now)
+                       sequence, collect_vertices, now, progress)
 
 
 class JobStore:

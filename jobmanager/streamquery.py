@@ -34,7 +34,7 @@ from funke.common.batchflow import BatchFlow, Dispatch, SinkStarted, SinkWritten
 from funke.common.checkpoint import OffsetEntry
 from funke.common.executiongraph import ExecutionAttemptId, ExecutionGraph, FailureInfo
 from funke.common.operators import CATALOGUE
-from funke.common.states import ExecutionState, JobStatus
+from funke.common.states import JobStatus
 from funke.common.streamingjob import RATE, QuerySettings, query_settings, sinks, stream_sources
 from funke.common.streamsources import BatchInput, FilesSource, RateSource
 from funke.jobmanager import streamsinks
@@ -74,13 +74,14 @@ def local_path(location: str) -> str:
 
 class StreamingQuery:
     def __init__(self, graph: ExecutionGraph, *, data_dir: str, resource_manager: "ResourceManager",
-                 holder: str, on_failure: Callable[[FailureInfo], None],
+                 holder: str, all_running: Callable[[], bool], on_failure: Callable[[FailureInfo], None],
                  on_event: Callable[[mb.Publish], None], on_stop_timeout: Callable[[str], None]):
         self.graph = graph
         self.job_id = graph.job_id
         self.data_dir = data_dir
         self.rm = resource_manager
         self.holder = holder
+        self._all_running = all_running  # every current execution of the job is RUNNING
         self.settings: QuerySettings = query_settings(graph.job_graph)
         self.checkpoint_location = local_path(self.settings.checkpoint_location) if self.settings.checkpoint_location \
             else default_checkpoint(data_dir, graph.job_graph.name)
@@ -111,18 +112,12 @@ class StreamingQuery:
         the run when they no longer all are."""
         run = self._run
         if run is not None:
-            if status is not JobStatus.RUNNING or not run.all_running():
+            # A new attempt of any task means one left RUNNING first: the run ended there.
+            if status is not JobStatus.RUNNING or not self._all_running():
                 self._close_run("the job's tasks are no longer all RUNNING")
             return
         if status is JobStatus.RUNNING and not self.ended and self._all_running():
             self._start_run()
-
-    def _all_running(self) -> bool:
-        for ejv in self.graph.vertices.values():
-            for ev in ejv.task_vertices:
-                if ev.state is not ExecutionState.RUNNING:
-                    return False
-        return True
 
     def on_batch_report(self, attempt: ExecutionAttemptId, batch_id: int, schemas: dict[str, str]) -> None:
         if self._run is not None:
@@ -262,13 +257,6 @@ class _Run:
         self.watcher: asyncio.Task | None = None
         self._batches: dict[int, tuple[asyncio.Future, Callable[[str, str], None]]] = {}
         self._in_threads: set[asyncio.Future] = set()
-
-    def all_running(self) -> bool:
-        for (vertex, subtask), attempt in self.flow.attempts.items():
-            ev = self.query.graph.vertices[vertex].task_vertices[subtask]
-            if ev.current_execution.attempt_number != attempt or ev.state is not ExecutionState.RUNNING:
-                return False
-        return True
 
     def abandon(self) -> None:
         for future, _ in self._batches.values():

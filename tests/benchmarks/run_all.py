@@ -7,7 +7,9 @@ Runs, each in its own process, on this machine:
   bench_deploy.py      deploying 2 x P no-op tasks to 4 TaskManager processes over gRPC
   bench_wordcount.py   word count over >= 512 MiB, funke vs plain PySpark, same cores
   bench_latency.py     submit -> RUNNING / FINISHED on a warm cluster
+  bench_streaming.py   streaming: batch durations and sustained rate, funke vs Structured Streaming
   chaos_wordcount.py   kill -9 of a TaskManager -> restarted tasks RUNNING again
+  chaos_streaming.py   streaming: kill -9 of a TaskManager at every phase of a batch -> exactly once, recovery
   chaos_leader.py      kill -9 of the leading JobManager (high availability) -> new leader, job RUNNING;
                        on ZooKeeper too, and a paused leader (SIGSTOP) replaced by session expiry
 then prints the figures beside the goals and Flink's published scheduler figures, and writes all
@@ -22,6 +24,7 @@ import json
 import os
 import platform
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -114,10 +117,34 @@ def table(results: dict) -> str:
     lines.append(f"| TaskManager kill -9 → every failed task RUNNING again (incl. recomputing lost partitions) | "
                  f"median {median(chaos['kill_to_all_failed_running_s']):.2f} s |  |  |  |")
     lines.append(f"| chaos runs: finished / identical output | {chaos['finished']} / {chaos['identical']} of {chaos['runs']} | all |  |  |")
+    lines += streaming_rows(results.get("streaming"), results.get("chaos_streaming"))
     lines += leader_rows(results["leader"], "filesystem", "kill -9", "≤ 5 s")
     lines += leader_rows(results["leader_zookeeper"], "ZooKeeper", "kill -9", "≤ 8 s")
     lines += leader_rows(results["leader_zookeeper_pause"], "ZooKeeper", "SIGSTOP (session expiry, 6 s)", "≤ 8 s")
     return "\n".join(lines)
+
+
+def streaming_rows(bench: dict | None, chaos: dict | None) -> list[str]:
+    lines = []
+    if bench:
+        for key, side in bench["latency"].items():
+            f, s = side["funke"], side["structured"]
+            lines.append(f"| streaming batch duration p50 / p99, 1 000 rows/s, {key} trigger: funke vs Structured Streaming | "
+                         f"{f['p50_ms']:.0f} / {f['p99_ms']:.0f} ms vs {s['p50_ms']:.0f} / {s['p99_ms']:.0f} ms = "
+                         f"**{side['p50_ratio']:.2f}×** | ≤ 1.3× |  |  |")
+        best = bench["sustained_rows_per_s"]
+        ratio = bench["throughput_ratio"]
+        lines.append(f"| streaming sustained rate, 1 s trigger, {bench['cores']} cores: funke / Structured Streaming | "
+                     f"{best['funke']:,} / {best['structured']:,} rows/s = **{ratio:.2f}×** | ≥ 0.9× |  |  |"
+                     .replace(",", " "))
+    if chaos:
+        every = [t for times in chaos["recovery_s"].values() for t in times]
+        t = chaos["total"]
+        lines.append(f"| streaming: TaskManager kill -9 → first batch committed after recovery ({len(every)} kills) | "
+                     f"median {statistics.median(every):.2f} s, max {max(every):.2f} s |  |  |  |")
+        lines.append(f"| streaming exactly once through kills at every phase of a batch: rows expected / duplicates / lost | "
+                     f"{t['rows_expected']} / {t['duplicates']} / {t['lost']} | 0 duplicates, 0 lost |  |  |")
+    return lines
 
 
 def leader_rows(leader: dict, backend: str, fault: str, goal: str) -> list[str]:
@@ -150,6 +177,9 @@ def main() -> int:
         "latency": run(HERE / "bench_latency.py", ["--runs", "3" if quick else "5"], OUT / f"latency-{stamp}.json"),
         "chaos": run(REPO / "tests" / "chaos" / "chaos_wordcount.py", ["--runs", "3" if quick else "10"],
                      OUT / f"chaos-{stamp}.json"),
+        "streaming": run(HERE / "bench_streaming.py", ["--seconds", "8" if quick else "12"], OUT / f"streaming-{stamp}.json"),
+        "chaos_streaming": run(REPO / "tests" / "chaos" / "chaos_streaming.py", ["--runs", "1" if quick else "3"],
+                               OUT / f"chaos-streaming-{stamp}.json"),
         "leader": run(REPO / "tests" / "chaos" / "chaos_leader.py", ["--kills", "3" if quick else "20"],
                       OUT / f"leader-{stamp}.json"),
         "leader_zookeeper": run(REPO / "tests" / "chaos" / "chaos_leader.py",

@@ -609,3 +609,30 @@ def test_an_ha_cluster_directory_names_its_leader_by_the_lease(tmp_path):
     assert localcluster.read_address(tmp_path) == "127.0.0.1:7001"
     services.release(contender)
     assert localcluster.read_address(tmp_path) is None  # released: nobody leads
+
+
+def _progress_record(batch: int, rows: int) -> dict:
+    return {"id": "q-1", "runId": "r-2", "batchId": batch, "timestamp": "2026-11-23T10:00:01.000Z",
+            "numInputRows": rows, "inputRowsPerSecond": 100.0, "processedRowsPerSecond": 250.5,
+            "durationMs": {"latestOffset": 1, "walCommit": 2, "addBatch": 300, "commitOffsets": 4,
+                           "triggerExecution": 307},
+            "schedulingDelayMs": 5, "totalDelayMs": 312}
+
+
+def test_streaming_progress_and_listener_events_are_shown_as_a_spark_user_reads_them() -> None:
+    table = cli.render_progress([_progress_record(7, 100), _progress_record(8, 40)])
+    assert table[0] == "query id q-1  (run r-2)"
+    assert table[1].split()[:3] == ["BATCH", "TIMESTAMP", "ROWS"] and "TOTAL DELAY" in table[1]
+    assert table[2].split()[:3] == ["7", "2026-11-23T10:00:01.000Z", "100"] and "307" in table[2].split()
+    assert cli.render_progress([]) == ["no micro-batch has completed yet"]
+    event = jobmanager_pb2.JobEvent(sequence=3, streaming=jobmanager_pb2.StreamingEvent(
+        kind="BatchCompleted", batch_id=8, info_json=json.dumps(
+            {"schedulingDelayMs": 5, "processingDelayMs": 307, "totalDelayMs": 312})))
+    (line,) = cli.render_event(event)
+    assert line.endswith("batch 8: BatchCompleted  (scheduling delay 5 ms, processing 307 ms, total 312 ms)")
+    progress = jobmanager_pb2.JobEvent(sequence=4, streaming=jobmanager_pb2.StreamingEvent(
+        kind="QueryProgress", batch_id=8, info_json=json.dumps(_progress_record(8, 40))))
+    (line,) = cli.render_event(progress)
+    assert "batch 8, 40 input rows, 100.0 rows/s in, 250.5 rows/s processed, took 307 ms" in line
+    details = job_pb2.JobDetails(job_id="j", name="q", latest_progress_json=json.dumps(_progress_record(8, 40)))
+    assert "latest micro-batch:\n  batch 8, 40 input rows" in cli.render_job_details(details)

@@ -1,0 +1,220 @@
+"""Streaming: funke's micro-batches vs. plain Structured Streaming, the same query on the same cores.
+
+    python tests/benchmarks/bench_streaming.py [--cores 2] [--seconds 12] [--json FILE]
+
+The query: a rate source -> a Python function per row (value -> value, bucket, doubled) -> a
+per-batch aggregate by bucket (count, sum) -> Parquet.
+  funke:      a local cluster of one TaskManager with --cores slots (Spark local[cores]),
+              parallelism --cores; `map` then `key_by("bucket").aggregate(...)`, `write_parquet`;
+  Structured: one process, local[cores], `readStream.format("rate")` -> `mapInArrow` with the
+              same function -> `foreachBatch` that aggregates the batch and appends Parquet
+              (Structured Streaming's way to aggregate per batch).
+Each configuration runs for --seconds, one side after the other (never both at once); the first
+3 batches are warm-up and not counted. Printed per side:
+  - batch duration p50/p99 (durationMs.triggerExecution of the progress records) at 1 000 rows/s
+    with a 100 ms and a 1 s trigger, and the ratio funke / Structured;
+  - sustained throughput: the highest rate of the sweep each keeps up with at a 1 s trigger
+    (median batch duration <= the interval, and for funke no batch waiting longer than one
+    interval behind another), and the ratio funke / Structured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+WARM_UP_BATCHES = 3
+SWEEP = (10_000, 40_000, 100_000, 200_000, 400_000)
+
+
+def bucketed(value):
+    """The Python function both sides run per row."""
+    return (value, value % 64, value * 2)
+
+
+STRUCTURED_PROGRAM = r"""
+import json, os, sys, time
+os.environ["PYSPARK_PYTHON"] = sys.executable
+cores, root = int(sys.argv[1]), sys.argv[2]
+from pyspark.sql import SparkSession, functions as F
+import pyarrow as pa
+spark = (SparkSession.builder.master(f"local[{cores}]").appName("plain structured streaming")
+         .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+         .config("spark.sql.shuffle.partitions", str(cores)).config("spark.scheduler.mode", "FAIR")
+         .getOrCreate())
+spark.sparkContext.setLogLevel("WARN")
+SCHEMA = pa.schema([("value", pa.int64()), ("bucket", pa.int32()), ("doubled", pa.int64())])
+def bucketed(value):
+    return (value, value % 64, value * 2)
+def per_row(batches):
+    for batch in batches:
+        rows = [bucketed(v) for v in batch.column(0).to_pylist()]
+        yield pa.RecordBatch.from_pylist([dict(zip(("value", "bucket", "doubled"), r)) for r in rows], schema=SCHEMA)
+print("READY", flush=True)
+for n, line in enumerate(sys.stdin):
+    rate, interval_ms, seconds = (int(x) for x in line.split())
+    out, ck = f"{root}/out-{n}", f"{root}/ck-{n}"
+    def write(df, batch_id):
+        (df.groupBy("bucket").agg(F.count(F.lit(1)).alias("n"), F.sum("doubled").alias("total"))
+           .write.mode("append").parquet(out))
+    q = (spark.readStream.format("rate").option("rowsPerSecond", rate).option("numPartitions", cores).load()
+         .select("value").mapInArrow(per_row, "value long, bucket int, doubled long")
+         .writeStream.trigger(processingTime=f"{interval_ms} milliseconds").option("checkpointLocation", ck)
+         .foreachBatch(write).start())
+    time.sleep(seconds)
+    records = [json.loads(p.json) for p in q.recentProgress]
+    q.stop()
+    print("DONE " + json.dumps(records), flush=True)
+"""
+
+
+class Structured:
+    """One long-lived Structured Streaming process (a warm SparkSession, as the TaskManager has)."""
+
+    def __init__(self, cores: int, root: Path):
+        self.proc = subprocess.Popen([sys.executable, "-c", STRUCTURED_PROGRAM, str(cores), str(root)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        assert self.proc.stdout.readline().strip() == "READY"
+
+    def run(self, rate: int, interval_ms: int, seconds: float) -> list[dict]:
+        self.proc.stdin.write(f"{rate} {interval_ms} {int(seconds)}\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        assert line.startswith("DONE "), line
+        return [r for r in json.loads(line[5:]) if r.get("numInputRows", 0) > 0]
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=120)
+
+
+def funke_job(rate: int, interval_ms: int, out: Path, checkpoint: Path, parallelism: int):
+    from funke.common.dsl import ExecutionEnvironment
+
+    env = ExecutionEnvironment(f"bench stream {rate} {interval_ms}", parallelism=parallelism)
+    (env.read_stream.rate(rate)
+        .select("value")
+        .map(bucketed, schema="value bigint, bucket int, doubled bigint")
+        .key_by("bucket").aggregate("count(1) as n", "sum(doubled) as total")
+        .write_parquet(str(out)))
+    env.set_trigger(f"{interval_ms} ms").set_checkpoint_location(str(checkpoint))
+    return env.build()
+
+
+def measured(records: list[dict]) -> list[dict]:
+    return records[WARM_UP_BATCHES:]
+
+
+def durations(records: list[dict]) -> list[int]:
+    return [r["durationMs"]["triggerExecution"] for r in measured(records)]
+
+
+def percentile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+
+def keeps_up(records: list[dict], interval_ms: int) -> bool:
+    batches = measured(records)
+    if len(batches) < 3:
+        return False
+    if statistics.median(durations(records)) > interval_ms:
+        return False
+    delays = [r["schedulingDelayMs"] for r in batches[-5:] if "schedulingDelayMs" in r]
+    return not delays or max(delays) <= 2 * interval_ms
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--cores", type=int, default=2)
+    p.add_argument("--seconds", type=float, default=12)
+    p.add_argument("--json", help="also write the results here")
+    args = p.parse_args()
+    sys.path.insert(0, str(REPO))
+    import cloudpickle
+
+    from funke.deploy import localcluster
+    from funke.deploy.client import JobManagerClient, job_status_name
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    results: dict = {"cores": args.cores, "seconds": args.seconds, "latency": {}, "sweep": {}}
+    with tempfile.TemporaryDirectory(prefix="funke-bench-stream-") as tmp:
+        root = Path(tmp)
+        info = localcluster.start(root / "cluster", 1, args.cores)
+        client = JobManagerClient(info.address, timeout=600)
+        structured = Structured(args.cores, root / "structured")
+        runs = 0
+
+        def run_funke(rate: int, interval_ms: int) -> list[dict]:
+            nonlocal runs
+            runs += 1
+            job_id = client.submit(funke_job(rate, interval_ms, root / f"funke-out-{runs}", root / f"funke-ck-{runs}",
+                                             args.cores))
+            deadline = time.time() + 120
+            while job_status_name(client.get_job(job_id).status) != "RUNNING" or not client.progress(job_id):
+                if time.time() > deadline:
+                    raise SystemExit(f"funke job {job_id} did not run a batch: {client.get_job(job_id)}")
+                time.sleep(0.1)
+            time.sleep(args.seconds)
+            records = client.progress(job_id)
+            client.cancel(job_id)  # as Structured Streaming's stop(): the batch in flight is dropped
+            while job_status_name(client.get_job(job_id).status) not in ("CANCELED", "FAILED", "FINISHED"):
+                time.sleep(0.1)
+            return [r for r in records if r.get("numInputRows", 0) > 0]
+
+        try:
+            print("warm-up ...", file=sys.stderr)
+            run_funke(1000, 1000)
+            structured.run(1000, 1000, 8)
+            for interval_ms in (100, 1000):
+                side = {}
+                for name, run in (("funke", run_funke), ("structured", structured.run)):
+                    records = run(1000, interval_ms) if name == "funke" else run(1000, interval_ms, args.seconds)
+                    d = durations(records)
+                    side[name] = {"batches": len(d), "p50_ms": statistics.median(d) if d else None,
+                                  "p99_ms": percentile(d, 0.99) if d else None}
+                    print(f"1000 rows/s, {interval_ms} ms trigger, {name}: {side[name]}", file=sys.stderr)
+                side["p50_ratio"] = side["funke"]["p50_ms"] / side["structured"]["p50_ms"]
+                results["latency"][f"{interval_ms}ms"] = side
+            best = {"funke": 0, "structured": 0}
+            for name in ("funke", "structured"):
+                for rate in SWEEP:
+                    records = run_funke(rate, 1000) if name == "funke" else structured.run(rate, 1000, args.seconds)
+                    ok = keeps_up(records, 1000)
+                    d = durations(records)
+                    results["sweep"].setdefault(name, {})[rate] = {
+                        "keeps_up": ok, "p50_ms": statistics.median(d) if d else None,
+                        "rows": sum(r["numInputRows"] for r in measured(records))}
+                    print(f"{rate} rows/s, 1 s trigger, {name}: {'keeps up' if ok else 'falls behind'} "
+                          f"(p50 {statistics.median(d) if d else '-'} ms)", file=sys.stderr)
+                    if not ok:
+                        break
+                    best[name] = rate
+            results["sustained_rows_per_s"] = best
+            results["throughput_ratio"] = best["funke"] / best["structured"] if best["structured"] else None
+        finally:
+            structured.close()
+            client.close()
+            localcluster.stop(root / "cluster")
+    for key, side in results["latency"].items():
+        print(f"batch duration at 1000 rows/s, {key} trigger: funke p50 {side['funke']['p50_ms']} ms / p99 "
+              f"{side['funke']['p99_ms']} ms; Structured Streaming p50 {side['structured']['p50_ms']} ms / p99 "
+              f"{side['structured']['p99_ms']} ms; p50 ratio {side['p50_ratio']:.2f}")
+    best = results["sustained_rows_per_s"]
+    ratio = results["throughput_ratio"]
+    print(f"sustained at a 1 s trigger ({args.cores} cores): funke {best['funke']:,} rows/s, Structured Streaming "
+          f"{best['structured']:,} rows/s, ratio {ratio:.2f}" if ratio is not None else "no sustained rate found")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

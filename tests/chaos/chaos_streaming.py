@@ -1,0 +1,127 @@
+"""Chaos for streaming queries: kill -9 a TaskManager (with its Spark JVM) at each phase of a
+micro-batch, again and again, and check the file sink holds every input row exactly once.
+
+    python tests/chaos/chaos_streaming.py [--runs 3] [--kills-per-phase 1] [--rows-per-second 200]
+
+Each run is one streaming query (rate source -> a Python map -> Parquet sink, parallelism 2,
+500 ms trigger, fixed-delay restarts) on a cluster of three TaskManagers. For every phase of a
+batch in turn it waits for the listener event that opens the phase and kills a TaskManager that
+runs the query's tasks, at once; a fresh TaskManager replaces it, as a supervisor would:
+
+    BatchCompleted            between batches: the next batch's offsets are not logged yet
+    BatchSubmitted            the batch's offsets are logged (WAL), its tasks have not run it
+    OutputOperationStarted    its sinks are writing
+    OutputOperationCompleted  its sinks have written; the sink commit and the commit entry follow
+
+Then the query is stopped gracefully, and the sink's committed batches (their manifests) are
+compared with the rows the commit log's last offsets hold. Prints per phase the kills and the
+time from each kill until the first batch committed after it (recovery), and per run the rows
+expected and found, duplicates and losses. Not part of the test suite (it takes minutes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from funke.deploy import localcluster  # noqa: E402
+from tests.integration.test_streaming import (  # noqa: E402
+    PHASES,
+    Events,
+    StreamCluster,
+    committed_rows,
+    rate_job,
+    read_values,
+    wait_status,
+)
+from funke.jobmanager.checkpointstore import CheckpointStore  # noqa: E402
+
+
+def task_managers_of(client, job_id: str) -> list[str]:
+    return sorted({s.current.task_manager_id for v in client.get_job(job_id).vertices for s in v.subtasks
+                   if s.current.task_manager_id})
+
+
+def tally(out: Path, checkpoint: Path) -> dict:
+    store = CheckpointStore(str(checkpoint))
+    commits = store.commit_ids()
+    (end,) = [r.end for r in store.read_offsets(commits[-1]).sources.values()]
+    expected = int(end["rows"])
+    values = [v for rows in committed_rows(out, read_values).values() for v in rows]
+    counts = collections.Counter(values)
+    return {"batches": len(commits), "rows_expected": expected, "rows_found": len(values),
+            "duplicates": sum(n - 1 for n in counts.values() if n > 1),
+            "lost": len(set(range(expected)) - set(counts)),
+            "beyond": len(set(counts) - set(range(expected)))}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--kills-per-phase", type=int, default=1)
+    p.add_argument("--rows-per-second", type=int, default=200)
+    p.add_argument("--json", help="also write the figures here")
+    args = p.parse_args()
+    recovery: dict[str, list[float]] = {kind: [] for kind, _ in PHASES}
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="funke-chaos-stream-") as tmp:
+        root = Path(tmp)
+        cluster = StreamCluster(root / "cluster")
+        client = cluster.client
+        try:
+            for n in range(1, args.runs + 1):
+                cluster.restore()
+                out, checkpoint = root / f"out-{n}", root / f"checkpoint-{n}"
+                job_id = client.submit(rate_job(f"chaos stream {n}", out, checkpoint,
+                                                rows_per_second=args.rows_per_second).build())
+                events = Events(client, job_id)
+                batch = events.wait("BatchCompleted", timeout=180)
+                kills = 0
+                for _ in range(args.kills_per_phase):
+                    for kind, _ in PHASES:
+                        batch = events.wait(kind, min_batch=batch + 1, timeout=180)
+                        victim = task_managers_of(client, job_id)[0]
+                        killed_at = time.time()
+                        localcluster.kill(cluster.dir, victim)
+                        kills += 1
+                        batch = events.wait("BatchCompleted", min_batch=batch, timeout=300)
+                        recovery[kind].append(time.time() - killed_at)
+                        cluster.add_taskmanager()
+                client.stop(job_id, timeout_s=120)
+                status = wait_status(client, job_id, ("FINISHED", "FAILED", "CANCELED"))
+                events.drain()
+                figures = {"run": n, "status": status, "kills": kills, **tally(out, checkpoint)}
+                runs.append(figures)
+                print(json.dumps(figures), flush=True)
+        finally:
+            client.close()
+            localcluster.stop(cluster.dir)
+    print()
+    print(f"{'phase killed at':28} {'kills':>5} {'recovery median s':>18} {'max s':>7}")
+    for kind, times in recovery.items():
+        if times:
+            print(f"{kind:28} {len(times):5d} {statistics.median(times):18.2f} {max(times):7.2f}")
+    every = [t for times in recovery.values() for t in times]
+    print(f"{'all':28} {len(every):5d} {statistics.median(every):18.2f} {max(every):7.2f}")
+    total = {k: sum(r[k] for r in runs) for k in ("kills", "rows_expected", "rows_found", "duplicates", "lost", "beyond")}
+    finished = sum(r["status"] == "FINISHED" for r in runs)
+    print(f"runs {len(runs)}, FINISHED {finished}; kills {total['kills']}; rows expected {total['rows_expected']}, "
+          f"found {total['rows_found']}, duplicates {total['duplicates']}, lost {total['lost']}, "
+          f"beyond the committed offsets {total['beyond']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"runs": runs, "recovery_s": recovery, "total": total}, indent=2))
+    ok = finished == len(runs) and total["duplicates"] == total["lost"] == total["beyond"] == 0
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
