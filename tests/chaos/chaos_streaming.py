@@ -3,8 +3,9 @@ micro-batch, again and again, and check the file sink holds every input row exac
 
     python tests/chaos/chaos_streaming.py [--runs 3] [--kills-per-phase 1] [--rows-per-second 200]
 
-Each run is one streaming query (rate source -> a Python map -> Parquet sink, parallelism 2,
-500 ms trigger, fixed-delay restarts) on a cluster of three TaskManagers. For every phase of a
+Each run is one streaming query (rate source -> a Python map that waits --row-delay per row ->
+Parquet sink, parallelism 2, 1 s trigger, fixed-delay restarts) on a cluster of three
+TaskManagers. For every phase of a
 batch in turn it waits for the listener event that opens the phase and kills a TaskManager that
 runs the query's tasks, at once; a fresh TaskManager replaces it, as a supervisor would:
 
@@ -15,7 +16,9 @@ runs the query's tasks, at once; a fresh TaskManager replaces it, as a superviso
 
 Then the query is stopped gracefully, and the sink's committed batches (their manifests) are
 compared with the rows the commit log's last offsets hold. Prints per phase the kills and the
-time from each kill until the first batch committed after it (recovery), and per run the rows
+time from each kill until the first batch committed after the query ran again (recovery: the
+kill noticed, every task restarted, the query's next run started from the checkpoint and its
+first batch committed), and per run the rows
 expected and found, duplicates and losses. Not part of the test suite (it takes minutes).
 """
 
@@ -68,7 +71,9 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--kills-per-phase", type=int, default=1)
-    p.add_argument("--rows-per-second", type=int, default=200)
+    p.add_argument("--rows-per-second", type=int, default=100)
+    p.add_argument("--row-delay", type=float, default=0.01,
+                   help="seconds the map waits per row, so that a batch's tasks take a while (default 0.01)")
     p.add_argument("--json", help="also write the figures here")
     args = p.parse_args()
     recovery: dict[str, list[float]] = {kind: [] for kind, _ in PHASES}
@@ -81,8 +86,10 @@ def main() -> int:
             for n in range(1, args.runs + 1):
                 cluster.restore()
                 out, checkpoint = root / f"out-{n}", root / f"checkpoint-{n}"
-                job_id = client.submit(rate_job(f"chaos stream {n}", out, checkpoint,
-                                                rows_per_second=args.rows_per_second).build())
+                slow = root / "slow"
+                slow.write_text(str(args.row_delay))
+                job_id = client.submit(rate_job(f"chaos stream {n}", out, checkpoint, rows_per_second=args.rows_per_second,
+                                                slow_marker=slow, trigger="1 s").build())
                 events = Events(client, job_id)
                 batch = events.wait("BatchCompleted", timeout=180)
                 kills = 0
@@ -93,7 +100,7 @@ def main() -> int:
                         killed_at = time.time()
                         localcluster.kill(cluster.dir, victim)
                         kills += 1
-                        batch = events.wait("BatchCompleted", min_batch=batch, timeout=300)
+                        batch = events.wait_recovered(timeout=300)
                         recovery[kind].append(time.time() - killed_at)
                         cluster.add_taskmanager()
                 client.stop(job_id, timeout_s=120)

@@ -117,6 +117,28 @@ class Events:
                 break
         raise AssertionError(f"no {kind} of a batch >= {min_batch} within {timeout} s; saw {self.seen[-12:]}")
 
+    def wait_recovered(self, timeout: float = 180) -> int:
+        """After a failure: until the job RESTARTING, RUNNING again, and the first batch completed
+        after that (returns its id)."""
+        deadline = time.time() + timeout
+        restarting = running = False
+        while time.time() < deadline:
+            try:
+                item = self._queue.get(timeout=max(0.01, deadline - time.time()))
+            except queue.Empty:
+                break
+            if item[0] == "status":
+                self.statuses.append(item[1])
+                restarting = restarting or item[1] == "RESTARTING"
+                running = running or (restarting and item[1] == "RUNNING")
+                continue
+            self.seen.append(item)
+            if running and item[0] == "BatchCompleted":
+                return item[1]
+            if item[0] == "end":
+                break
+        raise AssertionError(f"no recovery within {timeout} s; saw {self.statuses[-6:]} {self.seen[-6:]}")
+
     def drain(self, timeout: float = 120) -> None:
         try:
             self.wait("end", timeout=timeout)
@@ -374,15 +396,18 @@ def _task_managers_of(client: JobManagerClient, job_id: str) -> set[str]:
 def test_exactly_once_through_taskmanager_kills_at_every_phase_of_a_batch(stream_cluster, tmp_path):
     out, checkpoint = tmp_path / "values", tmp_path / "checkpoint"
     client = stream_cluster.client
-    job_id = client.submit(rate_job("kill at every phase", out, checkpoint, rows_per_second=200).build())
+    slow = tmp_path / "slow"
+    slow.write_text("0.01")  # 10 ms a row: a batch's tasks take about half a second
+    job_id = client.submit(rate_job("kill at every phase", out, checkpoint, rows_per_second=100, slow_marker=slow,
+                                    trigger="1 s").build())
     events = Events(client, job_id)
     batch = events.wait("BatchCompleted")
     for kind, _ in PHASES:
         batch = events.wait(kind, min_batch=batch + 1)
         victim = sorted(_task_managers_of(client, job_id))[0]
         localcluster.kill(stream_cluster.dir, victim)
+        batch = events.wait_recovered()
         stream_cluster.add_taskmanager()
-        batch = events.wait("BatchCompleted", min_batch=batch, timeout=180)
     client.stop(job_id, timeout_s=60)
     assert wait_status(client, job_id, ("FINISHED", "FAILED", "CANCELED")) == "FINISHED"
     events.drain()
