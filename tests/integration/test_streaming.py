@@ -99,44 +99,40 @@ class Events:
                 self._queue.put(("status", job_status_name(event.job_status.to_status)))
         self._queue.put(("end", -1))
 
-    def wait(self, kind: str, min_batch: int = 0, timeout: float = 120) -> int:
-        """Until an event `kind` of a batch >= min_batch (returns its batch id)."""
+    def _events(self, timeout: float):
+        """The events as they come (job statuses are recorded and yielded too), until the stream
+        ends or `timeout` passes."""
         deadline = time.time() + timeout
         while time.time() < deadline:
             try:
                 item = self._queue.get(timeout=max(0.01, deadline - time.time()))
             except queue.Empty:
-                break
+                return
             if item[0] == "status":
                 self.statuses.append(item[1])
-                continue
-            self.seen.append(item)
-            if item[0] == kind and item[1] >= min_batch:
-                return item[1]
+            else:
+                self.seen.append(item)
+            yield item
             if item[0] == "end":
-                break
+                return
+
+    def wait(self, kind: str, min_batch: int = 0, timeout: float = 120) -> int:
+        """Until an event `kind` of a batch >= min_batch (returns its batch id)."""
+        for what, batch in self._events(timeout):
+            if what == kind and batch >= min_batch:
+                return batch
         raise AssertionError(f"no {kind} of a batch >= {min_batch} within {timeout} s; saw {self.seen[-12:]}")
 
     def wait_recovered(self, timeout: float = 180) -> int:
         """After a failure: until the job RESTARTING, RUNNING again, and the first batch completed
         after that (returns its id)."""
-        deadline = time.time() + timeout
         restarting = running = False
-        while time.time() < deadline:
-            try:
-                item = self._queue.get(timeout=max(0.01, deadline - time.time()))
-            except queue.Empty:
-                break
-            if item[0] == "status":
-                self.statuses.append(item[1])
-                restarting = restarting or item[1] == "RESTARTING"
-                running = running or (restarting and item[1] == "RUNNING")
-                continue
-            self.seen.append(item)
-            if running and item[0] == "BatchCompleted":
-                return item[1]
-            if item[0] == "end":
-                break
+        for what, value in self._events(timeout):
+            if what == "status":
+                restarting = restarting or value == "RESTARTING"
+                running = running or (restarting and value == "RUNNING")
+            elif running and what == "BatchCompleted":
+                return value
         raise AssertionError(f"no recovery within {timeout} s; saw {self.statuses[-6:]} {self.seen[-6:]}")
 
     def drain(self, timeout: float = 120) -> None:
