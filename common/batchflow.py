@@ -11,7 +11,8 @@ any failure restarts every task and starts a new run), the progress of every bat
   and has written it when every subtask reported it; the batch is through when every sink has.
 
 Sans-IO: `start(batch)` and `on_report(...)` return what to send (`Dispatch`: one vertex's tasks
-of one batch, grouped by TaskManager) and what the sinks did (`SinkStarted`, `SinkWritten`); the
+of one batch, grouped by TaskManager), what the sources read (`InputRead`: the rows their
+subtasks counted) and what the sinks did (`SinkStarted`, `SinkWritten`); the
 JobMaster's shell sends and feeds the reports back. A report of an attempt that is not this
 run's, of a batch not in flight, or repeated, changes nothing.
 """
@@ -46,7 +47,16 @@ class SinkWritten:
     sink: str
 
 
-Step = Dispatch | SinkStarted | SinkWritten
+@dataclass(frozen=True, slots=True)
+class InputRead:
+    """Every subtask of stream source `source` read the batch; `rows`: what they counted
+    together (None: some subtask did not count)."""
+    batch_id: int
+    source: str
+    rows: int | None
+
+
+Step = Dispatch | SinkStarted | SinkWritten | InputRead
 
 
 @dataclass
@@ -56,6 +66,7 @@ class _InFlight:
     schemas: dict[str, str] = field(default_factory=dict)  # data set -> schema of its batch partitions
     dispatched: set[str] = field(default_factory=set)
     sinks_left: set[str] = field(default_factory=set)
+    input_rows: dict[str, int | None] = field(default_factory=dict)  # source vertex -> rows counted so far
 
 
 class BatchFlow:
@@ -107,8 +118,10 @@ class BatchFlow:
                 self._dispatch(flight, v, out)
         return out
 
-    def on_report(self, attempt: ExecutionAttemptId, batch_id: int, schemas: dict[str, str]) -> list[Step]:
-        """Subtask `attempt` wrote batch `batch_id`; `schemas`: data set -> schema of what it wrote."""
+    def on_report(self, attempt: ExecutionAttemptId, batch_id: int, schemas: dict[str, str],
+                  input_rows: int | None = None) -> list[Step]:
+        """Subtask `attempt` wrote batch `batch_id`; `schemas`: data set -> schema of what it wrote;
+        `input_rows`: the rows its stream sources read (None: not counted)."""
         flight = self._in_flight.get(batch_id)
         key = (attempt.vertex_id, attempt.subtask_index)
         if flight is None or self.attempts.get(key) != attempt.attempt_number:
@@ -124,8 +137,13 @@ class BatchFlow:
                 flight.schemas.setdefault(data_set, schema)
         out: list[Step] = []
         vertex = attempt.vertex_id
+        if not self._readers[vertex]:  # a source vertex: its subtasks' counts add up
+            so_far = flight.input_rows.get(vertex, 0)
+            flight.input_rows[vertex] = None if so_far is None or input_rows is None else so_far + input_rows
         if len(done) < self.graph.vertices[vertex].parallelism:
             return out
+        if not self._readers[vertex]:
+            out.append(InputRead(batch_id, vertex, flight.input_rows[vertex]))
         if vertex in self.sinks:
             out.append(SinkWritten(batch_id, vertex))
             flight.sinks_left.discard(vertex)

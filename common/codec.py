@@ -734,6 +734,8 @@ def report_to_proto(r: TaskReport) -> cluster_pb.TaskExecutionState:
         msg.failure.CopyFrom(failure_to_proto(r.failure))
     if r.batch_id is not None:
         msg.batch_id = r.batch_id
+    if r.input_rows is not None:
+        msg.input_rows = r.input_rows
     return msg
 
 
@@ -745,7 +747,9 @@ def report_from_proto(m: cluster_pb.TaskExecutionState) -> TaskReport:
         produced=tuple(ProducedPartition(p.data_set_id, p.partition_index, p.schema, p.row_count)
                        for p in m.produced),
         task_manager_id=m.task_manager_id, stimulus_id=m.stimulus_id,
-        batch_id=m.batch_id if m.HasField("batch_id") else None)
+        batch_id=m.batch_id if m.HasField("batch_id") else None,
+        # a count that cannot be one is no count (the batch's report still counts)
+        input_rows=m.input_rows if m.HasField("input_rows") and m.input_rows >= 0 else None)
 
 
 # ---------------------------------------------------------------------------- micro-batches

@@ -138,6 +138,7 @@ class TaskReport:
     task_manager_id: str = ""
     stimulus_id: str = ""  # the TaskManager event that caused it
     batch_id: int | None = None  # a streaming task finished this micro-batch (it stays RUNNING)
+    input_rows: int | None = None  # with batch_id: the rows its stream source read (None: not counted)
 
 
 @dataclass(frozen=True, slots=True)

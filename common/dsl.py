@@ -325,6 +325,20 @@ class DataStream(_OperatorHandle):
         """Computes the stream and drops the records (for measurements and side effects)."""
         return self._sink("sink.discard", "Sink: Discard", {}, DataStreamSink)
 
+    def foreach_batch(self, fn: Callable[[Any, int], None]) -> DataStreamSink:
+        """A streaming query's sink that calls `fn(df, batch_id)` on a TaskManager for every
+        micro-batch, as Structured Streaming's foreachBatch does: `df` is the batch's rows as a
+        PySpark DataFrame, to write anywhere Spark writes. Its parallelism is 1, so that one call
+        sees the whole batch (`set_parallelism(n)`: each of n subtasks gets its share, and calls
+        `fn` with it). A batch that runs again after a failure calls `fn` again with the same
+        batch id and the same rows: write idempotently, keyed by the batch id, for exactly-once
+        output."""
+        t = self._env._add("sink.foreach_batch", "Sink: ForeachBatch", {}, _pickled(fn, "foreach_batch"),
+                           inputs=((self._t, self._exchange),))
+        t.parallelism = 1
+        self._env._sinks.append(t)
+        return DataStreamSink(self._env, t)
+
     # ---- helpers ----
 
     def _one_input(self, kind: str, name: str, config: dict[str, Any], function: bytes = b"") -> DataStream:

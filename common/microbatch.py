@@ -124,6 +124,16 @@ class OutputCompleted:
 
 
 @dataclass(frozen=True, slots=True)
+class InputCounted:
+    """Every subtask of a source read the batch: `rows` is what they counted (a file source's
+    rows are only known once read; a rate source's are its range's)."""
+    batch_id: int
+    source: str
+    rows: int
+    now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
 class SinksCommitted:
     batch_id: int
     now_ms: int
@@ -144,7 +154,7 @@ class StopRequested:
 
 
 Event = (Started | Tick | OffsetsAnswered | TargetsCaptured | OffsetsLogged | OutputStarted | OutputCompleted
-         | SinksCommitted | CommitLogged | StopRequested)
+         | InputCounted | SinksCommitted | CommitLogged | StopRequested)
 
 
 # ------------------------------------------------------------------------------------ actions out
@@ -233,10 +243,18 @@ class Batch:
     committed_at_ms: int | None = None
     recorded_at_ms: int | None = None
     outputs_done: set[str] = field(default_factory=set)
+    counted: dict[str, int] = field(default_factory=dict)  # source -> rows its subtasks read
+
+    def source_rows(self, source: str) -> int:
+        """A source's rows in this batch: as counted when its subtasks read it, else as its
+        range says."""
+        if source in self.counted:
+            return self.counted[source]
+        return self.entry.sources[source].rows if self.entry is not None and source in self.entry.sources else 0
 
     @property
     def rows(self) -> int:
-        return sum(r.rows for r in self.entry.sources.values()) if self.entry is not None else 0
+        return sum(self.source_rows(s) for s in self.entry.sources) if self.entry is not None else 0
 
     def info(self) -> dict[str, Any]:
         """BatchInfo: the batch time, its rows, and the delays as Spark Streaming measures them."""
@@ -341,6 +359,10 @@ class MicroBatchCoordinator:
                     actions.append(Publish("OutputOperationCompleted", b, now, {"sink": sink}))
                     if batch.outputs_done == self.sinks:
                         batch.written_at_ms = now
+            case InputCounted(batch_id=b, source=source, rows=rows):
+                batch = self._running(b)
+                if batch is not None and source in self.sources and rows >= 0:
+                    batch.counted[source] = rows
             case SinksCommitted(batch_id=b, now_ms=now):
                 batch = self.batches[b]
                 batch.committed_at_ms = now
@@ -554,8 +576,8 @@ class MicroBatchCoordinator:
             "processingDelayMs": batch.recorded_at_ms - batch.started_at_ms,
             "totalDelayMs": batch.recorded_at_ms - batch.batch_time_ms,
             "rerun": batch.rerun,
-            "sources": [{"description": s, "startOffset": r.start, "endOffset": r.end, "numInputRows": r.rows}
-                        for s, r in batch.entry.sources.items()],
+            "sources": [{"description": s, "startOffset": r.start, "endOffset": r.end,
+                         "numInputRows": batch.source_rows(s)} for s, r in batch.entry.sources.items()],
             "sink": {"description": ", ".join(sorted(self.sinks))},
         }
 

@@ -128,6 +128,9 @@ CATALOGUE: dict[str, OperatorKind] = {
         _k("sink.collect", K, 1, commit=True),
         _k("sink.discard", K, 1),
         _k("sink.noop", K, 1),
+        # a streaming query's per-batch sink: the user's fn(df, batch_id) (Structured Streaming's
+        # foreachBatch)
+        _k("sink.foreach_batch", K, 1, fn=True),
     )
 }
 

@@ -27,6 +27,7 @@ from funke.common.operators import CATALOGUE, OperatorRole
 RATE = "source.rate"
 STREAM_FILE_KINDS = ("source.stream.text", "source.stream.csv", "source.stream.json", "source.stream.parquet")
 STREAM_SOURCE_KINDS = frozenset({RATE, *STREAM_FILE_KINDS})
+STREAM_ONLY_SINK_KINDS = frozenset({"sink.foreach_batch"})
 
 TRIGGER = "streaming.trigger"
 INTERVAL = "streaming.trigger.interval"
@@ -74,6 +75,10 @@ def query_problems(job: JobGraph) -> list[str]:
         stray = [k for k in OPTIONS if k in job.configuration.options]
         if stray:
             problems.append(f"options {', '.join(stray)} are for streaming queries, and this job reads no stream")
+        per_batch = [v.id for v in job.vertices if any(op.kind in STREAM_ONLY_SINK_KINDS for op in v.operators)]
+        if per_batch:
+            problems.append(f"vertices {per_batch} end in foreach_batch, a sink of streaming queries, and this job "
+                            "reads no stream")
         return problems
     if job.job_type is not JobType.STREAMING:
         problems.append("a job that reads a stream must be a STREAMING job")

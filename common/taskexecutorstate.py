@@ -179,6 +179,7 @@ class BatchReported:
     batch_id: int
     produced: tuple[ProducedPartition, ...] = ()
     stimulus_id: str = ""
+    input_rows: int | None = None  # what its stream source read (None: not counted)
 
 
 @dataclass(frozen=True, slots=True)
@@ -760,12 +761,14 @@ class TaskExecutorState:
     def _on_batch_reported(self, e: BatchReported) -> None:
         task = self.tasks.get(e.key)
         if task is not None and not task.terminal and task.stop is StopRequest.NONE:
-            self._batch_done(task, e.batch_id, e.produced)
+            self._batch_done(task, e.batch_id, e.produced, e.input_rows)
 
-    def _batch_done(self, task: _Task, batch_id: int, produced: tuple[ProducedPartition, ...]) -> None:
+    def _batch_done(self, task: _Task, batch_id: int, produced: tuple[ProducedPartition, ...],
+                    input_rows: int | None = None) -> None:
         """A micro-batch done: reported with the task's state (RUNNING), the batch and its output."""
         self._out.append(SendReport(TaskReport(task.key.job_id, task.key.attempt, task.state, None, produced,
-                                               self.task_manager_id, self._stimulus, batch_id), self.generation))
+                                               self.task_manager_id, self._stimulus, batch_id, input_rows),
+                                    self.generation))
 
     def _on_task_reported(self, e: TaskReported) -> None:
         task = self.tasks.get(e.key)

@@ -168,7 +168,7 @@ class JobMaster:
         if report.batch_id is not None:  # a streaming task wrote a micro-batch; it stays RUNNING
             if self.query is not None:
                 self.query.on_batch_report(report.attempt, report.batch_id,
-                                           {p.data_set_id: p.schema for p in report.produced})
+                                           {p.data_set_id: p.schema for p in report.produced}, report.input_rows)
             return
         schemas = {(p.data_set_id, p.partition_index): p.schema for p in report.produced}
         stimulus = report.stimulus_id or f"{report.task_manager_id or 'tm'}:report"

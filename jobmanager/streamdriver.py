@@ -84,12 +84,17 @@ def list_files(directory: str) -> list[ListedFile]:
     return found
 
 
+Output = Callable[..., None]  # ("started" | "completed", sink) or ("read", source, rows | None)
+
+
 class BatchRunner(Protocol):
     """Runs and commits batches on the job's tasks."""
 
-    async def run(self, entry: OffsetEntry, output: Callable[[str, str], None]) -> None:
+    async def run(self, entry: OffsetEntry, output: Output) -> None:
         """Run batch `entry.batch_id` over its ranges; call `output("started" | "completed",
-        sink)` as each sink begins and ends writing it; return once every sink wrote it."""
+        sink)` as each sink begins and ends writing it, and `output("read", source, rows)` once a
+        source's subtasks read it (rows: what they counted, None if they did not); return once
+        every sink wrote it."""
 
     async def commit(self, batch_id: int) -> None:
         """Commit the batch's output on every sink (idempotent)."""
@@ -244,9 +249,13 @@ class StreamDriver:
         return mb.OffsetsLogged(entry.batch_id, self._now())
 
     async def _run(self, entry: OffsetEntry) -> None:
-        def output(what: str, sink: str) -> None:
+        def output(what: str, name: str, rows: int | None = None) -> None:
+            if what == "read":
+                if rows is not None:
+                    self._handle(mb.InputCounted(entry.batch_id, name, rows, self._now()))
+                return
             kind = mb.OutputStarted if what == "started" else mb.OutputCompleted
-            self._handle(kind(entry.batch_id, sink, self._now()))
+            self._handle(kind(entry.batch_id, name, self._now()))
 
         await self.runner.run(entry, output)
         return None

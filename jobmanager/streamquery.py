@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from funke.common import codec, layout
 from funke.common import microbatch as mb
-from funke.common.batchflow import BatchFlow, Dispatch, SinkStarted, SinkWritten, Step
+from funke.common.batchflow import BatchFlow, Dispatch, InputRead, SinkStarted, SinkWritten, Step
 from funke.common.checkpoint import OffsetEntry
 from funke.common.executiongraph import ExecutionAttemptId, ExecutionGraph, FailureInfo
 from funke.common.operators import CATALOGUE
@@ -39,7 +39,7 @@ from funke.common.streamingjob import RATE, QuerySettings, query_settings, sinks
 from funke.common.streamsources import BatchInput, FilesSource, RateSource
 from funke.jobmanager import streamsinks
 from funke.jobmanager.checkpointstore import CheckpointStore
-from funke.jobmanager.streamdriver import FilesPlanner, RatePlanner, SourcePlanner, StreamDriver
+from funke.jobmanager.streamdriver import FilesPlanner, Output, RatePlanner, SourcePlanner, StreamDriver
 
 if TYPE_CHECKING:
     from funke.jobmanager.resourcemanager import ResourceManager
@@ -119,9 +119,10 @@ class StreamingQuery:
         if status is JobStatus.RUNNING and not self.ended and self._all_running():
             self._start_run()
 
-    def on_batch_report(self, attempt: ExecutionAttemptId, batch_id: int, schemas: dict[str, str]) -> None:
+    def on_batch_report(self, attempt: ExecutionAttemptId, batch_id: int, schemas: dict[str, str],
+                        input_rows: int | None = None) -> None:
         if self._run is not None:
-            self._run.on_report(attempt, batch_id, schemas)
+            self._run.on_report(attempt, batch_id, schemas, input_rows)
 
     def stop(self, drain: bool, timeout_s: float) -> str:
         """A graceful stop: no new batch; the batch in flight (with `drain`, everything the
@@ -255,7 +256,7 @@ class _Run:
         self.query, self.flow, self.checkpoint = query, flow, checkpoint
         self.driver: StreamDriver
         self.watcher: asyncio.Task | None = None
-        self._batches: dict[int, tuple[asyncio.Future, Callable[[str, str], None]]] = {}
+        self._batches: dict[int, tuple[asyncio.Future, Output]] = {}
         self._in_threads: set[asyncio.Future] = set()
 
     def abandon(self) -> None:
@@ -264,7 +265,7 @@ class _Run:
                 future.cancel()
         self._batches.clear()
 
-    async def run(self, entry: OffsetEntry, output: Callable[[str, str], None]) -> None:
+    async def run(self, entry: OffsetEntry, output: Output) -> None:
         batch = await asyncio.get_running_loop().run_in_executor(None, self._batch_input, entry)
         future: asyncio.Future = asyncio.get_running_loop().create_future()
         self._batches[entry.batch_id] = (future, output)
@@ -282,9 +283,10 @@ class _Run:
                 files[v.id] = tuple(FilesSource.files(r, self.checkpoint.seen_files(v.id)))
         return BatchInput(entry.batch_id, entry.batch_time_ms, dict(entry.sources), files)
 
-    def on_report(self, attempt: ExecutionAttemptId, batch_id: int, schemas: dict[str, str]) -> None:
+    def on_report(self, attempt: ExecutionAttemptId, batch_id: int, schemas: dict[str, str],
+                  input_rows: int | None = None) -> None:
         if batch_id in self._batches:
-            self._carry_out(batch_id, self.flow.on_report(attempt, batch_id, schemas))
+            self._carry_out(batch_id, self.flow.on_report(attempt, batch_id, schemas, input_rows))
 
     def _carry_out(self, batch_id: int, steps: list[Step]) -> None:
         future, output = self._batches[batch_id]
@@ -302,6 +304,8 @@ class _Run:
                 output("started", step.sink)
             elif isinstance(step, SinkWritten):
                 output("completed", step.sink)
+            elif isinstance(step, InputRead):
+                output("read", step.source, step.rows)
         if not self.flow.in_flight or batch_id not in self.flow.in_flight:
             if not future.done():
                 future.set_result(None)

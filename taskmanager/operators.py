@@ -64,7 +64,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
 
@@ -72,7 +72,7 @@ import cloudpickle
 import pyarrow as pa
 import pyarrow.fs as pafs
 from pyspark import cloudpickle as _spark_cloudpickle
-from pyspark.sql import Column, DataFrame, Row, SparkSession
+from pyspark.sql import Column, DataFrame, Observation, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
     ArrayType,
@@ -94,15 +94,32 @@ from funke.common.checkpoint import SourceRange
 from funke.common.jobgraph import OperatorSpec
 from funke.common.operators import SINK_MODES
 from funke.common.streamsources import BatchInput, RateSource
+from funke.taskmanager import batchexchange
 
 # The closures handed to mapInArrow reference this module's helpers; pickled by reference they
 # would need funke importable in every Python worker. By value, they need only what they import.
 _spark_cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
-__all__ = ["OPERATORS", "ROWS_PER_BATCH", "RuntimeContext", "column_ref", "parse_schema", "union_all"]
+__all__ = ["OPERATORS", "ROWS_PER_BATCH", "InputMeter", "RuntimeContext", "column_ref", "parse_schema", "union_all"]
 
 PRINT_ROWS_PER_BATCH = 10  # a streaming query's print sink: rows shown per batch (Spark Streaming's print())
 ROWS_PER_BATCH = 10_000  # the most rows a Python operator hands back to Spark in one Arrow batch
+
+
+@dataclass(slots=True)
+class InputMeter:
+    """What one micro-batch of a task reads: an estimate of the bytes (the rate source's rows
+    weighed, files and partitions by size), which decides how its output is exchanged, and the
+    rows its stream source read: known before running (the rate source's range) or observed
+    while running (files: read only once the batch's work has run every row)."""
+
+    bytes: int = 0
+    rows: int = 0
+    observed: list[Observation] = field(default_factory=list)
+
+    def counted_rows(self) -> int:
+        """Blocks until every observation has its count: call once the chain ran every row."""
+        return self.rows + sum(int(o.get["rows"]) for o in self.observed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +138,8 @@ class RuntimeContext:
     # A streaming query's task: the micro-batch it runs now (what its stream sources read, where
     # its sinks stage); None in a bounded job.
     batch: BatchInput | None = None
+    # A streaming query's task: what this batch's sources and inputs bring in.
+    meter: InputMeter | None = None
 
     @property
     def cancel_marker(self) -> str | None:
@@ -611,9 +630,15 @@ def _rate(ctx: RuntimeContext, spec: OperatorSpec) -> DataFrame:
     begin = int(source_range.start["rows"]) if source_range.start is not None else 0
     end = int(source_range.end["rows"])
     first = begin + (ctx.subtask_index - begin) % ctx.parallelism
+    if ctx.meter is not None:
+        rows = len(range(first, end, ctx.parallelism))
+        ctx.meter.rows += rows
+        ctx.meter.bytes += rows * batchexchange.RATE_ROW_BYTES
     ids_ = ctx.spark.range(first, max(first, end), ctx.parallelism)
-    millis = F.lit(base) + F.floor(F.col("id") * F.lit(1000) / F.lit(rate.rows_per_second)).cast("long")
-    return ids_.select(F.col("id").alias("value"), F.timestamp_millis(millis).alias("timestamp"))
+    # One expression string, not a tree of Column calls: each call is a round trip to the JVM,
+    # and this is planned for every batch. The integers are ours (checked above), not the user's.
+    millis = f"{base} + CAST(FLOOR(id * 1000 / {rate.rows_per_second}) AS BIGINT)"
+    return ids_.selectExpr("id AS value", f"timestamp_millis({millis}) AS timestamp")
 
 
 def _stream_file_source(fmt: str, defaults: dict[str, str] | None = None) -> Source:
@@ -628,7 +653,14 @@ def _stream_file_source(fmt: str, defaults: dict[str, str] | None = None) -> Sou
         if not names:
             return ctx.spark.createDataFrame([], schema)
         paths = [f"{directory}/{name}" for name in names]
-        return ctx.spark.read.format(fmt).options(**_options(spec, defaults)).schema(schema).load(paths)
+        df = ctx.spark.read.format(fmt).options(**_options(spec, defaults)).schema(schema).load(paths)
+        if ctx.meter is None:
+            return df
+        ctx.meter.bytes += batchexchange.file_bytes(paths)
+        # Counted while the batch's own work reads them, not by a pass of its own.
+        rows = Observation()
+        ctx.meter.observed.append(rows)
+        return df.observe(rows, F.count(F.lit(1)).alias("rows"))
 
     return read
 
@@ -915,6 +947,14 @@ def _print(ctx: RuntimeContext, spec: OperatorSpec, df: DataFrame) -> None:
     lines = [f"{prefix}{row}\n" for row in df.collect()]
     sys.stdout.write("".join(lines))
     sys.stdout.flush()
+
+
+@_operator("sink.foreach_batch")
+def _foreach_batch(ctx: RuntimeContext, spec: OperatorSpec, df: DataFrame, fn: Callable[[DataFrame, int], Any]) -> None:
+    """The user's fn(df, batch_id), here on the TaskManager (Structured Streaming's foreachBatch)."""
+    if ctx.batch is None:
+        raise ValueError(f"{_label(spec)} is a sink of streaming queries: it runs in their micro-batches")
+    fn(df, ctx.batch.batch_id)
 
 
 @_operator("sink.discard")

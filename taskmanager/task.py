@@ -38,8 +38,9 @@ from dataclasses import dataclass
 import cloudpickle
 from pyspark import SparkContext
 from pyspark.errors import PySparkNotImplementedError
-from pyspark.sql import DataFrame, Observation, SparkSession
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import IntegerType, StructField, StructType
 
 from funke.common import layout
@@ -51,7 +52,8 @@ from funke.common.operators import CATALOGUE, OperatorRole
 from funke.common.states import ExecutionState
 from funke.common.streamsources import BatchInput
 from funke.taskmanager import operators as operators_module
-from funke.taskmanager.operators import OPERATORS, RuntimeContext, column_ref, union_all
+from funke.taskmanager import batchexchange
+from funke.taskmanager.operators import OPERATORS, InputMeter, RuntimeContext, column_ref, union_all
 
 __all__ = ["BatchReport", "StreamTask", "Task", "TaskCancelled", "Report", "check_vertex", "failure_of"]
 
@@ -160,7 +162,12 @@ class _Chain:
                     if len(inputs) != 1:
                         raise ValueError(f"sink '{op.display_name}' takes one input, got {len(inputs)}")
                     df = inputs[0]
-                impl(ctx, op, df)
+                # A sink with a function runs it here, on the TaskManager (foreach_batch): the
+                # object unpickled at INITIALIZING, so that what it keeps lives across batches.
+                if self.functions[i] is None:
+                    impl(ctx, op, df)
+                else:
+                    impl(ctx, op, df, self.functions[i])
                 return None
         return df
 
@@ -397,6 +404,7 @@ class Task:
             attempt_number=d.attempt.attempt_number,
             data_dir=d.data_dir,
             batch=batch,
+            meter=InputMeter() if batch is not None else None,
         )
 
     def _run_chain(self, chain: _Chain, ctx: RuntimeContext, gates: tuple[GateSnapshot, ...]
@@ -424,29 +432,17 @@ class Task:
             return self._inputs
 
     def _read_gate(self, ctx: RuntimeContext, gate: GateSnapshot) -> DataFrame:
+        schema = self._gate_schema(gate)
+        paths = [_partition_path(ctx, gate.data_set_id, p, a) for p, a in zip(gate.partitions, gate.attempts)]
+        return _read_partitions(ctx.spark, schema, paths, gate.subpartition)
+
+    def _gate_schema(self, gate: GateSnapshot) -> StructType:
         if not gate.schema:
             raise ValueError(
                 f"{self.name}: {gate.describe()} has no schema; its producers did not report one "
                 "(a no-op chain's output cannot be read)"
             )
-        schema = StructType.fromJson(json.loads(gate.schema))
-        paths = [_partition_path(ctx, gate.data_set_id, p, a) for p, a in zip(gate.partitions, gate.attempts)]
-        spark = ctx.spark
-        if not paths:
-            return spark.createDataFrame([], schema)
-        if gate.subpartition is None:
-            return spark.read.schema(schema).parquet(*paths)
-        # One read per partition: Spark's partition discovery rejects several roots that each
-        # hold `_sub=N` directories ("conflicting directory structures").
-        # coalesce(_sub, 0): a producer that feeds a single consumer writes its partition unsplit
-        # (no `_sub` directories), and that partition is subpartition 0 of itself.
-        with_sub = StructType(schema.fields + [StructField(layout.SUBPARTITION_COLUMN, IntegerType())])
-        sub = F.coalesce(column_ref(layout.SUBPARTITION_COLUMN), F.lit(0))
-        parts = [
-            spark.read.schema(with_sub).parquet(path).where(sub == gate.subpartition).drop(layout.SUBPARTITION_COLUMN)
-            for path in paths
-        ]
-        return union_all(parts)
+        return StructType.fromJson(json.loads(gate.schema))
 
     def _write_outputs(self, ctx: RuntimeContext, df: DataFrame | None) -> tuple[ProducedPartition, ...]:
         outputs = list(self.deployment.outputs)
@@ -477,6 +473,25 @@ class Task:
         return tuple(ProducedPartition(o.data_set_id, o.partition_index, schema, row_count) for o in outputs)
 
 
+def _read_partitions(spark: SparkSession, schema: StructType, paths: list[str], subpartition: int | None) -> DataFrame:
+    """Subpartition `subpartition` (None: all) of the partitions Spark's writer wrote at `paths`."""
+    if not paths:
+        return spark.createDataFrame([], schema)
+    if subpartition is None:
+        return spark.read.schema(schema).parquet(*paths)
+    # One read per partition: Spark's partition discovery rejects several roots that each
+    # hold `_sub=N` directories ("conflicting directory structures").
+    # coalesce(_sub, 0): a producer that feeds a single consumer writes its partition unsplit
+    # (no `_sub` directories), and that partition is subpartition 0 of itself.
+    with_sub = StructType(schema.fields + [StructField(layout.SUBPARTITION_COLUMN, IntegerType())])
+    sub = F.coalesce(column_ref(layout.SUBPARTITION_COLUMN), F.lit(0))
+    parts = [
+        spark.read.schema(with_sub).parquet(path).where(sub == subpartition).drop(layout.SUBPARTITION_COLUMN)
+        for path in paths
+    ]
+    return union_all(parts)
+
+
 def _partition_path(ctx: RuntimeContext, data_set_id: str, partition_index: int, attempt: int) -> str:
     """A result partition's directory; in a streaming query, the current micro-batch's."""
     if ctx.batch is None:
@@ -485,7 +500,13 @@ def _partition_path(ctx: RuntimeContext, data_set_id: str, partition_index: int,
                                       ctx.batch.batch_id)
 
 
-BatchReport = Callable[[int, tuple[ProducedPartition, ...]], None]
+# batch id, the partitions written, the rows its stream source read (None: not a source, or not counted)
+BatchReport = Callable[[int, tuple[ProducedPartition, ...], int | None], None]
+
+# Sinks that run every row of the batch: a chain ending in one of them (or in its outputs) has
+# its source's count once it ran. print takes the first rows only, and what foreach_batch's
+# function reads is the user's.
+_SINKS_READING_ALL = frozenset({"sink.parquet", "sink.csv", "sink.json", "sink.text", "sink.collect", "sink.discard"})
 
 
 class StreamTask(Task):
@@ -528,21 +549,98 @@ class StreamTask(Task):
                 raise TaskCancelled(self.name)
             return self._batches.popleft()
 
+    # ---- a batch's exchanges (funke.taskmanager.batchexchange) ----
+
+    def _read_gate(self, ctx: RuntimeContext, gate: GateSnapshot) -> DataFrame:
+        schema = self._gate_schema(gate)
+        files: list[str] = []
+        by_spark: list[str] = []
+        for p, a in zip(gate.partitions, gate.attempts):
+            path = _partition_path(ctx, gate.data_set_id, p, a)
+            found = batchexchange.in_memory_files(path, gate.subpartition)
+            if found is None:
+                by_spark.append(path)
+            else:
+                files += found
+        assert ctx.meter is not None
+        ctx.meter.bytes += batchexchange.file_bytes(files + by_spark)
+        parts = [ctx.spark.read.schema(schema).parquet(*files)] if files else []
+        if by_spark or not parts:
+            parts.append(_read_partitions(ctx.spark, schema, by_spark, gate.subpartition))
+        return union_all(parts)
+
+    def _write_outputs(self, ctx: RuntimeContext, df: DataFrame | None) -> tuple[ProducedPartition, ...]:
+        outputs = list(self.deployment.outputs)
+        if not outputs or df is None:
+            return ()
+        assert ctx.meter is not None
+        if ctx.meter.bytes > batchexchange.IN_MEMORY_LIMIT_BYTES or not _arrow_compatible(df.schema):
+            return super()._write_outputs(ctx, df)
+        schema = df.schema.json()
+        if layout.SUBPARTITION_COLUMN in df.columns:
+            raise ValueError(f"{self.name}: column {layout.SUBPARTITION_COLUMN!r} is reserved for routing rows to consumers")
+        # One collect, however many outputs: each gets a column with its rows' subpartitions.
+        routed, routing = df, []
+        for i, out in enumerate(outputs):
+            target = _subpartition_of(out)
+            column = f"__funke_sub_{i}" if target is not None else None
+            if column is not None:
+                routed = routed.withColumn(column, target)
+            routing.append(column)
+        table = routed.toArrow()
+        data = table.drop_columns([c for c in routing if c is not None])
+        for out, column in zip(outputs, routing):
+            self._check_cancelled()
+            path = _partition_path(ctx, out.data_set_id, out.partition_index, ctx.attempt_number)
+            if column is None:
+                batchexchange.write_in_memory(path, data, None, 1)
+            else:
+                batchexchange.write_in_memory(path, data, table.column(column), out.num_subpartitions)
+        return tuple(ProducedPartition(o.data_set_id, o.partition_index, schema, data.num_rows) for o in outputs)
+
     def _run(self) -> tuple[ProducedPartition, ...]:
         chain = self._start_chain()
         while (item := self._next_batch()) is not None:
             batch, gates = item
             log.debug("%s: batch %d", self.name, batch.batch_id)
-            produced = self._run_chain(chain, self._runtime_context(batch), gates)
-            self._batch_report(batch.batch_id, produced)
+            ctx = self._runtime_context(batch)
+            produced = self._run_chain(chain, ctx, gates)
+            self._batch_report(batch.batch_id, produced, self._input_rows(chain, ctx))
         return ()
+
+    def _input_rows(self, chain: _Chain, ctx: RuntimeContext) -> int | None:
+        """The rows this task's stream source read in the batch (None: it has none, or its chain
+        did not run every row)."""
+        if CATALOGUE[chain.vertex.operators[0].kind].role is not OperatorRole.SOURCE:
+            return None
+        if chain.ends_in_sink and chain.vertex.operators[-1].kind not in _SINKS_READING_ALL:
+            return None
+        assert ctx.meter is not None
+        return ctx.meter.counted_rows()
+
+
+def _arrow_compatible(schema: StructType) -> bool:
+    """Whether Spark hands these columns over as Arrow (user-defined types do not)."""
+    try:
+        to_arrow_schema(schema, timezone="UTC")  # the zone only matters for the types, not the check
+    except Exception:
+        return False
+    return True
 
 
 def _route(df: DataFrame, out: ResultPartitionSpec) -> tuple[DataFrame, bool]:
     """Adds the subpartition column for a partition that feeds several consumers."""
+    target = _subpartition_of(out)
+    if target is None:
+        return df, False
+    return df.withColumn(layout.SUBPARTITION_COLUMN, target), True
+
+
+def _subpartition_of(out: ResultPartitionSpec) -> Column | None:
+    """Each row's subpartition of a partition that feeds several consumers (None: unsplit)."""
     n = out.num_subpartitions
     if n <= 1 or out.partitioner is PartitionerKind.BROADCAST:
-        return df, False
+        return None
     if out.partitioner is PartitionerKind.HASH:
         keys = list(out.partition_keys)
         if not keys:
@@ -551,4 +649,4 @@ def _route(df: DataFrame, out: ResultPartitionSpec) -> tuple[DataFrame, bool]:
     else:
         # REBALANCE, and POINTWISE rescale (one partition split among its consumers): round robin.
         target = F.pmod(F.monotonically_increasing_id(), F.lit(n))
-    return df.withColumn(layout.SUBPARTITION_COLUMN, target.cast("int")), True
+    return target.cast("int")

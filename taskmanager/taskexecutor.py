@@ -333,8 +333,8 @@ class TaskExecutor:
             self._to_loop(self._task_reported, key, state, failure, produced)
 
         if i.deployment.streaming:
-            def batch_done(batch_id: int, produced: tuple[ProducedPartition, ...]) -> None:
-                self._to_loop(self._batch_reported, key, batch_id, produced)
+            def batch_done(batch_id: int, produced: tuple[ProducedPartition, ...], input_rows: int | None) -> None:
+                self._to_loop(self._batch_reported, key, batch_id, produced, input_rows)
 
             task: Task = StreamTask(i.deployment, self.spark, report, batch_done)
         else:
@@ -888,8 +888,9 @@ class TaskExecutor:
                        produced: tuple[ProducedPartition, ...]) -> None:
         self._handle(core.TaskReported(key, state, failure, produced, self._stimulus("report")))
 
-    def _batch_reported(self, key: TaskKey, batch_id: int, produced: tuple[ProducedPartition, ...]) -> None:
-        self._handle(core.BatchReported(key, batch_id, produced, self._stimulus("batch")))
+    def _batch_reported(self, key: TaskKey, batch_id: int, produced: tuple[ProducedPartition, ...],
+                        input_rows: int | None) -> None:
+        self._handle(core.BatchReported(key, batch_id, produced, self._stimulus("batch"), input_rows))
 
     def _thread_exited(self, key: TaskKey, error: FailureInfo | None) -> None:
         self._tasks.pop(key, None)

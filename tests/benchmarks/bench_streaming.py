@@ -4,8 +4,10 @@
 
 The query: a rate source -> a Python function per row (value -> value, bucket, doubled) -> a
 per-batch aggregate by bucket (count, sum) -> Parquet.
-  funke:      a local cluster of one TaskManager with --cores slots (Spark local[cores]),
-              parallelism --cores; `map` then `key_by("bucket").aggregate(...)`, `write_parquet`;
+  funke:      a local cluster of one TaskManager with --cores slots (Spark local[cores]), at each
+              --parallelism (default 1 and --cores: one subtask per vertex, whose Spark work
+              spreads over the TaskManager's cores, and one per slot);
+              `map` then `key_by("bucket").aggregate(...)`, `write_parquet`;
   Structured: one process, local[cores], `readStream.format("rate")` -> `mapInArrow` with the
               same function -> `foreachBatch` that aggregates the batch and appends Parquet
               (Structured Streaming's way to aggregate per batch).
@@ -31,7 +33,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 WARM_UP_BATCHES = 3
-SWEEP = (10_000, 40_000, 100_000, 200_000, 400_000)
+SWEEP = (10_000, 40_000, 100_000, 200_000, 400_000, 600_000, 800_000)
 
 
 def bucketed(value):
@@ -131,12 +133,38 @@ def keeps_up(records: list[dict], interval_ms: int) -> bool:
     return not delays or max(delays) <= 2 * interval_ms
 
 
+def side_figures(records: list[dict]) -> dict:
+    d = durations(records)
+    return {"batches": len(d), "p50_ms": statistics.median(d) if d else None,
+            "p99_ms": percentile(d, 0.99) if d else None}
+
+
+def sustained(run, name: str) -> tuple[int, dict]:
+    """The highest rate of the sweep `run(rate)` keeps up with at a 1 s trigger."""
+    best, sweep = 0, {}
+    for rate in SWEEP:
+        records = run(rate)
+        ok = keeps_up(records, 1000)
+        d = durations(records)
+        sweep[rate] = {"keeps_up": ok, "p50_ms": statistics.median(d) if d else None,
+                       "rows": sum(r["numInputRows"] for r in measured(records))}
+        print(f"{rate} rows/s, 1 s trigger, {name}: {'keeps up' if ok else 'falls behind'} "
+              f"(p50 {statistics.median(d) if d else '-'} ms)", file=sys.stderr)
+        if not ok:
+            break
+        best = rate
+    return best, sweep
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cores", type=int, default=2)
     p.add_argument("--seconds", type=float, default=12)
+    p.add_argument("--parallelism", default="",
+                   help="funke's parallelisms to measure, comma-separated (default: 1 and --cores)")
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args()
+    parallelisms = [int(x) for x in args.parallelism.split(",")] if args.parallelism else sorted({1, args.cores})
     sys.path.insert(0, str(REPO))
     import cloudpickle
 
@@ -144,7 +172,7 @@ def main() -> int:
     from funke.deploy.client import JobManagerClient, job_status_name
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    results: dict = {"cores": args.cores, "seconds": args.seconds, "latency": {}, "sweep": {}}
+    results: dict = {"cores": args.cores, "seconds": args.seconds, "structured": {}, "funke": {}}
     with tempfile.TemporaryDirectory(prefix="funke-bench-stream-") as tmp:
         root = Path(tmp)
         info = localcluster.start(root / "cluster", 1, args.cores)
@@ -152,11 +180,11 @@ def main() -> int:
         structured = Structured(args.cores, root / "structured")
         runs = 0
 
-        def run_funke(rate: int, interval_ms: int) -> list[dict]:
+        def run_funke(rate: int, interval_ms: int, parallelism: int) -> list[dict]:
             nonlocal runs
             runs += 1
             job_id = client.submit(funke_job(rate, interval_ms, root / f"funke-out-{runs}", root / f"funke-ck-{runs}",
-                                             args.cores))
+                                             parallelism))
             deadline = time.time() + 120
             while job_status_name(client.get_job(job_id).status) != "RUNNING" or not client.progress(job_id):
                 if time.time() > deadline:
@@ -171,46 +199,42 @@ def main() -> int:
 
         try:
             print("warm-up ...", file=sys.stderr)
-            run_funke(1000, 1000)
+            run_funke(1000, 1000, parallelisms[0])
             structured.run(1000, 1000, 8)
             for interval_ms in (100, 1000):
-                side = {}
-                for name, run in (("funke", run_funke), ("structured", structured.run)):
-                    records = run(1000, interval_ms) if name == "funke" else run(1000, interval_ms, args.seconds)
-                    d = durations(records)
-                    side[name] = {"batches": len(d), "p50_ms": statistics.median(d) if d else None,
-                                  "p99_ms": percentile(d, 0.99) if d else None}
-                    print(f"1000 rows/s, {interval_ms} ms trigger, {name}: {side[name]}", file=sys.stderr)
-                side["p50_ratio"] = side["funke"]["p50_ms"] / side["structured"]["p50_ms"]
-                results["latency"][f"{interval_ms}ms"] = side
-            best = {"funke": 0, "structured": 0}
-            for name in ("funke", "structured"):
-                for rate in SWEEP:
-                    records = run_funke(rate, 1000) if name == "funke" else structured.run(rate, 1000, args.seconds)
-                    ok = keeps_up(records, 1000)
-                    d = durations(records)
-                    results["sweep"].setdefault(name, {})[rate] = {
-                        "keeps_up": ok, "p50_ms": statistics.median(d) if d else None,
-                        "rows": sum(r["numInputRows"] for r in measured(records))}
-                    print(f"{rate} rows/s, 1 s trigger, {name}: {'keeps up' if ok else 'falls behind'} "
-                          f"(p50 {statistics.median(d) if d else '-'} ms)", file=sys.stderr)
-                    if not ok:
-                        break
-                    best[name] = rate
-            results["sustained_rows_per_s"] = best
-            results["throughput_ratio"] = best["funke"] / best["structured"] if best["structured"] else None
+                key = f"{interval_ms}ms"
+                results["structured"].setdefault("latency", {})[key] = side_figures(
+                    structured.run(1000, interval_ms, args.seconds))
+                print(f"1000 rows/s, {interval_ms} ms trigger, structured: {results['structured']['latency'][key]}",
+                      file=sys.stderr)
+                for par in parallelisms:
+                    figures = side_figures(run_funke(1000, interval_ms, par))
+                    figures["p50_ratio"] = figures["p50_ms"] / results["structured"]["latency"][key]["p50_ms"]
+                    results["funke"].setdefault(str(par), {}).setdefault("latency", {})[key] = figures
+                    print(f"1000 rows/s, {interval_ms} ms trigger, funke p={par}: {figures}", file=sys.stderr)
+            best, sweep = sustained(lambda rate: structured.run(rate, 1000, args.seconds), "structured")
+            results["structured"].update(sustained_rows_per_s=best, sweep=sweep)
+            for par in parallelisms:
+                best, sweep = sustained(lambda rate: run_funke(rate, 1000, par), f"funke p={par}")
+                side = results["funke"][str(par)]
+                side.update(sustained_rows_per_s=best, sweep=sweep)
+                side["throughput_ratio"] = (best / results["structured"]["sustained_rows_per_s"]
+                                            if results["structured"]["sustained_rows_per_s"] else None)
         finally:
             structured.close()
             client.close()
             localcluster.stop(root / "cluster")
-    for key, side in results["latency"].items():
-        print(f"batch duration at 1000 rows/s, {key} trigger: funke p50 {side['funke']['p50_ms']} ms / p99 "
-              f"{side['funke']['p99_ms']} ms; Structured Streaming p50 {side['structured']['p50_ms']} ms / p99 "
-              f"{side['structured']['p99_ms']} ms; p50 ratio {side['p50_ratio']:.2f}")
-    best = results["sustained_rows_per_s"]
-    ratio = results["throughput_ratio"]
-    print(f"sustained at a 1 s trigger ({args.cores} cores): funke {best['funke']:,} rows/s, Structured Streaming "
-          f"{best['structured']:,} rows/s, ratio {ratio:.2f}" if ratio is not None else "no sustained rate found")
+    s = results["structured"]
+    for par, side in results["funke"].items():
+        for key, f in side["latency"].items():
+            st = s["latency"][key]
+            print(f"batch duration at 1000 rows/s, {key} trigger: funke (parallelism {par}) p50 {f['p50_ms']} ms / "
+                  f"p99 {f['p99_ms']} ms; Structured Streaming p50 {st['p50_ms']} ms / p99 {st['p99_ms']} ms; "
+                  f"p50 ratio {f['p50_ratio']:.2f}")
+        ratio = side["throughput_ratio"]
+        print(f"sustained at a 1 s trigger ({args.cores} cores): funke (parallelism {par}) "
+              f"{side['sustained_rows_per_s']:,} rows/s, Structured Streaming {s['sustained_rows_per_s']:,} rows/s, "
+              + (f"ratio {ratio:.2f}" if ratio is not None else "no ratio (Structured Streaming kept up with none)"))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 0

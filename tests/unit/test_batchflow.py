@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from funke.common.batchflow import BatchFlow, Dispatch, SinkStarted, SinkWritten
+from funke.common.batchflow import BatchFlow, Dispatch, InputRead, SinkStarted, SinkWritten
 from funke.common.checkpoint import SourceRange
 from funke.common.executiongraph import Execution, ExecutionAttemptId, SlotId
 from funke.common.jobgraph import JobType, JobVertex, OperatorSpec
@@ -122,3 +122,17 @@ def test_sinks_must_be_vertices_of_the_job():
     graph, _ = _flow()
     with pytest.raises(ValueError, match="not vertices"):
         BatchFlow(graph, ["nowhere"])
+
+
+def test_a_source_vertex_reports_the_rows_its_subtasks_counted_once_all_of_them_read_the_batch():
+    graph, flow = _flow()
+    flow.start(_batch(2))
+    assert InputRead(2, "src", 3) not in flow.on_report(_attempt(flow, "src", 0), 2, {}, input_rows=3)
+    assert InputRead(2, "src", 7) in flow.on_report(_attempt(flow, "src", 1), 2, {}, input_rows=4)
+    # a repeated report counts once; a consumer's report is no source's count
+    assert flow.on_report(_attempt(flow, "src", 1), 2, {}, input_rows=4) == []
+    assert not [s for s in flow.on_report(_attempt(flow, "raw", 0), 2, {}, input_rows=9) if isinstance(s, InputRead)]
+    # one subtask that did not count makes the source's count unknown
+    flow.start(_batch(3))
+    flow.on_report(_attempt(flow, "src", 0), 3, {}, input_rows=None)
+    assert InputRead(3, "src", None) in flow.on_report(_attempt(flow, "src", 1), 3, {}, input_rows=5)

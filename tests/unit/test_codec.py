@@ -444,3 +444,20 @@ def test_a_micro_batch_survives_the_wire_and_a_broken_one_is_refused():
             setattr(broken, field, value)
         with pytest.raises(ValueError):
             batch_from_proto(broken)
+
+
+def test_a_batch_report_carries_its_counted_input_rows_and_a_negative_count_is_no_count():
+    from funke.common.codec import report_from_proto, report_to_proto
+    from funke.common.deployment import TaskReport
+    from funke.common.executiongraph import ExecutionAttemptId
+    from funke.common.states import ExecutionState
+
+    report = TaskReport("job-1", ExecutionAttemptId("src", 0, 1), ExecutionState.RUNNING, batch_id=4, input_rows=812)
+    assert report_from_proto(report_to_proto(report)) == report
+    uncounted = TaskReport("job-1", ExecutionAttemptId("src", 0, 1), ExecutionState.RUNNING, batch_id=4)
+    assert not report_to_proto(uncounted).HasField("input_rows")
+    assert report_from_proto(report_to_proto(uncounted)).input_rows is None
+    hostile = report_to_proto(report)
+    hostile.input_rows = -3
+    decoded = report_from_proto(hostile)
+    assert decoded.input_rows is None and decoded.batch_id == 4  # the batch still counts as reported

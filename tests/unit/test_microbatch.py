@@ -19,6 +19,7 @@ from funke.common.microbatch import (
     CaptureTargets,
     CommitLogged,
     CommitSinks,
+    InputCounted,
     MicroBatchCoordinator,
     OffsetsAnswered,
     OffsetsLogged,
@@ -61,6 +62,7 @@ class World:
     timer: int | None = None
     log: list = field(default_factory=list)  # every action, in order
     terminated: str = ""
+    counts: dict[str, int] | None = None  # rows the sources' tasks count while running a batch
 
     def feed(self, event) -> None:
         for action in self.coordinator.handle(event):
@@ -103,6 +105,8 @@ class World:
                 self.offsets[entry.batch_id] = entry
                 self.feed(OffsetsLogged(entry.batch_id, now))
             case RunBatch(entry=entry):
+                for source, rows in (self.counts or {}).items():
+                    self.feed(InputCounted(entry.batch_id, source, rows, now))
                 for sink in SINKS:
                     self.feed(OutputStarted(entry.batch_id, sink, now))
                 for sink in SINKS:
@@ -344,3 +348,21 @@ def test_any_order_of_io_completions_keeps_the_logs_contiguous_and_commits_every
         order = kinds(w, b)
         assert order.index("BatchSubmitted") < order.index("BatchStarted") < order.index("OutputOperationStarted")
         assert order.index("OutputOperationCompleted") < order.index("BatchCompleted") < order.index("QueryProgress")
+
+
+def test_rows_counted_while_a_batch_runs_are_its_progress_records_input_rows():
+    # a file source's range holds files, not rows (rows=0): what its tasks counted is the figure
+    w = World(coordinator(ProcessingTime(1000), sources=("files",)), {"files": 0}, counts={"files": 1234})
+    w.feed(Started(0))
+    w.available["files"] = 3
+    w.advance(1000)
+    w.settle()
+    progress = w.coordinator.progress[-1]
+    assert w.offsets[0].sources["files"].rows == 3  # this test's source counts offsets as rows
+    assert progress["numInputRows"] == 1234 and progress["sources"][0]["numInputRows"] == 1234
+    # a count for a source the query does not have, or a negative one, changes nothing
+    w.counts = {"files": -5, "other": 99}
+    w.available["files"] = 5
+    w.advance(1000)
+    w.settle()
+    assert w.coordinator.progress[-1]["numInputRows"] == 2

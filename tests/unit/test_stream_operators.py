@@ -15,7 +15,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from funke.common.checkpoint import SourceRange
-from funke.common.jobgraph import OperatorSpec
+from funke.common.jobgraph import OperatorSpec, PartitionerKind
 from funke.common.states import ExecutionState
 from funke.common.streamsources import BatchInput, RateSource
 from funke.jobmanager import streamsinks
@@ -96,11 +96,13 @@ def test_a_file_sink_stages_each_batch_inside_its_target_for_the_commit(spark, t
 class BatchReports:
     def __init__(self):
         self.done: list[tuple[int, list]] = []
+        self.input_rows: list[int | None] = []
         self._cond = threading.Condition()
 
-    def __call__(self, batch_id, produced):
+    def __call__(self, batch_id, produced, input_rows=None):
         with self._cond:
             self.done.append((batch_id, list(produced)))
+            self.input_rows.append(input_rows)
             self._cond.notify_all()
 
     def wait_for(self, batch_id: int, timeout: float = 60.0) -> bool:
@@ -165,3 +167,152 @@ def test_a_stream_task_cancelled_between_batches_ends_canceled_and_a_failing_bat
     task.run()
     state, failure, _ = reports.last
     assert state is E.FAILED and "names no range for vertex 'rate'" in failure.message
+
+
+# ---------------------------------------------------------------------------- a batch's exchanges
+
+TYPED = ["value", "value % 3 AS k", "timestamp", "array(value, value + 1) AS arr", "map('v', value) AS m",
+         "named_struct('a', value, 'b', concat('x', value)) AS s", "CAST(NULL AS STRING) AS n",
+         "CAST(value AS DECIMAL(10, 2)) AS d", "to_date('2026-11-25') AS day"]
+
+
+def run_exchange(spark, tmp_path, batch_id: int, producer_attempt: int = 0, drop: str | None = None):
+    """One batch of a rate source (rows 0..49) split by HASH of `k` into two consumers, each staging
+    what it read into a Parquet sink; returns (the producer's partition directory, per consumer
+    the rows it read, or the failure)."""
+    from tests.unit.test_task_runtime import Reports, deploy, gate, op, output
+
+    E = ExecutionState
+    producer, _ = deploy(tmp_path, [op("source.rate", rows_per_second=1000), op("select", exprs=TYPED)],
+                         vertex="rate", attempt=producer_attempt,
+                         outputs=[output("ds", 0, n=2, partitioner=PartitionerKind.HASH, keys=["k"])])
+    p_batches = BatchReports()
+    p_task = StreamTask(producer, spark, Reports(), p_batches)
+    p_task.give_batch(BatchInput(batch_id, 0, {"rate": SourceRange(None, {"rows": 50, "baseMs": 0}, 50)}))
+    p_task.finish()
+    p_task.run()
+    (produced,) = p_batches.done[0][1]
+    assert produced.row_count == 50
+    directory = tmp_path / "jobs" / "job1" / "partitions" / "ds" / "p0" / f"a{producer_attempt}" / f"batch-{batch_id}"
+    if drop:
+        os.remove(directory / drop)
+    read = []
+    for sub in (0, 1):
+        target = tmp_path / f"out-{batch_id}-{sub}"
+        consumer, _ = deploy(tmp_path, [op("sink.parquet", path=str(target))], vertex="agg", subtask=sub,
+                             parallelism=2, attempt=batch_id)
+        reports = Reports()
+        task = StreamTask(consumer, spark, reports, BatchReports())
+        task.give_batch(BatchInput(batch_id, 0), (gate("ds", range(0, 1), subpartition=sub,
+                                                       attempts=[producer_attempt], schema=produced.schema),))
+        task.finish()
+        task.run()
+        state, failure, _ = reports.last
+        if state is not E.FINISHED:
+            read.append(failure)
+            continue
+        streamsinks.commit_batch(str(target), batch_id, {sub: batch_id})
+        read.append(sorted(spark.read.parquet(str(target)).collect(), key=lambda r: r.value))
+    return directory, read
+
+
+def test_a_small_batch_is_exchanged_in_memory_one_file_per_subpartition_with_every_type_intact(spark, tmp_path):
+    directory, (first, second) = run_exchange(spark, tmp_path, 0)
+    assert sorted(os.listdir(directory)) == ["sub-0.parquet", "sub-1.parquet"]
+    assert sorted(r.value for r in first + second) == list(range(50))
+    assert {r.k for r in first}.isdisjoint({r.k for r in second})  # a key goes to one consumer
+    row = next(r for r in first + second if r.value == 7)
+    assert row.timestamp == dt.datetime(1970, 1, 1, 0, 0, 0, 7000)
+    assert (row.arr, row.m, row.s.a, row.s.b, row.n) == ([7, 8], {"v": 7}, 7, "x7", None)
+    assert (str(row.d), row.day) == ("7.00", dt.date(2026, 11, 25))
+
+
+def test_a_batch_over_the_in_memory_limit_goes_through_sparks_writer_and_reads_the_same(spark, tmp_path, monkeypatch):
+    _, small = run_exchange(spark, tmp_path, 0)
+    monkeypatch.setattr("funke.taskmanager.batchexchange.IN_MEMORY_LIMIT_BYTES", 50 * 16 - 1)
+    directory, large = run_exchange(spark, tmp_path, 1)
+    assert {"_sub=0", "_sub=1"} <= set(os.listdir(directory))
+    assert large == small
+
+
+def test_a_missing_subpartition_file_fails_its_consumer_instead_of_reading_nothing(spark, tmp_path):
+    _, (first, second) = run_exchange(spark, tmp_path, 0, drop="sub-1.parquet")
+    assert isinstance(first, list) and first  # subpartition 0 is there and read
+    assert "has no subpartition 1" in second.message, second
+
+
+# ---------------------------------------------------------------------------------------- input rows
+
+
+def run_source_task(spark, tmp_path, ops, batch: BatchInput, outputs=()):
+    from tests.unit.test_task_runtime import Reports, deploy
+
+    d, _ = deploy(tmp_path, ops, vertex="words", outputs=outputs, attempt=batch.batch_id)
+    reports, batches = Reports(), BatchReports()
+    task = StreamTask(d, spark, reports, batches)
+    task.give_batch(batch)
+    task.finish()
+    task.run()
+    assert reports.last[0] is ExecutionState.FINISHED, reports.last
+    return batches.input_rows
+
+
+def test_a_file_source_task_reports_the_rows_it_read_and_a_chain_that_reads_only_some_reports_none(spark, tmp_path):
+    from tests.unit.test_task_runtime import op, output
+
+    incoming = tmp_path / "incoming"
+    incoming.mkdir()
+    (incoming / "a.txt").write_text("one two\n\nthree\n")  # 3 lines, one of them empty
+    (incoming / "b.txt").write_text("four five six seven\n")  # 1 line
+    files = {"words": ("a.txt", "b.txt")}
+    source = op("source.stream.text", path=str(incoming))
+    words = op("flat_map", lambda line: line.split(), schema="word string")
+    batch = BatchInput(0, 0, {"words": SourceRange(None, 2)}, files)
+    # into an exchange: the lines read (4), not the words written (7)
+    assert run_source_task(spark, tmp_path, [source, words], batch, outputs=[output("ds", 0)]) == [4]
+    # into a file sink: every row runs
+    sink = op("sink.parquet", path=str(tmp_path / "out"))
+    assert run_source_task(spark, tmp_path, [source, words, sink], BatchInput(1, 0, batch.ranges, files)) == [4]
+    # print shows the first rows only: the count would be a guess
+    assert run_source_task(spark, tmp_path, [source, op("sink.print")], BatchInput(2, 0, batch.ranges, files)) == [None]
+    # a rate source's count is its range's
+    rate = BatchInput(3, 0, {"words": SourceRange(None, {"rows": 12, "baseMs": 0}, 12)})
+    assert run_source_task(spark, tmp_path, [op("source.rate", rows_per_second=100), op("sink.discard")], rate) == [12]
+
+
+def test_foreach_batch_calls_the_users_function_with_each_batch_and_its_id_keeping_its_state(spark, tmp_path):
+    from tests.unit.test_task_runtime import Reports, deploy, op
+
+    seen_file = tmp_path / "seen.jsonl"
+
+    class Writer:
+        """What a user's foreachBatch function may keep across batches (a connection, a count)."""
+
+        def __init__(self):
+            self.calls = 0
+
+        def __call__(self, df, batch_id):
+            self.calls += 1
+            values = sorted(r.value for r in df.collect())
+            with open(seen_file, "a") as f:
+                f.write(f"{batch_id} {self.calls} {values}\n")
+
+    d, _ = deploy(tmp_path, [op("source.rate", rows_per_second=1000), op("sink.foreach_batch", Writer())],
+                  vertex="rate")
+    reports = Reports()
+    task = StreamTask(d, spark, reports, BatchReports())
+    task.give_batch(BatchInput(5, 0, {"rate": SourceRange(None, {"rows": 3, "baseMs": 0}, 3)}))
+    task.give_batch(BatchInput(6, 0, {"rate": SourceRange({"rows": 3, "baseMs": 0}, {"rows": 5, "baseMs": 0}, 2)}))
+    task.finish()
+    task.run()
+    assert reports.last[0] is ExecutionState.FINISHED
+    assert seen_file.read_text().splitlines() == ["5 1 [0, 1, 2]", "6 2 [3, 4]"]
+    failing, _ = deploy(tmp_path, [op("source.rate", rows_per_second=1000),
+                                   op("sink.foreach_batch", lambda df, batch_id: 1 / 0)], vertex="rate", attempt=1)
+    reports = Reports()
+    task = StreamTask(failing, spark, reports, BatchReports())
+    task.give_batch(BatchInput(0, 0, {"rate": SourceRange(None, {"rows": 3, "baseMs": 0}, 3)}))
+    task.run()
+    state, failure, _ = reports.last
+    assert state is ExecutionState.FAILED and failure.exception_type == "ZeroDivisionError"
+    assert "in <lambda>" in failure.traceback  # the user's frame

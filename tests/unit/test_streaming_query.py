@@ -88,6 +88,24 @@ def test_every_problem_of_a_streaming_query_is_named(tmp_path):
     assert any("this job reads no stream" in p for p in problems)
 
 
+def test_foreach_batch_is_a_streaming_querys_sink_seeing_each_whole_batch_in_one_call(tmp_path):
+    env = ExecutionEnvironment("per batch", parallelism=3)
+    env.read_stream.rate(10).foreach_batch(lambda df, batch_id: None)
+    job = env.build()
+    (sink,) = sinks(job)
+    assert sink.operators[-1].kind == "sink.foreach_batch" and sink.operators[-1].function
+    assert sink.parallelism == 1  # one call per batch sees all of it, as Spark's foreachBatch
+    wide = ExecutionEnvironment("per batch, per subtask", parallelism=3)
+    wide.read_stream.rate(10).foreach_batch(lambda df, batch_id: None).set_parallelism(3)
+    assert sinks(wide.build())[0].parallelism == 3
+    bounded = ExecutionEnvironment("bounded")
+    bounded.from_range(3).foreach_batch(lambda df, batch_id: None)
+    problems = [p.message for p in find_problems(_unvalidated(bounded))]
+    assert any("foreach_batch, a sink of streaming queries" in p for p in problems), problems
+    with pytest.raises(TypeError):
+        ExecutionEnvironment("no function").read_stream.rate(1).foreach_batch("not callable")
+
+
 def _unvalidated(env: ExecutionEnvironment):
     from funke.common.dsl import _translate
 

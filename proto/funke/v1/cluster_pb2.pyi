@@ -88,7 +88,7 @@ class ProducedPartition(_message.Message):
     def __init__(self, data_set_id: _Optional[str] = ..., partition_index: _Optional[int] = ..., schema: _Optional[str] = ..., row_count: _Optional[int] = ...) -> None: ...
 
 class TaskExecutionState(_message.Message):
-    __slots__ = ("job_id", "attempt", "state", "failure", "produced", "task_manager_id", "stimulus_id", "batch_id")
+    __slots__ = ("job_id", "attempt", "state", "failure", "produced", "task_manager_id", "stimulus_id", "batch_id", "input_rows")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -97,6 +97,7 @@ class TaskExecutionState(_message.Message):
     TASK_MANAGER_ID_FIELD_NUMBER: _ClassVar[int]
     STIMULUS_ID_FIELD_NUMBER: _ClassVar[int]
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    INPUT_ROWS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     attempt: _job_pb2.ExecutionAttemptId
     state: _job_pb2.ExecutionState
@@ -105,7 +106,8 @@ class TaskExecutionState(_message.Message):
     task_manager_id: str
     stimulus_id: str
     batch_id: int
-    def __init__(self, job_id: _Optional[str] = ..., attempt: _Optional[_Union[_job_pb2.ExecutionAttemptId, _Mapping]] = ..., state: _Optional[_Union[_job_pb2.ExecutionState, str]] = ..., failure: _Optional[_Union[_job_pb2.Failure, _Mapping]] = ..., produced: _Optional[_Iterable[_Union[ProducedPartition, _Mapping]]] = ..., task_manager_id: _Optional[str] = ..., stimulus_id: _Optional[str] = ..., batch_id: _Optional[int] = ...) -> None: ...
+    input_rows: int
+    def __init__(self, job_id: _Optional[str] = ..., attempt: _Optional[_Union[_job_pb2.ExecutionAttemptId, _Mapping]] = ..., state: _Optional[_Union[_job_pb2.ExecutionState, str]] = ..., failure: _Optional[_Union[_job_pb2.Failure, _Mapping]] = ..., produced: _Optional[_Iterable[_Union[ProducedPartition, _Mapping]]] = ..., task_manager_id: _Optional[str] = ..., stimulus_id: _Optional[str] = ..., batch_id: _Optional[int] = ..., input_rows: _Optional[int] = ...) -> None: ...
 
 class UpdateTaskExecutionStateRequest(_message.Message):
     __slots__ = ("updates",)
