@@ -756,13 +756,14 @@ def report_from_proto(m: cluster_pb.TaskExecutionState) -> TaskReport:
 
 
 def run_batch_to_proto(job_id: str, registration_id: str, batch: BatchInput,
-                       tasks: Sequence[tuple[ExecutionAttemptId, Sequence[tuple[int, Sequence[int], str]]]]
-                       ) -> cluster_pb.RunBatchesRequest:
-    """A RunBatches request: the batch, and per task, per input (index, producer attempts, schema)."""
+                       tasks: Sequence[tuple[ExecutionAttemptId, Sequence[tuple[int, Sequence[int], str]]]],
+                       released: Sequence[int] = ()) -> cluster_pb.RunBatchesRequest:
+    """A RunBatches request: the batch, and per task, per input (index, producer attempts, schema);
+    `released`: earlier batches that are through."""
     msg = cluster_pb.RunBatchesRequest(
         job_id=job_id, registration_id=registration_id, batch_id=batch.batch_id, batch_time_ms=batch.batch_time_ms,
         ranges_json=json.dumps({v: {"start": r.start, "end": r.end, "rows": r.rows} for v, r in batch.ranges.items()},
-                               sort_keys=True))
+                               sort_keys=True), released_batches=sorted(released))
     for vertex, names in batch.files.items():
         msg.files[vertex].names.extend(names)
     for attempt, gates in tasks:

@@ -65,6 +65,10 @@ MISSING_TERMINAL_GRACE_S = 1.0
 # does not grow without end (such races involve only the most recent cancellations).
 EARLY_CANCELS_MAX = 10_000
 VALID_IDS_KEPT = 4_096  # ids (job, vertex, data set) already found valid, before the memo starts over
+# Batches a RunBatches may release at once (the JobManager names the few that went through since
+# its last batch here), and the highest batch id taken for one.
+MAX_RELEASED_BATCHES = 1_000
+MAX_BATCH_ID = 2**63 - 1
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -158,6 +162,7 @@ class RunBatch:
     tasks: tuple[BatchTask, ...]
     registration_id: str
     stimulus_id: str = ""
+    released: tuple[int, ...] = ()  # earlier batches that are through: their partitions here can go
 
 
 @dataclass(frozen=True, slots=True)
@@ -734,6 +739,19 @@ class TaskExecutorState:
                     ProducedPartition(o.data_set_id, o.partition_index, "") for o in task.deployment.outputs))
             else:
                 self._out.append(GiveBatch(key, e.batch, tuple(gates)))
+        if current and e.released:
+            self._release_batches(e.job_id, e.released)
+
+    def _release_batches(self, job_id: str, batch_ids: tuple[int, ...]) -> None:
+        """Delete what this TaskManager's streaming tasks of the job wrote for batches that are
+        through (a long-running query would otherwise keep every batch's partitions)."""
+        wanted = sorted({b for b in batch_ids if 0 <= b < MAX_BATCH_ID})[:MAX_RELEASED_BATCHES]
+        dirs = tuple(layout.batch_partition_dir(t.deployment.data_dir, job_id, o.data_set_id, o.partition_index,
+                                                t.key.attempt.attempt_number, b)
+                     for t in self.tasks.values() if t.key.job_id == job_id and t.deployment.streaming
+                     for o in t.deployment.outputs for b in wanted)
+        if dirs:
+            self._out.append(DeletePartitions(job_id, frozenset(), dirs))
 
     def _why_no_batch(self, task: _Task | None, key: TaskKey, current: bool) -> str | None:
         if not current:

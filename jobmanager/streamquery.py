@@ -258,6 +258,9 @@ class _Run:
         self.watcher: asyncio.Task | None = None
         self._batches: dict[int, tuple[asyncio.Future, Output]] = {}
         self._in_threads: set[asyncio.Future] = set()
+        # Per TaskManager, the batches through since its last RunBatches: it deletes what its
+        # tasks wrote for them when told with the next one (the job's end releases the rest).
+        self._released: dict[str, set[int]] = {}
 
     def abandon(self) -> None:
         for future, _ in self._batches.values():
@@ -297,7 +300,8 @@ class _Run:
                     self._refused(batch_id, f"TaskManager {step.task_manager_id} is gone")
                     return
                 tasks = [(t.attempt, [(g.input_index, g.attempts, g.schema) for g in t.gates]) for t in step.tasks]
-                request = codec.run_batch_to_proto(self.query.job_id, "", step.batch, tasks)
+                released = self._released.pop(step.task_manager_id, ())
+                request = codec.run_batch_to_proto(self.query.job_id, "", step.batch, tasks, released)
                 gateway.run_batch(request, lambda job, attempt, why: self._refused(
                     batch_id, f"task {codec.attempt_from_proto(attempt)} did not take batch {batch_id}: {why}"))
             elif isinstance(step, SinkStarted):
@@ -307,6 +311,8 @@ class _Run:
             elif isinstance(step, InputRead):
                 output("read", step.source, step.rows)
         if not self.flow.in_flight or batch_id not in self.flow.in_flight:
+            for tm in set(self.flow.task_managers.values()) - {""}:
+                self._released.setdefault(tm, set()).add(batch_id)
             if not future.done():
                 future.set_result(None)
 

@@ -828,7 +828,8 @@ class TaskExecutor:
             return cluster_pb2.RunBatchesResponse(results=[cluster_pb2.TaskSubmissionResult(
                 attempt=t.attempt, accepted=False, error=f"the batch does not decode: {exc}") for t in request.tasks])
         answers = self._handle(core.RunBatch(request.job_id, batch, tasks, request.registration_id,
-                                             self._stimulus(f"batch-{batch.batch_id}")))
+                                             self._stimulus(f"batch-{batch.batch_id}"),
+                                             tuple(request.released_batches)))
         refused = {a.key.attempt: a.reason for a in answers if isinstance(a, core.BatchRejected)}
         return cluster_pb2.RunBatchesResponse(results=[cluster_pb2.TaskSubmissionResult(
             attempt=codec.attempt_to_proto(t.attempt), accepted=t.attempt not in refused,

@@ -225,6 +225,12 @@ def test_a_streaming_word_count_counts_each_batch_exactly_as_its_files(stream_cl
     status = job_status_name(client.get_job(job_id).status)
     shown = stream_cluster.funke("status", job_id).stdout
     assert status == "RUNNING" and "latest micro-batch:" in shown, shown
+    # a batch that is through has its partitions deleted with the next batch: a running query
+    # keeps the last ones only, not one directory per batch it ever ran
+    partitions = Path(stream_cluster.info.data_dir) / "jobs" / job_id / "partitions"
+    kept = [p for p in partitions.glob("*/p*/a*/batch-*")]
+    batches_kept = {p.name for p in kept}
+    assert 1 <= len(batches_kept) <= 2 < client.progress(job_id)[-1]["batchId"], sorted(batches_kept)
     table = stream_cluster.funke("progress", job_id).stdout
     assert "BATCH" in table and "ROWS" in table, table
     stopped = stream_cluster.funke("stop", job_id, "--timeout", "60")
@@ -251,6 +257,9 @@ def test_a_streaming_word_count_counts_each_batch_exactly_as_its_files(stream_cl
     assert_listener_order(events.seen)
     progress = json.loads(stream_cluster.funke("progress", job_id, "--json").stdout)
     assert progress and progress[-1]["batchId"] == max(counted)
+    for record in progress:  # the rows a file source read: counted while its batch ran
+        files = FilesSource.files(store.read_offsets(record["batchId"]).sources[store_source(store)], seen)
+        assert record["numInputRows"] == sum(texts[f].count("\n") for f in files), record
 
 
 def store_source(store: CheckpointStore) -> str:

@@ -507,3 +507,21 @@ def test_a_noop_streaming_task_runs_its_batches_in_the_core_and_finishes_when_to
     assert batch_reports(out) == [(0, E.RUNNING, (ProducedPartition("out", 0, ""),))]
     out = c(core.FinishTasks(JOB, (d.attempt,), c.registration))
     assert reports(out, d) == [E.FINISHED]
+
+
+def test_batches_that_are_through_have_their_partitions_here_deleted_with_the_next_batch():
+    c = Core()
+    src = streaming(deployment("src", ops=SPARK_SINK, outputs=[output(0, "a"), output(0, "b")], attempt=2))
+    sink = streaming(deployment("sink", ops=SPARK_SINK, inputs=[gate(range(0, 1))], slot=1))
+    other = streaming(deployment("src", ops=SPARK_SINK, outputs=[output()], job="other-job", slot=2))
+    for d in (src, sink, other):
+        c.submit(d)
+    out = c(core.RunBatch(JOB, BatchInput(7, 0), (core.BatchTask(src.attempt),), c.registration, released=(5, 3, -1)))
+    (delete,) = of(out, core.DeletePartitions)
+    assert sorted(delete.paths()) == [f"/data/jobs/{JOB}/partitions/{ds}/p0/a2/batch-{b}" for ds in "ab" for b in (3, 5)]
+    assert of(out, core.GiveBatch)  # the batch itself runs as ever
+    # nothing to release, or a registration that is over: nothing deleted
+    assert not of(c(core.RunBatch(JOB, BatchInput(8, 0), (core.BatchTask(src.attempt),), c.registration)),
+                  core.DeletePartitions)
+    assert not of(c(core.RunBatch(JOB, BatchInput(9, 0), (core.BatchTask(src.attempt),), "reg-old", released=(7,))),
+                  core.DeletePartitions)

@@ -327,7 +327,7 @@ class SourceFiles(_message.Message):
     def __init__(self, names: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RunBatchesRequest(_message.Message):
-    __slots__ = ("job_id", "registration_id", "batch_id", "batch_time_ms", "ranges_json", "files", "tasks")
+    __slots__ = ("job_id", "registration_id", "batch_id", "batch_time_ms", "ranges_json", "files", "tasks", "released_batches")
     class FilesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -342,6 +342,7 @@ class RunBatchesRequest(_message.Message):
     RANGES_JSON_FIELD_NUMBER: _ClassVar[int]
     FILES_FIELD_NUMBER: _ClassVar[int]
     TASKS_FIELD_NUMBER: _ClassVar[int]
+    RELEASED_BATCHES_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     registration_id: str
     batch_id: int
@@ -349,7 +350,8 @@ class RunBatchesRequest(_message.Message):
     ranges_json: str
     files: _containers.MessageMap[str, SourceFiles]
     tasks: _containers.RepeatedCompositeFieldContainer[BatchTask]
-    def __init__(self, job_id: _Optional[str] = ..., registration_id: _Optional[str] = ..., batch_id: _Optional[int] = ..., batch_time_ms: _Optional[int] = ..., ranges_json: _Optional[str] = ..., files: _Optional[_Mapping[str, SourceFiles]] = ..., tasks: _Optional[_Iterable[_Union[BatchTask, _Mapping]]] = ...) -> None: ...
+    released_batches: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, job_id: _Optional[str] = ..., registration_id: _Optional[str] = ..., batch_id: _Optional[int] = ..., batch_time_ms: _Optional[int] = ..., ranges_json: _Optional[str] = ..., files: _Optional[_Mapping[str, SourceFiles]] = ..., tasks: _Optional[_Iterable[_Union[BatchTask, _Mapping]]] = ..., released_batches: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class RunBatchesResponse(_message.Message):
     __slots__ = ("results",)
