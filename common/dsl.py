@@ -685,11 +685,13 @@ class _Chain:
 
 def _with_combiners(env: ExecutionEnvironment, ordered: list[_Transformation],
                     consumers: Counter) -> tuple[list[_Transformation], Counter]:
-    """Give each keyed count()/reduce() a combiner: the same operation, chained onto the
-    producer, so that the exchange carries one record per key and subtask instead of every
+    """Give each keyed count()/reduce()/aggregate() a combiner: the same operation, chained onto
+    the producer, so that the exchange carries one record per key and subtask instead of every
     record (a word count's shuffle shrinks from every word to the distinct words). The count
-    behind a combiner sums the partial counts. Only where the combiner can chain: the producer
-    feeds nothing else and allows chaining. Works on copies: the environment is unchanged."""
+    behind a combiner sums the partial counts; an aggregate's combiner (`combine`) decides on the
+    TaskManager, once the schema is known, which SQL aggregates split (`funke.common.combine`).
+    Only where the combiner can chain: the producer feeds nothing else and allows chaining.
+    Works on copies: the environment is unchanged."""
     enabled = all(env._options.get(key, "true").strip().lower() != "false" for key in (COMBINERS, OPERATOR_CHAINING))
     if not enabled:
         return ordered, consumers
@@ -701,11 +703,12 @@ def _with_combiners(env: ExecutionEnvironment, ordered: list[_Transformation],
         inputs = tuple((replaced.get(i.seq, i), x) for i, x in t.inputs)
         if any(a is not b for (a, _), (b, _) in zip(inputs, t.inputs)):
             t = dataclasses.replace(t, inputs=inputs)
-        if t.kind in ("count", "reduce") and len(t.inputs) == 1:
+        if t.kind in ("count", "reduce", "aggregate") and len(t.inputs) == 1:
             (producer, exchange), = t.inputs
             if (exchange is not None and exchange.kind is _ExchangeKind.HASH and consumers[producer.seq] == 1
                     and producer.chaining is not _Chaining.NEVER):
-                combiner = _Transformation(next_seq, t.kind, f"Combine ({t.name})", dict(t.config), t.function,
+                kind = "combine" if t.kind == "aggregate" else t.kind
+                combiner = _Transformation(next_seq, kind, f"Combine ({t.name})", dict(t.config), t.function,
                                            ((producer, None),), parallelism=producer.parallelism,
                                            co_location_group=producer.co_location_group)
                 next_seq += 1

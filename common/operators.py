@@ -114,6 +114,8 @@ CATALOGUE: dict[str, OperatorKind] = {
         _k("where", T, 1, "condition", keys={"condition": V.SQL}),
         _k("reduce", T, 1, "keys", fn=True, keys={"keys": V.COLUMNS}),
         _k("aggregate", T, 1, "keys", "aggregations", keys={"keys": V.COLUMNS, "aggregations": V.SQL_LIST}),
+        # a keyed aggregate's combiner, before its exchange (funke.common.combine)
+        _k("combine", T, 1, "keys", "aggregations", keys={"keys": V.COLUMNS, "aggregations": V.SQL_LIST}),
         _k("count", T, 1, "keys", keys={"keys": V.COLUMNS}),
         _k("join", T, 2, "on", keys={"on": V.COLUMNS, "how": V.JOIN_TYPE}),
         _k("union", T, VARIADIC),

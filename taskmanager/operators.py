@@ -89,7 +89,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from funke.common import layout
+from funke.common import combine, layout
 from funke.common.checkpoint import SourceRange
 from funke.common.jobgraph import OperatorSpec
 from funke.common.operators import SINK_MODES
@@ -812,8 +812,65 @@ def _aggregate(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFrame])
     aggregations = _strings(spec, "aggregations")
     if not aggregations:
         raise ValueError(f"{_label(spec)}: needs at least one aggregation")
-    grouped = _single(spec, inputs).groupBy(*[column_ref(k) for k in _strings(spec, "keys")])
+    df = _single(spec, inputs)
+    finals = _finals(df.schema)
+    if finals:  # its input is what a combiner made: merge the partial aggregates
+        if len(finals) != len(aggregations):
+            raise ValueError(f"{_label(spec)}: its input holds partial aggregates of {len(finals)} aggregation(s), "
+                             f"not of its {len(aggregations)}")
+        aggregations = finals
+    grouped = df.groupBy(*[column_ref(k) for k in _strings(spec, "keys")])
     return grouped.agg(*[F.expr(a) for a in aggregations])
+
+
+def _finals(schema: StructType) -> list[str]:
+    """The final aggregates a combiner left in its partial columns' metadata, in order."""
+    found = {f.metadata[combine.INDEX_KEY]: f.metadata[combine.FINAL_KEY] for f in schema.fields
+             if combine.FINAL_KEY in (f.metadata or {})}
+    return [found[i] for i in sorted(found)]
+
+
+# (input schema, keys, aggregations) -> the combiner's columns, or None: the aggregate does not split
+_COMBINE_PLANS: dict[tuple[str, tuple[str, ...], tuple[str, ...]], list[tuple[str, str, dict]] | None] = {}
+_COMBINE_PLANS_KEPT = 256
+
+
+@_operator("combine")
+def _combine(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFrame]) -> DataFrame:
+    """A keyed aggregate's combiner (`funke.common.combine`): per key, the partial aggregates, each
+    column carrying in its metadata how the aggregate after the exchange merges it. When an
+    aggregation does not split, the rows pass unchanged and that aggregate does all the work."""
+    df = _single(spec, inputs)
+    keys, aggregations = _strings(spec, "keys"), _strings(spec, "aggregations")
+    cache_key = (df.schema.json(), tuple(keys), tuple(aggregations))
+    if cache_key not in _COMBINE_PLANS:
+        if len(_COMBINE_PLANS) >= _COMBINE_PLANS_KEPT:
+            _COMBINE_PLANS.clear()
+        _COMBINE_PLANS[cache_key] = _combine_plan(df, keys, aggregations)
+    plan = _COMBINE_PLANS[cache_key]
+    if plan is None:
+        return df
+    return df.groupBy(*[column_ref(k) for k in keys]).agg(
+        *[F.expr(expr).alias(name, metadata=meta) for name, expr, meta in plan])
+
+
+def _combine_plan(df: DataFrame, keys: list[str], aggregations: list[str]) -> list[tuple[str, str, dict]] | None:
+    calls = [combine.parse_call(a) for a in aggregations]
+    if any(c is None for c in calls):
+        return None
+    # The names and types the whole aggregate has (analysis only: no Spark job runs).
+    whole = df.groupBy(*[column_ref(k) for k in keys]).agg(*[F.expr(a) for a in aggregations]).schema.fields
+    outputs = whole[len(whole) - len(aggregations):]
+    plan = []
+    for i, (call, field_) in enumerate(zip(calls, outputs)):
+        assert call is not None
+        if call.function == "avg" and isinstance(field_.dataType, DecimalType):
+            return None  # Spark averages decimals at a precision of their own
+        final = combine.final(call, i, field_.name, field_.dataType.simpleString())
+        for j, (name, expr) in enumerate(combine.partials(call, i)):
+            meta = {combine.FINAL_KEY: final, combine.INDEX_KEY: i} if j == 0 else {}
+            plan.append((name, expr, meta))
+    return plan
 
 
 @_operator("count")

@@ -33,7 +33,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 WARM_UP_BATCHES = 3
-SWEEP = (10_000, 40_000, 100_000, 200_000, 400_000, 600_000, 800_000)
+SWEEP = (10_000, 50_000, 100_000, 150_000, 200_000, 300_000, 400_000, 500_000, 600_000, 800_000)
 
 
 def bucketed(value):

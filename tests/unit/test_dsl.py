@@ -644,7 +644,7 @@ def test_combiners_only_where_they_chain_and_can_be_turned_off():
 
     env = ExecutionEnvironment("aggregate", parallelism=2)
     env.from_range(10).key_by("id").aggregate("max(id) as top").discard()
-    assert [op.kind for op in built(env).vertices[0].operators] == ["source.range"]  # no combiner for SQL aggregates
+    assert [op.kind for op in built(env).vertices[0].operators] == ["source.range", "combine"]  # decided on the TaskManager
 
 
 def test_graphs_the_dsl_builds_at_its_limits_pass_validation():
