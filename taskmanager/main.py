@@ -72,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="use a Spark Connect server (sc://host:port) instead of a local SparkSession")
     spark.add_argument("--no-spark", action="store_true",
                        help="start no SparkSession: only no-op chains can run (benchmarks, fast tests)")
+    parser.add_argument("--no-warm-up", action="store_true",
+                        help="do not run Spark's first jobs at start (then a TaskManager's first tasks start cold)")
     parser.add_argument("--spark-conf", type=_spark_conf, action="append", default=[], metavar="KEY=VALUE",
                         help="extra Spark configuration (repeatable)")
     parser.add_argument("--data-dir", default=None,
@@ -101,6 +103,7 @@ def config_from_args(args: argparse.Namespace) -> TaskExecutorConfig:
         spark_conf=tuple(args.spark_conf),
         data_dir=args.data_dir,
         use_spark=not args.no_spark,
+        warm_up=not args.no_warm_up,
         ha=cluster if ha else None,
     )
 

@@ -160,6 +160,7 @@ class TaskExecutorConfig:
     spark_conf: tuple[tuple[str, str], ...] = ()
     data_dir: str | None = None  # overrides the JobManager's data dir for this TaskManager
     use_spark: bool = True  # False: no SparkSession, only no-op chains run
+    warm_up: bool = True  # run Spark's first jobs right after start (taskmanager/warmup.py)
     # High availability: find the leader through the configured HA services (the lease file,
     # ZooKeeper's leader node) instead of `jobmanager_address`.
     ha: ClusterConfiguration | None = None
@@ -496,10 +497,25 @@ class TaskExecutor:
         ]
         for task in self._background:
             task.add_done_callback(self._background_ended)
+        if self.spark is not None and cfg.warm_up and not cfg.spark_remote:  # a Connect server warms once, for all
+            self._warm_up()
         # What exists now (modules, PySpark, the SparkSession, the server) lives as long as the
         # process: out of the cycle collector's sight, a full collection no longer scans it all on
         # the loop (100-200 ms with thousands of tasks deployed, measured, for nothing to free).
         gc.freeze()
+
+    def _warm_up(self) -> None:
+        """Spark's first jobs, in a daemon thread while the TaskManager already serves: tasks
+        that come meanwhile run as they would have (cold), later ones warm."""
+        from funke.taskmanager import warmup
+
+        spark, scratch = self.spark, self._scratch or self._scratch_dir()
+
+        def body() -> None:
+            took = warmup.run(spark, scratch)
+            log.info("TaskManager %s: Spark warmed up in %.1f s", self.id, took)
+
+        threading.Thread(target=body, name="spark-warm-up", daemon=True).start()
 
     def _background_ended(self, task: asyncio.Task[None]) -> None:
         """The connection and report loops run for the life of the process: one that ends on

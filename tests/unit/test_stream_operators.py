@@ -316,3 +316,13 @@ def test_foreach_batch_calls_the_users_function_with_each_batch_and_its_id_keepi
     state, failure, _ = reports.last
     assert state is ExecutionState.FAILED and failure.exception_type == "ZeroDivisionError"
     assert "in <lambda>" in failure.traceback  # the user's frame
+
+
+def test_the_warm_up_runs_sparks_first_jobs_and_leaves_nothing_behind(spark, tmp_path):
+    from funke.taskmanager import warmup
+
+    took = warmup.run(spark, str(tmp_path))
+    assert took > 0 and list(tmp_path.iterdir()) == []
+    # a session that is gone: the warm-up says so and returns, it never raises
+    broken = type("Gone", (), {"range": lambda *a: (_ for _ in ()).throw(RuntimeError("stopped"))})()
+    assert warmup.run(broken, str(tmp_path)) >= 0
