@@ -241,6 +241,10 @@ def test_sigterm_of_the_only_jobmanager_suspends_the_job_and_a_restart_recovers_
     assert read_output(out) == reference
     history = _history(ha.client.get_job(job_id))
     assert ("RUNNING", "SUSPENDED", epoch) in history and history[-1] == ("RUNNING", "FINISHED", lease.epoch)
+    # the result and the graph's removal are written after the job ended, off the JobManager's loop
+    deadline = time.monotonic() + 30
+    while services.job_graph_ids() and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert services.job_graph_ids() == [] and services.results()[job_id].status == "FINISHED"
 
 

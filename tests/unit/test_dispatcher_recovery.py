@@ -45,7 +45,8 @@ def test_a_new_leader_recovers_stored_jobs_finishes_cut_short_clean_ups_and_swee
         dispatcher.start()
         try:
             assert await dispatcher.recover() == ["run-1"]
-            await asyncio.wait(list(dispatcher._writes))
+            if dispatcher._writes:  # the clean-up write of done-1 may be through already
+                await asyncio.wait(list(dispatcher._writes))
             await ha.flush()
             assert services.job_graph_ids() == ["run-1"]
             assert services.results()["done-1"].clean
