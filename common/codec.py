@@ -766,6 +766,8 @@ def run_batch_to_proto(job_id: str, registration_id: str, batch: BatchInput,
                                sort_keys=True), released_batches=sorted(released))
     for vertex, names in batch.files.items():
         msg.files[vertex].names.extend(names)
+    for vertex, rate in batch.rate_limits.items():
+        msg.rate_limits[vertex] = rate
     for attempt, gates in tasks:
         t = msg.tasks.add(attempt=attempt_to_proto(attempt))
         for index, attempts, schema in gates:
@@ -782,7 +784,11 @@ def batch_from_proto(m: cluster_pb.RunBatchesRequest) -> BatchInput:
         ranges = {str(v): SourceRange(r["start"], r["end"], int(r.get("rows", 0))) for v, r in dict(raw).items()}
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"the batch's ranges do not decode: {exc}") from None
-    return BatchInput(m.batch_id, m.batch_time_ms, ranges, {v: tuple(f.names) for v, f in m.files.items()})
+    bad = {v: r for v, r in m.rate_limits.items() if not (math.isfinite(r) and r > 0)}
+    if bad:
+        raise ValueError(f"rate limits must be positive numbers, got {bad}")
+    return BatchInput(m.batch_id, m.batch_time_ms, ranges, {v: tuple(f.names) for v, f in m.files.items()},
+                      dict(m.rate_limits))
 
 
 def partition_update_to_proto(u: PartitionUpdate) -> cluster_pb.PartitionInfoUpdate:

@@ -56,6 +56,7 @@ from funke.common.jobgraph import (
 )
 from funke.common import ids
 from funke.common.operators import CATALOGUE, JOIN_TYPES, SINK_MODES
+from funke.common.streamingjob import REDIS, SOCKET
 
 __all__ = [
     "BATCH_SHUFFLE_MODE",
@@ -74,6 +75,8 @@ OPERATOR_CHAINING = "pipeline.operator-chaining.enabled"
 # Keyed count()/reduce() pre-aggregate in the producer's chain before the exchange (Flink's
 # combinable reduce; Spark's partial aggregation). "false" turns it off.
 COMBINERS = "funke.combiners.enabled"
+# The slot-sharing group of receiver sources (socket_text): slots of their own.
+RECEIVERS_GROUP = "receivers"
 _SHUFFLE_MODES = {
     "ALL_EXCHANGES_BLOCKING": ResultPartitionType.BLOCKING,
     "ALL_EXCHANGES_PIPELINED": ResultPartitionType.PIPELINED,
@@ -324,6 +327,16 @@ class DataStream(_OperatorHandle):
     def discard(self) -> DataStreamSink:
         """Computes the stream and drops the records (for measurements and side effects)."""
         return self._sink("sink.discard", "Sink: Discard", {}, DataStreamSink)
+
+    def write_redis(self, key: str, *, host: str = "127.0.0.1", port: int = 6379, db: int = 0) -> DataStreamSink:
+        """A streaming query's sink into Redis stream `key`: each row one entry (one field per
+        column, its value as text; nulls left out), each batch appended once, in one
+        transaction with a marker key, so a batch run again after a failure is not appended
+        twice (see README, Streaming queries)."""
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"write_redis: key must be a non-empty string, got {key!r}")
+        return self._sink("sink.redis", f"Sink: redis {key}"[:200],
+                          {"key": key, "host": host, "port": _port(port, "write_redis"), "db": _db(db)}, DataStreamSink)
 
     def foreach_batch(self, fn: Callable[[Any, int], None]) -> DataStreamSink:
         """A streaming query's sink that calls `fn(df, batch_id)` on a TaskManager for every
@@ -665,6 +678,53 @@ class StreamReader:
     def parquet(self, path: str, schema: str, max_files_per_trigger: int | None = None, **options: Any) -> DataStream:
         return self._files("parquet", path, schema, max_files_per_trigger, options)
 
+    def redis(self, keys: str | Sequence[str], *, host: str = "127.0.0.1", port: int = 6379, db: int = 0,
+              starting: str = "latest", max_entries_per_trigger: int | None = None) -> DataStream:
+        """The entries of Redis stream keys (XADD'ed by anyone), as a broker source: columns
+        `stream` (the key), `id`, `fields` (map<string,string>) and `timestamp` (the id's time).
+        Offsets are entry ids per key; each batch reads exactly its logged id range (XRANGE), so
+        a batch run again reads the same entries, as long as the stream was not trimmed past
+        them. `starting`: "latest" (entries added from the query's start on; Spark's Kafka
+        default) or "earliest"; `max_entries_per_trigger` per key. Key i is read by subtask
+        i % parallelism."""
+        keys = [keys] if isinstance(keys, str) else list(keys)
+        if not keys or not all(isinstance(k, str) and k for k in keys) or len(set(keys)) != len(keys):
+            raise ValueError(f"redis: keys must be distinct non-empty strings, got {keys!r}")
+        if starting not in ("earliest", "latest"):
+            raise ValueError(f"redis: starting must be 'earliest' or 'latest', got {starting!r}")
+        config: dict[str, Any] = {"keys": keys, "host": host, "port": _port(port, "redis"), "db": _db(db),
+                                  "starting": starting}
+        if max_entries_per_trigger is not None:
+            config["max_entries_per_trigger"] = _positive_int(max_entries_per_trigger, "max_entries_per_trigger")
+        return self._stream(REDIS, f"Source: redis {', '.join(keys)}"[:200], config)
+
+    def socket_text(self, host: str, port: int, *, receivers: int = 1, block_interval: str = "200 ms",
+                    max_rate: int | None = None) -> DataStream:
+        """Lines read from a TCP server, one record per line in column `value` (Spark Streaming's
+        socketTextStream). Each of `receivers` long-running tasks (in slots of their own) holds a
+        connection and stores what it reads every `block_interval` as a block in the checkpoint
+        before it counts as received; each batch reads the blocks stored when it is planned.
+        `max_rate`: at most this many lines a second per receiver (spark.streaming.receiver.maxRate);
+        with the option streaming.backpressure.enabled, less when batches fall behind."""
+        from funke.common.restart import RestartStrategyError, parse_duration
+
+        if not isinstance(host, str) or not host:
+            raise TypeError(f"socket_text: host must be a non-empty string, got {host!r}")
+        port = _port(port, "socket_text")
+        try:
+            interval_ms = round(parse_duration(block_interval) * 1000)
+        except RestartStrategyError as exc:
+            raise ValueError(f"socket_text: block_interval: {exc}") from None
+        if interval_ms < 10:
+            raise ValueError(f"socket_text: block_interval must be at least 10 ms, got {block_interval!r}")
+        config: dict[str, Any] = {"host": host, "port": port, "block_interval_ms": interval_ms}
+        if max_rate is not None:
+            config["max_rate"] = _positive_int(max_rate, "max_rate")
+        stream = self._stream(SOCKET, f"Source: socket {host}:{port}", config)
+        stream._t.parallelism = _positive_int(receivers, "receivers")
+        stream._t.slot_sharing_group = RECEIVERS_GROUP
+        return stream
+
 
 
 # --------------------------------------------------------------------------------------------
@@ -749,7 +809,9 @@ def _translate(env: ExecutionEnvironment) -> tuple[JobGraph, dict[int, str]]:
         if t.slot_sharing_group is not None:
             group[t.seq] = t.slot_sharing_group
         else:
-            input_groups = {group[i.seq] for i, _ in t.inputs}
+            # A receiver keeps its slot to itself (as Spark's receivers keep their cores): what
+            # follows it does not inherit its group.
+            input_groups = {group[i.seq] for i, _ in t.inputs} - {RECEIVERS_GROUP}
             group[t.seq] = input_groups.pop() if len(input_groups) == 1 else DEFAULT_SLOT_SHARING_GROUP
 
     for t in ordered:
@@ -978,6 +1040,18 @@ def _keys(on: str | Sequence[str], operation: str) -> tuple[str, ...]:
     if len(set(keys)) != len(keys):
         raise ValueError(f"{operation}(): a key column is repeated in {list(keys)}")
     return keys
+
+
+def _port(port: object, what: str) -> int:
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise ValueError(f"{what}: port must be from 1 to 65535, got {port!r}")
+    return port
+
+
+def _db(db: object) -> int:
+    if isinstance(db, bool) or not isinstance(db, int) or db < 0:
+        raise ValueError(f"redis: db must be a database number from 0, got {db!r}")
+    return db
 
 
 def _pickled(fn: object, operation: str) -> bytes:

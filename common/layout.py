@@ -92,6 +92,11 @@ def collect_dir(data_dir: str, job_id: str, vertex_id: str) -> str:
     return _join(job_dir(data_dir, job_id), "collect", ids.require_path_id(vertex_id, "vertex id"))
 
 
+def redis_sink_dir(data_dir: str, job_id: str, vertex_id: str) -> str:
+    """Where a Redis Streams sink's subtasks stage each batch's rows for the JobMaster's commit."""
+    return _join(job_dir(data_dir, job_id), "redis", ids.require_path_id(vertex_id, "vertex id"))
+
+
 def sink_target(data_dir: str, job_id: str, vertex_id: str, kind: str, config: dict) -> str:
     """The directory a sink's output ends up in once the job FINISHED."""
     if kind == "sink.collect":

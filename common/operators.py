@@ -29,6 +29,12 @@ class Value(enum.Enum):
     OPTIONS = "an object of Spark options (string, number or boolean values)"
     ROWS = "a list of rows"
     JOIN_TYPE = "a join type"
+    HOST = "a host name or IP address"
+    PORT = "a TCP port (1 to 65535)"
+    STREAM_KEYS = "a non-empty list of distinct Redis stream keys"
+    STREAM_KEY = "a Redis stream key"
+    STARTING = "where a query starts reading: earliest or latest"
+    REDIS_DB = "a Redis database number (0 or more)"
 
 
 class FunctionUse(enum.Enum):
@@ -103,6 +109,14 @@ CATALOGUE: dict[str, OperatorKind] = {
         _k("source.stream.csv", S, 0, "path", "schema", keys=_STREAM_FILE_SOURCE),
         _k("source.stream.json", S, 0, "path", "schema", keys=_STREAM_FILE_SOURCE),
         _k("source.stream.parquet", S, 0, "path", "schema", keys=_STREAM_FILE_SOURCE),
+        # receiver sources: long-running receivers store blocks in the checkpoint; each batch reads
+        # the blocks allocated to it (Spark Streaming's socketTextStream)
+        _k("source.socket", S, 0, "host", "port",
+           keys={"host": V.HOST, "port": V.PORT, "block_interval_ms": V.POSITIVE_INT, "max_rate": V.POSITIVE_INT}),
+        # a broker: Redis Streams, read by entry id ranges (XRANGE)
+        _k("source.redis", S, 0, "keys",
+           keys={"keys": V.STREAM_KEYS, "host": V.HOST, "port": V.PORT, "db": V.REDIS_DB, "starting": V.STARTING,
+                 "max_entries_per_trigger": V.POSITIVE_INT}),
         # no-op kinds: a chain made only of these finishes without touching Spark (used to
         # measure scheduling and deployment alone)
         _k("source.noop", S, 0),
@@ -133,6 +147,8 @@ CATALOGUE: dict[str, OperatorKind] = {
         # a streaming query's per-batch sink: the user's fn(df, batch_id) (Structured Streaming's
         # foreachBatch)
         _k("sink.foreach_batch", K, 1, fn=True),
+        # a streaming query's Redis Streams sink: each batch appended once, in one transaction
+        _k("sink.redis", K, 1, "key", keys={"key": V.STREAM_KEY, "host": V.HOST, "port": V.PORT, "db": V.REDIS_DB}),
     )
 }
 

@@ -12,12 +12,16 @@ options:
                                     JobManager's data directory, by job name)
     streaming.concurrent-jobs       batches run at once (Spark's spark.streaming.concurrentJobs, 1)
     streaming.min-batches-to-retain log entries kept (Spark's minBatchesToRetain, 100)
+    streaming.backpressure.enabled  receivers take records at the rate batches keep up with
+                                    (Spark's spark.streaming.backpressure.enabled, false)
 
 Pure: reads the graph, returns values and problems.
 """
 
 from __future__ import annotations
 
+import posixpath
+import re
 from dataclasses import dataclass
 
 from funke.common import microbatch as mb
@@ -26,15 +30,20 @@ from funke.common.operators import CATALOGUE, OperatorRole
 
 RATE = "source.rate"
 STREAM_FILE_KINDS = ("source.stream.text", "source.stream.csv", "source.stream.json", "source.stream.parquet")
-STREAM_SOURCE_KINDS = frozenset({RATE, *STREAM_FILE_KINDS})
-STREAM_ONLY_SINK_KINDS = frozenset({"sink.foreach_batch"})
+SOCKET = "source.socket"
+REDIS = "source.redis"
+RECEIVER_KINDS = frozenset({SOCKET})  # long-running receivers that store blocks in the checkpoint
+STREAM_SOURCE_KINDS = frozenset({RATE, *STREAM_FILE_KINDS, *RECEIVER_KINDS, REDIS})
+STREAM_ONLY_SINK_KINDS = frozenset({"sink.foreach_batch", "sink.redis"})
 
 TRIGGER = "streaming.trigger"
 INTERVAL = "streaming.trigger.interval"
 CHECKPOINT = "streaming.checkpoint-location"
 CONCURRENT_JOBS = "streaming.concurrent-jobs"
 RETAIN = "streaming.min-batches-to-retain"
-OPTIONS = (TRIGGER, INTERVAL, CHECKPOINT, CONCURRENT_JOBS, RETAIN)
+BACKPRESSURE = "streaming.backpressure.enabled"
+OPTIONS = (TRIGGER, INTERVAL, CHECKPOINT, CONCURRENT_JOBS, RETAIN, BACKPRESSURE)
+CHECKPOINTS = "checkpoints"  # under the data directory: default checkpoint locations, by job name
 TRIGGERS = ("processing-time", "available-now", "once")
 DEFAULT_INTERVAL_MS = 1000
 DEFAULT_RETAIN = 100
@@ -46,6 +55,28 @@ class QuerySettings:
     checkpoint_location: str  # "" : the default under the data directory
     concurrent_jobs: int = 1
     min_batches_to_retain: int = DEFAULT_RETAIN
+    backpressure: bool = False
+
+
+def checkpoint_location(job: JobGraph, data_dir: str) -> str:
+    """Where a streaming query's checkpoint is: its option (a local path or file:// URI), or
+    `<data dir>/checkpoints/<job name>`, the name made a plain path component."""
+    option = job.configuration.options.get(CHECKPOINT, "").strip()
+    if option:
+        return local_path(option)
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", job.name).strip(".") or "query"
+    return posixpath.join(data_dir, CHECKPOINTS, safe[:200])
+
+
+def local_path(location: str) -> str:
+    """A local directory from a path or a file:// URI (streaming checkpoints and file sources
+    are local for now)."""
+    if location.startswith("file://"):
+        rest = location[len("file://"):]
+        return rest if rest.startswith("/") else "/" + rest.partition("/")[2]
+    if "://" in location:
+        raise ValueError(f"{location}: only local paths and file:// URIs are supported here")
+    return location
 
 
 def stream_sources(job: JobGraph) -> list[JobVertex]:
@@ -77,8 +108,8 @@ def query_problems(job: JobGraph) -> list[str]:
             problems.append(f"options {', '.join(stray)} are for streaming queries, and this job reads no stream")
         per_batch = [v.id for v in job.vertices if any(op.kind in STREAM_ONLY_SINK_KINDS for op in v.operators)]
         if per_batch:
-            problems.append(f"vertices {per_batch} end in foreach_batch, a sink of streaming queries, and this job "
-                            "reads no stream")
+            problems.append(f"vertices {per_batch} end in a sink of streaming queries (foreach_batch, write_redis), "
+                            "and this job reads no stream")
         return problems
     if job.job_type is not JobType.STREAMING:
         problems.append("a job that reads a stream must be a STREAMING job")
@@ -119,8 +150,12 @@ def query_settings(job: JobGraph) -> QuerySettings:
         trigger = mb.AvailableNow()
     else:
         trigger = mb.Once()
+    backpressure = options.get(BACKPRESSURE, "false").strip().lower()
+    if backpressure not in ("true", "false"):
+        raise ValueError(f"option {BACKPRESSURE}: expected true or false, got {options[BACKPRESSURE]!r}")
     return QuerySettings(trigger, options.get(CHECKPOINT, "").strip(),
-                         _positive(options, CONCURRENT_JOBS, 1, 64), _positive(options, RETAIN, DEFAULT_RETAIN, 10**6))
+                         _positive(options, CONCURRENT_JOBS, 1, 64), _positive(options, RETAIN, DEFAULT_RETAIN, 10**6),
+                         backpressure == "true")
 
 
 def _positive(options, key: str, default: int, largest: int) -> int:

@@ -50,6 +50,8 @@ MAX_OPTIONS = 1000  # job options, restart strategy options, Spark options of on
 MAX_OPTION_VALUE_LENGTH = 64 * 1024
 MAX_PATH_LENGTH = 4096
 MAX_PARTITION_KEYS = 100
+MAX_STREAM_KEYS = 1000  # a Redis Streams source's keys
+MAX_STREAM_KEY_LENGTH = 1024
 MAX_TIMEOUT_S = 365 * 24 * 3600.0
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 INT32_MAX = 2**31 - 1
@@ -60,6 +62,9 @@ MAX_LISTED_PROBLEMS = 40
 MAX_LISTING_CHARS = 6000
 
 _URI = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://(.*)", re.DOTALL)
+# a DNS name (labels of letters, digits and hyphens), an IPv4 address, or an IPv6 one
+_HOST = re.compile(r"(?=.{1,253}\Z)(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*"
+                   r"|(?=[^:]*:)[0-9A-Fa-f:.]{2,45}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -415,6 +420,12 @@ def _check_operator(v, index: int, op, context: ValidationContext | None, add) -
         add(subject, f"{where} ({op.kind}) has a function, so it needs config schema (what the function returns)")
 
 
+def _stream_key_problem(value: object) -> str | None:
+    if not isinstance(value, str) or not 1 <= len(value) <= MAX_STREAM_KEY_LENGTH or not value.isprintable():
+        return f"must be a printable stream key of 1 to {MAX_STREAM_KEY_LENGTH} characters, got {ids.echo(value)}"
+    return None
+
+
 def _value_problem(expected: Value, value: object, context: ValidationContext | None) -> str | None:
     """Why `value` is not what a config key of type `expected` takes (None if it is)."""
     if expected is Value.SOURCE_PATH:
@@ -451,6 +462,28 @@ def _value_problem(expected: Value, value: object, context: ValidationContext | 
     if expected is Value.POSITIVE_INT:
         if not _is_int(value) or not 1 <= value <= INT64_MAX:
             return f"must be a positive integer, got {ids.echo(value)}"
+        return None
+    if expected is Value.HOST:
+        if not isinstance(value, str) or not _HOST.fullmatch(value):
+            return f"must be a host name or IP address, got {ids.echo(value)}"
+        return None
+    if expected is Value.PORT:
+        if not _is_int(value) or not 1 <= value <= 65535:
+            return f"must be a TCP port from 1 to 65535, got {ids.echo(value)}"
+        return None
+    if expected is Value.STREAM_KEY:
+        return _stream_key_problem(value)
+    if expected is Value.STREAM_KEYS:
+        if not isinstance(value, list) or not value or len(value) > MAX_STREAM_KEYS or len(set(map(str, value))) != len(value):
+            return f"must be a non-empty list of at most {MAX_STREAM_KEYS} distinct stream keys, got {ids.echo(value)}"
+        return next((p for p in map(_stream_key_problem, value) if p), None)
+    if expected is Value.STARTING:
+        if value not in ("earliest", "latest"):
+            return f"must be 'earliest' or 'latest', got {ids.echo(value)}"
+        return None
+    if expected is Value.REDIS_DB:
+        if not _is_int(value) or not 0 <= value <= 2**31 - 1:
+            return f"must be a database number from 0, got {ids.echo(value)}"
         return None
     if expected is Value.OPTIONS:
         return _options_problem(value)

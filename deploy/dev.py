@@ -4,12 +4,14 @@
     python3 deploy/dev.py demo    # local multi-process cluster, word count, result and state history
     python3 deploy/dev.py test    # the whole test suite
     python3 deploy/dev.py stream  # the streaming word count, fed file by file, checked batch by batch
+    python3 deploy/dev.py socket  # the seed's socket word count, fed by a line server, checked batch by batch
     python3 deploy/dev.py bench   # the benchmark suite: a table and a JSON file (about 20 minutes)
     python3 deploy/dev.py docs    # regenerate the README's state diagrams from the tables
 
 Needs only Python >= 3.11 and Java 17. Creates `.venv` beside the checkout (override with
 FUNKE_VENV) and installs funke into it, once per change of pyproject.toml. `test` also installs
-the Debian package `zookeeper` when missing (the ZooKeeper HA tests run a real server).
+the Debian packages `zookeeper` and `redis-server` when missing (the ZooKeeper HA tests and the
+Redis Streams tests run real servers).
 """
 
 from __future__ import annotations
@@ -62,22 +64,35 @@ def ensure_zookeeper() -> None:
     saying what to install."""
     if ZOOKEEPER_JAR.is_file() or os.environ.get("FUNKE_ZOOKEEPER_CLASSPATH"):
         return
-    if shutil.which("apt-get") is None or not hasattr(os, "geteuid") or os.geteuid() != 0:
-        _say("ZooKeeper is not installed and cannot be installed from here (needs root and apt-get): "
-             "the ZooKeeper tests will fail; install the Debian package zookeeper")
+    _install_debian_package("zookeeper", "ZooKeeper", "the high-availability tests", ZOOKEEPER_JAR.is_file)
+
+
+def ensure_redis() -> None:
+    """The Redis Streams tests run a real server: Debian's package `redis-server`, installed
+    here when missing and possible; otherwise those tests fail saying what to install."""
+    if shutil.which("redis-server") or os.environ.get("FUNKE_REDIS_SERVER"):
         return
-    _say("installing ZooKeeper (Debian package zookeeper) for the high-availability tests")
+    _install_debian_package("redis-server", "Redis", "the Redis Streams tests",
+                            lambda: shutil.which("redis-server") is not None)
+
+
+def _install_debian_package(package: str, what: str, needed_by: str, installed) -> None:
+    if shutil.which("apt-get") is None or not hasattr(os, "geteuid") or os.geteuid() != 0:
+        _say(f"{what} is not installed and cannot be installed from here (needs root and apt-get): "
+             f"{needed_by} will fail; install the Debian package {package}")
+        return
+    _say(f"installing {what} (Debian package {package}) for {needed_by}")
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     quiet = {"stdout": subprocess.DEVNULL, "stdin": subprocess.DEVNULL, "env": env}
-    if subprocess.call(["apt-get", "install", "-y", "-q", "--no-install-recommends", "zookeeper"], **quiet) != 0:
+    if subprocess.call(["apt-get", "install", "-y", "-q", "--no-install-recommends", package], **quiet) != 0:
         subprocess.call(["apt-get", "update", "-q"], **quiet)  # a fresh machine's package lists may be empty
-        subprocess.call(["apt-get", "install", "-y", "-q", "--no-install-recommends", "zookeeper"], **quiet)
-    if not ZOOKEEPER_JAR.is_file():
-        _say("installing ZooKeeper failed: the ZooKeeper tests will fail")
+        subprocess.call(["apt-get", "install", "-y", "-q", "--no-install-recommends", package], **quiet)
+    if not installed():
+        _say(f"installing {what} failed: {needed_by} will fail")
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("demo", "test", "docs", "bench", "stream"):
+    if not argv or argv[0] not in ("demo", "test", "docs", "bench", "stream", "socket"):
         print(__doc__)
         return 2
     command, rest = argv[0], argv[1:]
@@ -85,13 +100,14 @@ def main(argv: list[str]) -> int:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if command == "test":
         ensure_zookeeper()
+        ensure_redis()
         return subprocess.call([str(python), "-m", "pytest", *rest], cwd=ROOT, env=env)
     if command == "bench":
         ensure_zookeeper()  # the leader-kill figures on ZooKeeper
         return subprocess.call([str(python), str(ROOT / "tests" / "benchmarks" / "run_all.py"), *rest], cwd=ROOT, env=env)
     if command == "docs":
         return subprocess.call([str(python), "-m", "funke.deploy.docs", str(ROOT / "README.md")], cwd=ROOT, env=env)
-    module = "funke.deploy.streamdemo" if command == "stream" else "funke.deploy.demo"
+    module = {"stream": "funke.deploy.streamdemo", "socket": "funke.deploy.socketdemo"}.get(command, "funke.deploy.demo")
     return subprocess.call([str(python), "-m", module, *rest], cwd=ROOT, env=env)
 
 

@@ -18,6 +18,8 @@ id with a recorded result is never run again.
 
 from __future__ import annotations
 
+import contextlib
+
 import asyncio
 import json
 import logging
@@ -32,6 +34,7 @@ from funke.common.jobgraph import JobGraph
 from funke.common.restart import describe_config, restart_strategy_from_config
 from funke.common.scheduler import FinishedSubtask, Scheduler
 from funke.common.states import JobStatus
+from funke.common.streamingjob import CHECKPOINT, checkpoint_location, is_streaming_query
 from funke.common.validation import Problem, ValidationContext, describe_problems, find_problems
 from funke.common.codec import DeploymentEncoder, WireError, job_graph_from_proto, job_graph_to_proto
 from funke.common.executiongraph import Incarnation
@@ -322,9 +325,13 @@ class Dispatcher:
                                   f"{type(exc).__name__}: {str(exc)[:500]}") from None
         finally:
             self._reserved.discard(job_id)
+        options = dict(job.configuration.options)
+        if is_streaming_query(job):  # its tasks know where the checkpoint is (receivers store blocks there)
+            with contextlib.suppress(ValueError):  # one the query cannot use fails it where it is opened
+                options[CHECKPOINT] = checkpoint_location(job, self.config.data_dir)
         jm = JobMaster(
             graph, scheduler, resource_manager=self.rm, mailbox=self.mailbox, data_dir=self.config.data_dir,
-            descriptors=DeploymentEncoder(self.config.data_dir, dict(job.configuration.options), artifacts),
+            descriptors=DeploymentEncoder(self.config.data_dir, options, artifacts),
             restart_description=restart, on_terminal=self._archive, on_status=self._on_status,
             on_progress=self._on_progress,
         )

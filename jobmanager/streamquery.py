@@ -19,10 +19,9 @@ directories, sink commits) goes to executor threads.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
-import os
-import re
 import traceback
 import uuid
 from collections import deque
@@ -31,45 +30,54 @@ from typing import TYPE_CHECKING, Any, Callable
 from funke.common import codec, layout
 from funke.common import microbatch as mb
 from funke.common.batchflow import BatchFlow, Dispatch, InputRead, SinkStarted, SinkWritten, Step
-from funke.common.checkpoint import OffsetEntry
+from funke.common.checkpoint import OffsetEntry, SourceRange
 from funke.common.executiongraph import ExecutionAttemptId, ExecutionGraph, FailureInfo
 from funke.common.operators import CATALOGUE
 from funke.common.states import JobStatus
-from funke.common.streamingjob import RATE, QuerySettings, query_settings, sinks, stream_sources
-from funke.common.streamsources import BatchInput, FilesSource, RateSource
+from funke.common.backpressure import RateEstimator
+from funke.common.streamingjob import (
+    RATE,
+    RECEIVER_KINDS,
+    REDIS,
+    QuerySettings,
+    checkpoint_location,
+    local_path,
+    query_settings,
+    sinks,
+    stream_sources,
+)
+from funke.common.streamsources import (
+    BatchInput,
+    FilesSource,
+    RateSource,
+    ReceiverSource,
+    RedisStreamsSource,
+    receiver_blocks_dir,
+)
 from funke.jobmanager import streamsinks
 from funke.jobmanager.checkpointstore import CheckpointStore
-from funke.jobmanager.streamdriver import FilesPlanner, Output, RatePlanner, SourcePlanner, StreamDriver
+from funke.jobmanager import redissink
+from funke.jobmanager.streamdriver import (
+    FilesPlanner,
+    Output,
+    RatePlanner,
+    ReceiverPlanner,
+    RedisPlanner,
+    SourcePlanner,
+    StreamDriver,
+)
 
 if TYPE_CHECKING:
     from funke.jobmanager.resourcemanager import ResourceManager
 
 log = logging.getLogger("funke.jobmanager")
 
-CHECKPOINTS = "checkpoints"  # under the data directory: default checkpoint locations, by job name
 PROGRESS_KEPT = mb.PROGRESS_KEPT
 FILE_SINK_KINDS = ("sink.parquet", "sink.csv", "sink.json", "sink.text")
 
 
 class BatchNotRun(Exception):
     """A task did not take a batch, or the batch cannot be handed out."""
-
-
-def default_checkpoint(data_dir: str, job_name: str) -> str:
-    """`<data dir>/checkpoints/<job name>`, the name made a plain path component."""
-    safe = re.sub(r"[^A-Za-z0-9._-]", "_", job_name).strip(".") or "query"
-    return os.path.join(data_dir, CHECKPOINTS, safe[:200])
-
-
-def local_path(location: str) -> str:
-    """A local directory from a path or a file:// URI (streaming checkpoints and file sources
-    are local for now)."""
-    if location.startswith("file://"):
-        rest = location[len("file://"):]
-        return rest if rest.startswith("/") else "/" + rest.partition("/")[2]
-    if "://" in location:
-        raise ValueError(f"{location}: only local paths and file:// URIs are supported here")
-    return location
 
 
 class StreamingQuery:
@@ -83,8 +91,7 @@ class StreamingQuery:
         self.holder = holder
         self._all_running = all_running  # every current execution of the job is RUNNING
         self.settings: QuerySettings = query_settings(graph.job_graph)
-        self.checkpoint_location = local_path(self.settings.checkpoint_location) if self.settings.checkpoint_location \
-            else default_checkpoint(data_dir, graph.job_graph.name)
+        self.checkpoint_location = checkpoint_location(graph.job_graph, data_dir)
         self.sinks = [v.id for v in sinks(graph.job_graph)]
         self.sources = [v.id for v in stream_sources(graph.job_graph)]
         self._on_failure, self._on_event, self._on_stop_timeout = on_failure, on_event, on_stop_timeout
@@ -96,6 +103,13 @@ class StreamingQuery:
         self.ended = ""  # why the query ended (a stop, the trigger), once its tasks are told to finish
         self._stop: tuple[bool, float] | None = None  # (drain, timeout s) asked for
         self._stop_timer: asyncio.TimerHandle | None = None
+        # Backpressure (streaming.backpressure.enabled): per receiver source, its estimator and the
+        # rate each of its receivers may take, sent with every batch
+        receivers = [v for v in stream_sources(graph.job_graph) if v.operators[0].kind in RECEIVER_KINDS]
+        interval = getattr(self.settings.trigger, "interval_ms", 1000)
+        self._estimators = {v.id: RateEstimator(interval) for v in receivers} if self.settings.backpressure else {}
+        self._receivers = {v.id: v.parallelism for v in receivers}
+        self.rate_limits: dict[str, float] = {}
 
     @property
     def running(self) -> bool:
@@ -211,6 +225,14 @@ class StreamingQuery:
                 limit = op.config.get("max_rows_per_trigger")
                 planners[v.id] = RatePlanner(RateSource(int(op.config["rows_per_second"]), v.parallelism,
                                                         int(limit) if limit is not None else None))
+            elif op.kind in RECEIVER_KINDS:
+                planners[v.id] = ReceiverPlanner(receiver_blocks_dir(self.checkpoint_location, v.id),
+                                                 ReceiverSource(v.parallelism))
+            elif op.kind == REDIS:
+                limit = op.config.get("max_entries_per_trigger")
+                source = RedisStreamsSource(tuple(op.config["keys"]), str(op.config.get("starting", "latest")),
+                                            int(limit) if limit is not None else None)
+                planners[v.id] = RedisPlanner(source, functools.partial(redissink.connect, dict(op.config)))
             else:
                 limit = op.config.get("max_files_per_trigger")
                 directory = local_path(str(op.config["path"]))
@@ -245,8 +267,40 @@ class StreamingQuery:
 
     def _publish(self, event: mb.Publish) -> None:
         if event.kind == "QueryProgress":
+            self._describe_sources(event.info)
             self.progress.append(event.info)
+            self._estimate_rates(event.info)
         self._on_event(event)
+
+    def _describe_sources(self, record: dict[str, Any]) -> None:
+        """A receiver source's entry in a progress record: blocks per receiver, and the rate
+        each may take (backpressure); a broker's: per key, the entries after the batch's end
+        when it was planned (the lag, counted up to RedisPlanner.LAG_COUNTED)."""
+        planners = self._run.driver.planners if self._run is not None else {}
+        for source in record.get("sources", ()):
+            name = source.get("description")
+            planner = planners.get(name)
+            if isinstance(planner, RedisPlanner):
+                source["lag"] = dict(planner.lag)
+            if name not in self._receivers:
+                continue
+            blocks = ReceiverSource(self._receivers[name])
+            span = SourceRange(source.get("startOffset"), source.get("endOffset"))
+            per = {str(r): len(blocks.blocks(span, r)) for r in range(self._receivers[name])}
+            source["numBlocks"] = sum(per.values())
+            source["receivers"] = {r: {"blocks": n} for r, n in per.items()}
+            if name in self.rate_limits:
+                source["rateLimitPerReceiver"] = round(self.rate_limits[name], 1)
+
+    def _estimate_rates(self, record: dict[str, Any]) -> None:
+        for source in record.get("sources", ()):
+            estimator = self._estimators.get(source.get("description"))
+            if estimator is None:
+                continue
+            rate = estimator.update(int(record.get("batchTime", 0)), int(source.get("numInputRows", 0)),
+                                    int(record.get("processingDelayMs", 0)), int(record.get("schedulingDelayMs", 0)))
+            if rate is not None:
+                self.rate_limits[source["description"]] = rate / self._receivers[source["description"]]
 
 
 class _Run:
@@ -269,7 +323,8 @@ class _Run:
         self._batches.clear()
 
     async def run(self, entry: OffsetEntry, output: Output) -> None:
-        batch = await asyncio.get_running_loop().run_in_executor(None, self._batch_input, entry)
+        rates = dict(self.query.rate_limits)  # read on the loop, which changes it
+        batch = await asyncio.get_running_loop().run_in_executor(None, self._batch_input, entry, rates)
         future: asyncio.Future = asyncio.get_running_loop().create_future()
         self._batches[entry.batch_id] = (future, output)
         try:
@@ -278,13 +333,18 @@ class _Run:
         finally:
             self._batches.pop(entry.batch_id, None)
 
-    def _batch_input(self, entry: OffsetEntry) -> BatchInput:
+    def _batch_input(self, entry: OffsetEntry, rates: dict[str, float]) -> BatchInput:
         files: dict[str, tuple[str, ...]] = {}
         for v in stream_sources(self.query.graph.job_graph):
             r = entry.sources.get(v.id)
-            if r is not None and v.operators[0].kind != RATE:
+            planner = self.driver.planners.get(v.id)
+            if r is None or v.operators[0].kind in (RATE, REDIS):
+                continue
+            if isinstance(planner, ReceiverPlanner):
+                files[v.id] = planner.block_files(r)
+            else:
                 files[v.id] = tuple(FilesSource.files(r, self.checkpoint.seen_files(v.id)))
-        return BatchInput(entry.batch_id, entry.batch_time_ms, dict(entry.sources), files)
+        return BatchInput(entry.batch_id, entry.batch_time_ms, dict(entry.sources), files, rates)
 
     def on_report(self, attempt: ExecutionAttemptId, batch_id: int, schemas: dict[str, str],
                   input_rows: int | None = None) -> None:
@@ -324,8 +384,12 @@ class _Run:
     async def commit(self, batch_id: int) -> None:
         job = self.query.graph.job_graph
         work = []
+        redis_work = []
         for sink in self.query.sinks:
             op = job.vertex(sink).operators[-1]
+            if op.kind == "sink.redis":
+                redis_work.append((dict(op.config), sink, self.flow.sink_attempts(sink)))
+                continue
             if op.kind in FILE_SINK_KINDS:
                 target = local_path(str(op.config["path"]))
             elif op.kind == "sink.collect":
@@ -336,9 +400,14 @@ class _Run:
             assert kind is not None and kind.commits_output
             work.append((target, self.flow.sink_attempts(sink)))
 
+        query_id, data_dir, job_id = self.query.query_id, self.query.data_dir, self.query.job_id
+
         def commit_all() -> None:
             for target, attempts in work:
                 streamsinks.commit_batch(target, batch_id, attempts)
+            for config, sink, attempts in redis_work:
+                redissink.commit_batch(functools.partial(redissink.connect, config), str(config["key"]), query_id,
+                                       sink, layout.redis_sink_dir(data_dir, job_id, sink), batch_id, attempts)
 
         future = asyncio.get_running_loop().run_in_executor(None, commit_all)
         self._in_threads.add(future)

@@ -60,11 +60,13 @@ import datetime as _dt
 import decimal
 import json
 import os
+import posixpath
 import signal
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from typing import Any
 from urllib.parse import urlparse
 
@@ -93,7 +95,12 @@ from funke.common import combine, layout
 from funke.common.checkpoint import SourceRange
 from funke.common.jobgraph import OperatorSpec
 from funke.common.operators import SINK_MODES
-from funke.common.streamsources import BatchInput, RateSource
+from funke.common.streamsources import (
+    BatchInput,
+    RateSource,
+    RedisStreamsSource,
+    receiver_blocks_dir,
+)
 from funke.taskmanager import batchexchange
 
 # The closures handed to mapInArrow reference this module's helpers; pickled by reference they
@@ -115,7 +122,7 @@ class InputMeter:
 
     bytes: int = 0
     rows: int = 0
-    observed: list[Observation] = field(default_factory=list)
+    observed: list[Observation] = dataclass_field(default_factory=list)
 
     def counted_rows(self) -> int:
         """Blocks until every observation has its count: call once the chain ran every row."""
@@ -140,6 +147,8 @@ class RuntimeContext:
     batch: BatchInput | None = None
     # A streaming query's task: what this batch's sources and inputs bring in.
     meter: InputMeter | None = None
+    # A streaming query's checkpoint location (receivers' blocks are stored in it).
+    checkpoint: str = ""
 
     @property
     def cancel_marker(self) -> str | None:
@@ -641,6 +650,83 @@ def _rate(ctx: RuntimeContext, spec: OperatorSpec) -> DataFrame:
     return ids_.selectExpr("id AS value", f"timestamp_millis({millis}) AS timestamp")
 
 
+@_operator("source.socket")
+def _socket(ctx: RuntimeContext, spec: OperatorSpec) -> DataFrame:
+    """Lines in column `value`: the blocks of this subtask's receiver that the batch was
+    allocated, read from the checkpoint (the receiver itself runs beside the task:
+    taskmanager/receiver.py)."""
+    batch, _ = _batch_range(ctx, spec)
+    if not ctx.checkpoint:
+        raise ValueError(f"{_label(spec)}: the task was not told where the query's checkpoint is")
+    prefix = f"{ctx.subtask_index}/"
+    names = [n[len(prefix):] for n in batch.files.get(ctx.vertex_id, ()) if n.startswith(prefix)]
+    schema = "value string"
+    if not names:
+        return ctx.spark.createDataFrame([], schema)
+    directory = receiver_blocks_dir(ctx.checkpoint, ctx.vertex_id, ctx.subtask_index)
+    paths = [posixpath.join(directory, n) for n in names]
+    if ctx.meter is not None:  # a block's records are its lines: counted here, blocks are small
+        ctx.meter.rows += sum(_lines_in(p) for p in paths)
+        ctx.meter.bytes += batchexchange.file_bytes(paths)
+    return ctx.spark.read.schema(schema).text(paths)
+
+
+REDIS_READ_CHUNK = 10_000  # entries an XRANGE call brings
+REDIS_SCHEMA = "stream string, id string, fields map<string,string>, timestamp timestamp"
+
+
+def redis_client(config: dict[str, Any]) -> Any:
+    import redis
+
+    return redis.Redis(host=str(config.get("host", "127.0.0.1")), port=int(config.get("port", 6379)),
+                       db=int(config.get("db", 0)), socket_timeout=30, socket_connect_timeout=10)
+
+
+@_operator("source.redis")
+def _redis_source(ctx: RuntimeContext, spec: OperatorSpec) -> DataFrame:
+    """The entries of the batch's range (per key, after its start id up to its end id), of the
+    keys that are this subtask's (key i goes to subtask i % parallelism): `stream` (the key),
+    `id`, `fields`, `timestamp` (the id's milliseconds)."""
+    _, source_range = _batch_range(ctx, spec)
+    keys = tuple(_strings(spec, "keys"))
+    bounds = RedisStreamsSource(keys).bounds(source_range)
+    mine = [k for i, k in enumerate(keys) if i % ctx.parallelism == ctx.subtask_index]
+    client = redis_client(spec.config)
+    streams, ids_, fields, millis = [], [], [], []
+    try:
+        for key in mine:
+            after, end = bounds.get(key, ("0-0", "0-0"))
+            while after != end:
+                chunk = client.xrange(key, f"({after}", end, count=REDIS_READ_CHUNK)
+                for entry_id, entry in chunk:
+                    entry_id = entry_id.decode()
+                    streams.append(key)
+                    ids_.append(entry_id)
+                    fields.append([(k.decode("utf-8", "replace"), v.decode("utf-8", "replace")) for k, v in entry.items()])
+                    millis.append(int(entry_id.split("-")[0]))
+                if len(chunk) < REDIS_READ_CHUNK:
+                    break
+                after = ids_[-1]
+    finally:
+        client.close()
+    if ctx.meter is not None:
+        ctx.meter.rows += len(ids_)
+        ctx.meter.bytes += sum(len(k) + len(v) for f in fields for k, v in f) + 32 * len(ids_)
+    if not ids_:
+        return ctx.spark.createDataFrame([], REDIS_SCHEMA)
+    table = pa.table({
+        "stream": pa.array(streams, pa.string()), "id": pa.array(ids_, pa.string()),
+        "fields": pa.array(fields, pa.map_(pa.string(), pa.string())),
+        "timestamp": pa.array(millis, pa.timestamp("ms", tz="UTC")),
+    })
+    return ctx.spark.createDataFrame(table, schema=parse_schema(REDIS_SCHEMA, "source.redis"))
+
+
+def _lines_in(path: str) -> int:
+    with open(path, "rb") as f:
+        return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
+
+
 def _stream_file_source(fmt: str, defaults: dict[str, str] | None = None) -> Source:
     def read(ctx: RuntimeContext, spec: OperatorSpec) -> DataFrame:
         batch, _ = _batch_range(ctx, spec)
@@ -1004,6 +1090,17 @@ def _print(ctx: RuntimeContext, spec: OperatorSpec, df: DataFrame) -> None:
     lines = [f"{prefix}{row}\n" for row in df.collect()]
     sys.stdout.write("".join(lines))
     sys.stdout.flush()
+
+
+@_operator("sink.redis")
+def _redis_sink(ctx: RuntimeContext, spec: OperatorSpec, df: DataFrame) -> None:
+    """Stages the batch's rows; the JobMaster appends them to the stream key in one transaction
+    (funke.jobmanager.redissink)."""
+    if ctx.batch is None:
+        raise ValueError(f"{_label(spec)} is a sink of streaming queries: it runs in their micro-batches")
+    target = layout.redis_sink_dir(ctx.data_dir, ctx.job_id, ctx.vertex_id)
+    df.write.mode("overwrite").parquet(layout.stream_sink_staging_dir(target, ctx.batch.batch_id, ctx.subtask_index,
+                                                                      ctx.attempt_number))
 
 
 @_operator("sink.foreach_batch")

@@ -50,9 +50,11 @@ from funke.common.inputgates import GateSnapshot
 from funke.common.jobgraph import JobVertex, OperatorSpec, PartitionerKind
 from funke.common.operators import CATALOGUE, OperatorRole
 from funke.common.states import ExecutionState
-from funke.common.streamsources import BatchInput
+from funke.common.streamsources import BatchInput, receiver_blocks_dir
 from funke.taskmanager import operators as operators_module
+from funke.common.streamingjob import CHECKPOINT, RECEIVER_KINDS
 from funke.taskmanager import batchexchange
+from funke.taskmanager.receiver import BlockStore, SocketReceiver
 from funke.taskmanager.operators import OPERATORS, InputMeter, RuntimeContext, column_ref, union_all
 
 __all__ = ["BatchReport", "StreamTask", "Task", "TaskCancelled", "Report", "check_vertex", "failure_of"]
@@ -405,6 +407,7 @@ class Task:
             data_dir=d.data_dir,
             batch=batch,
             meter=InputMeter() if batch is not None else None,
+            checkpoint=d.job_options.get(CHECKPOINT, ""),
         )
 
     def _run_chain(self, chain: _Chain, ctx: RuntimeContext, gates: tuple[GateSnapshot, ...]
@@ -524,12 +527,16 @@ class StreamTask(Task):
         self._batch_report = batch_report
         self._batches: collections.deque[tuple[BatchInput, tuple[GateSnapshot, ...]]] = collections.deque()
         self._finishing = False
+        self._receiver: SocketReceiver | None = None  # a receiver source's, while the task runs
 
     def give_batch(self, batch: BatchInput, gates: tuple[GateSnapshot, ...] = ()) -> None:
         """Run batch `batch` next (with `gates`: what to read of each input for this batch)."""
         with self._lock:
             self._batches.append((batch, gates))
+            receiver = self._receiver
             self._inputs_ready.notify_all()
+        if receiver is not None:  # backpressure applies from now, not from when the batch runs
+            receiver.set_rate(batch.rate_limits.get(self.deployment.attempt.vertex_id))
 
     def finish(self) -> None:
         """End FINISHED once every batch given so far has run (a graceful stop)."""
@@ -600,13 +607,43 @@ class StreamTask(Task):
 
     def _run(self) -> tuple[ProducedPartition, ...]:
         chain = self._start_chain()
-        while (item := self._next_batch()) is not None:
-            batch, gates = item
-            log.debug("%s: batch %d", self.name, batch.batch_id)
-            ctx = self._runtime_context(batch)
-            produced = self._run_chain(chain, ctx, gates)
-            self._batch_report(batch.batch_id, produced, self._input_rows(chain, ctx))
+        receiver = self._start_receiver(chain)
+        try:
+            while (item := self._next_batch()) is not None:
+                batch, gates = item
+                if receiver is not None and receiver.error is not None:
+                    raise RuntimeError(f"{self.name}: its receiver stopped: {type(receiver.error).__name__}: "
+                                       f"{receiver.error}") from receiver.error
+                log.debug("%s: batch %d", self.name, batch.batch_id)
+                ctx = self._runtime_context(batch)
+                produced = self._run_chain(chain, ctx, gates)
+                self._batch_report(batch.batch_id, produced, self._input_rows(chain, ctx))
+        finally:
+            if receiver is not None:
+                receiver.stop()
         return ()
+
+    def _start_receiver(self, chain: _Chain) -> SocketReceiver | None:
+        """A receiver source's receiver, started once the task is RUNNING (taskmanager/receiver.py)."""
+        head = chain.vertex.operators[0]
+        if head.kind not in RECEIVER_KINDS:
+            return None
+        checkpoint = self.deployment.job_options.get(CHECKPOINT, "")
+        if not checkpoint:
+            raise ValueError(f"{self.name}: a receiver needs the query's checkpoint location, and the task has none")
+        d = self.deployment
+        store = BlockStore(receiver_blocks_dir(checkpoint, d.attempt.vertex_id, d.attempt.subtask_index))
+        max_rate = head.config.get("max_rate")
+        receiver = SocketReceiver(str(head.config["host"]), int(head.config["port"]), store,
+                                  block_interval_s=int(head.config.get("block_interval_ms", 200)) / 1000,
+                                  max_rate=float(max_rate) if max_rate is not None else None, name=self.name)
+        with self._lock:
+            self._receiver = receiver
+            latest = self._batches[-1][0] if self._batches else None
+        if latest is not None:
+            receiver.set_rate(latest.rate_limits.get(d.attempt.vertex_id))
+        receiver.start()
+        return receiver
 
     def _input_rows(self, chain: _Chain, ctx: RuntimeContext) -> int | None:
         """The rows this task's stream source read in the batch (None: it has none, or its chain

@@ -26,3 +26,20 @@ def zookeeper(tmp_path_factory):
         yield server.address
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory):
+    """A real Redis server on loopback for the session (its port), stopped by its pid.
+    `python3 deploy/dev.py test` installs the Debian package redis-server when it is missing; a
+    run without it fails here, saying what to install, rather than skipping."""
+    from tests.redisserver import RedisServer, RedisServerMissing
+
+    try:
+        server = RedisServer(tmp_path_factory.mktemp("redis"))
+    except RedisServerMissing as exc:
+        pytest.fail(str(exc), pytrace=False)
+    try:
+        yield server.port
+    finally:
+        server.stop()

@@ -101,7 +101,7 @@ def test_foreach_batch_is_a_streaming_querys_sink_seeing_each_whole_batch_in_one
     bounded = ExecutionEnvironment("bounded")
     bounded.from_range(3).foreach_batch(lambda df, batch_id: None)
     problems = [p.message for p in find_problems(_unvalidated(bounded))]
-    assert any("foreach_batch, a sink of streaming queries" in p for p in problems), problems
+    assert any("a sink of streaming queries (foreach_batch" in p for p in problems), problems
     with pytest.raises(TypeError):
         ExecutionEnvironment("no function").read_stream.rate(1).foreach_batch("not callable")
 
@@ -155,3 +155,48 @@ def test_the_jobmanager_runs_a_streaming_query_on_long_lived_tasks_restarted_tog
             await dispatcher.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_socket_source_is_a_receiver_in_slots_of_its_own_and_its_settings_are_checked():
+    env = ExecutionEnvironment("socket", parallelism=3)
+    (env.read_stream.socket_text("localhost", 9999, receivers=2, block_interval="100 ms", max_rate=500)
+        .flat_map(lambda line: line.split(), schema="word string").key_by("word").count().print())
+    job = env.build()
+    (receiver,) = stream_sources(job)
+    assert receiver.parallelism == 2 and receiver.slot_sharing_group == "receivers"
+    assert receiver.operators[0].config == {"host": "localhost", "port": 9999, "block_interval_ms": 100, "max_rate": 500}
+    assert [op.kind for op in receiver.operators] == ["source.socket"]  # what follows has the default group
+    assert all(v.slot_sharing_group == "default" for v in job.vertices if v is not receiver)
+    for bad in (dict(port=0), dict(port=70000), dict(block_interval="1 ms"), dict(receivers=0), dict(max_rate=0)):
+        kwargs = {"port": 9999, **bad}
+        port = kwargs.pop("port")
+        with pytest.raises((ValueError, TypeError)):
+            ExecutionEnvironment("bad").read_stream.socket_text("localhost", port, **kwargs)
+    hostile = _unvalidated(env)
+    op = hostile.vertices[0].operators[0]
+    broken = type(op)(op.kind, op.name, {"host": "evil host/../", "port": 99999}, op.function)
+    vertex = type(hostile.vertices[0])(hostile.vertices[0].id, hostile.vertices[0].name, 1, (broken,))
+    problems = " ".join(p.message for p in find_problems(type(hostile)(hostile.name, (vertex, *hostile.vertices[1:]),
+                                                                        hostile.data_sets, hostile.edges,
+                                                                        hostile.job_type, hostile.configuration)))
+    assert "host name or IP address" in problems and "TCP port" in problems
+
+
+def test_a_redis_source_and_sink_are_streaming_and_their_settings_are_checked():
+    env = ExecutionEnvironment("redis", parallelism=2)
+    env.read_stream.redis(["a", "b"], port=7000, starting="earliest", max_entries_per_trigger=10).write_redis("out", port=7000)
+    job = env.build()
+    (source,) = stream_sources(job)
+    assert source.operators[0].config == {"keys": ["a", "b"], "host": "127.0.0.1", "port": 7000, "db": 0,
+                                          "starting": "earliest", "max_entries_per_trigger": 10}
+    assert [v.operators[-1].kind for v in sinks(job)] == ["sink.redis"]
+    with pytest.raises(ValueError):
+        ExecutionEnvironment("x").read_stream.redis([])
+    with pytest.raises(ValueError):
+        ExecutionEnvironment("x").read_stream.redis("a", starting="middle")
+    bounded = ExecutionEnvironment("bounded")
+    bounded.from_range(3).write_redis("out")
+    assert any("write_redis" in p.message for p in find_problems(_unvalidated(bounded)))
+    env.set_option("streaming.backpressure.enabled", "maybe")
+    with pytest.raises(JobGraphInvalid, match="streaming.backpressure.enabled: expected true or false"):
+        env.build()

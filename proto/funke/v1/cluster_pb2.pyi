@@ -327,7 +327,7 @@ class SourceFiles(_message.Message):
     def __init__(self, names: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RunBatchesRequest(_message.Message):
-    __slots__ = ("job_id", "registration_id", "batch_id", "batch_time_ms", "ranges_json", "files", "tasks", "released_batches")
+    __slots__ = ("job_id", "registration_id", "batch_id", "batch_time_ms", "ranges_json", "files", "tasks", "released_batches", "rate_limits")
     class FilesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -335,6 +335,13 @@ class RunBatchesRequest(_message.Message):
         key: str
         value: SourceFiles
         def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[SourceFiles, _Mapping]] = ...) -> None: ...
+    class RateLimitsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     REGISTRATION_ID_FIELD_NUMBER: _ClassVar[int]
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]
@@ -343,6 +350,7 @@ class RunBatchesRequest(_message.Message):
     FILES_FIELD_NUMBER: _ClassVar[int]
     TASKS_FIELD_NUMBER: _ClassVar[int]
     RELEASED_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    RATE_LIMITS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     registration_id: str
     batch_id: int
@@ -351,7 +359,8 @@ class RunBatchesRequest(_message.Message):
     files: _containers.MessageMap[str, SourceFiles]
     tasks: _containers.RepeatedCompositeFieldContainer[BatchTask]
     released_batches: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, job_id: _Optional[str] = ..., registration_id: _Optional[str] = ..., batch_id: _Optional[int] = ..., batch_time_ms: _Optional[int] = ..., ranges_json: _Optional[str] = ..., files: _Optional[_Mapping[str, SourceFiles]] = ..., tasks: _Optional[_Iterable[_Union[BatchTask, _Mapping]]] = ..., released_batches: _Optional[_Iterable[int]] = ...) -> None: ...
+    rate_limits: _containers.ScalarMap[str, float]
+    def __init__(self, job_id: _Optional[str] = ..., registration_id: _Optional[str] = ..., batch_id: _Optional[int] = ..., batch_time_ms: _Optional[int] = ..., ranges_json: _Optional[str] = ..., files: _Optional[_Mapping[str, SourceFiles]] = ..., tasks: _Optional[_Iterable[_Union[BatchTask, _Mapping]]] = ..., released_batches: _Optional[_Iterable[int]] = ..., rate_limits: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class RunBatchesResponse(_message.Message):
     __slots__ = ("results",)
