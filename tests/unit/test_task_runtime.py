@@ -446,6 +446,25 @@ def test_python_workers_do_not_need_funke(tmp_path):
     assert done.stdout.strip() == "{'n': [2, 4]}"
 
 
+def test_plain_tuple_results_take_the_fast_path_and_give_what_the_row_by_row_path_gives():
+    from funke.taskmanager.operators import _RowWriter
+
+    schema = pa.schema([("n", pa.int64()), ("bucket", pa.int32()), ("name", pa.string())])
+    writer = _RowWriter(schema, "widen")
+    tuples = [(1, 2, "a"), (None, 3, None), (2**40, -1, "ü")]
+    fast = writer.batch_of_results(tuples)
+    assert fast.schema == schema and fast.to_pylist() == writer.batch([writer.values(r) for r in tuples]).to_pylist()
+    # lists, dicts and Rows are normalised row by row, to the same rows
+    mixed = [[1, 2, "a"], {"name": None, "n": None, "bucket": 3}, Row(n=2**40, bucket=-1, name="ü")]
+    assert writer.batch_of_results(mixed).to_pylist() == fast.to_pylist()
+    # what does not fit is named: the operator, and the column or the row
+    with pytest.raises(TypeError, match="widen: column 'bucket' \\(int32\\)"):
+        writer.batch_of_results([(1, 2**40, "a")])
+    with pytest.raises(ValueError, match="widen: result \\(1, 2\\) has 2 value"):
+        writer.batch_of_results([(1, 2, "a"), (1, 2)])
+    assert writer.batch_of_results([]).num_rows == 0
+
+
 def test_map_result_that_does_not_fit_the_schema_names_the_operator(spark, ctx):
     df = spark.createDataFrame([(1, "a")], "n int, s string")
     bad = OPERATORS["map"](ctx, op("map", lambda r: (1, 2, 3), name="widen", schema="n int, s string"), [df])
