@@ -50,10 +50,12 @@ class SinkWritten:
 @dataclass(frozen=True, slots=True)
 class InputRead:
     """Every subtask of stream source `source` read the batch; `rows`: what they counted
-    together (None: some subtask did not count)."""
+    together (None: some subtask did not count); `per_subtask`: what each counted, by subtask
+    index (a receiver source's subtask i is its receiver i)."""
     batch_id: int
     source: str
     rows: int | None
+    per_subtask: tuple[int | None, ...] = ()
 
 
 Step = Dispatch | SinkStarted | SinkWritten | InputRead
@@ -66,7 +68,7 @@ class _InFlight:
     schemas: dict[str, str] = field(default_factory=dict)  # data set -> schema of its batch partitions
     dispatched: set[str] = field(default_factory=set)
     sinks_left: set[str] = field(default_factory=set)
-    input_rows: dict[str, int | None] = field(default_factory=dict)  # source vertex -> rows counted so far
+    input_rows: dict[str, dict[int, int | None]] = field(default_factory=dict)  # source -> subtask -> rows
 
 
 class BatchFlow:
@@ -138,12 +140,14 @@ class BatchFlow:
         out: list[Step] = []
         vertex = attempt.vertex_id
         if not self._readers[vertex]:  # a source vertex: its subtasks' counts add up
-            so_far = flight.input_rows.get(vertex, 0)
-            flight.input_rows[vertex] = None if so_far is None or input_rows is None else so_far + input_rows
+            flight.input_rows.setdefault(vertex, {})[attempt.subtask_index] = input_rows
         if len(done) < self.graph.vertices[vertex].parallelism:
             return out
         if not self._readers[vertex]:
-            out.append(InputRead(batch_id, vertex, flight.input_rows[vertex]))
+            counted = flight.input_rows[vertex]
+            per_subtask = tuple(counted.get(i) for i in range(self.graph.vertices[vertex].parallelism))
+            total = None if any(n is None for n in per_subtask) else sum(per_subtask)  # type: ignore[arg-type]
+            out.append(InputRead(batch_id, vertex, total, per_subtask))
         if vertex in self.sinks:
             out.append(SinkWritten(batch_id, vertex))
             flight.sinks_left.discard(vertex)

@@ -39,6 +39,8 @@ class ClusterConfiguration:
     cancellation_timeout_s: float = 180.0  # Flink's task.cancellation.timeout
     # Where jobs may read and write files; empty: anywhere the processes may (Flink's behaviour).
     allowed_paths: tuple[str, ...] = ()
+    # Which hosts jobs' socket and Redis sources and sinks may connect to; empty: any.
+    allowed_hosts: tuple[str, ...] = ()
     max_subtasks: int = 100_000  # all vertices' parallelisms of one job together
     # Terminal jobs kept for `funke list/status/result` (Flink's jobstore.* keys).
     jobstore_max_capacity: int = 1000
@@ -127,6 +129,15 @@ def parse_configuration(entries: Mapping[str, str], base: ClusterConfiguration |
                 problems.append(f"{key}: " + "; ".join(bad))
             else:
                 changes["allowed_paths"] = paths
+        elif key == "funke.io.allowed-hosts":
+            from funke.common.validation import host_problem
+
+            hosts = tuple(h.strip().lower() for h in value.split(",") if h.strip())
+            bad = [problem for h in hosts if (problem := host_problem(h)) is not None]
+            if bad or not hosts:
+                problems.append(f"{key}: " + ("; ".join(bad) if bad else "expected host names, got none"))
+            else:
+                changes["allowed_hosts"] = hosts
         elif key == "funke.data-dir":
             changes["data_dir"] = value
         elif key in ("high-availability", "high-availability.type"):

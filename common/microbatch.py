@@ -576,10 +576,18 @@ class MicroBatchCoordinator:
             "processingDelayMs": batch.recorded_at_ms - batch.started_at_ms,
             "totalDelayMs": batch.recorded_at_ms - batch.batch_time_ms,
             "rerun": batch.rerun,
-            "sources": [{"description": s, "startOffset": r.start, "endOffset": r.end,
-                         "numInputRows": batch.source_rows(s)} for s, r in batch.entry.sources.items()],
+            "sources": [_source_progress(s, r, batch.source_rows(s), since_previous, took)
+                        for s, r in batch.entry.sources.items()],
             "sink": {"description": ", ".join(sorted(self.sinks))},
         }
+
+
+def _source_progress(source: str, source_range: Any, rows: int, since_previous: float, took: float) -> dict[str, Any]:
+    """A source's part of a progress record, with Structured Streaming's SourceProgress keys."""
+    return {"description": source, "startOffset": source_range.start, "endOffset": source_range.end,
+            "numInputRows": rows,
+            "inputRowsPerSecond": round(rows / since_previous, 3) if since_previous > 0 else 0.0,
+            "processedRowsPerSecond": round(rows / took, 3) if took > 0 else 0.0}
 
 
 def iso_ms(ms: int) -> str:

@@ -80,11 +80,13 @@ class Problem:
 class ValidationContext:
     """What the cluster adds to the rules. `data_dir`: no sink may write into it, over it or
     around it. `allowed_paths`: if given, every source and sink path lies under one of them
-    (cluster key funke.io.allowed-paths)."""
+    (cluster key funke.io.allowed-paths). `allowed_hosts`: if given, every host a socket or Redis
+    source or sink connects to is one of them (cluster key funke.io.allowed-hosts)."""
 
     data_dir: str = ""
     allowed_paths: tuple[str, ...] = ()
     max_subtasks: int = DEFAULT_MAX_SUBTASKS
+    allowed_hosts: tuple[str, ...] = ()  # lower case; empty: any host (cluster key funke.io.allowed-hosts)
 
 
 class JobGraphInvalid(Exception):
@@ -420,6 +422,13 @@ def _check_operator(v, index: int, op, context: ValidationContext | None, add) -
         add(subject, f"{where} ({op.kind}) has a function, so it needs config schema (what the function returns)")
 
 
+def host_problem(value: object) -> str | None:
+    """Why `value` is not a host name or IP address (None if it is)."""
+    if not isinstance(value, str) or not _HOST.fullmatch(value):
+        return f"must be a host name or IP address, got {ids.echo(value)}"
+    return None
+
+
 def _stream_key_problem(value: object) -> str | None:
     if not isinstance(value, str) or not 1 <= len(value) <= MAX_STREAM_KEY_LENGTH or not value.isprintable():
         return f"must be a printable stream key of 1 to {MAX_STREAM_KEY_LENGTH} characters, got {ids.echo(value)}"
@@ -464,9 +473,12 @@ def _value_problem(expected: Value, value: object, context: ValidationContext | 
             return f"must be a positive integer, got {ids.echo(value)}"
         return None
     if expected is Value.HOST:
-        if not isinstance(value, str) or not _HOST.fullmatch(value):
-            return f"must be a host name or IP address, got {ids.echo(value)}"
-        return None
+        problem = host_problem(value)
+        if problem is None and context is not None and context.allowed_hosts \
+                and value.lower() not in context.allowed_hosts:  # type: ignore[union-attr]
+            return (f"{ids.echo(value)} is not a host jobs may connect to here "
+                    f"(funke.io.allowed-hosts: {', '.join(context.allowed_hosts)})")
+        return problem
     if expected is Value.PORT:
         if not _is_int(value) or not 1 <= value <= 65535:
             return f"must be a TCP port from 1 to 65535, got {ids.echo(value)}"

@@ -378,6 +378,36 @@ def render_progress(records: list[dict[str, Any]]) -> list[str]:
                      str(p.get("schedulingDelayMs", "")), str(p.get("totalDelayMs", ""))])
     lines += _table(["BATCH", "TIMESTAMP", "ROWS", "IN ROWS/S", "DONE ROWS/S", "OFFSETS MS", "WAL MS", "ADD MS",
                      "COMMIT MS", "TOTAL MS", "SCHED DELAY", "TOTAL DELAY"], rows, prefix="")
+    return lines + render_sources(records[-1])
+
+
+def render_sources(p: dict[str, Any]) -> list[str]:
+    """A progress record's sources: rows and rates; a receiver source's blocks and each
+    receiver's lines and rate; a broker's lag per stream key."""
+    sources = p.get("sources") or []
+    if not sources:
+        return []
+    lines = [f"sources of batch {p.get('batchId')}:"]
+    for s in sources:
+        parts = [f"{s.get('numInputRows', 0)} rows"]
+        if isinstance(s.get("inputRowsPerSecond"), (int, float)):
+            parts.append(f"{_rate(s['inputRowsPerSecond'])} rows/s in")
+        if "numBlocks" in s:
+            parts.append(f"{s['numBlocks']} blocks")
+        if isinstance(s.get("rateLimitPerReceiver"), (int, float)):
+            parts.append(f"backpressure: at most {_rate(s['rateLimitPerReceiver'])} lines/s per receiver")
+        lines.append(f"  {s.get('description', '')}: " + ", ".join(parts))
+        receivers = s.get("receivers") or {}
+        for r in sorted(receivers, key=lambda k: int(k) if str(k).isdigit() else 0):
+            info = receivers[r] or {}
+            records = info.get("records")
+            lines.append(f"    receiver {r}: {info.get('blocks', 0)} blocks, "
+                         f"{records if records is not None else '?'} lines, "
+                         f"{_rate(info.get('recordsPerSecond')) or '?'} lines/s")
+        lag = s.get("lag") or {}
+        if lag:
+            lines.append("    lag (entries after the batch's end): "
+                         + ", ".join(f"{key} {n}" for key, n in sorted(lag.items())))
     return lines
 
 

@@ -104,6 +104,7 @@ def main(argv: list[str]) -> int:
         return subprocess.call([str(python), "-m", "pytest", *rest], cwd=ROOT, env=env)
     if command == "bench":
         ensure_zookeeper()  # the leader-kill figures on ZooKeeper
+        ensure_redis()  # the Redis Streams kill runs
         return subprocess.call([str(python), str(ROOT / "tests" / "benchmarks" / "run_all.py"), *rest], cwd=ROOT, env=env)
     if command == "docs":
         return subprocess.call([str(python), "-m", "funke.deploy.docs", str(ROOT / "README.md")], cwd=ROOT, env=env)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import collections
 import csv
-import datetime
 import os
 import sys
 import threading
@@ -27,34 +26,18 @@ from pathlib import Path
 
 from funke.common.streamsources import ReceiverSource, receiver_blocks_dir, stored_blocks
 from funke.deploy import localcluster
-from funke.deploy.cli import render_history, render_progress
-from funke.deploy.client import FunkeError, JobManagerClient, job_status_name
+from funke.deploy.client import JobManagerClient, job_status_name
 from funke.deploy.jobfile import load_job_file
 from funke.deploy.lineserver import LineServer
-from funke.deploy.streamdemo import _watch
+from funke.deploy.streamdemo import _say, _watch, run_demo, say_progress_and_history
 from funke.jobmanager import streamsinks
 from funke.jobmanager.checkpointstore import CheckpointStore
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "socket_wordcount.py"
 CORPUS = ROOT / "examples" / "data"
-TASKMANAGERS, SLOTS = 2, 2
 LINES_PER_SECOND = 40
 TOP = 3
-
-
-def _say(message: str = "") -> None:
-    print(message, flush=True)
-
-
-def _fresh_dir() -> Path:
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    base = ROOT / ".funke" / f"socket-{stamp}"
-    candidate, n = base, 1
-    while candidate.exists():
-        n += 1
-        candidate = base.with_name(f"{base.name}-{n}")
-    return candidate
 
 
 def corpus_lines() -> list[str]:
@@ -121,38 +104,12 @@ def run(root: Path, cluster: localcluster.ClusterInfo) -> int:
     every_line = received == lines
     _say(f"every line counted exactly once, in order: {'yes' if every_line else 'NO'}; every batch equals a direct "
          f"count of its blocks: {'yes' if all_match else 'NO'}")
-    _say()
-    _say(f"funke progress {job_id}:")
-    _say("\n".join(render_progress(records)))
-    _say()
-    _say(f"job {job_id} {status}")
-    _say("\n".join(render_history(details)))
+    say_progress_and_history(job_id, records, details)
     return 0 if status == "FINISHED" and all_match and every_line else 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    if argv:
-        print(f"funke socket demo: takes no arguments, got {' '.join(argv)}", file=sys.stderr)
-        return 2
-    root = _fresh_dir()
-    _say(f"starting a local cluster: 1 JobManager and {TASKMANAGERS} TaskManagers x {SLOTS} slots "
-         f"in {root.relative_to(ROOT)}/ ...")
-    try:
-        try:
-            cluster = localcluster.start(root, TASKMANAGERS, SLOTS)
-        except localcluster.ClusterError as exc:
-            print(f"funke socket demo: the cluster did not start: {exc}", file=sys.stderr)
-            return 1
-        return run(root, cluster)
-    except FunkeError as exc:
-        print(f"funke socket demo: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("funke socket demo: interrupted", file=sys.stderr)
-        return 130
-    finally:
-        localcluster.stop(root)
-        _say(f"cluster stopped; its logs are in {root / 'log'}")
+    return run_demo("socket", argv, run)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import datetime
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from funke.common.streamsources import FilesSource
@@ -45,9 +45,10 @@ def _say(message: str = "") -> None:
     print(message, flush=True)
 
 
-def _fresh_dir() -> Path:
+def fresh_dir(prefix: str) -> Path:
+    """`.funke/<prefix>-<timestamp>/` beside the checkout, not there yet."""
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    base = ROOT / ".funke" / f"stream-{stamp}"
+    base = ROOT / ".funke" / f"{prefix}-{stamp}"
     candidate, n = base, 1
     while candidate.exists():
         n += 1
@@ -138,38 +139,49 @@ def run(root: Path, cluster: localcluster.ClusterInfo) -> int:
     every_file = sorted(taken) == sorted(texts)
     _say(f"every file counted exactly once: {'yes' if every_file else 'NO'}; every batch equals a direct "
          f"count of its files: {'yes' if all_match else 'NO'}")
+    say_progress_and_history(job_id, records, details)
+    return 0 if status == "FINISHED" and all_match and every_file else 1
+
+
+def say_progress_and_history(job_id: str, records: list[dict], details) -> None:
+    """A demo's ending: `funke progress` of the query, then the job's status history."""
     _say()
     _say(f"funke progress {job_id}:")
     _say("\n".join(render_progress(records)))
     _say()
-    _say(f"job {job_id} {status}")
+    _say(f"job {job_id} {job_status_name(details.status)}")
     _say("\n".join(render_history(details)))
-    return 0 if status == "FINISHED" and all_match and every_file else 1
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def run_demo(name: str, argv: Sequence[str] | None, run: Callable[[Path, localcluster.ClusterInfo], int]) -> int:
+    """A streaming demo's frame: a fresh local cluster (1 JobManager, TASKMANAGERS x SLOTS) in
+    `.funke/<name>-<timestamp>/`, `run(dir, cluster)`, the cluster stopped whatever happens."""
     if argv:
-        print(f"funke stream demo: takes no arguments, got {' '.join(argv)}", file=sys.stderr)
+        print(f"funke {name} demo: takes no arguments, got {' '.join(argv)}", file=sys.stderr)
         return 2
-    root = _fresh_dir()
+    root = fresh_dir(name)
     _say(f"starting a local cluster: 1 JobManager and {TASKMANAGERS} TaskManagers x {SLOTS} slots "
          f"in {root.relative_to(ROOT)}/ ...")
     try:
         try:
             cluster = localcluster.start(root, TASKMANAGERS, SLOTS)
         except localcluster.ClusterError as exc:
-            print(f"funke stream demo: the cluster did not start: {exc}", file=sys.stderr)
+            print(f"funke {name} demo: the cluster did not start: {exc}", file=sys.stderr)
             return 1
         return run(root, cluster)
     except FunkeError as exc:
-        print(f"funke stream demo: {exc}", file=sys.stderr)
+        print(f"funke {name} demo: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("funke stream demo: interrupted", file=sys.stderr)
+        print(f"funke {name} demo: interrupted", file=sys.stderr)
         return 130
     finally:
         localcluster.stop(root)
         _say(f"cluster stopped; its logs are in {root / 'log'}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_demo("stream", argv, run)
 
 
 if __name__ == "__main__":

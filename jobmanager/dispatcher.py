@@ -79,7 +79,8 @@ class Dispatcher:
         self._reserved: set[str] = set()  # ids of jobs being built
         self._deleting: set[str] = set()  # ids of evicted jobs whose data is being deleted
         self._validation = ValidationContext(
-            data_dir=config.data_dir, allowed_paths=config.allowed_paths, max_subtasks=config.max_subtasks)
+            data_dir=config.data_dir, allowed_paths=config.allowed_paths, max_subtasks=config.max_subtasks,
+            allowed_hosts=config.allowed_hosts)
         self.rm = ResourceManager(
             config, self.mailbox,
             job_master=self.jobs.get,

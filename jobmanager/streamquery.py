@@ -110,6 +110,8 @@ class StreamingQuery:
         self._estimators = {v.id: RateEstimator(interval) for v in receivers} if self.settings.backpressure else {}
         self._receivers = {v.id: v.parallelism for v in receivers}
         self.rate_limits: dict[str, float] = {}
+        # (batch, receiver source) -> the lines each receiver's blocks held, until its progress record
+        self.received: dict[tuple[int, str], tuple[int | None, ...]] = {}
 
     @property
     def running(self) -> bool:
@@ -273,8 +275,10 @@ class StreamingQuery:
         self._on_event(event)
 
     def _describe_sources(self, record: dict[str, Any]) -> None:
-        """A receiver source's entry in a progress record: blocks per receiver, and the rate
-        each may take (backpressure); a broker's: per key, the entries after the batch's end
+        """A receiver source's entry in a progress record: per receiver, the blocks the batch
+        was allocated, the lines they held and their rate (lines a second since the previous
+        trigger, as the source's inputRowsPerSecond), and the rate each may take (backpressure);
+        a broker's: per key, the entries after the batch's end
         when it was planned (the lag, counted up to RedisPlanner.LAG_COUNTED)."""
         planners = self._run.driver.planners if self._run is not None else {}
         for source in record.get("sources", ()):
@@ -286,11 +290,21 @@ class StreamingQuery:
                 continue
             blocks = ReceiverSource(self._receivers[name])
             span = SourceRange(source.get("startOffset"), source.get("endOffset"))
-            per = {str(r): len(blocks.blocks(span, r)) for r in range(self._receivers[name])}
-            source["numBlocks"] = sum(per.values())
-            source["receivers"] = {r: {"blocks": n} for r, n in per.items()}
+            lines = self.received.pop((int(record.get("batchId", -1)), name), ())
+            rows, per_second = source.get("numInputRows") or 0, source.get("inputRowsPerSecond") or 0.0
+            receivers = {}
+            for r in range(self._receivers[name]):
+                n = lines[r] if r < len(lines) else None
+                receivers[str(r)] = {"blocks": len(blocks.blocks(span, r)), "records": n,
+                                     # over the same time as the source's rate: since the last trigger
+                                     "recordsPerSecond": round(n * per_second / rows, 3) if n and rows else 0.0}
+            source["numBlocks"] = sum(r["blocks"] for r in receivers.values())
+            source["receivers"] = receivers
             if name in self.rate_limits:
                 source["rateLimitPerReceiver"] = round(self.rate_limits[name], 1)
+        batch = int(record.get("batchId", -1))
+        for key in [k for k in self.received if k[0] < batch - PROGRESS_KEPT]:  # batches that never got a record
+            del self.received[key]
 
     def _estimate_rates(self, record: dict[str, Any]) -> None:
         for source in record.get("sources", ()):
@@ -369,6 +383,8 @@ class _Run:
             elif isinstance(step, SinkWritten):
                 output("completed", step.sink)
             elif isinstance(step, InputRead):
+                if step.source in self.query._receivers:
+                    self.query.received[(batch_id, step.source)] = step.per_subtask
                 output("read", step.source, step.rows)
         if not self.flow.in_flight or batch_id not in self.flow.in_flight:
             for tm in set(self.flow.task_managers.values()) - {""}:

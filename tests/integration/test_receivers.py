@@ -125,6 +125,12 @@ def test_the_seeds_socket_word_count_counts_each_batch_exactly_as_the_lines_it_w
     progress = client.progress(job_id)
     assert sum(p["numInputRows"] for p in progress) == len(lines)
     assert all(p["sources"][0]["numBlocks"] >= 1 for p in progress if p["numInputRows"])
+    for p in progress:  # the one receiver's lines are the source's, at its rate
+        (receiver_progress,) = p["sources"][0]["receivers"].values()
+        assert receiver_progress["records"] == p["sources"][0]["numInputRows"], p
+        assert receiver_progress["recordsPerSecond"] == p["sources"][0]["inputRowsPerSecond"], p
+    shown = cluster.funke("progress", job_id).stdout
+    assert f"sources of batch {progress[-1]['batchId']}:" in shown and "    receiver 0: " in shown, shown
 
 
 def socket_kill_run(cluster: StreamCluster, tmp_path: Path, rate: float = 100) -> dict:
@@ -207,3 +213,4 @@ def test_no_line_stored_before_a_kill_is_lost_or_counted_twice(cluster, tmp_path
     # is gone (at most a block interval's worth, 0.2 s at 100 lines/s, plus what was in flight)
     assert 0 <= figures["lost_in_flight"] <= 100, figures
     assert figures["counted"] == figures["stored"] == figures["sent"] - figures["lost_in_flight"], figures
+

@@ -128,11 +128,11 @@ def test_a_source_vertex_reports_the_rows_its_subtasks_counted_once_all_of_them_
     graph, flow = _flow()
     flow.start(_batch(2))
     assert InputRead(2, "src", 3) not in flow.on_report(_attempt(flow, "src", 0), 2, {}, input_rows=3)
-    assert InputRead(2, "src", 7) in flow.on_report(_attempt(flow, "src", 1), 2, {}, input_rows=4)
+    assert InputRead(2, "src", 7, (3, 4)) in flow.on_report(_attempt(flow, "src", 1), 2, {}, input_rows=4)
     # a repeated report counts once; a consumer's report is no source's count
     assert flow.on_report(_attempt(flow, "src", 1), 2, {}, input_rows=4) == []
     assert not [s for s in flow.on_report(_attempt(flow, "raw", 0), 2, {}, input_rows=9) if isinstance(s, InputRead)]
     # one subtask that did not count makes the source's count unknown
     flow.start(_batch(3))
     flow.on_report(_attempt(flow, "src", 0), 3, {}, input_rows=None)
-    assert InputRead(3, "src", None) in flow.on_report(_attempt(flow, "src", 1), 3, {}, input_rows=5)
+    assert InputRead(3, "src", None, (None, 5)) in flow.on_report(_attempt(flow, "src", 1), 3, {}, input_rows=5)

@@ -636,3 +636,24 @@ def test_streaming_progress_and_listener_events_are_shown_as_a_spark_user_reads_
     assert "batch 8, 40 input rows, 100.0 rows/s in, 250.5 rows/s processed, took 307 ms" in line
     details = job_pb2.JobDetails(job_id="j", name="q", latest_progress_json=json.dumps(_progress_record(8, 40)))
     assert "latest micro-batch:\n  batch 8, 40 input rows" in cli.render_job_details(details)
+
+
+def test_funke_progress_shows_each_receivers_lines_and_rate_and_a_brokers_lag() -> None:
+    record = _progress_record(9, 300)
+    record["sources"] = [
+        {"description": "socket-src", "numInputRows": 300, "inputRowsPerSecond": 150.0, "numBlocks": 12,
+         "rateLimitPerReceiver": 80.0,
+         "receivers": {"1": {"blocks": 5, "records": 100, "recordsPerSecond": 50.0},
+                       "0": {"blocks": 7, "records": 200, "recordsPerSecond": 100.0}}},
+        {"description": "redis-src", "numInputRows": 0, "inputRowsPerSecond": 0.0, "lag": {"orders": 17, "returns": 0}},
+    ]
+    table = cli.render_progress([_progress_record(8, 40), record])
+    sources = table[table.index("sources of batch 9:"):]
+    assert sources[1] == ("  socket-src: 300 rows, 150.0 rows/s in, 12 blocks, "
+                          "backpressure: at most 80.0 lines/s per receiver")
+    assert sources[2:4] == ["    receiver 0: 7 blocks, 200 lines, 100.0 lines/s",
+                            "    receiver 1: 5 blocks, 100 lines, 50.0 lines/s"]
+    assert sources[4] == "  redis-src: 0 rows, 0.0 rows/s in"
+    assert sources[5] == "    lag (entries after the batch's end): orders 17, returns 0"
+    # a record without sources (an older JobManager's) shows the table alone
+    assert not [line for line in cli.render_progress([_progress_record(8, 40)]) if line.startswith("sources")]

@@ -58,3 +58,28 @@ def test_zookeeper_keys_are_flinks_and_a_bad_quorum_or_root_is_named():
     for bad in ("", "zk:0", "zk:70000", "zk:21a", "zk/x:2181", "a:1,,b:2", "zk\n:2181"):
         with pytest.raises(ConfigurationError):
             parse_configuration({"high-availability.zookeeper.quorum": bad})
+
+
+def test_allowed_hosts_are_host_names_and_confine_the_hosts_of_socket_and_redis_sources_and_sinks():
+    from funke.common.dsl import ExecutionEnvironment
+    from funke.common.validation import ValidationContext, find_problems
+
+    config = parse_configuration({"funke.io.allowed-hosts": " Redis.internal , 127.0.0.1"})
+    assert config.allowed_hosts == ("redis.internal", "127.0.0.1")
+    assert parse_configuration({}).allowed_hosts == ()
+    with pytest.raises(ConfigurationError, match="funke.io.allowed-hosts: must be a host name"):
+        parse_configuration({"funke.io.allowed-hosts": "ok.host, bad host/.."})
+    with pytest.raises(ConfigurationError, match="expected host names, got none"):
+        parse_configuration({"funke.io.allowed-hosts": " , "})
+
+    context = ValidationContext(allowed_hosts=config.allowed_hosts)
+    env = ExecutionEnvironment("hosts", parallelism=1)
+    lines = env.read_stream.socket_text("127.0.0.1", 9999)
+    lines.write_redis("out", host="REDIS.internal")
+    env.read_stream.redis("in", host="10.1.2.3").write_redis("copy", host="elsewhere.example")
+    problems = [str(p) for p in find_problems(env.build(), context)]
+    assert len(problems) == 2, problems  # the two hosts not allowed, each named; case does not matter
+    assert any("'10.1.2.3' is not a host jobs may connect to here" in p for p in problems), problems
+    assert any("'elsewhere.example'" in p and "funke.io.allowed-hosts: redis.internal, 127.0.0.1" in p
+               for p in problems), problems
+    assert find_problems(env.build(), ValidationContext()) == []  # no list: any host

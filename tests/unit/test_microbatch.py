@@ -166,7 +166,10 @@ def test_processing_time_batches_start_on_aligned_times_and_log_before_they_run(
     assert progress["batchId"] == 0 and progress["numInputRows"] == 50 and progress["id"] == "query-1"
     assert progress["runId"] == "run-1" and progress["schedulingDelayMs"] == 45
     assert set(progress["durationMs"]) == {"latestOffset", "walCommit", "addBatch", "commitOffsets", "triggerExecution"}
-    assert progress["sources"] == [{"description": "rate", "startOffset": None, "endOffset": 50, "numInputRows": 50}]
+    (source,) = progress["sources"]
+    assert source == {"description": "rate", "startOffset": None, "endOffset": 50, "numInputRows": 50,
+                      "inputRowsPerSecond": 0.0,  # no trigger before the first
+                      "processedRowsPerSecond": progress["processedRowsPerSecond"]}
     assert progress["timestamp"].endswith("Z")
     # nothing new: the next trigger is skipped, nothing logged, the id is not used up
     w.advance(1000)
@@ -177,6 +180,10 @@ def test_processing_time_batches_start_on_aligned_times_and_log_before_they_run(
     w.settle()
     assert w.commits == [0, 1] and w.offsets[1].sources["rate"] == SourceRange(50, 80, 30)
     assert committed_rows(w, "rate") == list(range(80))
+    second = w.coordinator.progress[-1]
+    assert second["inputRowsPerSecond"] > 0  # a source's rates are the record's when it is the only one
+    assert {k: second["sources"][0][k] for k in ("inputRowsPerSecond", "processedRowsPerSecond")} == \
+        {k: second[k] for k in ("inputRowsPerSecond", "processedRowsPerSecond")}
 
 
 def test_a_slow_batch_leaves_the_next_ones_queued_and_their_scheduling_delay_grows():
