@@ -9,11 +9,12 @@ contract (`deployment.py`), never on protobuf.
 Events (what happened):  SubmitTask, CancelTask, PartitionsAvailable, FreeSlots, ReleasePartitions,
                          TaskReported and TaskThreadExited (from a task's thread), TimerFired,
                          JobManagerRegistered, JobManagerLost, ReportsDelivered, ShutdownRequested;
-                         for streaming tasks RunBatch, FinishTasks, BatchReported
+                         for streaming tasks RunBatch, FinishTasks, BatchReported, SetRateLimits
 Instructions (do this):  TaskAccepted / TaskRejected (the answer to SubmitTasks), StartTask (run a
                          Spark task in a thread), InputsReady (hand it what to read),
                          InterruptTask, SendReport, DeletePartitions, StartTimer, DropJob,
-                         RegisterAgain; for streaming tasks GiveBatch, BatchRejected, FinishTask
+                         RegisterAgain; for streaming tasks GiveBatch, BatchRejected, FinishTask,
+                         LimitRate
 
 Every task's state goes through the ExecutionState table of `states.py`, starting at DEPLOYING
 when the deployment is accepted; a stop the JobManager asked for moves it to CANCELING, and what
@@ -177,6 +178,17 @@ class FinishTasks:
 
 
 @dataclass(frozen=True, slots=True)
+class SetRateLimits:
+    """The JobManager (backpressure): these receivers take at most so many records a second
+    from now on. `rates`: (attempt, records/s), each rate positive."""
+
+    job_id: str
+    rates: tuple[tuple[ExecutionAttemptId, float], ...]
+    registration_id: str
+    stimulus_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class BatchReported:
     """A streaming task's thread finished a micro-batch (with what it wrote)."""
 
@@ -234,7 +246,7 @@ class ShutdownRequested:
 
 Event = (SubmitTask | CancelTask | PartitionsAvailable | FreeSlots | ReleasePartitions | TaskReported
          | TaskThreadExited | TimerFired | JobManagerRegistered | JobManagerLost | ReportsDelivered
-         | ShutdownRequested | RunBatch | FinishTasks | BatchReported)
+         | ShutdownRequested | RunBatch | FinishTasks | BatchReported | SetRateLimits)
 
 
 # ---------------------------------------------------------------------------------- instructions
@@ -292,6 +304,14 @@ class FinishTask:
 
 
 @dataclass(frozen=True, slots=True)
+class LimitRate:
+    """A streaming task's receiver takes at most `records_per_second` from now on."""
+
+    key: TaskKey
+    records_per_second: float
+
+
+@dataclass(frozen=True, slots=True)
 class InterruptTask:
     """Stop the task's Spark work (its thread then reports CANCELED)."""
 
@@ -338,7 +358,8 @@ class RegisterAgain:
 
 
 Instruction = (TaskAccepted | TaskRejected | StartTask | InputsReady | InterruptTask | SendReport
-               | DeletePartitions | StartTimer | DropJob | RegisterAgain | GiveBatch | BatchRejected | FinishTask)
+               | DeletePartitions | StartTimer | DropJob | RegisterAgain | GiveBatch | BatchRejected | FinishTask
+               | LimitRate)
 
 
 # ---------------------------------------------------------------------------------- the core
@@ -776,6 +797,19 @@ class TaskExecutorState:
             else:
                 self._out.append(FinishTask(task.key))
 
+    def _on_set_rate_limits(self, e: SetRateLimits) -> None:
+        """Only for tasks of the current registration that run micro-batches and are not
+        ending; a rate that is not a positive number is not passed on."""
+        if not self._current(e.registration_id):
+            return
+        for attempt, rate in e.rates:
+            task = self.tasks.get(TaskKey(e.job_id, attempt))
+            if task is None or task.terminal or not task.deployment.streaming or task.stop is not StopRequest.NONE:
+                continue
+            if task.noop or not (rate > 0 and rate != float("inf")):
+                continue
+            self._out.append(LimitRate(task.key, rate))
+
     def _on_batch_reported(self, e: BatchReported) -> None:
         task = self.tasks.get(e.key)
         if task is not None and not task.terminal and task.stop is StopRequest.NONE:
@@ -925,6 +959,7 @@ _HANDLERS = {
     SubmitTask: TaskExecutorState._on_submit,
     RunBatch: TaskExecutorState._on_run_batch,
     FinishTasks: TaskExecutorState._on_finish_tasks,
+    SetRateLimits: TaskExecutorState._on_set_rate_limits,
     BatchReported: TaskExecutorState._on_batch_reported,
     CancelTask: TaskExecutorState._on_cancel,
     PartitionsAvailable: TaskExecutorState._on_partitions_available,

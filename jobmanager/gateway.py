@@ -99,6 +99,12 @@ class TaskManagerGateway:
         for attempt in attempts:
             self._enqueue("finish", job_id, attempt)
 
+    def set_rate_limits(self, job_id: str, rates: list[tuple[job_pb2.ExecutionAttemptId, float]]) -> None:
+        """Backpressure: the records a second these receivers may take from now on (sent in
+        order with the job's batches, so a batch sent later never carries an older rate)."""
+        for attempt, rate in rates:
+            self._enqueue("rates", job_id, cluster_pb2.TaskRateLimit(attempt=attempt, records_per_second=rate))
+
     def _enqueue(self, kind: str, job_id: str, item, size: int = 0, **extra) -> None:
         if self._closed:
             if kind == "submit":
@@ -194,6 +200,9 @@ class TaskManagerGateway:
             await self._stub.FinishTasks(cluster_pb2.FinishTasksRequest(
                 job_id=call.job_id, attempts=call.items, registration_id=registration),
                 timeout=RPC_TIMEOUT_S)
+        elif call.kind == "rates":
+            await self._stub.SetRateLimits(cluster_pb2.SetRateLimitsRequest(
+                job_id=call.job_id, tasks=call.items, registration_id=registration), timeout=RPC_TIMEOUT_S)
         elif call.kind == "release":
             await self._stub.ReleasePartitions(cluster_pb2.ReleasePartitionsRequest(
                 job_id=call.job_id, partitions=call.items, whole_job=call.extra["whole_job"],

@@ -314,7 +314,26 @@ class StreamingQuery:
             rate = estimator.update(int(record.get("batchTime", 0)), int(source.get("numInputRows", 0)),
                                     int(record.get("processingDelayMs", 0)), int(record.get("schedulingDelayMs", 0)))
             if rate is not None:
-                self.rate_limits[source["description"]] = rate / self._receivers[source["description"]]
+                name = source["description"]
+                self.rate_limits[name] = rate / self._receivers[name]
+                self._send_rate_limit(name)
+
+    def _send_rate_limit(self, source: str) -> None:
+        """A new backpressure rate goes to the source's receivers at once (as Spark's
+        ReceiverTracker sends it), not with the next batch that runs: batches queued behind a
+        slow one were planned already."""
+        run = self._run
+        if run is None:
+            return
+        by_tm: dict[str, list] = {}
+        for subtask in range(self._receivers[source]):
+            attempt = ExecutionAttemptId(source, subtask, run.flow.attempts[(source, subtask)])
+            by_tm.setdefault(run.flow.task_managers[(source, subtask)], []).append(
+                (codec.attempt_to_proto(attempt), self.rate_limits[source]))
+        for tm, rates in by_tm.items():
+            gateway = self.rm.gateway(tm)
+            if gateway is not None:
+                gateway.set_rate_limits(self.job_id, rates)
 
 
 class _Run:
@@ -337,8 +356,7 @@ class _Run:
         self._batches.clear()
 
     async def run(self, entry: OffsetEntry, output: Output) -> None:
-        rates = dict(self.query.rate_limits)  # read on the loop, which changes it
-        batch = await asyncio.get_running_loop().run_in_executor(None, self._batch_input, entry, rates)
+        batch = await asyncio.get_running_loop().run_in_executor(None, self._batch_input, entry)
         future: asyncio.Future = asyncio.get_running_loop().create_future()
         self._batches[entry.batch_id] = (future, output)
         try:
@@ -347,7 +365,7 @@ class _Run:
         finally:
             self._batches.pop(entry.batch_id, None)
 
-    def _batch_input(self, entry: OffsetEntry, rates: dict[str, float]) -> BatchInput:
+    def _batch_input(self, entry: OffsetEntry) -> BatchInput:
         files: dict[str, tuple[str, ...]] = {}
         for v in stream_sources(self.query.graph.job_graph):
             r = entry.sources.get(v.id)
@@ -358,7 +376,7 @@ class _Run:
                 files[v.id] = planner.block_files(r)
             else:
                 files[v.id] = tuple(FilesSource.files(r, self.checkpoint.seen_files(v.id)))
-        return BatchInput(entry.batch_id, entry.batch_time_ms, dict(entry.sources), files, rates)
+        return BatchInput(entry.batch_id, entry.batch_time_ms, dict(entry.sources), files)
 
     def on_report(self, attempt: ExecutionAttemptId, batch_id: int, schemas: dict[str, str],
                   input_rows: int | None = None) -> None:
@@ -376,6 +394,8 @@ class _Run:
                 tasks = [(t.attempt, [(g.input_index, g.attempts, g.schema) for g in t.gates]) for t in step.tasks]
                 released = self._released.pop(step.task_manager_id, ())
                 request = codec.run_batch_to_proto(self.query.job_id, "", step.batch, tasks, released)
+                for vertex, rate in self.query.rate_limits.items():  # as they are now, not when planned
+                    request.rate_limits[vertex] = rate
                 gateway.run_batch(request, lambda job, attempt, why: self._refused(
                     batch_id, f"task {codec.attempt_from_proto(attempt)} did not take batch {batch_id}: {why}"))
             elif isinstance(step, SinkStarted):

@@ -11,8 +11,9 @@ Owns, for one receiver (one subtask of a receiver source vertex):
   started again (or a second one by mistake) goes on after the highest number there is.
 - `SocketReceiver`, a thread: connects to host:port, reads lines (UTF-8, "\\n" or "\\r\\n"),
   and every block interval stores what it read as one block. At most `rate` records a second
-  (min(max_rate, the JobMaster's backpressure share)): past it, the thread stops reading and the
-  sender feels TCP's backpressure. A connection refused or closed is tried again every
+  (min(max_rate, the JobMaster's backpressure share)), smoothed: past it, the lines of one read
+  wait in memory and the thread reads no more until they are taken, so the sender feels TCP's
+  backpressure. A connection refused or closed is tried again every
   `RESTART_DELAY_S`, as Spark restarts a receiver. What was read but not yet stored when the
   process dies is lost: a socket acknowledges nothing, so nothing acknowledged is lost.
 
@@ -22,6 +23,7 @@ task's source operator reads exactly those.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import os
@@ -85,7 +87,7 @@ def _sync_directory(directory: str) -> None:
 
 
 class RateLimiter:
-    """At most `rate` records a second (None: no limit), smoothed over a second."""
+    """At most `rate` records a second (None: no limit), with at most a second's worth at once."""
 
     def __init__(self, rate: float | None, clock: Callable[[], float] = time.monotonic):
         self.rate = rate
@@ -94,17 +96,26 @@ class RateLimiter:
         self._last = clock()
 
     def set_rate(self, rate: float | None) -> None:
+        if rate is not None and self.rate is not None:
+            self._allowance = min(self._allowance, rate)
         self.rate = rate
 
-    def wait_time(self, records: int) -> float:
-        """Seconds to wait before taking `records` more (0: take them now); takes them."""
+    def take(self, wanted: int) -> int:
+        """How many of `wanted` records may be taken now (taken by this call)."""
         if self.rate is None:
-            return 0.0
+            return wanted
         now = self._clock()
         self._allowance = min(self.rate, self._allowance + (now - self._last) * self.rate)
         self._last = now
-        self._allowance -= records
-        return 0.0 if self._allowance >= 0 else -self._allowance / self.rate
+        taken = max(0, min(wanted, int(self._allowance)))
+        self._allowance -= taken
+        return taken
+
+    def wait_for_one(self) -> float:
+        """Seconds until one more record may be taken."""
+        if self.rate is None:
+            return 0.0
+        return max(0.0, (1 - self._allowance) / self.rate)
 
 
 class SocketReceiver:
@@ -168,29 +179,39 @@ class SocketReceiver:
                 self._flush(pending)
 
     def _receive(self, conn: socket.socket, pending: list[str]) -> None:
+        """Reads lines into `pending`, storing a block every block interval. Over the rate, the
+        lines read and not yet taken wait here (one read's worth at most) and the socket is not
+        read meanwhile: the sender is held back by TCP."""
         conn.settimeout(self.block_interval_s)
         partial = b""
+        waiting: collections.deque[str] = collections.deque()  # read, not yet taken (rate)
         next_flush = time.monotonic() + self.block_interval_s
         while not self._stop.is_set():
-            try:
-                chunk = conn.recv(READ_CHUNK)
-            except socket.timeout:
-                chunk = None
-            except OSError:
-                return
-            if chunk == b"":
-                if partial:  # the last line, without its newline
-                    pending.append(_line(partial))
-                return
-            if chunk:
-                *lines, partial = (partial + chunk).split(b"\n")
-                pending.extend(_line(b) for b in lines)
-                wait = self.limiter.wait_time(len(lines))
-                if wait > 0:  # over the rate: stop reading for a while (TCP pushes back)
-                    self._stop.wait(wait)
+            if waiting:
+                n = self.limiter.take(len(waiting))
+                pending.extend(waiting.popleft() for _ in range(n))
+                if waiting:
+                    self._stop.wait(min(self.limiter.wait_for_one(), max(0.0, next_flush - time.monotonic()),
+                                        self.block_interval_s) or 0.001)
+            else:
+                try:
+                    chunk = conn.recv(READ_CHUNK)
+                except socket.timeout:
+                    chunk = None
+                except OSError:
+                    chunk = b""
+                if chunk == b"":  # closed: what was read is taken, rate or not (it is lost otherwise)
+                    pending.extend(waiting)
+                    if partial:  # the last line, without its newline
+                        pending.append(_line(partial))
+                    return
+                if chunk:
+                    *lines, partial = (partial + chunk).split(b"\n")
+                    waiting.extend(_line(b) for b in lines)
             if time.monotonic() >= next_flush:
                 self._flush(pending)
                 next_flush = time.monotonic() + self.block_interval_s
+        pending.extend(waiting)  # stopping: what was read is stored
 
     def _flush(self, pending: list[str]) -> None:
         if pending:

@@ -528,15 +528,25 @@ class StreamTask(Task):
         self._batches: collections.deque[tuple[BatchInput, tuple[GateSnapshot, ...]]] = collections.deque()
         self._finishing = False
         self._receiver: SocketReceiver | None = None  # a receiver source's, while the task runs
+        self._rate_limit: float | None = None  # backpressure's latest, for the receiver
 
     def give_batch(self, batch: BatchInput, gates: tuple[GateSnapshot, ...] = ()) -> None:
         """Run batch `batch` next (with `gates`: what to read of each input for this batch)."""
         with self._lock:
             self._batches.append((batch, gates))
-            receiver = self._receiver
             self._inputs_ready.notify_all()
-        if receiver is not None:  # backpressure applies from now, not from when the batch runs
-            receiver.set_rate(batch.rate_limits.get(self.deployment.attempt.vertex_id))
+        rate = batch.rate_limits.get(self.deployment.attempt.vertex_id)
+        if rate is not None:
+            self.set_rate_limit(rate)
+
+    def set_rate_limit(self, records_per_second: float | None) -> None:
+        """Backpressure: this task's receiver takes at most so many records a second from now
+        on (None: no limit but its max_rate); kept for a receiver that has not started yet."""
+        with self._lock:
+            self._rate_limit = records_per_second
+            receiver = self._receiver
+        if receiver is not None:
+            receiver.set_rate(records_per_second)
 
     def finish(self) -> None:
         """End FINISHED once every batch given so far has run (a graceful stop)."""
@@ -639,9 +649,7 @@ class StreamTask(Task):
                                   max_rate=float(max_rate) if max_rate is not None else None, name=self.name)
         with self._lock:
             self._receiver = receiver
-            latest = self._batches[-1][0] if self._batches else None
-        if latest is not None:
-            receiver.set_rate(latest.rate_limits.get(d.attempt.vertex_id))
+            receiver.set_rate(self._rate_limit)
         receiver.start()
         return receiver
 

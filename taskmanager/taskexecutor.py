@@ -368,6 +368,11 @@ class TaskExecutor:
         if isinstance(task, StreamTask):
             task.finish()
 
+    def _limit_rate(self, i: core.LimitRate) -> None:
+        task = self._tasks.get(i.key)
+        if isinstance(task, StreamTask):
+            task.set_rate_limit(i.records_per_second)
+
     def _interrupt(self, i: core.InterruptTask) -> None:
         task = self._tasks.get(i.key)
         if task is None or self._loop is None:
@@ -856,6 +861,11 @@ class TaskExecutor:
         self._handle(core.FinishTasks(request.job_id, tuple(codec.attempt_from_proto(a) for a in request.attempts),
                                       request.registration_id, self._stimulus("finish")))
 
+    async def set_rate_limits(self, request: cluster_pb2.SetRateLimitsRequest) -> None:
+        await self._registration_known(request.registration_id)
+        rates = tuple((codec.attempt_from_proto(t.attempt), t.records_per_second) for t in request.tasks)
+        self._handle(core.SetRateLimits(request.job_id, rates, request.registration_id, self._stimulus("rate")))
+
     async def cancel_tasks(self, request: cluster_pb2.CancelTasksRequest) -> None:
         await self._registration_known(request.registration_id)
         stimulus = request.stimulus_id or self._stimulus("cancel")
@@ -1029,6 +1039,7 @@ _INSTRUCTIONS: dict[type, Callable[[TaskExecutor, Any], None]] = {
     core.GiveBatch: TaskExecutor._give_batch,
     core.BatchRejected: TaskExecutor._answer,
     core.FinishTask: TaskExecutor._finish_task,
+    core.LimitRate: TaskExecutor._limit_rate,
 }
 
 
@@ -1070,3 +1081,8 @@ class _TaskExecutorServicer(cluster_pb2_grpc.TaskExecutorServicer):
                           context: grpc.aio.ServicerContext) -> cluster_pb2.FinishTasksResponse:
         await self._executor.finish_tasks(request)
         return cluster_pb2.FinishTasksResponse()
+
+    async def SetRateLimits(self, request: cluster_pb2.SetRateLimitsRequest,
+                            context: grpc.aio.ServicerContext) -> cluster_pb2.SetRateLimitsResponse:
+        await self._executor.set_rate_limits(request)
+        return cluster_pb2.SetRateLimitsResponse()

@@ -214,3 +214,57 @@ def test_no_line_stored_before_a_kill_is_lost_or_counted_twice(cluster, tmp_path
     assert 0 <= figures["lost_in_flight"] <= 100, figures
     assert figures["counted"] == figures["stored"] == figures["sent"] - figures["lost_in_flight"], figures
 
+
+
+def test_with_backpressure_a_receiver_slows_to_the_rate_its_batches_are_processed_at(cluster, tmp_path):
+    """Lines offered at 400 a second to a query that cannot process more than 200 a second (a map
+    that waits 5 ms a line): Spark's PID estimator brings the rate below what is offered, the
+    JobMaster sends it to the receiver at once, and from then on the receiver stores no more than
+    that (TCP holds the sender back). Measured on the blocks the receiver wrote (their times),
+    not on the batches, which were planned before the limit, queued behind the slow ones."""
+    cluster.restore()
+    server = LineServer(rate=400, make_line=line_number)
+    env = ExecutionEnvironment("backpressure", parallelism=1)
+
+    def slow(line):
+        time.sleep(0.005)
+        return (line,)
+
+    checkpoint = tmp_path / "checkpoint"
+    (env.read_stream.socket_text("127.0.0.1", server.port)
+        .map(slow, schema="line string")
+        .write_parquet(str(tmp_path / "out")))
+    env.set_trigger("1 s").set_checkpoint_location(str(checkpoint))
+    env.set_option("streaming.backpressure.enabled", "true")
+    client = cluster.client
+    try:
+        job_id = client.submit(env.build())
+        # The estimator measures the first batch and sets a rate when the second is through
+        deadline = time.time() + 180
+        while time.time() < deadline and len([p for p in client.progress(job_id) if p["numInputRows"]]) < 2:
+            time.sleep(0.05)
+        estimated_at = time.time()
+        time.sleep(7)
+        limits = [p["sources"][0]["rateLimitPerReceiver"] for p in client.progress(job_id)
+                  if "rateLimitPerReceiver" in p["sources"][0]]
+        source = next(v.id for v in client.get_job(job_id).vertices if v.name.startswith("Source: socket"))
+        client.cancel(job_id)
+        wait_status(client, job_id, ("CANCELED",))
+    finally:
+        server.close()
+    assert all(100 <= limit < 300 for limit in limits), limits  # below the 400 offered, not below the minimum
+    directory = Path(receiver_blocks_dir(str(checkpoint), source, 0))
+    blocks = [(p.stat().st_mtime, len(p.read_text().splitlines())) for p in directory.iterdir()
+              if p.name.endswith(".block")]
+
+    def stored_per_second(begin: float, end: float) -> float:
+        return sum(n for at, n in blocks if begin <= at < end) / (end - begin)
+
+    assert limits, "no batch was planned under a rate limit"
+    assert min(at for at, _ in blocks) < estimated_at - 4  # the receiver ran unlimited for a while
+    before = stored_per_second(estimated_at - 3.5, estimated_at - 0.5)
+    after = stored_per_second(estimated_at + 1, estimated_at + 6)
+    # limited: no more than the rate (and a block's slack), and far less than it took before
+    # (all it could get of the 400 offered on two busy cores)
+    assert after <= 1.5 * max(limits), (before, after, limits)
+    assert before >= 1.6 * after, (before, after, limits)

@@ -105,15 +105,43 @@ def test_a_server_that_is_not_there_is_tried_again_until_it_is(tmp_path):
     receiver.stop()
 
 
-def test_the_rate_limiter_lets_a_second_through_then_says_how_long_to_wait():
+def test_the_rate_limiter_lets_a_second_through_then_one_record_at_a_time():
     now = [0.0]
     limiter = RateLimiter(10, clock=lambda: now[0])
-    assert limiter.wait_time(10) == 0
-    assert limiter.wait_time(5) == 0.5
-    now[0] = 2.0
-    assert limiter.wait_time(3) == 0
+    assert limiter.take(15) == 10  # a second's worth at once, no more
+    assert limiter.take(5) == 0 and limiter.wait_for_one() == 0.1
+    now[0] = 0.35
+    assert limiter.take(5) == 3  # 3.5 records' worth of time: 3 taken, half of one kept
+    now[0] = 10.0
+    assert limiter.take(100) == 10  # a long pause earns no more than a second's worth
+    limiter.set_rate(2)  # lowered: what was allowed at the old rate does not carry over
+    now[0] = 10.5
+    assert limiter.take(100) == 1
     unlimited = RateLimiter(None)
-    assert unlimited.wait_time(10**9) == 0
+    assert unlimited.take(10**9) == 10**9 and unlimited.wait_for_one() == 0
+
+
+def test_a_receiver_under_a_rate_takes_lines_evenly_while_the_sender_offers_more(tmp_path):
+    from funke.deploy.lineserver import LineServer
+
+    server = LineServer(rate=400, make_line=lambda i: f"line {i}")
+    receiver = SocketReceiver("127.0.0.1", server.port, BlockStore(str(tmp_path)), block_interval_s=0.1)
+    receiver.set_rate(100.0)
+    try:
+        receiver.start()
+        assert wait_until(lambda: receiver.connections == 1)
+        counts = []
+        for _ in range(4):
+            time.sleep(0.5)
+            counts.append(receiver.store.records)
+    finally:
+        receiver.stop()
+        server.close()
+    steps = [b - a for a, b in zip(counts, counts[1:])]
+    # 50 lines every half second (a block's slack either way), not a burst and then nothing
+    assert all(25 <= step <= 75 for step in steps), (counts, steps)
+    assert server.sent > counts[-1] + 100  # the sender offered more, and was held back by TCP, not dropped
+    assert read_blocks(tmp_path) == [f"line {i}" for i in range(receiver.store.records)]
 
 
 def test_purged_blocks_keep_the_newest_number_so_a_restarted_receiver_never_goes_back(tmp_path):

@@ -498,6 +498,22 @@ def test_a_batch_for_a_task_that_cannot_run_it_is_rejected_with_the_reason():
     assert not batch_reports(c(core.BatchReported(key(stream), 0)))  # a cancelled task's batch is not reported
 
 
+def test_rate_limits_reach_running_streaming_tasks_of_the_current_registration_only():
+    c = Core()
+    receiver = streaming(deployment("receiver", ops=SPARK_SINK))
+    bounded = deployment("bounded", ops=SPARK_SINK, slot=1)
+    stopping = streaming(deployment("stopping", ops=SPARK_SINK, slot=2))
+    for d in (receiver, bounded, stopping):
+        c.submit(d)
+    c.cancel(stopping)
+    out = c(core.SetRateLimits(JOB, ((receiver.attempt, 250.0), (bounded.attempt, 10.0), (stopping.attempt, 10.0),
+                                     (ExecutionAttemptId("ghost", 0, 0), 10.0)), c.registration))
+    assert of(out, core.LimitRate) == [core.LimitRate(key(receiver), 250.0)]
+    for bad in (0.0, -5.0, float("nan"), float("inf")):  # no rate that is not a positive number
+        assert not of(c(core.SetRateLimits(JOB, ((receiver.attempt, bad),), c.registration)), core.LimitRate)
+    assert not of(c(core.SetRateLimits(JOB, ((receiver.attempt, 99.0),), "reg-old")), core.LimitRate)  # stale
+
+
 def test_a_noop_streaming_task_runs_its_batches_in_the_core_and_finishes_when_told():
     c = Core(spark=False)
     d = streaming(deployment(ops=NOOP_SOURCE, outputs=[output()]))

@@ -381,3 +381,25 @@ class FinishTasksRequest(_message.Message):
 class FinishTasksResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class TaskRateLimit(_message.Message):
+    __slots__ = ("attempt", "records_per_second")
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    attempt: _job_pb2.ExecutionAttemptId
+    records_per_second: float
+    def __init__(self, attempt: _Optional[_Union[_job_pb2.ExecutionAttemptId, _Mapping]] = ..., records_per_second: _Optional[float] = ...) -> None: ...
+
+class SetRateLimitsRequest(_message.Message):
+    __slots__ = ("job_id", "registration_id", "tasks")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    REGISTRATION_ID_FIELD_NUMBER: _ClassVar[int]
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    registration_id: str
+    tasks: _containers.RepeatedCompositeFieldContainer[TaskRateLimit]
+    def __init__(self, job_id: _Optional[str] = ..., registration_id: _Optional[str] = ..., tasks: _Optional[_Iterable[_Union[TaskRateLimit, _Mapping]]] = ...) -> None: ...
+
+class SetRateLimitsResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

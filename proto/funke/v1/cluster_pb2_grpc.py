@@ -258,6 +258,11 @@ class TaskExecutorStub:
                 request_serializer=funke_dot_v1_dot_cluster__pb2.FinishTasksRequest.SerializeToString,
                 response_deserializer=funke_dot_v1_dot_cluster__pb2.FinishTasksResponse.FromString,
                 _registered_method=True)
+        self.SetRateLimits = channel.unary_unary(
+                '/funke.v1.TaskExecutor/SetRateLimits',
+                request_serializer=funke_dot_v1_dot_cluster__pb2.SetRateLimitsRequest.SerializeToString,
+                response_deserializer=funke_dot_v1_dot_cluster__pb2.SetRateLimitsResponse.FromString,
+                _registered_method=True)
 
 
 class TaskExecutorServicer:
@@ -306,6 +311,13 @@ class TaskExecutorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetRateLimits(self, request, context):
+        """Backpressure: the records a second a streaming query's receivers may take from now on.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TaskExecutorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -343,6 +355,11 @@ def add_TaskExecutorServicer_to_server(servicer, server):
                     servicer.FinishTasks,
                     request_deserializer=funke_dot_v1_dot_cluster__pb2.FinishTasksRequest.FromString,
                     response_serializer=funke_dot_v1_dot_cluster__pb2.FinishTasksResponse.SerializeToString,
+            ),
+            'SetRateLimits': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetRateLimits,
+                    request_deserializer=funke_dot_v1_dot_cluster__pb2.SetRateLimitsRequest.FromString,
+                    response_serializer=funke_dot_v1_dot_cluster__pb2.SetRateLimitsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -534,6 +551,33 @@ class TaskExecutor:
             '/funke.v1.TaskExecutor/FinishTasks',
             funke_dot_v1_dot_cluster__pb2.FinishTasksRequest.SerializeToString,
             funke_dot_v1_dot_cluster__pb2.FinishTasksResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetRateLimits(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/funke.v1.TaskExecutor/SetRateLimits',
+            funke_dot_v1_dot_cluster__pb2.SetRateLimitsRequest.SerializeToString,
+            funke_dot_v1_dot_cluster__pb2.SetRateLimitsResponse.FromString,
             options,
             channel_credentials,
             insecure,
