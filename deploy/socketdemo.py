@@ -29,7 +29,7 @@ from funke.deploy import localcluster
 from funke.deploy.client import JobManagerClient, job_status_name
 from funke.deploy.jobfile import load_job_file
 from funke.deploy.lineserver import LineServer
-from funke.deploy.streamdemo import _say, _watch, run_demo, say_progress_and_history
+from funke.deploy.streamdemo import _say, _watch, run_demo, say_progress_and_history, stop_query
 from funke.jobmanager import streamsinks
 from funke.jobmanager.checkpointstore import CheckpointStore
 
@@ -73,14 +73,7 @@ def run(root: Path, cluster: localcluster.ClusterInfo) -> int:
                 if server.done and sum(p["numInputRows"] for p in client.progress(job_id)) >= len(lines):
                     break
                 time.sleep(0.5)
-            _say(f"every line received and counted; stopping the query gracefully (funke stop {job_id}) ...")
-            client.stop(job_id, timeout_s=60)
-            deadline = time.monotonic() + 90
-            while time.monotonic() < deadline and job_status_name(client.get_job(job_id).status) == "RUNNING":
-                time.sleep(0.2)
-            stop.set()
-            details = client.get_job(job_id)
-            records = client.progress(job_id)
+            details, records = stop_query(client, job_id, "every line received and counted", stop)
     finally:
         server.close()
     status = job_status_name(details.status)

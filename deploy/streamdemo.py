@@ -105,14 +105,7 @@ def run(root: Path, cluster: localcluster.ClusterInfo) -> int:
             if progress and progress[-1]["sources"][0]["endOffset"] == len(feed):
                 break
             time.sleep(0.5)
-        _say(f"every file taken; stopping the query gracefully (funke stop {job_id}) ...")
-        client.stop(job_id, timeout_s=60)
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and job_status_name(client.get_job(job_id).status) == "RUNNING":
-            time.sleep(0.2)
-        stop.set()
-        details = client.get_job(job_id)
-        records = client.progress(job_id)
+        details, records = stop_query(client, job_id, "every file taken", stop)
     status = job_status_name(details.status)
     texts = dict(feed)
 
@@ -141,6 +134,18 @@ def run(root: Path, cluster: localcluster.ClusterInfo) -> int:
          f"count of its files: {'yes' if all_match else 'NO'}")
     say_progress_and_history(job_id, records, details)
     return 0 if status == "FINISHED" and all_match and every_file else 1
+
+
+def stop_query(client: JobManagerClient, job_id: str, why: str, watching: threading.Event):
+    """`funke stop` the query, wait until it ended (90 s at most), stop watching it; returns its
+    details and progress records."""
+    _say(f"{why}; stopping the query gracefully (funke stop {job_id}) ...")
+    client.stop(job_id, timeout_s=60)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and job_status_name(client.get_job(job_id).status) == "RUNNING":
+        time.sleep(0.2)
+    watching.set()
+    return client.get_job(job_id), client.progress(job_id)
 
 
 def say_progress_and_history(job_id: str, records: list[dict], details) -> None:
