@@ -570,8 +570,9 @@ class TaskExecutor:
                 await asyncio.wait_for(_in_daemon_thread(spark.stop, "spark-stop"), _SPARK_STOP_TIMEOUT_S)
             except TimeoutError:
                 log.warning("Spark did not stop within %g s", _SPARK_STOP_TIMEOUT_S)
-            except Exception:
-                log.warning("stopping Spark failed", exc_info=True)
+            except Exception as exc:  # e.g. its JVM got the same SIGTERM and is gone already
+                log.warning("stopping Spark failed: %s: %s", type(exc).__name__, exc)
+                log.debug("stopping Spark failed", exc_info=True)
         if self._channel is not None:
             await self._channel.close()
         if self._scratch is not None:  # shuffle files can be many: off the loop
