@@ -37,6 +37,8 @@ class ClusterConfiguration:
     restart_strategy: RestartStrategyConfig | None = None  # None: no restarts (Flink without checkpointing)
     failover_strategy: FailoverStrategyKind = FailoverStrategyKind.REGION
     cancellation_timeout_s: float = 180.0  # Flink's task.cancellation.timeout
+    # How long registration waits for the JobManager's call back to a TaskManager's address.
+    registration_probe_timeout_s: float = 5.0
     # Where jobs may read and write files; empty: anywhere the processes may (Flink's behaviour).
     allowed_paths: tuple[str, ...] = ()
     # Which hosts jobs' socket and Redis sources and sinks may connect to; empty: any.
@@ -70,6 +72,7 @@ _DURATIONS = {
     "heartbeat.timeout": "heartbeat_timeout_s",
     "slot.request.timeout": "slot_request_timeout_s",
     "task.cancellation.timeout": "cancellation_timeout_s",
+    "cluster.registration.probe-timeout": "registration_probe_timeout_s",
     "jobstore.expiration-time": "jobstore_expiration_s",
     "high-availability.filesystem.lease-duration": "ha_lease_s",
     "high-availability.zookeeper.client.session-timeout": "ha_zookeeper_session_s",

@@ -871,9 +871,17 @@ def cmd_cluster_start(args: argparse.Namespace) -> int:
     root = _cluster_dir(args)
     print(f"starting a JobManager and {args.taskmanagers} TaskManager(s) x {args.slots} slot(s) in {root} ...",
           flush=True)
+    tm_options: list[str] = []
+    if args.spark_master:
+        tm_options += ["--spark-master", args.spark_master]
+    if args.spark_remote:
+        tm_options += ["--spark-remote", args.spark_remote]
+    for entry in args.spark_conf:
+        tm_options += ["--spark-conf", entry]
     info = localcluster.start(root, args.taskmanagers, args.slots, port=args.port, data_dir=args.data_dir,
                               dynamic=args.dynamic, no_spark=args.no_spark, timeout=args.timeout,
-                              ha=args.ha, jobmanagers=args.jobmanagers, zookeeper_quorum=args.zookeeper_quorum)
+                              ha=args.ha, jobmanagers=args.jobmanagers, zookeeper_quorum=args.zookeeper_quorum,
+                              host=args.host, taskmanager_options=tm_options)
     leads = " (leader)" if info.high_availability != "none" else ""
     rows = [[info.jobmanager.name + leads, info.address, "", str(info.jobmanager.pid), str(info.jobmanager.log)]]
     rows += [[jm.name + " (standby)", "", "", str(jm.pid), str(jm.log)] for jm in info.standbys]
@@ -1005,7 +1013,16 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--data-dir", help="the JobManager's data dir (default: <dir>/data)")
     start.add_argument("-D", dest="dynamic", action="append", default=[], metavar="KEY=VALUE",
                        help="JobManager configuration, e.g. -D restart-strategy.type=fixed-delay")
-    start.add_argument("--no-spark", action="store_true", help="TaskManagers without Spark (no-op jobs only)")
+    start.add_argument("--host", help="the address every process binds (default: 127.0.0.1; 0.0.0.0 lets other "
+                       "machines reach them, advertising this machine's address)")
+    spark = start.add_mutually_exclusive_group()
+    spark.add_argument("--no-spark", action="store_true", help="TaskManagers without Spark (no-op jobs only)")
+    spark.add_argument("--spark-master", metavar="URL",
+                       help="the TaskManagers' Spark master, e.g. spark://host:7077 (default: local[<slots>] each)")
+    spark.add_argument("--spark-remote", metavar="URL",
+                       help="a Spark Connect server (sc://host:15002) for every TaskManager instead")
+    start.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE", type=_key_value,
+                       help="Spark configuration for every TaskManager (repeatable)")
     start.add_argument("--timeout", type=float, default=120, help="seconds to wait for startup (default: 120)")
     start.add_argument("--ha", choices=list(localcluster.HA_MODES), default="none",
                        help="high availability: 'filesystem' elects a leader among the JobManagers through a "
@@ -1089,8 +1106,17 @@ def _positive_float(text: str) -> float:
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
     return value
+
+
 _non_negative_int = _int_arg(lambda v: v >= 0, "must be 0 or more")
 _port = _int_arg(lambda v: 0 <= v <= 65535, "must be a port number (0-65535)")
+
+
+def _key_value(text: str) -> str:
+    key, sep, _ = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return text
 
 
 def _error(message: str) -> None:

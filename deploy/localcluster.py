@@ -28,6 +28,7 @@ that the pid still runs a funke process of that kind (pids are reused once a pro
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -59,6 +60,7 @@ __all__ = [
 
 ADDRESS_FILE = "jobmanager.address"
 HA_CONF = "ha.conf"
+TASKMANAGER_OPTIONS = "taskmanager.options"
 HA_CLUSTER_ID = "default"
 JOBMANAGER = "jobmanager"
 ZOOKEEPER = "zookeeper"
@@ -212,6 +214,8 @@ def start(
     jobmanagers: int = 1,
     zookeeper_quorum: str | None = None,
     ha_options: Mapping[str, str] | None = None,
+    host: str | None = None,
+    taskmanager_options: Sequence[str] = (),
 ) -> ClusterInfo:
     """Start a JobManager and `taskmanagers` TaskManagers with `slots` slots each, recorded in
     `dir`. Returns once the JobManager serves and every TaskManager is registered; otherwise
@@ -220,7 +224,10 @@ def start(
     `jobmanagers` JobManagers contend for leadership (one leads, the others stand by); jobs a
     stopped HA cluster suspended are recovered when it starts again on the same directory.
     ZooKeeper: the quorum given, else a ZooKeeper server of the cluster's own (process
-    `zookeeper`); `ha_options` are more high-availability.* keys for every process."""
+    `zookeeper`); `ha_options` are more high-availability.* keys for every process. `host`: the
+    address every process binds (default 127.0.0.1; 0.0.0.0 for other machines to reach them);
+    `taskmanager_options`: more flags for every TaskManager (`--spark-master URL`,
+    `--spark-conf K=V`...), kept for TaskManagers started later with `start_taskmanager`."""
     if ha not in HA_MODES:
         raise ClusterError(f"high availability {ha!r}: expected one of {', '.join(HA_MODES)}")
     if zookeeper_quorum and ha != "zookeeper":
@@ -245,6 +252,9 @@ def start(
     _forget(root)  # pid files of dead processes and a stale address must not mislead anyone
     ha_conf = root / HA_CONF
     ha_conf.unlink(missing_ok=True)
+    host_args = ["--host", host] if host else []
+    tm_options = [*host_args, *taskmanager_options]
+    (root / TASKMANAGER_OPTIONS).write_text(json.dumps(tm_options))
     data = data_dir or str(root / "data")
     if "://" not in data:
         # The processes run in the cluster dir; a relative path meant the caller's cwd.
@@ -263,7 +273,7 @@ def start(
         for i, name in enumerate(jm_names):
             address_file = root / ADDRESS_FILE if name == JOBMANAGER else root / f"{name}.address"
             jm_args = ["--port", str(port if i == 0 else 0), "--address-file", str(address_file),
-                       "--data-dir", data, *ha_args]
+                       "--data-dir", data, *host_args, *ha_args]
             for entry in dynamic:
                 jm_args += ["-D", entry]
             _launch(started, name, jm_args)
@@ -273,7 +283,7 @@ def start(
 
         tm_names = [f"tm-{i}" for i in range(1, taskmanagers + 1)]
         for name in tm_names:
-            tm_args = ["--jobmanager", address, "--slots", str(slots), "--id", name, *ha_args]
+            tm_args = ["--jobmanager", address, "--slots", str(slots), "--id", name, *tm_options, *ha_args]
             if no_spark:
                 tm_args.append("--no-spark")
             _launch(started, name, tm_args)
@@ -349,13 +359,23 @@ def start_taskmanager(dir: str | os.PathLike[str], name: str, slots: int, no_spa
     if alive:
         raise ClusterError(f"{name} (pid {alive[0].pid}) is still running")
     started = _Started(root)
-    args = ["--jobmanager", address, "--slots", str(slots), "--id", name] + (["--no-spark"] if no_spark else [])
+    args = ["--jobmanager", address, "--slots", str(slots), "--id", name, *_taskmanager_options(root)]
+    args += ["--no-spark"] if no_spark else []
     if (root / HA_CONF).is_file():
         args += ["--config", str(root / HA_CONF)]
     _launch(started, name, args)
     with JobManagerClient(address, timeout=5) as client:
         _wait_for_registrations(started, client, [name], time.monotonic() + timeout)
     return _info(root, name, started.processes[name].pid, True)
+
+
+def _taskmanager_options(root: Path) -> list[str]:
+    """The flags the cluster's TaskManagers were started with (`start(taskmanager_options=...)`)."""
+    try:
+        options = json.loads((root / TASKMANAGER_OPTIONS).read_text())
+    except (OSError, ValueError):
+        return []
+    return [str(o) for o in options] if isinstance(options, list) else []
 
 
 def start_jobmanager(dir: str | os.PathLike[str], name: str, data_dir: str | None = None,

@@ -15,6 +15,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import socket
+
 import grpc
 from google.protobuf.descriptor import MethodDescriptor, ServiceDescriptor
 from google.protobuf.message import DecodeError, Message
@@ -128,3 +130,31 @@ def add_service(server: grpc.aio.Server, servicer: object, service: ServiceDescr
     `jobmanager_pb2.DESCRIPTOR.services_by_name["JobManager"]`) from `servicer`'s coroutines."""
     handlers = {method.name: _handler(servicer, method) for method in service.methods}
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
+
+
+WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]")
+# Where a wildcard-bound process with nobody in particular to reach looks for its own address:
+# the route it would take there (TEST-NET-1; a UDP connect sends nothing, it only asks the
+# routing table).
+_ROUTE_PROBE = "192.0.2.1:9"
+
+
+def advertised_host(bind_host: str, advertise_host: str | None, toward: str | None = None) -> str:
+    """The host others are told to dial. `--advertise-host` wins (NAT, containers); a concrete
+    bind address is itself; a wildcard bind ("0.0.0.0" is no address anyone can dial) advertises
+    this machine's address on the route to `toward` (a TaskManager: its JobManager, which then
+    sees it connect from that very address), or on the default route. The host name is the last
+    resort: on Debian it resolves to 127.0.1.1."""
+    if advertise_host:
+        return advertise_host
+    if bind_host not in WILDCARD_HOSTS:
+        return bind_host
+    host, _, port = (toward or _ROUTE_PROBE).rpartition(":")
+    host = host.strip("[]")
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect((host, int(port) if port.isdigit() else 9))
+            return probe.getsockname()[0]
+    except (OSError, ValueError):
+        return socket.gethostname()

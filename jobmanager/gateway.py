@@ -18,6 +18,7 @@ import grpc
 
 from funke.common.executiongraph import FailureInfo
 from funke.deploy.rpc import MESSAGE_SIZE_OPTIONS
+from funke.jobmanager import reachability
 from funke.v1 import cluster_pb2, cluster_pb2_grpc, job_pb2
 
 log = logging.getLogger("funke.jobmanager")
@@ -30,10 +31,13 @@ MAX_SUBMIT_BATCH = 500
 # ... and each carries its vertex's functions: a batch also stops at this many bytes, well
 # within the message limit.
 MAX_SUBMIT_BYTES = 32 * 1024 * 1024
+PROBE_TIMEOUT_S = 2.0  # after a deployment found the TaskManager unreachable
 MAX_RETRIES = 5  # for calls other than deployments, which fail the task instead
 _TRANSIENT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED)
 
 DeployFailed = Callable[[str, job_pb2.ExecutionAttemptId, FailureInfo], None]
+# A TaskManager that deployments cannot reach, nor a probe: (its id, its registration, why)
+Unreachable = Callable[[str, str, str], None]
 # A micro-batch a task did not take: (job, the task's attempt, why)
 BatchRefused = Callable[[str, job_pb2.ExecutionAttemptId, str], None]
 
@@ -49,13 +53,16 @@ class _Call:
 
 
 class TaskManagerGateway:
-    def __init__(self, task_manager_id: str, address: str, on_deploy_failed: DeployFailed, registration_id: str = ""):
+    def __init__(self, task_manager_id: str, address: str, on_deploy_failed: DeployFailed, registration_id: str = "",
+                 on_unreachable: Unreachable | None = None):
         self.task_manager_id = task_manager_id
         self.address = address
         # Every call names the registration it is for: a TaskManager that registered again since
         # ignores it (fencing of a registration that is over).
         self.registration_id = registration_id
         self._on_deploy_failed = on_deploy_failed
+        self._on_unreachable = on_unreachable
+        self._probing = False
         self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
         self._stub = cluster_pb2_grpc.TaskExecutorStub(self._channel)
         self._queue: deque[_Call] = deque()
@@ -143,6 +150,8 @@ class TaskManagerGateway:
                 await self._send(call)
             except grpc.aio.AioRpcError as exc:
                 detail = f"{exc.code().name}: {exc.details()}"
+                if call.kind in ("submit", "batch") and exc.code() is grpc.StatusCode.UNAVAILABLE:
+                    self._probe_reachability(detail)
                 if call.kind == "submit":
                     self._fail_deployments(call.items, f"could not deploy to TaskManager {self.task_manager_id}: {detail}")
                 elif call.kind == "batch":  # a batch half given cannot complete: the run fails
@@ -207,6 +216,26 @@ class TaskManagerGateway:
             await self._stub.ReleasePartitions(cluster_pb2.ReleasePartitionsRequest(
                 job_id=call.job_id, partitions=call.items, whole_job=call.extra["whole_job"],
                 registration_id=registration), timeout=RPC_TIMEOUT_S)
+
+    def _probe_reachability(self, detail: str) -> None:
+        """A deployment found no connection: if a probe finds none either, the TaskManager is lost
+        now (its slots are not offered again; it registers anew, and registration checks its
+        address), instead of every job failing deployments there until its heartbeat times out."""
+        if self._on_unreachable is None or self._probing or self._closed:
+            return
+        self._probing = True
+
+        async def probe() -> None:
+            try:
+                why = await reachability.unreachable(self.address, PROBE_TIMEOUT_S)
+                if why is not None and not self._closed:
+                    self._on_unreachable(self.task_manager_id, self.registration_id,
+                                         f"unreachable at {self.address}: deployments failed ({detail}), "
+                                         f"and so did a probe ({why})")
+            finally:
+                self._probing = False
+
+        asyncio.get_running_loop().create_task(probe(), name=f"probe-{self.task_manager_id}")
 
     def _fail_deployments(self, descriptors, message: str) -> None:
         for d in descriptors:

@@ -24,7 +24,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from funke.common.configuration import ClusterConfiguration, ConfigurationError, parse_configuration
 from funke.deploy.configfile import load_configuration
-from funke.deploy.rpc import MESSAGE_SIZE_OPTIONS, add_service
+from funke.deploy.rpc import MESSAGE_SIZE_OPTIONS, add_service, advertised_host
 from funke.jobmanager import datadir
 from funke.deploy.haservices import ha_services
 from funke.jobmanager.dispatcher import Dispatcher, DispatcherError
@@ -40,6 +40,10 @@ DEFAULT_PORT = 6123  # Flink's JobManager RPC port
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="funke jobmanager", description="Run a funke JobManager.")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    p.add_argument("--advertise-host", default=None, metavar="HOST",
+                   help="the address TaskManagers and clients are told (the address file, the HA lease) when it "
+                   "is not --host; with --host 0.0.0.0 and no --advertise-host: this machine's address on its "
+                   "default route")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help="port to bind; 0 picks a free one")
     p.add_argument("--data-dir", help="where result partitions and collected results live (any Spark URI)")
     p.add_argument("--config", help="a file of 'key: value' lines (Flink's flink-conf.yaml keys)")
@@ -117,7 +121,8 @@ async def serve(args: argparse.Namespace, config: ClusterConfiguration) -> None:
     if port == 0:
         raise SystemExit(f"cannot bind {args.host}:{args.port}")
     await server.start()
-    address = f"{args.host}:{port}"
+    host = advertised_host(args.host, args.advertise_host)
+    address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     if config.ha_enabled:
         ha = ha_services(config)

@@ -64,7 +64,8 @@ class ResourceManager:
             tm_id, request.address, request.number_of_slots, dict(request.resources), time.time())
         # the loss of an earlier incarnation is handled before the new one's gateway exists
         self._apply(a for a in actions if isinstance(a, sm.TaskManagerLost))
-        self._gateways[tm_id] = TaskManagerGateway(tm_id, request.address, self._deploy_failed, registration_id)
+        self._gateways[tm_id] = TaskManagerGateway(tm_id, request.address, self._deploy_failed, registration_id,
+                                                   on_unreachable=self._unreachable)
         log.info("TaskManager %s registered from %s with %d slots", tm_id, request.address, request.number_of_slots)
         self._apply(a for a in actions if not isinstance(a, sm.TaskManagerLost))
         return cluster_pb2.RegisterTaskManagerResponse(
@@ -149,6 +150,9 @@ class ResourceManager:
                 # every running job: its tasks there fail, its partitions there are gone
                 for jm in list(self._running()):
                     self.mailbox.run(lambda jm=jm, a=a: jm.on_task_manager_lost(a.task_manager_id, a.cause))
+
+    def _unreachable(self, task_manager_id: str, registration_id: str, cause: str) -> None:
+        self.mailbox.run(lambda: self.connection_lost(task_manager_id, registration_id, cause))
 
     def _deploy_failed(self, job_id: str, attempt, failure) -> None:
         jm = self._job_master(job_id)

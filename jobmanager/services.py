@@ -21,7 +21,7 @@ from typing import Callable
 
 from funke.common import ids
 from funke.common.states import JobStatus
-from funke.jobmanager import committer
+from funke.jobmanager import committer, reachability
 from funke.common.codec import job_status_to_proto
 from funke.jobmanager.dispatcher import Dispatcher, DispatcherError
 from funke.jobmanager.jobmaster import END_OF_STREAM, JobMaster
@@ -198,6 +198,12 @@ class ResourceManagerService(cluster_pb2_grpc.ResourceManagerServicer):
         problem = registration_problem(request)
         if problem is not None:
             await _refuse(context, grpc.StatusCode.INVALID_ARGUMENT, f"registration refused: {problem}")
+        problem = await reachability.registration_problem(
+            request.task_manager_id, request.address, context.peer(), d.config.registration_probe_timeout_s)
+        if problem is not None:
+            log.warning("registration of TaskManager %s refused: %s", ids.echo(request.task_manager_id), problem)
+            await _refuse(context, grpc.StatusCode.FAILED_PRECONDITION, f"registration refused: {problem}")
+        d = await _current(self._current, context)  # the probe took time: leadership may have moved
         return d.mailbox.call(lambda: d.rm.register(request))
 
     async def Heartbeat(self, request_iterator, context):

@@ -17,9 +17,20 @@ import sys
 
 from funke.common.configuration import ConfigurationError
 from funke.deploy.configfile import load_configuration
+from funke.taskmanager.sparksession import DEFAULT_EXECUTOR_TIMEOUT_S
 from funke.taskmanager.taskexecutor import StartupError, TaskExecutor, TaskExecutorConfig
 
 DEFAULT_JOBMANAGER = "127.0.0.1:6123"
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, not {text}")
+    return value
 
 
 def _positive_int(text: str) -> int:
@@ -63,6 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="TaskManager id (default: tm-<hostname>-<pid>)")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address the TaskExecutor service binds to (default: %(default)s)")
+    parser.add_argument("--advertise-host", default=None, metavar="HOST",
+                        help="the address the JobManager dials, when it is not --host (behind NAT, in a "
+                        "container); with --host 0.0.0.0 and no --advertise-host: this machine's address "
+                        "on the route to the JobManager")
     parser.add_argument("--port", type=_port, default=0,
                         help="port of the TaskExecutor service (default: 0, any free port)")
     spark = parser.add_mutually_exclusive_group()
@@ -74,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="start no SparkSession: only no-op chains can run (benchmarks, fast tests)")
     parser.add_argument("--no-warm-up", action="store_true",
                         help="do not run Spark's first jobs at start (then a TaskManager's first tasks start cold)")
+    parser.add_argument("--spark-executor-timeout", type=_positive_float, default=DEFAULT_EXECUTOR_TIMEOUT_S,
+                        metavar="SECONDS", help="on a cluster master: how long to wait for the first executor "
+                        "before refusing to start (default: %(default)g)")
     parser.add_argument("--spark-conf", type=_spark_conf, action="append", default=[], metavar="KEY=VALUE",
                         help="extra Spark configuration (repeatable)")
     parser.add_argument("--data-dir", default=None,
@@ -97,6 +115,8 @@ def config_from_args(args: argparse.Namespace) -> TaskExecutorConfig:
         jobmanager_address=args.jobmanager,
         number_of_slots=args.slots,
         host=args.host,
+        advertise_host=args.advertise_host,
+        spark_executor_timeout_s=args.spark_executor_timeout,
         port=args.port,
         spark_master=args.spark_master,
         spark_remote=args.spark_remote,

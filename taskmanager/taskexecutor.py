@@ -35,7 +35,6 @@ import itertools
 import logging
 import os
 import shutil
-import socket
 import sys
 import tempfile
 import threading
@@ -59,7 +58,8 @@ from funke.common.slotmanager import DEFAULT_HEARTBEAT_INTERVAL_S, DEFAULT_HEART
 from funke.common.states import ExecutionState
 from funke.common.taskexecutorstate import TaskExecutorState, TaskKey
 from funke.deploy.haservices import ha_services
-from funke.deploy.rpc import MESSAGE_SIZE_OPTIONS, add_service
+from funke.deploy.rpc import MESSAGE_SIZE_OPTIONS, add_service, advertised_host
+from funke.taskmanager import sparksession
 from funke.taskmanager.task import StreamTask, Task
 from funke.v1 import cluster_pb2, cluster_pb2_grpc
 
@@ -154,10 +154,13 @@ class TaskExecutorConfig:
     jobmanager_address: str = "127.0.0.1:6123"
     number_of_slots: int = 2
     host: str = "127.0.0.1"
+    advertise_host: str | None = None  # what the JobManager dials, when not `host` (NAT, containers)
     port: int = 0  # 0: any free port; the bound one is registered
     spark_master: str | None = None  # None: local[<slots>]
     spark_remote: str | None = None  # a Spark Connect URL instead of a local/cluster master
     spark_conf: tuple[tuple[str, str], ...] = ()
+    # On a cluster master: how long to wait for the first executor before refusing to start.
+    spark_executor_timeout_s: float = sparksession.DEFAULT_EXECUTOR_TIMEOUT_S
     data_dir: str | None = None  # overrides the JobManager's data dir for this TaskManager
     use_spark: bool = True  # False: no SparkSession, only no-op chains run
     warm_up: bool = True  # run Spark's first jobs right after start (taskmanager/warmup.py)
@@ -181,16 +184,15 @@ def _host_port(host: str, port: int) -> str:
     return f"{host}:{port}"
 
 
-def _advertised_host(host: str) -> str:
-    # A wildcard bind is reachable, but "0.0.0.0" is no address a JobManager can dial.
-    return socket.gethostname() if host in ("", "0.0.0.0", "::", "[::]") else host
-
-
 def _available_cores() -> int:
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
+
+
+# Answers to a registration that mean "no", not "not now".
+_REFUSALS = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.PERMISSION_DENIED)
 
 
 def _rpc_error(e: grpc.aio.AioRpcError) -> str:
@@ -299,7 +301,9 @@ class TaskExecutor:
         self.registration: Registration | None = None
         self._jobmanager_data_dir = ""  # from the last registration; kept while re-registering
         self.address: str | None = None
+        self._bound_port = 0
         self.spark: SparkSession | None = None
+        self._renewing_session = False
         self._scratch: str | None = None  # this process's Spark scratch directory, removed at stop
         self._registered_once = False
         self._server: grpc.aio.Server | None = None
@@ -491,7 +495,8 @@ class TaskExecutor:
         if bound == 0:  # older grpcio reports a failed bind this way instead of raising
             raise StartupError(f"cannot bind the TaskExecutor service to {where}")
         await self._server.start()
-        self.address = _host_port(_advertised_host(cfg.host), bound)
+        self._bound_port = bound
+        self.address = _host_port(advertised_host(cfg.host, cfg.advertise_host, cfg.jobmanager_address), bound)
         log.info("TaskManager %s: TaskExecutor service on %s, %d slot(s)", self.id, self.address,
                  cfg.number_of_slots)
 
@@ -594,47 +599,51 @@ class TaskExecutor:
 
     def _spark_target(self) -> str:
         cfg = self.config
-        if cfg.spark_remote:
-            return cfg.spark_remote
-        return cfg.spark_master or f"local[{cfg.number_of_slots}]"
+        return sparksession.target(cfg.spark_master, cfg.spark_remote, cfg.number_of_slots)
+
+    def _spark_plan(self) -> sparksession.SparkPlan:
+        cfg = self.config
+        return sparksession.plan(
+            master=cfg.spark_master, remote=cfg.spark_remote, slots=cfg.number_of_slots, cores=_available_cores(),
+            user_conf=cfg.spark_conf, scratch=None if cfg.spark_remote else self._scratch_dir(),
+            environ=os.environ, python=sys.executable)
 
     def _create_spark(self) -> SparkSession:
-        """Blocking; runs in a thread. PySpark is imported here so --no-spark never loads it."""
-        cfg = self.config
-        # Spark's Python workers must run our interpreter (our venv, cloudpickle, funke).
-        os.environ["PYSPARK_PYTHON"] = sys.executable
+        """Blocking; runs in a thread. PySpark is imported here so --no-spark never loads it.
+        Raises StartupError when Spark cannot run this TaskManager's tasks (see sparksession)."""
+        plan = self._spark_plan()
+        os.environ.update(plan.environ)
+        for note in plan.notes:
+            log.info("TaskManager %s: %s", self.id, note)
         from pyspark.sql import SparkSession
 
         builder = SparkSession.builder.appName(f"funke-taskmanager-{self.id}")
-        builder = builder.remote(cfg.spark_remote) if cfg.spark_remote else builder.master(self._spark_target())
-        conf = {
-            "spark.ui.enabled": "false",
-            "spark.ui.showConsoleProgress": "false",
-            "spark.sql.shuffle.partitions": str(_available_cores()),
-            # Tasks sharing a slot submit Spark jobs concurrently; FIFO would serialize them.
-            "spark.scheduler.mode": "FAIR",
-            # spark.python.task.killTimeout stays at Spark's 2 s: a cancelled funke task's Python
-            # workers end themselves through its cancel marker (operators._cancellable). A short
-            # timeout widens a Spark race: a task killed with its stage (a sibling task failed)
-            # whose Python worker already went back to the pool has that worker destroyed while
-            # another task reuses it, failing a healthy task of another job.
-        }
-        if not cfg.spark_remote:
-            # Spark's block manager, shuffle files and the JVM's extracted native libraries go
-            # under this process's scratch directory, removed when it stops (or by the next
-            # TaskManager if this one is killed), not strewn over the temp directory.
-            scratch = self._scratch_dir()
-            conf["spark.local.dir"] = os.path.join(scratch, "spark")
-            conf["spark.driver.extraJavaOptions"] = f"-Djava.io.tmpdir={os.path.join(scratch, 'jvm')}"
-            user_options = dict(cfg.spark_conf).get("spark.driver.extraJavaOptions")
-            if user_options:
-                conf["spark.driver.extraJavaOptions"] += f" {user_options}"
-        conf.update((k, v) for k, v in cfg.spark_conf if k != "spark.driver.extraJavaOptions" or cfg.spark_remote)
-        for key, value in conf.items():
+        if plan.connect:
+            # create(), not getOrCreate(): after a server restart the cached session is closed.
+            spark = builder.remote(plan.target).create()
+            try:
+                sparksession.check_connect_conf(plan, spark.conf.isModifiable)
+            except sparksession.SparkStartError as e:
+                raise StartupError(str(e)) from None
+            for key, value in plan.conf.items():
+                spark.conf.set(key, value)
+            for warning in sparksession.connect_warnings(spark.conf.get("spark.scheduler.mode", None)):
+                log.warning("TaskManager %s: %s", self.id, warning)
+            return spark
+        builder = builder.master(plan.target)
+        for key, value in plan.conf.items():
             builder = builder.config(key, value)
         spark = builder.getOrCreate()
-        if not cfg.spark_remote:  # a Spark Connect session has no SparkContext
-            spark.sparkContext.setLogLevel("WARN")
+        spark.sparkContext.setLogLevel("WARN")
+        if plan.cluster:
+            jsc = spark.sparkContext._jsc.sc()
+            try:
+                count = sparksession.await_executors(plan, lambda: jsc.getExecutorIds().size(),
+                                                     timeout_s=self.config.spark_executor_timeout_s)
+            except sparksession.SparkStartError as e:
+                spark.stop()  # gives the master its application back
+                raise StartupError(str(e)) from None
+            log.info("TaskManager %s: %d Spark executor(s) from %s", self.id, count, plan.target)
         return spark
 
     # ------------------------------------------------------------------ JobManager connection
@@ -723,6 +732,8 @@ class TaskExecutor:
                     continue
                 self._connect(lease.address)
             assert self._resource_manager is not None
+            self.address = _host_port(advertised_host(cfg.host, cfg.advertise_host, self.jobmanager_address),
+                                      self._bound_port)
             request = cluster_pb2.RegisterTaskManagerRequest(
                 task_manager_id=self.id, address=self.address, number_of_slots=len(self.core.slots),
                 resources=resources, slot_report=self._current_slot_report())
@@ -730,10 +741,16 @@ class TaskExecutor:
                 response = await self._resource_manager.RegisterTaskManager(request, timeout=_RPC_TIMEOUT_S)
             except grpc.aio.AioRpcError as e:
                 failures += 1
-                # The first miss is normal (JobManager starting); keep the log quiet after that.
-                level = logging.INFO if failures == 1 else logging.DEBUG
-                log.log(level, "JobManager at %s does not answer yet (%s); retrying",
-                        self.jobmanager_address, _rpc_error(e))
+                if e.code() in _REFUSALS:
+                    # The JobManager answered and said no (it cannot reach our address, say):
+                    # retrying changes nothing until someone acts, so say it every time.
+                    log.error("TaskManager %s: the JobManager at %s refused the registration: %s; retrying",
+                              self.id, self.jobmanager_address, e.details())
+                else:
+                    # The first miss is normal (JobManager starting); keep the log quiet after that.
+                    level = logging.INFO if failures == 1 else logging.DEBUG
+                    log.log(level, "JobManager at %s does not answer yet (%s); retrying",
+                            self.jobmanager_address, _rpc_error(e))
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, max_delay)
                 continue
@@ -915,6 +932,37 @@ class TaskExecutor:
     def _task_reported(self, key: TaskKey, state: ExecutionState, failure: FailureInfo | None,
                        produced: tuple[ProducedPartition, ...]) -> None:
         self._handle(core.TaskReported(key, state, failure, produced, self._stimulus("report")))
+        if state is ExecutionState.FAILED and self.config.spark_remote:
+            self._renew_closed_connect_session()
+
+    def _renew_closed_connect_session(self) -> None:
+        """A Spark Connect server that restarted has forgotten our session: PySpark's client
+        closes itself on the first answer saying so, and every later call fails with
+        NO_ACTIVE_SESSION. The task that met it failed (its restart strategy retries it); the
+        tasks after it get a new session."""
+        spark = self.spark
+        client = getattr(spark, "client", None)
+        if spark is None or self._renewing_session or not getattr(client, "is_closed", False):
+            return
+        self._renewing_session = True
+        log.warning("TaskManager %s: the Spark Connect session at %s was closed (the server restarted?); "
+                    "opening a new one", self.id, self.config.spark_remote)
+
+        async def renew() -> None:
+            try:
+                fresh = await _in_daemon_thread(self._create_spark, "spark-reconnect")
+            except Exception as e:  # the server is still away: the next failed task tries again
+                log.warning("TaskManager %s: no new Spark Connect session yet: %s: %s", self.id, type(e).__name__, e)
+            else:
+                if self.spark is spark and not self._stopping:
+                    self.spark = fresh
+                    log.info("TaskManager %s: new Spark Connect session %s", self.id, fresh.session_id)
+                else:
+                    await _in_daemon_thread(fresh.stop, "spark-stop")
+            finally:
+                self._renewing_session = False
+
+        self._loop.create_task(renew(), name="spark-connect-renew")
 
     def _batch_reported(self, key: TaskKey, batch_id: int, produced: tuple[ProducedPartition, ...],
                         input_rows: int | None) -> None:

@@ -255,10 +255,18 @@ def test_region_failover_restarts_only_the_failed_region(fault_cluster, tmp_path
     details = client.get_job(job_id)
     sources, consumers = _attempts(details)
     assert sources == [0, 0], "the finished upstream region must not run again"
-    assert sorted(consumers) == [0, 0, 1], "only the failed consumer's region restarts: " + "; ".join(
-        f"{e.task_name} #{e.attempt.attempt_number} on {e.task_manager_id}: {e.failure.exception_type}: "
-        f"{e.failure.message if 'on purpose' not in e.failure.message else e.failure.message[:200]}"
-        for e in details.exceptions)
+    failures = "; ".join(f"{e.task_name} #{e.attempt.attempt_number} on {e.task_manager_id}: "
+                         f"{e.failure.exception_type}: {e.failure.message[:300]}" for e in details.exceptions)
+    failed = collections.Counter(e.attempt.subtask_index for e in details.exceptions if "Reduce" in e.task_name)
+    on_purpose = {e.attempt.subtask_index for e in details.exceptions if "key 7 failed on purpose" in e.failure.message}
+    # Each consumer is a region of its own: it runs again exactly as often as it failed, and a
+    # consumer that did not fail never runs again. The one holding key 7 fails once on purpose;
+    # another may only fail when Spark loses its Python worker under it (a crash reported as
+    # such, seen once in CI), never because a neighbour failed.
+    assert len(on_purpose) == 1, failures
+    assert {i: n for i, n in enumerate(consumers) if n} == dict(failed), "only failed regions restart: " + failures
+    incidental = [e for e in details.exceptions if "Reduce" in e.task_name and e.attempt.subtask_index not in on_purpose]
+    assert all("Python worker exited unexpectedly" in e.failure.message for e in incidental), failures
     history = [job_pb2.JobStatus.Name(t.to_status).removeprefix("JOB_STATUS_") for t in details.status_history]
     assert history == ["RUNNING", "FINISHED"]  # region failover keeps the job RUNNING
     rows = [line.split(",") for f in (tmp_path / "out").iterdir() for line in f.read_text().splitlines()[1:]]

@@ -1,0 +1,84 @@
+"""Can the JobManager reach a TaskManager at the address it registered?
+
+A TaskManager on another host that binds 127.0.0.1 (the default) or advertises a name that
+resolves to loopback heartbeats happily — it dials the JobManager, not the other way round — but
+every deployment to it fails. So registration checks the address before any slot is offered:
+
+- an address on loopback from a peer that is not on loopback is refused outright (the
+  JobManager would dial itself);
+- otherwise the JobManager dials it: one gRPC health check with a short deadline. Any answer,
+  even "unknown service", proves reachability; no connection refuses the registration.
+
+The gateway uses the same probe when a deployment finds the TaskManager unreachable: if the
+probe fails too, the TaskManager is marked lost at once (its slots are not offered again) instead
+of every job failing its deployments there until the heartbeat times out."""
+
+from __future__ import annotations
+
+import ipaddress
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from funke.common import ids
+
+DEFAULT_PROBE_TIMEOUT_S = 5.0
+_NO_CONNECTION = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+def peer_host(peer: str) -> str | None:
+    """The IP of a gRPC peer string ("ipv4:10.0.0.3:5123", "ipv6:[::1]:5123"), else None."""
+    kind, _, rest = peer.partition(":")
+    if kind == "ipv4":
+        return rest.rpartition(":")[0] or None
+    if kind == "ipv6":
+        host = rest.rpartition(":")[0]
+        return host.strip("[]") or None
+    return None
+
+
+def is_loopback(host: str) -> bool:
+    host = host.strip("[]").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name: not judged here (no DNS on the loop); the probe decides
+        return False
+
+
+def loopback_problem(task_manager_id: str, address: str, peer: str | None) -> str | None:
+    host = address.rpartition(":")[0]
+    if peer is not None and is_loopback(host) and not is_loopback(peer):
+        return (f"TaskManager {ids.echo(task_manager_id)} registered the loopback address {ids.echo(address)} "
+                f"but connects from {peer}: the JobManager cannot dial it there. Start it with --host set to "
+                "an address the JobManager can reach (or --host 0.0.0.0), or --advertise-host")
+    return None
+
+
+async def unreachable(address: str, timeout_s: float) -> str | None:
+    """None when something answers gRPC at `address` within `timeout_s`; else why not."""
+    channel = grpc.aio.insecure_channel(address)
+    try:
+        await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
+        return None
+    except grpc.aio.AioRpcError as e:
+        if e.code() in _NO_CONNECTION:
+            return f"{e.code().name}: {e.details()}"
+        return None  # it answered, if only to say no
+    finally:
+        await channel.close()
+
+
+async def registration_problem(task_manager_id: str, address: str, peer: str, timeout_s: float) -> str | None:
+    """Why the JobManager will not take a TaskManager at `address`, or None."""
+    host = peer_host(peer)
+    problem = loopback_problem(task_manager_id, address, host)
+    if problem is not None:
+        return problem
+    why = await unreachable(address, timeout_s)
+    if why is not None:
+        return (f"the JobManager cannot reach TaskManager {ids.echo(task_manager_id)} at {ids.echo(address)} "
+                f"({why}){f'; it connects from {host}' if host else ''}. Start it with --host set to an address "
+                "the JobManager can reach, or --advertise-host when it is behind NAT or in a container")
+    return None

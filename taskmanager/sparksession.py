@@ -1,0 +1,152 @@
+"""The TaskManager's SparkSession: what it asks Spark for, and the checks that it got it.
+
+Three kinds of Spark target, three sets of rules (`plan` is pure, so they are unit-tested):
+
+- **local[N]** (the default): one JVM beside the TaskManager; funke's defaults (FAIR scheduling,
+  no UI, scratch under the TaskManager's own directory, shuffle partitions = cores) and the
+  user's `--spark-conf` on top.
+- **a cluster master** (`spark://`, `yarn`, `k8s://`...): the same, plus what a shared cluster
+  needs. On a standalone master an application takes every free core unless it says otherwise,
+  so the first TaskManager would starve the rest: `spark.cores.max` defaults to the slots
+  (one core per slot). After start, `await_executors` checks that the master really gave
+  executors; a TaskManager whose Spark work could never run refuses to start, saying why.
+- **Spark Connect** (`sc://`): the server is shared and its startup settings are its own.
+  Only the user's settings are sent, each checked with the server first (`spark.conf.
+  isModifiable`): one the server cannot change at runtime is an error at start, never a silent
+  warning. FAIR scheduling is the server's to enable; `connect_warnings` says when it is not.
+
+The Python of Spark's workers: the user's `spark.pyspark.python` or `PYSPARK_PYTHON` wins;
+only when neither is set do the workers run this TaskManager's interpreter (right for local
+mode; on a cluster the workers need funke's packages, see the README).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+LOCAL_PREFIX = "local"
+CONNECT_PREFIX = "sc://"
+DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
+PYTHON_CONF = "spark.pyspark.python"
+PYTHON_ENV = "PYSPARK_PYTHON"
+CORES_MAX = "spark.cores.max"
+# How long a TaskManager on a cluster master waits for its first executor before refusing to start.
+DEFAULT_EXECUTOR_TIMEOUT_S = 60.0
+
+
+class SparkStartError(Exception):
+    """Spark started, but not so that this TaskManager's tasks could ever run."""
+
+
+@dataclass(frozen=True, slots=True)
+class SparkPlan:
+    target: str  # the master URL, or the Spark Connect URL
+    connect: bool
+    conf: dict[str, str]  # for the session builder (classic), or to set once connected (Connect)
+    environ: dict[str, str] = field(default_factory=dict)  # set before the JVM starts
+    notes: tuple[str, ...] = ()  # what the TaskManager logs at start
+
+    @property
+    def cluster(self) -> bool:
+        """A master that hands out executors on other machines (standalone, YARN, Kubernetes)."""
+        return not self.connect and not self.target.startswith(LOCAL_PREFIX)
+
+    @property
+    def standalone(self) -> bool:
+        return self.target.startswith("spark://")
+
+
+def target(master: str | None, remote: str | None, slots: int) -> str:
+    return remote or master or f"local[{slots}]"
+
+
+def plan(*, master: str | None, remote: str | None, slots: int, cores: int, user_conf: tuple[tuple[str, str], ...],
+         scratch: str | None, environ: Mapping[str, str], python: str) -> SparkPlan:
+    """What to ask Spark for. `cores`: this machine's; `scratch`: the TaskManager's own scratch
+    directory (classic sessions only); `python`: this TaskManager's interpreter."""
+    url = target(master, remote, slots)
+    user = dict(user_conf)
+    notes: list[str] = []
+    env: dict[str, str] = {}
+    if PYTHON_CONF in user:
+        notes.append(f"Spark's Python workers run {user[PYTHON_CONF]} ({PYTHON_CONF})")
+    elif environ.get(PYTHON_ENV):
+        notes.append(f"Spark's Python workers run {environ[PYTHON_ENV]} ({PYTHON_ENV})")
+    elif not remote:  # a Connect server's workers run the server's Python
+        env[PYTHON_ENV] = python
+    if remote:
+        return SparkPlan(url, True, user, env, tuple(notes))
+
+    conf = {
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        # Tasks sharing a slot submit Spark jobs concurrently; FIFO would serialize them.
+        "spark.scheduler.mode": "FAIR",
+        # A Python worker that dies (a segfault in native code, the OOM killer) leaves its
+        # stack in the task's failure, instead of only "Python worker exited unexpectedly".
+        "spark.python.worker.faulthandler.enabled": "true",
+        # spark.python.task.killTimeout stays at Spark's 2 s: a cancelled funke task's Python
+        # workers end themselves through its cancel marker (operators._cancellable).
+    }
+    local = url.startswith(LOCAL_PREFIX)
+    if local:
+        conf["spark.sql.shuffle.partitions"] = str(cores)
+    else:
+        if url.startswith("spark://") and CORES_MAX not in user:
+            # A standalone application takes every free core unless capped: one per slot.
+            conf[CORES_MAX] = str(slots)
+            notes.append(f"asking the standalone master for {slots} core(s) ({CORES_MAX}, one per slot)")
+        conf["spark.sql.shuffle.partitions"] = user.get(CORES_MAX, str(slots))
+    if scratch is not None:
+        # Spark's block manager, shuffle files and the JVM's extracted native libraries go under
+        # the TaskManager's scratch directory, removed when it stops, not strewn over /tmp.
+        conf["spark.local.dir"] = f"{scratch}/spark"
+        conf[DRIVER_JAVA_OPTIONS] = f"-Djava.io.tmpdir={scratch}/jvm"
+    for key, value in user.items():
+        if key == DRIVER_JAVA_OPTIONS and DRIVER_JAVA_OPTIONS in conf:
+            conf[key] += f" {value}"
+        else:
+            conf[key] = value
+    return SparkPlan(url, False, conf, env, tuple(notes))
+
+
+def check_connect_conf(plan_: SparkPlan, is_modifiable: Callable[[str], bool]) -> None:
+    """Raises SparkStartError naming every user setting a Connect server will not take at runtime
+    (it would ignore it with a warning: FAIR scheduling or executor memory silently not applied)."""
+    static = sorted(k for k in plan_.conf if not is_modifiable(k))
+    if static:
+        raise SparkStartError(
+            f"the Spark Connect server at {plan_.target} cannot change {', '.join(static)} for one "
+            "session: set them when starting the server (--conf KEY=VALUE), not with --spark-conf")
+
+
+def connect_warnings(scheduler_mode: str | None) -> list[str]:
+    if (scheduler_mode or "FIFO").upper() != "FAIR":
+        return [f"the Spark Connect server schedules {scheduler_mode or 'FIFO'}: tasks sharing a slot run one "
+                "after another; start the server with --conf spark.scheduler.mode=FAIR"]
+    return []
+
+
+def await_executors(plan_: SparkPlan, executors: Callable[[], int], *, timeout_s: float,
+                    sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> int:
+    """On a cluster master: wait until the application has an executor; returns how many it has.
+    Raises SparkStartError when none comes within `timeout_s`: a TaskManager that accepted tasks
+    would leave them RUNNING forever ("Initial job has not accepted any resources")."""
+    if not plan_.cluster:
+        return 0
+    deadline = clock() + timeout_s
+    while True:
+        count = executors()
+        if count > 0:
+            return count
+        if clock() >= deadline:
+            asked = plan_.conf.get(CORES_MAX)
+            memory = plan_.conf.get("spark.executor.memory", "1g (Spark's default)")
+            raise SparkStartError(
+                f"the Spark master {plan_.target} gave this TaskManager no executor within {timeout_s:g} s "
+                f"(it asked for {asked + ' core(s)' if asked else 'cores'}, {memory} per executor): its workers "
+                f"have no free cores or memory, or cannot reach this process; see the master's web UI. "
+                f"Stop other applications, add workers, or lower {CORES_MAX} / spark.executor.memory")
+        sleep(0.2)

@@ -1,0 +1,100 @@
+"""What a TaskManager asks Spark for, per kind of target, and the checks that it got it
+(`funke.taskmanager.sparksession`; pure, so no Spark here)."""
+
+from __future__ import annotations
+
+import pytest
+
+from funke.taskmanager import sparksession as ss
+
+
+def plan(master=None, remote=None, conf=(), environ=None, slots=2):
+    return ss.plan(master=master, remote=remote, slots=slots, cores=8, user_conf=tuple(conf),
+                   scratch=None if remote else "/scratch/tm", environ=environ or {}, python="/venv/bin/python")
+
+
+def test_local_mode_gets_funkes_defaults_and_the_users_settings_on_top():
+    p = plan(conf=[("spark.scheduler.mode", "FIFO"), ("spark.driver.extraJavaOptions", "-Dx=1")])
+    assert p.target == "local[2]" and not p.connect and not p.cluster
+    assert p.conf["spark.scheduler.mode"] == "FIFO"  # the user's word wins
+    assert p.conf["spark.sql.shuffle.partitions"] == "8"
+    assert p.conf["spark.python.worker.faulthandler.enabled"] == "true"
+    assert p.conf["spark.local.dir"] == "/scratch/tm/spark"
+    assert p.conf["spark.driver.extraJavaOptions"] == "-Djava.io.tmpdir=/scratch/tm/jvm -Dx=1"
+    assert p.environ == {"PYSPARK_PYTHON": "/venv/bin/python"}
+
+
+@pytest.mark.parametrize("conf, environ, shown", [
+    ([("spark.pyspark.python", "/opt/py/bin/python3")], {}, "/opt/py/bin/python3 (spark.pyspark.python)"),
+    ([], {"PYSPARK_PYTHON": "/usr/bin/python3.11"}, "/usr/bin/python3.11 (PYSPARK_PYTHON)"),
+])
+def test_the_users_python_for_spark_workers_is_kept(conf, environ, shown):
+    p = plan(master="spark://m:7077", conf=conf, environ=environ)
+    assert "PYSPARK_PYTHON" not in p.environ  # the TaskManager's interpreter does not overwrite it
+    assert any(shown in note for note in p.notes)
+
+
+def test_a_standalone_master_gets_one_core_per_slot_unless_the_user_says():
+    p = plan(master="spark://m:7077", slots=3)
+    assert p.cluster and p.standalone
+    assert p.conf["spark.cores.max"] == "3" and p.conf["spark.sql.shuffle.partitions"] == "3"
+    assert plan(master="spark://m:7077", conf=[("spark.cores.max", "6")]).conf["spark.cores.max"] == "6"
+    assert "spark.cores.max" not in plan(master="yarn").conf  # only standalone takes every core
+
+
+def test_spark_connect_gets_only_the_users_settings():
+    p = plan(remote="sc://host:15002", conf=[("spark.sql.ansi.enabled", "false")])
+    assert p.connect and not p.cluster
+    assert p.conf == {"spark.sql.ansi.enabled": "false"}  # no FAIR, UI or local dirs pushed
+    assert p.environ == {}  # the server's workers run the server's Python
+
+
+def test_a_setting_the_connect_server_cannot_change_fails_the_start_naming_it():
+    p = plan(remote="sc://host:15002", conf=[("spark.executor.memory", "4g"), ("spark.sql.ansi.enabled", "false"),
+                                             ("spark.scheduler.mode", "FAIR")])
+    with pytest.raises(ss.SparkStartError) as e:
+        ss.check_connect_conf(p, lambda key: key.startswith("spark.sql."))
+    assert "spark.executor.memory, spark.scheduler.mode" in str(e.value) and "--conf" in str(e.value)
+    ss.check_connect_conf(plan(remote="sc://h:1", conf=[("spark.sql.x", "1")]), lambda key: True)
+
+
+def test_a_connect_server_without_fair_scheduling_is_warned_about():
+    assert ss.connect_warnings("FAIR") == []
+    [warning] = ss.connect_warnings("FIFO")
+    assert "spark.scheduler.mode=FAIR" in warning
+    assert ss.connect_warnings(None)
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_executors_are_awaited_on_a_cluster_master():
+    clock = FakeClock()
+    counts = iter([0, 0, 2])
+    assert ss.await_executors(plan(master="spark://m:7077"), lambda: next(counts), timeout_s=5,
+                              sleep=clock.sleep, clock=clock) == 2
+    assert clock.now == pytest.approx(0.4)
+
+
+def test_no_executor_within_the_timeout_is_a_clear_start_error():
+    clock = FakeClock()
+    with pytest.raises(ss.SparkStartError) as e:
+        ss.await_executors(plan(master="spark://m:7077", slots=4), lambda: 0, timeout_s=3,
+                           sleep=clock.sleep, clock=clock)
+    message = str(e.value)
+    assert "spark://m:7077" in message and "no executor within 3 s" in message and "4 core(s)" in message
+    assert clock.now >= 3
+
+
+def test_local_mode_and_connect_have_no_executors_to_wait_for():
+    never = lambda: pytest.fail("asked for executors")  # noqa: E731
+    assert ss.await_executors(plan(), never, timeout_s=1) == 0
+    assert ss.await_executors(plan(remote="sc://h:1"), never, timeout_s=1) == 0
