@@ -19,7 +19,6 @@ only the part files.
 from __future__ import annotations
 
 import io
-import os
 from collections import defaultdict
 from pathlib import PurePosixPath
 from typing import Sequence
@@ -32,15 +31,14 @@ from funke.common import layout
 from funke.common.jobgraph import JobGraph
 from funke.common.operators import CATALOGUE
 from funke.common.scheduler import SinkCommit
+from funke.deploy import datafs
 
 
 COMMIT_MARKER = "committed"
 
 
 def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
-    if "://" not in uri:
-        uri = os.path.abspath(uri)
-    return pafs.FileSystem.from_uri(uri)
+    return datafs.filesystem(uri)
 
 
 def exists(uri: str) -> bool:

@@ -23,6 +23,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from funke.common.configuration import ClusterConfiguration, ConfigurationError, parse_configuration
+from funke.deploy import datafs
 from funke.deploy.configfile import load_configuration
 from funke.deploy.rpc import MESSAGE_SIZE_OPTIONS, add_service, advertised_host
 from funke.jobmanager import datadir
@@ -171,6 +172,11 @@ def main(argv: list[str] | None = None) -> int:
         config = build_configuration(args)
     except ConfigurationError as exc:
         print(exc, file=sys.stderr)
+        return 2
+    try:
+        datafs.check(config.data_dir)
+    except datafs.DataDirError as exc:
+        print(f"data directory: {exc}", file=sys.stderr)
         return 2
     if config.ha_enabled:
         # The lease says who acts; the JobManagers of the cluster share the data directory, and

@@ -17,7 +17,6 @@ there is an error, never an empty input.
 
 from __future__ import annotations
 
-import os
 import posixpath
 import uuid
 
@@ -25,6 +24,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
+
+from funke.deploy import datafs
 
 # A producer whose batch input (what its sources and gates read) is at most this collects its
 # output in memory; above it, Spark's distributed writer.
@@ -40,9 +41,7 @@ def subpartition_file(directory: str, subpartition: int) -> str:
 
 
 def _filesystem(path: str) -> tuple[pafs.FileSystem, str]:
-    if "://" not in path:
-        return pafs.LocalFileSystem(), os.path.abspath(path)
-    return pafs.FileSystem.from_uri(path)
+    return datafs.filesystem(path)
 
 
 def write_in_memory(directory: str, table: pa.Table, subpartitions: pa.ChunkedArray | None, count: int) -> None:

@@ -16,6 +16,7 @@ import socket
 import sys
 
 from funke.common.configuration import ConfigurationError
+from funke.deploy import datafs
 from funke.deploy.configfile import load_configuration
 from funke.taskmanager.sparksession import DEFAULT_EXECUTOR_TIMEOUT_S
 from funke.taskmanager.taskexecutor import StartupError, TaskExecutor, TaskExecutorConfig
@@ -161,6 +162,12 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigurationError as exc:
         print(exc, file=sys.stderr)
         return 2
+    if config.data_dir:
+        try:
+            datafs.check(config.data_dir)
+        except datafs.DataDirError as exc:
+            print(f"--data-dir: {exc}", file=sys.stderr)
+            return 2
     try:
         failure = asyncio.run(serve(config))
     except KeyboardInterrupt:  # a second Ctrl-C while shutting down

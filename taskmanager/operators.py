@@ -101,6 +101,7 @@ from funke.common.streamsources import (
     RedisStreamsSource,
     receiver_blocks_dir,
 )
+from funke.deploy import datafs
 from funke.taskmanager import batchexchange
 
 # The closures handed to mapInArrow reference this module's helpers; pickled by reference they
@@ -576,7 +577,7 @@ def _file_info(path: str) -> pafs.FileInfo | None:
         local = parsed.path if parsed.scheme == "file" else path
         return pafs.LocalFileSystem().get_file_info(os.path.abspath(local))
     try:
-        fs, inner = pafs.FileSystem.from_uri(path)
+        fs, inner = datafs.filesystem(path)
         return fs.get_file_info(inner)
     except (ValueError, OSError, NotImplementedError):
         return None
@@ -1010,7 +1011,7 @@ def _check_target(spec: OperatorSpec, target: str) -> None:
             with os.scandir(local) as entries:
                 empty = next(entries, None) is None
         else:
-            fs, inner = pafs.FileSystem.from_uri(target)
+            fs, inner = datafs.filesystem(target)
             empty = not fs.get_file_info(pafs.FileSelector(inner, recursive=False))
         if empty:
             return

@@ -57,6 +57,7 @@ from funke.common.leadership import Lease
 from funke.common.slotmanager import DEFAULT_HEARTBEAT_INTERVAL_S, DEFAULT_HEARTBEAT_TIMEOUT_S
 from funke.common.states import ExecutionState
 from funke.common.taskexecutorstate import TaskExecutorState, TaskKey
+from funke.deploy import datafs
 from funke.deploy.haservices import ha_services
 from funke.deploy.rpc import MESSAGE_SIZE_OPTIONS, add_service, advertised_host
 from funke.taskmanager import sparksession
@@ -204,14 +205,7 @@ def delete_partition_dirs(paths: Iterable[str]) -> None:
     for path in paths:
         try:
             if "://" in path:
-                from pyarrow import fs as pafs  # only URIs need it
-
-                filesystem, inner = pafs.FileSystem.from_uri(path)
-                info = filesystem.get_file_info(inner)
-                if info.type == pafs.FileType.Directory:
-                    filesystem.delete_dir(inner)
-                elif info.type == pafs.FileType.File:
-                    filesystem.delete_file(inner)
+                datafs.remove(path)
             else:
                 shutil.rmtree(path, ignore_errors=False)
         except FileNotFoundError:
