@@ -878,16 +878,22 @@ def cmd_cluster_start(args: argparse.Namespace) -> int:
         tm_options += ["--spark-remote", args.spark_remote]
     for entry in args.spark_conf:
         tm_options += ["--spark-conf", entry]
+    if args.workers is not None and args.spark != "standalone":
+        raise localcluster.ClusterError("--workers is for --spark standalone")
+    workers = (args.workers or 2) if args.spark == "standalone" else 0
     info = localcluster.start(root, args.taskmanagers, args.slots, port=args.port, data_dir=args.data_dir,
                               dynamic=args.dynamic, no_spark=args.no_spark, timeout=args.timeout,
                               ha=args.ha, jobmanagers=args.jobmanagers, zookeeper_quorum=args.zookeeper_quorum,
-                              host=args.host, taskmanager_options=tm_options)
+                              host=args.host, taskmanager_options=tm_options, spark_workers=workers)
     leads = " (leader)" if info.high_availability != "none" else ""
     rows = [[info.jobmanager.name + leads, info.address, "", str(info.jobmanager.pid), str(info.jobmanager.log)]]
     rows += [[jm.name + " (standby)", "", "", str(jm.pid), str(jm.log)] for jm in info.standbys]
     rows += [[tm.name, "", str(info.slots_per_taskmanager), str(tm.pid), str(tm.log)] for tm in info.taskmanagers]
     if info.zookeeper is not None:
         rows.insert(0, [info.zookeeper.name, info.zookeeper_quorum, "", str(info.zookeeper.pid), str(info.zookeeper.log)])
+    if info.spark_master:
+        rows.append([f"spark standalone ({workers} worker(s))", info.spark_master, "", "",
+                     str(root / localcluster.STANDALONE_DIR / "log")])
     print("\n".join(_table(["PROCESS", "ADDRESS", "SLOTS", "PID", "LOG"], rows)))
     total = len(info.taskmanagers) * info.slots_per_taskmanager
     print(f"cluster running: JobManager at {info.address}, {len(info.taskmanagers)} TaskManager(s), "
@@ -1021,6 +1027,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the TaskManagers' Spark master, e.g. spark://host:7077 (default: local[<slots>] each)")
     spark.add_argument("--spark-remote", metavar="URL",
                        help="a Spark Connect server (sc://host:15002) for every TaskManager instead")
+    spark.add_argument("--spark", choices=["local", "standalone"], default="local",
+                       help="'standalone': start a Spark standalone master and workers from pip's PySpark for "
+                       "the TaskManagers' Spark stages (default: local, each TaskManager its own local[<slots>])")
+    start.add_argument("--workers", type=_positive_int, metavar="N",
+                       help="with --spark standalone: how many Spark workers (default: 2)")
     start.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE", type=_key_value,
                        help="Spark configuration for every TaskManager (repeatable)")
     start.add_argument("--timeout", type=float, default=120, help="seconds to wait for startup (default: 120)")

@@ -27,6 +27,7 @@ that the pid still runs a funke process of that kind (pids are reused once a pro
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -61,6 +62,9 @@ __all__ = [
 ADDRESS_FILE = "jobmanager.address"
 HA_CONF = "ha.conf"
 TASKMANAGER_OPTIONS = "taskmanager.options"
+STANDALONE_DIR = "spark-standalone"
+STANDALONE_EXECUTOR_MEMORY_MB = 512
+STANDALONE_URLS = "urls.json"
 HA_CLUSTER_ID = "default"
 JOBMANAGER = "jobmanager"
 ZOOKEEPER = "zookeeper"
@@ -107,6 +111,7 @@ class ClusterInfo:
     high_availability: str = "none"
     zookeeper_quorum: str = ""  # with ZooKeeper: the quorum every process uses
     zookeeper: ProcessInfo | None = None  # the cluster's own ZooKeeper server, if it started one
+    spark_master: str = ""  # the cluster's own Spark standalone master, if it started one
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,6 +221,7 @@ def start(
     ha_options: Mapping[str, str] | None = None,
     host: str | None = None,
     taskmanager_options: Sequence[str] = (),
+    spark_workers: int = 0,
 ) -> ClusterInfo:
     """Start a JobManager and `taskmanagers` TaskManagers with `slots` slots each, recorded in
     `dir`. Returns once the JobManager serves and every TaskManager is registered; otherwise
@@ -227,7 +233,10 @@ def start(
     `zookeeper`); `ha_options` are more high-availability.* keys for every process. `host`: the
     address every process binds (default 127.0.0.1; 0.0.0.0 for other machines to reach them);
     `taskmanager_options`: more flags for every TaskManager (`--spark-master URL`,
-    `--spark-conf K=V`...), kept for TaskManagers started later with `start_taskmanager`."""
+    `--spark-conf K=V`...), kept for TaskManagers started later with `start_taskmanager`.
+    `spark_workers` > 0: a Spark standalone Master and that many Workers from pip's PySpark
+    (`funke.deploy.sparkstandalone`, recorded in <dir>/spark-standalone), enough cores for every
+    slot, and the TaskManagers run their Spark stages there instead of in local mode."""
     if ha not in HA_MODES:
         raise ClusterError(f"high availability {ha!r}: expected one of {', '.join(HA_MODES)}")
     if zookeeper_quorum and ha != "zookeeper":
@@ -252,9 +261,13 @@ def start(
     _forget(root)  # pid files of dead processes and a stale address must not mislead anyone
     ha_conf = root / HA_CONF
     ha_conf.unlink(missing_ok=True)
+    if spark_workers < 0:
+        raise ClusterError(f"the number of Spark workers must be 0 or more, got {spark_workers}")
+    if spark_workers and (no_spark or any(o in ("--spark-master", "--spark-remote") for o in taskmanager_options)):
+        raise ClusterError("a Spark standalone cluster of its own is one Spark target; --no-spark, "
+                           "--spark-master and --spark-remote are others")
     host_args = ["--host", host] if host else []
     tm_options = [*host_args, *taskmanager_options]
-    (root / TASKMANAGER_OPTIONS).write_text(json.dumps(tm_options))
     data = data_dir or str(root / "data")
     if "://" not in data:
         # The processes run in the cluster dir; a relative path meant the caller's cwd.
@@ -263,7 +276,15 @@ def start(
     started = _Started(root)
     deadline = time.monotonic() + timeout
     ok = False
+    spark_master = ""
     try:
+        if spark_workers:
+            spark_master = _start_standalone(root, spark_workers, taskmanagers * slots, taskmanagers, host,
+                                             max(deadline - time.monotonic(), 1))
+            tm_options += ["--spark-master", spark_master,
+                           # room for every TaskManager's executor on every Worker
+                           "--spark-conf", f"spark.executor.memory={STANDALONE_EXECUTOR_MEMORY_MB}m"]
+        (root / TASKMANAGER_OPTIONS).write_text(json.dumps(tm_options))
         if ha == "zookeeper" and not zookeeper_quorum:
             zookeeper_quorum = _start_zookeeper(started, deadline)
         if ha != "none":
@@ -308,10 +329,54 @@ def start(
             zookeeper_quorum=zookeeper_quorum or "",
             zookeeper=(_info(root, ZOOKEEPER, started.processes[ZOOKEEPER].pid, True)
                        if ZOOKEEPER in started.processes else None),
+            spark_master=spark_master,
         )
     finally:
         if not ok:  # includes KeyboardInterrupt: never leave half a cluster behind
             stop(root)
+
+
+def _start_standalone(root: Path, workers: int, cores: int, taskmanagers: int, host: str | None,
+                      timeout: float) -> str:
+    """The cluster's own Spark standalone Master and Workers; the Master's URL. Workers get
+    enough cores for every slot between them, and memory for one executor of each TaskManager."""
+    from funke.deploy import sparkstandalone
+    from funke.deploy.rpc import advertised_host
+
+    memory_mb = max(1024, STANDALONE_EXECUTOR_MEMORY_MB * max(taskmanagers, 1))
+    try:
+        info = sparkstandalone.start(root / STANDALONE_DIR, workers, host=advertised_host(host or "127.0.0.1", None),
+                                     cores_per_worker=max(1, -(-cores // workers)), memory=f"{memory_mb}m",
+                                     timeout=timeout)
+    except sparkstandalone.StandaloneError as exc:
+        raise ClusterError(f"the Spark standalone cluster did not start: {exc}") from None
+    (root / STANDALONE_DIR / STANDALONE_URLS).write_text(
+        json.dumps({"master_url": info.master_url, "web_url": info.web_url}))
+    return info.master_url
+
+
+def standalone_urls(dir: str | os.PathLike[str]) -> tuple[str, str] | None:
+    """The master URL and web UI of the cluster's own Spark standalone cluster, if it has one."""
+    try:
+        urls = json.loads((Path(dir).expanduser().resolve() / STANDALONE_DIR / STANDALONE_URLS).read_text())
+        return str(urls["master_url"]), str(urls["web_url"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _stop_standalone(root: Path, timeout: float) -> list[tuple[ProcessInfo, str]]:
+    if not (root / STANDALONE_DIR / "pids").is_dir():
+        return []
+    from funke.deploy import sparkstandalone
+
+    pids = {}
+    for f in (root / STANDALONE_DIR / "pids").glob("*.pid"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            pids[f.stem] = int(f.read_text().split()[0])
+    outcomes = sparkstandalone.stop(root / STANDALONE_DIR, timeout)
+    (root / STANDALONE_DIR / STANDALONE_URLS).unlink(missing_ok=True)
+    return [(ProcessInfo(f"spark-{name}", pids.get(name, 0), False, root / STANDALONE_DIR / "log" / f"{name}.log"),
+             outcome) for name, outcome in outcomes.items()]
 
 
 def _write_ha_conf(root: Path, ha: str, quorum: str | None, options: Mapping[str, str]) -> None:
@@ -547,11 +612,14 @@ def stop(dir: str | os.PathLike[str], timeout: float = 15) -> list[tuple[Process
     jobmanager = [p for p in live if p.name == lead]
     # The cluster's ZooKeeper last: the leader records the suspension of its jobs there.
     zookeeper = [p for p in live if p.name == ZOOKEEPER]
+    spark: list[tuple[ProcessInfo, str]] = []
     for group in (taskmanagers, standbys, jobmanager, zookeeper):
         for p in group:
             _signal_group(p.pid, signal.SIGTERM)
         # The JobManager gets at least a moment even when the TaskManagers used up the time.
         _wait_gone(group, max(deadline, time.monotonic() + 2.0))
+        if group is taskmanagers:  # their Spark applications are over: the Workers and Master go
+            spark = _stop_standalone(root, max(deadline - time.monotonic(), 5.0))
     for p in live:
         if _alive(p.pid):
             _signal_group(p.pid, signal.SIGKILL)
@@ -566,7 +634,7 @@ def stop(dir: str | os.PathLike[str], timeout: float = 15) -> list[tuple[Process
     _forget(root)
     for key in [k for k in _services if k[0] == str(root)]:
         _services.pop(key).close()  # a ZooKeeper session to a server that is gone now
-    return [(p, outcome[p.name]) for p in recorded]
+    return [(p, outcome[p.name]) for p in recorded] + spark
 
 
 def _signal_group(pid: int, signum: int) -> None:

@@ -41,7 +41,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -182,6 +181,8 @@ def environment(scratch_dir: str | os.PathLike[str], host: str = "127.0.0.1") ->
                         as TMPDIR of what they start (Python workers use it; executor JVMs take
                         java.io.tmpdir from the application's spark.executor.extraJavaOptions)
     SPARK_DAEMON_MEMORY the heap of Master and Workers (the default is 1g each)
+    SPARK_MASTER_OPTS   spark.port.maxRetries=0: a Master whose port was taken meanwhile fails
+                        instead of quietly serving on the next port, where nobody looks
     PYSPARK_PYTHON      this interpreter, for anything on the Workers that starts Python
                         without being told which; UDFs run the driver's PYSPARK_PYTHON instead
 
@@ -196,6 +197,7 @@ def environment(scratch_dir: str | os.PathLike[str], host: str = "127.0.0.1") ->
         SPARK_LOG_DIR=str(root / "log"),
         SPARK_DAEMON_JAVA_OPTS=f"-Djava.io.tmpdir={shlex.quote(str(root / 'tmp'))}",
         SPARK_DAEMON_MEMORY=DAEMON_MEMORY,
+        SPARK_MASTER_OPTS="-Dspark.port.maxRetries=0",
         TMPDIR=str(root / "tmp"),
         PYSPARK_PYTHON=sys.executable,
     )
@@ -302,8 +304,8 @@ def wait_for_executors(web_url: str, app: str, n: int, timeout: float = 60) -> l
             executors = application_executors(web_url, app)
             if len(executors) >= n:
                 return executors
-            seen = (f"{len(executors)}: " + ", ".join(f"executor {e.executor_id} on {e.worker_id}" for e in executors)
-                    if executors else "none (or no running application of that id or name)")
+            listing = ", ".join(f"executor {e.executor_id} on {e.worker_id}" for e in executors)
+            seen = f"{len(executors)}: {listing}" if executors else "none (or no running application by that id or name)"
         except StandaloneError as exc:
             seen = str(exc)
         if time.monotonic() >= deadline:
@@ -360,7 +362,8 @@ def start(dir: str | os.PathLike[str], workers: int, host: str = "127.0.0.1", co
                               tuple(_info(root, name, p.pid) for name, p in started.processes.items()))
     finally:
         if not ok:  # includes KeyboardInterrupt: never leave half a cluster behind
-            _stop([_info(root, name, p.pid) for name, p in started.processes.items()], 10)
+            stop(StandaloneInfo(root, master_url, web_url,
+                                tuple(_info(root, name, p.pid) for name, p in started.processes.items())), 10)
 
 
 def _launch(started: _Started, name: str, command: Sequence[str]) -> None:
@@ -377,8 +380,9 @@ def _launch(started: _Started, name: str, command: Sequence[str]) -> None:
 
 
 def _wait_for_master(started: _Started, web_url: str, master_url: str, deadline: float) -> None:
-    """Until the Master's web UI answers as the Master at `master_url`. Spark moves to the next
-    port when one is taken, so a UI answering for another URL is not ours (or ours elsewhere)."""
+    """Until the Master's web UI answers as the Master at `master_url`. Our Master exits if a
+    port was taken since free_port() (SPARK_MASTER_OPTS), but until it does, whoever took the
+    web UI port may answer: a UI answering for another URL is not ours."""
     last = ""
     while time.monotonic() < deadline:
         _check_alive(started)
@@ -474,6 +478,9 @@ def _stop(processes: Sequence[ProcessInfo], timeout: float) -> dict[str, str]:
             outcome[p.name] = "stopped (left-over processes of its group killed)"
         else:
             outcome[p.name] = "stopped"
+    for p in processes:
+        if not _alive(p.pid):  # reaped: from now on the pid may be anyone's
+            _children.pop(p.pid, None)
     return outcome
 
 

@@ -17,7 +17,8 @@ Three kinds of Spark target, three sets of rules (`plan` is pure, so they are un
 
 The Python of Spark's workers: the user's `spark.pyspark.python` or `PYSPARK_PYTHON` wins;
 only when neither is set do the workers run this TaskManager's interpreter (right for local
-mode; on a cluster the workers need funke's packages, see the README).
+mode; on a cluster the workers need funke's packages, see the README). Either way it reaches
+the workers through this process's PYSPARK_PYTHON, which PySpark sends with every function.
 """
 
 from __future__ import annotations
@@ -32,6 +33,10 @@ DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 PYTHON_CONF = "spark.pyspark.python"
 PYTHON_ENV = "PYSPARK_PYTHON"
 CORES_MAX = "spark.cores.max"
+# Spark Connect calls retry an absent server every 2 s (PySpark's default backs off to 60 s),
+# for about as long as PySpark's default allows (10 minutes).
+CONNECT_RETRY_MAX_BACKOFF_MS = 2000
+CONNECT_RETRIES = 305
 # How long a TaskManager on a cluster master waits for its first executor before refusing to start.
 DEFAULT_EXECUTOR_TIMEOUT_S = 60.0
 
@@ -63,14 +68,18 @@ def target(master: str | None, remote: str | None, slots: int) -> str:
 
 
 def plan(*, master: str | None, remote: str | None, slots: int, cores: int, user_conf: tuple[tuple[str, str], ...],
-         scratch: str | None, environ: Mapping[str, str], python: str) -> SparkPlan:
+         scratch: str | None, environ: Mapping[str, str], python: str, host: str | None = None) -> SparkPlan:
     """What to ask Spark for. `cores`: this machine's; `scratch`: the TaskManager's own scratch
-    directory (classic sessions only); `python`: this TaskManager's interpreter."""
+    directory (classic sessions only); `python`: this TaskManager's interpreter; `host`: the
+    address the TaskManager advertises, where a cluster's executors reach its Spark driver too."""
     url = target(master, remote, slots)
     user = dict(user_conf)
     notes: list[str] = []
     env: dict[str, str] = {}
-    if PYTHON_CONF in user:
+    if PYTHON_CONF in user and not remote:
+        # PySpark sends its driver's PYSPARK_PYTHON with every function (spark-submit is what
+        # turns the setting into that variable, and a TaskManager is not started by it).
+        env[PYTHON_ENV] = user[PYTHON_CONF]
         notes.append(f"Spark's Python workers run {user[PYTHON_CONF]} ({PYTHON_CONF})")
     elif environ.get(PYTHON_ENV):
         notes.append(f"Spark's Python workers run {environ[PYTHON_ENV]} ({PYTHON_ENV})")
@@ -99,6 +108,10 @@ def plan(*, master: str | None, remote: str | None, slots: int, cores: int, user
             conf[CORES_MAX] = str(slots)
             notes.append(f"asking the standalone master for {slots} core(s) ({CORES_MAX}, one per slot)")
         conf["spark.sql.shuffle.partitions"] = user.get(CORES_MAX, str(slots))
+        if host and "spark.driver.host" not in user:
+            # Spark's own guess is the host name's address, which may be loopback or another
+            # interface; the executors must dial the driver where the JobManager dials us.
+            conf["spark.driver.host"] = host
     if scratch is not None:
         # Spark's block manager, shuffle files and the JVM's extracted native libraries go under
         # the TaskManager's scratch directory, removed when it stops, not strewn over /tmp.

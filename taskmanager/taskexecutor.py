@@ -85,6 +85,8 @@ _TASK_CANCEL_GRACE_S = 5.0
 _REPORT_FLUSH_S = 2.0
 _SERVER_GRACE_S = 1.0
 _SPARK_STOP_TIMEOUT_S = 10.0
+# How often a TaskManager on Spark Connect asks the server whether it still knows our session.
+_CONNECT_PING_S = 2.0
 _REPORT_BATCH_MAX = 1000
 # Bulk work is cut into slices per loop turn, each a few ms at most.
 _DEPLOYS_PER_TURN = 64
@@ -298,6 +300,7 @@ class TaskExecutor:
         self._bound_port = 0
         self.spark: SparkSession | None = None
         self._renewing_session = False
+        self._connect_watch: asyncio.Task[None] | None = None
         self._scratch: str | None = None  # this process's Spark scratch directory, removed at stop
         self._registered_once = False
         self._server: grpc.aio.Server | None = None
@@ -501,6 +504,9 @@ class TaskExecutor:
         ]
         for task in self._background:
             task.add_done_callback(self._background_ended)
+        if self.spark is not None and cfg.spark_remote:
+            # Not a background loop of the life-or-death kind: it only renews the session.
+            self._connect_watch = asyncio.create_task(self._watch_connect_session(), name="spark-connect-watch")
         if self.spark is not None and cfg.warm_up and not cfg.spark_remote:  # a Connect server warms once, for all
             self._warm_up()
         # What exists now (modules, PySpark, the SparkSession, the server) lives as long as the
@@ -554,6 +560,8 @@ class TaskExecutor:
 
         for handle in self._timers:
             handle.cancel()
+        if self._connect_watch is not None:
+            self._connect_watch.cancel()
         # Closing the heartbeat stream tells the JobManager at once that we are gone.
         for background in self._background:
             background.cancel()
@@ -600,7 +608,8 @@ class TaskExecutor:
         return sparksession.plan(
             master=cfg.spark_master, remote=cfg.spark_remote, slots=cfg.number_of_slots, cores=_available_cores(),
             user_conf=cfg.spark_conf, scratch=None if cfg.spark_remote else self._scratch_dir(),
-            environ=os.environ, python=sys.executable)
+            environ=os.environ, python=sys.executable,
+            host=advertised_host(cfg.host, cfg.advertise_host, cfg.jobmanager_address))
 
     def _create_spark(self) -> SparkSession:
         """Blocking; runs in a thread. PySpark is imported here so --no-spark never loads it.
@@ -615,6 +624,14 @@ class TaskExecutor:
         if plan.connect:
             # create(), not getOrCreate(): after a server restart the cached session is closed.
             spark = builder.remote(plan.target).create()
+            from pyspark.sql.connect.client.retries import DefaultPolicy
+
+            # While the server is away, calls wait for it as long as PySpark's default (about
+            # 10 minutes), but look every 2 s instead of backing off to a minute: a restarted
+            # server is noticed (and the session renewed) seconds after it is back.
+            spark.client.set_retry_policies([DefaultPolicy(
+                max_retries=sparksession.CONNECT_RETRIES, backoff_multiplier=2.0, initial_backoff=50,
+                max_backoff=sparksession.CONNECT_RETRY_MAX_BACKOFF_MS)])
             try:
                 sparksession.check_connect_conf(plan, spark.conf.isModifiable)
             except sparksession.SparkStartError as e:
@@ -929,6 +946,25 @@ class TaskExecutor:
         if state is ExecutionState.FAILED and self.config.spark_remote:
             self._renew_closed_connect_session()
 
+    async def _watch_connect_session(self) -> None:
+        """Ask the Connect server for a setting every _CONNECT_PING_S: after a restart the
+        first answer says our session is gone (PySpark closes the client), and a new one is
+        opened before the next task needs it, so a job submitted after the restart never meets
+        the dead session; a job running across it fails those tasks once (restart strategy)."""
+        while not self._stopping:
+            await asyncio.sleep(_CONNECT_PING_S)
+            spark = self.spark
+            if spark is None or self._renewing_session:
+                continue
+            try:
+                # A config read (about 2 ms): unlike the version (an AnalyzePlan), it is checked
+                # against the server's session, so a restarted server says so.
+                await asyncio.wait_for(_in_daemon_thread(lambda: spark.conf.get("spark.sql.session.timeZone"),
+                                                         "spark-connect-ping"), _CONNECT_PING_S * 5)
+            except Exception as e:  # the server is away (UNAVAILABLE), or it forgot us
+                log.debug("TaskManager %s: Spark Connect ping: %s: %s", self.id, type(e).__name__, e)
+                self._renew_closed_connect_session()
+
     def _renew_closed_connect_session(self) -> None:
         """A Spark Connect server that restarted has forgotten our session: PySpark's client
         closes itself on the first answer saying so, and every later call fails with
@@ -944,6 +980,10 @@ class TaskExecutor:
 
         async def renew() -> None:
             try:
+                # Stopped first: PySpark falls back to its default session where code asks for
+                # the active one, and a closed default would hide the new one.
+                with contextlib.suppress(Exception):
+                    await _in_daemon_thread(spark.stop, "spark-stop")
                 fresh = await _in_daemon_thread(self._create_spark, "spark-reconnect")
             except Exception as e:  # the server is still away: the next failed task tries again
                 log.warning("TaskManager %s: no new Spark Connect session yet: %s: %s", self.id, type(e).__name__, e)

@@ -103,7 +103,7 @@ def test_a_session_runs_python_on_executors_of_both_workers(standalone, tmp_path
         .getOrCreate()
     )
     try:
-        assert spark.sparkContext.master == standalone.master_url, "an earlier SparkSession of this process was reused"
+        assert spark.sparkContext.master == standalone.master_url, "getOrCreate reused an earlier session"
         app_id = spark.sparkContext.applicationId
         workers = {w["id"] for w in wait_for_workers(standalone.web_url, WORKERS, timeout=5)}
 
@@ -119,7 +119,8 @@ def test_a_session_runs_python_on_executors_of_both_workers(standalone, tmp_path
 
         doubled = spark.range(1000, numPartitions=4).mapInArrow(
             double_with_origin, "twice long, python string, cwd string")
-        rows = doubled.groupBy("python", "cwd").agg(F.count("*").alias("n"), F.sum("twice").alias("total")).collect()
+        rows = (doubled.groupBy("python", "cwd")
+                .agg(F.count("*").alias("n"), F.sum("twice").alias("total")).collect())
         assert sum(r["n"] for r in rows) == 1000
         assert sum(r["total"] for r in rows) == 2 * sum(range(1000))  # 999 000
         assert {r["python"] for r in rows} == {sys.executable}

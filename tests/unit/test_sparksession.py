@@ -24,14 +24,25 @@ def test_local_mode_gets_funkes_defaults_and_the_users_settings_on_top():
     assert p.environ == {"PYSPARK_PYTHON": "/venv/bin/python"}
 
 
-@pytest.mark.parametrize("conf, environ, shown", [
-    ([("spark.pyspark.python", "/opt/py/bin/python3")], {}, "/opt/py/bin/python3 (spark.pyspark.python)"),
-    ([], {"PYSPARK_PYTHON": "/usr/bin/python3.11"}, "/usr/bin/python3.11 (PYSPARK_PYTHON)"),
+@pytest.mark.parametrize("conf, environ, exported, shown", [
+    # the setting becomes the variable PySpark sends with every function
+    ([("spark.pyspark.python", "/opt/py/bin/python3")], {"PYSPARK_PYTHON": "/x"}, "/opt/py/bin/python3",
+     "/opt/py/bin/python3 (spark.pyspark.python)"),
+    ([], {"PYSPARK_PYTHON": "/usr/bin/python3.11"}, None, "/usr/bin/python3.11 (PYSPARK_PYTHON)"),
 ])
-def test_the_users_python_for_spark_workers_is_kept(conf, environ, shown):
+def test_the_users_python_for_spark_workers_is_kept(conf, environ, exported, shown):
     p = plan(master="spark://m:7077", conf=conf, environ=environ)
-    assert "PYSPARK_PYTHON" not in p.environ  # the TaskManager's interpreter does not overwrite it
+    assert p.environ.get("PYSPARK_PYTHON") == exported  # never the TaskManager's own interpreter
     assert any(shown in note for note in p.notes)
+
+
+def test_a_clusters_executors_dial_the_driver_at_the_taskmanagers_address():
+    assert ss.plan(master="spark://m:7077", remote=None, slots=2, cores=2, user_conf=(), scratch=None, environ={},
+                   python="p", host="10.0.0.7").conf["spark.driver.host"] == "10.0.0.7"
+    assert "spark.driver.host" not in ss.plan(master=None, remote=None, slots=2, cores=2, user_conf=(), scratch=None,
+                                              environ={}, python="p", host="10.0.0.7").conf  # local mode
+    assert ss.plan(master="spark://m:7077", remote=None, slots=2, cores=2, user_conf=(("spark.driver.host", "h"),),
+                   scratch=None, environ={}, python="p", host="10.0.0.7").conf["spark.driver.host"] == "h"
 
 
 def test_a_standalone_master_gets_one_core_per_slot_unless_the_user_says():

@@ -1,0 +1,178 @@
+"""funke's Spark stages on a real distributed data plane, from pip's PySpark: (a) a Spark
+standalone master with two workers started by `funke cluster start --spark standalone`, the
+TaskManagers' executors on those workers; (b) a Spark Connect server, TaskManagers with
+--spark-remote, surviving a restart of the server. The word count and the join give exact
+results on both."""
+
+from __future__ import annotations
+
+import collections
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from funke.common.states import JobStatus
+from funke.deploy import localcluster, sparkstandalone
+from funke.deploy.client import JobManagerClient
+from funke.deploy.jobfile import load_job_file
+from tests.integration.conftest import funke, wait_for_end
+from tests.sparkconnectserver import ConnectServer
+
+pytestmark = pytest.mark.cluster
+
+REPO = Path(__file__).resolve().parents[2]
+SEPARATORS = re.compile(r"[\W\d_]+")
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> tuple[str, collections.Counter]:
+    d = tmp_path_factory.mktemp("corpus")
+    expected: collections.Counter = collections.Counter()
+    for n in range(4):
+        lines = [" ".join(f"w{(i * 31 + j * 7 + n) % 97}x" for j in range(i % 11)) for i in range(500)]
+        (d / f"part-{n}.txt").write_text("\n".join(lines) + "\n")
+        expected.update(w for line in lines for w in SEPARATORS.split(line.lower()) if w)
+    return str(d / "*.txt"), expected
+
+
+def word_count_is_exact(client: JobManagerClient, corpus, parallelism: int = 4) -> set[str]:
+    pattern, expected = corpus
+    job_id = client.submit(load_job_file(REPO / "examples" / "wordcount.py",
+                                         ["--input", pattern, "--parallelism", str(parallelism)]))
+    _, details = wait_for_end(client, job_id)
+    assert JobStatus[details_status(details)] is JobStatus.FINISHED, details.failure
+    rows = client.result(job_id)
+    assert collections.Counter({r["word"]: r["count"] for r in rows}) == expected
+    assert len(rows) == len(expected)
+    return {s.current.task_manager_id for v in details.vertices for s in v.subtasks}
+
+
+def join_is_exact(client: JobManagerClient) -> None:
+    sys.path.insert(0, str(REPO))
+    from examples.join import CUSTOMERS, ORDERS
+
+    job_id = client.submit(load_job_file(REPO / "examples" / "join.py", ["--parallelism", "2"]))
+    _, details = wait_for_end(client, job_id)
+    assert details_status(details) == "FINISHED", details.failure
+    names = dict(CUSTOMERS)
+    expected: dict[str, tuple[float, int]] = {}
+    for _, customer, amount in ORDERS:
+        if customer in names:
+            revenue, n = expected.get(names[customer], (0.0, 0))
+            expected[names[customer]] = (revenue + amount, n + 1)
+    assert {r["name"]: (r["revenue"], r["orders"]) for r in client.result(job_id)} == expected
+
+
+def details_status(details) -> str:
+    from funke.v1 import job_pb2
+
+    return job_pb2.JobStatus.Name(details.status).removeprefix("JOB_STATUS_")
+
+
+# ---------------------------------------------------------------------------- (a) standalone
+
+@pytest.fixture(scope="module")
+def standalone(tmp_path_factory):
+    d = tmp_path_factory.mktemp("standalone-cluster")
+    started = funke("cluster", "start", "--dir", str(d), "--taskmanagers", "2", "--slots", "2",
+                    "--spark", "standalone", "--workers", "2", timeout=300)
+    assert "spark standalone (2 worker(s))" in started.stdout
+    address = (d / "jobmanager.address").read_text().strip()
+    client = JobManagerClient(address)
+    yield d, client
+    client.close()
+    stopped = funke("cluster", "stop", "--dir", str(d), timeout=120)
+    for name in ("spark-master", "spark-worker-1", "spark-worker-2"):
+        assert re.search(rf"^{name} \(pid \d+\): stopped", stopped.stdout, re.M), stopped.stdout
+
+
+def test_word_count_and_join_on_a_standalone_cluster(standalone, corpus):
+    d, client = standalone
+    assert word_count_is_exact(client, corpus) == {"tm-1", "tm-2"}
+    join_is_exact(client)
+
+
+def test_the_taskmanagers_executors_run_on_the_standalone_workers(standalone):
+    d, client = standalone
+    master_url, web_url = localcluster.standalone_urls(d)
+    workers = {w["id"] for w in sparkstandalone.wait_for_workers(web_url, 2)}
+    state = sparkstandalone.master_state(web_url)
+    apps = {a["name"]: a for a in state["activeapps"]}
+    for tm in ("tm-1", "tm-2"):
+        app = apps[f"funke-taskmanager-{tm}"]
+        assert app["cores"] == 2  # spark.cores.max = its 2 slots, not every core of the cluster
+        executors = sparkstandalone.application_executors(web_url, app["id"])
+        assert executors and {e.worker_id for e in executors} <= workers
+    # both TaskManagers got executors, on both workers between them
+    assert {e.worker_id for a in apps.values() for e in sparkstandalone.application_executors(web_url, a["id"])} == workers
+    for tm in ("tm-1", "tm-2"):
+        log = (d / "log" / f"{tm}.log").read_text()
+        assert f"Spark executor(s) from {master_url}" in log
+
+
+def test_a_taskmanager_a_full_standalone_cluster_cannot_serve_refuses_to_start(standalone, tmp_path):
+    d, client = standalone
+    master_url, _ = localcluster.standalone_urls(d)
+    address = (d / "jobmanager.address").read_text().strip()
+    # every core of the workers is taken by tm-1 and tm-2: a third application gets none
+    result = subprocess.run(
+        [sys.executable, "-m", "funke.taskmanager.main", "--jobmanager", address, "--id", "tm-starved",
+         "--slots", "2", "--spark-master", master_url, "--spark-executor-timeout", "8",
+         "--spark-conf", "spark.executor.memory=512m", "--spark-conf", "spark.driver.host=127.0.0.1"],
+        capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert result.returncode == 1
+    assert f"the Spark master {master_url} gave this TaskManager no executor within 8 s" in result.stderr
+    assert "tm-starved" not in {tm.id for tm in client.cluster_overview().task_managers}
+
+
+# ---------------------------------------------------------------------------- (b) Spark Connect
+
+@pytest.fixture(scope="module")
+def connect(tmp_path_factory):
+    d = tmp_path_factory.mktemp("connect-cluster")
+    server = ConnectServer(d / "connect")
+    server.start()
+    try:
+        info = localcluster.start(d / "cluster", 2, 2, taskmanager_options=["--spark-remote", server.url])
+        client = JobManagerClient(info.address)
+        yield d / "cluster", client, server
+        client.close()
+        localcluster.stop(d / "cluster")
+    finally:
+        server.stop()
+
+
+def test_word_count_and_join_on_spark_connect(connect, corpus):
+    d, client, server = connect
+    assert word_count_is_exact(client, corpus) == {"tm-1", "tm-2"}
+    join_is_exact(client)
+    for tm in ("tm-1", "tm-2"):
+        assert "CANNOT_MODIFY_CONFIG" not in (d / "log" / f"{tm}.log").read_text()
+
+
+def test_a_restarted_connect_server_is_survived(connect, corpus):
+    d, client, server = connect
+    renewed = "new Spark Connect session"
+    before = {tm: (d / "log" / f"{tm}.log").read_text().count(renewed) for tm in ("tm-1", "tm-2")}
+    server.restart()
+    deadline = time.monotonic() + 30
+    while any((d / "log" / f"{tm}.log").read_text().count(renewed) == before[tm] for tm in before):
+        assert time.monotonic() < deadline, "the TaskManagers did not open new sessions after the restart"
+        time.sleep(0.2)
+    assert {tm.id for tm in client.cluster_overview().task_managers} == {"tm-1", "tm-2"}
+    assert word_count_is_exact(client, corpus) == {"tm-1", "tm-2"}
+
+
+def test_a_setting_the_connect_server_cannot_take_stops_the_taskmanager(connect):
+    d, client, server = connect
+    address = (d / "jobmanager.address").read_text().strip()
+    result = subprocess.run(
+        [sys.executable, "-m", "funke.taskmanager.main", "--jobmanager", address, "--id", "tm-static",
+         "--spark-remote", server.url, "--spark-conf", "spark.executor.memory=4g"],
+        capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert result.returncode == 1
+    assert "cannot change spark.executor.memory for one session" in result.stderr
