@@ -83,3 +83,42 @@ def test_a_wildcard_bind_advertises_the_address_the_jobmanager_sees(jobmanager, 
         assert tm.address.rpartition(":")[0] == "127.0.0.1"
     finally:
         stop(process)
+
+
+def test_the_users_python_for_spark_workers_is_the_one_they_run(jobmanager, tmp_path):
+    """PYSPARK_PYTHON set by the user (here a wrapper that leaves a mark, then runs our Python)
+    is what Spark's Python workers run; the TaskManager used to overwrite it with its own."""
+    from funke.common.dsl import ExecutionEnvironment
+
+    info, client = jobmanager
+    mark = tmp_path / "ran"
+    wrapper = tmp_path / "python-wrapper"
+    wrapper.write_text(f"#!/bin/sh\ntouch {mark}\nexec {sys.executable} \"$@\"\n")
+    wrapper.chmod(0o755)
+    log = tmp_path / "tm.log"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "funke.taskmanager.main", "--jobmanager", info.address, "--slots", "1",
+         "--id", "tm-own-python", "--no-warm-up"],
+        stdout=subprocess.DEVNULL, stderr=open(log, "w"), cwd=REPO, start_new_session=True,
+        env=dict(os.environ, PYTHONUNBUFFERED="1", PYSPARK_PYTHON=str(wrapper)))
+    try:
+        wait_for("the registration", lambda: any(t.id == "tm-own-python" for t in client.cluster_overview().task_managers),
+                 timeout=120)
+        env = ExecutionEnvironment("python check", parallelism=1)
+        env.from_collection([(1, 0), (2, 0)], "x bigint, k bigint").map(lambda r: (r.x * 10,), schema="y bigint").collect()
+        job_id = client.submit(env.build())
+        rows = wait_for("the result", lambda: _result(client, job_id), timeout=120)
+        assert sorted(r["y"] for r in rows) == [10, 20]
+        assert mark.exists(), "Spark's Python workers did not run the user's PYSPARK_PYTHON"
+        assert f"Spark's Python workers run {wrapper} (PYSPARK_PYTHON)" in log.read_text()
+    finally:
+        stop(process)
+
+
+def _result(client, job_id):
+    from funke.v1 import job_pb2
+
+    status = job_pb2.JobStatus.Name(client.get_job(job_id).status)
+    if status in ("JOB_STATUS_FAILED", "JOB_STATUS_CANCELED"):
+        raise AssertionError(f"the job ended {status}: {client.get_job(job_id).failure.message}")
+    return client.result(job_id) if status == "JOB_STATUS_FINISHED" else None

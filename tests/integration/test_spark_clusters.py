@@ -137,11 +137,12 @@ def connect(tmp_path_factory):
     server = ConnectServer(d / "connect")
     server.start()
     try:
-        info = localcluster.start(d / "cluster", 2, 2, taskmanager_options=["--spark-remote", server.url])
-        client = JobManagerClient(info.address)
+        funke("cluster", "start", "--dir", str(d / "cluster"), "--taskmanagers", "2", "--slots", "2",
+              "--spark-remote", server.url, timeout=300)
+        client = JobManagerClient((d / "cluster" / "jobmanager.address").read_text().strip())
         yield d / "cluster", client, server
         client.close()
-        localcluster.stop(d / "cluster")
+        funke("cluster", "stop", "--dir", str(d / "cluster"), timeout=120)
     finally:
         server.stop()
 
