@@ -41,6 +41,7 @@ from pathlib import Path
 
 from funke.common.configuration import ConfigurationError, parse_config_lines, parse_configuration
 from funke.common.leadership import Lease
+from funke.deploy.processgroups import group_alive, signal_group
 from funke.deploy import zookeeperserver
 from funke.deploy.client import FunkeError, JobManagerClient
 from funke.deploy.haservices import HaServices, ha_services as _configured_services
@@ -472,7 +473,7 @@ def kill(dir: str | os.PathLike[str], name: str, signum: int = signal.SIGKILL) -
     root = Path(dir).expanduser().resolve()
     for p in _recorded(root):
         if p.name == name and p.alive:
-            _signal_group(p.pid, signum)
+            signal_group(p.pid, signum)
             return p.pid
     raise ClusterError(f"no running process named {name} in {root}")
 
@@ -615,19 +616,19 @@ def stop(dir: str | os.PathLike[str], timeout: float = 15) -> list[tuple[Process
     spark: list[tuple[ProcessInfo, str]] = []
     for group in (taskmanagers, standbys, jobmanager, zookeeper):
         for p in group:
-            _signal_group(p.pid, signal.SIGTERM)
+            signal_group(p.pid, signal.SIGTERM)
         # The JobManager gets at least a moment even when the TaskManagers used up the time.
         _wait_gone(group, max(deadline, time.monotonic() + 2.0))
         if group is taskmanagers:  # their Spark applications are over: the Workers and Master go
             spark = _stop_standalone(root, max(deadline - time.monotonic(), 5.0))
     for p in live:
         if _alive(p.pid):
-            _signal_group(p.pid, signal.SIGKILL)
+            signal_group(p.pid, signal.SIGKILL)
             _wait_gone([p], time.monotonic() + 5.0)
             outcome[p.name] = f"killed (still running after {timeout:g} s)"
-        elif _group_alive(p.pid):
+        elif group_alive(p.pid):
             # The process ended but left children (a TaskManager's Spark JVM) behind.
-            _signal_group(p.pid, signal.SIGKILL)
+            signal_group(p.pid, signal.SIGKILL)
             outcome[p.name] = "stopped (left-over child processes killed)"
         else:
             outcome[p.name] = "stopped"
@@ -637,40 +638,12 @@ def stop(dir: str | os.PathLike[str], timeout: float = 15) -> list[tuple[Process
     return [(p, outcome[p.name]) for p in recorded] + spark
 
 
-def _signal_group(pid: int, signum: int) -> None:
-    try:
-        os.killpg(pid, signum)  # pid == pgid: start_new_session made each process a leader
-    except ProcessLookupError:
-        pass
 
 
-def _group_alive(pgid: int) -> bool:
-    """Whether any process of the group still runs. Zombies do not count: a leader that exited
-    stays a zombie until its parent (often init, which may take its time) reaps it."""
-    proc = Path("/proc")
-    if not (proc / "self").exists():
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rpartition(")")[2].split()
-        except OSError:
-            continue  # exited while we looked
-        # After the command name: state, ppid, pgrp, ...
-        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
-            return True
-    return False
 
 
 def _wait_gone(processes: Sequence[ProcessInfo], deadline: float) -> None:
-    while any(_alive(p.pid) or _group_alive(p.pid) for p in processes) and time.monotonic() < deadline:
+    while any(_alive(p.pid) or group_alive(p.pid) for p in processes) and time.monotonic() < deadline:
         time.sleep(_POLL_S)
 
 

@@ -46,6 +46,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from funke.deploy.processgroups import group_alive, signal_group
+
 __all__ = [
     "Executor",
     "ProcessInfo",
@@ -463,17 +465,17 @@ def _stop(processes: Sequence[ProcessInfo], timeout: float) -> dict[str, str]:
     # Workers try to reconnect rather than stop their executors.
     for group in ([p for p in live if p.name != MASTER], [p for p in live if p.name == MASTER]):
         for p in group:
-            _signal_group(p.pid, signal.SIGTERM)
+            signal_group(p.pid, signal.SIGTERM)
         # The Master gets a moment even when the Workers used up the time.
         _wait_gone(group, max(deadline, time.monotonic() + 2.0))
     for p in live:
         if _alive(p.pid):
-            _signal_group(p.pid, signal.SIGKILL)
+            signal_group(p.pid, signal.SIGKILL)
             _wait_gone([p], time.monotonic() + 5.0)
             outcome[p.name] = f"killed (still running after {timeout:g} s)"
-        elif _group_alive(p.pid):
+        elif group_alive(p.pid):
             # The process ended but left some of its group behind (an executor, a Python worker).
-            _signal_group(p.pid, signal.SIGKILL)
+            signal_group(p.pid, signal.SIGKILL)
             _wait_gone([p], time.monotonic() + 5.0)
             outcome[p.name] = "stopped (left-over processes of its group killed)"
         else:
@@ -484,41 +486,13 @@ def _stop(processes: Sequence[ProcessInfo], timeout: float) -> dict[str, str]:
     return outcome
 
 
-def _signal_group(pid: int, signum: int) -> None:
-    try:
-        os.killpg(pid, signum)  # pid == pgid: start_new_session made each process a group leader
-    except ProcessLookupError:
-        pass
 
 
 def _wait_gone(processes: Sequence[ProcessInfo], deadline: float) -> None:
-    while any(_alive(p.pid) or _group_alive(p.pid) for p in processes) and time.monotonic() < deadline:
+    while any(_alive(p.pid) or group_alive(p.pid) for p in processes) and time.monotonic() < deadline:
         time.sleep(0.1)
 
 
-def _group_alive(pgid: int) -> bool:
-    """Whether any process of the group still runs, zombies aside (a leader that exited stays a
-    zombie until its parent reaps it)."""
-    proc = Path("/proc")
-    if not (proc / "self").exists():
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rpartition(")")[2].split()
-        except OSError:
-            continue  # exited while we looked
-        # After the command name: state, ppid, pgrp, ...
-        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
-            return True
-    return False
 
 
 # --------------------------------------------------------------------------------------------

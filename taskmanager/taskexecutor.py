@@ -772,6 +772,11 @@ class TaskExecutor:
                 data_dir=response.data_dir,
                 leader_epoch=response.leader_epoch,
             )
+            if not cfg.data_dir:
+                try:
+                    datafs.check(registration.data_dir)
+                except datafs.DataDirError as e:  # Spark may still reach it; funke's own file work cannot
+                    log.error("TaskManager %s: the JobManager's data directory is out of reach here: %s", self.id, e)
             log.info("TaskManager %s registered with the JobManager at %s as %s (%d slots, address %s, "
                      "heartbeat every %g s, data dir %s)", self.id, self.jobmanager_address,
                      registration.registration_id, len(self.core.slots), self.address,

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,6 +90,17 @@ def noop_cluster(tmp_path_factory):
                      "-D", "heartbeat.timeout=2 s")
     yield cluster
     _stop(cluster)
+
+
+def wait_for(what: str, check, timeout: float = 30.0):
+    """Poll `check` until it returns something true, and return that; fail after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
 
 
 def wait_for_end(client: JobManagerClient, job_id: str):

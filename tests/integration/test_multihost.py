@@ -8,13 +8,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from funke.deploy import localcluster
 from funke.deploy.client import JobManagerClient
+from tests.integration.conftest import wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -45,14 +45,6 @@ def stop(process: subprocess.Popen) -> None:
         process.wait(10)
 
 
-def wait_for(what: str, check, timeout: float = 30.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_a_taskmanager_the_jobmanager_cannot_dial_is_refused_and_says_so(jobmanager, tmp_path):

@@ -20,6 +20,7 @@ import pytest
 from funke.common.dsl import ExecutionEnvironment
 from funke.deploy import localcluster
 from funke.deploy.client import JobManagerClient
+from tests.integration.conftest import wait_for
 from funke.v1 import job_pb2
 from tests import netns
 
@@ -61,14 +62,6 @@ def start_taskmanager(net, i: int, info, name: str, log: Path, *flags: str):
                      env=dict(os.environ, PYTHONUNBUFFERED="1"))
 
 
-def wait_for(what: str, check, timeout: float = 90.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
 
 
 def registered(client, name: str):

@@ -20,6 +20,7 @@ from funke.deploy import localcluster, sparkstandalone
 from funke.deploy.client import JobManagerClient
 from funke.deploy.jobfile import load_job_file
 from tests.integration.conftest import funke, wait_for_end
+from tests.integration.test_wordcount import join_example_is_exact
 from tests.sparkconnectserver import ConnectServer
 
 pytestmark = pytest.mark.cluster
@@ -51,22 +52,6 @@ def word_count_is_exact(client: JobManagerClient, corpus, parallelism: int = 4) 
     return {s.current.task_manager_id for v in details.vertices for s in v.subtasks}
 
 
-def join_is_exact(client: JobManagerClient) -> None:
-    sys.path.insert(0, str(REPO))
-    from examples.join import CUSTOMERS, ORDERS
-
-    job_id = client.submit(load_job_file(REPO / "examples" / "join.py", ["--parallelism", "2"]))
-    _, details = wait_for_end(client, job_id)
-    assert details_status(details) == "FINISHED", details.failure
-    names = dict(CUSTOMERS)
-    expected: dict[str, tuple[float, int]] = {}
-    for _, customer, amount in ORDERS:
-        if customer in names:
-            revenue, n = expected.get(names[customer], (0.0, 0))
-            expected[names[customer]] = (revenue + amount, n + 1)
-    assert {r["name"]: (r["revenue"], r["orders"]) for r in client.result(job_id)} == expected
-
-
 def details_status(details) -> str:
     from funke.v1 import job_pb2
 
@@ -93,7 +78,7 @@ def standalone(tmp_path_factory):
 def test_word_count_and_join_on_a_standalone_cluster(standalone, corpus):
     d, client = standalone
     assert word_count_is_exact(client, corpus) == {"tm-1", "tm-2"}
-    join_is_exact(client)
+    join_example_is_exact(client)
 
 
 def test_the_taskmanagers_executors_run_on_the_standalone_workers(standalone):
@@ -150,7 +135,7 @@ def connect(tmp_path_factory):
 def test_word_count_and_join_on_spark_connect(connect, corpus):
     d, client, server = connect
     assert word_count_is_exact(client, corpus) == {"tm-1", "tm-2"}
-    join_is_exact(client)
+    join_example_is_exact(client)
     for tm in ("tm-1", "tm-2"):
         assert "CANNOT_MODIFY_CONFIG" not in (d / "log" / f"{tm}.log").read_text()
 

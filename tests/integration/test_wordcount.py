@@ -230,11 +230,12 @@ def _state_name(value: int) -> str:
 __all__ = ["steps_of", "ExecutionState"]
 
 
-def test_the_join_example_sums_revenue_per_customer(spark_cluster):
-    from examples.join import CUSTOMERS, ORDERS  # the example's own tables
+def join_example_is_exact(client) -> None:
+    """The join example, run on the cluster, equals the sums of its own tables."""
+    from examples.join import CUSTOMERS, ORDERS
 
-    job_id = spark_cluster.client.submit(load_job_file(REPO / "examples" / "join.py", ["--parallelism", "2"]))
-    _, details = wait_for_end(spark_cluster.client, job_id)
+    job_id = client.submit(load_job_file(REPO / "examples" / "join.py", ["--parallelism", "2"]))
+    _, details = wait_for_end(client, job_id)
     assert _status(details) == "FINISHED", details.failure
     names = dict(CUSTOMERS)
     expected: dict[str, tuple[float, int]] = {}
@@ -242,8 +243,11 @@ def test_the_join_example_sums_revenue_per_customer(spark_cluster):
         if customer in names:
             revenue, n = expected.get(names[customer], (0.0, 0))
             expected[names[customer]] = (revenue + amount, n + 1)
-    rows = spark_cluster.client.result(job_id)
-    assert {r["name"]: (r["revenue"], r["orders"]) for r in rows} == expected
+    assert {r["name"]: (r["revenue"], r["orders"]) for r in client.result(job_id)} == expected
+
+
+def test_the_join_example_sums_revenue_per_customer(spark_cluster):
+    join_example_is_exact(spark_cluster.client)
 
 
 def test_a_streaming_job_deploys_eagerly_and_consumers_wait_for_pipelined_partitions(spark_cluster, corpus):
