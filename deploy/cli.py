@@ -845,6 +845,33 @@ def cmd_progress(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_conformance(args: argparse.Namespace) -> int:
+    from funke.deploy import conformance
+
+    if args.list:
+        for s in conformance.SCENARIOS:
+            print(f"{s.name:26} {s.about}\n{'':26} expected: {s.expected}")
+        return EXIT_OK
+    with _client(args) as client:
+        report = None if args.json else (lambda o: print(
+            f"{o.name}: {'pass' if o.passed else 'FAIL'} ({o.observed}, {o.seconds:.1f} s)", flush=True))
+        try:
+            outcomes = conformance.run_scenarios(client, args.only, report=report)
+        except ValueError as exc:
+            _error(str(exc))
+            return EXIT_USAGE
+    if args.junit:
+        Path(args.junit).write_text(conformance.junit(outcomes))
+    if args.json:
+        _print_json(conformance.as_json(outcomes))
+    else:
+        print()
+        print(conformance.table(outcomes))
+        passed = sum(o.passed for o in outcomes)
+        print(f"\n{passed} of {len(outcomes)} scenario(s) passed in {sum(o.seconds for o in outcomes):.1f} s")
+    return EXIT_OK if all(o.passed for o in outcomes) else EXIT_UNSUCCESSFUL
+
+
 def cmd_result(args: argparse.Namespace) -> int:
     with _client(args) as client:
         vertex_id, table = client.result_table(args.job, args.vertex or "")
@@ -1091,6 +1118,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("job", metavar="JOB")
     p.add_argument("--vertex", help="the collect sink's vertex id (needed when the job has several)")
     p.add_argument("--json", action="store_true")
+    p = command("conformance", cmd_conformance,
+                "run scenario jobs on the cluster and check every job and task moves only along the legal "
+                "paths of the state machines (exit 0 only if every scenario passes)")
+    p.add_argument("--only", nargs="+", default=[], metavar="NAME", help="run only these scenarios")
+    p.add_argument("--list", action="store_true", help="list the scenarios and their expected paths")
+    p.add_argument("--json", action="store_true", help="one JSON object instead of the table")
+    p.add_argument("--junit", metavar="FILE", help="also write the outcome as JUnit XML")
     return parser
 
 

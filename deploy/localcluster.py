@@ -282,9 +282,10 @@ def start(
         if spark_workers:
             spark_master = _start_standalone(root, spark_workers, taskmanagers * slots, taskmanagers, host,
                                              max(deadline - time.monotonic(), 1))
-            tm_options += ["--spark-master", spark_master,
-                           # room for every TaskManager's executor on every Worker
-                           "--spark-conf", f"spark.executor.memory={STANDALONE_EXECUTOR_MEMORY_MB}m"]
+            tm_options += ["--spark-master", spark_master]
+            if not any(o.startswith("spark.executor.memory=") for o in taskmanager_options):
+                # room for every TaskManager's executor on every Worker
+                tm_options += ["--spark-conf", f"spark.executor.memory={STANDALONE_EXECUTOR_MEMORY_MB}m"]
         (root / TASKMANAGER_OPTIONS).write_text(json.dumps(tm_options))
         if ha == "zookeeper" and not zookeeper_quorum:
             zookeeper_quorum = _start_zookeeper(started, deadline)

@@ -33,7 +33,7 @@ from funke.common.jobgraph import FailoverStrategyKind, JobGraph
 from funke.common.restart import NoRestartBackoffTimeStrategy, RestartBackoffTimeStrategy
 from funke.common.states import ExecutionState, JobStatus
 from funke.common.taskexecutorstate import TaskExecutorState, TaskKey
-from tests.conformance.assertions import Step, assert_event_stream
+from funke.common.conformance import Step, assert_event_stream
 
 E = ExecutionState
 JOB = "job-1"

@@ -29,7 +29,7 @@ from funke.common.executiongraph import FailureInfo, SlotId
 from funke.common.jobgraph import FailoverStrategyKind, JobGraph, JobType
 from funke.common.restart import FixedDelayRestartBackoffTimeStrategy, NoRestartBackoffTimeStrategy
 from funke.common.states import ExecutionState, JobStatus
-from tests.conformance.assertions import GLOBALLY_TERMINAL_JOB, assert_event_stream
+from funke.common.conformance import GLOBALLY_TERMINAL_JOB, assert_event_stream
 from tests.conformance.graphs import ALL_TO_ALL, BLOCKING, PIPELINED, POINTWISE, connect, job_graph, operator, sink, source
 from tests.conformance.simulator import JOB, SimulatedCluster
 

@@ -22,7 +22,7 @@ from funke.common.states import (
     render_mermaid,
     resolve_report,
 )
-from tests.conformance.assertions import (
+from funke.common.conformance import (
     EXPECTED_EXECUTION_TRANSITIONS,
     EXPECTED_JOB_TRANSITIONS,
     assert_execution_path,

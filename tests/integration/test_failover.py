@@ -21,7 +21,7 @@ from funke.common.dsl import ExecutionEnvironment
 from funke.deploy import localcluster
 from funke.v1 import job_pb2
 from tests.integration.test_wordcount import steps_of
-from tests.conformance.assertions import assert_event_stream
+from funke.common.conformance import assert_event_stream
 
 pytestmark = pytest.mark.cluster
 

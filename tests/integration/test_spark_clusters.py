@@ -64,7 +64,8 @@ def details_status(details) -> str:
 def standalone(tmp_path_factory):
     d = tmp_path_factory.mktemp("standalone-cluster")
     started = funke("cluster", "start", "--dir", str(d), "--taskmanagers", "2", "--slots", "2",
-                    "--spark", "standalone", "--workers", "2", timeout=300)
+                    "--spark", "standalone", "--workers", "2", "--spark-conf", "spark.executor.memory=480m",
+                    timeout=300)
     assert "spark standalone (2 worker(s))" in started.stdout
     address = (d / "jobmanager.address").read_text().strip()
     client = JobManagerClient(address)
@@ -90,6 +91,7 @@ def test_the_taskmanagers_executors_run_on_the_standalone_workers(standalone):
     for tm in ("tm-1", "tm-2"):
         app = apps[f"funke-taskmanager-{tm}"]
         assert app["cores"] == 2  # spark.cores.max = its 2 slots, not every core of the cluster
+        assert app["memoryperexecutor"] == 480  # --spark-conf of funke cluster start reached it
         executors = sparkstandalone.application_executors(web_url, app["id"])
         assert executors and {e.worker_id for e in executors} <= workers
     # both TaskManagers got executors, on both workers between them

@@ -14,7 +14,7 @@ import pytest
 
 from funke.deploy.jobfile import load_job_file
 from funke.common.states import ExecutionState, JobStatus
-from tests.conformance.assertions import Step, assert_event_stream
+from funke.common.conformance import Step, assert_event_stream
 from funke.taskmanager.taskexecutor import scratch_dir_of
 from tests.integration.conftest import REPO, as_json, wait_for_end
 

@@ -1,4 +1,5 @@
-"""Conformance assertions, shared by the pure-core tests and the live-cluster tests.
+"""Conformance assertions, shared by the pure-core tests, the live-cluster tests and the
+conformance kit that checks any running cluster (`funke conformance`, `deploy/conformance.py`).
 
 They take plain records — (entity, from, to, timestamp) — so the same checks run on a
 StateMachine's history, on the scheduler's actions, and on a WatchJob stream from a real
@@ -43,6 +44,16 @@ EXPECTED_EXECUTION_TRANSITIONS: dict[ExecutionState, set[ExecutionState]] = {
 GLOBALLY_TERMINAL_JOB = {J.FINISHED, J.CANCELED, J.FAILED}
 
 
+class ConformanceError(AssertionError):
+    """An observed stream breaks the specification (raised, not asserted: the kit must check
+    under `python -O` too)."""
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise ConformanceError(message)
+
+
 @dataclass(frozen=True, slots=True)
 class Step:
     """One observed transition of one entity (a job, or an execution attempt)."""
@@ -61,13 +72,11 @@ def assert_path(table: Mapping, steps: Iterable[Step], initial: str = "CREATED")
     path = [initial]
     last_time = float("-inf")
     for step in steps:
-        assert step.from_state == path[-1], (
-            f"{step.entity}: step {step.from_state}->{step.to_state} does not start at {path[-1]} (path {path})"
-        )
-        assert step.to_state in by_name[step.from_state], (
-            f"{step.entity}: {step.from_state}->{step.to_state} is not in the table (path {path})"
-        )
-        assert step.timestamp >= last_time, f"{step.entity}: time went back at {step.from_state}->{step.to_state}"
+        _check(step.from_state == path[-1],
+               f"{step.entity}: step {step.from_state}->{step.to_state} does not start at {path[-1]} (path {path})")
+        _check(step.to_state in by_name.get(step.from_state, ()),
+               f"{step.entity}: {step.from_state}->{step.to_state} is not in the table (path {path})")
+        _check(step.timestamp >= last_time, f"{step.entity}: time went back at {step.from_state}->{step.to_state}")
         last_time = step.timestamp
         path.append(step.to_state)
     return path
@@ -97,10 +106,10 @@ def assert_event_stream(job_steps: list[Step], execution_steps: list[Step],
         paths[entity] = assert_execution_path(steps, initial_executions.get(entity, "CREATED"))
     final = paths["job"][-1]
     if require_terminal:
-        assert final in {s.value for s in GLOBALLY_TERMINAL_JOB}, f"job ended in {final}, not a globally terminal status"
+        _check(final in {s.value for s in GLOBALLY_TERMINAL_JOB}, f"job ended in {final}, not a globally terminal status")
         end = job_steps[-1].timestamp if job_steps else float("-inf")
         late = [s for s in execution_steps if s.timestamp > end + 1e-9 and s.to_state not in ("CANCELED", "FAILED")]
-        assert not late, f"executions progressed after the job ended {final}: {late[:3]}"
+        _check(not late, f"executions progressed after the job ended {final}: {late[:3]}")
     if final == "FINISHED":
         # the newest attempt of every subtask must have finished
         newest: dict[str, tuple[int, str]] = {}
@@ -112,7 +121,7 @@ def assert_event_stream(job_steps: list[Step], execution_steps: list[Step],
             if vertex not in newest or n >= newest[vertex][0]:
                 newest[vertex] = (n, path[-1])
         unfinished = {v: st for v, (_, st) in newest.items() if st != "FINISHED"}
-        assert not unfinished, f"job FINISHED but these subtasks did not: {unfinished}"
+        _check(not unfinished, f"job FINISHED but these subtasks did not: {unfinished}")
     return paths
 
 
