@@ -16,6 +16,7 @@ from funke.common.jobgraph import FailoverStrategyKind, RestartStrategyConfig
 from funke.common.leadership import DEFAULT_LEASE_S
 from funke.common.restart import RestartStrategyError, parse_duration, restart_strategy_from_config
 from funke.common.slotmanager import DEFAULT_HEARTBEAT_INTERVAL_S, DEFAULT_HEARTBEAT_TIMEOUT_S
+from funke.common.states import TESTING_MUTANTS
 
 
 DEFAULT_ZOOKEEPER_SESSION_S = 6.0
@@ -39,6 +40,9 @@ class ClusterConfiguration:
     cancellation_timeout_s: float = 180.0  # Flink's task.cancellation.timeout
     # How long registration waits for the JobManager's call back to a TaskManager's address.
     registration_probe_timeout_s: float = 5.0
+    # Test only: a deliberate defect, so that conformance checks can be seen to catch one
+    # ("skip-initializing": executions go DEPLOYING -> RUNNING, which the specification forbids).
+    testing_mutant: str = ""
     # Where jobs may read and write files; empty: anywhere the processes may (Flink's behaviour).
     allowed_paths: tuple[str, ...] = ()
     # Which hosts jobs' socket and Redis sources and sinks may connect to; empty: any.
@@ -141,6 +145,11 @@ def parse_configuration(entries: Mapping[str, str], base: ClusterConfiguration |
                 problems.append(f"{key}: " + ("; ".join(bad) if bad else "expected host names, got none"))
             else:
                 changes["allowed_hosts"] = hosts
+        elif key == "funke.testing.mutant":
+            if value not in TESTING_MUTANTS:
+                problems.append(f"{key}: expected one of {', '.join(TESTING_MUTANTS)}, got {value!r}")
+            else:
+                changes["testing_mutant"] = value
         elif key == "funke.data-dir":
             changes["data_dir"] = value
         elif key in ("high-availability", "high-availability.type"):

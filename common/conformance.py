@@ -62,6 +62,7 @@ class Step:
     from_state: str
     to_state: str
     timestamp: float
+    cause: str = ""  # what the cluster said caused it, where it says
 
 
 def assert_path(table: Mapping, steps: Iterable[Step], initial: str = "CREATED") -> list[str]:
@@ -75,7 +76,8 @@ def assert_path(table: Mapping, steps: Iterable[Step], initial: str = "CREATED")
         _check(step.from_state == path[-1],
                f"{step.entity}: step {step.from_state}->{step.to_state} does not start at {path[-1]} (path {path})")
         _check(step.to_state in by_name.get(step.from_state, ()),
-               f"{step.entity}: {step.from_state}->{step.to_state} is not in the table (path {path})")
+               f"{step.entity}: {step.from_state}->{step.to_state} is not in the table"
+               f"{f' (cause: {step.cause})' if step.cause else ''} (path {path})")
         _check(step.timestamp >= last_time, f"{step.entity}: time went back at {step.from_state}->{step.to_state}")
         last_time = step.timestamp
         path.append(step.to_state)

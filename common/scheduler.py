@@ -57,9 +57,11 @@ from funke.common.schedulingstrategy import scheduling_strategy
 from funke.common.slotsharing import ExecutionSlotSharingGroup, build_slot_sharing_plan
 from funke.common.states import (
     DEPLOYED_EXECUTION_STATES,
+    EXECUTION_STATE_TRANSITIONS,
     JOB_STATUS_WHEN_EXECUTIONS_END,
     LIVE_EXECUTION_STATES,
     SCHEDULING_JOB_STATUSES,
+    SKIP_INITIALIZING,
     ExecutionsOutcome,
     ExecutionState,
     JobStatus,
@@ -273,8 +275,10 @@ class Scheduler:
         failover_strategy: FailoverStrategyKind = FailoverStrategyKind.REGION,
         slot_request_timeout_s: float = 300.0,
         cancellation_timeout_s: float = DEFAULT_CANCELLATION_TIMEOUT_S,
+        testing_mutant: str = "",
     ):
         self.graph = graph
+        self.testing_mutant = testing_mutant
         # A streaming query's tasks are long-lived and run micro-batches: one failure restarts
         # them all (the query's next run recovers from its checkpoint), and their sinks commit
         # batch by batch, not when the tasks finish.
@@ -494,6 +498,11 @@ class Scheduler:
         if execution is None or execution.state.is_terminal:
             return []
         target = resolve_report(execution.state, reported)
+        if self.testing_mutant == SKIP_INITIALIZING:
+            if target is E.INITIALIZING:
+                return []  # the defect: INITIALIZING is dropped ...
+            if target is E.RUNNING and execution.state is E.DEPLOYING:
+                execution.machine.table = _SKIP_INITIALIZING_TABLE  # ... and DEPLOYING -> RUNNING taken
         if target is execution.state or not execution.machine.can_transition(target):
             return []
         if target is E.FINISHED:
@@ -1071,6 +1080,12 @@ class Scheduler:
     def _drain(self) -> list[Action]:
         out, self._out = self._out, []
         return out
+
+
+# Test only (`funke.testing.mutant: skip-initializing`): the execution table with a transition
+# the specification forbids, so that the conformance kit can be seen to catch a defect.
+_SKIP_INITIALIZING_TABLE = {**EXECUTION_STATE_TRANSITIONS,
+                            E.DEPLOYING: EXECUTION_STATE_TRANSITIONS[E.DEPLOYING] | {E.RUNNING}}
 
 
 def _suppressed(failure: FailureInfo, by: str) -> FailureInfo:

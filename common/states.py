@@ -114,6 +114,13 @@ EXECUTION_REPORT_RESOLUTION: Mapping[tuple[ExecutionState, ExecutionState], Exec
 }
 
 
+# Test only: deliberate defects a JobManager can be started with (`funke.testing.mutant`), so that
+# the conformance kit can be seen to catch one. "skip-initializing": the scheduler drops
+# INITIALIZING reports and takes DEPLOYING -> RUNNING, which the specification forbids.
+SKIP_INITIALIZING = "skip-initializing"
+TESTING_MUTANTS = (SKIP_INITIALIZING,)
+
+
 def resolve_report(current: ExecutionState, reported: ExecutionState) -> ExecutionState:
     return EXECUTION_REPORT_RESOLUTION.get((current, reported), reported)
 

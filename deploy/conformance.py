@@ -298,11 +298,11 @@ def _run_one(run: Run, scenario: Scenario) -> Outcome:
         details = run.client.get_job(observed.job_id)
         # The job's whole path comes with its details (the stream starts with a snapshot taken
         # when it was opened); the executions' steps come from the stream, after the snapshot.
-        job_steps = [Step("job", _status(t.from_status), _status(t.to_status), _seconds(t.timestamp))
+        job_steps = [Step("job", _status(t.from_status), _status(t.to_status), _seconds(t.timestamp), t.cause)
                      for t in details.status_history]
+        observed.path = ["CREATED"] + [s.to_state for s in job_steps]
         snapshot, execution_steps = _execution_steps(events)
-        paths = assert_event_stream(job_steps, execution_steps, initial_executions=snapshot)
-        observed.path = paths["job"]
+        observed.path = assert_event_stream(job_steps, execution_steps, initial_executions=snapshot)["job"]
         if not re.fullmatch(_pattern(scenario.expected), " ".join(observed.path)):
             observed.problems.append(f"the job took {' -> '.join(observed.path)}")
         if scenario.check is not None:
@@ -346,7 +346,7 @@ def _execution_steps(events: Sequence) -> tuple[dict[str, str], list[Step]]:
             c = e.execution_state
             t = c.transition
             steps.append(Step(f"{c.attempt.vertex_id}[{c.attempt.subtask_index}]#{c.attempt.attempt_number}",
-                              _state(t.from_state), _state(t.to_state), _seconds(t.timestamp)))
+                              _state(t.from_state), _state(t.to_state), _seconds(t.timestamp), t.cause))
     return snapshot, steps
 
 

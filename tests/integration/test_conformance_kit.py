@@ -4,6 +4,7 @@ outputs (table, JSON, JUnit) say so, and the cluster is left as it was found."""
 from __future__ import annotations
 
 import json
+import re
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -41,3 +42,24 @@ def test_an_unknown_scenario_is_a_usage_error(spark_cluster):
     result = spark_cluster.funke("conformance", "--only", "no-such-scenario", check=False)
     assert result.returncode == 2
     assert "unknown scenario(s): no-such-scenario" in result.stderr and "finishes" in result.stderr
+
+
+def test_the_kit_names_the_illegal_transition_of_a_defective_cluster(tmp_path):
+    """The mutation check: a JobManager started with a deliberate defect (test only: executions
+    skip INITIALIZING, DEPLOYING -> RUNNING) fails the kit, which names entity, from, to, cause."""
+    d = tmp_path / "mutant"
+    funke("cluster", "start", "--dir", str(d), "--taskmanagers", "1", "--slots", "2",
+          "-D", "funke.testing.mutant=skip-initializing", timeout=300)
+    try:
+        address = (d / "jobmanager.address").read_text().strip()
+        result = funke("conformance", "--jobmanager", address, "--only", "finishes", timeout=300, check=False)
+        assert result.returncode == 1, result.stdout + result.stderr
+        # the job's own path is right; what breaks the specification is each task's
+        assert re.search(r"^finishes +CREATED -> RUNNING -> FINISHED +CREATED -> RUNNING -> FINISHED +FAIL ",
+                         result.stdout, re.M), result.stdout
+        problem = re.search(r"finishes: (\S+): DEPLOYING->RUNNING is not in the table \(cause: reported by tm-1\)",
+                            result.stdout)
+        assert problem and problem.group(1).startswith("source-range["), result.stdout
+        assert "0 of 1 scenario(s) passed" in result.stdout
+    finally:
+        funke("cluster", "stop", "--dir", str(d), timeout=120)
