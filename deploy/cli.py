@@ -23,6 +23,7 @@ import json
 import math
 import os
 import queue
+import re
 import shutil
 import sys
 import threading
@@ -850,13 +851,15 @@ def cmd_conformance(args: argparse.Namespace) -> int:
 
     if args.list:
         for s in conformance.SCENARIOS:
-            print(f"{s.name:26} {s.about}\n{'':26} expected: {s.expected}")
+            print(f"{s.name:26} {s.about}{' (--destructive)' if s.destructive else ''}\n{'':26} expected: {s.expected}")
         return EXIT_OK
     with _client(args) as client:
         report = None if args.json else (lambda o: print(
             f"{o.name}: {'pass' if o.passed else 'FAIL'} ({o.observed}, {o.seconds:.1f} s)", flush=True))
         try:
-            outcomes = conformance.run_scenarios(client, args.only, report=report)
+            outcomes = conformance.run_scenarios(client, args.only, report=report, destructive=args.destructive,
+                                                 kill_command=args.kill_command or "",
+                                                 restore_command=args.restore_command or "")
         except ValueError as exc:
             _error(str(exc))
             return EXIT_USAGE
@@ -929,6 +932,24 @@ def cmd_cluster_start(args: argparse.Namespace) -> int:
     if dir_flag:
         print(f"other commands find it with: export FUNKE_CLUSTER_DIR={root}  (or --jobmanager {info.address})")
     print(f"stop it with: funke cluster stop{dir_flag}")
+    return EXIT_OK
+
+
+def cmd_cluster_kill(args: argparse.Namespace) -> int:
+    root = _cluster_dir(args)
+    pid = localcluster.kill(root, args.name)  # a process the cluster recorded, by its pid
+    print(f"{args.name} (pid {pid}) killed")
+    return EXIT_OK
+
+
+def cmd_cluster_add_taskmanager(args: argparse.Namespace) -> int:
+    root = _cluster_dir(args)
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", args.name) or localcluster.is_jobmanager(args.name) \
+            or args.name == localcluster.ZOOKEEPER:
+        _error(f"{args.name!r} is no TaskManager name: letters, digits, '.', '_', '-' (e.g. tm-3)")
+        return EXIT_USAGE
+    info = localcluster.start_taskmanager(root, args.name, args.slots, timeout=args.timeout)
+    print(f"{info.name} (pid {info.pid}) registered; log {info.log}")
     return EXIT_OK
 
 
@@ -1075,6 +1096,19 @@ def build_parser() -> argparse.ArgumentParser:
     stop.set_defaults(handler=cmd_cluster_stop)
     stop.add_argument("--dir", help=dir_help)
     stop.add_argument("--timeout", type=float, default=15, help="seconds before SIGKILL (default: 15)")
+    kill = cluster_commands.add_parser("kill", help="SIGKILL one of the cluster's processes (and what it started), "
+                                       "as if its machine died", allow_abbrev=False)
+    kill.set_defaults(handler=cmd_cluster_kill)
+    kill.add_argument("name", metavar="NAME", help="tm-1, jobmanager, ... (see funke cluster status)")
+    kill.add_argument("--dir", help=dir_help)
+    add = cluster_commands.add_parser("add-taskmanager", help="start a TaskManager in the running cluster (a new "
+                                      "one, or a dead one again), with the cluster's TaskManager options",
+                                      allow_abbrev=False)
+    add.set_defaults(handler=cmd_cluster_add_taskmanager)
+    add.add_argument("name", metavar="NAME", help="e.g. tm-3")
+    add.add_argument("--slots", type=_positive_int, default=2, metavar="S", help="default: 2")
+    add.add_argument("--dir", help=dir_help)
+    add.add_argument("--timeout", type=float, default=120, help="seconds to wait for its registration (default: 120)")
     status = cluster_commands.add_parser("status", help="the cluster's processes and slots", allow_abbrev=False)
     status.set_defaults(handler=cmd_cluster_status)
     status.add_argument("--dir", help=dir_help)
@@ -1125,6 +1159,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--list", action="store_true", help="list the scenarios and their expected paths")
     p.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     p.add_argument("--junit", metavar="FILE", help="also write the outcome as JUnit XML")
+    p.add_argument("--destructive", action="store_true",
+                   help="also run the scenarios that stop a TaskManager (they need --kill-command)")
+    p.add_argument("--kill-command", metavar="CMD", help="a shell command that kills TaskManager {taskmanager}, "
+                   "e.g. 'funke cluster kill {taskmanager}' for a local cluster")
+    p.add_argument("--restore-command", metavar="CMD", help="a shell command that starts it again, e.g. "
+                   "'funke cluster add-taskmanager {taskmanager}'")
     return parser
 
 

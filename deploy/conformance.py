@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
+import subprocess
 import tempfile
 import threading
 import time
@@ -89,6 +91,8 @@ class Scenario:
     act: Callable[["Run", str], None] | None = None
     # the scenario's own checks on the final details; returns problems
     check: Callable[["Run", job_pb2.JobDetails], list[str]] | None = None
+    # only with --destructive: it stops a TaskManager of the cluster (and starts it again)
+    destructive: bool = False
 
 
 @dataclass
@@ -107,11 +111,20 @@ class Run:
     """One run of the kit against one cluster: its client, what the cluster offers, and a token
     that names what the run leaves on TaskManager machines (fail-once markers)."""
 
-    def __init__(self, client: JobManagerClient):
+    def __init__(self, client: JobManagerClient, kill_command: str = "", restore_command: str = ""):
         self.client = client
         self.token = uuid.uuid4().hex[:12]
         overview = client.cluster_overview()
         self.slots = overview.slots_total
+        self.kill_command, self.restore_command = kill_command, restore_command
+        self.killed: list[str] = []  # TaskManagers the run stopped, to start again
+
+    def shell(self, template: str, task_manager: str) -> None:
+        """Run a --kill-command / --restore-command with {taskmanager} filled in."""
+        command = template.replace("{taskmanager}", shlex.quote(task_manager))
+        result = subprocess.run(command, shell=True, capture_output=True, text=True, timeout=300)
+        if result.returncode != 0:
+            raise ConformanceError(f"`{command}` exited {result.returncode}: {(result.stderr or result.stdout)[-300:]}")
 
     def marker(self, scenario: str) -> str:
         return os.path.join(tempfile.gettempdir(), f"funke-conformance-{self.token}-{scenario}")
@@ -228,6 +241,70 @@ def _running(details) -> bool:
         _state(s.current.state) == "RUNNING" for v in details.vertices for s in v.subtasks)
 
 
+def _streaming(run: Run) -> JobGraph:
+    # A fixed name, so the checkpoint directory the query keeps (<data dir>/checkpoints/...) is
+    # the same one every run; a rate source's offsets are computed, so resuming costs nothing.
+    env = run.env("graceful-stop", parallelism=1)
+    env.read_stream.rate(50, max_rows_per_trigger=100).discard()
+    env.set_trigger("200 ms")
+    return env.build()
+
+
+def _stop_after_batches(run: Run, job_id: str) -> None:
+    deadline = time.monotonic() + SCENARIO_TIMEOUT_S / 2
+    while len(run.client.progress(job_id)) < 2:
+        if time.monotonic() > deadline:
+            raise ConformanceError("the streaming query never completed 2 batches")
+        time.sleep(0.1)
+    run.client.stop(job_id)
+
+
+def _check_stopped(run: Run, details) -> list[str]:
+    batches = run.client.progress(details.job_id)
+    return [] if len(batches) >= 2 else [f"{len(batches)} batch(es) in the progress records, expected at least 2"]
+
+
+def _long_job(run: Run) -> JobGraph:
+    env = run.env("taskmanager-lost", parallelism=1)
+    env.set_restart_strategy("fixed-delay", attempts=3, delay="500 ms")
+    env.set_failover_strategy("region")
+    env.from_range(40).map(_slow(0.25), schema="id bigint").discard()
+    return env.build()
+
+
+def _kill_its_taskmanager(run: Run, job_id: str) -> None:
+    if len(run.client.cluster_overview().task_managers) < 2:
+        raise ConformanceError("losing a TaskManager needs at least 2 in the cluster (the task must run elsewhere)")
+    if not run.kill_command:
+        raise ConformanceError("--destructive needs --kill-command (and --restore-command), e.g. "
+                               "'funke cluster kill {taskmanager}'")
+    deadline = time.monotonic() + SCENARIO_TIMEOUT_S / 2
+    while time.monotonic() < deadline:
+        details = run.client.get_job(job_id)
+        hosts = [s.current.task_manager_id for v in details.vertices for s in v.subtasks
+                 if _state(s.current.state) == "RUNNING"]
+        if hosts:
+            run.killed.append(hosts[0])
+            run.shell(run.kill_command, hosts[0])
+            return
+        time.sleep(0.05)
+    raise ConformanceError("the job's task never ran")
+
+
+def _check_ran_elsewhere(run: Run, details) -> list[str]:
+    problems = []
+    killed = run.killed[-1] if run.killed else ""
+    if not any(killed and killed in e.failure.message for e in details.exceptions):
+        problems.append(f"no failure names the lost TaskManager {killed}")
+    elsewhere = [s.current.task_manager_id for v in details.vertices for s in v.subtasks]
+    if killed in elsewhere:
+        problems.append(f"the task's last attempt ran on {killed}, the TaskManager that was killed")
+    if run.restore_command and killed:
+        run.shell(run.restore_command, killed)
+        run.killed.remove(killed)
+    return problems
+
+
 SCENARIOS: tuple[Scenario, ...] = (
     Scenario("finishes", "a bounded job runs to its end; its collected rows are all there",
              "CREATED -> RUNNING -> FINISHED", _finishes, check=_check_finished_rows),
@@ -257,27 +334,41 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("slots-time-out", "needs one slot more than the cluster has, a 3 s slot request "
              "timeout: it waits, then fails saying so", "CREATED -> FAILING -> FAILED",
              _too_wide("slots-time-out", 3.0), check=_check_waited),
+    Scenario("graceful-stop", "a streaming query (rate -> discard, 200 ms trigger) stopped after 2 batches: "
+             "its batch in flight commits, it ends FINISHED", "CREATED -> RUNNING -> FINISHED",
+             _streaming, act=_stop_after_batches, check=_check_stopped),
+    Scenario("taskmanager-lost", "the TaskManager running the task is killed: region failover runs it on another "
+             "one, the job stays RUNNING", "CREATED -> RUNNING -> FINISHED",
+             _long_job, act=_kill_its_taskmanager, check=_check_ran_elsewhere, destructive=True),
 )
 
 
 # ---------------------------------------------------------------------------- running them
 
 def run_scenarios(client: JobManagerClient, only: Sequence[str] = (),
-                  report: Callable[[Outcome], None] | None = None) -> list[Outcome]:
-    """Run the scenarios (all, or those named in `only`) one after the other."""
+                  report: Callable[[Outcome], None] | None = None, *, destructive: bool = False,
+                  kill_command: str = "", restore_command: str = "") -> list[Outcome]:
+    """Run the scenarios (all, or those named in `only`; the destructive ones only when asked)
+    one after the other."""
     unknown = sorted(set(only) - {s.name for s in SCENARIOS})
     if unknown:
         raise ValueError(f"unknown scenario(s): {', '.join(unknown)}; the scenarios are "
                          f"{', '.join(s.name for s in SCENARIOS)}")
-    run = Run(client)
+    if destructive and not kill_command:
+        raise ValueError("--destructive needs --kill-command, e.g. 'funke cluster kill {taskmanager}' "
+                         "(and --restore-command 'funke cluster add-taskmanager {taskmanager}')")
+    run = Run(client, kill_command, restore_command)
     outcomes = []
     for scenario in SCENARIOS:
-        if only and scenario.name not in only:
+        if (only and scenario.name not in only) or (scenario.destructive and not destructive):
             continue
         outcome = _run_one(run, scenario)
         outcomes.append(outcome)
         if report is not None:
             report(outcome)
+    for task_manager in list(run.killed):  # a scenario that failed before it could restore
+        if run.restore_command:
+            run.shell(run.restore_command, task_manager)
     return outcomes
 
 

@@ -268,7 +268,7 @@ def start(
         raise ClusterError("a Spark standalone cluster of its own is one Spark target; --no-spark, "
                            "--spark-master and --spark-remote are others")
     host_args = ["--host", host] if host else []
-    tm_options = [*host_args, *taskmanager_options]
+    tm_options = [*host_args, *taskmanager_options, *(["--no-spark"] if no_spark else [])]
     data = data_dir or str(root / "data")
     if "://" not in data:
         # The processes run in the cluster dir; a relative path meant the caller's cwd.
@@ -307,8 +307,6 @@ def start(
         tm_names = [f"tm-{i}" for i in range(1, taskmanagers + 1)]
         for name in tm_names:
             tm_args = ["--jobmanager", address, "--slots", str(slots), "--id", name, *tm_options, *ha_args]
-            if no_spark:
-                tm_args.append("--no-spark")
             _launch(started, name, tm_args)
 
         with JobManagerClient(address, timeout=5) as client:
@@ -427,7 +425,7 @@ def start_taskmanager(dir: str | os.PathLike[str], name: str, slots: int, no_spa
         raise ClusterError(f"{name} (pid {alive[0].pid}) is still running")
     started = _Started(root)
     args = ["--jobmanager", address, "--slots", str(slots), "--id", name, *_taskmanager_options(root)]
-    args += ["--no-spark"] if no_spark else []
+    args += ["--no-spark"] if no_spark and "--no-spark" not in args else []
     if (root / HA_CONF).is_file():
         args += ["--config", str(root / HA_CONF)]
     _launch(started, name, args)

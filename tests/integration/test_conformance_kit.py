@@ -5,19 +5,35 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import xml.etree.ElementTree as ET
 
 import pytest
 
 from funke.deploy import conformance
+from funke.deploy.client import JobManagerClient
+from funke.v1 import job_pb2
 from tests.integration.conftest import funke
 
 pytestmark = pytest.mark.cluster
 
 
-def test_every_scenario_passes_on_a_local_cluster(spark_cluster, tmp_path):
+@pytest.fixture(scope="module")
+def kit_cluster(tmp_path_factory):
+    """A cluster of its own: the destructive scenario kills one of its TaskManagers."""
+    d = tmp_path_factory.mktemp("kit-cluster")
+    funke("cluster", "start", "--dir", str(d), "--taskmanagers", "2", "--slots", "2", timeout=300)
+    yield d, (d / "jobmanager.address").read_text().strip()
+    funke("cluster", "stop", "--dir", str(d), timeout=120)
+
+
+def test_every_scenario_passes_on_a_local_cluster(kit_cluster, tmp_path):
+    d, address = kit_cluster
+    cli = f"{sys.executable} -m funke.deploy.cli cluster"
     report = tmp_path / "conformance.xml"
-    result = spark_cluster.funke("conformance", "--json", "--junit", str(report), timeout=1200, check=False)
+    result = funke("conformance", "--jobmanager", address, "--json", "--junit", str(report), "--destructive",
+                   "--kill-command", f"{cli} kill --dir {d} {{taskmanager}}",
+                   "--restore-command", f"{cli} add-taskmanager --dir {d} {{taskmanager}}", timeout=1200, check=False)
     outcome = json.loads(result.stdout)
     failed = [(s["name"], s["problems"]) for s in outcome["scenarios"] if not s["passed"]]
     assert result.returncode == 0 and not failed, failed
@@ -26,22 +42,28 @@ def test_every_scenario_passes_on_a_local_cluster(spark_cluster, tmp_path):
     assert observed["finishes"] == "CREATED -> RUNNING -> FINISHED"
     assert observed["cancel-running"] == "CREATED -> RUNNING -> CANCELLING -> CANCELED"
     assert observed["full-failover"].startswith("CREATED -> RUNNING -> FAILING -> RESTARTING -> CREATED -> RUNNING")
+    assert observed["graceful-stop"] == "CREATED -> RUNNING -> FINISHED"
     suite = ET.parse(report).getroot()
     assert suite.get("tests") == str(len(conformance.SCENARIOS)) and suite.get("failures") == "0"
-    overview = spark_cluster.client.cluster_overview()
-    assert overview.slots_free == overview.slots_total
-    from funke.v1 import job_pb2
+    with JobManagerClient(address) as client:
+        overview = client.cluster_overview()
+        # the killed TaskManager is back, and nothing of the kit holds a slot or still runs
+        assert sorted(tm.id for tm in overview.task_managers) == ["tm-1", "tm-2"]
+        assert overview.slots_free == overview.slots_total
+        live = {job_pb2.JOB_STATUS_CREATED, job_pb2.JOB_STATUS_RUNNING, job_pb2.JOB_STATUS_FAILING,
+                job_pb2.JOB_STATUS_CANCELLING, job_pb2.JOB_STATUS_RESTARTING}
+        assert not [j for j in client.list_jobs() if j.name.startswith("conformance:") and j.status in live]
 
-    live = {job_pb2.JOB_STATUS_CREATED, job_pb2.JOB_STATUS_RUNNING, job_pb2.JOB_STATUS_FAILING,
-            job_pb2.JOB_STATUS_CANCELLING, job_pb2.JOB_STATUS_RESTARTING}
-    running = [j for j in spark_cluster.client.list_jobs() if j.name.startswith("conformance:") and j.status in live]
-    assert not running  # nothing of the kit still runs
 
-
-def test_an_unknown_scenario_is_a_usage_error(spark_cluster):
-    result = spark_cluster.funke("conformance", "--only", "no-such-scenario", check=False)
+def test_the_default_run_leaves_the_destructive_scenario_out_and_names_unknown_ones(kit_cluster):
+    d, address = kit_cluster
+    listed = funke("conformance", "--list").stdout
+    assert "taskmanager-lost" in listed and "(--destructive)" in listed
+    result = funke("conformance", "--jobmanager", address, "--only", "no-such-scenario", check=False)
     assert result.returncode == 2
     assert "unknown scenario(s): no-such-scenario" in result.stderr and "finishes" in result.stderr
+    result = funke("conformance", "--jobmanager", address, "--destructive", check=False)
+    assert result.returncode == 2 and "--destructive needs --kill-command" in result.stderr
 
 
 def test_the_kit_names_the_illegal_transition_of_a_defective_cluster(tmp_path):
