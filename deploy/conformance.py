@@ -118,6 +118,7 @@ class Run:
         self.slots = overview.slots_total
         self.kill_command, self.restore_command = kill_command, restore_command
         self.killed: list[str] = []  # TaskManagers the run stopped, to start again
+        self.seen: dict[str, str] = {}  # job id -> the waiting message seen while it ran
 
     def shell(self, template: str, task_manager: str) -> None:
         """Run a --kill-command / --restore-command with {taskmanager} filled in."""
@@ -231,9 +232,28 @@ def _too_wide(name: str, timeout: float | None):
     return build
 
 
+def _see_waiting(run: Run, job_id: str) -> None:
+    """Wait for the job's waiting message (what it waits for), then let the timeout fail it."""
+    deadline = time.monotonic() + SCENARIO_TIMEOUT_S / 2
+    while time.monotonic() < deadline:
+        details = run.client.get_job(job_id)
+        if details.waiting_for_resources:
+            run.seen[job_id] = details.waiting_for_resources
+            return
+        if _status(details.status) in ("FINISHED", "FAILED", "CANCELED"):
+            raise ConformanceError(f"the job ended {_status(details.status)} without saying what it waited for")
+        time.sleep(0.05)
+    raise ConformanceError("the job never said it was waiting for slots")
+
+
 def _check_waited(run: Run, details) -> list[str]:
-    return [] if "slot" in details.failure.message.lower() else [
-        f"the failure does not say slots were missing: {details.failure.message[:160]!r}"]
+    problems = []
+    waiting = run.seen.get(details.job_id, "")
+    if "slot" not in waiting.lower():
+        problems.append(f"the waiting message does not speak of slots: {waiting[:160]!r}")
+    if "slot" not in details.failure.message.lower():
+        problems.append(f"the failure does not say slots were missing: {details.failure.message[:160]!r}")
+    return problems
 
 
 def _running(details) -> bool:
@@ -333,7 +353,7 @@ SCENARIOS: tuple[Scenario, ...] = (
              act=_cancel_when(lambda d: bool(d.waiting_for_resources), "waiting for slots")),
     Scenario("slots-time-out", "needs one slot more than the cluster has, a 3 s slot request "
              "timeout: it waits, then fails saying so", "CREATED -> FAILING -> FAILED",
-             _too_wide("slots-time-out", 3.0), check=_check_waited),
+             _too_wide("slots-time-out", 3.0), act=_see_waiting, check=_check_waited),
     Scenario("graceful-stop", "a streaming query (rate -> discard, 200 ms trigger) stopped after 2 batches: "
              "its batch in flight commits, it ends FINISHED", "CREATED -> RUNNING -> FINISHED",
              _streaming, act=_stop_after_batches, check=_check_stopped),
