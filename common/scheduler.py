@@ -57,11 +57,11 @@ from funke.common.schedulingstrategy import scheduling_strategy
 from funke.common.slotsharing import ExecutionSlotSharingGroup, build_slot_sharing_plan
 from funke.common.states import (
     DEPLOYED_EXECUTION_STATES,
-    EXECUTION_STATE_TRANSITIONS,
     JOB_STATUS_WHEN_EXECUTIONS_END,
     LIVE_EXECUTION_STATES,
     SCHEDULING_JOB_STATUSES,
     SKIP_INITIALIZING,
+    SKIP_INITIALIZING_EXECUTION_TRANSITIONS,
     ExecutionsOutcome,
     ExecutionState,
     JobStatus,
@@ -502,7 +502,7 @@ class Scheduler:
             if target is E.INITIALIZING:
                 return []  # the defect: INITIALIZING is dropped ...
             if target is E.RUNNING and execution.state is E.DEPLOYING:
-                execution.machine.table = _SKIP_INITIALIZING_TABLE  # ... and DEPLOYING -> RUNNING taken
+                execution.machine.table = SKIP_INITIALIZING_EXECUTION_TRANSITIONS  # ... and DEPLOYING -> RUNNING taken
         if target is execution.state or not execution.machine.can_transition(target):
             return []
         if target is E.FINISHED:
@@ -1080,12 +1080,6 @@ class Scheduler:
     def _drain(self) -> list[Action]:
         out, self._out = self._out, []
         return out
-
-
-# Test only (`funke.testing.mutant: skip-initializing`): the execution table with a transition
-# the specification forbids, so that the conformance kit can be seen to catch a defect.
-_SKIP_INITIALIZING_TABLE = {**EXECUTION_STATE_TRANSITIONS,
-                            E.DEPLOYING: EXECUTION_STATE_TRANSITIONS[E.DEPLOYING] | {E.RUNNING}}
 
 
 def _suppressed(failure: FailureInfo, by: str) -> FailureInfo:

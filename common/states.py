@@ -119,6 +119,11 @@ EXECUTION_REPORT_RESOLUTION: Mapping[tuple[ExecutionState, ExecutionState], Exec
 # INITIALIZING reports and takes DEPLOYING -> RUNNING, which the specification forbids.
 SKIP_INITIALIZING = "skip-initializing"
 TESTING_MUTANTS = (SKIP_INITIALIZING,)
+# ... its execution table, with the one transition the specification forbids.
+SKIP_INITIALIZING_EXECUTION_TRANSITIONS: Mapping[ExecutionState, frozenset[ExecutionState]] = {
+    **EXECUTION_STATE_TRANSITIONS,
+    _E.DEPLOYING: EXECUTION_STATE_TRANSITIONS[_E.DEPLOYING] | {_E.RUNNING},
+}
 
 
 def resolve_report(current: ExecutionState, reported: ExecutionState) -> ExecutionState:

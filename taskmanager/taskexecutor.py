@@ -743,8 +743,10 @@ class TaskExecutor:
                     continue
                 self._connect(lease.address)
             assert self._resource_manager is not None
-            self.address = _host_port(advertised_host(cfg.host, cfg.advertise_host, self.jobmanager_address),
-                                      self._bound_port)
+            # Off the loop: a JobManager given by name is resolved to find the route to it.
+            host = await asyncio.get_running_loop().run_in_executor(
+                None, advertised_host, cfg.host, cfg.advertise_host, self.jobmanager_address)
+            self.address = _host_port(host, self._bound_port)
             request = cluster_pb2.RegisterTaskManagerRequest(
                 task_manager_id=self.id, address=self.address, number_of_slots=len(self.core.slots),
                 resources=resources, slot_report=self._current_slot_report())
@@ -773,8 +775,8 @@ class TaskExecutor:
                 leader_epoch=response.leader_epoch,
             )
             if not cfg.data_dir:
-                try:
-                    datafs.check(registration.data_dir)
+                try:  # off the loop: an HDFS client starts a JVM
+                    await asyncio.get_running_loop().run_in_executor(None, datafs.check, registration.data_dir)
                 except datafs.DataDirError as e:  # Spark may still reach it; funke's own file work cannot
                     log.error("TaskManager %s: the JobManager's data directory is out of reach here: %s", self.id, e)
             log.info("TaskManager %s registered with the JobManager at %s as %s (%d slots, address %s, "
