@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import re
 
 import grpc
 
@@ -36,6 +37,7 @@ DEFAULT_STOP_TIMEOUT_S = 60.0
 MAX_STOP_TIMEOUT_S = 86_400.0
 MAX_ADDRESS_LENGTH = 300
 MAX_RESOURCES = 100
+_HOST = re.compile(r"\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9][A-Za-z0-9.-]*")
 
 
 async def _abort(context: grpc.aio.ServicerContext, error: DispatcherError):
@@ -181,7 +183,9 @@ def registration_problem(request: cluster_pb2.RegisterTaskManagerRequest) -> str
     address = request.address
     host, sep, port = address.rpartition(":")
     if (len(address) > MAX_ADDRESS_LENGTH or not address.isprintable() or not sep or not host
-            or not port.isdigit() or not 0 < int(port) < 65536):
+            or not port.isdigit() or not 0 < int(port) < 65536 or not _HOST.fullmatch(host)):
+        # The JobManager dials it: a name, an IPv4 address or a bracketed IPv6 one, never a
+        # gRPC target of another kind ("unix:/path", "dns://...").
         return f"address {ids.echo(address)} is not HOST:PORT"
     if len(request.resources) > MAX_RESOURCES or any(
             len(k) > 200 or len(v) > 1000 for k, v in request.resources.items()):

@@ -121,3 +121,17 @@ def test_the_advertised_host():
     # a wildcard bind advertises the address on the route to the JobManager, not a host name
     assert advertised_host("0.0.0.0", None, "127.0.0.1:6123") == "127.0.0.1"
     assert advertised_host("", None, "localhost:6123") in ("127.0.0.1", "::1")
+
+
+@pytest.mark.parametrize("address, refused", [
+    ("127.0.0.1:9", False), ("[::1]:9", False), ("tm-host.example:80", False),
+    ("unix:/tmp/socket:80", True), ("dns://x:80", True), ("ipv4:10.0.0.1:80", True), ("a b:1", True),
+    ("nohost", True), ("host:0", True),
+])
+def test_only_a_host_and_port_is_an_address_the_jobmanager_dials(address, refused):
+    """The JobManager dials what a TaskManager registers: never a gRPC target of another kind."""
+    from funke.jobmanager.services import registration_problem
+
+    problem = registration_problem(cluster_pb2.RegisterTaskManagerRequest(
+        task_manager_id="tm-1", address=address, number_of_slots=1))
+    assert (problem is not None) == refused, problem
