@@ -41,7 +41,7 @@ from pathlib import Path
 
 from funke.common.configuration import ConfigurationError, parse_config_lines, parse_configuration
 from funke.common.leadership import Lease
-from funke.deploy.processgroups import group_alive, signal_group
+from funke.deploy.processgroups import kill_what_is_left, signal_group, wait_gone
 from funke.deploy import zookeeperserver
 from funke.deploy.client import FunkeError, JobManagerClient
 from funke.deploy.haservices import HaServices, ha_services as _configured_services
@@ -621,16 +621,10 @@ def stop(dir: str | os.PathLike[str], timeout: float = 15) -> list[tuple[Process
         if group is taskmanagers:  # their Spark applications are over: the Workers and Master go
             spark = _stop_standalone(root, max(deadline - time.monotonic(), 5.0))
     for p in live:
-        if _alive(p.pid):
-            signal_group(p.pid, signal.SIGKILL)
-            _wait_gone([p], time.monotonic() + 5.0)
-            outcome[p.name] = f"killed (still running after {timeout:g} s)"
-        elif group_alive(p.pid):
-            # The process ended but left children (a TaskManager's Spark JVM) behind.
-            signal_group(p.pid, signal.SIGKILL)
-            outcome[p.name] = "stopped (left-over child processes killed)"
-        else:
-            outcome[p.name] = "stopped"
+        # A process that ended may have left children (a TaskManager's Spark JVM) behind.
+        outcome[p.name] = {"killed": f"killed (still running after {timeout:g} s)",
+                           "left-overs killed": "stopped (left-over child processes killed)",
+                           "stopped": "stopped"}[kill_what_is_left(p.pid, _alive)]
     _forget(root)
     for key in [k for k in _services if k[0] == str(root)]:
         _services.pop(key).close()  # a ZooKeeper session to a server that is gone now
@@ -642,8 +636,7 @@ def stop(dir: str | os.PathLike[str], timeout: float = 15) -> list[tuple[Process
 
 
 def _wait_gone(processes: Sequence[ProcessInfo], deadline: float) -> None:
-    while any(_alive(p.pid) or group_alive(p.pid) for p in processes) and time.monotonic() < deadline:
-        time.sleep(_POLL_S)
+    wait_gone((p.pid for p in processes), _alive, deadline, _POLL_S)
 
 
 def _forget(root: Path) -> None:

@@ -6,6 +6,9 @@ they only ever pass pids they started or recorded."""
 from __future__ import annotations
 
 import os
+import signal
+import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 
@@ -39,3 +42,25 @@ def group_alive(pgid: int) -> bool:
         if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
             return True
     return False
+
+
+def wait_gone(pids: Iterable[int], alive: Callable[[int], bool], deadline: float, poll_s: float = 0.1) -> None:
+    """Until `deadline` (monotonic): wait for every process and all of its group to be gone.
+    `alive` is the caller's own check (each launcher reaps its children its own way)."""
+    pids = list(pids)
+    while any(alive(pid) or group_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(poll_s)
+
+
+def kill_what_is_left(pid: int, alive: Callable[[int], bool]) -> str:
+    """After the SIGTERM and its grace: SIGKILL the process, or what it left of its group.
+    Returns "killed" (the process itself was still running), "left-overs killed" or "stopped"."""
+    if alive(pid):
+        outcome = "killed"
+    elif group_alive(pid):
+        outcome = "left-overs killed"
+    else:
+        return "stopped"
+    signal_group(pid, signal.SIGKILL)
+    wait_gone([pid], alive, time.monotonic() + 5.0)
+    return outcome

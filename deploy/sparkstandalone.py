@@ -46,7 +46,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from funke.deploy.processgroups import group_alive, signal_group
+from funke.deploy.processgroups import kill_what_is_left, signal_group, wait_gone
 
 __all__ = [
     "Executor",
@@ -469,17 +469,10 @@ def _stop(processes: Sequence[ProcessInfo], timeout: float) -> dict[str, str]:
         # The Master gets a moment even when the Workers used up the time.
         _wait_gone(group, max(deadline, time.monotonic() + 2.0))
     for p in live:
-        if _alive(p.pid):
-            signal_group(p.pid, signal.SIGKILL)
-            _wait_gone([p], time.monotonic() + 5.0)
-            outcome[p.name] = f"killed (still running after {timeout:g} s)"
-        elif group_alive(p.pid):
-            # The process ended but left some of its group behind (an executor, a Python worker).
-            signal_group(p.pid, signal.SIGKILL)
-            _wait_gone([p], time.monotonic() + 5.0)
-            outcome[p.name] = "stopped (left-over processes of its group killed)"
-        else:
-            outcome[p.name] = "stopped"
+        # A process that ended may have left some of its group behind (an executor, a Python worker).
+        outcome[p.name] = {"killed": f"killed (still running after {timeout:g} s)",
+                           "left-overs killed": "stopped (left-over processes of its group killed)",
+                           "stopped": "stopped"}[kill_what_is_left(p.pid, _alive)]
     for p in processes:
         if not _alive(p.pid):  # reaped: from now on the pid may be anyone's
             _children.pop(p.pid, None)
@@ -489,8 +482,7 @@ def _stop(processes: Sequence[ProcessInfo], timeout: float) -> dict[str, str]:
 
 
 def _wait_gone(processes: Sequence[ProcessInfo], deadline: float) -> None:
-    while any(_alive(p.pid) or group_alive(p.pid) for p in processes) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_gone((p.pid for p in processes), _alive, deadline)
 
 
 
