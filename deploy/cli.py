@@ -17,11 +17,15 @@ $FUNKE_CLUSTER_DIR or ~/.funke/cluster), else 127.0.0.1:6123.
 
 from __future__ import annotations
 
-import argparse
-import datetime
-import json
-import math
 import os
+
+# gRPC's core logs a failed TLS handshake at INFO on stderr; the error we raise says it better.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
+import argparse  # noqa: E402
+import datetime  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
 import queue
 import re
 import shutil
@@ -39,6 +43,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from funke.deploy.client import (
     DEFAULT_JOBMANAGER,
+    ClientCredentials,
     FunkeError,
     InvalidJobGraph,
     JobManagerClient,
@@ -46,6 +51,8 @@ from funke.deploy.client import (
     JobManagerUnavailable,
     JobNotFound,
     NotAJobManager,
+    NotAuthenticated,
+    SecurityError,
     execution_state_name,
     job_status_name,
 )
@@ -668,12 +675,14 @@ def collect_sinks(job: JobGraph) -> list[str]:
 
 def _client(args: argparse.Namespace) -> JobManagerClient:
     address = resolve_jobmanager(args.jobmanager)
+    credentials = ClientCredentials.discover(token_file=args.token_file, tls_ca=args.tls_ca,
+                                             tls_cert=args.tls_cert, tls_key=args.tls_key)
     if not args.jobmanager and not os.environ.get("FUNKE_JOBMANAGER"):
         root = localcluster.default_cluster_dir()
         if localcluster.ha_services(root) is not None:
             # A high-availability cluster: follow its leader through failovers.
-            return JobManagerClient(address, leader=lambda: localcluster.read_address(root))
-    return JobManagerClient(address)
+            return JobManagerClient(address, leader=lambda: localcluster.read_address(root), credentials=credentials)
+    return JobManagerClient(address, credentials=credentials)
 
 
 _SUBMIT_FLAGS = {"--detach": "detach", "--json": "json"}
@@ -914,7 +923,9 @@ def cmd_cluster_start(args: argparse.Namespace) -> int:
     info = localcluster.start(root, args.taskmanagers, args.slots, port=args.port, data_dir=args.data_dir,
                               dynamic=args.dynamic, no_spark=args.no_spark, timeout=args.timeout,
                               ha=args.ha, jobmanagers=args.jobmanagers, zookeeper_quorum=args.zookeeper_quorum,
-                              host=args.host, taskmanager_options=tm_options, spark_workers=workers)
+                              host=args.host, taskmanager_options=tm_options, spark_workers=workers,
+                              tls="mtls" if args.mtls else "tls" if args.tls else "none", insecure=args.insecure,
+                              tls_hosts=args.tls_host)
     leads = " (leader)" if info.high_availability != "none" else ""
     rows = [[info.jobmanager.name + leads, info.address, "", str(info.jobmanager.pid), str(info.jobmanager.log)]]
     rows += [[jm.name + " (standby)", "", "", str(jm.pid), str(jm.log)] for jm in info.standbys]
@@ -928,10 +939,27 @@ def cmd_cluster_start(args: argparse.Namespace) -> int:
     total = len(info.taskmanagers) * info.slots_per_taskmanager
     print(f"cluster running: JobManager at {info.address}, {len(info.taskmanagers)} TaskManager(s), "
           f"{total} slot(s); data dir {info.data_dir}")
+    tls = {"tls": "TLS", "mtls": "mutual TLS"}.get(localcluster.tls_mode(root), "plaintext (loopback)")
+    if args.insecure and args.host:
+        tls = "plaintext, reachable from other machines (--insecure)"
+    print(f"security: {tls}; every call needs the tokens in {root / 'security'} (mode 0700), which "
+          "funke commands and the SDK read from there")
     dir_flag = "" if root == localcluster.default_cluster_dir().resolve() else f" --dir {root}"
     if dir_flag:
         print(f"other commands find it with: export FUNKE_CLUSTER_DIR={root}  (or --jobmanager {info.address})")
     print(f"stop it with: funke cluster stop{dir_flag}")
+    return EXIT_OK
+
+
+def cmd_cluster_secrets(args: argparse.Namespace) -> int:
+    root = _cluster_dir(args)
+    mode = "mtls" if args.mtls else "tls" if args.tls else "none"
+    folder = localcluster.prepare_security(root, mode, args.host, args.tls_host)
+    print(f"secrets in {folder} (0700): client.token (clients), cluster.token (TaskManagers)"
+          + (f"; {'mutual ' if mode == 'mtls' else ''}TLS in {folder / 'tls'}: ca.pem, node.pem + node.key "
+             "(every JobManager and TaskManager), client.pem + client.key (clients)" if mode != "none" else ""))
+    print("processes started with these (the -D flags, or the same keys in a --config file):")
+    print("  " + " ".join(localcluster.security_options(root)))
     return EXIT_OK
 
 
@@ -1052,6 +1080,13 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(handler=handler)
         if jobmanager:
             p.add_argument("--jobmanager", metavar="HOST:PORT", help="the JobManager to talk to")
+            p.add_argument("--token-file", metavar="FILE", help="the cluster's client token (default: "
+                           "$FUNKE_TOKEN_FILE, else <cluster dir>/security/client.token)")
+            p.add_argument("--tls-ca", metavar="PEM", help="speak TLS, trusting this CA (default: $FUNKE_TLS_CA, "
+                           "else <cluster dir>/security/tls/ca.pem if the cluster runs with TLS)")
+            p.add_argument("--tls-cert", metavar="PEM", help="this client's certificate, for mutual TLS "
+                           "(default: $FUNKE_TLS_CERT)")
+            p.add_argument("--tls-key", metavar="PEM", help="its private key (default: $FUNKE_TLS_KEY)")
         return p
 
     cluster = commands.add_parser("cluster", help="start, stop or inspect a local multi-process cluster",
@@ -1083,6 +1118,16 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE", type=_key_value,
                        help="Spark configuration for every TaskManager (repeatable)")
     start.add_argument("--timeout", type=float, default=120, help="seconds to wait for startup (default: 120)")
+    tls = start.add_mutually_exclusive_group()
+    tls.add_argument("--tls", action="store_true", help="serve every gRPC port with TLS: a certificate authority "
+                     "for this cluster and certificates for this machine are made in <dir>/security/tls")
+    tls.add_argument("--mtls", action="store_true", help="mutual TLS: as --tls, and every caller (TaskManagers, "
+                     "the JobManager, clients) shows a certificate the cluster's CA signed")
+    start.add_argument("--tls-host", action="append", default=[], metavar="HOST",
+                       help="with --tls/--mtls: another name or address the processes' certificate is valid for "
+                       "(a machine whose TaskManagers use it; repeatable)")
+    tls.add_argument("--insecure", action="store_true", help="with --host off loopback: serve without TLS anyway "
+                     "(tokens, jobs and data cross the network in the clear)")
     start.add_argument("--ha", choices=list(localcluster.HA_MODES), default="none",
                        help="high availability: 'filesystem' elects a leader among the JobManagers through a "
                             "lease in <dir>/ha and keeps jobs there across JobManager failures; 'zookeeper' does "
@@ -1092,6 +1137,17 @@ def build_parser() -> argparse.ArgumentParser:
                             "from the Debian package zookeeper)")
     start.add_argument("--jobmanagers", type=_positive_int, default=1, metavar="N",
                        help="JobManagers to start: one leads, the others stand by (needs --ha; default: 1)")
+    secrets = cluster_commands.add_parser(
+        "secrets", help="make the cluster's tokens (and with --tls/--mtls its certificates) without starting "
+        "anything, e.g. to copy them to the hosts of a cluster across machines", allow_abbrev=False)
+    secrets.set_defaults(handler=cmd_cluster_secrets)
+    secrets.add_argument("--dir", help=dir_help)
+    secrets_tls = secrets.add_mutually_exclusive_group()
+    secrets_tls.add_argument("--tls", action="store_true", help="a certificate authority and certificates too")
+    secrets_tls.add_argument("--mtls", action="store_true", help="as --tls, marked for mutual TLS")
+    secrets.add_argument("--host", help="the address this machine's processes bind (for the certificate)")
+    secrets.add_argument("--tls-host", action="append", default=[], metavar="HOST",
+                         help="another name or address the processes' certificate is valid for (repeatable)")
     stop = cluster_commands.add_parser("stop", help="stop the cluster's processes", allow_abbrev=False)
     stop.set_defaults(handler=cmd_cluster_stop)
     stop.add_argument("--dir", help=dir_help)
@@ -1224,11 +1280,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "submit":
             _split_submit_args(args, after_dashes)
         return args.handler(args)
-    except NotAJobManager as exc:
+    except (NotAJobManager, NotAuthenticated, SecurityError) as exc:
         _error(str(exc))
         return EXIT_USAGE
     except JobManagerUnavailable as exc:
-        _error(f"{exc}; {_START_HINT}")
+        _error(str(exc) if exc.tls_hint else f"{exc}; {_START_HINT}")
         return EXIT_USAGE
     except JobManagerConnectionLost as exc:
         _error(str(exc))

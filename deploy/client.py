@@ -8,6 +8,10 @@ files are loaded by `funke.deploy.jobfile`; presenting jobs to people is `funke.
     from funke.deploy.client import JobManagerClient
     from funke.deploy.jobfile import load_job_file
 
+The client presents the cluster's client token, and speaks TLS when the cluster does: found
+by `ClientCredentials.discover` (--token-file / $FUNKE_TOKEN_FILE, else the cluster
+directory's security/ folder), or given as `credentials=`.
+
     with JobManagerClient("127.0.0.1:6123") as client:
         job_id = client.submit(load_job_file("examples/wordcount.py", []))
         for event in client.watch(job_id):
@@ -27,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Self
 import grpc
 from funke.common.jobgraph import JobGraph
 from funke.deploy.rpc import MESSAGE_SIZE_OPTIONS
+from funke.deploy.security import ClientCredentials, SecurityError
 from funke.v1 import job_pb2, jobgraph_pb2, jobmanager_pb2, jobmanager_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -38,11 +43,14 @@ __all__ = [
     "FunkeError",
     "InvalidJobGraph",
     "JobAlreadyExists",
+    "ClientCredentials",
     "JobManagerClient",
     "JobManagerConnectionLost",
     "JobManagerUnavailable",
     "JobNotFound",
     "NotAJobManager",
+    "NotAuthenticated",
+    "SecurityError",
     "execution_state_name",
     "job_status_name",
 ]
@@ -92,11 +100,12 @@ class JobAlreadyExists(FunkeError):
 class JobManagerUnavailable(FunkeError):
     """The JobManager could not be reached, or did not answer in time."""
 
-    def __init__(self, address: str, details: str, code: grpc.StatusCode | None = None) -> None:
+    def __init__(self, address: str, details: str, code: grpc.StatusCode | None = None, tls_hint: str = "") -> None:
         # gRPC's connection errors can span lines; the user gets one.
         reason = " ".join(details.split()) or "no answer"
-        super().__init__(f"cannot reach the JobManager at {address}: {reason}", code, details)
+        super().__init__(f"cannot reach the JobManager at {address}: {reason}{tls_hint}", code, details)
         self.address = address
+        self.tls_hint = tls_hint  # what the failure may mean for TLS ("": nothing TLS-like)
 
 
 class NotAJobManager(JobManagerUnavailable):
@@ -108,6 +117,17 @@ class NotAJobManager(JobManagerUnavailable):
             self, f"the server at {address} is not a funke JobManager: it does not offer the funke.v1.JobManager "
                   "service (is this a TaskManager's port? `funke cluster status` shows the JobManager's address)",
             code, details)
+        self.address = address
+
+
+class NotAuthenticated(FunkeError):
+    """The JobManager refused the call: this client presented no token, or not the cluster's."""
+
+    def __init__(self, address: str, details: str, credentials: ClientCredentials | None,
+                 code: grpc.StatusCode | None = None) -> None:
+        used = credentials.source if credentials is not None else "no token"
+        super().__init__(f"the JobManager at {address} refused this client: {details}. This client used {used}",
+                         code, details)
         self.address = address
 
 
@@ -134,11 +154,34 @@ def _problems_of(message: str) -> list[str]:
     return listed or [message.strip()]
 
 
-def _translate(exc: grpc.RpcError, address: str, *, submitting: bool = False) -> FunkeError:
+def _tls_hint(details: str, credentials: ClientCredentials | None) -> str:
+    """What a failed connection may mean for TLS, judged from gRPC's words for it."""
+    text = details.lower()
+    tls = credentials.tls if credentials is not None else None
+    closed = any(words in text for words in ("socket closed", "connection reset", "end of tcp stream"))
+    if tls is not None and ("certificate_verify_failed" in text or "handshake" in text or "ssl" in text):
+        return (f" (TLS: the JobManager's certificate is not one the CA this client trusts signed, or it "
+                f"does not name this address; the CA: {tls.ca_source or 'given in code'})")
+    if tls is not None and closed and tls.certificate is None:
+        return (" (TLS: if the cluster runs with mutual TLS, this client needs a certificate its CA signed: "
+                "--tls-cert and --tls-key, or FUNKE_TLS_CERT and FUNKE_TLS_KEY)")
+    if tls is not None and closed:
+        return (" (TLS: if the cluster runs with mutual TLS, it did not take this client's certificate: it "
+                "must be signed by the cluster's CA)")
+    if tls is None and (closed or "handshake" in text):
+        return (" (if the cluster runs with TLS, this client needs its CA: --tls-ca or FUNKE_TLS_CA, or "
+                "FUNKE_CLUSTER_DIR naming the cluster's directory)")
+    return ""
+
+
+def _translate(exc: grpc.RpcError, address: str, *, submitting: bool = False,
+               credentials: ClientCredentials | None = None) -> FunkeError:
     code: grpc.StatusCode = exc.code()  # type: ignore[attr-defined]
     details: str = exc.details() or ""  # type: ignore[attr-defined]
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-        return JobManagerUnavailable(address, details or code.name, code)
+        return JobManagerUnavailable(address, details or code.name, code, _tls_hint(details, credentials))
+    if code is grpc.StatusCode.UNAUTHENTICATED:
+        return NotAuthenticated(address, details, credentials, code)
     if code is grpc.StatusCode.UNIMPLEMENTED:
         return NotAJobManager(address, details or code.name, code)
     if code is grpc.StatusCode.NOT_FOUND:
@@ -186,7 +229,10 @@ class JobManagerClient:
     `watch` keeps following a job across a leader change (the new leader's snapshot comes next)."""
 
     def __init__(self, address: str, timeout: float = 30, *, leader: Callable[[], str | None] | None = None,
-                 failover_timeout: float = 60) -> None:
+                 failover_timeout: float = 60, credentials: ClientCredentials | None = None) -> None:
+        """`credentials`: the token and TLS to present; None: `ClientCredentials.discover()`
+        (raises SecurityError for a token or certificate file named there that cannot be used)."""
+        self.credentials = credentials if credentials is not None else ClientCredentials.discover()
         self.timeout = timeout
         self.failover_timeout = failover_timeout
         self._leader = leader
@@ -198,7 +244,7 @@ class JobManagerClient:
         if address.startswith(_LOOPBACK_HOSTS):
             # An http_proxy in the environment must not capture a loopback connection.
             options.append(("grpc.enable_http_proxy", 0))
-        self._channel = grpc.insecure_channel(address, options=options)
+        self._channel = self.credentials.channel(address, options)
         self._stub = jobmanager_pb2_grpc.JobManagerStub(self._channel)
 
     def _follow_leader(self, deadline: float) -> bool:
@@ -243,7 +289,7 @@ class JobManagerClient:
             except grpc.RpcError as exc:
                 code = exc.code()  # type: ignore[attr-defined]
                 if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                    raise _translate(exc, self.address) from None
+                    raise _translate(exc, self.address, credentials=self.credentials) from None
                 last = exc.details() or code.name  # type: ignore[attr-defined]
             else:
                 if response.status == health_pb2.HealthCheckResponse.SERVING:
@@ -286,7 +332,7 @@ class JobManagerClient:
                 if self._retry(code, deadline):
                     retried = True
                     continue
-                raise _translate(exc, self.address, submitting=True) from None
+                raise _translate(exc, self.address, submitting=True, credentials=self.credentials) from None
 
     def _retry(self, code: grpc.StatusCode, deadline: float) -> bool:
         """After a failed call: whether to call again, at the leader (waited for). UNAVAILABLE:
@@ -369,7 +415,7 @@ class JobManagerClient:
             code = exc.code()  # type: ignore[attr-defined]
             if started and code in _CONNECTION_LOST_CODES:
                 raise JobManagerConnectionLost(self.address, job_id, exc.details() or code.name, code=code) from None
-            raise _translate(exc, self.address) from None
+            raise _translate(exc, self.address, credentials=self.credentials) from None
         finally:
             call.cancel()
 
@@ -401,4 +447,4 @@ class JobManagerClient:
             except grpc.RpcError as exc:
                 if self._retry(exc.code(), deadline):  # type: ignore[attr-defined]
                     continue
-                raise _translate(exc, self.address) from None
+                raise _translate(exc, self.address, credentials=self.credentials) from None

@@ -121,7 +121,7 @@ def run(cluster: localcluster.ClusterInfo, started: float, cluster_ready_at: flo
     words, input_path = tokeniser_and_input(job)
     files = input_files(input_path)
 
-    with JobManagerClient(cluster.address) as client:
+    with JobManagerClient(cluster.address, credentials=localcluster.credentials(cluster.dir)) as client:
         job_id = client.submit(job)
         _say(f"submitted job {job_id} {job.name!r} (parallelism {PARALLELISM}) reading {input_path}")
         follow_job(client, job_id, sys.stdout, tty=sys.stdout.isatty())

@@ -6,6 +6,8 @@ Owns the layout of a cluster directory and the lifecycle of the processes record
     <dir>/pids/<name>.pid        one per process: jobmanager, tm-1 .. tm-N
     <dir>/log/<name>.log         each process's stdout and stderr
     <dir>/data/                  the JobManager's data dir unless another is given
+    <dir>/security/              the cluster's secrets (0700): client.token, cluster.token and,
+                                 with TLS, tls/ (see funke.deploy.security)
 
 With high availability (`ha="filesystem"` or `"zookeeper"`, several JobManagers: `jobmanager`,
 `jobmanager-2`, ...) the cluster directory also holds:
@@ -31,6 +33,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -43,7 +46,11 @@ from funke.common.configuration import ConfigurationError, parse_config_lines, p
 from funke.common.leadership import Lease
 from funke.deploy.processgroups import kill_what_is_left, signal_group, wait_gone
 from funke.deploy import zookeeperserver
+from funke.deploy import security
 from funke.deploy.client import FunkeError, JobManagerClient
+from funke.common.security import plaintext_problem
+from funke.deploy.rpc import WILDCARD_HOSTS, advertised_host
+from funke.deploy.security import ClientCredentials, default_cluster_dir
 from funke.deploy.haservices import HaServices, ha_services as _configured_services
 from funke.v1 import jobmanager_pb2
 
@@ -53,7 +60,10 @@ __all__ = [
     "ClusterInfo",
     "ClusterStatus",
     "ProcessInfo",
+    "credentials",
     "default_cluster_dir",
+    "prepare_security",
+    "security_options",
     "read_address",
     "start",
     "status",
@@ -70,6 +80,8 @@ HA_CLUSTER_ID = "default"
 JOBMANAGER = "jobmanager"
 ZOOKEEPER = "zookeeper"
 HA_MODES = ("none", "filesystem", "zookeeper")
+TLS_MODES = ("none", "tls", "mtls")  # plaintext; TLS; mutual TLS (every caller shows a certificate too)
+_TLS_MODE_FILE = "mode"  # in security/tls/: which of TLS_MODES the material is for
 # What each kind of process runs: the marker its command line must hold to be ours.
 _MODULES = {JOBMANAGER: "funke.jobmanager.main", "tm": "funke.taskmanager.main",
             ZOOKEEPER: zookeeperserver.MAIN_CLASS}
@@ -114,6 +126,11 @@ class ClusterInfo:
     zookeeper: ProcessInfo | None = None  # the cluster's own ZooKeeper server, if it started one
     spark_master: str = ""  # the cluster's own Spark standalone master, if it started one
 
+    def client(self, **kw: object) -> JobManagerClient:
+        """A client of this cluster's JobManager (with its tokens, and TLS if it runs with it);
+        keyword arguments go to JobManagerClient."""
+        return JobManagerClient(self.address, credentials=credentials(self.dir), **kw)  # type: ignore[arg-type]
+
 
 @dataclass(frozen=True, slots=True)
 class ClusterStatus:
@@ -138,10 +155,63 @@ class _Started:
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
 
-def default_cluster_dir(environ: Mapping[str, str] | None = None) -> Path:
-    """$FUNKE_CLUSTER_DIR, else ~/.funke/cluster."""
-    configured = (os.environ if environ is None else environ).get("FUNKE_CLUSTER_DIR")
-    return Path(configured).expanduser() if configured else Path.home() / ".funke" / "cluster"
+def credentials(dir: str | os.PathLike[str]) -> ClientCredentials:
+    """What a client of the cluster recorded in `dir` presents: its client token and, if it
+    runs with TLS, its CA and client certificate."""
+    return ClientCredentials.for_cluster(Path(dir).expanduser().resolve())
+
+
+def _client(root: Path, address: str, timeout: float) -> JobManagerClient:
+    return JobManagerClient(address, timeout=timeout, credentials=credentials(root))
+
+
+def prepare_security(dir: str | os.PathLike[str], tls: str = "none", host: str | None = None,
+                     tls_hosts: Sequence[str] = ()) -> Path:
+    """The cluster's tokens (kept across restarts; generated the first time) and, with TLS, a
+    fresh certificate authority and certificates for this machine's names and addresses and
+    `tls_hosts`. Returns the security directory (what a process on another host needs of it:
+    see the README's Security section)."""
+    root = Path(dir).expanduser().resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    if tls not in TLS_MODES:
+        raise ClusterError(f"TLS {tls!r}: expected one of {', '.join(TLS_MODES)}")
+    folder = root / security.SECURITY_DIR
+    try:
+        security.ensure_token(folder / security.CLIENT_TOKEN, "client token file")
+        security.ensure_token(folder / security.CLUSTER_TOKEN, "cluster token file")
+    except security.SecurityError as exc:
+        raise ClusterError(f"the cluster's secrets: {exc}") from None
+    tls_dir = folder / security.TLS_DIR
+    if tls == "none":
+        shutil.rmtree(tls_dir, ignore_errors=True)  # a client must not try TLS with a plaintext cluster
+        return folder
+    advertised = advertised_host(host, None) if host in WILDCARD_HOSTS else None
+    security.generate_tls(tls_dir, [*security.local_host_names(host, advertised), *tls_hosts])
+    (tls_dir / _TLS_MODE_FILE).write_text(tls + "\n")
+    return folder
+
+
+def security_options(dir: str | os.PathLike[str]) -> list[str]:
+    """The -D flags every process of the cluster starts with: its token files and TLS (for a
+    JobManager or TaskManager started by hand to join it)."""
+    root = Path(dir).expanduser().resolve()
+    folder = root / security.SECURITY_DIR
+    entries = [f"security.auth.token-file={folder / security.CLIENT_TOKEN}",
+               f"security.auth.cluster-token-file={folder / security.CLUSTER_TOKEN}"]
+    generated = security.GeneratedTls(folder / security.TLS_DIR)
+    if generated.ca.exists():
+        entries += generated.config_entries(mutual=tls_mode(root) == "mtls")
+    return [arg for entry in entries for arg in ("-D", entry)]
+
+
+def tls_mode(dir: str | os.PathLike[str]) -> str:
+    """How the cluster recorded in `dir` was started: "none", "tls" or "mtls"."""
+    mode_file = Path(dir).expanduser() / security.SECURITY_DIR / security.TLS_DIR / _TLS_MODE_FILE
+    try:
+        mode = mode_file.read_text().strip()
+    except OSError:
+        return "none"
+    return mode if mode in TLS_MODES else "tls"
 
 
 def read_address(dir: str | os.PathLike[str]) -> str | None:
@@ -223,6 +293,9 @@ def start(
     host: str | None = None,
     taskmanager_options: Sequence[str] = (),
     spark_workers: int = 0,
+    tls: str = "none",
+    insecure: bool = False,
+    tls_hosts: Sequence[str] = (),
 ) -> ClusterInfo:
     """Start a JobManager and `taskmanagers` TaskManagers with `slots` slots each, recorded in
     `dir`. Returns once the JobManager serves and every TaskManager is registered; otherwise
@@ -237,7 +310,13 @@ def start(
     `--spark-conf K=V`...), kept for TaskManagers started later with `start_taskmanager`.
     `spark_workers` > 0: a Spark standalone Master and that many Workers from pip's PySpark
     (`funke.deploy.sparkstandalone`, recorded in <dir>/spark-standalone), enough cores for every
-    slot, and the TaskManagers run their Spark stages there instead of in local mode."""
+    slot, and the TaskManagers run their Spark stages there instead of in local mode.
+
+    Every process gets the cluster's tokens (<dir>/security); `tls="tls"` or `"mtls"` makes a
+    certificate authority and certificates for this machine and serves every gRPC port with
+    TLS (mutual: every caller shows a certificate too); the processes' certificate names this
+    machine and `tls_hosts` (other machines whose TaskManagers use it). Off loopback (`host`
+    0.0.0.0, say) plaintext is refused unless `insecure`."""
     if ha not in HA_MODES:
         raise ClusterError(f"high availability {ha!r}: expected one of {', '.join(HA_MODES)}")
     if zookeeper_quorum and ha != "zookeeper":
@@ -260,6 +339,10 @@ def start(
             f"`funke cluster stop --dir {root}`"
         )
     _forget(root)  # pid files of dead processes and a stale address must not mislead anyone
+    problem = plaintext_problem("the cluster", host or "127.0.0.1", tls != "none", insecure)
+    if problem is not None:
+        raise ClusterError(problem.replace("pass --insecure", "pass --insecure (or --tls)"))
+    prepare_security(root, tls, host, tls_hosts)
     ha_conf = root / HA_CONF
     ha_conf.unlink(missing_ok=True)
     if spark_workers < 0:
@@ -267,7 +350,7 @@ def start(
     if spark_workers and (no_spark or any(o in ("--spark-master", "--spark-remote") for o in taskmanager_options)):
         raise ClusterError("a Spark standalone cluster of its own is one Spark target; --no-spark, "
                            "--spark-master and --spark-remote are others")
-    host_args = ["--host", host] if host else []
+    host_args = ["--host", host, *(["--insecure"] if insecure else [])] if host else []
     tm_options = [*host_args, *taskmanager_options, *(["--no-spark"] if no_spark else [])]
     data = data_dir or str(root / "data")
     if "://" not in data:
@@ -296,7 +379,7 @@ def start(
         for i, name in enumerate(jm_names):
             address_file = root / ADDRESS_FILE if name == JOBMANAGER else root / f"{name}.address"
             jm_args = ["--port", str(port if i == 0 else 0), "--address-file", str(address_file),
-                       "--data-dir", data, *host_args, *ha_args]
+                       "--data-dir", data, *host_args, *ha_args, *security_options(root)]
             for entry in dynamic:
                 jm_args += ["-D", entry]
             _launch(started, name, jm_args)
@@ -306,10 +389,11 @@ def start(
 
         tm_names = [f"tm-{i}" for i in range(1, taskmanagers + 1)]
         for name in tm_names:
-            tm_args = ["--jobmanager", address, "--slots", str(slots), "--id", name, *tm_options, *ha_args]
+            tm_args = ["--jobmanager", address, "--slots", str(slots), "--id", name, *tm_options, *ha_args,
+                       *security_options(root)]
             _launch(started, name, tm_args)
 
-        with JobManagerClient(address, timeout=5) as client:
+        with _client(root, address, timeout=5) as client:
             try:
                 client.wait_until_ready(max(deadline - time.monotonic(), 0.1))
             except FunkeError as exc:
@@ -424,12 +508,13 @@ def start_taskmanager(dir: str | os.PathLike[str], name: str, slots: int, no_spa
     if alive:
         raise ClusterError(f"{name} (pid {alive[0].pid}) is still running")
     started = _Started(root)
-    args = ["--jobmanager", address, "--slots", str(slots), "--id", name, *_taskmanager_options(root)]
+    args = ["--jobmanager", address, "--slots", str(slots), "--id", name, *_taskmanager_options(root),
+            *security_options(root)]
     args += ["--no-spark"] if no_spark and "--no-spark" not in args else []
     if (root / HA_CONF).is_file():
         args += ["--config", str(root / HA_CONF)]
     _launch(started, name, args)
-    with JobManagerClient(address, timeout=5) as client:
+    with _client(root, address, timeout=5) as client:
         _wait_for_registrations(started, client, [name], time.monotonic() + timeout)
     return _info(root, name, started.processes[name].pid, True)
 
@@ -457,7 +542,7 @@ def start_jobmanager(dir: str | os.PathLike[str], name: str, data_dir: str | Non
     address_file = root / (ADDRESS_FILE if name == JOBMANAGER else f"{name}.address")
     address_file.unlink(missing_ok=True)
     args = ["--port", "0", "--address-file", str(address_file), "--data-dir", data_dir or str(root / "data"),
-            "--config", str(root / HA_CONF)]
+            "--config", str(root / HA_CONF), *security_options(root)]
     for entry in dynamic:
         args += ["-D", entry]
     _launch(started, name, args)
@@ -666,7 +751,7 @@ def status(dir: str | os.PathLike[str], timeout: float = 5) -> ClusterStatus:
     jm_alive = any(is_jobmanager(p.name) and p.alive for p in processes)
     if address and jm_alive:
         try:
-            with JobManagerClient(address, timeout=timeout) as client:
+            with _client(root, address, timeout) as client:
                 overview = client.cluster_overview()
         except FunkeError as exc:
             error = str(exc)

@@ -61,7 +61,7 @@ def run(root: Path, cluster: localcluster.ClusterInfo) -> int:
     try:
         job = load_job_file(EXAMPLE, ["--host", "127.0.0.1", "--port", str(server.port), "--output", str(out),
                                       "--checkpoint", str(checkpoint)])
-        with JobManagerClient(cluster.address) as client:
+        with JobManagerClient(cluster.address, credentials=localcluster.credentials(cluster.dir)) as client:
             job_id = client.submit(job)
             _say(f"submitted job {job_id} {job.name!r}: a batch every 2 s of the lines a receiver reads from "
                  f"127.0.0.1:{server.port}, where {len(lines)} lines are served, {LINES_PER_SECOND} a second")

@@ -87,7 +87,7 @@ def run(root: Path, cluster: localcluster.ClusterInfo) -> int:
     job = load_job_file(EXAMPLE, ["--input", str(incoming), "--output", str(out), "--checkpoint", str(checkpoint)])
     words = tokeniser_and_input(job, "source.stream.text")[0]
     feed = pieces()
-    with JobManagerClient(cluster.address) as client:
+    with JobManagerClient(cluster.address, credentials=localcluster.credentials(cluster.dir)) as client:
         job_id = client.submit(job)
         _say(f"submitted job {job_id} {job.name!r}: a batch every 1 s, at most 2 files each, from {incoming}")
         stop = threading.Event()

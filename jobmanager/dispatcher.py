@@ -39,6 +39,7 @@ from funke.common.validation import Problem, ValidationContext, describe_problem
 from funke.common.codec import DeploymentEncoder, WireError, job_graph_from_proto, job_graph_to_proto
 from funke.common.executiongraph import Incarnation
 from funke.deploy.hafilesystem import Fenced, JobResult
+from funke.deploy.security import Tls
 from funke.jobmanager import committer, datadir
 from funke.jobmanager import highavailability as hamod
 from funke.jobmanager.highavailability import HaContext
@@ -64,9 +65,10 @@ class DispatcherError(Exception):
 
 
 class Dispatcher:
-    def __init__(self, config: ClusterConfiguration, ha: HaContext | None = None):
+    def __init__(self, config: ClusterConfiguration, ha: HaContext | None = None, tls: Tls | None = None):
         self.config = config
         self.ha = ha
+        self.tls = tls  # what this JobManager serves with and presents when it calls TaskManagers
         self.results: dict[str, JobResult] = {}  # with HA: every job the result store knows ended
         self._runs: dict[str, list[dict]] = {}  # with HA: each job's run records, kept in its history
         self._writes: set[asyncio.Future] = set()
@@ -87,6 +89,7 @@ class Dispatcher:
             running_job_masters=lambda: [jm for jm in self.jobs.values() if not jm.status.is_terminal],
             session=f"e{ha.epoch}." if ha is not None else f"{secrets.token_hex(3)}.",
             leader_epoch=ha.epoch if ha is not None else 0,
+            tls=tls,
         )
 
     def start(self) -> None:
@@ -271,6 +274,11 @@ class Dispatcher:
     # ------------------------------------------------------------------ client API
 
     async def submit(self, message: jobgraph_pb2.JobGraph) -> str:
+        active = sum(1 for jm in self.jobs.values() if not jm.status.is_terminal) + len(self._reserved)
+        if active >= self.config.max_active_jobs:
+            raise DispatcherError("RESOURCE_EXHAUSTED", f"the JobManager already has {active} jobs that have not "
+                                  f"ended, its limit (jobmanager.max-active-jobs: {self.config.max_active_jobs}); "
+                                  "submit again once some have ended")
         try:
             job = job_graph_from_proto(message)
         except WireError as exc:

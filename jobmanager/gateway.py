@@ -17,6 +17,7 @@ from typing import Callable
 import grpc
 
 from funke.common.executiongraph import FailureInfo
+from funke.deploy import security
 from funke.deploy.rpc import MESSAGE_SIZE_OPTIONS
 from funke.jobmanager import reachability
 from funke.v1 import cluster_pb2, cluster_pb2_grpc, job_pb2
@@ -54,7 +55,7 @@ class _Call:
 
 class TaskManagerGateway:
     def __init__(self, task_manager_id: str, address: str, on_deploy_failed: DeployFailed, registration_id: str = "",
-                 on_unreachable: Unreachable | None = None):
+                 on_unreachable: Unreachable | None = None, token: str = "", tls: security.Tls | None = None):
         self.task_manager_id = task_manager_id
         self.address = address
         # Every call names the registration it is for: a TaskManager that registered again since
@@ -63,7 +64,9 @@ class TaskManagerGateway:
         self._on_deploy_failed = on_deploy_failed
         self._on_unreachable = on_unreachable
         self._probing = False
-        self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        # `token`: the one the TaskManager sent with this registration; it obeys no other caller.
+        self._tls = tls
+        self._channel = security.aio_channel(address, token or None, tls, CHANNEL_OPTIONS)
         self._stub = cluster_pb2_grpc.TaskExecutorStub(self._channel)
         self._queue: deque[_Call] = deque()
         self._wakeup = asyncio.Event()
@@ -227,7 +230,7 @@ class TaskManagerGateway:
 
         async def probe() -> None:
             try:
-                why = await reachability.unreachable(self.address, PROBE_TIMEOUT_S)
+                why = await reachability.unreachable(self.address, PROBE_TIMEOUT_S, self._tls)
                 if why is not None and not self._closed:
                     self._on_unreachable(self.task_manager_id, self.registration_id,
                                          f"unreachable at {self.address}: deployments failed ({detail}), "

@@ -35,6 +35,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("funke.jobmanager")
 
 END_OF_STREAM = None
+# A watcher's queue holds at most this many events. One that falls further behind (its client
+# stopped reading) has them replaced by RESYNC: it is sent a fresh snapshot instead, so a slow
+# client costs the JobManager a bounded amount of memory and still sees the job as it is.
+WATCH_QUEUE_LIMIT = 1000
+RESYNC = object()
 
 
 class JobMaster:
@@ -217,10 +222,14 @@ class JobMaster:
 
     # ------------------------------------------------------------------ watching
 
+    def snapshot(self) -> jobmanager_pb2.JobEvent:
+        return jobmanager_pb2.JobEvent(sequence=self._sequence, snapshot=self.details())
+
     def subscribe(self) -> tuple[jobmanager_pb2.JobEvent, asyncio.Queue]:
-        """The current snapshot, and a queue of every later event (ending with END_OF_STREAM)."""
+        """The current snapshot, and a queue of every later event (ending with END_OF_STREAM;
+        RESYNC in it: take a new snapshot, and skip the events it already holds)."""
         queue: asyncio.Queue = asyncio.Queue()
-        snapshot = jobmanager_pb2.JobEvent(sequence=self._sequence, snapshot=self.details())
+        snapshot = self.snapshot()
         if self.status.is_terminal:
             queue.put_nowait(END_OF_STREAM)
         else:
@@ -232,7 +241,12 @@ class JobMaster:
 
     def _publish(self, event: jobmanager_pb2.JobEvent, end: bool = False) -> None:
         for queue in self._watchers:
-            queue.put_nowait(event)
+            if queue.qsize() < WATCH_QUEUE_LIMIT:
+                queue.put_nowait(event)
+            elif queue.qsize() == WATCH_QUEUE_LIMIT:
+                while not queue.empty():
+                    queue.get_nowait()
+                queue.put_nowait(RESYNC)
             if end:
                 queue.put_nowait(END_OF_STREAM)
         if end:

@@ -17,6 +17,7 @@ import logging
 import os
 import signal
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -25,6 +26,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from funke.common.configuration import ClusterConfiguration, ConfigurationError, parse_configuration
 from funke.deploy import datafs
 from funke.deploy.configfile import load_configuration
+from funke.common.security import Realm, StreamQuota
+from funke.deploy import security
 from funke.deploy.rpc import MESSAGE_SIZE_OPTIONS, add_service, advertised_host
 from funke.jobmanager import datadir
 from funke.deploy.haservices import ha_services
@@ -51,6 +54,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("-D", dest="dynamic", action="append", default=[], metavar="KEY=VALUE",
                    help="a configuration entry, e.g. -D restart-strategy.type=fixed-delay")
     p.add_argument("--address-file", help="write host:port here once serving (used by launchers)")
+    p.add_argument("--insecure", action="store_true",
+                   help="serve on an address other machines can reach without TLS (security.insecure); "
+                   "tokens, jobs and data then cross the network in the clear")
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
 
@@ -72,9 +78,11 @@ class JobManagerRole:
     """Which Dispatcher serves right now: the one Dispatcher without HA; with HA, the one of
     the epoch this process leads, or none (standby)."""
 
-    def __init__(self, config: ClusterConfiguration, health_servicer: health.aio.HealthServicer):
+    def __init__(self, config: ClusterConfiguration, health_servicer: health.aio.HealthServicer,
+                 tls: security.Tls | None = None):
         self.config = config
         self.health = health_servicer
+        self.tls = tls
         self.dispatcher: Dispatcher | None = None
         self.election: LeaderElection | None = None
 
@@ -91,7 +99,7 @@ class JobManagerRole:
 
     async def granted(self, epoch: int) -> None:
         assert self.election is not None
-        dispatcher = Dispatcher(self.config, ha=self.election.context(epoch))
+        dispatcher = Dispatcher(self.config, ha=self.election.context(epoch), tls=self.tls)
         dispatcher.start()
         await dispatcher.recover()
         if self.election.leading_epoch != epoch:  # lost it again while recovering
@@ -109,16 +117,45 @@ class JobManagerRole:
         print(f"JobManager is a standby (lost epoch {epoch})", flush=True)
 
 
-async def serve(args: argparse.Namespace, config: ClusterConfiguration) -> None:
+@dataclass(frozen=True)
+class Secrets:
+    """What this JobManager asks callers for, and the TLS it serves and calls with."""
+
+    client_token: str
+    cluster_token: str
+    tls: security.Tls | None
+
+    def tokens(self, realm: Realm) -> tuple[str, ...]:
+        return {Realm.CLIENT: (self.client_token,), Realm.CLUSTER: (self.cluster_token,)}.get(realm, ())
+
+
+def load_secrets(args: argparse.Namespace, config: ClusterConfiguration) -> Secrets:
+    """Raises SecurityError. Token files that do not exist yet are generated (0600)."""
+    tls = security.Tls.from_config(config)
+    security.check_exposure("the JobManager", args.host, tls, args.insecure or config.insecure)
+    client_file, cluster_file = security.token_files(config)
+    client_token, made_client = security.ensure_token(client_file, "client token file")
+    cluster_token, made_cluster = security.ensure_token(cluster_file, "cluster token file")
+    if client_token == cluster_token:
+        raise security.SecurityError(f"the client token ({client_file}) and the cluster token ({cluster_file}) "
+                                     "are the same: a client could then register a TaskManager")
+    for path, made, who in ((client_file, made_client, "clients"), (cluster_file, made_cluster, "TaskManagers")):
+        log.info("%s the token for %s in %s", "generated" if made else "using", who, path)
+    return Secrets(client_token, cluster_token, tls)
+
+
+async def serve(args: argparse.Namespace, config: ClusterConfiguration, secrets: Secrets) -> None:
     health_servicer = health.aio.HealthServicer()
-    role = JobManagerRole(config, health_servicer)
-    server = grpc.aio.server(options=MESSAGE_SIZE_OPTIONS)
+    role = JobManagerRole(config, health_servicer, secrets.tls)
+    authenticator = security.Authenticator("JobManager", secrets.tokens)
+    server = grpc.aio.server(options=MESSAGE_SIZE_OPTIONS, interceptors=[authenticator])
     services = jobmanager_pb2.DESCRIPTOR.services_by_name, cluster_pb2.DESCRIPTOR.services_by_name
-    add_service(server, JobManagerService(role.current), services[0]["JobManager"])
+    watch_quota = StreamQuota(config.watch_streams_per_client, config.watch_streams_total)
+    add_service(server, JobManagerService(role.current, watch_quota), services[0]["JobManager"])
     add_service(server, ResourceManagerService(role.current), services[1]["ResourceManager"])
     add_service(server, JobMasterService(role.current), services[1]["JobMaster"])
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    port = server.add_insecure_port(f"{args.host}:{args.port}")
+    port = security.add_port(server, f"{args.host}:{args.port}", secrets.tls)
     if port == 0:
         raise SystemExit(f"cannot bind {args.host}:{args.port}")
     await server.start()
@@ -132,7 +169,7 @@ async def serve(args: argparse.Namespace, config: ClusterConfiguration) -> None:
         await role.serving(False)
         role.election.start()
     else:
-        role.dispatcher = Dispatcher(config)
+        role.dispatcher = Dispatcher(config, tls=secrets.tls)
         role.dispatcher.start()
         await role.serving(True)
     # Everything loaded so far lives as long as the process: keep the collector from rescanning
@@ -144,7 +181,7 @@ async def serve(args: argparse.Namespace, config: ClusterConfiguration) -> None:
         os.replace(tmp, args.address_file)
     log.info("JobManager listening on %s, data dir %s%s", address, config.data_dir,
              f", high availability {config.high_availability} in {config.ha_storage_dir}" if config.ha_enabled else "")
-    print(f"JobManager listening on {address}", flush=True)
+    print(f"JobManager listening on {address}{' (TLS)' if secrets.tls else ''}", flush=True)
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -178,11 +215,16 @@ def main(argv: list[str] | None = None) -> int:
     except datafs.DataDirError as exc:
         print(f"data directory: {exc}", file=sys.stderr)
         return 2
+    try:
+        secrets = load_secrets(args, config)
+    except security.SecurityError as exc:
+        print(f"security: {exc}", file=sys.stderr)
+        return 2
     if config.ha_enabled:
         # The lease says who acts; the JobManagers of the cluster share the data directory, and
         # the leader sweeps it once it leads.
         try:
-            asyncio.run(serve(args, config))
+            asyncio.run(serve(args, config, secrets))
         except OSError as exc:
             print(f"high availability: {exc}", file=sys.stderr)
             return 2
@@ -194,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         print(exc, file=sys.stderr)
         return 2
     try:
-        asyncio.run(serve(args, config))
+        asyncio.run(serve(args, config, secrets))
     finally:
         claim.release()
     return 0

@@ -15,36 +15,17 @@ of every job failing its deployments there until the heartbeat times out."""
 
 from __future__ import annotations
 
-import ipaddress
-
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from funke.common import ids
+from funke.common.security import is_loopback, peer_host
+from funke.deploy import security
+
+__all__ = ["is_loopback", "loopback_problem", "peer_host", "registration_problem", "unreachable"]
 
 DEFAULT_PROBE_TIMEOUT_S = 5.0
 _NO_CONNECTION = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
-
-
-def peer_host(peer: str) -> str | None:
-    """The IP of a gRPC peer string ("ipv4:10.0.0.3:5123", "ipv6:[::1]:5123"), else None."""
-    kind, _, rest = peer.partition(":")
-    if kind == "ipv4":
-        return rest.rpartition(":")[0] or None
-    if kind == "ipv6":
-        host = rest.rpartition(":")[0]
-        return host.strip("[]") or None
-    return None
-
-
-def is_loopback(host: str) -> bool:
-    host = host.strip("[]").lower()
-    if host == "localhost" or host.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a name: not judged here (no DNS on the loop); the probe decides
-        return False
 
 
 def loopback_problem(task_manager_id: str, address: str, peer: str | None) -> str | None:
@@ -56,9 +37,10 @@ def loopback_problem(task_manager_id: str, address: str, peer: str | None) -> st
     return None
 
 
-async def unreachable(address: str, timeout_s: float) -> str | None:
-    """None when something answers gRPC at `address` within `timeout_s`; else why not."""
-    channel = grpc.aio.insecure_channel(address)
+async def unreachable(address: str, timeout_s: float, tls: security.Tls | None = None) -> str | None:
+    """None when something answers gRPC at `address` within `timeout_s` (over TLS, if given:
+    then only a server whose certificate the cluster's CA signed counts); else why not."""
+    channel = security.aio_channel(address, None, tls)
     try:
         await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
         return None
@@ -70,13 +52,14 @@ async def unreachable(address: str, timeout_s: float) -> str | None:
         await channel.close()
 
 
-async def registration_problem(task_manager_id: str, address: str, peer: str, timeout_s: float) -> str | None:
+async def registration_problem(task_manager_id: str, address: str, peer: str, timeout_s: float,
+                               tls: security.Tls | None = None) -> str | None:
     """Why the JobManager will not take a TaskManager at `address`, or None."""
     host = peer_host(peer)
     problem = loopback_problem(task_manager_id, address, host)
     if problem is not None:
         return problem
-    why = await unreachable(address, timeout_s)
+    why = await unreachable(address, timeout_s, tls)
     if why is not None:
         return (f"the JobManager cannot reach TaskManager {ids.echo(task_manager_id)} at {ids.echo(address)} "
                 f"({why}){f'; it connects from {host}' if host else ''}. Start it with --host set to an address "

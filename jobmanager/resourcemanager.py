@@ -18,6 +18,7 @@ from funke.common.configuration import ClusterConfiguration
 from funke.common.executiongraph import SlotId
 from funke.common.scheduler import SlotRequest
 from funke.common.codec import timestamp
+from funke.deploy.security import Tls
 from funke.jobmanager.gateway import TaskManagerGateway
 from funke.jobmanager.mailbox import Mailbox
 from funke.v1 import cluster_pb2, jobmanager_pb2
@@ -35,8 +36,10 @@ class ResourceManager:
         running_job_masters: Callable[[], Iterable[object]],
         session: str = "",
         leader_epoch: int = 0,
+        tls: Tls | None = None,
     ):
         self.config = config
+        self.tls = tls
         self.mailbox = mailbox
         self.slots = sm.SlotManager(heartbeat_timeout_s=config.heartbeat_timeout_s,
                                     evenly_spread=config.evenly_spread_out_slots, session=session)
@@ -65,7 +68,8 @@ class ResourceManager:
         # the loss of an earlier incarnation is handled before the new one's gateway exists
         self._apply(a for a in actions if isinstance(a, sm.TaskManagerLost))
         self._gateways[tm_id] = TaskManagerGateway(tm_id, request.address, self._deploy_failed, registration_id,
-                                                   on_unreachable=self._unreachable)
+                                                   on_unreachable=self._unreachable,
+                                                   token=request.registration_token, tls=self.tls)
         log.info("TaskManager %s registered from %s with %d slots", tm_id, request.address, request.number_of_slots)
         self._apply(a for a in actions if not isinstance(a, sm.TaskManagerLost))
         return cluster_pb2.RegisterTaskManagerResponse(

@@ -21,11 +21,12 @@ import grpc
 from typing import Callable
 
 from funke.common import ids
+from funke.common.security import StreamQuota, client_of, token_problem
 from funke.common.states import JobStatus
 from funke.jobmanager import committer, reachability
 from funke.common.codec import job_status_to_proto
 from funke.jobmanager.dispatcher import Dispatcher, DispatcherError
-from funke.jobmanager.jobmaster import END_OF_STREAM, JobMaster
+from funke.jobmanager.jobmaster import END_OF_STREAM, RESYNC, JobMaster
 from funke.jobmanager.jobstore import ArchivedJob
 from funke.v1 import cluster_pb2, cluster_pb2_grpc, jobmanager_pb2, jobmanager_pb2_grpc
 
@@ -69,8 +70,10 @@ async def _job(d: Dispatcher, job_id: str, context: grpc.aio.ServicerContext) ->
 
 
 class JobManagerService(jobmanager_pb2_grpc.JobManagerServicer):
-    def __init__(self, current: Current):
+    def __init__(self, current: Current, watch_quota: StreamQuota | None = None):
         self._current = current
+        # Each open WatchJob stream holds a queue of the job's events: bounded per client and in all.
+        self._watches = watch_quota or StreamQuota(per_client=64, total=1024)
 
     async def SubmitJob(self, request, context):
         d = await _current(self._current, context)
@@ -122,16 +125,29 @@ class JobManagerService(jobmanager_pb2_grpc.JobManagerServicer):
         if isinstance(job, ArchivedJob):
             yield jobmanager_pb2.JobEvent(sequence=job.sequence, snapshot=job.details())
             return
-        snapshot, queue = job.subscribe()
+        client = client_of(context.peer())
+        refused = self._watches.acquire(client)
+        if refused is not None:
+            await _refuse(context, grpc.StatusCode.RESOURCE_EXHAUSTED, refused)
         try:
-            yield snapshot
-            while True:
-                event = await queue.get()
-                if event is END_OF_STREAM:
-                    return
-                yield event
+            snapshot, queue = job.subscribe()
+            try:
+                yield snapshot
+                seen = snapshot.sequence
+                while True:
+                    event = await queue.get()
+                    if event is END_OF_STREAM:
+                        return
+                    if event is RESYNC:  # this client fell behind: the job as it is now instead
+                        event = job.snapshot()
+                    elif event.sequence <= seen:
+                        continue  # in the snapshot already
+                    seen = event.sequence
+                    yield event
+            finally:
+                job.unsubscribe(queue)
         finally:
-            job.unsubscribe(queue)
+            self._watches.release(client)
 
     async def GetClusterOverview(self, request, context):
         d = await _current(self._current, context)
@@ -187,6 +203,9 @@ def registration_problem(request: cluster_pb2.RegisterTaskManagerRequest) -> str
         # The JobManager dials it: a name, an IPv4 address or a bracketed IPv6 one, never a
         # gRPC target of another kind ("unix:/path", "dns://...").
         return f"address {ids.echo(address)} is not HOST:PORT"
+    problem = token_problem(request.registration_token, "registration_token")
+    if problem is not None:
+        return problem
     if len(request.resources) > MAX_RESOURCES or any(
             len(k) > 200 or len(v) > 1000 for k, v in request.resources.items()):
         return f"resources: at most {MAX_RESOURCES} entries of at most 200 / 1000 characters"
@@ -203,7 +222,7 @@ class ResourceManagerService(cluster_pb2_grpc.ResourceManagerServicer):
         if problem is not None:
             await _refuse(context, grpc.StatusCode.INVALID_ARGUMENT, f"registration refused: {problem}")
         problem = await reachability.registration_problem(
-            request.task_manager_id, request.address, context.peer(), d.config.registration_probe_timeout_s)
+            request.task_manager_id, request.address, context.peer(), d.config.registration_probe_timeout_s, d.tls)
         if problem is not None:
             log.warning("registration of TaskManager %s refused: %s", ids.echo(request.task_manager_id), problem)
             await _refuse(context, grpc.StatusCode.FAILED_PRECONDITION, f"registration refused: {problem}")

@@ -16,7 +16,7 @@ import socket
 import sys
 
 from funke.common.configuration import ConfigurationError
-from funke.deploy import datafs
+from funke.deploy import datafs, security
 from funke.deploy.configfile import load_configuration
 from funke.taskmanager.sparksession import DEFAULT_EXECUTOR_TIMEOUT_S
 from funke.taskmanager.taskexecutor import StartupError, TaskExecutor, TaskExecutorConfig
@@ -101,6 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "reads the high-availability.* keys (then it finds the leader itself)")
     parser.add_argument("-D", dest="dynamic", action="append", default=[], metavar="KEY=VALUE",
                         help="a configuration entry, e.g. -D high-availability.type=filesystem")
+    parser.add_argument("--insecure", action="store_true",
+                        help="serve on an address other machines can reach without TLS (security.insecure)")
     parser.add_argument("--log-level", default="INFO", type=str.upper,
                         choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
                         help="log level (default: %(default)s)")
@@ -108,9 +110,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace) -> TaskExecutorConfig:
-    """Raises ConfigurationError for a bad --config or -D."""
+    """Raises ConfigurationError for a bad --config or -D, SecurityError for a missing or
+    unusable cluster token or certificate, or for plaintext off loopback without --insecure."""
     cluster = load_configuration(args.config, args.dynamic)
     ha = cluster.ha_enabled
+    tls = security.Tls.from_config(cluster)
+    security.check_exposure("the TaskManager", args.host, tls, args.insecure or cluster.insecure)
+    token_file = security.token_files(cluster)[1]
+    if not token_file.exists():
+        raise security.SecurityError(
+            f"no cluster token at {token_file}: the JobManager writes it when it first starts; start the "
+            "JobManager first, or copy its cluster token here, or name the file with "
+            "-D security.auth.cluster-token-file=PATH")
+    cluster_token = security.read_token(token_file, "cluster token file")
     return TaskExecutorConfig(
         task_manager_id=args.task_manager_id or f"tm-{socket.gethostname()}-{os.getpid()}",
         jobmanager_address=args.jobmanager,
@@ -126,6 +138,8 @@ def config_from_args(args: argparse.Namespace) -> TaskExecutorConfig:
         use_spark=not args.no_spark,
         warm_up=not args.no_warm_up,
         ha=cluster if ha else None,
+        cluster_token=cluster_token,
+        tls=tls,
     )
 
 
@@ -161,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
         config = config_from_args(args)
     except ConfigurationError as exc:
         print(exc, file=sys.stderr)
+        return 2
+    except security.SecurityError as exc:
+        print(f"security: {exc}", file=sys.stderr)
         return 2
     if config.data_dir:
         try:

@@ -34,6 +34,7 @@ import gc
 import itertools
 import logging
 import os
+import secrets
 import shutil
 import sys
 import tempfile
@@ -57,7 +58,8 @@ from funke.common.leadership import Lease
 from funke.common.slotmanager import DEFAULT_HEARTBEAT_INTERVAL_S, DEFAULT_HEARTBEAT_TIMEOUT_S
 from funke.common.states import ExecutionState
 from funke.common.taskexecutorstate import TaskExecutorState, TaskKey
-from funke.deploy import datafs
+from funke.common.security import TOKEN_BYTES, Realm
+from funke.deploy import datafs, security
 from funke.deploy.haservices import ha_services
 from funke.deploy.rpc import MESSAGE_SIZE_OPTIONS, add_service, advertised_host
 from funke.taskmanager import sparksession
@@ -170,6 +172,9 @@ class TaskExecutorConfig:
     # High availability: find the leader through the configured HA services (the lease file,
     # ZooKeeper's leader node) instead of `jobmanager_address`.
     ha: ClusterConfiguration | None = None
+    # What it presents to the JobManager (the cluster token), and TLS for serving and calling.
+    cluster_token: str = ""
+    tls: security.Tls | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,7 +200,8 @@ def _available_cores() -> int:
 
 
 # Answers to a registration that mean "no", not "not now".
-_REFUSALS = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.PERMISSION_DENIED)
+_REFUSALS = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.PERMISSION_DENIED,
+             grpc.StatusCode.UNAUTHENTICATED)
 
 
 def _rpc_error(e: grpc.aio.AioRpcError) -> str:
@@ -310,6 +316,7 @@ class TaskExecutor:
         self._ha_io = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="funke-ha")
         self.jobmanager_address = config.jobmanager_address  # with HA: the leader's, as last looked up
         self._resource_manager: cluster_pb2_grpc.ResourceManagerStub | None = None
+        self._registration_token = ""  # sent with the latest registration; "" before the first
         self._job_master: cluster_pb2_grpc.JobMasterStub | None = None
         self._background: list[asyncio.Task[None]] = []
         self.failure = ""  # why the TaskManager stopped on its own (empty: it was asked to)
@@ -479,14 +486,18 @@ class TaskExecutor:
             log.info("TaskManager %s runs without Spark: only no-op chains can run", self.id)
 
         # No SO_REUSEPORT: a second process on the same --port must fail, not share the traffic.
-        self._server = grpc.aio.server(options=[("grpc.so_reuseport", 0), *MESSAGE_SIZE_OPTIONS])
+        # Only the JobManager it is registered with now may call it: the token it sent with that
+        # registration (`_register`) is the only one the TaskExecutor service takes.
+        self._server = grpc.aio.server(options=[("grpc.so_reuseport", 0), *MESSAGE_SIZE_OPTIONS],
+                                       interceptors=[security.Authenticator(f"TaskManager {self.id}",
+                                                                            self._accepted_tokens)])
         add_service(self._server, _TaskExecutorServicer(self), cluster_pb2.DESCRIPTOR.services_by_name["TaskExecutor"])
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         for service in _HEALTH_SERVICES:
             await self._health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
         where = _host_port(cfg.host, cfg.port)
         try:
-            bound = self._server.add_insecure_port(where)
+            bound = security.add_port(self._server, where, cfg.tls)
         except RuntimeError as e:
             raise StartupError(f"cannot bind the TaskExecutor service to {where}: {e}") from None
         if bound == 0:  # older grpcio reports a failed bind this way instead of raising
@@ -677,8 +688,15 @@ class TaskExecutor:
         return report
 
     async def _stay_connected(self) -> None:
+        loop = asyncio.get_running_loop()
+        quick_losses = 0  # registrations in a row whose heartbeat stream failed at once
         while True:
+            if quick_losses:
+                # A JobManager that takes the registration but not the heartbeat (a refusal, a
+                # standby): ask again with backing off, not in a tight loop.
+                await asyncio.sleep(min(_BACKOFF_START_S * 2 ** (quick_losses - 1), _BACKOFF_MAX_S))
             self.registration = await self._register()
+            registered_at = loop.time()
             if self.registration.data_dir:
                 self._jobmanager_data_dir = self.registration.data_dir
             self._handle(core.JobManagerRegistered(self.registration.registration_id, self.data_dir,
@@ -691,6 +709,7 @@ class TaskExecutor:
                 if self._on_registered is not None:
                     self._on_registered(self)
             reason = await self._heartbeat(self.registration)
+            quick_losses = quick_losses + 1 if loop.time() - registered_at < 1.0 else 0
             self._registered.clear()
             self.registration = None
             for service in _HEALTH_SERVICES:
@@ -699,6 +718,9 @@ class TaskExecutor:
                         "registering again", self.id, reason, self.core.live_tasks())
             self._handle(core.JobManagerLost(reason, self._stimulus("jobmanager-lost")))
             self._drop_stale_reports()
+
+    def _accepted_tokens(self, realm: Realm) -> tuple[str, ...]:
+        return (self._registration_token,) if realm is Realm.REGISTRATION and self._registration_token else ()
 
     def _connect(self, address: str) -> None:
         """Talk to the JobManager at `address` from now on (a new leader: a new channel)."""
@@ -712,7 +734,8 @@ class TaskExecutor:
             loop.call_later(2 * _RPC_TIMEOUT_S, lambda: loop.create_task(old.close(), name="close-old-channel"))
             log.info("TaskManager %s follows the leader to %s", self.id, address)
         self.jobmanager_address = address
-        self._channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        self._channel = security.aio_channel(address, self.config.cluster_token or None, self.config.tls,
+                                             _CHANNEL_OPTIONS)
         self._resource_manager = cluster_pb2_grpc.ResourceManagerStub(self._channel)
         self._job_master = cluster_pb2_grpc.JobMasterStub(self._channel)
 
@@ -747,9 +770,13 @@ class TaskExecutor:
             host = await asyncio.get_running_loop().run_in_executor(
                 None, advertised_host, cfg.host, cfg.advertise_host, self.jobmanager_address)
             self.address = _host_port(host, self._bound_port)
+            # A new secret per attempt: from now on only the JobManager that receives it may call
+            # us (the one registered with before, a deposed leader included, no longer can).
+            self._registration_token = secrets.token_hex(TOKEN_BYTES)
             request = cluster_pb2.RegisterTaskManagerRequest(
                 task_manager_id=self.id, address=self.address, number_of_slots=len(self.core.slots),
-                resources=resources, slot_report=self._current_slot_report())
+                resources=resources, slot_report=self._current_slot_report(),
+                registration_token=self._registration_token)
             try:
                 response = await self._resource_manager.RegisterTaskManager(request, timeout=_RPC_TIMEOUT_S)
             except grpc.aio.AioRpcError as e:

@@ -2,6 +2,8 @@
 a CI result depends on the commit alone; local runs keep exploring new random examples."""
 
 import os
+import shutil
+import tempfile
 
 import pytest
 from hypothesis import settings
@@ -9,6 +11,15 @@ from hypothesis import settings
 settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
 if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
     settings.load_profile("ci")
+
+# The default cluster directory (where a JobManager started without token files keeps its
+# secrets, and where clients look for them) is the suite's own, never the user's ~/.funke.
+_DEFAULT_CLUSTER_DIR = tempfile.mkdtemp(prefix="funke-suite-cluster-")
+os.environ["FUNKE_CLUSTER_DIR"] = _DEFAULT_CLUSTER_DIR
+
+
+def pytest_sessionfinish(session, exitstatus):
+    shutil.rmtree(_DEFAULT_CLUSTER_DIR, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

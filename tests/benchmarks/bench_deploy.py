@@ -73,7 +73,7 @@ def run(ps: list[int], runs: int) -> list[dict]:
             slots = -(-p // TASKMANAGERS)
             info = localcluster.start(d, TASKMANAGERS, slots, no_spark=True)
             try:
-                with JobManagerClient(info.address, timeout=600) as client:
+                with info.client(timeout=600) as client:
                     for kind in (ResultPartitionType.BLOCKING, ResultPartitionType.PIPELINED):
                         deploy_once(client, min(p, 200), kind)  # warm-up
                         times = [deploy_once(client, p, kind) for _ in range(runs)]

@@ -60,7 +60,7 @@ def main() -> int:
         info = localcluster.start(d, args.taskmanagers, args.slots)
         started = time.time() - t0
         try:
-            with JobManagerClient(info.address) as client:
+            with info.client() as client:
                 _running_and_end(client, client.submit(wordcount), time.time())  # warm-up
                 rows = []
                 for name, job in (("one-vertex job (range -> discard, p=1)", one_vertex_job()),

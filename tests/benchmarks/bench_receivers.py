@@ -153,7 +153,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="funke-bench-receivers-") as tmp:
         root = Path(tmp)
         info = localcluster.start(root / "cluster", 1, args.cores)
-        client = JobManagerClient(info.address, timeout=600)
+        client = info.client(timeout=600)
         runs = 0
 
         def run(query: str, rate: int) -> dict:

@@ -181,7 +181,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="funke-bench-stream-") as tmp:
         root = Path(tmp)
         info = localcluster.start(root / "cluster", 1, args.cores)
-        client = JobManagerClient(info.address, timeout=600)
+        client = info.client(timeout=600)
         structured = Structured(args.cores, root / "structured")
         runs = 0
 

@@ -157,7 +157,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="funke-bench-wc-") as tmp:
         tmp_path = Path(tmp)
         info = localcluster.start(tmp_path / "cluster", 1, args.cores)
-        client = JobManagerClient(info.address, timeout=600)
+        client = info.client(timeout=600)
         plain = PlainPySpark(corpus, tmp_path / "plain-out", args.cores)
         funke_out = tmp_path / "funke-out"
 

@@ -103,7 +103,7 @@ class Cluster:
         self.backend = backend
         localcluster.start(root, 2, 2, ha=backend, jobmanagers=2, ha_options=options)
         self.client = JobManagerClient(localcluster.read_address(root) or "127.0.0.1:1", timeout=10,
-                                       failover_timeout=120, leader=lambda: localcluster.read_address(root))
+                                       credentials=localcluster.credentials(root), failover_timeout=120, leader=lambda: localcluster.read_address(root))
 
     def epoch(self) -> int:
         lease = localcluster.leader(self.root)

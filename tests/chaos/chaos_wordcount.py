@@ -122,7 +122,7 @@ def main() -> int:
         corpus = make_corpus(tmp_path / "corpus", args.seed)
         cluster_dir = tmp_path / "cluster"
         info = localcluster.start(cluster_dir, len(TASKMANAGERS), 2)
-        client = JobManagerClient(info.address)
+        client = info.client()
         try:
             reference_out = tmp_path / "reference"
             _, status = run_job(client, word_count(corpus, reference_out, args.restart_delay, 0.5))

@@ -17,8 +17,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
 import pytest
 
+from funke.deploy import localcluster, security
 from funke.deploy.client import JobManagerClient
 from funke.taskmanager.taskexecutor import scratch_dir_of
 
@@ -44,8 +46,17 @@ class Cluster:
     client: JobManagerClient
 
     def funke(self, *args: str, **kw) -> subprocess.CompletedProcess:
+        """A job command against this cluster, finding its tokens as a user's shell would
+        (FUNKE_CLUSTER_DIR naming the cluster's directory)."""
         command, *rest = args
-        return funke(command, "--jobmanager", self.address, *rest, **kw)
+        env = kw.pop("env", None) or dict(os.environ)
+        env["FUNKE_CLUSTER_DIR"] = str(self.dir)
+        return funke(command, "--jobmanager", self.address, *rest, env=env, **kw)
+
+    def channel(self, realm: str = "client", address: str | None = None, options=()) -> grpc.Channel:
+        """A raw gRPC channel to this cluster's JobManager (or `address`) that presents the
+        client token (`realm="client"`) or the TaskManagers' (`"cluster"`)."""
+        return secured_channel(self.dir, address or self.address, realm, options)
 
     def pids(self) -> dict[str, int]:
         return {p.stem: int(p.read_text()) for p in (self.dir / "pids").glob("*.pid")}
@@ -55,7 +66,19 @@ def _start(tmp_path_factory, name: str, *extra: str) -> Cluster:
     d = tmp_path_factory.mktemp(name)
     funke("cluster", "start", "--taskmanagers", "2", "--slots", "2", "--dir", str(d), *extra, timeout=300)
     address = (d / "jobmanager.address").read_text().strip()
-    return Cluster(d, address, JobManagerClient(address))
+    return Cluster(d, address, client_of(d))
+
+
+def secured_channel(cluster_dir: Path, address: str, realm: str = "client", options=()) -> grpc.Channel:
+    token_file = cluster_dir / security.SECURITY_DIR / (security.CLIENT_TOKEN if realm == "client" else security.CLUSTER_TOKEN)
+    return security.channel(address, security.read_token(token_file), localcluster.credentials(cluster_dir).tls,
+                            options)
+
+
+def client_of(cluster_dir: Path, address: str | None = None, **kw) -> JobManagerClient:
+    """A client of the cluster recorded in `cluster_dir`, with its tokens (and TLS, if any)."""
+    address = address or (cluster_dir / "jobmanager.address").read_text().strip()
+    return JobManagerClient(address, credentials=localcluster.credentials(cluster_dir), **kw)
 
 
 def _stop(cluster: Cluster) -> None:

@@ -6,6 +6,8 @@ level around the data directory holds canary files. After the run:
 
 - no answer was UNKNOWN, INTERNAL, DATA_LOSS or RESOURCE_EXHAUSTED (a message too long to
   carry), and none timed out (the JobManager never hung);
+- every call that did not present its service's token (none, a wrong one, the other service's:
+  the clients' token on the TaskManagers' services and back) was UNAUTHENTICATED;
 - no file outside the data directory was created, changed or deleted (the canary tree; the
   cluster confines jobs with funke.io.allowed-paths, so a sink aimed at a canary is refused);
 - the JobManager logged no ERROR or CRITICAL (what it swallows to keep serving: an exception
@@ -37,12 +39,14 @@ from google.protobuf.descriptor import FieldDescriptor as FD
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from funke.deploy.client import JobManagerClient, job_status_name
+from funke.deploy import security
+from funke.deploy.client import job_status_name
+from funke.deploy.security import read_token
 from funke.common.dsl import ExecutionEnvironment
 from funke.common.jobgraph import IntermediateDataSet, JobEdge, JobGraph, JobType, JobVertex, OperatorSpec
 from funke.common.codec import job_graph_to_proto
 from funke.v1 import cluster_pb2, jobgraph_pb2, jobmanager_pb2
-from tests.integration.conftest import REPO, funke
+from tests.integration.conftest import REPO, client_of, funke
 
 pytestmark = pytest.mark.cluster
 
@@ -59,6 +63,7 @@ SERVICES = {
     "funke.v1.ResourceManager": ["RegisterTaskManager", "Heartbeat"],
     "funke.v1.JobMaster": ["UpdateTaskExecutionState"],
 }
+REALMS = {"funke.v1.JobManager": "client", "funke.v1.ResourceManager": "cluster", "funke.v1.JobMaster": "cluster"}
 STREAMING_RESPONSE = {"WatchJob", "Heartbeat"}
 STREAMING_REQUEST = {"Heartbeat"}
 
@@ -280,32 +285,60 @@ def rss_mib(pid: int) -> float:
 
 
 class Caller:
-    """Raw calls to the JobManager: requests as bytes, answers counted by status code."""
+    """Raw calls to the JobManager: requests as bytes, answers counted by status code. Each
+    service is called with its own token (the client's, or the TaskManagers'); `unauthenticated`
+    calls present none, a wrong one, or the other service's, and count apart."""
 
-    def __init__(self, address: str):
-        self.channel = grpc.insecure_channel(address, options=[("grpc.max_send_message_length", 64 << 20),
-                                                               ("grpc.max_receive_message_length", 64 << 20)])
+    def __init__(self, cluster_dir: Path, address: str):
+        options = [("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20)]
+        self.tokens = {realm: read_token(cluster_dir / "security" / f"{realm}.token") for realm in ("client", "cluster")}
+        self.channels = {realm: security.channel(address, token, None, options) for realm, token in self.tokens.items()}
+        self.bare = security.channel(address, None, None, options)
+        self.unauthenticated: collections.Counter[str] = collections.Counter()
         self.codes: collections.Counter[str] = collections.Counter()
         self.by_kind: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
         self.forbidden: list[str] = []
         self.accepted: list[str] = []
         self.samples: dict[str, list[str]] = collections.defaultdict(list)  # a few answers per code
 
+    def close(self) -> None:
+        for channel in (*self.channels.values(), self.bare):
+            channel.close()
+
+    def call_without(self, service: str, method: str, body: bytes | list[bytes], token: str | None) -> None:
+        """A call presenting `token` (None: none) where it is not the service's: must be refused."""
+        metadata = [("authorization", f"Bearer {token}")] if token is not None else None
+        path = f"/{service}/{method}"
+        try:
+            if method in STREAMING_REQUEST:
+                list(self.bare.stream_stream(path)(iter(body), timeout=20, metadata=metadata))
+            elif method in STREAMING_RESPONSE:
+                list(self.bare.unary_stream(path)(body, timeout=20, metadata=metadata))
+            else:
+                self.bare.unary_unary(path)(body, timeout=20, metadata=metadata)
+            code = "OK"
+        except grpc.RpcError as exc:
+            code = exc.code().name
+        self.unauthenticated[code] += 1
+        if code != "UNAUTHENTICATED":
+            self.forbidden.append(f"unauthenticated {method} ({'no token' if token is None else 'wrong token'}): {code}")
+
     def call(self, kind: str, service: str, method: str, body: bytes | list[bytes]) -> bytes | None:
         path = f"/{service}/{method}"
         result: bytes | None = None
+        channel = self.channels[REALMS[service]]
         try:
             if method in STREAMING_REQUEST:
-                stream = self.channel.stream_stream(path)(iter(body), timeout=20)
+                stream = channel.stream_stream(path)(iter(body), timeout=20)
                 for _ in stream:
                     pass
             elif method in STREAMING_RESPONSE:
-                stream = self.channel.unary_stream(path)(body, timeout=20)
+                stream = channel.unary_stream(path)(body, timeout=20)
                 for _ in stream:  # the snapshot is enough: a live job's stream would go on
                     stream.cancel()
                     break
             else:
-                result = self.channel.unary_unary(path)(body, timeout=20)
+                result = channel.unary_unary(path)(body, timeout=20)
             code = "OK"
         except grpc.RpcError as exc:
             code = exc.code().name
@@ -339,8 +372,8 @@ def raw_bodies(seeds: list[bytes], rng: random.Random) -> bytes:
 def test_no_request_hurts_the_jobmanager(fuzz_cluster):
     box, address, pid = fuzz_cluster
     seeds = seed_graphs(box)
-    caller = Caller(address)
-    client = JobManagerClient(address)
+    caller = Caller(box.cluster, address)
+    client = client_of(box.cluster, address)
     before_tree = box.snapshot()
 
     # Warm up (imports, first jobs, caches) before the memory baseline.
@@ -354,7 +387,8 @@ def test_no_request_hurts_the_jobmanager(fuzz_cluster):
 
     @settings(max_examples=CASES, deadline=None, database=None, phases=[Phase.generate],
               suppress_health_check=list(HealthCheck))
-    @given(kind=st.sampled_from(["graph"] * 6 + ["bulk"] + ["raw"] * 2 + ["ids"] * 2 + ["taskmanager"]),
+    @given(kind=st.sampled_from(["graph"] * 6 + ["bulk"] + ["raw"] * 2 + ["ids"] * 2 + ["taskmanager"]
+                                + ["unauthenticated"]),
            seed=st.integers(0, 2**32 - 1))
     def case(kind: str, seed: int) -> None:
         counter["cases"] += 1
@@ -394,6 +428,14 @@ def test_no_request_hurts_the_jobmanager(fuzz_cluster):
                 "GetClusterOverview": lambda: jobmanager_pb2.GetClusterOverviewRequest(),
             }[method]()
             caller.call(kind, "funke.v1.JobManager", method, request.SerializeToString())
+        elif kind == "unauthenticated":
+            service = rng.choice(list(SERVICES))
+            method = rng.choice(SERVICES[service])
+            body = raw_bodies(seeds, rng) if rng.random() < 0.5 else jobmanager_pb2.SubmitJobRequest(
+                job_graph=jobgraph_pb2.JobGraph.FromString(rng.choice(seeds))).SerializeToString()
+            other = caller.tokens["cluster" if REALMS[service] == "client" else "client"]
+            token = rng.choice([None, other, other[:-1] + "0", "x" * 64, "", " ", "Bearer", "x" * 5000])
+            caller.call_without(service, method, [body, body] if method in STREAMING_REQUEST else body, token)
         else:
             taskmanager_case(caller, mutator, rng)
 
@@ -431,6 +473,7 @@ def test_no_request_hurts_the_jobmanager(fuzz_cluster):
     summary = {
         "cases": counter["cases"], "seconds": round(fuzz_seconds, 1), "status_codes": dict(caller.codes.most_common()),
         "by_kind": {k: dict(v.most_common()) for k, v in caller.by_kind.items()},
+        "unauthenticated_calls": dict(caller.unauthenticated),
         "jobs_accepted": len(caller.accepted), "jobmanager_rss_mib": {"before": round(rss_before, 1),
                                                                        "after": round(rss_after, 1)},
         "forbidden": caller.forbidden[:20], "jobmanager_errors_logged": errors[:20],
@@ -451,7 +494,8 @@ def test_no_request_hurts_the_jobmanager(fuzz_cluster):
     assert after_tree == before_tree, {k: (before_tree.get(k), after_tree.get(k))
                                        for k in set(before_tree) | set(after_tree) if before_tree.get(k) != after_tree.get(k)}
     assert rss_after - rss_before < RSS_GROWTH_LIMIT_MIB, (rss_before, rss_after)
-    caller.channel.close()
+    assert set(caller.unauthenticated) == {"UNAUTHENTICATED"}, caller.unauthenticated
+    caller.close()
     client.close()
 
 
@@ -486,7 +530,8 @@ def taskmanager_case(caller: Caller, mutator: Mutator, rng: random.Random) -> No
         request = cluster_pb2.RegisterTaskManagerRequest(
             task_manager_id=rng.choice([f"fuzz-tm-{rng.randint(1, 3)}"] + strings),
             address=rng.choice(["127.0.0.1:9", "localhost:1", "nohost", ":1", "[::1]:9"] + strings[:20]),
-            number_of_slots=rng.choice(INTS[FD.TYPE_INT32]))
+            number_of_slots=rng.choice(INTS[FD.TYPE_INT32]),
+            registration_token=rng.choice(["", "t" * 64, "short"] + strings[:20]))
         if rng.random() < 0.3:
             request.resources[rng.choice(strings)] = rng.choice(strings)
         caller.call("taskmanager", "funke.v1.ResourceManager", "RegisterTaskManager", request.SerializeToString())

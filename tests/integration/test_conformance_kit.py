@@ -4,6 +4,7 @@ outputs (table, JSON, JUnit) say so, and the cluster is left as it was found."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 import xml.etree.ElementTree as ET
@@ -11,9 +12,8 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from funke.deploy import conformance
-from funke.deploy.client import JobManagerClient
 from funke.v1 import job_pb2
-from tests.integration.conftest import funke
+from tests.integration.conftest import client_of, funke
 
 pytestmark = pytest.mark.cluster
 
@@ -31,7 +31,8 @@ def test_every_scenario_passes_on_a_local_cluster(kit_cluster, tmp_path):
     d, address = kit_cluster
     cli = f"{sys.executable} -m funke.deploy.cli cluster"
     report = tmp_path / "conformance.xml"
-    result = funke("conformance", "--jobmanager", address, "--json", "--junit", str(report), "--destructive",
+    # a live cluster is reached as any client reaches one: its address and its client token
+    result = funke("conformance", "--jobmanager", address, "--token-file", str(d / "security" / "client.token"), "--json", "--junit", str(report), "--destructive",
                    "--kill-command", f"{cli} kill --dir {d} {{taskmanager}}",
                    "--restore-command", f"{cli} add-taskmanager --dir {d} {{taskmanager}}", timeout=1200, check=False)
     outcome = json.loads(result.stdout)
@@ -45,7 +46,7 @@ def test_every_scenario_passes_on_a_local_cluster(kit_cluster, tmp_path):
     assert observed["graceful-stop"] == "CREATED -> RUNNING -> FINISHED"
     suite = ET.parse(report).getroot()
     assert suite.get("tests") == str(len(conformance.SCENARIOS)) and suite.get("failures") == "0"
-    with JobManagerClient(address) as client:
+    with client_of(d, address) as client:
         overview = client.cluster_overview()
         # the killed TaskManager is back, and nothing of the kit holds a slot or still runs
         assert sorted(tm.id for tm in overview.task_managers) == ["tm-1", "tm-2"]
@@ -74,7 +75,8 @@ def test_the_kit_names_the_illegal_transition_of_a_defective_cluster(tmp_path):
           "-D", "funke.testing.mutant=skip-initializing", timeout=300)
     try:
         address = (d / "jobmanager.address").read_text().strip()
-        result = funke("conformance", "--jobmanager", address, "--only", "finishes", timeout=300, check=False)
+        result = funke("conformance", "--jobmanager", address, "--only", "finishes", timeout=300, check=False,
+                       env=dict(os.environ, FUNKE_CLUSTER_DIR=str(d)))
         assert result.returncode == 1, result.stdout + result.stderr
         # the job's own path is right; what breaks the specification is each task's
         assert re.search(r"^finishes +CREATED -> RUNNING -> FINISHED +CREATED -> RUNNING -> FINISHED +FAIL ",

@@ -38,7 +38,7 @@ class FaultCluster:
     def __init__(self, dir: Path):
         self.dir = dir
         self.info = localcluster.start(dir, len(TASKMANAGERS), 2)
-        self.client = JobManagerClient(self.info.address)
+        self.client = self.info.client()
 
     def restore(self) -> None:
         """Every TaskManager alive and registered again (tests kill some)."""
@@ -305,7 +305,8 @@ def fault_cluster_cli(cluster, *args: str) -> str:
     import subprocess
 
     result = subprocess.run([sys.executable, "-m", "funke.deploy.cli", args[0], "--jobmanager", cluster.info.address,
-                             *args[1:]], capture_output=True, text=True, timeout=60)
+                             *args[1:]], capture_output=True, text=True, timeout=60,
+                            env=dict(os.environ, FUNKE_CLUSTER_DIR=str(cluster.info.dir)))
     return result.stdout + result.stderr
 
 

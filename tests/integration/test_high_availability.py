@@ -23,7 +23,7 @@ from funke.common.dsl import ExecutionEnvironment
 from funke.deploy import localcluster
 from funke.deploy.client import JobAlreadyExists, JobManagerClient
 from funke.v1 import cluster_pb2, cluster_pb2_grpc, job_pb2
-from tests.integration.conftest import REPO
+from tests.integration.conftest import REPO, secured_channel
 from tests.integration.test_failover import corpus, read_output, slow_word_count  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.cluster
@@ -43,6 +43,7 @@ class HaCluster:
     def follower(self) -> JobManagerClient:
         """A client that follows the leader, as the CLI does for an HA cluster."""
         return JobManagerClient(localcluster.read_address(self.dir) or "127.0.0.1:1", timeout=10, failover_timeout=120,
+                                credentials=localcluster.credentials(self.dir),
                                 leader=lambda: localcluster.read_address(self.dir))
 
     def lease(self):
@@ -325,18 +326,20 @@ def paused_leader(ha: HaCluster, corpus, reference, tmp_path) -> float:  # noqa:
         time.sleep(0.2)
         log = (ha.dir / "log" / f"{name}.log").read_text()
     assert f"lost leadership (epoch {epoch})" in log
-    # What a deposed leader sends names a registration of its epoch: every TaskManager refuses it.
+    # What a deposed leader sends carries the token of a registration that is over, and names a
+    # registration of its epoch: every TaskManager refuses it. (The token is the deposed leader's
+    # alone; the cluster's own token stands in for it here, and is refused all the same.)
     overview = ha.client.cluster_overview()
     assert overview.leader.epoch == lease.epoch
     for tm in overview.task_managers:
-        with grpc.insecure_channel(tm.address) as channel:
+        with secured_channel(ha.dir, tm.address, "cluster") as channel:
             stub = cluster_pb2_grpc.TaskExecutorStub(channel)
             deployment = cluster_pb2.TaskDeploymentDescriptor(job_id=job_id, task_name="stale (1/1)")
             deployment.attempt.vertex_id, deployment.attempt.attempt_number = "stale", 0
-            response = stub.SubmitTasks(cluster_pb2.SubmitTasksRequest(
-                tasks=[deployment], registration_id=f"{tm.id}#e{epoch}.1"), timeout=10)
-            assert not response.results[0].accepted
-            assert "which is over" in response.results[0].error
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.SubmitTasks(cluster_pb2.SubmitTasksRequest(
+                    tasks=[deployment], registration_id=f"{tm.id}#e{epoch}.1"), timeout=10)
+            assert refused.value.code() is grpc.StatusCode.UNAUTHENTICATED, refused.value.details()
     return elected_at - paused_at
 
 

@@ -22,7 +22,6 @@ from pathlib import Path
 import grpc
 import pytest
 
-from funke.deploy.client import JobManagerClient
 from funke.deploy.jobfile import load_job_file
 from funke.common.jobgraph import (
     Artifact,
@@ -37,7 +36,7 @@ from funke.common.jobgraph import (
 from funke.common.codec import job_graph_to_proto
 from funke.deploy import localcluster
 from funke.v1 import cluster_pb2, job_pb2, jobmanager_pb2, jobmanager_pb2_grpc
-from tests.integration.conftest import REPO, funke, wait_for_end
+from tests.integration.conftest import REPO, client_of, funke, wait_for_end
 
 pytestmark = pytest.mark.cluster
 
@@ -57,9 +56,9 @@ def noop_job(job_id: str = "", p: int = 1, name: str = "noop", **config) -> JobG
     )
 
 
-def submit_raw(address: str, message) -> tuple[str, str]:
+def submit_raw(cluster, message) -> tuple[str, str]:
     """SubmitJob with a protobuf JobGraph as given (no client-side encoding or checks)."""
-    with grpc.insecure_channel(address) as channel:
+    with cluster.channel() as channel:
         stub = jobmanager_pb2_grpc.JobManagerStub(channel)
         try:
             response = stub.SubmitJob(jobmanager_pb2.SubmitJobRequest(job_graph=message), timeout=30)
@@ -91,7 +90,7 @@ def test_job_ids_that_name_a_directory_above_the_job_are_refused_and_earlier_res
         message = job_graph_to_proto(job)
         message.job_id = job_id
         message.vertices[0].operators[0].config_json = '{"path": "/nonexistent/*.txt"}'  # it would fail
-        code, details_text = submit_raw(spark_cluster.address, message)
+        code, details_text = submit_raw(spark_cluster, message)
         assert code == "INVALID_ARGUMENT" and "job id" in details_text, (job_id, code, details_text)
     assert tree(data_dir.parent) == before  # nothing was created or deleted
     assert client.result(first) == rows  # the earlier job's result is intact
@@ -106,7 +105,7 @@ def test_vertex_and_data_set_ids_that_would_leave_their_directory_are_refused(no
         else:
             message.data_sets[0].id = "../escape"
             message.edges[0].data_set_id = "../escape"
-        code, text = submit_raw(noop_cluster.address, message)
+        code, text = submit_raw(noop_cluster, message)
         assert code == "INVALID_ARGUMENT" and "may only contain" in text, text
 
 
@@ -117,7 +116,7 @@ def test_sink_paths_that_are_empty_relative_a_root_or_hold_nul_are_refused(noop_
     message = job_graph_to_proto(noop_job())
     sink = message.vertices[1].operators[1]
     sink.kind, sink.config_json = "sink.csv", json.dumps({"path": path, "mode": "overwrite"})
-    code, text = submit_raw(noop_cluster.address, message)
+    code, text = submit_raw(noop_cluster, message)
     assert code == "INVALID_ARGUMENT" and "config 'path'" in text, text
 
 
@@ -127,7 +126,7 @@ def test_a_sink_writing_over_the_data_directory_is_refused(noop_cluster):
         message = job_graph_to_proto(noop_job())
         sink = message.vertices[1].operators[1]
         sink.kind, sink.config_json = "sink.csv", json.dumps({"path": target, "mode": "overwrite"})
-        code, text = submit_raw(noop_cluster.address, message)
+        code, text = submit_raw(noop_cluster, message)
         assert code == "INVALID_ARGUMENT" and "overlaps the cluster's data directory" in text, (target, text)
 
 
@@ -137,7 +136,7 @@ def test_a_non_finite_number_is_refused_and_the_cluster_keeps_scheduling(noop_cl
     message = job_graph_to_proto(noop_job())
     message.vertices[0].operators[0].kind = "source.range"
     message.vertices[0].operators[0].config_json = '{"end": 1e999}'
-    code, text = submit_raw(noop_cluster.address, message)
+    code, text = submit_raw(noop_cluster, message)
     assert code == "INVALID_ARGUMENT" and "out of range for a double" in text, text
     # the slots are all free and the next job runs
     overview = noop_cluster.client.cluster_overview()
@@ -152,10 +151,10 @@ def test_a_non_finite_number_is_refused_and_the_cluster_keeps_scheduling(noop_cl
 def test_a_nan_slot_request_timeout_and_attempts_beyond_32_bits_are_refused(noop_cluster):
     message = job_graph_to_proto(noop_job())
     message.configuration.slot_request_timeout_seconds = math.nan
-    code, text = submit_raw(noop_cluster.address, message)
+    code, text = submit_raw(noop_cluster, message)
     assert code == "INVALID_ARGUMENT" and "slot request timeout" in text, text
     job = noop_job(restart_strategy=RestartStrategyConfig("fixed-delay", {"attempts": str(10**23)}))
-    code, text = submit_raw(noop_cluster.address, job_graph_to_proto(job))
+    code, text = submit_raw(noop_cluster, job_graph_to_proto(job))
     assert code == "INVALID_ARGUMENT" and "does not fit in 32 bits" in text, text
 
 
@@ -166,7 +165,7 @@ def test_undecodable_request_bodies_get_invalid_argument(noop_cluster, method):
     bodies = [b"\xff" * 64, b"\x0a\x40short"]  # not protobuf at all; a length beyond the end
     if method not in ("ListJobs", "GetClusterOverview"):  # their requests have no fields to misfill
         bodies.append(b"\x0a\x02\xff\xfe")  # job graph / job id (field 1) that is not UTF-8
-    with grpc.insecure_channel(noop_cluster.address) as channel:
+    with noop_cluster.channel() as channel:
         for body in bodies:
             if method == "WatchJob":
                 call = channel.unary_stream(f"/funke.v1.JobManager/{method}")(body, timeout=10)
@@ -179,20 +178,25 @@ def test_undecodable_request_bodies_get_invalid_argument(noop_cluster, method):
             assert f"funke.v1.JobManager/{method}" in info.value.details()
 
 
-def test_undecodable_bodies_to_a_taskmanager_get_invalid_argument(noop_cluster):
+def test_undecodable_bodies_to_a_taskmanager_are_refused_before_they_are_decoded(noop_cluster):
+    """Only the JobManager a TaskManager registered with holds its token: anyone else, with the
+    cluster's own tokens even, is refused before the body is decoded (the decoder's answer to
+    what does get through, INVALID_ARGUMENT, is tested in tests/unit/test_rpc.py)."""
     tm_address = noop_cluster.client.cluster_overview().task_managers[0].address
-    with grpc.insecure_channel(tm_address) as channel:
-        for method in ("SubmitTasks", "CancelTasks", "UpdatePartitionInfo", "FreeSlots", "ReleasePartitions"):
-            with pytest.raises(grpc.RpcError) as info:
-                channel.unary_unary(f"/funke.v1.TaskExecutor/{method}")(b"\x0a\x40short", timeout=10)
-            assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT, (method, info.value.details())
+    for realm in ("client", "cluster"):
+        with noop_cluster.channel(realm, address=tm_address) as channel:
+            for method in ("SubmitTasks", "CancelTasks", "UpdatePartitionInfo", "FreeSlots", "ReleasePartitions"):
+                with pytest.raises(grpc.RpcError) as info:
+                    channel.unary_unary(f"/funke.v1.TaskExecutor/{method}")(b"\x0a\x40short", timeout=10)
+                assert info.value.code() is grpc.StatusCode.UNAUTHENTICATED, (method, info.value.details())
+                assert "the token presented is not valid here" in info.value.details()
 
 
 # ---- 6. unbounded echoes -----------------------------------------------------------------------
 
 def test_a_huge_job_id_gets_its_real_answer_in_a_short_message(noop_cluster):
     huge = "j" * (1 << 20)
-    with grpc.insecure_channel(noop_cluster.address, options=[("grpc.max_send_message_length", 8 << 20)]) as channel:
+    with noop_cluster.channel(options=[("grpc.max_send_message_length", 8 << 20)]) as channel:
         stub = jobmanager_pb2_grpc.JobManagerStub(channel)
         for call, request in ((stub.GetJob, jobmanager_pb2.GetJobRequest(job_id=huge)),
                               (stub.CancelJob, jobmanager_pb2.CancelJobRequest(job_id=huge))):
@@ -203,17 +207,17 @@ def test_a_huge_job_id_gets_its_real_answer_in_a_short_message(noop_cluster):
     message = job_graph_to_proto(noop_job())
     message.job_id = huge
     message.vertices.add(id=huge, name=huge, parallelism=1)
-    code, text = submit_raw(noop_cluster.address, message)
+    code, text = submit_raw(noop_cluster, message)
     assert code == "INVALID_ARGUMENT" and len(text) < 4000, (code, len(text))
     # Many problems in wide characters (gRPC percent-encodes every byte of them, three for one).
     message = job_graph_to_proto(noop_job())
     for i in range(60):
         v = message.vertices.add(id=f"v{i}", name="n", parallelism=1)
         v.slot_sharing_group = "\U0001f600" * 301  # too long: each problem quotes 80 of them
-    code, text = submit_raw(noop_cluster.address, message)
+    code, text = submit_raw(noop_cluster, message)
     assert code == "INVALID_ARGUMENT" and "problem(s)" in text, (code, text[:200])
     # A heartbeat stream that changes its TaskManager id is refused, quoting the ids short.
-    with grpc.insecure_channel(noop_cluster.address) as channel:
+    with noop_cluster.channel("cluster") as channel:
         beats = [cluster_pb2.HeartbeatRequest(task_manager_id=tm, registration_id="r").SerializeToString()
                  for tm in ("z" * 200_000, "fuzz-tm")]
         with pytest.raises(grpc.RpcError) as info:
@@ -228,7 +232,7 @@ def test_sink_modes_other_than_error_and_overwrite_are_refused(noop_cluster, mod
     message = job_graph_to_proto(noop_job())
     sink = message.vertices[1].operators[1]
     sink.kind, sink.config_json = "sink.csv", json.dumps({"path": "/tmp/funke-never-written", "mode": mode})
-    code, text = submit_raw(noop_cluster.address, message)
+    code, text = submit_raw(noop_cluster, message)
     assert code == "INVALID_ARGUMENT" and "config 'mode'" in text, text
 
 
@@ -237,7 +241,7 @@ def test_source_paths_that_are_not_one_path_are_refused(noop_cluster, path):
     message = job_graph_to_proto(noop_job())
     source = message.vertices[0].operators[0]
     source.kind, source.config_json = "source.text", json.dumps({"path": path})
-    code, text = submit_raw(noop_cluster.address, message)
+    code, text = submit_raw(noop_cluster, message)
     assert code == "INVALID_ARGUMENT" and "config 'path'" in text, text
 
 
@@ -245,7 +249,7 @@ def test_duplicate_empty_and_escaping_artifact_names_are_refused(noop_cluster):
     job = noop_job()
     job = JobGraph(job.name, job.vertices, job.data_sets, job.edges,
                    artifacts=(Artifact("a.py", b"1"), Artifact("a.py", b"2"), Artifact("", b""), Artifact("../x.py", b"")))
-    code, text = submit_raw(noop_cluster.address, job_graph_to_proto(job))
+    code, text = submit_raw(noop_cluster, job_graph_to_proto(job))
     assert code == "INVALID_ARGUMENT"
     assert "name is used 2 times" in text and "name is empty" in text and "'../x.py'" in text, text
 
@@ -257,9 +261,8 @@ def test_terminal_jobs_are_evicted_beyond_the_jobstore_capacity_with_their_data(
     funke("cluster", "start", "--taskmanagers", "1", "--slots", "2", "--dir", str(d), "--no-spark",
           "-D", "jobstore.max-capacity=3", timeout=120)
     try:
-        address = (d / "jobmanager.address").read_text().strip()
         data = d / "data"
-        with JobManagerClient(address) as client:
+        with client_of(d) as client:
             ids = []
             for i in range(5):
                 job_id = client.submit(noop_job(job_id=f"kept-{i}"))
@@ -341,9 +344,10 @@ def test_submit_says_what_losing_the_jobmanager_means_for_the_job(tmp_path):
     address = (d / "jobmanager.address").read_text().strip()
     submit = subprocess.Popen([sys.executable, "-m", "funke.deploy.cli", "submit", str(job_file),
                                "--jobmanager", address], cwd=REPO, text=True,
+                              env=dict(os.environ, FUNKE_CLUSTER_DIR=str(d)),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        with JobManagerClient(address) as client:
+        with client_of(d) as client:
             deadline = time.time() + 60
             while not client.list_jobs() and time.time() < deadline:
                 time.sleep(0.1)
@@ -371,16 +375,17 @@ def test_a_jobmanager_that_cannot_see_the_taskmanagers_output_fails_the_job_inst
     tm_log = open(d / "log" / "tm-own.log", "wb")
     address = (d / "jobmanager.address").read_text().strip()
     tm = subprocess.Popen([sys.executable, "-m", "funke.taskmanager.main", "--jobmanager", address, "--slots", "2",
-                           "--id", "tm-own", "--data-dir", str(tm_data)], cwd=d, stdout=tm_log,
+                           "--id", "tm-own", "--data-dir", str(tm_data), *localcluster.security_options(d)],
+                          cwd=d, stdout=tm_log,
                           stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        with JobManagerClient(address) as client:
+        with client_of(d) as client:
             deadline = time.time() + 120
             while not client.cluster_overview().task_managers and time.time() < deadline:
                 assert tm.poll() is None, (d / "log" / "tm-own.log").read_text()
                 time.sleep(0.2)
         result = funke("submit", str(WORDCOUNT), "--jobmanager", address, "--parallelism", "1", check=False,
-                       timeout=300)
+                       timeout=300, env=dict(os.environ, FUNKE_CLUSTER_DIR=str(d)))
         assert result.returncode == 1, result
         assert "FAILED" in result.stdout and "is not there" in result.stdout and "shared" in result.stdout, result.stdout
         assert "collected 0 row(s)" not in result.stdout

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from funke.deploy import localcluster
-from funke.deploy.client import JobManagerClient
 from tests.integration.conftest import wait_for
 
 pytestmark = pytest.mark.cluster
@@ -25,7 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 def jobmanager(tmp_path_factory):
     root = tmp_path_factory.mktemp("multihost")
     info = localcluster.start(root, 0, 1, no_spark=True, dynamic=["cluster.registration.probe-timeout=2 s"])
-    client = JobManagerClient(info.address)
+    client = info.client()
     yield info, client
     client.close()
     localcluster.stop(root)
@@ -34,7 +33,7 @@ def jobmanager(tmp_path_factory):
 def taskmanager(info, tm_id: str, log: Path, *flags: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "funke.taskmanager.main", "--no-spark", "--jobmanager", info.address,
-         "--slots", "1", "--id", tm_id, *flags],
+         "--slots", "1", "--id", tm_id, *flags, *localcluster.security_options(info.dir)],
         stdout=subprocess.DEVNULL, stderr=open(log, "w"), cwd=REPO, start_new_session=True,
         env=dict(os.environ, PYTHONUNBUFFERED="1"))
 
@@ -66,7 +65,7 @@ def test_a_taskmanager_the_jobmanager_cannot_dial_is_refused_and_says_so(jobmana
 
 def test_a_wildcard_bind_advertises_the_address_the_jobmanager_sees(jobmanager, tmp_path):
     info, client = jobmanager
-    process = taskmanager(info, "tm-wildcard", tmp_path / "tm.log", "--host", "0.0.0.0")
+    process = taskmanager(info, "tm-wildcard", tmp_path / "tm.log", "--host", "0.0.0.0", "--insecure")
     try:
         tm = wait_for("the registration", lambda: next(
             (t for t in client.cluster_overview().task_managers if t.id == "tm-wildcard"), None))
@@ -90,7 +89,7 @@ def test_the_users_python_for_spark_workers_is_the_one_they_run(jobmanager, tmp_
     log = tmp_path / "tm.log"
     process = subprocess.Popen(
         [sys.executable, "-m", "funke.taskmanager.main", "--jobmanager", info.address, "--slots", "1",
-         "--id", "tm-own-python", "--no-warm-up"],
+         "--id", "tm-own-python", "--no-warm-up", *localcluster.security_options(info.dir)],
         stdout=subprocess.DEVNULL, stderr=open(log, "w"), cwd=REPO, start_new_session=True,
         env=dict(os.environ, PYTHONUNBUFFERED="1", PYSPARK_PYTHON=str(wrapper)))
     try:

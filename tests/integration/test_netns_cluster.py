@@ -19,7 +19,6 @@ import pytest
 
 from funke.common.dsl import ExecutionEnvironment
 from funke.deploy import localcluster
-from funke.deploy.client import JobManagerClient
 from tests.integration.conftest import wait_for
 from funke.v1 import job_pb2
 from tests import netns
@@ -44,12 +43,13 @@ def net():
 @pytest.fixture(scope="module")
 def jobmanager(net, tmp_path_factory):
     root = tmp_path_factory.mktemp("netns-cluster")
-    info = localcluster.start(root, 0, 2, host=net.root_address,
+    # Several hosts: mutual TLS, the processes' certificate valid on every host's address.
+    info = localcluster.start(root, 0, 2, host=net.root_address, tls="mtls", tls_hosts=[h.address for h in net.hosts],
                               dynamic=[f"heartbeat.timeout={HEARTBEAT_TIMEOUT_S:g} s", "heartbeat.interval=500 ms",
                                        "restart-strategy.type=fixed-delay", "restart-strategy.fixed-delay.attempts=20",
                                        "restart-strategy.fixed-delay.delay=500 ms"])
     assert info.address.startswith(f"{net.root_address}:")
-    client = JobManagerClient(info.address)
+    client = info.client()
     yield info, client
     client.close()
     localcluster.stop(root)
@@ -57,7 +57,7 @@ def jobmanager(net, tmp_path_factory):
 
 def start_taskmanager(net, i: int, info, name: str, log: Path, *flags: str):
     argv = [sys.executable, "-m", "funke.taskmanager.main", "--jobmanager", info.address, "--id", name,
-            "--slots", "2", *flags]
+            "--slots", "2", *flags, *localcluster.security_options(info.dir)]
     return net.popen(i, argv, stdout=open(log, "w"), stderr=subprocess.STDOUT, cwd=REPO,
                      env=dict(os.environ, PYTHONUNBUFFERED="1"))
 

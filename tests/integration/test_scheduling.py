@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -96,6 +97,7 @@ def test_funke_submit_says_at_once_that_the_job_is_waiting_for_slots(noop_cluste
     proc = subprocess.Popen(
         [sys.executable, "-m", "funke.deploy.cli", "submit", "--jobmanager", noop_cluster.address, str(job_file)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
+        env=dict(os.environ, FUNKE_CLUSTER_DIR=str(noop_cluster.dir)),
     )
     try:
         started = time.time()
@@ -161,7 +163,7 @@ def test_a_reused_job_id_is_rejected(noop_cluster):
 def test_health_and_cluster_overview(noop_cluster):
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    with grpc.insecure_channel(noop_cluster.address) as channel:
+    with noop_cluster.channel() as channel:
         health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service="funke.v1.JobManager"))
         assert health.status == health_pb2.HealthCheckResponse.SERVING
         overview = jobmanager_pb2_grpc.JobManagerStub(channel).GetClusterOverview(jobmanager_pb2.GetClusterOverviewRequest())

@@ -19,7 +19,7 @@ from funke.common.states import JobStatus
 from funke.deploy import localcluster, sparkstandalone
 from funke.deploy.client import JobManagerClient
 from funke.deploy.jobfile import load_job_file
-from tests.integration.conftest import funke, wait_for_end
+from tests.integration.conftest import client_of, funke, wait_for_end
 from tests.integration.test_wordcount import join_example_is_exact
 from tests.sparkconnectserver import ConnectServer
 
@@ -68,7 +68,7 @@ def standalone(tmp_path_factory):
                     timeout=300)
     assert "spark standalone (2 worker(s))" in started.stdout
     address = (d / "jobmanager.address").read_text().strip()
-    client = JobManagerClient(address)
+    client = client_of(d, address)
     yield d, client
     client.close()
     stopped = funke("cluster", "stop", "--dir", str(d), timeout=120)
@@ -109,7 +109,8 @@ def test_a_taskmanager_a_full_standalone_cluster_cannot_serve_refuses_to_start(s
     result = subprocess.run(
         [sys.executable, "-m", "funke.taskmanager.main", "--jobmanager", address, "--id", "tm-starved",
          "--slots", "2", "--spark-master", master_url, "--spark-executor-timeout", "8",
-         "--spark-conf", "spark.executor.memory=512m", "--spark-conf", "spark.driver.host=127.0.0.1"],
+         "--spark-conf", "spark.executor.memory=512m", "--spark-conf", "spark.driver.host=127.0.0.1",
+         *localcluster.security_options(d)],
         capture_output=True, text=True, timeout=120, cwd=REPO)
     assert result.returncode == 1
     assert f"the Spark master {master_url} gave this TaskManager no executor within 8 s" in result.stderr
@@ -126,7 +127,7 @@ def connect(tmp_path_factory):
     try:
         funke("cluster", "start", "--dir", str(d / "cluster"), "--taskmanagers", "2", "--slots", "2",
               "--spark-remote", server.url, timeout=300)
-        client = JobManagerClient((d / "cluster" / "jobmanager.address").read_text().strip())
+        client = client_of(d / "cluster")
         yield d / "cluster", client, server
         client.close()
         funke("cluster", "stop", "--dir", str(d / "cluster"), timeout=120)
@@ -160,7 +161,7 @@ def test_a_setting_the_connect_server_cannot_take_stops_the_taskmanager(connect)
     address = (d / "jobmanager.address").read_text().strip()
     result = subprocess.run(
         [sys.executable, "-m", "funke.taskmanager.main", "--jobmanager", address, "--id", "tm-static",
-         "--spark-remote", server.url, "--spark-conf", "spark.executor.memory=4g"],
+         "--spark-remote", server.url, "--spark-conf", "spark.executor.memory=4g", *localcluster.security_options(d)],
         capture_output=True, text=True, timeout=120, cwd=REPO)
     assert result.returncode == 1
     assert "cannot change spark.executor.memory for one session" in result.stderr

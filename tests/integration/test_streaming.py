@@ -45,7 +45,7 @@ class StreamCluster:
     def __init__(self, dir: Path):
         self.dir = dir
         self.info = localcluster.start(dir, len(TASKMANAGERS), 2)
-        self.client = JobManagerClient(self.info.address)
+        self.client = self.info.client()
         self.spare = 0
 
     def restore(self) -> None:
@@ -63,7 +63,8 @@ class StreamCluster:
 
     def funke(self, *args: str, **kw):
         command, *rest = args
-        return funke(command, "--jobmanager", self.info.address, *rest, **kw)
+        env = dict(kw.pop("env", None) or os.environ, FUNKE_CLUSTER_DIR=str(self.info.dir))
+        return funke(command, "--jobmanager", self.info.address, *rest, env=env, **kw)
 
 
 @pytest.fixture(scope="module")

@@ -133,5 +133,5 @@ def test_only_a_host_and_port_is_an_address_the_jobmanager_dials(address, refuse
     from funke.jobmanager.services import registration_problem
 
     problem = registration_problem(cluster_pb2.RegisterTaskManagerRequest(
-        task_manager_id="tm-1", address=address, number_of_slots=1))
+        task_manager_id="tm-1", address=address, number_of_slots=1, registration_token="t" * 64))
     assert (problem is not None) == refused, problem

@@ -26,6 +26,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from funke.common import layout
+from funke.common.security import Realm
+from funke.deploy import security
 from funke.v1 import cluster_pb2, cluster_pb2_grpc, job_pb2, jobgraph_pb2
 
 REPO = Path(__file__).resolve().parents[2]
@@ -45,6 +47,9 @@ class FakeJobManager:
 
     def __init__(self, data_dir: str):
         self.data_dir = data_dir
+        # The TaskManagers' token, which this JobManager asks for as a real one does.
+        self.cluster_token_file = Path(data_dir) / "cluster.token"
+        self.cluster_token, _ = security.ensure_token(self.cluster_token_file)
         self._cond = threading.Condition()
         self.registrations: list[cluster_pb2.RegisterTaskManagerRequest] = []
         self.registration_ids: list[str] = []  # the answer to each of `registrations`
@@ -73,7 +78,8 @@ class FakeJobManager:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
 
     async def _start(self, port: int) -> int:
-        server = grpc.aio.server()
+        tokens = lambda realm: (self.cluster_token,) if realm is Realm.CLUSTER else ()  # noqa: E731
+        server = grpc.aio.server(interceptors=[security.Authenticator("fake JobManager", tokens)])
         cluster_pb2_grpc.add_ResourceManagerServicer_to_server(_ResourceManager(self), server)
         cluster_pb2_grpc.add_JobMasterServicer_to_server(_JobMaster(self), server)
         bound = server.add_insecure_port(f"127.0.0.1:{port}")
@@ -171,7 +177,7 @@ class _ResourceManager(cluster_pb2_grpc.ResourceManagerServicer):
         deploy = self.jm.deploy_on_register
         if deploy is not None and (tasks := deploy(request, registration_id)):
             async def overtake() -> None:
-                async with grpc.aio.insecure_channel(request.address) as channel:
+                async with security.aio_channel(request.address, request.registration_token, None) as channel:
                     response = await cluster_pb2_grpc.TaskExecutorStub(channel).SubmitTasks(
                         cluster_pb2.SubmitTasksRequest(tasks=tasks, registration_id=registration_id), timeout=WAIT_S)
                 with self.jm._cond:
@@ -212,11 +218,13 @@ class TaskManagerProcess:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "funke.taskmanager.main", "--no-spark", "--jobmanager", jm.address,
-             "--slots", "2", "--id", tm_id, "--log-level", "DEBUG"],
+             "--slots", "2", "--id", tm_id, "--log-level", "DEBUG",
+             "-D", f"security.auth.cluster-token-file={jm.cluster_token_file}"],
             stdout=subprocess.PIPE, stderr=self._log, text=True, cwd=REPO, env=env)
         self.stdout: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
         self._channel: grpc.Channel | None = None
+        self._channel_token = ""
 
     def _pump(self) -> None:
         assert self.proc.stdout is not None
@@ -238,8 +246,16 @@ class TaskManagerProcess:
 
     @property
     def executor(self) -> cluster_pb2_grpc.TaskExecutorStub:
-        if self._channel is None:
-            self._channel = grpc.insecure_channel(self.registration().address)
+        """The TaskExecutor service, called as the JobManager of its latest registration (the
+        only caller it takes: with that registration's token)."""
+        self.registration()
+        with self.jm._cond:
+            latest = [r for r in self.jm.registrations if r.task_manager_id == self.id][-1]
+        if self._channel is None or self._channel_token != latest.registration_token:
+            if self._channel is not None:
+                self._channel.close()
+            self._channel = security.channel(latest.address, latest.registration_token, None)
+            self._channel_token = latest.registration_token
         return cluster_pb2_grpc.TaskExecutorStub(self._channel)
 
     @property

@@ -25,7 +25,7 @@ class SlotReport(_message.Message):
     def __init__(self, slots: _Optional[_Iterable[_Union[SlotStatus, _Mapping]]] = ...) -> None: ...
 
 class RegisterTaskManagerRequest(_message.Message):
-    __slots__ = ("task_manager_id", "address", "number_of_slots", "resources", "slot_report")
+    __slots__ = ("task_manager_id", "address", "number_of_slots", "resources", "slot_report", "registration_token")
     class ResourcesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -38,12 +38,14 @@ class RegisterTaskManagerRequest(_message.Message):
     NUMBER_OF_SLOTS_FIELD_NUMBER: _ClassVar[int]
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
     SLOT_REPORT_FIELD_NUMBER: _ClassVar[int]
+    REGISTRATION_TOKEN_FIELD_NUMBER: _ClassVar[int]
     task_manager_id: str
     address: str
     number_of_slots: int
     resources: _containers.ScalarMap[str, str]
     slot_report: SlotReport
-    def __init__(self, task_manager_id: _Optional[str] = ..., address: _Optional[str] = ..., number_of_slots: _Optional[int] = ..., resources: _Optional[_Mapping[str, str]] = ..., slot_report: _Optional[_Union[SlotReport, _Mapping]] = ...) -> None: ...
+    registration_token: str
+    def __init__(self, task_manager_id: _Optional[str] = ..., address: _Optional[str] = ..., number_of_slots: _Optional[int] = ..., resources: _Optional[_Mapping[str, str]] = ..., slot_report: _Optional[_Union[SlotReport, _Mapping]] = ..., registration_token: _Optional[str] = ...) -> None: ...
 
 class RegisterTaskManagerResponse(_message.Message):
     __slots__ = ("registration_id", "heartbeat_interval_seconds", "heartbeat_timeout_seconds", "data_dir", "leader_epoch")
