@@ -56,6 +56,7 @@ from funke.common.executiongraph import (
     ExecutionJobVertex,
     FailureInfo,
     SlotId,
+    TaskIo,
 )
 from funke.common.jobgraph import (
     DEFAULT_SLOT_SHARING_GROUP,
@@ -534,6 +535,8 @@ def execution_to_proto(ex: Execution) -> job_pb.Execution:
         history=[execution_transition_to_proto(t) for t in ex.machine.history],
         task_manager_id=ex.task_manager_id or "",
     )
+    if ex.io is not None:
+        msg.io.CopyFrom(io_to_proto(ex.io))
     if ex.slot is not None:
         msg.slot_index = ex.slot.slot_index
     if ex.failure is not None:
@@ -562,6 +565,7 @@ def job_details(graph: ExecutionGraph, scheduler: Scheduler, *, waiting_for_reso
         required_slots=scheduler.plan.required_slots(),
         restart_strategy=restart_description,
         failover_strategy=scheduler.failover_strategy.value,
+        num_restarts=scheduler.num_restarts,
     )
     for ejv in graph.vertices.values():
         vertex = msg.vertices.add(
@@ -580,6 +584,8 @@ def job_details(graph: ExecutionGraph, scheduler: Scheduler, *, waiting_for_reso
             e.attempt.CopyFrom(attempt_to_proto(entry.attempt))
     if scheduler.failure is not None:
         msg.failure.CopyFrom(failure_to_proto(scheduler.failure))
+    msg.data_sets.extend(_data_set_to_proto(d) for d in graph.job_graph.data_sets)
+    msg.edges.extend(_edge_to_proto(e) for e in graph.job_graph.edges)
     return msg
 
 
@@ -725,6 +731,19 @@ def produced_to_proto(p: ProducedPartition) -> cluster_pb.ProducedPartition:
                                         schema=p.schema, row_count=p.row_count)
 
 
+def io_to_proto(io: TaskIo) -> job_pb.TaskIo:
+    return job_pb.TaskIo(records_in=io.records_in, records_out=io.records_out, bytes_in=io.bytes_in,
+                         bytes_out=io.bytes_out, seconds=io.seconds)
+
+
+def io_from_proto(m: job_pb.TaskIo) -> TaskIo:
+    """Counts that cannot be ones (negative, not finite) are read as 0."""
+    def count(v: int) -> int:
+        return v if v >= 0 else 0
+    seconds = m.seconds if m.seconds == m.seconds and 0 <= m.seconds < float("inf") else 0.0
+    return TaskIo(count(m.records_in), count(m.records_out), count(m.bytes_in), count(m.bytes_out), seconds)
+
+
 def report_to_proto(r: TaskReport) -> cluster_pb.TaskExecutionState:
     msg = cluster_pb.TaskExecutionState(
         job_id=r.job_id, attempt=attempt_to_proto(r.attempt), state=_EXECUTION_STATE_TO[r.state],
@@ -736,6 +755,8 @@ def report_to_proto(r: TaskReport) -> cluster_pb.TaskExecutionState:
         msg.batch_id = r.batch_id
     if r.input_rows is not None:
         msg.input_rows = r.input_rows
+    if r.io is not None:
+        msg.io.CopyFrom(io_to_proto(r.io))
     return msg
 
 
@@ -749,7 +770,8 @@ def report_from_proto(m: cluster_pb.TaskExecutionState) -> TaskReport:
         task_manager_id=m.task_manager_id, stimulus_id=m.stimulus_id,
         batch_id=m.batch_id if m.HasField("batch_id") else None,
         # a count that cannot be one is no count (the batch's report still counts)
-        input_rows=m.input_rows if m.HasField("input_rows") and m.input_rows >= 0 else None)
+        input_rows=m.input_rows if m.HasField("input_rows") and m.input_rows >= 0 else None,
+        io=io_from_proto(m.io) if m.HasField("io") else None)
 
 
 # ---------------------------------------------------------------------------- micro-batches

@@ -80,6 +80,14 @@ class ClusterConfiguration:
     watch_streams_per_client: int = 64
     watch_streams_total: int = 1024
     max_active_jobs: int = 1000  # jobs submitted and not yet terminal
+    # The REST API and dashboard (Flink's rest.bind-address / rest.bind-port; a range takes the
+    # first free port, so several clusters on one machine each find one).
+    rest_bind_address: str = "127.0.0.1"
+    rest_ports: tuple[int, int] = (8081, 8180)
+    # Prometheus metrics of each process (Flink's metrics.reporter.prom.port: a range, the first
+    # free port; metrics.reporter.prom.host is funke's: loopback unless set).
+    metrics_host: str = "127.0.0.1"
+    metrics_ports: tuple[int, int] = (9249, 9348)
 
     @property
     def ha_enabled(self) -> bool:
@@ -188,6 +196,30 @@ def parse_configuration(entries: Mapping[str, str], base: ClusterConfiguration |
                 problems.append(f"{key}: expected one of {', '.join(TESTING_MUTANTS)}, got {value!r}")
             else:
                 changes["testing_mutant"] = value
+        elif key in ("rest.bind-port", "rest.port"):
+            ports = port_range(value)
+            if ports is None:
+                problems.append(f"{key}: expected a port or a range (8081, 8081-8090; 0: any free one), got {value!r}")
+            else:
+                changes["rest_ports"] = ports
+        elif key == "metrics.reporter.prom.port":
+            ports = port_range(value)
+            if ports is None:
+                problems.append(f"{key}: expected a port or a range (9249, 9249-9260; 0: any free one), got {value!r}")
+            else:
+                changes["metrics_ports"] = ports
+        elif key == "metrics.reporter.prom.host":
+            host_text = value.strip("[]")
+            if not host_text or not all(c.isascii() and (c.isalnum() or c in ".-_:") for c in host_text):
+                problems.append(f"{key}: expected a host name or address, got {ids.echo(value)}")
+            else:
+                changes["metrics_host"] = host_text
+        elif key in ("rest.bind-address", "rest.address"):
+            host_text = value.strip("[]")
+            if not host_text or not all(c.isascii() and (c.isalnum() or c in ".-_:") for c in host_text):
+                problems.append(f"{key}: expected a host name or address, got {ids.echo(value)}")
+            else:
+                changes["rest_bind_address"] = host_text
         elif key == "funke.data-dir":
             changes["data_dir"] = value
         elif key in ("high-availability", "high-availability.type"):
@@ -250,6 +282,18 @@ def parse_configuration(entries: Mapping[str, str], base: ClusterConfiguration |
     if problems:
         raise ConfigurationError(problems)
     return replace(config, **changes)
+
+
+def port_range(value: str) -> tuple[int, int] | None:
+    """"8081" -> (8081, 8081); "8081-8090" -> (8081, 8090); "0" -> (0, 0) (any free port);
+    None if it is neither."""
+    low, sep, high = value.strip().partition("-")
+    if not low.strip().isdigit() or (sep and not high.strip().isdigit()):
+        return None
+    first, last = int(low), int(high) if sep else int(low)
+    if not 0 <= first <= last <= 65535 or (first == 0 and last != 0):
+        return None
+    return first, last
 
 
 def quorum_problem(value: str) -> str | None:

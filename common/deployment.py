@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping
 
-from funke.common.executiongraph import ExecutionAttemptId, FailureInfo, SlotId
+from funke.common.executiongraph import ExecutionAttemptId, FailureInfo, SlotId, TaskIo
 from funke.common.jobgraph import Artifact, JobVertex, PartitionerKind, ResultPartitionType
 from funke.common.states import ExecutionState
 
@@ -139,6 +139,7 @@ class TaskReport:
     stimulus_id: str = ""  # the TaskManager event that caused it
     batch_id: int | None = None  # a streaming task finished this micro-batch (it stays RUNNING)
     input_rows: int | None = None  # with batch_id: the rows its stream source read (None: not counted)
+    io: TaskIo | None = None  # with FINISHED or a batch: what it read and wrote
 
 
 @dataclass(frozen=True, slots=True)

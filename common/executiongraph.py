@@ -85,10 +85,23 @@ class FailureInfo:
         return f"{self.exception_type}: {self.message}"
 
 
+@dataclass(frozen=True, slots=True)
+class TaskIo:
+    """What one task attempt (or one micro-batch of it) read and wrote: rows and bytes of the
+    result partitions it consumed and produced, and how long it ran."""
+
+    records_in: int = 0
+    records_out: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    seconds: float = 0.0
+
+
+
 class Execution:
     """One attempt to run an ExecutionVertex."""
 
-    __slots__ = ("vertex", "attempt_number", "machine", "slot", "failure", "attempt_id")
+    __slots__ = ("vertex", "attempt_number", "machine", "slot", "failure", "attempt_id", "io")
 
     def __init__(self, vertex: "ExecutionVertex", attempt_number: int, now: float):
         self.vertex = vertex
@@ -99,6 +112,7 @@ class Execution:
         )
         self.slot: SlotId | None = None
         self.failure: FailureInfo | None = None
+        self.io: TaskIo | None = None  # what it read and wrote, as its TaskManager reported on FINISHED
 
     @property
     def state(self) -> ExecutionState:

@@ -41,6 +41,7 @@ from funke.common.executiongraph import (
     IntermediateResultPartition,
     PartitionLocation,
     SlotId,
+    TaskIo,
 )
 from funke.common.failover import (
     EXCEPTION_HISTORY_SIZE,
@@ -296,6 +297,7 @@ class Scheduler:
         self.deployments = TaskDeploymentFactory(graph, streaming=self.streaming)
         self.exception_history: list[ExceptionHistoryEntry] = []
         self.failure: FailureInfo | None = None  # why the job FAILED
+        self.num_restarts = 0  # failovers carried out (regions or the whole job restarted: Flink's numRestarts)
 
         total = graph.number_of_vertices()
         self.state_counts: dict[ExecutionState, int] = {E.CREATED: total}  # of current executions
@@ -490,8 +492,10 @@ class Scheduler:
         *,
         failure: FailureInfo | None = None,
         produced_schemas: dict[tuple[str, int], str] | None = None,
+        io: TaskIo | None = None,
     ) -> list[Action]:
-        """A TaskManager reports what one of its tasks did. Reports about attempts that are not
+        """A TaskManager reports what one of its tasks did (with FINISHED: the schemas of the
+        partitions it produced and what it read and wrote). Reports about attempts that are not
         current (a restart replaced them) and reports the table does not allow from the current
         state (e.g. RUNNING after cancellation was requested) change nothing."""
         execution = self._current(attempt)
@@ -506,6 +510,7 @@ class Scheduler:
         if target is execution.state or not execution.machine.can_transition(target):
             return []
         if target is E.FINISHED:
+            execution.io = io
             self._transition(execution, E.FINISHED, now, "task finished")
             self._on_finished(execution, produced_schemas or {}, now)
         elif target is E.FAILED:
@@ -886,6 +891,7 @@ class Scheduler:
         self._pending_restart = None
         if self.status not in SCHEDULING_JOB_STATUSES:
             return
+        self.num_restarts += 1
         for ev in sorted(pending.vertices, key=_vertex_order):
             if ev.state is not E.CREATED:
                 self._reset(ev, now)
@@ -894,6 +900,7 @@ class Scheduler:
 
     def _restart_globally(self, now: float) -> None:
         self._global_failure = None
+        self.num_restarts += 1
         self._job_transition(J.CREATED, now, "restarted")
         self._scheduled_regions.clear()
         for ev in self.graph.execution_vertices():

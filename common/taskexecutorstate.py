@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 
 from funke.common import ids, layout
 from funke.common.deployment import PartitionRef, PartitionUpdate, ProducedPartition, TaskDeployment, TaskReport
-from funke.common.executiongraph import ExecutionAttemptId, FailureInfo
+from funke.common.executiongraph import ExecutionAttemptId, FailureInfo, TaskIo
 from funke.common.inputgates import GateSnapshot, InputGate, PartitionAvailability
 from funke.common.operators import NOOP_KINDS
 from funke.common.streamsources import BatchInput
@@ -136,6 +136,7 @@ class TaskReported:
     failure: FailureInfo | None = None
     produced: tuple[ProducedPartition, ...] = ()
     stimulus_id: str = ""
+    io: TaskIo | None = None  # with FINISHED: what it read and wrote
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,6 +198,7 @@ class BatchReported:
     produced: tuple[ProducedPartition, ...] = ()
     stimulus_id: str = ""
     input_rows: int | None = None  # what its stream source read (None: not counted)
+    io: TaskIo | None = None  # what the batch read and wrote
 
 
 @dataclass(frozen=True, slots=True)
@@ -813,23 +815,23 @@ class TaskExecutorState:
     def _on_batch_reported(self, e: BatchReported) -> None:
         task = self.tasks.get(e.key)
         if task is not None and not task.terminal and task.stop is StopRequest.NONE:
-            self._batch_done(task, e.batch_id, e.produced, e.input_rows)
+            self._batch_done(task, e.batch_id, e.produced, e.input_rows, e.io)
 
     def _batch_done(self, task: _Task, batch_id: int, produced: tuple[ProducedPartition, ...],
-                    input_rows: int | None = None) -> None:
+                    input_rows: int | None = None, io: TaskIo | None = None) -> None:
         """A micro-batch done: reported with the task's state (RUNNING), the batch and its output."""
         self._out.append(SendReport(TaskReport(task.key.job_id, task.key.attempt, task.state, None, produced,
-                                               self.task_manager_id, self._stimulus, batch_id, input_rows),
+                                               self.task_manager_id, self._stimulus, batch_id, input_rows, io),
                                     self.generation))
 
     def _on_task_reported(self, e: TaskReported) -> None:
         task = self.tasks.get(e.key)
         if task is None or task.terminal:
             return  # forgotten (the JobManager was lost), or a report after its end
-        self._report(task, e.state, e.failure, e.produced)
+        self._report(task, e.state, e.failure, e.produced, e.io)
 
     def _report(self, task: _Task, state: ExecutionState, failure: FailureInfo | None = None,
-                produced: tuple[ProducedPartition, ...] = ()) -> None:
+                produced: tuple[ProducedPartition, ...] = (), io: TaskIo | None = None) -> None:
         """A task's state as the JobManager is to see it: resolved against a stop that was asked
         for, through the table, then reported. Progress the table does not allow (RUNNING after a
         cancel) is dropped."""
@@ -840,7 +842,7 @@ class TaskExecutorState:
             if target is not E.FAILED:
                 failure = None
             if target is not E.FINISHED:
-                produced = ()
+                produced, io = (), None
         else:
             target = state
         if not task.machine.can_transition(target):
@@ -850,7 +852,7 @@ class TaskExecutorState:
         if target.is_terminal:
             self._ended(task, target, produced)
         self._out.append(SendReport(TaskReport(task.key.job_id, task.key.attempt, target, failure, produced,
-                                               self.task_manager_id, self._stimulus), self.generation))
+                                               self.task_manager_id, self._stimulus, io=io), self.generation))
 
     def _ended(self, task: _Task, state: ExecutionState, produced: tuple[ProducedPartition, ...]) -> None:
         self._slot_remove(task.deployment.slot.slot_index, task.key)

@@ -28,7 +28,6 @@ import json  # noqa: E402
 import math  # noqa: E402
 import queue
 import re
-import shutil
 import sys
 import threading
 import time
@@ -452,6 +451,7 @@ class JobProgress:
     created_at: float | None = None
     ended_at: float | None = None  # when the job became globally terminal
     vertices: dict[str, _VertexProgress] = field(default_factory=dict)
+    latest_batch: dict[str, Any] | None = None  # a streaming query's latest progress record
 
     def apply(self, event: jobmanager_pb2.JobEvent) -> set[str]:
         """Apply one event; returns the ids of the vertices whose counts may have changed
@@ -488,6 +488,12 @@ class JobProgress:
             v.attempts[a.subtask_index] = a.attempt_number
             v.states[a.subtask_index] = execution_state_name(event.execution_state.transition.to_state)
             return {v.id}
+        if kind == "streaming" and event.streaming.kind == "QueryProgress":
+            try:
+                self.latest_batch = json.loads(event.streaming.info_json or "{}")
+            except ValueError:
+                return set()
+            return {""}
         return set()
 
     def vertex_line(self, vertex_id: str, width: int = 0) -> str:
@@ -502,8 +508,19 @@ class JobProgress:
             "  " + self.vertex_line(vid, width) for vid in self.vertices]
 
 
+# The terminal's colours for execution states (the dashboard's palette, as near as a terminal gets).
+STATE_STYLES = {"CREATED": "grey50", "SCHEDULED": "grey70", "DEPLOYING": "cyan", "INITIALIZING": "bright_cyan",
+                "RUNNING": "blue", "FINISHED": "green", "CANCELING": "yellow", "CANCELED": "grey39",
+                "FAILED": "red"}
+_BAR_WIDTH = 30
+
+
 class _LiveView:
-    """Where progress goes: redrawn in place on a terminal, one line per change otherwise."""
+    """Where progress goes. On a terminal: one live display, redrawn in place by rich (per
+    vertex a bar of its subtasks by state and their counts; the job's status and elapsed time;
+    for a streaming query its latest batch and rates), with lasting lines (failures, waiting
+    for resources) printed above it. Otherwise (a pipe, a file, --json elsewhere): one plain line
+    per change."""
 
     REDRAW_S = 0.1
     CLOCK_S = 1.0  # the elapsed time in the header moves even when nothing happens
@@ -512,22 +529,23 @@ class _LiveView:
         self.progress = progress
         self.out = out
         self.tty = tty
-        self._drawn = 0
         self._pending: set[str] = set()  # vertex ids ("" for the job) changed since the last flush
         self._last_draw = 0.0
         self._printed: dict[str, str] = {}  # non-TTY: the last line printed per vertex/"" job
+        self._live: Any = None  # rich.live.Live once drawn (a terminal only)
 
     def note(self, lines: Iterable[str]) -> None:
         """Lines that stay: failures, waiting for resources."""
-        if self.tty:
-            self._erase()
-        else:
+        if not self.tty:
             self._flush()  # what happened before the note is printed before it
+            for line in lines:
+                print(line, file=self.out)
+            self.out.flush()
+            return
+        live = self._start()
         for line in lines:
-            print(line, file=self.out)
-        if self.tty:
-            self._draw()
-        self.out.flush()
+            live.console.print(line, markup=False, highlight=False, soft_wrap=True)
+        self._draw()
 
     def changed(self, keys: set[str]) -> None:
         self._pending |= keys
@@ -566,22 +584,71 @@ class _LiveView:
 
     def finish(self) -> None:
         self._flush()
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
 
-    def _erase(self) -> None:
-        if self._drawn:
-            # To the start of the first drawn line, then clear to the end of the screen.
-            self.out.write(f"\x1b[{self._drawn}F\x1b[J")
-            self._drawn = 0
+    def _start(self) -> Any:
+        if self._live is None:
+            from rich.console import Console
+            from rich.live import Live
+
+            console = Console(file=self.out, force_terminal=True, highlight=False)
+            self._live = Live(self.render(), console=console, auto_refresh=False, transient=False,
+                              redirect_stdout=False, redirect_stderr=False)
+            self._live.start()
+        return self._live
 
     def _draw(self) -> None:
-        self._erase()
-        # Lines wider than the terminal wrap and would break the count of lines to erase.
-        width = max(shutil.get_terminal_size((100, 24)).columns - 1, 20)
-        lines = [line[:width] for line in self.progress.lines(time.time())]
-        self.out.write("\n".join(lines) + "\n")
-        self.out.flush()
-        self._drawn = len(lines)
+        self._start().update(self.render(), refresh=True)
         self._last_draw = time.monotonic()
+
+    def render(self) -> Any:
+        """The live display: a header, then per vertex its name, a bar of its subtasks by state,
+        their counts; for a streaming query the latest batch."""
+        from rich.console import Group
+        from rich.table import Table
+        from rich.text import Text
+
+        p = self.progress
+        end = p.ended_at if p.ended_at is not None else time.time()
+        elapsed = format_duration(end - p.created_at) if p.created_at is not None else ""
+        header = Text.assemble(("job ", "bold"), (p.job_id, "bold"), " ", (p.status, _status_style(p.status)),
+                               f"  {elapsed}" if elapsed else "", f"  {p.name}" if p.name else "")
+        table = Table.grid(padding=(0, 2))
+        for column in ("vertex", "bar", "counts"):
+            table.add_column(column, no_wrap=True, overflow="ellipsis")
+        for v in p.vertices.values():
+            counts = v.counts()
+            table.add_row(Text(v.name), _bar(counts, len(v.states)), Text(format_counts(counts)))
+        parts: list[Any] = [header, table]
+        if p.latest_batch:
+            parts.append(Text("  " + render_progress_line(p.latest_batch)[0], style="dim", no_wrap=True,
+                              overflow="ellipsis"))
+        return Group(*parts)
+
+
+def _status_style(status: str) -> str:
+    return {"RUNNING": "blue", "FINISHED": "green", "FAILED": "red", "FAILING": "red", "CANCELED": "grey39",
+            "CANCELLING": "yellow", "RESTARTING": "yellow", "SUSPENDED": "grey50"}.get(status, "")
+
+
+def _bar(counts: dict[str, int], total: int) -> Any:
+    """A bar of `_BAR_WIDTH` cells, each state's share in its colour (every state present shows
+    at least one cell)."""
+    from rich.text import Text
+
+    bar = Text()
+    if total <= 0:
+        return bar.append(" " * _BAR_WIDTH)
+    order = [s for s in STATE_STYLES if counts.get(s)] + [s for s in counts if s not in STATE_STYLES]
+    cells = {s: max(1, round(_BAR_WIDTH * counts[s] / total)) for s in order}
+    while sum(cells.values()) > _BAR_WIDTH:  # rounding up the small shares: take from the largest
+        largest = max(cells, key=lambda s: cells[s])
+        cells[largest] -= 1
+    for s in order:
+        bar.append("█" * cells[s], style=STATE_STYLES.get(s, "white"))
+    return bar.append(" " * (_BAR_WIDTH - sum(cells.values())))
 
 
 _END = object()
@@ -656,9 +723,12 @@ def _follow(client: JobManagerClient, job_id: str, progress: JobProgress, view: 
         elif kind == "execution_state" and event.execution_state.HasField("failure"):
             view.changed(changed)
             view.note(render_event(event))
-        elif kind == "streaming":  # a streaming query: one line per batch, its progress
+        elif kind == "streaming":  # a streaming query: its progress, one line per batch (a terminal: live)
             if event.streaming.kind == "QueryProgress":
-                view.note(render_event(event))
+                if view.tty:
+                    view.changed(changed)
+                else:
+                    view.note(render_event(event))
         else:
             view.changed(changed)
 
@@ -939,6 +1009,9 @@ def cmd_cluster_start(args: argparse.Namespace) -> int:
     total = len(info.taskmanagers) * info.slots_per_taskmanager
     print(f"cluster running: JobManager at {info.address}, {len(info.taskmanagers)} TaskManager(s), "
           f"{total} slot(s); data dir {info.data_dir}")
+    if info.dashboard_url:
+        print(f"web dashboard: {info.dashboard_url}  (log in with the client token: open "
+              f"{info.dashboard_url}?token=$(cat {root / 'security' / 'client.token'}))")
     tls = {"tls": "TLS", "mtls": "mutual TLS"}.get(localcluster.tls_mode(root), "plaintext (loopback)")
     if args.insecure and args.host:
         tls = "plaintext, reachable from other machines (--insecure)"
@@ -1004,6 +1077,7 @@ def cmd_cluster_status(args: argparse.Namespace) -> int:
             "overview": _to_dict(st.overview) if st.overview is not None else None,
             "error": st.error or None,
             "high_availability": st.high_availability,
+            "tls": localcluster.tls_mode(root),
             "leader": ({"epoch": st.lease.epoch, "address": st.lease.address, "holder": st.lease.holder,
                         "since": st.lease.since, "valid": st.lease.valid(time.time())}
                        if st.lease is not None else None),
@@ -1046,6 +1120,8 @@ def cmd_cluster_status(args: argparse.Namespace) -> int:
               + (f" (also registered from elsewhere: {', '.join(others)})" if others else ""))
         jobs = ", ".join(f"{n} {s}" for s, n in sorted(o.jobs_by_status.items())) or "none"
         print(f"jobs: {jobs}; data dir {o.data_dir or '-'}")
+    tls = {"tls": "TLS", "mtls": "mutual TLS"}.get(localcluster.tls_mode(root), "no TLS")
+    print(f"security: tokens in {root / 'security'}, {tls}")
     if st.error:
         print(f"problem: {st.error}")
     return EXIT_OK if st.running else EXIT_UNSUCCESSFUL

@@ -10,8 +10,8 @@
 
 Needs only Python >= 3.11 and Java 17. Creates `.venv` beside the checkout (override with
 FUNKE_VENV) and installs funke into it, once per change of pyproject.toml. `test` also installs
-the Debian packages `zookeeper` and `redis-server` when missing (the ZooKeeper HA tests and the
-Redis Streams tests run real servers).
+the Debian packages `zookeeper`, `redis-server` and `chromium` when missing (the ZooKeeper HA
+tests and the Redis Streams tests run real servers; the dashboard's tests a headless browser).
 """
 
 from __future__ import annotations
@@ -76,6 +76,15 @@ def ensure_redis() -> None:
                             lambda: shutil.which("redis-server") is not None)
 
 
+def ensure_chromium() -> None:
+    """The web dashboard's tests drive a headless Chromium: Debian's package `chromium`,
+    installed here when missing and possible. Otherwise those tests fail saying so."""
+    if os.environ.get("FUNKE_CHROMIUM") or any(shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome")):
+        return
+    _install_debian_package("chromium", "Chromium", "the web dashboard's tests",
+                            lambda: shutil.which("chromium") is not None)
+
+
 def _install_debian_package(package: str, what: str, needed_by: str, installed) -> None:
     if shutil.which("apt-get") is None or not hasattr(os, "geteuid") or os.geteuid() != 0:
         _say(f"{what} is not installed and cannot be installed from here (needs root and apt-get): "
@@ -101,6 +110,7 @@ def main(argv: list[str]) -> int:
     if command == "test":
         ensure_zookeeper()
         ensure_redis()
+        ensure_chromium()
         return subprocess.call([str(python), "-m", "pytest", *rest], cwd=ROOT, env=env)
     if command == "bench":
         ensure_zookeeper()  # the leader-kill figures on ZooKeeper

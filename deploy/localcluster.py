@@ -3,6 +3,7 @@
 Owns the layout of a cluster directory and the lifecycle of the processes recorded in it:
 
     <dir>/jobmanager.address     host:port, written by the JobManager once it serves
+    <dir>/jobmanager.url         its web dashboard and REST API (http(s)://host:port/)
     <dir>/pids/<name>.pid        one per process: jobmanager, tm-1 .. tm-N
     <dir>/log/<name>.log         each process's stdout and stderr
     <dir>/data/                  the JobManager's data dir unless another is given
@@ -125,6 +126,7 @@ class ClusterInfo:
     zookeeper_quorum: str = ""  # with ZooKeeper: the quorum every process uses
     zookeeper: ProcessInfo | None = None  # the cluster's own ZooKeeper server, if it started one
     spark_master: str = ""  # the cluster's own Spark standalone master, if it started one
+    dashboard_url: str = ""  # the leader's web dashboard and REST API
 
     def client(self, **kw: object) -> JobManagerClient:
         """A client of this cluster's JobManager (with its tokens, and TLS if it runs with it);
@@ -212,6 +214,17 @@ def tls_mode(dir: str | os.PathLike[str]) -> str:
     except OSError:
         return "none"
     return mode if mode in TLS_MODES else "tls"
+
+
+def dashboard_url(dir: str | os.PathLike[str]) -> str | None:
+    """The web dashboard of the cluster recorded in `dir` (with high availability: the
+    leader's), if it is known."""
+    root = Path(dir)
+    name = _leader_name(root.expanduser().resolve()) if ha_mode(root) != "none" else JOBMANAGER
+    try:
+        return (root / f"{name}.url").read_text().strip() or None
+    except OSError:
+        return None
 
 
 def read_address(dir: str | os.PathLike[str]) -> str | None:
@@ -379,7 +392,7 @@ def start(
         for i, name in enumerate(jm_names):
             address_file = root / ADDRESS_FILE if name == JOBMANAGER else root / f"{name}.address"
             jm_args = ["--port", str(port if i == 0 else 0), "--address-file", str(address_file),
-                       "--data-dir", data, *host_args, *ha_args, *security_options(root)]
+                       "--rest-url-file", str(root / f"{name}.url"), "--data-dir", data, *host_args, *ha_args, *security_options(root)]
             for entry in dynamic:
                 jm_args += ["-D", entry]
             _launch(started, name, jm_args)
@@ -414,6 +427,7 @@ def start(
             zookeeper=(_info(root, ZOOKEEPER, started.processes[ZOOKEEPER].pid, True)
                        if ZOOKEEPER in started.processes else None),
             spark_master=spark_master,
+            dashboard_url=dashboard_url(root) or "",
         )
     finally:
         if not ok:  # includes KeyboardInterrupt: never leave half a cluster behind
@@ -541,7 +555,8 @@ def start_jobmanager(dir: str | os.PathLike[str], name: str, data_dir: str | Non
     started = _Started(root)
     address_file = root / (ADDRESS_FILE if name == JOBMANAGER else f"{name}.address")
     address_file.unlink(missing_ok=True)
-    args = ["--port", "0", "--address-file", str(address_file), "--data-dir", data_dir or str(root / "data"),
+    args = ["--port", "0", "--address-file", str(address_file), "--rest-url-file", str(root / f"{name}.url"),
+            "--data-dir", data_dir or str(root / "data"),
             "--config", str(root / HA_CONF), *security_options(root)]
     for entry in dynamic:
         args += ["-D", entry]
@@ -730,7 +745,7 @@ def _forget(root: Path) -> None:
         for f in pids.glob("*.pid"):
             f.unlink(missing_ok=True)
     (root / ADDRESS_FILE).unlink(missing_ok=True)
-    for f in root.glob(f"{JOBMANAGER}-*.address"):
+    for f in [*root.glob(f"{JOBMANAGER}-*.address"), *root.glob(f"{JOBMANAGER}*.url")]:
         f.unlink(missing_ok=True)
 
 

@@ -434,6 +434,16 @@ class Dispatcher:
         summaries.sort(key=lambda m: (m.created_at.seconds, m.created_at.nanos))
         return summaries
 
+    def cluster_overview(self) -> jobmanager_pb2.ClusterOverview:
+        """TaskManagers and slots, jobs by status, the leader (what GetClusterOverview and the
+        REST API's /overview answer)."""
+        overview = self.rm.overview()
+        overview.jobs_by_status.update(self.counts_by_status())
+        leader = self.leader_info()
+        if leader is not None:
+            overview.leader.CopyFrom(leader)
+        return overview
+
     def counts_by_status(self) -> dict[str, int]:
         counts: dict[str, int] = {}
         for status in [a.status for a in self.store.jobs()] + [jm.status for jm in self.jobs.values()]:

@@ -179,7 +179,7 @@ class JobMaster:
         stimulus = report.stimulus_id or f"{report.task_manager_id or 'tm'}:report"
         self._decide(lambda now: self.scheduler.on_task_state(
             report.attempt, report.state, now, failure=report.failure, produced_schemas=schemas,
-            stimulus_id=stimulus))
+            io=report.io, stimulus_id=stimulus))
 
     def on_deploy_failed(self, attempt: job_pb2.ExecutionAttemptId, failure: FailureInfo) -> None:
         self._decide(lambda now: self.scheduler.on_deploy_failed(codec.attempt_from_proto(attempt), failure, now))

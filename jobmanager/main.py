@@ -22,6 +22,7 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
 
 from funke.common.configuration import ClusterConfiguration, ConfigurationError, parse_configuration
 from funke.deploy import datafs
@@ -33,6 +34,9 @@ from funke.jobmanager import datadir
 from funke.deploy.haservices import ha_services
 from funke.jobmanager.dispatcher import Dispatcher, DispatcherError
 from funke.jobmanager.highavailability import LeaderElection
+from funke.deploy.metricsserver import MetricsServer, registry_with
+from funke.jobmanager.metrics import JobManagerCollector
+from funke.jobmanager.rest import RestServer
 from funke.jobmanager.services import JobManagerService, JobMasterService, ResourceManagerService
 from funke.v1 import cluster_pb2, jobmanager_pb2
 
@@ -54,11 +58,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("-D", dest="dynamic", action="append", default=[], metavar="KEY=VALUE",
                    help="a configuration entry, e.g. -D restart-strategy.type=fixed-delay")
     p.add_argument("--address-file", help="write host:port here once serving (used by launchers)")
+    p.add_argument("--rest-url-file", help="write the web dashboard's URL here once serving (used by launchers)")
     p.add_argument("--insecure", action="store_true",
                    help="serve on an address other machines can reach without TLS (security.insecure); "
                    "tokens, jobs and data then cross the network in the clear")
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("funke")
+    except PackageNotFoundError:
+        return "dev"
 
 
 def build_configuration(args: argparse.Namespace) -> ClusterConfiguration:
@@ -133,6 +147,8 @@ def load_secrets(args: argparse.Namespace, config: ClusterConfiguration) -> Secr
     """Raises SecurityError. Token files that do not exist yet are generated (0600)."""
     tls = security.Tls.from_config(config)
     security.check_exposure("the JobManager", args.host, tls, args.insecure or config.insecure)
+    security.check_exposure("the JobManager's REST API", config.rest_bind_address, tls, args.insecure or config.insecure)
+    security.check_exposure("the JobManager's metrics", config.metrics_host, tls, args.insecure or config.insecure)
     client_file, cluster_file = security.token_files(config)
     client_token, made_client = security.ensure_token(client_file, "client token file")
     cluster_token, made_cluster = security.ensure_token(cluster_file, "cluster token file")
@@ -155,6 +171,12 @@ async def serve(args: argparse.Namespace, config: ClusterConfiguration, secrets:
     add_service(server, ResourceManagerService(role.current), services[1]["ResourceManager"])
     add_service(server, JobMasterService(role.current), services[1]["JobMaster"])
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    # Server reflection: grpcurl and similar tools list and call the API (with the client token:
+    # grpcurl -H "authorization: Bearer $(cat .../client.token)" ... list).
+    reflection.enable_server_reflection((
+        services[0]["JobManager"].full_name, services[1]["ResourceManager"].full_name,
+        services[1]["JobMaster"].full_name, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+        reflection.SERVICE_NAME), server)
     port = security.add_port(server, f"{args.host}:{args.port}", secrets.tls)
     if port == 0:
         raise SystemExit(f"cannot bind {args.host}:{args.port}")
@@ -162,6 +184,26 @@ async def serve(args: argparse.Namespace, config: ClusterConfiguration, secrets:
     host = advertised_host(args.host, args.advertise_host)
     address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    rest = RestServer(role.current, secrets.client_token, secrets.tls, version=f"funke {_version()}")
+    first, last = config.rest_ports
+    try:
+        rest_port = await rest.start(config.rest_bind_address, range(first, last + 1))
+    except OSError as exc:
+        await server.stop(None)
+        raise SystemExit(f"the REST API: {exc} (rest.bind-port)") from None
+    metrics = MetricsServer(registry_with(JobManagerCollector(role.current)), secrets.tls)
+    first, last = config.metrics_ports
+    try:
+        metrics_port = await metrics.start(config.metrics_host, range(first, last + 1))
+    except OSError as exc:
+        await rest.stop()
+        await server.stop(None)
+        raise SystemExit(f"Prometheus metrics: {exc} (metrics.reporter.prom.port)") from None
+    metrics_host = advertised_host(config.metrics_host, args.advertise_host)
+    metrics_url = f"{metrics.scheme}://{f'[{metrics_host}]' if ':' in metrics_host else metrics_host}:{metrics_port}/metrics"
+    rest.metrics_url = metrics_url
+    rest_host = advertised_host(config.rest_bind_address, args.advertise_host)
+    rest_url = f"{rest.scheme}://{f'[{rest_host}]' if ':' in rest_host else rest_host}:{rest_port}/"
     if config.ha_enabled:
         ha = ha_services(config)
         assert ha is not None
@@ -175,13 +217,16 @@ async def serve(args: argparse.Namespace, config: ClusterConfiguration, secrets:
     # Everything loaded so far lives as long as the process: keep the collector from rescanning
     # it in every full collection (which a job of 20 000 tasks would otherwise trigger often).
     gc.freeze()
-    if args.address_file:
-        tmp = f"{args.address_file}.tmp"
-        Path(tmp).write_text(address)
-        os.replace(tmp, args.address_file)
+    for path, text in ((args.rest_url_file, rest_url), (args.address_file, address)):  # the address last:
+        if path:  # launchers wait for it
+            tmp = f"{path}.tmp"
+            Path(tmp).write_text(text)
+            os.replace(tmp, path)
+    log.info("JobManager: web dashboard and REST API at %s, Prometheus metrics at %s", rest_url, metrics_url)
     log.info("JobManager listening on %s, data dir %s%s", address, config.data_dir,
              f", high availability {config.high_availability} in {config.ha_storage_dir}" if config.ha_enabled else "")
-    print(f"JobManager listening on {address}{' (TLS)' if secrets.tls else ''}", flush=True)
+    print(f"JobManager listening on {address}{' (TLS)' if secrets.tls else ''}; web dashboard at {rest_url}",
+          flush=True)
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -198,6 +243,8 @@ async def serve(args: argparse.Namespace, config: ClusterConfiguration, secrets:
         await role.election.stop(step_down)
     elif role.dispatcher is not None:
         await role.dispatcher.stop()
+    await rest.stop()
+    await metrics.stop()
     await server.stop(grace=2.0)
 
 

@@ -151,12 +151,7 @@ class JobManagerService(jobmanager_pb2_grpc.JobManagerServicer):
 
     async def GetClusterOverview(self, request, context):
         d = await _current(self._current, context)
-        overview = d.rm.overview()
-        overview.jobs_by_status.update(d.counts_by_status())
-        leader = d.leader_info()
-        if leader is not None:
-            overview.leader.CopyFrom(leader)
-        return overview
+        return d.cluster_overview()
 
     async def GetJobResult(self, request, context):
         d = await _current(self._current, context)

@@ -116,6 +116,7 @@ def config_from_args(args: argparse.Namespace) -> TaskExecutorConfig:
     ha = cluster.ha_enabled
     tls = security.Tls.from_config(cluster)
     security.check_exposure("the TaskManager", args.host, tls, args.insecure or cluster.insecure)
+    security.check_exposure("the TaskManager's metrics", cluster.metrics_host, tls, args.insecure or cluster.insecure)
     token_file = security.token_files(cluster)[1]
     if not token_file.exists():
         raise security.SecurityError(
@@ -140,6 +141,8 @@ def config_from_args(args: argparse.Namespace) -> TaskExecutorConfig:
         ha=cluster if ha else None,
         cluster_token=cluster_token,
         tls=tls,
+        metrics_host=cluster.metrics_host,
+        metrics_ports=cluster.metrics_ports,
     )
 
 

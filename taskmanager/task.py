@@ -45,7 +45,7 @@ from pyspark.sql.types import IntegerType, StructField, StructType
 
 from funke.common import layout
 from funke.common.deployment import ProducedPartition, ResultPartitionSpec, TaskDeployment
-from funke.common.executiongraph import FailureInfo
+from funke.common.executiongraph import FailureInfo, TaskIo
 from funke.common.inputgates import GateSnapshot
 from funke.common.jobgraph import JobVertex, OperatorSpec, PartitionerKind
 from funke.common.operators import CATALOGUE, OperatorRole
@@ -53,7 +53,7 @@ from funke.common.states import ExecutionState
 from funke.common.streamsources import BatchInput, receiver_blocks_dir
 from funke.taskmanager import operators as operators_module
 from funke.common.streamingjob import CHECKPOINT, RECEIVER_KINDS
-from funke.taskmanager import batchexchange
+from funke.taskmanager import batchexchange, iometrics
 from funke.taskmanager.receiver import BlockStore, SocketReceiver
 from funke.taskmanager.operators import OPERATORS, InputMeter, RuntimeContext, column_ref, union_all
 
@@ -62,7 +62,8 @@ __all__ = ["BatchReport", "StreamTask", "Task", "TaskCancelled", "Report", "chec
 log = logging.getLogger(__name__)
 
 # state, why it FAILED (None otherwise), the partitions it produced (with FINISHED)
-Report = Callable[[ExecutionState, FailureInfo | None, tuple[ProducedPartition, ...]], None]
+# (state, failure, produced, io): with FINISHED, the partitions produced and what the task read and wrote
+Report = Callable[[ExecutionState, FailureInfo | None, tuple[ProducedPartition, ...], TaskIo | None], None]
 
 
 # How often a cancelled task re-sends the interrupt while it winds down: a Spark job started
@@ -212,7 +213,7 @@ def _tag(job_id: str, vertex_id: str, subtask: int, attempt: int) -> str:
 
 
 def _report_nothing(state: ExecutionState, failure: FailureInfo | None,
-                    produced: tuple[ProducedPartition, ...]) -> None:
+                    produced: tuple[ProducedPartition, ...], io: TaskIo | None = None) -> None:
     pass
 
 
@@ -234,6 +235,10 @@ class Task:
         self._done = False
         self._done_event = threading.Event()  # ends the re-interrupting
         self._reinterrupting = False
+        # What it read and wrote, measured once it finished (iometrics): partition directories
+        # (with the subpartition read) and the directories written.
+        self._read: list[tuple[str, int | None]] = []
+        self._written: list[str] = []
 
     @property
     def name(self) -> str:
@@ -346,6 +351,7 @@ class Task:
                 raise RuntimeError(f"{self.name}: run() was already called")
             self._started = True
         tagged = False
+        started = time.monotonic()
         try:
             if self.spark is not None:
                 # Tags are thread-local: every Spark job this thread starts carries them.
@@ -363,7 +369,7 @@ class Task:
                 log.warning("%s: failed: %s: %s", self.name, type(e).__name__, e)
                 self._report(ExecutionState.FAILED, failure_of(e), ())
         else:
-            self._report(ExecutionState.FINISHED, None, produced)
+            self._report(ExecutionState.FINISHED, None, produced, self._io(produced, time.monotonic() - started))
         finally:
             with self._lock:
                 self._done = True
@@ -378,6 +384,12 @@ class Task:
                         self._context.removeJobTag(self.tag)
                 except Exception:  # a stopped session: the tags went with it
                     log.debug("%s: removing tag %s failed", self.name, self.tag, exc_info=True)
+
+    def _io(self, produced: tuple[ProducedPartition, ...], seconds: float) -> TaskIo:
+        records_in, bytes_in = iometrics.measure(self._read)
+        _, bytes_out = iometrics.measure((path, None) for path in self._written)
+        # every output gets all the chain's rows: the rows out are one output's
+        return TaskIo(records_in, produced[0].row_count if produced else 0, bytes_in, bytes_out, seconds)
 
     def _start_chain(self) -> _Chain:
         """INITIALIZING while the chain's functions are unpickled, then RUNNING."""
@@ -437,6 +449,7 @@ class Task:
     def _read_gate(self, ctx: RuntimeContext, gate: GateSnapshot) -> DataFrame:
         schema = self._gate_schema(gate)
         paths = [_partition_path(ctx, gate.data_set_id, p, a) for p, a in zip(gate.partitions, gate.attempts)]
+        self._read += [(path, gate.subpartition) for path in paths]
         return _read_partitions(ctx.spark, schema, paths, gate.subpartition)
 
     def _gate_schema(self, gate: GateSnapshot) -> StructType:
@@ -464,6 +477,7 @@ class Task:
             for out in outputs:
                 self._check_cancelled()
                 path = _partition_path(ctx, out.data_set_id, out.partition_index, ctx.attempt_number)
+                self._written.append(path)
                 routed, split = _route(observed, out)
                 writer = routed.write.mode("overwrite")
                 if split:
@@ -504,7 +518,7 @@ def _partition_path(ctx: RuntimeContext, data_set_id: str, partition_index: int,
 
 
 # batch id, the partitions written, the rows its stream source read (None: not a source, or not counted)
-BatchReport = Callable[[int, tuple[ProducedPartition, ...], int | None], None]
+BatchReport = Callable[[int, tuple[ProducedPartition, ...], int | None, TaskIo | None], None]
 
 # Sinks that run every row of the batch: a chain ending in one of them (or in its outputs) has
 # its source's count once it ran. print takes the first rows only, and what foreach_batch's
@@ -626,8 +640,16 @@ class StreamTask(Task):
                                        f"{receiver.error}") from receiver.error
                 log.debug("%s: batch %d", self.name, batch.batch_id)
                 ctx = self._runtime_context(batch)
+                began = time.monotonic()
                 produced = self._run_chain(chain, ctx, gates)
-                self._batch_report(batch.batch_id, produced, self._input_rows(chain, ctx))
+                input_rows = self._input_rows(chain, ctx)
+                assert ctx.meter is not None
+                # A batch's exchanges live in memory mostly: rows in are its source's, bytes in
+                # what it read of its inputs; bytes out are not measured.
+                io = TaskIo(input_rows or 0, produced[0].row_count if produced else 0, ctx.meter.bytes, 0,
+                            time.monotonic() - began)
+                self._written.clear()  # a query runs for long: keep no list of every batch's directories
+                self._batch_report(batch.batch_id, produced, input_rows, io)
         finally:
             if receiver is not None:
                 receiver.stop()

@@ -52,7 +52,9 @@ from funke.common import codec
 from funke.common import taskexecutorstate as core
 from funke.common.configuration import ClusterConfiguration
 from funke.common.deployment import PartitionRef, ProducedPartition, TaskReport
-from funke.common.executiongraph import FailureInfo
+from funke.common.executiongraph import FailureInfo, TaskIo
+from funke.deploy.metricsserver import MetricsServer, registry_with
+from funke.taskmanager.metrics import TaskMetrics
 from funke.common.jobgraph import JobVertex
 from funke.common.leadership import Lease
 from funke.common.slotmanager import DEFAULT_HEARTBEAT_INTERVAL_S, DEFAULT_HEARTBEAT_TIMEOUT_S
@@ -112,6 +114,7 @@ _PERMANENT_CODES = frozenset({
 # gRPC's own reconnect backoff defaults to 1 s growing to 120 s; a restarted JobManager must be
 # found within our 2 s backoff, so the channel may not sleep longer than that.
 _CHANNEL_OPTIONS = (
+    *MESSAGE_SIZE_OPTIONS,  # bounded both ways, as on every funke channel and server
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 2000),
@@ -175,6 +178,9 @@ class TaskExecutorConfig:
     # What it presents to the JobManager (the cluster token), and TLS for serving and calling.
     cluster_token: str = ""
     tls: security.Tls | None = None
+    # Prometheus metrics: where to serve them (None: not at all), the first free port of the range
+    metrics_host: str | None = None
+    metrics_ports: tuple[int, int] = (9249, 9348)
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,6 +293,9 @@ class TaskExecutor:
         self._timers: set[asyncio.TimerHandle] = set()
         self._deletions: list[asyncio.Future[None]] = []  # started by the event being handled
         self._slot_report: tuple[int, cluster_pb2.SlotReport] | None = None
+        self.metrics = TaskMetrics(self.id, self._slot_counts)
+        self._metrics_server: MetricsServer | None = None
+        self.metrics_url = ""
 
         # Callbacks for the loop, from task threads: a thread wakes the loop only if no drain is
         # pending yet.
@@ -337,13 +346,17 @@ class TaskExecutor:
     def _start_task(self, i: core.StartTask) -> None:
         key = i.key
 
-        def report(state: ExecutionState, failure: FailureInfo | None, produced: tuple[ProducedPartition, ...]) -> None:
+        name = i.deployment.task_name
+
+        def report(state: ExecutionState, failure: FailureInfo | None, produced: tuple[ProducedPartition, ...],
+                   io: TaskIo | None = None) -> None:
             # Called on the task's thread: hand over to the loop, never touch state here.
-            self._to_loop(self._task_reported, key, state, failure, produced)
+            self._to_loop(self._task_reported, key, state, failure, produced, io, name)
 
         if i.deployment.streaming:
-            def batch_done(batch_id: int, produced: tuple[ProducedPartition, ...], input_rows: int | None) -> None:
-                self._to_loop(self._batch_reported, key, batch_id, produced, input_rows)
+            def batch_done(batch_id: int, produced: tuple[ProducedPartition, ...], input_rows: int | None,
+                           io: TaskIo | None = None) -> None:
+                self._to_loop(self._batch_reported, key, batch_id, produced, input_rows, io, name)
 
             task: Task = StreamTask(i.deployment, self.spark, report, batch_done)
         else:
@@ -508,6 +521,16 @@ class TaskExecutor:
         log.info("TaskManager %s: TaskExecutor service on %s, %d slot(s)", self.id, self.address,
                  cfg.number_of_slots)
 
+        if cfg.metrics_host is not None:
+            self._metrics_server = MetricsServer(registry_with(self.metrics), cfg.tls)
+            first, last = cfg.metrics_ports
+            try:
+                port = await self._metrics_server.start(cfg.metrics_host, range(first, last + 1))
+            except OSError as e:
+                raise StartupError(f"Prometheus metrics: {e} (metrics.reporter.prom.port)") from None
+            host = advertised_host(cfg.metrics_host, cfg.advertise_host, cfg.jobmanager_address)
+            self.metrics_url = f"{self._metrics_server.scheme}://{_host_port(host, port)}/metrics"
+            log.info("TaskManager %s: Prometheus metrics at %s", self.id, self.metrics_url)
         self._connect(cfg.jobmanager_address)
         self._background = [
             asyncio.create_task(self._stay_connected(), name="jobmanager-connection"),
@@ -582,6 +605,8 @@ class TaskExecutor:
         self._ha_io.shutdown(wait=False)
         if self._server is not None:
             await self._server.stop(_SERVER_GRACE_S)
+        if self._metrics_server is not None:
+            await self._metrics_server.stop()
         if self.spark is not None:
             spark, self.spark = self.spark, None
             try:
@@ -670,6 +695,11 @@ class TaskExecutor:
 
     # ------------------------------------------------------------------ JobManager connection
 
+    def _slot_counts(self) -> tuple[int, int, int]:
+        """(slots, free slots, tasks running), for the metrics."""
+        slots = self.core.slot_report()
+        return len(slots), sum(1 for s in slots if not s.job_id), self.core.live_tasks()
+
     def _current_slot_report(self) -> cluster_pb2.SlotReport:
         """The slot report, kept as one message: only the slots that changed since the last
         heartbeat are rewritten."""
@@ -753,6 +783,7 @@ class TaskExecutor:
             "cores": str(_available_cores()),
             "spark_master": self._spark_target() if cfg.use_spark else "",
             "pid": str(os.getpid()),
+            "metrics": self.metrics_url,
         }
         delay = _BACKOFF_START_S
         max_delay = _HA_BACKOFF_MAX_S if self._ha is not None else _BACKOFF_MAX_S
@@ -975,8 +1006,10 @@ class TaskExecutor:
         self._to_loop(self._thread_exited, key, error)
 
     def _task_reported(self, key: TaskKey, state: ExecutionState, failure: FailureInfo | None,
-                       produced: tuple[ProducedPartition, ...]) -> None:
-        self._handle(core.TaskReported(key, state, failure, produced, self._stimulus("report")))
+                       produced: tuple[ProducedPartition, ...], io: TaskIo | None = None, name: str = "") -> None:
+        if io is not None:
+            self.metrics.task_finished(key, name, io)
+        self._handle(core.TaskReported(key, state, failure, produced, self._stimulus("report"), io))
         if state is ExecutionState.FAILED and self.config.spark_remote:
             self._renew_closed_connect_session()
 
@@ -1033,8 +1066,10 @@ class TaskExecutor:
         self._loop.create_task(renew(), name="spark-connect-renew")
 
     def _batch_reported(self, key: TaskKey, batch_id: int, produced: tuple[ProducedPartition, ...],
-                        input_rows: int | None) -> None:
-        self._handle(core.BatchReported(key, batch_id, produced, self._stimulus("batch"), input_rows))
+                        input_rows: int | None, io: TaskIo | None = None, name: str = "") -> None:
+        if io is not None:
+            self.metrics.batch_done(key, name, io)
+        self._handle(core.BatchReported(key, batch_id, produced, self._stimulus("batch"), input_rows, io))
 
     def _thread_exited(self, key: TaskKey, error: FailureInfo | None) -> None:
         self._tasks.pop(key, None)

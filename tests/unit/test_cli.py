@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import socket
+import re
 import subprocess
 import sys
 import textwrap
@@ -407,6 +408,42 @@ def test_progress_without_a_terminal_prints_a_line_per_change() -> None:
         "Source: text -> FlatMap  1 RUNNING, 1 FINISHED",
     ]
     assert "\x1b[" not in out.getvalue()
+
+
+def test_progress_on_a_terminal_is_one_live_display_with_a_bar_per_vertex() -> None:
+    snapshot = failed_job()
+    snapshot.status = JS.JOB_STATUS_RUNNING
+    progress = cli.JobProgress()
+    out = io.StringIO()
+    view = cli._LiveView(progress, out, tty=True)
+    view.changed(progress.apply(jobmanager_pb2.JobEvent(snapshot=snapshot)))
+    view.note(["waiting for resources: 4 slots needed, 2 free"])
+    view.changed(progress.apply(execution_event("source-text", 1, 2, ES.EXECUTION_STATE_RUNNING)))
+    view.finish()
+    text = out.getvalue()
+    plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)
+    # the lasting line is printed once, above the display; the display is redrawn in place
+    assert plain.count("waiting for resources: 4 slots needed, 2 free") == 1
+    last = plain.split("job f00d RUNNING")[-1]
+    assert "Source: text -> FlatMap" in last and "1 RUNNING, 1 FINISHED" in last
+    # the bar: half RUNNING (blue), half FINISHED (green), 30 cells in all
+    bar = re.search(r"(█+)(█+)", last)
+    assert bar is not None and len(bar.group(0)) == 30
+    assert "\x1b[34m" + "█" * 15 in text and "\x1b[32m" + "█" * 15 in text
+
+
+def test_a_streaming_querys_latest_batch_is_in_the_live_display() -> None:
+    progress = cli.JobProgress(job_id="q1", status="RUNNING", created_at=time.time())
+    event = jobmanager_pb2.JobEvent(sequence=3)
+    event.streaming.kind = "QueryProgress"
+    event.streaming.info_json = json.dumps({"batchId": 7, "numInputRows": 120, "inputRowsPerSecond": 60.0,
+                                            "processedRowsPerSecond": 90.5, "durationMs": {"triggerExecution": 1300}})
+    assert progress.apply(event) == {""}
+    out = io.StringIO()
+    view = cli._LiveView(progress, out, tty=True)
+    view.changed({""})
+    view.finish()
+    assert "batch 7, 120 input rows, 60.0 rows/s in, 90.5 rows/s processed, took 1300 ms" in out.getvalue()
 
 
 def test_outcome_shows_at_most_twenty_collected_rows() -> None:

@@ -97,12 +97,14 @@ class BatchReports:
     def __init__(self):
         self.done: list[tuple[int, list]] = []
         self.input_rows: list[int | None] = []
+        self.io: list = []
         self._cond = threading.Condition()
 
-    def __call__(self, batch_id, produced, input_rows=None):
+    def __call__(self, batch_id, produced, input_rows=None, io=None):
         with self._cond:
             self.done.append((batch_id, list(produced)))
             self.input_rows.append(input_rows)
+            self.io.append(io)
             self._cond.notify_all()
 
     def wait_for(self, batch_id: int, timeout: float = 60.0) -> bool:

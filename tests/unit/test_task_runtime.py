@@ -101,11 +101,13 @@ class Reports:
 
     def __init__(self):
         self.items: list[tuple[ExecutionState, object, list]] = []
+        self.io: list = []  # what the task read and wrote, with each report (None but with FINISHED)
         self._cond = threading.Condition()
 
-    def __call__(self, state, failure, produced):
+    def __call__(self, state, failure, produced, io=None):
         with self._cond:
             self.items.append((state, failure, list(produced)))
+            self.io.append(io)
             self._cond.notify_all()
 
     @property
@@ -187,18 +189,29 @@ def run_word_count(spark, data_dir: Path, corpus: Path, sources: int = 2, counte
     schemas = set()
     total_rows = 0
     for i in range(sources):
-        produced = finished(run(deploy(data_dir, source_ops, vertex="tokenize", subtask=i, parallelism=sources,
-                                       outputs=[output("words", i, counters, HASH, ["word"])]), spark))
+        reports = run(deploy(data_dir, source_ops, vertex="tokenize", subtask=i, parallelism=sources,
+                             outputs=[output("words", i, counters, HASH, ["word"])]), spark)
+        produced = finished(reports)
         assert [(p.data_set_id, p.partition_index) for p in produced] == [("words", i)]
         schemas.add(produced[0].schema)
         total_rows += produced[0].row_count
+        # what it wrote, as reported for the metrics: its rows, and the bytes of its partition
+        io = reports.io[-1]
+        assert io.records_out == produced[0].row_count and io.records_in == 0 and io.seconds > 0
+        assert (io.bytes_out > 0) == (produced[0].row_count > 0)
     (schema,) = schemas
     count_ops = [op("count", keys=["word"]), op("sink.collect")]
     per_subtask = []
+    records_in = 0
     for i in range(counters):
-        finished(run(deploy(data_dir, count_ops, vertex="count", subtask=i, parallelism=counters,
-                            inputs=[gate("words", range(sources), subpartition=i, schema=schema)]), spark))
+        reports = run(deploy(data_dir, count_ops, vertex="count", subtask=i, parallelism=counters,
+                             inputs=[gate("words", range(sources), subpartition=i, schema=schema)]), spark)
+        finished(reports)
         per_subtask.append({r["word"]: r["count"] for r in collected(data_dir, "count", i)})
+        # rows read: its own subpartition of every producer's partition, from the Parquet footers
+        records_in += reports.io[-1].records_in
+        assert reports.io[-1].records_out == 0  # a sink's rows are its sink's, not an output's
+    assert records_in == total_rows  # every row went to exactly one counter, and was counted once
     return per_subtask, total_rows
 
 

@@ -90,7 +90,7 @@ class ProducedPartition(_message.Message):
     def __init__(self, data_set_id: _Optional[str] = ..., partition_index: _Optional[int] = ..., schema: _Optional[str] = ..., row_count: _Optional[int] = ...) -> None: ...
 
 class TaskExecutionState(_message.Message):
-    __slots__ = ("job_id", "attempt", "state", "failure", "produced", "task_manager_id", "stimulus_id", "batch_id", "input_rows")
+    __slots__ = ("job_id", "attempt", "state", "failure", "produced", "task_manager_id", "stimulus_id", "batch_id", "input_rows", "io")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -100,6 +100,7 @@ class TaskExecutionState(_message.Message):
     STIMULUS_ID_FIELD_NUMBER: _ClassVar[int]
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     INPUT_ROWS_FIELD_NUMBER: _ClassVar[int]
+    IO_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     attempt: _job_pb2.ExecutionAttemptId
     state: _job_pb2.ExecutionState
@@ -109,7 +110,8 @@ class TaskExecutionState(_message.Message):
     stimulus_id: str
     batch_id: int
     input_rows: int
-    def __init__(self, job_id: _Optional[str] = ..., attempt: _Optional[_Union[_job_pb2.ExecutionAttemptId, _Mapping]] = ..., state: _Optional[_Union[_job_pb2.ExecutionState, str]] = ..., failure: _Optional[_Union[_job_pb2.Failure, _Mapping]] = ..., produced: _Optional[_Iterable[_Union[ProducedPartition, _Mapping]]] = ..., task_manager_id: _Optional[str] = ..., stimulus_id: _Optional[str] = ..., batch_id: _Optional[int] = ..., input_rows: _Optional[int] = ...) -> None: ...
+    io: _job_pb2.TaskIo
+    def __init__(self, job_id: _Optional[str] = ..., attempt: _Optional[_Union[_job_pb2.ExecutionAttemptId, _Mapping]] = ..., state: _Optional[_Union[_job_pb2.ExecutionState, str]] = ..., failure: _Optional[_Union[_job_pb2.Failure, _Mapping]] = ..., produced: _Optional[_Iterable[_Union[ProducedPartition, _Mapping]]] = ..., task_manager_id: _Optional[str] = ..., stimulus_id: _Optional[str] = ..., batch_id: _Optional[int] = ..., input_rows: _Optional[int] = ..., io: _Optional[_Union[_job_pb2.TaskIo, _Mapping]] = ...) -> None: ...
 
 class UpdateTaskExecutionStateRequest(_message.Message):
     __slots__ = ("updates",)

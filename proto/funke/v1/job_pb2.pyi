@@ -109,8 +109,22 @@ class ExecutionStateTransition(_message.Message):
     stimulus_id: str
     def __init__(self, from_state: _Optional[_Union[ExecutionState, str]] = ..., to_state: _Optional[_Union[ExecutionState, str]] = ..., timestamp: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cause: _Optional[str] = ..., stimulus_id: _Optional[str] = ...) -> None: ...
 
+class TaskIo(_message.Message):
+    __slots__ = ("records_in", "records_out", "bytes_in", "bytes_out", "seconds")
+    RECORDS_IN_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_OUT_FIELD_NUMBER: _ClassVar[int]
+    BYTES_IN_FIELD_NUMBER: _ClassVar[int]
+    BYTES_OUT_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    records_in: int
+    records_out: int
+    bytes_in: int
+    bytes_out: int
+    seconds: float
+    def __init__(self, records_in: _Optional[int] = ..., records_out: _Optional[int] = ..., bytes_in: _Optional[int] = ..., bytes_out: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
+
 class Execution(_message.Message):
-    __slots__ = ("id", "state", "created_at", "history", "task_manager_id", "slot_index", "failure")
+    __slots__ = ("id", "state", "created_at", "history", "task_manager_id", "slot_index", "failure", "io")
     ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
@@ -118,6 +132,7 @@ class Execution(_message.Message):
     TASK_MANAGER_ID_FIELD_NUMBER: _ClassVar[int]
     SLOT_INDEX_FIELD_NUMBER: _ClassVar[int]
     FAILURE_FIELD_NUMBER: _ClassVar[int]
+    IO_FIELD_NUMBER: _ClassVar[int]
     id: ExecutionAttemptId
     state: ExecutionState
     created_at: _timestamp_pb2.Timestamp
@@ -125,7 +140,8 @@ class Execution(_message.Message):
     task_manager_id: str
     slot_index: int
     failure: Failure
-    def __init__(self, id: _Optional[_Union[ExecutionAttemptId, _Mapping]] = ..., state: _Optional[_Union[ExecutionState, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., history: _Optional[_Iterable[_Union[ExecutionStateTransition, _Mapping]]] = ..., task_manager_id: _Optional[str] = ..., slot_index: _Optional[int] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ...) -> None: ...
+    io: TaskIo
+    def __init__(self, id: _Optional[_Union[ExecutionAttemptId, _Mapping]] = ..., state: _Optional[_Union[ExecutionState, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., history: _Optional[_Iterable[_Union[ExecutionStateTransition, _Mapping]]] = ..., task_manager_id: _Optional[str] = ..., slot_index: _Optional[int] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ..., io: _Optional[_Union[TaskIo, _Mapping]] = ...) -> None: ...
 
 class Subtask(_message.Message):
     __slots__ = ("subtask_index", "name", "current", "prior_attempts")
@@ -179,7 +195,7 @@ class ExceptionHistoryEntry(_message.Message):
     def __init__(self, timestamp: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., task_name: _Optional[str] = ..., attempt: _Optional[_Union[ExecutionAttemptId, _Mapping]] = ..., task_manager_id: _Optional[str] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ...) -> None: ...
 
 class JobDetails(_message.Message):
-    __slots__ = ("job_id", "name", "job_type", "status", "created_at", "status_history", "vertices", "exceptions", "failure", "waiting_for_resources", "required_slots", "restart_strategy", "failover_strategy", "latest_progress_json")
+    __slots__ = ("job_id", "name", "job_type", "status", "created_at", "status_history", "vertices", "exceptions", "failure", "waiting_for_resources", "required_slots", "restart_strategy", "failover_strategy", "latest_progress_json", "data_sets", "edges", "num_restarts")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     JOB_TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -194,6 +210,9 @@ class JobDetails(_message.Message):
     RESTART_STRATEGY_FIELD_NUMBER: _ClassVar[int]
     FAILOVER_STRATEGY_FIELD_NUMBER: _ClassVar[int]
     LATEST_PROGRESS_JSON_FIELD_NUMBER: _ClassVar[int]
+    DATA_SETS_FIELD_NUMBER: _ClassVar[int]
+    EDGES_FIELD_NUMBER: _ClassVar[int]
+    NUM_RESTARTS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     name: str
     job_type: _jobgraph_pb2.JobType
@@ -208,7 +227,10 @@ class JobDetails(_message.Message):
     restart_strategy: str
     failover_strategy: str
     latest_progress_json: str
-    def __init__(self, job_id: _Optional[str] = ..., name: _Optional[str] = ..., job_type: _Optional[_Union[_jobgraph_pb2.JobType, str]] = ..., status: _Optional[_Union[JobStatus, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., status_history: _Optional[_Iterable[_Union[JobStatusTransition, _Mapping]]] = ..., vertices: _Optional[_Iterable[_Union[Vertex, _Mapping]]] = ..., exceptions: _Optional[_Iterable[_Union[ExceptionHistoryEntry, _Mapping]]] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ..., waiting_for_resources: _Optional[str] = ..., required_slots: _Optional[int] = ..., restart_strategy: _Optional[str] = ..., failover_strategy: _Optional[str] = ..., latest_progress_json: _Optional[str] = ...) -> None: ...
+    data_sets: _containers.RepeatedCompositeFieldContainer[_jobgraph_pb2.IntermediateDataSet]
+    edges: _containers.RepeatedCompositeFieldContainer[_jobgraph_pb2.JobEdge]
+    num_restarts: int
+    def __init__(self, job_id: _Optional[str] = ..., name: _Optional[str] = ..., job_type: _Optional[_Union[_jobgraph_pb2.JobType, str]] = ..., status: _Optional[_Union[JobStatus, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., status_history: _Optional[_Iterable[_Union[JobStatusTransition, _Mapping]]] = ..., vertices: _Optional[_Iterable[_Union[Vertex, _Mapping]]] = ..., exceptions: _Optional[_Iterable[_Union[ExceptionHistoryEntry, _Mapping]]] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ..., waiting_for_resources: _Optional[str] = ..., required_slots: _Optional[int] = ..., restart_strategy: _Optional[str] = ..., failover_strategy: _Optional[str] = ..., latest_progress_json: _Optional[str] = ..., data_sets: _Optional[_Iterable[_Union[_jobgraph_pb2.IntermediateDataSet, _Mapping]]] = ..., edges: _Optional[_Iterable[_Union[_jobgraph_pb2.JobEdge, _Mapping]]] = ..., num_restarts: _Optional[int] = ...) -> None: ...
 
 class JobSummary(_message.Message):
     __slots__ = ("job_id", "name", "job_type", "status", "created_at", "ended_at", "duration_seconds", "tasks_per_state", "total_tasks")

@@ -1,0 +1,50 @@
+"""What a task read and wrote, measured from the result partitions themselves: rows from the
+Parquet footers of the files it consumed (its subpartition of each producer's partition) and
+produced, bytes from their sizes. Nothing is read but footers and directory listings, so the
+cost is a few milliseconds per task, on the task's own thread after it finished; a partition
+that cannot be measured counts 0 rather than failing a task that succeeded."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from funke.common import layout
+from funke.deploy import datafs
+
+log = logging.getLogger("funke.taskmanager")
+
+
+def _parquet_files(root: str, subpartition: int | None) -> list[tuple[pafs.FileSystem, pafs.FileInfo]]:
+    """The Parquet files of a partition directory; with `subpartition`, only that one's (a
+    partition written unsplit is subpartition 0 of itself)."""
+    fs, path = datafs.filesystem(root)
+    infos = fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
+    prefix = f"{layout.SUBPARTITION_COLUMN}="
+    found = []
+    for info in infos:
+        if info.type != pafs.FileType.File or not info.base_name.endswith(".parquet"):
+            continue
+        parents = info.path[len(path):].strip("/").split("/")[:-1]
+        sub = next((int(p[len(prefix):]) for p in parents if p.startswith(prefix) and p[len(prefix):].isdigit()), None)
+        if subpartition is None or sub == subpartition or (sub is None and subpartition == 0):
+            found.append((fs, info))
+    return found
+
+
+def measure(partitions: Iterable[tuple[str, int | None]]) -> tuple[int, int]:
+    """(rows, bytes) of the given partition directories (each with the subpartition read of it,
+    None: all of it)."""
+    rows = size = 0
+    for root, subpartition in partitions:
+        try:
+            for fs, info in _parquet_files(root, subpartition):
+                size += info.size or 0
+                with fs.open_input_file(info.path) as f:
+                    rows += pq.ParquetFile(f).metadata.num_rows
+        except (OSError, ValueError) as exc:  # gone, unreadable, not Parquet: not worth a failure
+            log.debug("could not measure %s: %s", root, exc)
+    return rows, size
