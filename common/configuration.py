@@ -121,6 +121,11 @@ _FILES = {
     "security.ssl.ca-certificate": "ssl_ca_certificate",
 }
 
+# Ports a process binds (a port or a range: the first free one) and the addresses it binds them on
+_PORT_RANGES = {"rest.bind-port": "rest_ports", "rest.port": "rest_ports", "metrics.reporter.prom.port": "metrics_ports"}
+_BIND_HOSTS = {"rest.bind-address": "rest_bind_address", "rest.address": "rest_bind_address",
+               "metrics.reporter.prom.host": "metrics_host"}
+
 _INTEGERS = {
     "funke.job.max-subtasks": ("max_subtasks", 1, 10_000_000),
     "jobstore.max-capacity": ("jobstore_max_capacity", 1, 2**31 - 1),
@@ -196,30 +201,18 @@ def parse_configuration(entries: Mapping[str, str], base: ClusterConfiguration |
                 problems.append(f"{key}: expected one of {', '.join(TESTING_MUTANTS)}, got {value!r}")
             else:
                 changes["testing_mutant"] = value
-        elif key in ("rest.bind-port", "rest.port"):
+        elif key in _PORT_RANGES:
             ports = port_range(value)
             if ports is None:
                 problems.append(f"{key}: expected a port or a range (8081, 8081-8090; 0: any free one), got {value!r}")
             else:
-                changes["rest_ports"] = ports
-        elif key == "metrics.reporter.prom.port":
-            ports = port_range(value)
-            if ports is None:
-                problems.append(f"{key}: expected a port or a range (9249, 9249-9260; 0: any free one), got {value!r}")
-            else:
-                changes["metrics_ports"] = ports
-        elif key == "metrics.reporter.prom.host":
+                changes[_PORT_RANGES[key]] = ports
+        elif key in _BIND_HOSTS:
             host_text = value.strip("[]")
             if not host_text or not all(c.isascii() and (c.isalnum() or c in ".-_:") for c in host_text):
                 problems.append(f"{key}: expected a host name or address, got {ids.echo(value)}")
             else:
-                changes["metrics_host"] = host_text
-        elif key in ("rest.bind-address", "rest.address"):
-            host_text = value.strip("[]")
-            if not host_text or not all(c.isascii() and (c.isalnum() or c in ".-_:") for c in host_text):
-                problems.append(f"{key}: expected a host name or address, got {ids.echo(value)}")
-            else:
-                changes["rest_bind_address"] = host_text
+                changes[_BIND_HOSTS[key]] = host_text
         elif key == "funke.data-dir":
             changes["data_dir"] = value
         elif key in ("high-availability", "high-availability.type"):

@@ -1077,6 +1077,16 @@ class Scheduler:
         t = self.graph.status_machine.transition(to, now, cause, self._stimulus)
         self._out.append(JobStatusChanged(t))
 
+    def add_batch_io(self, attempt: ExecutionAttemptId, io: TaskIo) -> None:
+        """A streaming task's micro-batch read and wrote `io`: added to what its attempt did
+        so far (a task that is not current any more is not counted)."""
+        execution = self._current(attempt)
+        if execution is None or execution.state.is_terminal:
+            return
+        before = execution.io or TaskIo()
+        execution.io = TaskIo(before.records_in + io.records_in, before.records_out + io.records_out,
+                              before.bytes_in + io.bytes_in, before.bytes_out + io.bytes_out, before.seconds + io.seconds)
+
     def _current(self, attempt: ExecutionAttemptId) -> Execution | None:
         ejv = self.graph.vertices.get(attempt.vertex_id)
         if ejv is None or not 0 <= attempt.subtask_index < ejv.parallelism:

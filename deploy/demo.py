@@ -180,6 +180,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         ready = time.monotonic()
         _say(f"JobManager at {cluster.address}; TaskManagers "
              + ", ".join(tm.name for tm in cluster.taskmanagers) + " registered")
+        if cluster.dashboard_url:
+            _say(f"web dashboard at {cluster.dashboard_url} while it runs (log in with the token in "
+                 f"{(cluster.dir / 'security' / 'client.token').relative_to(ROOT)})")
         return run(cluster, started, ready)
     except FunkeError as exc:
         print(f"funke demo: {exc}", file=sys.stderr)

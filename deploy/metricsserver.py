@@ -67,6 +67,19 @@ async def bind(runner: web.AppRunner, host: str, ports: range, context: ssl.SSLC
     raise OSError(f"no free port for {what} in {ports.start}-{ports.stop - 1} on {host}: {last}")
 
 
+async def serve(app: web.Application, host: str, ports: range, tls: security.Tls | None,
+                what: str) -> tuple[web.AppRunner, int]:
+    """Serve `app` (HTTPS with `tls`) on the first free port of `ports`: (its runner, the port).
+    Raises OSError naming `what` when none is free."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        return runner, await bind(runner, host, ports, ssl_context(tls), what)
+    except OSError:
+        await runner.cleanup()
+        raise
+
+
 class MetricsServer:
     """GET /metrics in Prometheus' text format, from `registry`."""
 
@@ -79,13 +92,7 @@ class MetricsServer:
     async def start(self, host: str, ports: range) -> int:
         app = web.Application()
         app.router.add_get("/metrics", self._metrics, allow_head=False)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        try:
-            self.port = await bind(self._runner, host, ports, ssl_context(self._tls), "the Prometheus metrics")
-        except OSError:
-            await self._runner.cleanup()
-            raise
+        self._runner, self.port = await serve(app, host, ports, self._tls, "the Prometheus metrics")
         return self.port
 
     @property

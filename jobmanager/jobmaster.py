@@ -171,6 +171,8 @@ class JobMaster:
             log.warning("job %s: ignoring a task report that does not decode: %s", self.job_id, exc)
             return
         if report.batch_id is not None:  # a streaming task wrote a micro-batch; it stays RUNNING
+            if report.io is not None:
+                self.scheduler.add_batch_io(report.attempt, report.io)
             if self.query is not None:
                 self.query.on_batch_report(report.attempt, report.batch_id,
                                            {p.data_set_id: p.schema for p in report.produced}, report.input_rows)

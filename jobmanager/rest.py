@@ -32,7 +32,7 @@ from aiohttp import web
 
 from funke.common.security import token_matches
 from funke.deploy import security
-from funke.deploy.metricsserver import bind, ssl_context
+from funke.deploy.metricsserver import serve
 from funke.jobmanager import restviews
 from funke.jobmanager.dispatcher import Dispatcher, DispatcherError
 from funke.jobmanager.jobstore import ArchivedJob
@@ -82,13 +82,7 @@ class RestServer:
     async def start(self, host: str, ports: range) -> int:
         """Serve on the first free port of `ports` (Flink's rest.bind-port range); returns it.
         Raises OSError when none is free."""
-        self._runner = web.AppRunner(self.app, access_log=None)
-        await self._runner.setup()
-        try:
-            self.port = await bind(self._runner, host, ports, ssl_context(self._tls), "the REST API")
-        except OSError:
-            await self._runner.cleanup()
-            raise
+        self._runner, self.port = await serve(self.app, host, ports, self._tls, "the REST API")
         return self.port
 
     async def stop(self) -> None:

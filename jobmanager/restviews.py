@@ -189,11 +189,11 @@ def vertex_status(counts: Mapping[str, int], parallelism: int) -> str:
 
 
 def _vertex_io(v: job_pb2.Vertex) -> dict[str, int]:
-    """What a vertex's subtasks read and wrote, summed over their finished current attempts
-    (as their TaskManagers measured it; a running attempt has not reported yet)."""
-    total = Counter()
+    """What a vertex's subtasks read and wrote, summed over their current attempts, as their
+    TaskManagers measured it: a batch task's once it FINISHED, a streaming task's batch by batch."""
+    total: Counter[str] = Counter()
     for sub in v.subtasks:
-        if execution_state(sub.current.state) == "FINISHED":
+        if execution_state(sub.current.state) in ("FINISHED", "RUNNING"):
             io = sub.current.io
             total.update({"read-records": io.records_in, "write-records": io.records_out,
                           "read-bytes": io.bytes_in, "write-bytes": io.bytes_out})

@@ -129,3 +129,24 @@ def test_a_failed_job_shows_its_traceback(browser, spark_cluster):
     shot(b, "job-failed")
     errors = [m for m in b.console_messages() if m.startswith(("error", "exception"))]
     assert not errors, json.dumps(errors)[:2000]
+
+
+def test_a_streaming_query_charts_its_batches_and_its_stop_button_stops_it(browser, spark_cluster, tmp_path):
+    b, url = browser
+    env = ExecutionEnvironment("dashboard stream", parallelism=1)
+    env.read_stream.rate(50).select("value").write_parquet(str(tmp_path / "out"))
+    env.set_trigger("500 ms").set_checkpoint_location(str(tmp_path / "checkpoint"))
+    client = spark_cluster.client
+    job_id = client.submit(env.build())
+    try:
+        wait_for("three batches", lambda: len(client.progress(job_id)) >= 3, timeout=180)
+        show(b, url, f"/jobs/{job_id}", "job")
+        for chart in ("chart-input-rate", "chart-processing-rate", "chart-batch-duration"):
+            b.wait_for(f"(document.querySelector('#{chart} polyline.chart-line')?.getAttribute('points') || '')"
+                       ".trim().split(/\\s+/).length >= 2", timeout=30, what=f"{chart} with two points or more")
+        shot(b, "job-streaming")
+        b.click("#stop-job")
+        wait_for("the query FINISHED", lambda: client.get_job(job_id).status == 7, timeout=120)  # JOB_STATUS_FINISHED
+    finally:
+        if client.get_job(job_id).status not in (6, 7):
+            client.cancel(job_id)

@@ -225,3 +225,20 @@ def test_the_api_asks_for_the_token_and_reads_no_file_a_request_names(spark_clus
     with urllib.request.urlopen(rest.url + "/", timeout=30) as response:
         page = response.read().decode()
         assert response.status == 200 and "/web/app.js" in page and rest.token not in page
+
+
+def test_grpc_server_reflection_lists_the_api_to_a_client_with_the_token(spark_cluster):
+    """What grpcurl's `list` and `describe` do, through the reflection service."""
+    import grpc
+    from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+
+    with spark_cluster.channel() as channel:
+        database = ProtoReflectionDescriptorDatabase(channel)
+        services = set(database.get_services())
+        assert {"funke.v1.JobManager", "funke.v1.ResourceManager", "funke.v1.JobMaster", "grpc.health.v1.Health"} <= services
+        described = database.FindFileContainingSymbol("funke.v1.JobManager")
+        assert "SubmitJob" in {m.name for s in described.service for m in s.method}
+    with grpc.insecure_channel(spark_cluster.address) as bare:
+        with pytest.raises(grpc.RpcError) as info:
+            list(ProtoReflectionDescriptorDatabase(bare).get_services())
+        assert info.value.code() is grpc.StatusCode.UNAUTHENTICATED

@@ -360,3 +360,14 @@ def test_cluster_secrets_makes_what_processes_on_other_hosts_are_started_with(tm
     assert cli.main(["cluster", "secrets", "--dir", str(tmp_path)]) == 0
     assert (tmp_path / "security" / "client.token").read_text() == token
     assert not (tmp_path / "security" / "tls").exists() and localcluster.tls_mode(tmp_path) == "none"
+
+
+def test_rest_and_metrics_ports_and_addresses():
+    config = parse_configuration({"rest.bind-port": "8081-8090", "metrics.reporter.prom.port": "0",
+                                  "rest.address": "0.0.0.0", "metrics.reporter.prom.host": "[::1]"})
+    assert config.rest_ports == (8081, 8090) and config.metrics_ports == (0, 0)
+    assert config.rest_bind_address == "0.0.0.0" and config.metrics_host == "::1"
+    with pytest.raises(ConfigurationError) as info:
+        parse_configuration({"rest.port": "9000-8000", "metrics.reporter.prom.port": "70000",
+                             "rest.bind-address": "a b"})
+    assert len(info.value.problems) == 3
