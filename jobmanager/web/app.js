@@ -1052,12 +1052,14 @@ async function render() {
   view.inFlight = true;
   let data;
   let error = null;
+  const began = performance.now();
   try {
     data = await VIEWS[route.name].load(route, view);
   } catch (err) {
     error = err;
   }
   view.inFlight = false;
+  view.lastLoadMs = performance.now() - began;
   if (generation !== app.generation) return; // the user navigated away meanwhile
 
   VIEWS[route.name].afterLoad?.(data, error, view);
@@ -1204,11 +1206,13 @@ function schedulePoll() {
   updatePollStatus();
   if (view.stopped) return;
   if (document.hidden) { view.paused = true; return; }
+  // A large job takes the JobManager a while to describe: wait at least three times as long
+  // as the last load took, so one open page never keeps the JobManager's loop busy.
   app.timer = setTimeout(() => {
     app.timer = null;
     if (document.hidden) { view.paused = true; updatePollStatus(); return; }
     render();
-  }, refreshInterval());
+  }, Math.max(refreshInterval(), 3 * (view.lastLoadMs || 0)));
 }
 
 /** Refresh at once (after an action), e.g. window.funkeDashboard.refresh() from a test. */
