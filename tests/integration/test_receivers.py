@@ -261,9 +261,11 @@ def test_with_backpressure_a_receiver_slows_to_the_rate_its_batches_are_processe
         return sum(n for at, n in blocks if begin <= at < end) / (end - begin)
 
     assert limits, "no batch was planned under a rate limit"
-    # the receiver ran unlimited for a while: all through the window measured as "before"
-    assert min(at for at, _ in blocks) <= estimated_at - 3.5
-    before = stored_per_second(estimated_at - 3.5, estimated_at - 0.5)
+    # the receiver ran unlimited for a while (from its first block, at most 3.5 s before the
+    # estimate): at least 2 s of that are measured as "before"
+    began = max(min(at for at, _ in blocks), estimated_at - 3.5)
+    assert estimated_at - 0.5 - began >= 2.0, (began, estimated_at)
+    before = stored_per_second(began, estimated_at - 0.5)
     after = stored_per_second(estimated_at + 1, estimated_at + 6)
     # limited: no more than the rate (and a block's slack), and far less than it took before
     # (all it could get of the 400 offered on two busy cores)
