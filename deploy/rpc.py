@@ -132,6 +132,13 @@ def add_service(server: grpc.aio.Server, servicer: object, service: ServiceDescr
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
 
 
+def host_port(host: str, port: int) -> str:
+    """`host:port`, an IPv6 literal in brackets ("[::1]:6123")."""
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"{host}:{port}"
+
+
 WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]")
 # Where a wildcard-bound process with nobody in particular to reach looks for its own address:
 # the route it would take there (TEST-NET-1; a UDP connect sends nothing, it only asks the

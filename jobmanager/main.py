@@ -29,7 +29,7 @@ from funke.deploy import datafs
 from funke.deploy.configfile import load_configuration
 from funke.common.security import Realm, StreamQuota
 from funke.deploy import security
-from funke.deploy.rpc import MESSAGE_SIZE_OPTIONS, add_service, advertised_host
+from funke.deploy.rpc import MESSAGE_SIZE_OPTIONS, add_service, advertised_host, host_port
 from funke.jobmanager import datadir
 from funke.deploy.haservices import ha_services
 from funke.jobmanager.dispatcher import Dispatcher, DispatcherError
@@ -182,7 +182,7 @@ async def serve(args: argparse.Namespace, config: ClusterConfiguration, secrets:
         raise SystemExit(f"cannot bind {args.host}:{args.port}")
     await server.start()
     host = advertised_host(args.host, args.advertise_host)
-    address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+    address = host_port(host, port)
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     rest = RestServer(role.current, secrets.client_token, secrets.tls, version=f"funke {_version()}")
     first, last = config.rest_ports
@@ -200,10 +200,10 @@ async def serve(args: argparse.Namespace, config: ClusterConfiguration, secrets:
         await server.stop(None)
         raise SystemExit(f"Prometheus metrics: {exc} (metrics.reporter.prom.port)") from None
     metrics_host = advertised_host(config.metrics_host, args.advertise_host)
-    metrics_url = f"{metrics.scheme}://{f'[{metrics_host}]' if ':' in metrics_host else metrics_host}:{metrics_port}/metrics"
+    metrics_url = f"{metrics.scheme}://{host_port(metrics_host, metrics_port)}/metrics"
     rest.metrics_url = metrics_url
     rest_host = advertised_host(config.rest_bind_address, args.advertise_host)
-    rest_url = f"{rest.scheme}://{f'[{rest_host}]' if ':' in rest_host else rest_host}:{rest_port}/"
+    rest_url = f"{rest.scheme}://{host_port(rest_host, rest_port)}/"
     if config.ha_enabled:
         ha = ha_services(config)
         assert ha is not None

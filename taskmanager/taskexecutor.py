@@ -63,7 +63,7 @@ from funke.common.taskexecutorstate import TaskExecutorState, TaskKey
 from funke.common.security import TOKEN_BYTES, Realm
 from funke.deploy import datafs, security
 from funke.deploy.haservices import ha_services
-from funke.deploy.rpc import MESSAGE_SIZE_OPTIONS, add_service, advertised_host
+from funke.deploy.rpc import MESSAGE_SIZE_OPTIONS, add_service, advertised_host, host_port
 from funke.taskmanager import sparksession
 from funke.taskmanager.task import StreamTask, Task
 from funke.v1 import cluster_pb2, cluster_pb2_grpc
@@ -190,12 +190,6 @@ class Registration:
     heartbeat_timeout_s: float
     data_dir: str
     leader_epoch: int = 0  # with high availability: the epoch of the leader registered with
-
-
-def _host_port(host: str, port: int) -> str:
-    if ":" in host and not host.startswith("["):  # IPv6 literal
-        host = f"[{host}]"
-    return f"{host}:{port}"
 
 
 def _available_cores() -> int:
@@ -508,7 +502,7 @@ class TaskExecutor:
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         for service in _HEALTH_SERVICES:
             await self._health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
-        where = _host_port(cfg.host, cfg.port)
+        where = host_port(cfg.host, cfg.port)
         try:
             bound = security.add_port(self._server, where, cfg.tls)
         except RuntimeError as e:
@@ -517,7 +511,7 @@ class TaskExecutor:
             raise StartupError(f"cannot bind the TaskExecutor service to {where}")
         await self._server.start()
         self._bound_port = bound
-        self.address = _host_port(advertised_host(cfg.host, cfg.advertise_host, cfg.jobmanager_address), bound)
+        self.address = host_port(advertised_host(cfg.host, cfg.advertise_host, cfg.jobmanager_address), bound)
         log.info("TaskManager %s: TaskExecutor service on %s, %d slot(s)", self.id, self.address,
                  cfg.number_of_slots)
 
@@ -529,7 +523,7 @@ class TaskExecutor:
             except OSError as e:
                 raise StartupError(f"Prometheus metrics: {e} (metrics.reporter.prom.port)") from None
             host = advertised_host(cfg.metrics_host, cfg.advertise_host, cfg.jobmanager_address)
-            self.metrics_url = f"{self._metrics_server.scheme}://{_host_port(host, port)}/metrics"
+            self.metrics_url = f"{self._metrics_server.scheme}://{host_port(host, port)}/metrics"
             log.info("TaskManager %s: Prometheus metrics at %s", self.id, self.metrics_url)
         self._connect(cfg.jobmanager_address)
         self._background = [
@@ -800,7 +794,7 @@ class TaskExecutor:
             # Off the loop: a JobManager given by name is resolved to find the route to it.
             host = await asyncio.get_running_loop().run_in_executor(
                 None, advertised_host, cfg.host, cfg.advertise_host, self.jobmanager_address)
-            self.address = _host_port(host, self._bound_port)
+            self.address = host_port(host, self._bound_port)
             # A new secret per attempt: from now on only the JobManager that receives it may call
             # us (the one registered with before, a deposed leader included, no longer can).
             self._registration_token = secrets.token_hex(TOKEN_BYTES)
