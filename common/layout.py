@@ -88,8 +88,11 @@ def cancel_marker(data_dir: str, job_id: str, vertex_id: str, subtask_index: int
     return _join(cancelled_dir(local, job_id), f"{name}-s{subtask_index}-a{attempt}")
 
 
+COLLECTED = "collect"  # the entry of a job's directory that outlives its clean-up (a FINISHED job's rows)
+
+
 def collect_dir(data_dir: str, job_id: str, vertex_id: str) -> str:
-    return _join(job_dir(data_dir, job_id), "collect", ids.require_path_id(vertex_id, "vertex id"))
+    return _join(job_dir(data_dir, job_id), COLLECTED, ids.require_path_id(vertex_id, "vertex id"))
 
 
 def redis_sink_dir(data_dir: str, job_id: str, vertex_id: str) -> str:

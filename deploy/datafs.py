@@ -24,7 +24,11 @@ bucket's region over the network.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
+import shutil
+import sys
 from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
@@ -83,10 +87,47 @@ def file_type(uri: str) -> pafs.FileType:
 
 
 def remove(uri: str) -> None:
-    """Delete a directory tree or a file; nothing there is fine."""
+    """Delete a directory tree or a file; nothing there is fine, and so is another process
+    deleting entries of the same tree at the same time (the JobManager cleaning up a job while its
+    TaskManagers release their partitions): an entry that vanished under the walk is what we
+    wanted, so the walk goes on, and raises only if the tree is still there after several tries."""
     fs, path = filesystem(uri)
-    kind = fs.get_file_info(path).type
-    if kind is pafs.FileType.Directory:
-        fs.delete_dir(path)
-    elif kind is pafs.FileType.File:
-        fs.delete_file(path)
+    if isinstance(fs, pafs.LocalFileSystem):
+        _remove_local(path)
+        return
+    for attempt in range(_REMOVE_TRIES):
+        try:
+            kind = fs.get_file_info(path).type
+            if kind is pafs.FileType.Directory:
+                fs.delete_dir(path)
+            elif kind is pafs.FileType.File:
+                fs.delete_file(path)
+            return
+        except OSError as exc:
+            if not _vanished(exc) or attempt == _REMOVE_TRIES - 1:
+                raise
+
+
+_REMOVE_TRIES = 5
+
+
+def _vanished(exc: OSError) -> bool:
+    """An error that only says an entry is not there (any more)."""
+    return isinstance(exc, FileNotFoundError) or exc.errno == errno.ENOENT or "No such file" in str(exc)
+
+
+def _remove_local(path: str) -> None:
+    if os.path.islink(path) or os.path.isfile(path):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        return
+
+    def gone_already(_function, _entry, info) -> None:
+        exc = info[1] if isinstance(info, tuple) else info
+        if not (isinstance(exc, OSError) and _vanished(exc)):
+            raise exc
+
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(path, onexc=gone_already)
+    else:
+        shutil.rmtree(path, onerror=gone_already)

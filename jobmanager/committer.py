@@ -219,19 +219,57 @@ def read_collected(data_dir: str, job_id: str, vertex_id: str) -> tuple[bytes, i
     return sink.getvalue(), table.num_rows
 
 
+class CleanupIncomplete(OSError):
+    """Some step of a job's clean-up failed (the others ran): the clean-up is to be run again."""
+
+
 def cleanup_job(data_dir: str, job_id: str, sink_targets: Sequence[str], keep_collected: bool) -> None:
-    """Remove the job's result partitions, cancel markers and any sink staging; collected rows
-    stay only for a FINISHED job (the client fetches them). Every path removed is checked to be
-    the job's own (`layout` refuses ids that are not plain path components; `_remove_under`
-    refuses a path outside its root), so no id can make this delete anything else."""
-    jobs = layout.jobs_dir(data_dir)
-    _remove_under(jobs, layout.partitions_dir(data_dir, job_id))
-    _remove_under(jobs, layout.cancelled_dir(data_dir, job_id))
+    """Remove what the job left: its sinks' staging beside their targets (the commit marker
+    included), and under its directory in the data directory its result partitions, cancel
+    markers and Redis staging; its collected rows stay only for a FINISHED job (the client fetches
+    them), and an empty job directory goes too.
+
+    Idempotent, so the caller runs it again until it raises nothing (and a new leader runs it for
+    a job whose clean-up a dead one did not finish): every step tolerates what is already gone,
+    the TaskManagers releasing the same partitions at the same moment included, and runs whatever
+    happened to the steps before it. Raises CleanupIncomplete naming every step that failed.
+    Every path removed is checked to be the job's own (`layout` refuses ids that are not plain
+    path components; `_remove_under` refuses a path outside its root), so no id can make this
+    delete anything else."""
+    failed: list[str] = []
+
+    def step(what: str, root: str, path: str) -> None:
+        try:
+            _remove_under(root, path)
+        except OSError as exc:
+            failed.append(f"{what} {path}: {exc}")
+
     for target in sink_targets:
         root = layout.staging_root(target, job_id)
-        _remove_under(root.rpartition("/")[0] or ".", root)
-    if not keep_collected:
-        _remove_under(jobs, layout.job_dir(data_dir, job_id))
+        step("sink staging", root.rpartition("/")[0] or ".", root)
+    jobs, job_dir = layout.jobs_dir(data_dir), layout.job_dir(data_dir, job_id)
+    if keep_collected:
+        try:
+            entries = _children(job_dir)
+        except OSError as exc:
+            failed.append(f"listing {job_dir}: {exc}")
+            entries = []
+        for name in entries:
+            if name != layout.COLLECTED:
+                step("job data", job_dir, f"{job_dir}/{name}")
+        if layout.COLLECTED not in entries and not failed:
+            step("job directory", jobs, job_dir)
+    else:
+        step("job data", jobs, job_dir)
+    if failed:
+        raise CleanupIncomplete(f"{len(failed)} step(s) of job {job_id}'s clean-up failed: " + "; ".join(failed))
+
+
+def _children(directory: str) -> list[str]:
+    fs, path = filesystem(directory)
+    if _exists(fs, path) is not pafs.FileType.Directory:
+        return []
+    return sorted(PurePosixPath(i.path).name for i in fs.get_file_info(pafs.FileSelector(path, allow_not_found=True)))
 
 
 def remove_job_data(data_dir: str, job_id: str) -> None:
@@ -244,5 +282,4 @@ def _remove_under(root: str, path: str) -> None:
     """Remove `path`, which must lie strictly below `root` (ValueError otherwise)."""
     if not layout.is_within(root, path) or layout.is_within(path, root):
         raise ValueError(f"refusing to remove {path}: it is not inside {root}")
-    fs, inner = filesystem(path)
-    _remove(fs, inner)
+    datafs.remove(path)

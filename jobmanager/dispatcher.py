@@ -26,6 +26,7 @@ import logging
 import secrets
 import time
 import uuid
+from typing import Callable
 
 from funke.common import ids
 from funke.common.configuration import ClusterConfiguration
@@ -54,6 +55,9 @@ log = logging.getLogger("funke.jobmanager")
 Job = JobMaster | ArchivedJob
 PROGRESS_INTERVAL_S = 0.05
 STOP_WRITES_TIMEOUT_S = 10.0
+# A job's data clean-up that failed is tried again, backing off from the first delay to the last.
+CLEANUP_RETRY_FIRST_S = 0.2
+CLEANUP_RETRY_MAX_S = 30.0
 
 
 class DispatcherError(Exception):
@@ -263,13 +267,27 @@ class Dispatcher:
         if entry is not None:
             await ha.write_until_done(services.put_dirty_result, self.results[job_id])
             await ha.write_until_done(services.put_archive, job_id, _archived_to_bytes(entry))
-        if cleanup is not None:
-            try:
-                await asyncio.get_running_loop().run_in_executor(None, cleanup)
-            except Exception as exc:
-                log.warning("cleaning up job %s: %s", job_id, exc)
+        if cleanup is not None and not await self._clean_up(job_id, cleanup):
+            raise Fenced(f"epoch {ha.epoch} lost leadership before job {job_id} was cleaned up; the next "
+                         "leader cleans it up")
         await ha.write_until_done(services.remove_job_graph, job_id)
         await ha.write_until_done(services.mark_result_clean, job_id)
+
+    async def _clean_up(self, job_id: str, cleanup: Callable[[], None]) -> bool:
+        """Run a job's data clean-up (off the loop) until it succeeds; each run redoes only what
+        is still there. False if this JobManager stopped leading first (the next leader cleans
+        up: the job's graph stays in the store until then)."""
+        delay = CLEANUP_RETRY_FIRST_S
+        while True:
+            try:
+                await asyncio.get_running_loop().run_in_executor(None, cleanup)
+                return True
+            except Exception as exc:
+                if self.ha is not None and not self.ha.leads():
+                    return False
+                log.warning("cleaning up job %s: %s; trying again in %.1f s", job_id, exc, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, CLEANUP_RETRY_MAX_S)
 
     # ------------------------------------------------------------------ client API
 
@@ -344,7 +362,6 @@ class Dispatcher:
             restart_description=restart, on_terminal=self._archive, on_status=self._on_status,
             on_progress=self._on_progress,
         )
-        jm.defer_cleanup = self.ha is not None
         self.jobs[job_id] = jm
         if restore:
             self.mailbox.call(lambda: jm.restore(restore, "finished under an earlier leader; its output is taken over"))
@@ -464,6 +481,8 @@ class Dispatcher:
         if self.ha is not None and jm.status.is_globally_terminal:
             self.results[jm.job_id] = JobResult(jm.job_id, jm.status.value, time.time(), self.ha.epoch)
             self._spawn(self._finish_in_store(jm.job_id, entry, jm.pending_cleanup))
+        elif jm.pending_cleanup is not None:
+            self._spawn(self._clean_up(jm.job_id, jm.pending_cleanup))
         self._forget(self.store.put(entry, time.time()))
 
     def _expire(self) -> None:

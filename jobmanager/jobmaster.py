@@ -68,10 +68,9 @@ class JobMaster:
         self._on_terminal = on_terminal
         self._on_status = on_status  # after each job status change (high availability records it)
         self._on_progress = on_progress  # after a subtask FINISHED (high availability records it)
-        # With high availability the data clean-up waits until the job's end is recorded (until
-        # then a new leader may run it again, and needs the commit marker): `pending_cleanup`
-        # holds it for the dispatcher.
-        self.defer_cleanup = False
+        # The data clean-up of a job that ended (blocking I/O): the dispatcher runs it, retried
+        # until it succeeds and, with high availability, once the job's end is recorded (until
+        # then a new leader may run the job again, and needs the commit marker).
         self.pending_cleanup: Callable[[], None] | None = None
         self.waiting_for_resources = ""
         self._internal_error = False
@@ -400,19 +399,10 @@ class JobMaster:
             gateway = self.rm.gateway(tm)
             if gateway is not None:
                 gateway.release_partitions(self.job_id, [], whole_job=True)
-        if a.status is not JobStatus.SUSPENDED:
+        if a.status is not JobStatus.SUSPENDED:  # a suspended job's files are the next leader's
             keep = a.status is JobStatus.FINISHED
             targets = list(self.sink_targets)
-
-            def cleanup() -> None:
-                committer.cleanup_job(self.data_dir, self.job_id, targets, keep)
-
-            if self.defer_cleanup:
-                self.pending_cleanup = cleanup
-            else:
-                future = self._loop.run_in_executor(None, cleanup)
-                future.add_done_callback(lambda f: f.exception() and log.warning(
-                    "cleaning up job %s: %s", self.job_id, f.exception()))
+            self.pending_cleanup = lambda: committer.cleanup_job(self.data_dir, self.job_id, targets, keep)
         # After the other actions of this decision: the dispatcher then keeps only a summary.
         self.mailbox.run(lambda: self._on_terminal(self))
 

@@ -212,12 +212,7 @@ def delete_partition_dirs(paths: Iterable[str]) -> None:
     """Blocking: delete result partition directories, local paths or filesystem URIs."""
     for path in paths:
         try:
-            if "://" in path:
-                datafs.remove(path)
-            else:
-                shutil.rmtree(path, ignore_errors=False)
-        except FileNotFoundError:
-            pass  # never written (a no-op task) or already released
+            datafs.remove(path)  # never written (a no-op task), or released already: fine
         except Exception:
             log.warning("could not delete result partition %s", path, exc_info=True)
 

@@ -134,3 +134,27 @@ def wait_for_end(client: JobManagerClient, job_id: str):
 
 def as_json(result: subprocess.CompletedProcess):
     return json.loads(result.stdout)
+
+
+def listing(folder: Path) -> list[str]:
+    """Every entry below `folder`, hidden ones included, as relative paths."""
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*")) if folder.exists() else []
+
+
+def wait_cleaned_up(target: Path, data_dir: Path, job_id: str, collected: bool = False, timeout: float = 30) -> None:
+    """After a job ended (its clean-up runs off the JobManager's loop, a moment later): the folder
+    holding the sink `target` holds the target and nothing else (no staging, no commit marker), and
+    the job's directory in the data directory is gone, or holds only its collected rows."""
+    def clean() -> bool:
+        beside = sorted(p.name for p in target.parent.iterdir())
+        job_dir = data_dir / "jobs" / job_id
+        kept = sorted(p.name for p in job_dir.iterdir()) if job_dir.exists() else None
+        return beside == [target.name] and kept == (["collect"] if collected else None)
+
+    deadline = time.monotonic() + timeout
+    while not clean():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"job {job_id} was not cleaned up within {timeout:g} s: beside the target "
+                                 f"{listing(target.parent)}, in the data directory "
+                                 f"{listing(data_dir / 'jobs' / job_id)}")
+        time.sleep(0.1)

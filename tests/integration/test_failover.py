@@ -20,6 +20,7 @@ from funke.deploy.client import JobManagerClient
 from funke.common.dsl import ExecutionEnvironment
 from funke.deploy import localcluster
 from funke.v1 import job_pb2
+from tests.integration.conftest import wait_cleaned_up
 from tests.integration.test_wordcount import steps_of
 from funke.common.conformance import assert_event_stream
 
@@ -213,6 +214,7 @@ def test_killing_a_taskmanager_loses_and_duplicates_nothing(fault_cluster, corpu
     details = client.get_job(job_id)
     assert _status(details) == "FINISHED", details.failure.message
     assert read_output(out) == reference_output  # byte for byte
+    wait_cleaned_up(out, fault_cluster.dir / "data", job_id)  # the killed attempts' staging and partitions too
     job_steps, execution_steps = steps_of(events)
     snapshot = events[0].snapshot
     assert_event_stream(job_steps, execution_steps,

@@ -16,7 +16,7 @@ from funke.deploy.jobfile import load_job_file
 from funke.common.states import ExecutionState, JobStatus
 from funke.common.conformance import Step, assert_event_stream
 from funke.taskmanager.taskexecutor import scratch_dir_of
-from tests.integration.conftest import REPO, as_json, wait_for_end
+from tests.integration.conftest import REPO, as_json, listing, wait_cleaned_up, wait_for_end
 
 pytestmark = pytest.mark.cluster
 
@@ -105,7 +105,8 @@ def test_file_sink_output_appears_only_when_the_job_finished(spark_cluster, tmp_
     job_file.write_text(SINK_JOB.format(cursed=False, out=str(out)))
     job_id = spark_cluster.client.submit(load_job_file(job_file))
     seen_partial = False
-    for _ in range(600):
+    deadline = time.monotonic() + 180  # a slow or busy machine takes longer, never shorter than the sleep
+    while time.monotonic() < deadline:
         details = spark_cluster.client.get_job(job_id)
         states = [_state_name(s.current.state) for s in details.vertices[0].subtasks]
         if _status(details) == "RUNNING" and states.count("FINISHED") == 1:
@@ -137,6 +138,22 @@ def test_a_failed_job_leaves_nothing_at_the_sink_target(spark_cluster, tmp_path)
         time.sleep(0.1)
     assert not out.exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".numbers.funke-")]
+
+
+def test_after_a_word_count_the_output_folder_holds_exactly_the_target_and_the_data_dir_nothing(spark_cluster, corpus,
+                                                                                               tmp_path):
+    """The job's partitions, which its TaskManagers release while the JobManager removes the
+    job's directory, and the sink's staging beside the target (with its commit marker) are all
+    gone once the job FINISHED: several TaskManagers, several subtasks per vertex."""
+    out = tmp_path / "folder" / "counts"
+    out.parent.mkdir()
+    job = load_job_file(WORDCOUNT, ["--input", corpus[0], "--parallelism", "4", "--output", str(out)])
+    job_id = spark_cluster.client.submit(job)
+    _, details = wait_for_end(spark_cluster.client, job_id)
+    assert JobStatus[_status(details)] is JobStatus.FINISHED, details.failure
+    assert {s.current.task_manager_id for v in details.vertices for s in v.subtasks} == {"tm-1", "tm-2"}
+    wait_cleaned_up(out, spark_cluster.dir / "data", job_id)
+    assert all(re.fullmatch(r"part-\d{5}-\d{3}\.csv", p.name) for p in out.iterdir()), listing(out)
 
 
 def test_cli_lists_and_describes_jobs_as_json(spark_cluster, corpus):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -193,3 +194,76 @@ def test_a_job_recovered_after_its_commit_replaces_its_own_output_and_never_anot
     # The job's clean-up removes the marker with the staging root.
     committer.cleanup_job(str(tmp_path / "data"), JOB, [str(out)], keep_collected=True)
     assert not marker.exists()
+
+
+def _ended_job(data: Path, out: Path) -> list[Path]:
+    """What a FINISHED file-sink job leaves until its clean-up: partitions written the way Spark
+    writes them (data files, checksums, _SUCCESS), a cancel marker, and the sink's staging root
+    with its commit marker. Returns the partition directories (what its TaskManagers release)."""
+    stage(out, 0, 0, {"part-a.csv": "a\n"})
+    committer.commit_outputs(str(data.parent), JOB, [sink("v", out, 0, 0)])
+    released = []
+    for data_set in range(6):
+        for index in range(4):
+            partition = Path(layout.partition_dir(str(data), JOB, f"ds{data_set}", index, 0))
+            partition.mkdir(parents=True)
+            for name in ("part-0.parquet", ".part-0.parquet.crc", "_SUCCESS", "._SUCCESS.crc"):
+                (partition / name).write_text("x")
+            released.append(partition)
+    Path(layout.cancelled_dir(str(data), JOB)).mkdir(parents=True)
+    return released
+
+
+def test_clean_up_racing_the_taskmanagers_release_of_the_same_partitions_removes_everything(tmp_path):
+    """The JobManager removes the job's directory while its TaskManagers delete the partitions
+    inside it: an entry the other side removed first is not an error, and nothing stays (the
+    sink's staging and commit marker beside the target included). 20 races; before clean-ups
+    tolerated vanishing entries, about one in three failed and left the staging behind."""
+    from funke.taskmanager.taskexecutor import delete_partition_dirs
+
+    for trial in range(20):
+        data, out = tmp_path / str(trial) / "data", tmp_path / str(trial) / "out"
+        released = _ended_job(data, out)
+        taskmanager = threading.Thread(target=delete_partition_dirs, args=([str(p) for p in released],))
+        taskmanager.start()
+        try:
+            committer.cleanup_job(str(data), JOB, [str(out)], keep_collected=True)
+        finally:
+            taskmanager.join()
+        left = sorted(str(p.relative_to(out.parent)) for p in out.parent.rglob("*") if p != data / "jobs")
+        assert left == ["data", "out", "out/part-00000-000.csv"], f"race {trial}"
+
+
+def test_a_failing_clean_up_step_does_not_skip_the_others_and_running_it_again_finishes(tmp_path, monkeypatch):
+    data, out = tmp_path / "data", tmp_path / "out"
+    _ended_job(data, out)
+    remove = committer._remove_under
+    failures = []
+
+    def partitions_fail_once(root: str, path: str) -> None:
+        if path.endswith("/partitions") and not failures:
+            failures.append(path)
+            raise OSError(5, "Input/output error", path)
+        remove(root, path)
+
+    monkeypatch.setattr(committer, "_remove_under", partitions_fail_once)
+    with pytest.raises(committer.CleanupIncomplete, match=r"1 step\(s\).*partitions.*Input/output error"):
+        committer.cleanup_job(str(data), JOB, [str(out)], keep_collected=True)
+    assert failures
+    # every other step ran: the staging beside the target (and its commit marker) and the cancel markers
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "out"]
+    assert sorted(p.name for p in (data / "jobs" / JOB).iterdir()) == ["partitions"]
+    committer.cleanup_job(str(data), JOB, [str(out)], keep_collected=True)  # what the retry does
+    assert not (data / "jobs" / JOB).exists()
+    committer.cleanup_job(str(data), JOB, [str(out)], keep_collected=True)  # and again: nothing left, no error
+
+
+def test_clean_up_keeps_a_finished_jobs_collected_rows_and_nothing_else_of_it(tmp_path):
+    data, out = tmp_path / "data", tmp_path / "out"
+    _ended_job(data, out)
+    collected = Path(layout.collect_dir(str(data), JOB, "sink"))
+    collected.mkdir(parents=True)
+    (collected / "part-0.parquet").write_text("rows")
+    committer.cleanup_job(str(data), JOB, [str(out)], keep_collected=True)
+    assert [str(p.relative_to(data)) for p in sorted((data / "jobs").rglob("*"))] == [
+        f"jobs/{JOB}", f"jobs/{JOB}/collect", f"jobs/{JOB}/collect/sink", f"jobs/{JOB}/collect/sink/part-0.parquet"]
