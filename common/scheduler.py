@@ -58,6 +58,7 @@ from funke.common.schedulingstrategy import scheduling_strategy
 from funke.common.slotsharing import ExecutionSlotSharingGroup, build_slot_sharing_plan
 from funke.common.states import (
     DEPLOYED_EXECUTION_STATES,
+    EXECUTION_STATE_TRANSITIONS,
     JOB_STATUS_WHEN_EXECUTIONS_END,
     LIVE_EXECUTION_STATES,
     SCHEDULING_JOB_STATUSES,
@@ -67,6 +68,7 @@ from funke.common.states import (
     ExecutionState,
     JobStatus,
     Transition,
+    is_legal_path,
     resolve_report,
 )
 from funke.common.streamingjob import is_streaming_query
@@ -185,6 +187,13 @@ class FinishedSubtask:
     subtask_index: int
     attempt_number: int
     schemas: tuple[tuple[str, int, str], ...]  # (data set id, partition index, schema)
+    # Where and when it ran, so that the attempt a new leader takes over shows its TaskManager,
+    # slot and timeline as they were, not a deployment at the recovery instant. Records of an
+    # older JobManager lack them: such an attempt is shown with a timeline made at the takeover.
+    slot: SlotId | None = None
+    created_at: float | None = None
+    history: tuple[Transition[ExecutionState], ...] = ()
+    io: TaskIo | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -407,7 +416,8 @@ class Scheduler:
                 continue
             schemas = tuple((p.result.id, p.partition_index, p.location.schema)  # type: ignore[union-attr]
                             for p in ev.produced_partitions)
-            done.append(FinishedSubtask(ev.job_vertex.id, ev.subtask_index, ex.attempt_number, schemas))
+            done.append(FinishedSubtask(ev.job_vertex.id, ev.subtask_index, ex.attempt_number, schemas, ex.slot,
+                                        ex.machine.created_at, tuple(ex.machine.history), ex.io))
         return done
 
     @_event
@@ -434,12 +444,26 @@ class Scheduler:
                 continue
             for ev, record in zip(region.vertices, records):
                 assert record is not None
-                ev.current_execution = Execution(ev, record.attempt_number, now)
-                execution = ev.current_execution
-                for state in (E.SCHEDULED, E.DEPLOYING, E.FINISHED):
-                    self._transition(execution, state, now, cause)
-                self._on_finished(execution, {(d, i): schema for d, i, schema in record.schemas}, now)
+                self._restore_execution(ev, record, now, cause)
+                self._on_finished(ev.current_execution, {(d, i): schema for d, i, schema in record.schemas}, now)
             self._scheduled_regions.add(region)
+
+    def _restore_execution(self, ev: ExecutionVertex, record: FinishedSubtask, now: float, cause: str) -> None:
+        """The finished attempt as it ran: its TaskManager and slot, and its recorded transitions
+        with their own times and causes (the last one also saying it was taken over). A record
+        without them (or whose path the table does not allow) gets the shortest legal path to
+        FINISHED, stamped now."""
+        steps = [(t.to_state, t.timestamp, t.cause) for t in record.history]
+        path = [E.CREATED] + [state for state, _, _ in steps]
+        if not steps or path[-1] is not E.FINISHED or not is_legal_path(EXECUTION_STATE_TRANSITIONS, path):
+            steps = [(state, now, "") for state in (E.SCHEDULED, E.DEPLOYING, E.FINISHED)]
+        execution = Execution(ev, record.attempt_number, record.created_at if record.history else now)
+        ev.current_execution = execution
+        execution.slot = record.slot if record.history else None
+        execution.io = record.io
+        for i, (state, at, was) in enumerate(steps):
+            last = i == len(steps) - 1
+            self._transition(execution, state, at, f"{was}; {cause}" if last and was else cause if last else was)
 
     @_event
     def on_slots_allocated(self, request_id: int, slots: Sequence[SlotId], now: float) -> list[Action]:

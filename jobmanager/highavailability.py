@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
 from funke.common import layout
-from funke.common.executiongraph import Incarnation, LeaderTransition
+from funke.common.executiongraph import Incarnation, LeaderTransition, SlotId, TaskIo
 from funke.common.jobgraph import JobGraph
 from funke.common.scheduler import FinishedSubtask
 from funke.common.leadership import Contender, Granted, Lease, Revoked
-from funke.common.states import JOB_STATUS_TRANSITIONS, JobStatus, Transition
+from funke.common.states import JOB_STATUS_TRANSITIONS, ExecutionState, JobStatus, Transition
 from funke.deploy.hafilesystem import Fenced, process_identity
 from funke.deploy.haservices import HaServices
 from funke.jobmanager.committer import exists, sink_targets
@@ -150,17 +150,38 @@ def next_incarnation(story: StoredStory, epoch: int, job_manager: str, now: floa
 
 
 def progress_record(f: FinishedSubtask) -> dict:
-    return {"vertex": f.vertex_id, "subtask": f.subtask_index, "attempt": f.attempt_number,
-            "partitions": [list(p) for p in f.schemas]}
+    record = {"vertex": f.vertex_id, "subtask": f.subtask_index, "attempt": f.attempt_number,
+              "partitions": [list(p) for p in f.schemas]}
+    if f.history:  # where and when it ran: a new leader shows the attempt as it was
+        record["created"] = f.created_at
+        record["history"] = [[t.to_state.value, t.timestamp, t.cause[:CAUSE_LIMIT]] for t in f.history]
+        if f.slot is not None:
+            record["slot"] = [f.slot.task_manager_id, f.slot.slot_index]
+        if f.io is not None:
+            record["io"] = [f.io.records_in, f.io.records_out, f.io.bytes_in, f.io.bytes_out, f.io.seconds]
+    return record
+
+
+CAUSE_LIMIT = 500  # characters of a transition's cause kept in a progress record
 
 
 def read_progress(records: list[dict]) -> list[FinishedSubtask]:
     found = []
     for r in records:
         try:
-            found.append(FinishedSubtask(str(r["vertex"]), int(r["subtask"]), int(r["attempt"]),
-                                         tuple((str(d), int(i), str(schema)) for d, i, schema in r["partitions"])))
-        except (KeyError, TypeError, ValueError):
+            schemas = tuple((str(d), int(i), str(schema)) for d, i, schema in r["partitions"])
+            history, previous = [], ExecutionState.CREATED
+            for to, at, cause in r.get("history", ()):
+                history.append(Transition(previous, ExecutionState(to), float(at), str(cause)))
+                previous = history[-1].to_state
+            slot = r.get("slot")
+            io = r.get("io")
+            found.append(FinishedSubtask(
+                str(r["vertex"]), int(r["subtask"]), int(r["attempt"]), schemas,
+                SlotId(str(slot[0]), int(slot[1])) if slot else None,
+                float(r["created"]) if history else None, tuple(history),
+                TaskIo(int(io[0]), int(io[1]), int(io[2]), int(io[3]), float(io[4])) if io else None))
+        except (KeyError, TypeError, ValueError, IndexError):
             log.warning("ignoring an unreadable progress record: %.200r", r)
     return found
 

@@ -415,3 +415,33 @@ def test_a_job_whose_every_subtask_finished_before_recovery_only_commits():
     assert second.start().run() is JobStatus.FINISHED
     assert not getattr(second, "deployed", [])
     assert second.job_path() == ["CREATED", "RUNNING", "FINISHED"]
+
+
+def test_a_taken_over_attempt_keeps_its_taskmanager_slot_and_timeline():
+    """What `funke status` shows of a subtask a new leader took over is where and when it ran
+    under the earlier one (through the HA store's progress records), not a deployment made up at
+    the recovery instant with no TaskManager."""
+    from funke.jobmanager.highavailability import progress_record, read_progress
+
+    job = seed_example_job(ResultPartitionType.BLOCKING)
+    first = SimulatedCluster(job).start()
+    sources = first.graph.vertices["source"].task_vertices
+    first.run_until(lambda: all(ev.state is ExecutionState.FINISHED for ev in sources))
+    before = {ev.subtask_index: ev.current_execution for ev in sources}
+    stored = read_progress([progress_record(f) for f in first.scheduler.finished_subtasks()])
+    second = _Deployments(job, incarnation=Incarnation(2, "h:2", (), 1000, None))
+    second.now = first.now + 30.0  # the recovery, well after the sources finished
+    second.apply(second.scheduler.restore_finished(stored, second.now, "finished under epoch 1"))
+    for ev in second.graph.vertices["source"].task_vertices:
+        was, now = before[ev.subtask_index], ev.current_execution
+        assert now.attempt_number == was.attempt_number
+        assert now.slot == was.slot and now.task_manager_id is not None
+        assert [(t.from_state, t.to_state, t.timestamp) for t in now.machine.history] == \
+               [(t.from_state, t.to_state, t.timestamp) for t in was.machine.history]
+        assert ExecutionState.RUNNING in now.machine.path()
+        assert now.machine.timestamp_of(ExecutionState.FINISHED) < second.now
+        assert "finished under epoch 1" in now.machine.history[-1].cause
+        assert now.io == was.io
+    assert second.start().run() is JobStatus.FINISHED
+    second.assert_conformant()
+    second.validate_cores()
