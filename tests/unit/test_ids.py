@@ -98,3 +98,25 @@ def test_a_status_message_is_cut_to_what_grpc_metadata_carries_once_percent_enco
         assert len(encoded) <= ids.MAX_STATUS_MESSAGE_BYTES, (text[:5], len(encoded))
         assert "cut: the whole message has" in cut
     assert ids.status_message("short and plain") == "short and plain"
+
+
+def test_the_readme_states_the_id_limits_the_code_applies():
+    import re
+    from pathlib import Path
+
+    text = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
+    stated = re.search(r"artifact names are 1–(\d+) characters \(job ids: (\d+)\).*?at most (\d+) characters", text)
+    assert stated is not None, "the README's paragraph on ids is gone"
+    assert tuple(map(int, stated.groups())) == (ids.MAX_PATH_ID_LENGTH, ids.MAX_JOB_ID_LENGTH, ids.MAX_LABEL_LENGTH)
+    assert ids.is_path_id("a" * ids.MAX_PATH_ID_LENGTH) and not ids.is_path_id("a" * (ids.MAX_PATH_ID_LENGTH + 1))
+    assert ids.label_problem("g" * ids.MAX_LABEL_LENGTH, "group") is None
+    assert ids.label_problem("g" * (ids.MAX_LABEL_LENGTH + 1), "group") is not None
+
+
+def test_a_restart_strategy_type_is_read_as_flink_reads_it_case_insensitive_and_trimmed():
+    from funke.common.restart import FixedDelayRestartBackoffTimeStrategy, RestartStrategyConfig, \
+        restart_strategy_from_config
+
+    for written in ("fixed-delay", "FIXED-DELAY ", " FixedDelay"):
+        strategy = restart_strategy_from_config(RestartStrategyConfig(written, {"attempts": 2}))
+        assert isinstance(strategy, FixedDelayRestartBackoffTimeStrategy), written
