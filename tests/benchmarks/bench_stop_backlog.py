@@ -1,8 +1,8 @@
 """Graceful stop under a backlog: how long `funke stop` and `funke stop --drain` take when a
 streaming query's processing falls behind its trigger.
 
-    python tests/benchmarks/bench_stop_backlog.py [--rate 200] [--row-ms 2] [--trigger-ms 100]
-                                                  [--backlog-seconds 20] [--json FILE]
+    python tests/benchmarks/bench_stop_backlog.py [--rate 100] [--row-ms 4] [--trigger-ms 500]
+                                                  [--backlog-seconds 15] [--json FILE]
 
 A local cluster of one TaskManager with two slots. The query: a rate source (--rate rows a
 second) -> a Python map that waits --row-ms per row -> Parquet, parallelism 1, a --trigger-ms
@@ -88,11 +88,11 @@ def measure(client, info, args, root: Path, drain: bool) -> dict:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rate", type=int, default=200, help="rows a second (default 200)")
-    p.add_argument("--row-ms", type=float, default=2.0, help="the map's time per row in ms (default 2)")
-    p.add_argument("--trigger-ms", type=int, default=100, help="the trigger interval in ms (default 100)")
-    p.add_argument("--backlog-seconds", type=float, default=20.0, help="how long the query runs before the stop")
-    p.add_argument("--stop-timeout", type=float, default=900.0, help="funke stop --timeout (default 900)")
+    p.add_argument("--rate", type=int, default=100, help="rows a second (default 100)")
+    p.add_argument("--row-ms", type=float, default=4.0, help="the map's time per row in ms (default 4)")
+    p.add_argument("--trigger-ms", type=int, default=500, help="the trigger interval in ms (default 500)")
+    p.add_argument("--backlog-seconds", type=float, default=15.0, help="how long the query runs before the stop (default 15)")
+    p.add_argument("--stop-timeout", type=float, default=600.0, help="funke stop --timeout (default 600)")
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args()
     import cloudpickle
