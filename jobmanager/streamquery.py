@@ -141,9 +141,10 @@ class StreamingQuery:
             self._run.on_report(attempt, batch_id, schemas, input_rows)
 
     def stop(self, drain: bool, timeout_s: float) -> str:
-        """A graceful stop: no new batch; the batch in flight (with `drain`, everything the
-        sources hold now) finishes and commits, then the tasks end FINISHED. After `timeout_s`
-        the job is cancelled. Returns what happens now."""
+        """A graceful stop: no new batch; the batches in flight finish and commit (with `drain`,
+        the logged ones too, then everything the sources hold now), then the tasks end
+        FINISHED. After `timeout_s` the job is cancelled. Returns what will happen, batch by
+        batch."""
         if self.ended:
             return f"the query is already ending ({self.ended})"
         if self._stop is not None:
@@ -151,11 +152,21 @@ class StreamingQuery:
         self._stop = (drain, timeout_s)
         loop = asyncio.get_running_loop()
         self._stop_timer = loop.call_later(timeout_s, self._stop_timed_out)
-        if self._run is not None and self._run.driver.coordinator is not None:
-            self._run.driver.stop(drain)
-            return "stopping: the batch in flight finishes and commits" + (", then what the sources hold now" if drain else "")
-        # No run now (starting or recovering): the next one stops at once (after its re-runs).
-        return "stopping: the query stops once its tasks run again"
+        deadline = f"; if it has not ended within {timeout_s:g} s, the job is cancelled (CANCELED)"
+        coordinator = self._run.driver.coordinator if self._run is not None else None
+        if coordinator is not None and not coordinator.finished:
+            outlook = coordinator.stop_outlook(drain)
+            self._run.driver.stop(drain)  # type: ignore[union-attr]
+            return f"stopping: {outlook.describe()}{deadline}"
+        # No run now (starting or recovering): the next one stops at once, as its start says.
+        if drain:
+            return ("stopping once the query's tasks run again: the batches logged and not committed run and commit, "
+                    f"then what the sources hold then; then the query ends FINISHED{deadline}")
+        n = self.settings.concurrent_jobs
+        first = "the first batch logged and not committed (if any) runs and commits" if n == 1 else (
+            f"the first {n} batches logged and not committed (if any) run and commit")
+        return (f"stopping once the query's tasks run again: {first}, later ones are not run (they stay in the "
+                f"offset log for the query's next run); then the query ends FINISHED{deadline}")
 
     def _stop_timed_out(self) -> None:
         self._stop_timer = None

@@ -372,11 +372,16 @@ def test_a_stuck_sink_makes_stop_time_out_and_cancel_instead_of_hanging(stream_c
     job_id = client.submit(rate_job("stuck sink", out, checkpoint, rows_per_second=4, parallelism=1,
                                     slow_marker=stuck).build())
     events = Events(client, job_id)
-    events.wait("BatchStarted")
+    batch = events.wait("BatchStarted")
     began = time.time()
     stopped = stream_cluster.funke("stop", job_id, "--timeout", "3", check=False, timeout=120)
     took = time.time() - began
     assert stopped.returncode == 1 and f"job {job_id} is CANCELED" in stopped.stdout, stopped.stdout + stopped.stderr
+    # it said what would happen: the batch in flight was to finish, and the stop to time out
+    said = stopped.stdout.splitlines()[0]
+    assert said.startswith(f"job {job_id}: stopping: batch {batch} in flight finishes and commits"), said
+    assert said.endswith("if it has not ended within 3 s, the job is cancelled (CANCELED)"), said
+    assert "1 if it is cancelled (CANCELED)" in stopped.stdout
     assert took < 90, f"stop took {took:.1f} s"
     history = stream_cluster.funke("status", job_id).stdout
     assert "CANCELLING" in history
@@ -420,3 +425,4 @@ def test_exactly_once_through_taskmanager_kills_at_every_phase_of_a_batch(stream
     rows, duplicates, lost = assert_exactly_once(out, checkpoint)
     assert rows > 0
     assert events.statuses.count("RESTARTING") >= len(PHASES), events.statuses
+
