@@ -60,7 +60,7 @@ from funke.common.streamsources import (
     receiver_blocks_dir,
 )
 from funke.common.validation import MAX_VERTICES, Problem, ValidationContext, path_problem, q
-from funke.jobmanager import streamsinks
+from funke.jobmanager import committer, streamsinks
 from funke.jobmanager.checkpointstore import CheckpointStore
 from funke.jobmanager import redissink
 from funke.jobmanager.streamdriver import (
@@ -287,6 +287,7 @@ class StreamingQuery:
             if previous is not None:  # the last run lets go of the checkpoint first
                 await asyncio.gather(previous, return_exceptions=True)
             driver.planners = await asyncio.get_running_loop().run_in_executor(None, planners, checkpoint)
+            await asyncio.get_running_loop().run_in_executor(None, self._make_collect_dirs)
             await driver.start(self.holder)
             assert driver.coordinator is not None
             self.query_id = driver.coordinator.query_id
@@ -312,6 +313,15 @@ class StreamingQuery:
                 self._end(run, reason)
 
         run.watcher = asyncio.get_running_loop().create_task(watch(), name=f"stream-run-{self.job_id}")
+
+    def _make_collect_dirs(self) -> None:
+        """A collect sink's directory exists from the query's start, before its first batch
+        (blocking): a query that committed no batch has zero rows there (also once FINISHED),
+        and a missing directory means rows that are gone (`committer.read_collected`)."""
+        for sink in self.sinks:
+            if self.graph.job_graph.vertex(sink).operators[-1].kind == "sink.collect":
+                fs, path = committer.filesystem(layout.collect_dir(self.data_dir, self.job_id, sink))
+                fs.create_dir(path, recursive=True)
 
     def _planners(self, checkpoint: CheckpointStore) -> dict[str, SourcePlanner]:
         planners: dict[str, SourcePlanner] = {}

@@ -266,3 +266,15 @@ def test_submit_refuses_a_stream_directory_that_does_not_exist_and_a_checkpoint_
             await dispatcher.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_streaming_collect_that_committed_no_batch_reads_as_zero_rows_and_gone_rows_stay_an_error(tmp_path):
+    import pyarrow as pa
+
+    from funke.jobmanager import committer
+
+    data = str(tmp_path / "data")
+    stream, rows = committer.read_collected(data, "job-s", "sink-collect", none_committed=True)
+    assert rows == 0 and pa.ipc.open_stream(stream).read_all().num_rows == 0
+    with pytest.raises(FileNotFoundError, match="no longer in the data directory"):  # a FINISHED job's, gone
+        committer.read_collected(data, "job-s", "sink-collect")
