@@ -19,16 +19,26 @@ The rules:
   have nothing new is skipped: nothing logged, nothing run.
 - One batch is planned and logged at a time, so each batch's ranges start where the previous
   one's ended, and offset log entries are contiguous. Logged batches run in batch order, at most
-  `concurrent_jobs` at once; a batch that outlasts the interval leaves the next ones queued,
-  which then start at once, and their scheduling delay grows (as in Spark Streaming).
+  `concurrent_jobs` at once.
+- A bounded queue: at most `concurrent_jobs` + 1 batches are planned or logged and not yet
+  committed (those running, and one ready to start the moment a slot frees). A trigger that
+  finds the queue full makes no batch of its own: once a batch is recorded, the next one is
+  planned at once, for the last trigger missed, and takes everything the sources hold by then
+  within the per-trigger limits. So a query that falls behind makes fewer, larger batches, as
+  Structured Streaming plans its next batch only when the previous one is done, instead of one
+  batch per trigger piling up in the offset log (Spark Streaming's queue of JobSets); and a
+  graceful stop has at most that many logged batches to finish or leave behind. The scheduling
+  delay of a batch that waited still shows it.
 - A batch commits to its sinks only after every sink wrote it and every earlier batch is
   recorded, so the commit log is contiguous too.
 - Available-now (and a draining stop): the sources' offsets at that moment are the target;
-  batches follow each other back to back, each within the per-trigger limits, until the target
-  is reached, then the query ends. Once: one batch of everything available, without limits.
+  batches follow each other back to back (within the same bound), each within the per-trigger
+  limits, until the target is reached, then the query ends. Once: one batch of everything
+  available, without limits.
 - Stop without draining: no new batch starts; the ones running finish and commit, the logged
   ones that have not started stay in the offset log for the next run (DEFERRED). Cancel is not
-  this module's: the job is cancelled, and its next run recovers from the logs.
+  this module's: the job is cancelled, and its next run recovers from the logs. `stop_outlook`
+  says beforehand which batches a stop finishes and which it leaves.
 - Recovery: a run starts with what `funke.common.checkpoint.plan_recovery` found: the logged,
   uncommitted batches run again first, with exactly their logged ranges.
 """
@@ -218,6 +228,51 @@ class Terminate:
     reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class StopOutlook:
+    """What a graceful stop asked for now does with the query's batches: `finishing` are
+    running or committing, and finish and commit; `logged` are logged and not started: with
+    `drain` they run and commit too (then batches of what the sources hold at the stop),
+    without it they are not run and stay in the offset log for the next run.
+    `drain_ignored`: a drain was asked of a trigger that does not drain (available-now, once)."""
+    drain: bool
+    finishing: tuple[int, ...]
+    logged: tuple[int, ...]
+    drain_ignored: bool = False
+
+    def describe(self) -> str:
+        if self.drain:
+            batches = self.finishing + self.logged
+            if not batches:
+                text = "what the sources hold now is processed"
+            elif len(batches) == 1:
+                text = f"batch {batches[0]}, logged, runs and commits, then what the sources hold now"
+            else:
+                text = f"the {len(batches)} logged batches ({_listed(batches)}) run and commit, then what the sources hold now"
+            text += ", in batches within the per-trigger limits"
+        else:
+            if not self.finishing:
+                text = "no batch is in flight"
+            elif len(self.finishing) == 1:
+                text = f"batch {self.finishing[0]} in flight finishes and commits"
+            else:
+                text = f"batches {_listed(self.finishing)} in flight finish and commit"
+            if len(self.logged) == 1:
+                text += (f"; batch {self.logged[0]}, logged and not started, is not run (it stays in the offset "
+                         "log: the query's next run runs it first)")
+            elif self.logged:
+                text += (f"; batches {_listed(self.logged)}, logged and not started, are not run (they stay in the "
+                         "offset log: the query's next run runs them first)")
+            if self.drain_ignored:
+                text += " (draining does not apply to an available-now or once trigger)"
+        return text + "; then the query ends FINISHED"
+
+
+def _listed(batch_ids: tuple[int, ...], shown: int = 10) -> str:
+    more = f" and {len(batch_ids) - shown} more" if len(batch_ids) > shown else ""
+    return ", ".join(str(b) for b in batch_ids[:shown]) + more
+
+
 Action = QueryOffsets | CaptureTargets | WriteOffsetLog | RunBatch | CommitSinks | WriteCommitLog | SetTimer | Publish | Terminate
 
 
@@ -299,6 +354,7 @@ class MicroBatchCoordinator:
         if not self.sources or not self.sinks:
             raise ValueError("a streaming query needs at least one source and one sink")
         self.concurrent_jobs = concurrent_jobs
+        self.max_ahead = concurrent_jobs + 1  # batches planned or logged and not committed, at most
         self.state = StateMachine(f"query {query_id}", QUERY_STATE_TRANSITIONS, QueryState.INITIALIZING, 0.0)
         self.batches: dict[int, Batch] = {}
         self.next_batch_id = next_batch_id
@@ -325,6 +381,15 @@ class MicroBatchCoordinator:
 
     def _in(self, *phases: BatchPhase) -> list[Batch]:
         return sorted((b for b in self.batches.values() if b.phase.state in phases), key=lambda b: b.batch_id)
+
+    def stop_outlook(self, drain: bool) -> StopOutlook:
+        """What `StopRequested(drain)` would do now with the batches there are."""
+        draining = drain and isinstance(self.trigger, ProcessingTime)
+        return StopOutlook(draining,
+                           tuple(b.batch_id for b in self._in(BatchPhase.RUNNING, BatchPhase.COMMITTING,
+                                                              BatchPhase.RECORDING)),
+                           tuple(b.batch_id for b in self._in(BatchPhase.LOGGING, BatchPhase.QUEUED)),
+                           drain_ignored=drain and not draining)
 
     # -------------------------------------------------------------- events
 
@@ -415,9 +480,12 @@ class MicroBatchCoordinator:
             self._plan(now, actions)
 
     def _plan(self, now: int, actions: list[Action]) -> None:
-        """Ask the sources for the next batch's ranges, if one is due and none is being planned
-        or logged (one at a time: each batch starts where the previous one ended)."""
+        """Ask the sources for the next batch's ranges, if one is due, none is being planned or
+        logged (one at a time: each batch starts where the previous one ended), and fewer than
+        `max_ahead` are not committed (else the due trigger waits for a batch to be recorded)."""
         if self._in(BatchPhase.PLANNING, BatchPhase.LOGGING) or self._capturing:
+            return
+        if len(self.in_flight()) >= self.max_ahead:
             return
         if self._targets is not None:
             if self._targets_reached():
@@ -504,8 +572,9 @@ class MicroBatchCoordinator:
         del self.progress[:-PROGRESS_KEPT]
         actions.append(Publish("QueryProgress", batch.batch_id, now, record))
         del self.batches[batch.batch_id]  # done: its record is what is kept
-        if self._targets is not None:
-            self._plan(now, actions)  # back to back until the target
+        # Room in the queue: a trigger missed while it was full (or the next batch towards a
+        # target) is planned now, with everything the sources hold by now.
+        self._plan(now, actions)
 
     def _stop(self, drain: bool, now: int, actions: list[Action]) -> None:
         if self.state.state is QueryState.STOPPING:

@@ -229,6 +229,28 @@ def _check_streaming_query(job: JobGraph, context: ValidationContext | None, add
         problem = path_problem(location, sink=True, context=context)
         if problem is not None:
             add("streaming query", f"option {CHECKPOINT} {problem}")
+        else:
+            _check_sinks_beside_the_checkpoint(job, location, add)
+
+
+def _check_sinks_beside_the_checkpoint(job: JobGraph, location: str, add) -> None:
+    """A sink writing into, over or around the query's checkpoint location would put its batch
+    files and manifests among the offset and commit logs (and a checkpoint inside a sink's
+    target among its output). The default location is inside the data directory, which no sink
+    may overlap already."""
+    from funke.common.streamingjob import CHECKPOINT
+
+    for v in job.vertices[:MAX_VERTICES]:
+        for i, op in enumerate(v.operators[:MAX_OPERATORS_PER_VERTEX]):
+            kind = CATALOGUE.get(op.kind) if isinstance(op.kind, str) else None
+            config = op.config if isinstance(op.config, Mapping) else {}
+            path = config.get("path") if kind is not None and kind.role is OperatorRole.SINK else None
+            if isinstance(path, str) and path.strip() and path_problem(path, sink=True) is None \
+                    and _overlaps(path, location):
+                add(f"vertex {q(v.id)}", f"operator {i} {q(op.display_name)} ({op.kind}): config 'path' "
+                    f"{ids.echo(path)} overlaps the query's checkpoint location {ids.echo(location)} (option "
+                    f"{CHECKPOINT}): its batch files and manifests would sit among the checkpoint's offset and "
+                    "commit logs; write somewhere else")
 
 
 # ------------------------------------------------------------------------------ the job itself

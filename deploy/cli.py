@@ -899,6 +899,8 @@ def cmd_stop(args: argparse.Namespace) -> int:
             return EXIT_OK
         if not args.json:
             print(f"job {args.job}: {message}", flush=True)
+            print("following it until it ends: exit 0 if it ends FINISHED, 1 if it is cancelled (CANCELED) or fails",
+                  flush=True)
         final = status
         for event in client.watch(args.job):  # until the job ends: FINISHED, or CANCELED on timeout
             kind = event.WhichOneof("event")
@@ -1269,12 +1271,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("cancel", cmd_cancel, "cancel a job")
     p.add_argument("job", metavar="JOB")
     p.add_argument("--json", action="store_true")
-    p = command("stop", cmd_stop, "stop a streaming query gracefully: its batch in flight finishes and commits, "
-                "then the job ends FINISHED (cancelled after --timeout)")
+    p = command("stop", cmd_stop, "stop a streaming query gracefully: no new batch; the batches in flight finish "
+                "and commit, later logged ones are not run (they wait in the offset log for the next run); the job "
+                "ends FINISHED (exit 0), or, not done within --timeout, is cancelled: CANCELED (exit 1)")
     p.add_argument("job", metavar="JOB")
-    p.add_argument("--drain", action="store_true", help="first process everything the sources hold now")
+    p.add_argument("--drain", action="store_true",
+                   help="run the logged batches too, then process everything the sources hold now")
     p.add_argument("--timeout", type=_positive_float, default=60.0, metavar="SECONDS",
-                   help="cancel the job if it has not finished by then (default 60)")
+                   help="cancel the job if it has not ended by then: CANCELED, exit 1 (default 60)")
     p.add_argument("--detach", action="store_true", help="return at once instead of following the job to its end")
     p.add_argument("--json", action="store_true")
     p = command("progress", cmd_progress, "a streaming query's recent micro-batches (the last 100)")

@@ -86,7 +86,11 @@ class CheckpointStore:
         creating it if new; returns where the run goes on from. Raises CheckpointInUse, or
         CheckpointError for a checkpoint that cannot be used (naming the files)."""
         for d in (self.root, self.offsets_dir, self.commits_dir):
-            os.makedirs(d, mode=0o700, exist_ok=True)
+            try:
+                os.makedirs(d, mode=0o700, exist_ok=True)
+            except (FileExistsError, NotADirectoryError):  # a file where a directory must be
+                raise CheckpointError(f"the checkpoint location {self.root}: {d} is not a directory (a file is in "
+                                      "its place)") from None
         fd = os.open(os.path.join(self.root, LOCK), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -201,15 +201,20 @@ class _SinkTarget:
             self.had_old = False
 
 
-def read_collected(data_dir: str, job_id: str, vertex_id: str) -> tuple[bytes, int]:
+def read_collected(data_dir: str, job_id: str, vertex_id: str, *, none_committed: bool = False) -> tuple[bytes, int]:
     """A collect sink's committed rows as one Arrow IPC stream, and their number. The committed
-    directory exists for every FINISHED job (empty results included); if it is gone, so are the
-    rows, and that is an error, never an empty result."""
+    directory exists for every FINISHED job (empty results included; a streaming query makes it
+    when it starts, before its first batch); if it is gone, so are the rows, and that is an
+    error, never an empty result. `none_committed`: the caller knows that no batch of this
+    streaming query was committed yet (it has not started, or found nothing new): then a missing
+    directory is zero rows. Zero rows have the schema of the files committed, none if none were."""
     fs, path = filesystem(layout.collect_dir(data_dir, job_id, vertex_id))
     if _exists(fs, path) is not pafs.FileType.Directory:
-        raise FileNotFoundError(f"the collected rows of job {job_id} ({vertex_id}) are no longer in the data "
-                                f"directory ({path})")
-    files = _data_files(fs, path)
+        if not none_committed:
+            raise FileNotFoundError(f"the collected rows of job {job_id} ({vertex_id}) are no longer in the data "
+                                    f"directory ({path})")
+        path = ""
+    files = _data_files(fs, path) if path else []
     tables = [pq.read_table(f, filesystem=fs) for f in files]
     tables = [t for t in tables if t.num_columns]
     table = pa.concat_tables(tables, promote_options="default") if tables else pa.table({})

@@ -41,7 +41,7 @@ from funke.common.codec import DeploymentEncoder, WireError, job_graph_from_prot
 from funke.common.executiongraph import Incarnation
 from funke.deploy.hafilesystem import Fenced, JobResult
 from funke.deploy.security import Tls
-from funke.jobmanager import committer, datadir
+from funke.jobmanager import committer, datadir, streamquery
 from funke.jobmanager import highavailability as hamod
 from funke.jobmanager.highavailability import HaContext
 from funke.jobmanager.jobmaster import JobMaster
@@ -303,9 +303,18 @@ class Dispatcher:
             raise DispatcherError("INVALID_ARGUMENT", describe_problems(
                 [Problem("on the wire", p) for p in exc.problems])) from None
         problems = find_problems(job, self._validation)
+        problems += await self._storage_problems(job)
         if problems:
             raise DispatcherError("INVALID_ARGUMENT", describe_problems(problems))
         return await self.start_job(job, message.artifacts, persist=message)
+
+    async def _storage_problems(self, job: JobGraph) -> list[Problem]:
+        """What only the file system shows about a streaming query (its stream directories and
+        checkpoint location), looked at in an executor thread, before anything of the job exists."""
+        if not is_streaming_query(job):
+            return []
+        return await asyncio.get_running_loop().run_in_executor(None, streamquery.submit_problems, job,
+                                                                self._validation)
 
     async def start_job(self, job: JobGraph, artifacts=(), *, incarnation: Incarnation | None = None,
                         persist: jobgraph_pb2.JobGraph | None | bool = True,

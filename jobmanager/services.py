@@ -12,6 +12,7 @@ leader gets a new one each time it is granted leadership."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import re
@@ -172,9 +173,14 @@ class JobManagerService(jobmanager_pb2_grpc.JobManagerServicer):
         if job.status is not JobStatus.FINISHED and getattr(job, "query", None) is None:
             await _refuse(context, grpc.StatusCode.FAILED_PRECONDITION,
                                 f"job {request.job_id} is {job.status.value}; results exist once it FINISHED")
+        # A streaming query that has not ended and has no batch committed yet: its collect
+        # directory may not be made yet, and that is zero rows, not rows gone.
+        query = getattr(job, "query", None)
+        none_committed = query is not None and not query.progress
         try:
             data, rows = await asyncio.get_running_loop().run_in_executor(
-                None, committer.read_collected, d.config.data_dir, request.job_id, vertex_id)
+                None, functools.partial(committer.read_collected, d.config.data_dir, request.job_id, vertex_id,
+                                        none_committed=none_committed))
         except FileNotFoundError as exc:
             await _refuse(context, grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         except Exception as exc:  # unreadable (corrupt, no permission): the rows are there but lost to us

@@ -22,23 +22,28 @@ import asyncio
 import functools
 import json
 import logging
+import os
+import stat
 import traceback
 import uuid
 from collections import deque
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from funke.common import codec, layout
+from funke.common import codec, ids, layout
 from funke.common import microbatch as mb
 from funke.common.batchflow import BatchFlow, Dispatch, InputRead, SinkStarted, SinkWritten, Step
 from funke.common.checkpoint import OffsetEntry, SourceRange
 from funke.common.executiongraph import ExecutionAttemptId, ExecutionGraph, FailureInfo
+from funke.common.jobgraph import JobGraph
 from funke.common.operators import CATALOGUE
 from funke.common.states import JobStatus
 from funke.common.backpressure import RateEstimator
 from funke.common.streamingjob import (
+    CHECKPOINT,
     RATE,
     RECEIVER_KINDS,
     REDIS,
+    STREAM_FILE_KINDS,
     QuerySettings,
     checkpoint_location,
     local_path,
@@ -54,7 +59,8 @@ from funke.common.streamsources import (
     RedisStreamsSource,
     receiver_blocks_dir,
 )
-from funke.jobmanager import streamsinks
+from funke.common.validation import MAX_VERTICES, Problem, ValidationContext, path_problem, q
+from funke.jobmanager import committer, streamsinks
 from funke.jobmanager.checkpointstore import CheckpointStore
 from funke.jobmanager import redissink
 from funke.jobmanager.streamdriver import (
@@ -74,6 +80,83 @@ log = logging.getLogger("funke.jobmanager")
 
 PROGRESS_KEPT = mb.PROGRESS_KEPT
 FILE_SINK_KINDS = ("sink.parquet", "sink.csv", "sink.json", "sink.text")
+
+
+def submit_problems(job: JobGraph, context: ValidationContext) -> list[Problem]:
+    """What keeps a streaming query from starting that only the file system shows: a stream file
+    source whose directory does not exist or is not one (Spark refuses such a query at its
+    start; polled, it would run forever finding nothing), and a checkpoint location that is not
+    a directory or cannot be made. Blocking I/O, for the Dispatcher to run off its event loop at
+    submit, before anything of the job is created. Only locations that passed validation are
+    looked at (a path a client may not use is not probed)."""
+    if len(job.vertices) > MAX_VERTICES:
+        return []
+    problems: list[Problem] = []
+    for v in stream_sources(job):
+        op = v.operators[0]
+        path = op.config.get("path") if isinstance(op.config, Mapping) else None
+        if op.kind not in STREAM_FILE_KINDS or not isinstance(path, str) or path_problem(path, sink=False,
+                                                                                        context=context):
+            continue
+        where = f"operator 0 {q(op.display_name)} ({op.kind}): config 'path'"
+        try:
+            problem = _directory_problem(local_path(path))
+        except ValueError as exc:
+            problem = str(exc)
+        if problem is not None:
+            problems.append(Problem(f"vertex {q(v.id)}", f"{where} {problem}"))
+    options = job.configuration.options if isinstance(job.configuration.options, Mapping) else {}
+    option = options.get(CHECKPOINT, "").strip() if isinstance(options.get(CHECKPOINT, ""), str) else ""
+    if option and path_problem(option, sink=True, context=context) is not None:
+        return problems  # validation said why
+    try:
+        location = checkpoint_location(job, context.data_dir)
+    except ValueError as exc:
+        problems.append(Problem("streaming query", f"option {CHECKPOINT}: {exc}"))
+        return problems
+    problem = _checkpoint_problem(location)
+    if problem is not None:
+        problems.append(Problem("streaming query", f"option {CHECKPOINT}: {problem}" if option else
+                                f"{problem} (the default location, under the data directory, by job name)"))
+    return problems
+
+
+def _shown(path: str) -> str:
+    return ids.echo(path, 300)
+
+
+def _directory_problem(directory: str) -> str | None:
+    try:
+        st = os.stat(directory)
+    except FileNotFoundError:
+        return (f"{_shown(directory)} does not exist; a stream file source watches a directory for new files: "
+                "create it first")
+    except NotADirectoryError:
+        return f"{_shown(directory)} does not exist (a part of its path is a file)"
+    except OSError as exc:
+        return f"{_shown(directory)} cannot be read by the JobManager: {exc.strerror or exc}"
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{_shown(directory)} is not a directory; a stream file source watches a directory for new files"
+    if not os.access(directory, os.R_OK | os.X_OK):
+        return f"{_shown(directory)} cannot be listed by the JobManager (permission denied)"
+    return None
+
+
+def _checkpoint_problem(location: str) -> str | None:
+    location = os.path.abspath(location)
+    if os.path.lexists(location):
+        if os.path.isdir(location):
+            return None
+        what = "a file" if os.path.isfile(location) else "something other than a directory"
+        return f"the checkpoint location {_shown(location)} is {what}, not a directory"
+    parent = location
+    while parent != os.path.dirname(parent):
+        parent = os.path.dirname(parent)
+        if os.path.isdir(parent):
+            return None
+        if os.path.lexists(parent):
+            return f"the checkpoint location {_shown(location)} cannot be made: {_shown(parent)} is a file"
+    return None
 
 
 class BatchNotRun(Exception):
@@ -141,9 +224,10 @@ class StreamingQuery:
             self._run.on_report(attempt, batch_id, schemas, input_rows)
 
     def stop(self, drain: bool, timeout_s: float) -> str:
-        """A graceful stop: no new batch; the batch in flight (with `drain`, everything the
-        sources hold now) finishes and commits, then the tasks end FINISHED. After `timeout_s`
-        the job is cancelled. Returns what happens now."""
+        """A graceful stop: no new batch; the batches in flight finish and commit (with `drain`,
+        the logged ones too, then everything the sources hold now), then the tasks end
+        FINISHED. After `timeout_s` the job is cancelled. Returns what will happen, batch by
+        batch."""
         if self.ended:
             return f"the query is already ending ({self.ended})"
         if self._stop is not None:
@@ -151,11 +235,21 @@ class StreamingQuery:
         self._stop = (drain, timeout_s)
         loop = asyncio.get_running_loop()
         self._stop_timer = loop.call_later(timeout_s, self._stop_timed_out)
-        if self._run is not None and self._run.driver.coordinator is not None:
-            self._run.driver.stop(drain)
-            return "stopping: the batch in flight finishes and commits" + (", then what the sources hold now" if drain else "")
-        # No run now (starting or recovering): the next one stops at once (after its re-runs).
-        return "stopping: the query stops once its tasks run again"
+        deadline = f"; if it has not ended within {timeout_s:g} s, the job is cancelled (CANCELED)"
+        coordinator = self._run.driver.coordinator if self._run is not None else None
+        if coordinator is not None and not coordinator.finished:
+            outlook = coordinator.stop_outlook(drain)
+            self._run.driver.stop(drain)  # type: ignore[union-attr]
+            return f"stopping: {outlook.describe()}{deadline}"
+        # No run now (starting or recovering): the next one stops at once, as its start says.
+        if drain:
+            return ("stopping once the query's tasks run again: the batches logged and not committed run and commit, "
+                    f"then what the sources hold then; then the query ends FINISHED{deadline}")
+        n = self.settings.concurrent_jobs
+        first = "the first batch logged and not committed (if any) runs and commits" if n == 1 else (
+            f"the first {n} batches logged and not committed (if any) run and commit")
+        return (f"stopping once the query's tasks run again: {first}, later ones are not run (they stay in the "
+                f"offset log for the query's next run); then the query ends FINISHED{deadline}")
 
     def _stop_timed_out(self) -> None:
         self._stop_timer = None
@@ -193,6 +287,7 @@ class StreamingQuery:
             if previous is not None:  # the last run lets go of the checkpoint first
                 await asyncio.gather(previous, return_exceptions=True)
             driver.planners = await asyncio.get_running_loop().run_in_executor(None, planners, checkpoint)
+            await asyncio.get_running_loop().run_in_executor(None, self._make_collect_dirs)
             await driver.start(self.holder)
             assert driver.coordinator is not None
             self.query_id = driver.coordinator.query_id
@@ -218,6 +313,15 @@ class StreamingQuery:
                 self._end(run, reason)
 
         run.watcher = asyncio.get_running_loop().create_task(watch(), name=f"stream-run-{self.job_id}")
+
+    def _make_collect_dirs(self) -> None:
+        """A collect sink's directory exists from the query's start, before its first batch
+        (blocking): a query that committed no batch has zero rows there (also once FINISHED),
+        and a missing directory means rows that are gone (`committer.read_collected`)."""
+        for sink in self.sinks:
+            if self.graph.job_graph.vertex(sink).operators[-1].kind == "sink.collect":
+                fs, path = committer.filesystem(layout.collect_dir(self.data_dir, self.job_id, sink))
+                fs.create_dir(path, recursive=True)
 
     def _planners(self, checkpoint: CheckpointStore) -> dict[str, SourcePlanner]:
         planners: dict[str, SourcePlanner] = {}

@@ -372,11 +372,16 @@ def test_a_stuck_sink_makes_stop_time_out_and_cancel_instead_of_hanging(stream_c
     job_id = client.submit(rate_job("stuck sink", out, checkpoint, rows_per_second=4, parallelism=1,
                                     slow_marker=stuck).build())
     events = Events(client, job_id)
-    events.wait("BatchStarted")
+    batch = events.wait("BatchStarted")
     began = time.time()
     stopped = stream_cluster.funke("stop", job_id, "--timeout", "3", check=False, timeout=120)
     took = time.time() - began
     assert stopped.returncode == 1 and f"job {job_id} is CANCELED" in stopped.stdout, stopped.stdout + stopped.stderr
+    # it said what would happen: the batch in flight was to finish, and the stop to time out
+    said = stopped.stdout.splitlines()[0]
+    assert said.startswith(f"job {job_id}: stopping: batch {batch} in flight finishes and commits"), said
+    assert said.endswith("if it has not ended within 3 s, the job is cancelled (CANCELED)"), said
+    assert "1 if it is cancelled (CANCELED)" in stopped.stdout
     assert took < 90, f"stop took {took:.1f} s"
     history = stream_cluster.funke("status", job_id).stdout
     assert "CANCELLING" in history
@@ -420,3 +425,54 @@ def test_exactly_once_through_taskmanager_kills_at_every_phase_of_a_batch(stream
     rows, duplicates, lost = assert_exactly_once(out, checkpoint)
     assert rows > 0
     assert events.statuses.count("RESTARTING") >= len(PHASES), events.statuses
+
+
+# ---------------------------------------------------------------------------- collect() without a batch
+
+COLLECT_LINES = '''
+from funke.common.dsl import ExecutionEnvironment
+
+
+def build(args):
+    incoming, checkpoint, trigger = args
+    env = ExecutionEnvironment("collect lines " + trigger.replace(" ", ""), parallelism=1)
+    env.read_stream.text(incoming).collect()
+    if trigger == "available-now":
+        env.set_trigger(available_now=True)
+    else:
+        env.set_trigger(trigger)
+    env.set_checkpoint_location(checkpoint)
+    return env
+'''
+
+
+def test_a_collect_that_committed_no_batch_has_zero_rows_and_submit_result_and_stop_say_so(stream_cluster, tmp_path):
+    incoming, job_file = tmp_path / "incoming", tmp_path / "collect_lines.py"
+    incoming.mkdir()
+    job_file.write_text(COLLECT_LINES)
+    (incoming / "a.txt").write_text("one\ntwo\n")
+    args = ("--", str(incoming), str(tmp_path / "ck-now"), "available-now")
+    first = stream_cluster.funke("submit", str(job_file), *args, check=False)
+    assert first.returncode == 0 and "collected 2 row(s)" in first.stdout, first.stdout + first.stderr
+    # the second run on the same checkpoint finds no new file: no batch, FINISHED, zero rows
+    second = stream_cluster.funke("submit", str(job_file), *args, check=False)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "collected 0 row(s)" in second.stdout and "no longer in the data directory" not in second.stderr
+    job_id = second.stdout.split()[2]  # "submitted job <id> ..."
+    result = stream_cluster.funke("result", job_id, check=False)
+    assert result.returncode == 0 and "(0 row(s) from" in result.stdout, result.stdout + result.stderr
+
+    # a processing-time query on an empty directory: while it runs, and once stopped
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    job_id = stream_cluster.funke("submit", "--detach", str(job_file), "--", str(empty), str(tmp_path / "ck-pt"),
+                                  "300 ms").stdout.strip()
+    running = stream_cluster.funke("result", job_id, check=False)  # at once, maybe before its first run
+    assert running.returncode == 0 and "(0 row(s) from" in running.stdout, running.stdout + running.stderr
+    wait_status(stream_cluster.client, job_id, ("RUNNING",))
+    running = stream_cluster.funke("result", job_id, check=False)
+    assert running.returncode == 0 and "(0 row(s) from" in running.stdout, running.stdout + running.stderr
+    stopped = stream_cluster.funke("stop", job_id, "--timeout", "120", check=False)
+    assert stopped.returncode == 0 and f"job {job_id} is FINISHED" in stopped.stdout, stopped.stdout + stopped.stderr
+    after = stream_cluster.funke("result", job_id, check=False)
+    assert after.returncode == 0 and "(0 row(s) from" in after.stdout, after.stdout + after.stderr

@@ -114,3 +114,13 @@ def test_purging_keeps_the_last_committed_batches_and_what_recovery_needs(tmp_pa
     store.close()
     again = CheckpointStore(str(tmp_path / "cp")).open("run")
     assert again.plan.rerun == (10, 11) and again.plan.next_batch_id == 12 and again.last_ends == {"rate": 36}
+
+
+def test_a_file_where_the_checkpoint_or_its_logs_go_is_named_as_not_a_directory(tmp_path):
+    (tmp_path / "file").write_text("not a checkpoint")
+    with pytest.raises(CheckpointError, match=r"checkpoint location .*/file: .*/file is not a directory"):
+        CheckpointStore(str(tmp_path / "file")).open("run-1")
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "ck" / "offsets").write_text("not a log")
+    with pytest.raises(CheckpointError, match=r"/ck/offsets is not a directory"):
+        CheckpointStore(str(tmp_path / "ck")).open("run-1")

@@ -186,24 +186,75 @@ def test_processing_time_batches_start_on_aligned_times_and_log_before_they_run(
         {k: second[k] for k in ("inputRowsPerSecond", "processedRowsPerSecond")}
 
 
-def test_a_slow_batch_leaves_the_next_ones_queued_and_their_scheduling_delay_grows():
-    w = World(coordinator(ProcessingTime(100)), {"rate": 0})
+def plan_and_log(w: World) -> None:
+    """Complete the pending source queries and offset log writes (not runs or commits)."""
+    while any(isinstance(a, (QueryOffsets, WriteOffsetLog)) for a in w.pending):
+        w.complete(next(i for i, a in enumerate(w.pending) if isinstance(a, (QueryOffsets, WriteOffsetLog))))
+
+
+def logged_ahead(w: World) -> int:
+    """Batches whose offsets are logged and whose commit is not."""
+    return len(set(w.offsets) - set(w.commits))
+
+
+@pytest.mark.parametrize("concurrent", [1, 2])
+def test_a_slow_batch_holds_the_queue_at_concurrent_jobs_plus_one_and_the_next_batch_takes_what_piled_up(concurrent):
+    w = World(coordinator(ProcessingTime(100), concurrent_jobs=concurrent), {"rate": 0})
     w.feed(Started(0))
-    for step in range(1, 6):  # five triggers while batch 0 never finishes running
+    for step in range(1, 9):  # eight triggers while the batches never finish running
         w.available["rate"] = step * 10
         w.advance(100)
-        while any(isinstance(a, (QueryOffsets, WriteOffsetLog)) for a in w.pending):
-            w.complete(next(i for i, a in enumerate(w.pending) if isinstance(a, (QueryOffsets, WriteOffsetLog))))
+        plan_and_log(w)
     phases = {b.batch_id: b.phase.state for b in w.coordinator.batches.values()}
-    assert phases == {0: BatchPhase.RUNNING, 1: BatchPhase.QUEUED, 2: BatchPhase.QUEUED, 3: BatchPhase.QUEUED,
-                      4: BatchPhase.QUEUED}
-    while w.pending:  # every step of a batch takes 300 ms: 900 ms a batch, for a 100 ms interval
-        w.now += 300
-        w.complete()
-    delays = [p["schedulingDelayMs"] for p in w.coordinator.progress]
-    assert w.commits == [0, 1, 2, 3, 4] and delays[0] == 0
-    assert all(later - earlier == 800 for earlier, later in zip(delays[1:], delays[2:])), delays  # grows
-    assert committed_rows(w, "rate") == list(range(50))
+    # concurrent_jobs running, one more logged and waiting: no batch per trigger piling up
+    assert phases == {**{b: BatchPhase.RUNNING for b in range(concurrent)}, concurrent: BatchPhase.QUEUED}
+    assert sorted(w.offsets) == list(range(concurrent + 1)) == sorted(set(w.offsets) - set(w.commits))
+    ends = [w.offsets[b].sources["rate"].end for b in sorted(w.offsets)]
+    assert ends == [10 * (b + 1) for b in range(concurrent + 1)]  # one interval's rows each, planned in time
+    # Batch 0 is through: the next one is planned at once (its trigger is due since 200 ms), and
+    # takes every row that piled up meanwhile, as Structured Streaming plans its next batch
+    w.available["rate"] = 95
+    w.complete(next(i for i, a in enumerate(w.pending) if isinstance(a, RunBatch) and a.entry.batch_id == 0))
+    while not any(isinstance(a, QueryOffsets) for a in w.pending):
+        w.complete(next(i for i, a in enumerate(w.pending) if isinstance(a, (CommitSinks, WriteCommitLog))))
+    query = next(a for a in w.pending if isinstance(a, QueryOffsets))
+    assert query.batch_id == concurrent + 1 and query.batch_time_ms == 800  # the last trigger missed
+    plan_and_log(w)
+    assert w.offsets[concurrent + 1].sources["rate"] == SourceRange(10 * (concurrent + 1), 95, 95 - 10 * (concurrent + 1))
+    assert logged_ahead(w) == concurrent + 1
+    w.settle()
+    assert w.commits == list(range(concurrent + 2)) and committed_rows(w, "rate") == list(range(95))
+    # the batch that waited in the queue shows it in its scheduling delay
+    assert w.coordinator.progress[concurrent]["schedulingDelayMs"] == 800 - 100 * (concurrent + 1)
+
+
+def test_a_batch_planned_after_a_slow_one_stays_within_the_per_trigger_limit():
+    w = World(coordinator(ProcessingTime(100)), {"rate": 0}, limit=15)
+    w.feed(Started(0))
+    for step in range(1, 6):
+        w.available["rate"] = step * 10
+        w.advance(100)
+        plan_and_log(w)
+    assert sorted(w.offsets) == [0, 1]
+    w.available["rate"] = 200
+    w.settle()  # batch 0 through: batch 2 planned at once, within the limit
+    assert w.offsets[2].sources["rate"] == SourceRange(20, 35, 15)
+    assert sorted(w.offsets) == [0, 1, 2]  # no trigger since: nothing more until the next one
+    while w.timer is not None and w.coordinator.next_batch_id < 6:
+        w.advance(100)
+        w.settle()
+    assert [w.offsets[b].sources["rate"].rows for b in (3, 4, 5)] == [15, 15, 15]
+
+
+def test_available_now_keeps_at_most_concurrent_jobs_plus_one_batches_logged_ahead():
+    w = World(coordinator(AvailableNow()), {"rate": 10}, limit=1)
+    w.feed(Started(0))
+    ahead = []
+    while w.pending:
+        w.complete()  # first come, first done: the sources answer before the batches run
+        ahead.append(logged_ahead(w))
+    assert w.terminated.startswith("available-now") and w.commits == list(range(10))
+    assert max(ahead) == 2, ahead
 
 
 def test_ticks_missed_while_the_shell_was_busy_fold_into_one_batch():
@@ -278,6 +329,58 @@ def test_a_draining_stop_processes_everything_there_at_the_stop_then_ends():
     assert committed_rows(w, "rate") == list(range(35)) and w.commits == [0, 1, 2, 3]
 
 
+def test_a_draining_stop_under_a_backlog_runs_the_logged_batches_then_one_of_everything_left():
+    w = World(coordinator(ProcessingTime(100)), {"rate": 0})
+    w.feed(Started(0))
+    for step in range(1, 9):  # batch 0 stuck while eight triggers pass
+        w.available["rate"] = step * 10
+        w.advance(100)
+        plan_and_log(w)
+    w.available["rate"] = 500
+    w.feed(StopRequested(drain=True, now_ms=w.now))
+    w.complete(next(i for i, a in enumerate(w.pending) if isinstance(a, CaptureTargets)))  # the stop's targets
+    w.available["rate"] = 900  # after the stop: not this run's
+    w.settle()
+    assert w.terminated == "stopped after draining"
+    assert w.commits == [0, 1, 2] and w.offsets[2].sources["rate"] == SourceRange(20, 500, 480)
+    assert committed_rows(w, "rate") == list(range(500))
+
+
+def test_what_a_stop_will_do_is_said_before_it_is_asked():
+    w = World(coordinator(ProcessingTime(100)), {"rate": 0})
+    w.feed(Started(0))
+    assert w.coordinator.stop_outlook(drain=False).describe() == "no batch is in flight; then the query ends FINISHED"
+    for step in range(1, 4):
+        w.available["rate"] = step * 10
+        w.advance(100)
+        plan_and_log(w)
+    outlook = w.coordinator.stop_outlook(drain=False)
+    assert (outlook.finishing, outlook.logged, outlook.drain) == ((0,), (1,), False)
+    assert outlook.describe() == ("batch 0 in flight finishes and commits; batch 1, logged and not started, is not "
+                                  "run (it stays in the offset log: the query's next run runs it first); "
+                                  "then the query ends FINISHED")
+    assert w.coordinator.stop_outlook(drain=True).describe() == (
+        "the 2 logged batches (0, 1) run and commit, then what the sources hold now, in batches within the "
+        "per-trigger limits; then the query ends FINISHED")
+    w.feed(StopRequested(drain=False, now_ms=w.now))
+    w.settle()  # as it said
+    assert w.commits == [0] and sorted(w.offsets) == [0, 1] and w.terminated == "stopped"
+    wide = World(coordinator(ProcessingTime(100), concurrent_jobs=2), {"rate": 0})
+    wide.feed(Started(0))
+    for step in range(1, 5):
+        wide.available["rate"] = step * 10
+        wide.advance(100)
+        plan_and_log(wide)
+    assert wide.coordinator.stop_outlook(drain=False).describe().startswith(
+        "batches 0, 1 in flight finish and commit; batch 2, logged and not started, is not run")
+    once = World(coordinator(AvailableNow()), {"rate": 5}, limit=1)
+    once.feed(Started(0))
+    plan_and_log(once)
+    assert once.coordinator.stop_outlook(drain=True).drain is False  # available-now does not drain on a stop
+    assert "(draining does not apply to an available-now or once trigger)" in once.coordinator.stop_outlook(
+        drain=True).describe()
+
+
 # ---------------------------------------------------------------------------------------- recovery
 
 
@@ -334,6 +437,7 @@ def test_any_order_of_io_completions_keeps_the_logs_contiguous_and_commits_every
             w.complete(rng.randrange(len(w.pending)))
         else:
             w.advance(rng.randint(1, 150))
+        assert logged_ahead(w) <= concurrent + 1, "more batches logged ahead than concurrentJobs + 1"
     w.settle()
     assert w.terminated and w.coordinator.finished
     # the write-ahead rule is checked in World.feed; the logs are contiguous and in order

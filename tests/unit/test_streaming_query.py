@@ -21,7 +21,7 @@ from funke.common.streamingjob import (
     sinks,
     stream_sources,
 )
-from funke.common.validation import JobGraphInvalid, find_problems, validate
+from funke.common.validation import JobGraphInvalid, ValidationContext, find_problems, validate
 from funke.jobmanager.dispatcher import Dispatcher, DispatcherError
 
 
@@ -200,3 +200,81 @@ def test_a_redis_source_and_sink_are_streaming_and_their_settings_are_checked():
     env.set_option("streaming.backpressure.enabled", "maybe")
     with pytest.raises(JobGraphInvalid, match="streaming.backpressure.enabled: expected true or false"):
         env.build()
+
+
+@pytest.mark.parametrize("where", ["the checkpoint itself", "inside it", "around it", "a file:// URI of it"])
+def test_a_sink_may_not_write_into_over_or_around_the_checkpoint_location(tmp_path, where):
+    checkpoint = tmp_path / "queries" / "ck"
+    target = {"the checkpoint itself": str(checkpoint), "inside it": str(checkpoint / "out"),
+              "around it": str(tmp_path / "queries"), "a file:// URI of it": f"file://{checkpoint}/"}[where]
+    env = ExecutionEnvironment("into the checkpoint")
+    env.read_stream.rate(5).write_parquet(target)
+    env.set_checkpoint_location(str(checkpoint))
+    context = ValidationContext(data_dir="/srv/funke-data")
+    messages = [str(p) for p in find_problems(_unvalidated(env), context)]
+    assert len(messages) == 1 and "overlaps the query's checkpoint location" in messages[0], messages
+    assert messages[0].startswith("vertex ") and str(checkpoint) in messages[0]
+    with pytest.raises(JobGraphInvalid, match="checkpoint location"):  # the client's own check says so too
+        env.build()
+    elsewhere = ExecutionEnvironment("beside the checkpoint")
+    elsewhere.read_stream.rate(5).write_parquet(str(tmp_path / "queries" / "ck-out"))
+    elsewhere.set_checkpoint_location(str(checkpoint))
+    assert find_problems(_unvalidated(elsewhere), context) == []
+
+
+def test_submit_refuses_a_stream_directory_that_does_not_exist_and_a_checkpoint_that_is_a_file(tmp_path):
+    data = tmp_path / "data"
+    missing, checkpoint = tmp_path / "incoming", tmp_path / "checkpoint"
+    checkpoint.write_text("not a directory")
+    env = ExecutionEnvironment("missing input")
+    env.read_stream.text(str(missing)).write_csv(str(tmp_path / "out"))
+    env.set_checkpoint_location(str(checkpoint))
+    job = _unvalidated(env)
+    job = type(job)(job.name, job.vertices, job.data_sets, job.edges, job.job_type,
+                    JobConfiguration(options={**job.configuration.options, "streaming.concurrent-jobs": "0"}))
+
+    async def scenario() -> None:
+        dispatcher = Dispatcher(ClusterConfiguration(data_dir=str(data)))
+        dispatcher.start()
+        try:
+            with pytest.raises(DispatcherError) as info:
+                await dispatcher.submit(job_graph_to_proto(job))
+            assert info.value.code == "INVALID_ARGUMENT"
+            text = str(info.value)
+            assert text.startswith("job graph has 3 problem(s):"), text  # listed with the graph's own
+            assert f"'{missing}' does not exist" in text and "streaming.concurrent-jobs" in text, text
+            assert f"the checkpoint location '{checkpoint}' is a file, not a directory" in text, text
+            assert not dispatcher.jobs and not (data / "checkpoints").exists() and not (data / "jobs").exists()
+            # a location inside a file cannot be made either; a source path that is a file is no directory
+            (tmp_path / "a-file").write_text("x")
+            inside = ExecutionEnvironment("inside a file")
+            inside.read_stream.text(str(tmp_path / "a-file")).write_csv(str(tmp_path / "out2"))
+            inside.set_checkpoint_location(str(tmp_path / "a-file" / "ck"))
+            with pytest.raises(DispatcherError) as info:
+                await dispatcher.submit(job_graph_to_proto(inside.build()))
+            text = str(info.value)
+            assert f"'{tmp_path / 'a-file'}' is not a directory" in text, text
+            assert f"'{tmp_path / 'a-file' / 'ck'}' cannot be made: '{tmp_path / 'a-file'}' is a file" in text, text
+            # once the directory is there and the checkpoint has a place, the same query is taken
+            missing.mkdir()
+            fine = ExecutionEnvironment("missing input")
+            fine.read_stream.text(str(missing)).write_csv(str(tmp_path / "out"))
+            fine.set_checkpoint_location(str(tmp_path / "checkpoints" / "q"))
+            job_id = await dispatcher.submit(job_graph_to_proto(fine.build()))
+            assert job_id in dispatcher.jobs
+        finally:
+            await dispatcher.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_streaming_collect_that_committed_no_batch_reads_as_zero_rows_and_gone_rows_stay_an_error(tmp_path):
+    import pyarrow as pa
+
+    from funke.jobmanager import committer
+
+    data = str(tmp_path / "data")
+    stream, rows = committer.read_collected(data, "job-s", "sink-collect", none_committed=True)
+    assert rows == 0 and pa.ipc.open_stream(stream).read_all().num_rows == 0
+    with pytest.raises(FileNotFoundError, match="no longer in the data directory"):  # a FINISHED job's, gone
+        committer.read_collected(data, "job-s", "sink-collect")
