@@ -52,6 +52,7 @@ from funke.deploy.client import (
     NotAJobManager,
     NotAuthenticated,
     SecurityError,
+    StandbyJobManager,
     execution_state_name,
     job_status_name,
 )
@@ -1357,6 +1358,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             _split_submit_args(args, after_dashes)
         return args.handler(args)
     except (NotAJobManager, NotAuthenticated, SecurityError) as exc:
+        _error(str(exc))
+        return EXIT_USAGE
+    except StandbyJobManager as exc:  # a JobManager answered: the cluster runs, led elsewhere
         _error(str(exc))
         return EXIT_USAGE
     except JobManagerUnavailable as exc:
