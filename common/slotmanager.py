@@ -158,6 +158,12 @@ class SlotManager:
         actions += self._serve(now, capacity_changed=True)  # pending requests may have become unfulfillable
         return actions
 
+    def overdue(self, now: float) -> list[str]:
+        """The TaskManagers whose heartbeats stopped (silent past the heartbeat timeout at
+        `now`): what the next `check` would write off. Asks, changes nothing."""
+        return [tm.task_manager_id for tm in self.task_managers.values()
+                if now - tm.last_heartbeat > self.heartbeat_timeout_s]
+
     def check(self, now: float) -> list[SlotManagerAction]:
         """Timer tick: TaskManagers whose heartbeats stopped, requests unfulfillable too long."""
         actions: list[SlotManagerAction] = []

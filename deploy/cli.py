@@ -12,7 +12,8 @@ shown to people (text) and to scripts (`--json`), and the exit codes:
 
 The JobManager address comes from `--jobmanager HOST:PORT`, else $FUNKE_JOBMANAGER, else the
 address file of the local cluster (`<cluster dir>/jobmanager.address`; the cluster dir is
-$FUNKE_CLUSTER_DIR or ~/.funke/cluster), else 127.0.0.1:6123.
+$FUNKE_CLUSTER_DIR or ~/.funke/cluster; with high availability the leader, looked up in the
+cluster's HA services), else 127.0.0.1:6123.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from funke.deploy.client import (
     NotAJobManager,
     NotAuthenticated,
     SecurityError,
+    StandbyJobManager,
     execution_state_name,
     job_status_name,
 )
@@ -1056,6 +1058,24 @@ def cmd_cluster_add_taskmanager(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_cluster_add_jobmanager(args: argparse.Namespace) -> int:
+    root = _cluster_dir(args)
+    if args.name is not None and not re.fullmatch(r"jobmanager(-[A-Za-z0-9][A-Za-z0-9_.]{0,31})?", args.name):
+        _error(f"{args.name!r} is no JobManager name: jobmanager, or jobmanager-<letters, digits, '.', '_'> "
+               "(e.g. jobmanager-3)")
+        return EXIT_USAGE
+    info = localcluster.start_jobmanager(root, args.name, timeout=args.timeout)
+    lease = localcluster.wait_for_leader(root, args.timeout)
+    if lease is None:
+        role = "no leader is elected yet"
+    elif localcluster.leader_name(root) == info.name:
+        role = f"it leads (epoch {lease.epoch})"
+    else:
+        role = f"standby; the leader is {lease.address} (epoch {lease.epoch})"
+    print(f"{info.name} (pid {info.pid}) serves: {role}; log {info.log}")
+    return EXIT_OK
+
+
 def cmd_cluster_stop(args: argparse.Namespace) -> int:
     root = _cluster_dir(args)
     outcomes = localcluster.stop(root, timeout=args.timeout)
@@ -1063,7 +1083,8 @@ def cmd_cluster_stop(args: argparse.Namespace) -> int:
         print(f"no cluster recorded in {root}; nothing to stop")
         return EXIT_OK
     for process, outcome in outcomes:
-        print(f"{process.name} (pid {process.pid}): {outcome}")
+        joined = "" if process.recorded else ", joined by hand"
+        print(f"{process.name} (pid {process.pid}{joined}): {outcome}")
     return EXIT_OK
 
 
@@ -1075,7 +1096,9 @@ def cmd_cluster_status(args: argparse.Namespace) -> int:
             "dir": str(st.dir),
             "running": st.running,
             "address": st.address,
-            "processes": [{"name": p.name, "pid": p.pid, "alive": p.alive, "log": str(p.log)} for p in st.processes],
+            "processes": [{"name": p.name, "pid": p.pid, "alive": p.alive, "log": str(p.log),
+                           **({} if p.recorded else {"recorded": False, "address": p.address, "host": p.host})}
+                          for p in st.processes],
             "overview": _to_dict(st.overview) if st.overview is not None else None,
             "error": st.error or None,
             "high_availability": st.high_availability,
@@ -1105,6 +1128,8 @@ def cmd_cluster_status(args: argparse.Namespace) -> int:
         if localcluster.is_jobmanager(p.name) and st.high_availability != "none":
             leads = lease is not None and lease.valid(time.time()) and str(p.pid) == leader_pid
             detail = f"leader, epoch {lease.epoch}, {st.address}" if leads and lease else "standby"
+            if not p.recorded:
+                detail += (f" at {p.address}" if not leads else "") + ", joined by hand (not started by `funke cluster`)"
         elif p.name == localcluster.JOBMANAGER:
             detail = st.address or "-"
         elif p.name == localcluster.ZOOKEEPER:
@@ -1235,6 +1260,16 @@ def build_parser() -> argparse.ArgumentParser:
     kill.set_defaults(handler=cmd_cluster_kill)
     kill.add_argument("name", metavar="NAME", help="tm-1, jobmanager, ... (see funke cluster status)")
     kill.add_argument("--dir", help=dir_help)
+    add_jm = cluster_commands.add_parser(
+        "add-jobmanager", help="start a JobManager in a high-availability cluster: a dead one again, one more "
+        "standby, or the first again after every JobManager died (the TaskManagers and stored jobs wait for it)",
+        allow_abbrev=False)
+    add_jm.set_defaults(handler=cmd_cluster_add_jobmanager)
+    add_jm.add_argument("name", metavar="NAME", nargs="?", help="e.g. jobmanager-3 (default: the first of "
+                        "jobmanager, jobmanager-2, ... not running)")
+    add_jm.add_argument("--dir", help=dir_help)
+    add_jm.add_argument("--timeout", type=float, default=60,
+                        help="seconds to wait for it to serve and for a leader (default: 60)")
     add = cluster_commands.add_parser("add-taskmanager", help="start a TaskManager in the running cluster (a new "
                                       "one, or a dead one again), with the cluster's TaskManager options",
                                       allow_abbrev=False)
@@ -1361,6 +1396,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             _split_submit_args(args, after_dashes)
         return args.handler(args)
     except (NotAJobManager, NotAuthenticated, SecurityError) as exc:
+        _error(str(exc))
+        return EXIT_USAGE
+    except StandbyJobManager as exc:  # a JobManager answered: the cluster runs, led elsewhere
         _error(str(exc))
         return EXIT_USAGE
     except JobManagerUnavailable as exc:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 import grpc
 from funke.common.jobgraph import JobGraph
-from funke.deploy.rpc import MESSAGE_SIZE_OPTIONS
+from funke.deploy.rpc import MESSAGE_SIZE_OPTIONS, STANDBY_PREFIX
 from funke.deploy.security import ClientCredentials, SecurityError
 from funke.v1 import job_pb2, jobgraph_pb2, jobmanager_pb2, jobmanager_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -51,6 +51,7 @@ __all__ = [
     "NotAJobManager",
     "NotAuthenticated",
     "SecurityError",
+    "StandbyJobManager",
     "execution_state_name",
     "job_status_name",
 ]
@@ -106,6 +107,18 @@ class JobManagerUnavailable(FunkeError):
         super().__init__(f"cannot reach the JobManager at {address}: {reason}{tls_hint}", code, details)
         self.address = address
         self.tls_hint = tls_hint  # what the failure may mean for TLS ("": nothing TLS-like)
+
+
+class StandbyJobManager(JobManagerUnavailable):
+    """A JobManager answered, as a standby of a high-availability cluster: the cluster runs, its
+    leader (named in the message when one is elected) is elsewhere."""
+
+    def __init__(self, address: str, details: str, code: grpc.StatusCode | None = None) -> None:
+        reason = " ".join(details.split())
+        FunkeError.__init__(self, f"the JobManager at {address} is a standby (high availability): "
+                                  f"{reason.removeprefix(STANDBY_PREFIX).lstrip('; ')}", code, details)
+        self.address = address
+        self.tls_hint = ""
 
 
 class NotAJobManager(JobManagerUnavailable):
@@ -178,6 +191,8 @@ def _translate(exc: grpc.RpcError, address: str, *, submitting: bool = False,
                credentials: ClientCredentials | None = None) -> FunkeError:
     code: grpc.StatusCode = exc.code()  # type: ignore[attr-defined]
     details: str = exc.details() or ""  # type: ignore[attr-defined]
+    if code is grpc.StatusCode.UNAVAILABLE and details.startswith(STANDBY_PREFIX):
+        return StandbyJobManager(address, details, code)
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
         return JobManagerUnavailable(address, details or code.name, code, _tls_hint(details, credentials))
     if code is grpc.StatusCode.UNAUTHENTICATED:

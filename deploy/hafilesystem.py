@@ -5,6 +5,8 @@ Owns the files under `<high-availability.storageDir>/<high-availability.cluster-
 
     leader/lock                   flock'ed for the length of one read-decide-write of the lease
     leader/lease.json             the lease: holder, epoch (fencing token), leader address, renewal
+    leader/contenders/<digest>.json  each contending JobManager (holder, address, last round):
+                                  who takes part, leader and standbys, for `funke cluster status`
     jobgraphs/<job id>.jobgraph   a submitted JobGraph (its wire form, artifacts included), kept
                                   until the job is globally terminal
     jobgraphs/<job id>.history    the job's status transitions so far, across leaders (JSON)
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import socket
@@ -46,6 +49,10 @@ _SUFFIX_PROGRESS = ".progress"
 _DIRTY = "_DIRTY.json"
 _CLEAN = ".json"
 MAX_RECORD_BYTES = 64 * 1024 * 1024  # a JobGraph with artifacts is capped well below this by gRPC
+# A contender not seen for this many lease durations is not counted (rounds come three times per
+# lease), and its record goes after this many.
+_SILENT_AFTER = 2
+_FORGOTTEN_AFTER = 10
 
 
 class Fenced(Exception):
@@ -174,12 +181,13 @@ class FileSystemHaServices:
         self.lease_duration_s = lease_duration_s
         self.root = os.path.join(os.path.abspath(storage_dir), cluster_id)
         self.leader_dir = os.path.join(self.root, "leader")
+        self.contenders_dir = os.path.join(self.leader_dir, "contenders")
         self.graphs_dir = os.path.join(self.root, "jobgraphs")
         self.results_dir = os.path.join(self.root, "job-results")
         self.archive_dir = os.path.join(self.root, "archive")
 
     def create_dirs(self) -> None:
-        for d in (self.leader_dir, self.graphs_dir, self.results_dir, self.archive_dir):
+        for d in (self.leader_dir, self.contenders_dir, self.graphs_dir, self.results_dir, self.archive_dir):
             os.makedirs(d, mode=0o700, exist_ok=True)
 
     def on_change(self, callback: Callable[[], None]) -> None:
@@ -214,6 +222,7 @@ class FileSystemHaServices:
             if new is not None:
                 write_atomically(os.path.join(self.leader_dir, LEASE_FILE), lease_to_json(new))
                 current = new
+        self._announce(contender, t)
         return current, changes
 
     def release(self, contender: Contender, now: float | None = None) -> list[Change]:
@@ -221,7 +230,53 @@ class FileSystemHaServices:
             new, changes = contender.release(self.leader(), time.time() if now is None else now)
             if new is not None:
                 write_atomically(os.path.join(self.leader_dir, LEASE_FILE), lease_to_json(new))
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._contender_file(contender.holder))
         return changes
+
+    # ------------------------------------------------------------------ who contends
+
+    def _contender_file(self, holder: str) -> str:
+        return os.path.join(self.contenders_dir, hashlib.sha256(holder.encode()).hexdigest()[:24] + ".json")
+
+    def _announce(self, contender: Contender, now: float) -> None:
+        """Say that `contender` takes part (each round), and forget the contenders that are
+        gone. Not fenced and not synced: it only tells people who runs."""
+        record = json.dumps({"holder": contender.holder, "address": contender.address, "seen_at": now,
+                             "duration_s": contender.duration_s}).encode()
+        path = self._contender_file(contender.holder)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(record)
+            os.replace(tmp, path)
+        except FileNotFoundError:  # the directory of an older layout: made on the next start
+            return
+        for holder, _, seen, duration, name in self._contender_records():
+            if holder != contender.holder and (holder_gone(holder) or now - seen > _FORGOTTEN_AFTER * duration):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(self.contenders_dir, name))
+
+    def _contender_records(self) -> list[tuple[str, str, float, float, str]]:
+        found = []
+        for name in _names(self.contenders_dir):
+            if not name.endswith(".json"):
+                continue
+            try:
+                raw = json.loads(read_file(os.path.join(self.contenders_dir, name)) or b"")
+                found.append((str(raw["holder"]), str(raw["address"]), float(raw["seen_at"]),
+                              float(raw["duration_s"]), name))
+            except (ValueError, KeyError, TypeError):
+                continue
+        return found
+
+    def contenders(self, now: float | None = None) -> list[tuple[str, str]]:
+        """Every JobManager taking part in the election now (leader and standbys): (holder,
+        address), in holder order. One that has not been seen for a few lease durations, or a
+        process of this host that is gone, is left out."""
+        t = time.time() if now is None else now
+        return sorted((holder, address) for holder, address, seen, duration, _ in self._contender_records()
+                      if t - seen <= _SILENT_AFTER * duration and not holder_gone(holder))
 
     @contextlib.contextmanager
     def _fenced(self, holder: str, epoch: int) -> Iterator[None]:

@@ -236,6 +236,24 @@ class ZooKeeperHaServices:
                 return current, []
             return self._take(contender, t, found, current)
 
+    def contenders(self) -> list[tuple[str, str]]:
+        """Every JobManager taking part in the election now (its latch node lives): (holder,
+        address), oldest (the leader, once elected) first."""
+        found = []
+        with self._unavailable():
+            self._connect()
+            children = sorted((c for c in self._children(self._path("latch")) if c.startswith(_LATCH_PREFIX)),
+                              key=lambda c: c[len(_LATCH_PREFIX):])
+            for name in children:
+                node = self._get(self._path("latch", name))
+                try:
+                    raw = json.loads(node[0]) if node is not None else None
+                    if raw is not None:
+                        found.append((str(raw["holder"]), str(raw["address"])))
+                except (ValueError, KeyError, TypeError):
+                    continue  # a stranger's node
+        return found
+
     def _join(self, contender: Contender, session: int) -> str:
         """Our latch node in this session (created if missing); its name."""
         if self._latch is not None and self._latch_session == session:

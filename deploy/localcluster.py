@@ -10,17 +10,23 @@ Owns the layout of a cluster directory and the lifecycle of the processes record
     <dir>/security/              the cluster's secrets (0700): client.token, cluster.token and,
                                  with TLS, tls/ (see funke.deploy.security)
 
+    <dir>/jobmanager.options     the flags every JobManager of the cluster is started with
+                                 (host, data dir, -D entries), for JobManagers started later
+
 With high availability (`ha="filesystem"` or `"zookeeper"`, several JobManagers: `jobmanager`,
 `jobmanager-2`, ...) the cluster directory also holds:
 
     <dir>/ha.conf                the high-availability.* keys every process is started with
     <dir>/ha/                    the HA storage directory (lease, job graphs, results, archive;
                                  with ZooKeeper the records too large for a node)
-    <dir>/<name>.address         each JobManager's own address
+    <dir>/jobmanagers/<name>.address, <name>.url   each JobManager's own address and dashboard
     <dir>/zookeeper/             with ZooKeeper and no quorum given: the data of the cluster's
                                  own ZooKeeper server (process `zookeeper`, stopped last)
 
-and the JobManager address is the leader's: whoever leads now (`read_address`, `leader`).
+and no `jobmanager.address` or `jobmanager.url`: any JobManager may be a standby, so the
+JobManager address is the leader's, looked up in the HA services whenever it is asked for
+(`read_address`, `leader`). A JobManager that joined the cluster without this launcher (started
+by hand with its ha.conf) is found there too (`status`, `stop`).
 
 Every process is started in its own session (`start_new_session`), so its pid is also its
 process-group id: stopping signals the group, which takes the PySpark JVM a TaskManager started
@@ -36,6 +42,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -45,6 +52,7 @@ from pathlib import Path
 
 from funke.common.configuration import ConfigurationError, parse_config_lines, parse_configuration
 from funke.common.leadership import Lease
+from funke.deploy.hafilesystem import process_identity
 from funke.deploy.processgroups import kill_what_is_left, signal_group, wait_gone
 from funke.deploy import zookeeperserver
 from funke.deploy import security
@@ -74,6 +82,8 @@ __all__ = [
 ADDRESS_FILE = "jobmanager.address"
 HA_CONF = "ha.conf"
 TASKMANAGER_OPTIONS = "taskmanager.options"
+JOBMANAGER_OPTIONS = "jobmanager.options"
+JOBMANAGERS_DIR = "jobmanagers"  # with high availability: each JobManager's own address and URL
 STANDALONE_DIR = "spark-standalone"
 STANDALONE_EXECUTOR_MEMORY_MB = 512
 STANDALONE_URLS = "urls.json"
@@ -96,6 +106,17 @@ def _kind(name: str) -> str:
 
 def is_jobmanager(name: str) -> bool:
     return _kind(name) == JOBMANAGER
+
+
+def _jobmanager_files(root: Path, name: str, ha: bool) -> tuple[Path, Path]:
+    """Where JobManager `name` writes its address and dashboard URL once it serves. Without
+    high availability the one JobManager's are the cluster's (`jobmanager.address`); with it
+    each JobManager's own, beside the others', never where a client looks for the leader."""
+    if ha:
+        return root / JOBMANAGERS_DIR / f"{name}.address", root / JOBMANAGERS_DIR / f"{name}.url"
+    return root / ADDRESS_FILE, root / f"{JOBMANAGER}.url"
+
+
 _LOG_TAIL_LINES = 30
 _POLL_S = 0.1
 
@@ -111,6 +132,11 @@ class ProcessInfo:
     pid: int
     alive: bool
     log: Path
+    # False: a JobManager the HA services know but this launcher did not start (its pid file is
+    # not in <dir>/pids): one started by hand, here or (`host`) on another machine.
+    recorded: bool = True
+    address: str = ""  # for such a JobManager: the address it serves
+    host: str = ""  # ... and its host
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,10 +245,11 @@ def tls_mode(dir: str | os.PathLike[str]) -> str:
 def dashboard_url(dir: str | os.PathLike[str]) -> str | None:
     """The web dashboard of the cluster recorded in `dir` (with high availability: the
     leader's), if it is known."""
-    root = Path(dir)
-    name = _leader_name(root.expanduser().resolve()) if ha_mode(root) != "none" else JOBMANAGER
+    root = Path(dir).expanduser().resolve()
+    ha = ha_mode(root) != "none"
+    _, url_file = _jobmanager_files(root, _leader_name(root) if ha else JOBMANAGER, ha)
     try:
-        return (root / f"{name}.url").read_text().strip() or None
+        return url_file.read_text().strip() or None
     except OSError:
         return None
 
@@ -347,8 +374,12 @@ def start(
     alive = [p for p in _recorded(root) if p.alive]
     if alive:
         listing = ", ".join(f"{p.name} (pid {p.pid})" for p in alive)
+        recover = ""
+        if (root / HA_CONF).is_file() and not any(is_jobmanager(p.name) for p in alive):
+            recover = (f"; its JobManagers are gone: start one again with `funke cluster add-jobmanager --dir "
+                       f"{root}` (the TaskManagers and the jobs stay), or")
         raise ClusterError(
-            f"a cluster recorded in {root} is still running: {listing}; stop it with "
+            f"a cluster recorded in {root} is still running: {listing}{recover}; stop it with "
             f"`funke cluster stop --dir {root}`"
         )
     _forget(root)  # pid files of dead processes and a stale address must not mislead anyone
@@ -387,17 +418,20 @@ def start(
             zookeeper_quorum = _start_zookeeper(started, deadline)
         if ha != "none":
             _write_ha_conf(root, ha, zookeeper_quorum, ha_options or {})
+            (root / JOBMANAGERS_DIR).mkdir(exist_ok=True)
         ha_args = ["--config", str(ha_conf)] if ha != "none" else []
+        jm_options = ["--data-dir", data, *host_args]
+        for entry in dynamic:
+            jm_options += ["-D", entry]
+        (root / JOBMANAGER_OPTIONS).write_text(json.dumps(jm_options))
         jm_names = [JOBMANAGER] + [f"{JOBMANAGER}-{i}" for i in range(2, jobmanagers + 1)]
         for i, name in enumerate(jm_names):
-            address_file = root / ADDRESS_FILE if name == JOBMANAGER else root / f"{name}.address"
+            address_file, url_file = _jobmanager_files(root, name, ha != "none")
             jm_args = ["--port", str(port if i == 0 else 0), "--address-file", str(address_file),
-                       "--rest-url-file", str(root / f"{name}.url"), "--data-dir", data, *host_args, *ha_args, *security_options(root)]
-            for entry in dynamic:
-                jm_args += ["-D", entry]
+                       "--rest-url-file", str(url_file), *jm_options, *ha_args, *security_options(root)]
             _launch(started, name, jm_args)
         for name in jm_names:
-            _wait_for_address(started, root / (ADDRESS_FILE if name == JOBMANAGER else f"{name}.address"), deadline)
+            _wait_for_address(started, _jobmanager_files(root, name, ha != "none")[0], deadline)
         address = _wait_for_leader(started, root, deadline) if ha != "none" else read_address(root) or ""
 
         tm_names = [f"tm-{i}" for i in range(1, taskmanagers + 1)]
@@ -527,7 +561,7 @@ def start_taskmanager(dir: str | os.PathLike[str], name: str, slots: int, no_spa
     args += ["--no-spark"] if no_spark and "--no-spark" not in args else []
     if (root / HA_CONF).is_file():
         args += ["--config", str(root / HA_CONF)]
-    _launch(started, name, args)
+    _launch(started, name, args, again="funke cluster add-taskmanager")
     with _client(root, address, timeout=5) as client:
         _wait_for_registrations(started, client, [name], time.monotonic() + timeout)
     return _info(root, name, started.processes[name].pid, True)
@@ -542,27 +576,76 @@ def _taskmanager_options(root: Path) -> list[str]:
     return [str(o) for o in options] if isinstance(options, list) else []
 
 
-def start_jobmanager(dir: str | os.PathLike[str], name: str, data_dir: str | None = None,
+def next_jobmanager_name(dir: str | os.PathLike[str]) -> str:
+    """The first of `jobmanager`, `jobmanager-2`, ... that does not run now (a dead one's name
+    first: its log goes on)."""
+    root = Path(dir).expanduser().resolve()
+    running = {p.name for p in _recorded(root) if p.alive}
+    n = 1
+    while (name := JOBMANAGER if n == 1 else f"{JOBMANAGER}-{n}") in running:
+        n += 1
+    return name
+
+
+def start_jobmanager(dir: str | os.PathLike[str], name: str | None = None, data_dir: str | None = None,
                      dynamic: Iterable[str] = (), timeout: float = 60) -> ProcessInfo:
-    """Start a JobManager (a replacement with a dead one's name, or one more standby) in a
-    running high-availability cluster; returns once it serves (as leader or standby)."""
+    """Start a JobManager (a replacement with a dead one's name, one more standby, or the first
+    again after every JobManager died: `next_jobmanager_name` if `name` is None) in a
+    high-availability cluster whose other processes may run on; with the flags the cluster's
+    JobManagers were started with (`data_dir` and `dynamic` override and add). Returns once it
+    serves, as leader or standby."""
     root = Path(dir).expanduser().resolve()
     if not (root / HA_CONF).is_file():
-        raise ClusterError(f"the cluster in {root} runs without high availability: it has one JobManager")
-    alive = [p for p in _recorded(root) if p.name == name and p.alive]
+        raise ClusterError(f"the cluster in {root} runs without high availability: it has one JobManager "
+                           f"(start it again with `funke cluster start --dir {root}` once it is stopped)")
+    name = name or next_jobmanager_name(root)
+    if not is_jobmanager(name):
+        raise ClusterError(f"{name!r} is no JobManager name: jobmanager or jobmanager-<suffix>")
+    recorded = _recorded(root)
+    alive = [p for p in recorded if p.name == name and p.alive]
     if alive:
         raise ClusterError(f"{name} (pid {alive[0].pid}) is still running")
-    started = _Started(root)
-    address_file = root / (ADDRESS_FILE if name == JOBMANAGER else f"{name}.address")
-    address_file.unlink(missing_ok=True)
-    args = ["--port", "0", "--address-file", str(address_file), "--rest-url-file", str(root / f"{name}.url"),
-            "--data-dir", data_dir or str(root / "data"),
-            "--config", str(root / HA_CONF), *security_options(root)]
+    if any(p.name == ZOOKEEPER and not p.alive for p in recorded):
+        raise ClusterError(f"the cluster's own ZooKeeper server is not running: no JobManager can be elected; "
+                           f"stop the cluster (`funke cluster stop --dir {root}`) and start it again (jobs are kept)")
+    options = _jobmanager_options(root)
+    if data_dir is not None:
+        options = _without_flag(options, "--data-dir") + ["--data-dir", data_dir]
+    elif "--data-dir" not in options:
+        options += ["--data-dir", str(root / "data")]
     for entry in dynamic:
-        args += ["-D", entry]
-    _launch(started, name, args)
+        options += ["-D", entry]
+    started = _Started(root)
+    (root / JOBMANAGERS_DIR).mkdir(exist_ok=True)
+    address_file, url_file = _jobmanager_files(root, name, True)
+    address_file.unlink(missing_ok=True)
+    args = ["--port", "0", "--address-file", str(address_file), "--rest-url-file", str(url_file), *options,
+            "--config", str(root / HA_CONF), *security_options(root)]
+    _launch(started, name, args, again="funke cluster add-jobmanager")
     _wait_for_address(started, address_file, time.monotonic() + timeout)
     return _info(root, name, started.processes[name].pid, True)
+
+
+def _jobmanager_options(root: Path) -> list[str]:
+    """The flags the cluster's JobManagers were started with (`start(data_dir=, host=, dynamic=)`)."""
+    try:
+        options = json.loads((root / JOBMANAGER_OPTIONS).read_text())
+    except (OSError, ValueError):
+        return []
+    return [str(o) for o in options] if isinstance(options, list) else []
+
+
+def _without_flag(args: list[str], flag: str) -> list[str]:
+    """`args` without `flag VALUE`."""
+    out, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg == flag:
+            skip = True
+        else:
+            out.append(arg)
+    return out
 
 
 def kill(dir: str | os.PathLike[str], name: str, signum: int = signal.SIGKILL) -> int:
@@ -577,13 +660,20 @@ def kill(dir: str | os.PathLike[str], name: str, signum: int = signal.SIGKILL) -
     raise ClusterError(f"no running process named {name} in {root}")
 
 
-def _launch(started: _Started, name: str, args: Sequence[str]) -> None:
+def _launch(started: _Started, name: str, args: Sequence[str], again: str = "") -> None:
     """Start a funke process (`python -m <module> args`), or the ZooKeeper server (`args` is its
-    whole command)."""
+    whole command). `again`: what starts a process that may have run before under this name (a
+    replacement of a dead one): its log goes on after a line saying so, keeping what the earlier
+    process wrote (how it died); otherwise the log starts empty."""
     command = list(args) if _kind(name) == ZOOKEEPER else [sys.executable, "-m", _MODULES[_kind(name)], *args]
     log_path = started.dir / "log" / f"{name}.log"
     env = dict(os.environ, PYTHONUNBUFFERED="1")  # log lines must reach the file as they happen
-    with open(log_path, "wb") as log:
+    with open(log_path, "ab" if again else "wb") as log:
+        if again and log.tell() > 0:
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+            log.write(f"\n===== {stamp} {name} started again ({again}); what is above is the earlier "
+                      f"process's =====\n".encode())
+            log.flush()
         process = subprocess.Popen(
             command,
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
@@ -621,14 +711,26 @@ def _wait_for_leader(started: _Started, root: Path, deadline: float) -> str:
     raise AssertionError("unreachable")
 
 
+def wait_for_leader(dir: str | os.PathLike[str], timeout: float) -> Lease | None:
+    """The lease of the cluster's leader once one is elected (None after `timeout` seconds)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        lease = leader(dir)
+        if lease is not None and lease.valid(time.time()):
+            return lease
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(_POLL_S)
+
+
 def leader_name(dir: str | os.PathLike[str]) -> str:
     """With high availability: the recorded JobManager that leads (`jobmanager` if none)."""
     return _leader_name(Path(dir).expanduser().resolve())
 
 
-def _leader_name(root: Path) -> str:
+def _leader_name(root: Path, lease: Lease | None = None) -> str:
     """The recorded JobManager that holds the lease (by its pid), else `jobmanager`."""
-    lease = leader(root)
+    lease = leader(root) if lease is None else lease
     if lease is not None:
         pid = lease.holder.split(":")[1] if lease.holder.count(":") >= 2 else ""
         for p in _recorded(root):
@@ -699,6 +801,9 @@ def stop(dir: str | os.PathLike[str], timeout: float = 15) -> list[tuple[Process
     """Stop the processes recorded in `dir`: SIGTERM to each process group (TaskManagers first,
     as Flink's stop-cluster does), SIGKILL to what is left after `timeout` seconds. Returns
     each recorded process with what happened to it ("stopped", "killed", "not running").
+    With high availability, JobManagers of this machine that joined the cluster without this
+    launcher (the HA services know them; see `status`) are stopped too, by their pid once it is
+    checked to be that very JobManager; one on another machine is left to its machine.
     Removes the pid files and the address file; an empty or unknown dir is not an error."""
     root = Path(dir).expanduser().resolve()
     recorded = _recorded(root)
@@ -707,17 +812,26 @@ def stop(dir: str | os.PathLike[str], timeout: float = 15) -> list[tuple[Process
     deadline = time.monotonic() + timeout
     taskmanagers = [p for p in live if _kind(p.name) == "tm"]
     # Standbys before the leader: a standby must not take over the jobs the leader suspends.
-    lead = _leader_name(root)
+    lease = leader(root) if _ha_reachable(root, recorded) else None
+    lead = _leader_name(root, lease)
+    joined = _joined_jobmanagers(root, recorded, lease)
     standbys = [p for p in live if is_jobmanager(p.name) and p.name != lead]
     jobmanager = [p for p in live if p.name == lead]
+    joined_standbys = [(p, h) for p, h in joined if not (lease is not None and h == lease.holder)]
+    joined_leader = [(p, h) for p, h in joined if lease is not None and h == lease.holder]
     # The cluster's ZooKeeper last: the leader records the suspension of its jobs there.
     zookeeper = [p for p in live if p.name == ZOOKEEPER]
     spark: list[tuple[ProcessInfo, str]] = []
-    for group in (taskmanagers, standbys, jobmanager, zookeeper):
+    for group, others in ((taskmanagers, []), (standbys, joined_standbys), (jobmanager, joined_leader),
+                          (zookeeper, [])):
         for p in group:
             signal_group(p.pid, signal.SIGTERM)
+        for p, holder in others:
+            outcome[p.name] = _stop_joined(p, holder, signal.SIGTERM)
         # The JobManager gets at least a moment even when the TaskManagers used up the time.
         _wait_gone(group, max(deadline, time.monotonic() + 2.0))
+        wait_gone((p.pid for p, _ in others if outcome[p.name] == "stopping"), _alive,
+                  max(deadline, time.monotonic() + 2.0), _POLL_S)
         if group is taskmanagers:  # their Spark applications are over: the Workers and Master go
             spark = _stop_standalone(root, max(deadline - time.monotonic(), 5.0))
     for p in live:
@@ -725,10 +839,30 @@ def stop(dir: str | os.PathLike[str], timeout: float = 15) -> list[tuple[Process
         outcome[p.name] = {"killed": f"killed (still running after {timeout:g} s)",
                            "left-overs killed": "stopped (left-over child processes killed)",
                            "stopped": "stopped"}[kill_what_is_left(p.pid, _alive)]
+    for p, holder in joined:
+        if outcome[p.name] == "stopping":
+            outcome[p.name] = _stop_joined(p, holder, signal.SIGKILL) if _alive(p.pid) else "stopped"
     _forget(root)
     for key in [k for k in _services if k[0] == str(root)]:
         _services.pop(key).close()  # a ZooKeeper session to a server that is gone now
-    return [(p, outcome[p.name]) for p in recorded] + spark
+    return [(p, outcome[p.name]) for p in recorded] + [(p, outcome[p.name]) for p, _ in joined] + spark
+
+
+def _stop_joined(p: ProcessInfo, holder: str, signum: int) -> str:
+    """Signal a JobManager that joined the cluster without this launcher, if it is still the
+    process the HA services name (host, pid and start time) and runs a funke JobManager."""
+    if p.host != socket.gethostname():
+        return f"on {p.host}: not stopped from here"
+    if process_identity(p.pid) != holder or not _runs_a_jobmanager(p.pid):
+        return "not running"
+    try:
+        os.kill(p.pid, signum)  # this process alone: it did not start in a group of ours
+    except ProcessLookupError:
+        return "stopped"
+    if signum == signal.SIGKILL:
+        wait_gone([p.pid], _alive, time.monotonic() + 5.0, _POLL_S)
+        return "killed (still running after the timeout)"
+    return "stopping"
 
 
 
@@ -745,7 +879,8 @@ def _forget(root: Path) -> None:
         for f in pids.glob("*.pid"):
             f.unlink(missing_ok=True)
     (root / ADDRESS_FILE).unlink(missing_ok=True)
-    for f in [*root.glob(f"{JOBMANAGER}-*.address"), *root.glob(f"{JOBMANAGER}*.url")]:
+    for f in [*root.glob(f"{JOBMANAGER}-*.address"), *root.glob(f"{JOBMANAGER}*.url"),
+              *(root / JOBMANAGERS_DIR).glob("*.address"), *(root / JOBMANAGERS_DIR).glob("*.url")]:
         f.unlink(missing_ok=True)
 
 
@@ -755,12 +890,17 @@ def _forget(root: Path) -> None:
 
 
 def status(dir: str | os.PathLike[str], timeout: float = 5) -> ClusterStatus:
-    """The processes recorded in `dir`, whether each is alive, and the JobManager's overview."""
+    """The processes recorded in `dir`, whether each is alive, and the JobManager's overview.
+    With high availability also every JobManager the HA services know that this launcher did
+    not start (`ProcessInfo.recorded` False: one that joined by hand), after the recorded ones."""
     root = Path(dir).expanduser().resolve()
-    processes = tuple(_recorded(root))
+    recorded = _recorded(root)
     ha = ha_mode(root)
     # No cluster recorded, or its own ZooKeeper is down: no leader to ask for (asking would wait).
-    ask = ha == "none" or (bool(processes) and not any(p.name == ZOOKEEPER and not p.alive for p in processes))
+    ask = ha == "none" or _ha_reachable(root, recorded)
+    lease = leader(root) if ha != "none" and ask else None
+    joined = [p for p, _ in _joined_jobmanagers(root, recorded, lease)] if ha != "none" and ask else []
+    processes = tuple(recorded + joined)
     address = read_address(root) if ask else None
     overview, error = None, ""
     jm_alive = any(is_jobmanager(p.name) and p.alive for p in processes)
@@ -771,17 +911,76 @@ def status(dir: str | os.PathLike[str], timeout: float = 5) -> ClusterStatus:
         except FunkeError as exc:
             error = str(exc)
     elif processes and not jm_alive:
-        error = "the JobManager is not running"
+        error = ("no JobManager is running; start one again with `funke cluster add-jobmanager` (the "
+                 "TaskManagers and the stored jobs wait for it)" if ha != "none" else "the JobManager is not running")
     elif jm_alive:
         error = ("no JobManager leads right now (an election is under way)" if ha != "none"
                  else "the JobManager has not written its address yet")
-    lease = leader(root) if ha != "none" and ask else None
     return ClusterStatus(root, processes, address, overview, error, ha, lease)
 
 
 # --------------------------------------------------------------------------------------------
 # pid files and process checks
 # --------------------------------------------------------------------------------------------
+
+
+def _ha_reachable(root: Path, recorded: Sequence[ProcessInfo]) -> bool:
+    """Whether the cluster's HA services are worth asking: a cluster is recorded, and its own
+    ZooKeeper server (if it has one) runs. Asking one that is down would wait for it."""
+    return (root / HA_CONF).is_file() and bool(recorded) and not any(
+        p.name == ZOOKEEPER and not p.alive for p in recorded)
+
+
+def _joined_jobmanagers(root: Path, recorded: Sequence[ProcessInfo],
+                        lease: Lease | None) -> list[tuple[ProcessInfo, str]]:
+    """The JobManagers taking part in the cluster's election that are not recorded here (started
+    by hand with the cluster's ha.conf, here or on another machine), each with its holder
+    identity. Named `jobmanager-pid<pid>` (`@<host>` when on another machine)."""
+    services = ha_services(root) if _ha_reachable(root, recorded) else None
+    if services is None:
+        return []
+    try:
+        contenders = services.contenders()
+    except OSError:
+        return []
+    if lease is not None and not any(holder == lease.holder for holder, _ in contenders):
+        contenders.append((lease.holder, lease.address))  # a leader of a backend that lists none
+    ours = {p.pid for p in recorded if is_jobmanager(p.name) and p.alive}
+    here = socket.gethostname()
+    found: list[tuple[ProcessInfo, str]] = []
+    for holder, address in contenders:
+        host, _, rest = holder.partition(":")
+        pid_text = rest.partition(":")[0]
+        pid = int(pid_text) if pid_text.isdigit() else 0
+        if host == here and pid in ours:
+            continue
+        local = host == here
+        alive = not local or (process_identity(pid) == holder and _runs_a_jobmanager(pid))
+        if local and not alive:
+            continue
+        name = f"{JOBMANAGER}-pid{pid}" + ("" if local else f"@{host}")
+        found.append((ProcessInfo(name, pid, alive, _log_of(pid) if local else Path("-"), recorded=False,
+                                  address=address, host=host), holder))
+    return found
+
+
+def _runs_a_jobmanager(pid: int) -> bool:
+    """Whether `pid` runs a funke JobManager (`python -m funke.jobmanager.main`, `funke jobmanager`)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return _MODULES[JOBMANAGER].encode() in argv or (
+        b"jobmanager" in argv and any(a.endswith(b"funke") or a == b"funke.deploy.cli" for a in argv))
+
+
+def _log_of(pid: int) -> Path:
+    """Where a process writes its log (its stderr, if that is a file), else "-"."""
+    with contextlib.suppress(OSError):
+        target = os.readlink(f"/proc/{pid}/fd/2")
+        if target.startswith("/") and Path(target).is_file():
+            return Path(target)
+    return Path("-")
 
 
 def _pid_file(root: Path, name: str) -> Path:

@@ -24,6 +24,10 @@ from google.protobuf.message_factory import GetMessageClass
 
 from funke.common.ids import status_message
 
+# How a standby JobManager's UNAVAILABLE answers begin (then "; the leader is HOST:PORT (epoch
+# N)" or why none is named): clients tell a standby that answered from a JobManager not reached.
+STANDBY_PREFIX = "this JobManager is a standby (high availability)"
+
 # Job graphs carry pickled functions and artifacts; validation bounds each part (see
 # `funke.common.validation`), this bounds the whole request.
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024

@@ -94,6 +94,7 @@ class Dispatcher:
             session=f"e{ha.epoch}." if ha is not None else f"{secrets.token_hex(3)}.",
             leader_epoch=ha.epoch if ha is not None else 0,
             tls=tls,
+            leadership=ha,
         )
 
     def start(self) -> None:

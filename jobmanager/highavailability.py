@@ -4,10 +4,13 @@ writes to the HA stores.
 Owns three things:
 
 - **The election loop** (`LeaderElection`): rounds of the HA services' `contend` on a thread of
-  their own, as often as `Contender.next_check` says; a watchdog on the event loop that stops
-  acting as leader the moment our lease runs out, even if the store cannot be reached to learn
-  who leads instead. Granted and revoked leadership are handed to the JobManager one at a time,
-  in order, so that taking over never overlaps stepping down.
+  their own, as often as `Contender.next_check` says (and at once after a gap in the loop: a
+  JobManager that was paused learns who leads now before anything else); a watchdog on the event
+  loop that stops acting as leader the moment our lease runs out, even if the store cannot be
+  reached to learn who leads instead. Granted and revoked leadership are handed to the
+  JobManager one at a time, in order, so that taking over never overlaps stepping down. Before
+  acting on its own view of time (TaskManagers silent past the heartbeat timeout), a leader
+  confirms with the store that it still leads (`confirm`).
 - **`HaContext`**: what a leading Dispatcher writes through. Every write carries the leader's
   identity and epoch (the services refuse it, `Fenced`, once that epoch is over) and goes through
   one writer thread, so the writes of a job land in the order they were asked for.
@@ -42,6 +45,13 @@ log = logging.getLogger("funke.jobmanager")
 # A recovered run starts its attempts this far above the previous run's (see Incarnation).
 ATTEMPT_STRIDE = 1000
 _WATCHDOG_S = 0.1
+# A watchdog tick this much later than due: the process was paused (or starved); look again at
+# who leads at once rather than at the next round.
+_GAP_S = 1.0
+
+
+async def _still_leading() -> bool:
+    return True
 
 
 def job_manager_name() -> str:
@@ -60,6 +70,8 @@ class HaContext:
     leads: Callable[[], bool] = lambda: True
     leader_address: Callable[[], str] = lambda: ""
     lease: Callable[[], Lease | None] = lambda: None
+    # Whether this epoch still leads, asked of the HA services now (a round of the election).
+    confirm: Callable[[], Awaitable[bool]] = _still_leading
 
     async def write(self, method: Callable[..., Any], *args: Any) -> Any:
         """`method(holder, epoch, *args)` on the writer thread (raises `Fenced` once deposed)."""
@@ -248,16 +260,52 @@ class LeaderElection:
 
     def context(self, epoch: int) -> HaContext:
         return HaContext(self.services, self.contender.holder, epoch, self.job_manager, self.writer,
-                         leads=self.leads, leader_address=self.leader_address, lease=lambda: self.lease)
+                         leads=self.leads, leader_address=self.leader_address, lease=lambda: self.lease,
+                         confirm=lambda: self.confirm(epoch))
 
-    def describe_leader(self) -> str:
-        lease = self.lease
+    def describe_leader(self, lease: Lease | None = None) -> str:
+        """Who leads, as last seen (or as `lease` says): for a standby's refusals."""
+        lease = self.lease if lease is None else lease
         if lease is None or not lease.valid(time.time()):
             return "no leader is elected right now; try again in a moment"
         return f"the leader is {lease.address} (epoch {lease.epoch})"
 
+    async def look_up_leader(self) -> str:
+        """`describe_leader`, read from the HA services now if what this JobManager last saw
+        names no live leader (it was paused, or its round is late)."""
+        lease = self.lease
+        if lease is not None and lease.valid(time.time()):
+            return self.describe_leader(lease)
+        try:  # not on the election's thread: a round may be waiting for the store there
+            current = await asyncio.get_running_loop().run_in_executor(None, self.services.leader)
+        except OSError:
+            current = None
+        return self.describe_leader(current) if current is not None else self.describe_leader()
+
+    async def confirm(self, epoch: int) -> bool:
+        """Whether this JobManager still leads with `epoch`, as the HA services say now: a round
+        of the election, run before a leader acts on what only its own clock tells it (a
+        JobManager that was paused finds every TaskManager silent, yet may have been replaced
+        meanwhile). False if it does not, or the services cannot be reached to say."""
+        if self.leading_epoch != epoch or not self.leads():
+            return False
+        try:
+            await self._round()
+        except OSError as exc:
+            log.warning("high availability: cannot confirm the leadership of epoch %d (%s)", epoch, exc)
+            return False
+        return self.contender.epoch == epoch and self.contender.leads(time.time())
+
     async def _io(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._election_io, fn, *args)
+
+    async def _round(self) -> tuple[Lease | None, list]:
+        """One round of the election; what changed goes to the JobManager in order."""
+        lease, changes = await self._io(self.services.contend, self.contender)
+        self.lease = lease
+        for change in changes:
+            self._changes.put_nowait(change)
+        return lease, changes
 
     async def _elect(self) -> None:
         ready = False
@@ -266,14 +314,11 @@ class LeaderElection:
                 if not ready:
                     await self._io(self.services.create_dirs)
                     ready = True
-                lease, changes = await self._io(self.services.contend, self.contender)
+                lease, changes = await self._round()
             except OSError as exc:
                 log.warning("high availability: cannot reach the HA services (%s); trying again", exc)
                 await asyncio.sleep(self.contender.duration_s / 3)
                 continue
-            self.lease = lease
-            for change in changes:
-                self._changes.put_nowait(change)
             if self.contender.epoch is not None and self.leading_epoch is None and not any(
                     isinstance(c, Granted) for c in changes):
                 # The watchdog stepped down while a renewal was under way: give the lease up
@@ -286,8 +331,12 @@ class LeaderElection:
                 await asyncio.wait_for(self._wake.wait(), max(0.02, self.contender.next_check(now, lease) - now))
 
     async def _watchdog(self) -> None:
+        loop = asyncio.get_running_loop()
         while not self._stopped:
+            due = loop.time() + _WATCHDOG_S
             await asyncio.sleep(_WATCHDOG_S)
+            if loop.time() - due > _GAP_S:  # we were paused: who leads now?
+                self._wake.set()
             epoch = self.leading_epoch
             if epoch is not None and time.time() >= self.contender.valid_until:
                 self._changes.put_nowait(Revoked(epoch, "the lease ran out before it could be renewed"))

@@ -29,7 +29,7 @@ from funke.deploy import datafs
 from funke.deploy.configfile import load_configuration
 from funke.common.security import Realm, StreamQuota
 from funke.deploy import security
-from funke.deploy.rpc import MESSAGE_SIZE_OPTIONS, add_service, advertised_host, host_port
+from funke.deploy.rpc import MESSAGE_SIZE_OPTIONS, STANDBY_PREFIX, add_service, advertised_host, host_port
 from funke.jobmanager import datadir
 from funke.deploy.haservices import ha_services
 from funke.jobmanager.dispatcher import Dispatcher, DispatcherError
@@ -88,6 +88,19 @@ def _fields(config: ClusterConfiguration) -> dict:
     return {name: getattr(config, name) for name in config.__dataclass_fields__}
 
 
+class StandbyRefusal(DispatcherError):
+    """A standby's answer: UNAVAILABLE, naming the leader as last seen; `looked_up()` names
+    it as the HA services say now when that view is stale (a JobManager that was paused)."""
+
+    def __init__(self, election: LeaderElection, where: str | None = None):
+        super().__init__("UNAVAILABLE", f"{STANDBY_PREFIX}; "
+                         + (where if where is not None else election.describe_leader()))
+        self.election = election
+
+    async def looked_up(self) -> DispatcherError:
+        return StandbyRefusal(self.election, await self.election.look_up_leader())
+
+
 class JobManagerRole:
     """Which Dispatcher serves right now: the one Dispatcher without HA; with HA, the one of
     the epoch this process leads, or none (standby)."""
@@ -103,8 +116,9 @@ class JobManagerRole:
     def current(self) -> Dispatcher:
         if self.dispatcher is not None:
             return self.dispatcher
-        where = self.election.describe_leader() if self.election is not None else "it is starting"
-        raise DispatcherError("UNAVAILABLE", f"this JobManager is a standby (high availability); {where}")
+        if self.election is None:
+            raise DispatcherError("UNAVAILABLE", f"{STANDBY_PREFIX}; it is starting")
+        raise StandbyRefusal(self.election)
 
     async def serving(self, serving: bool) -> None:
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING

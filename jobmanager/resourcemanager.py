@@ -4,6 +4,13 @@ A thin shell around the sans-IO `SlotManager`: it feeds it registrations, heartb
 heartbeat streams and clock ticks, and routes what comes out — slots to the JobMaster that asked,
 FreeSlot calls to TaskManagers, and a lost TaskManager to every running job (their tasks there
 fail; partitions that lived there are gone).
+
+With high availability only a leader writes TaskManagers off, and it makes sure it still is one
+first: a JobManager that was paused or cut off sees every TaskManager silent and every heartbeat
+stream broken when it resumes, while another leader may have their registrations now. A broken
+stream is acted on only while its lease is still valid by its own clock; TaskManagers silent past
+the heartbeat timeout only once the HA services confirmed, in a round of the election, that it
+still leads.
 """
 
 from __future__ import annotations
@@ -11,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from funke.common import slotmanager as sm
 from funke.common.configuration import ClusterConfiguration
@@ -22,6 +29,9 @@ from funke.deploy.security import Tls
 from funke.jobmanager.gateway import TaskManagerGateway
 from funke.jobmanager.mailbox import Mailbox
 from funke.v1 import cluster_pb2, jobmanager_pb2
+
+if TYPE_CHECKING:
+    from funke.jobmanager.highavailability import HaContext
 
 log = logging.getLogger("funke.jobmanager")
 
@@ -37,6 +47,7 @@ class ResourceManager:
         session: str = "",
         leader_epoch: int = 0,
         tls: Tls | None = None,
+        leadership: HaContext | None = None,
     ):
         self.config = config
         self.tls = tls
@@ -44,6 +55,7 @@ class ResourceManager:
         self.slots = sm.SlotManager(heartbeat_timeout_s=config.heartbeat_timeout_s,
                                     evenly_spread=config.evenly_spread_out_slots, session=session)
         self.leader_epoch = leader_epoch
+        self.leadership = leadership  # with high availability: whether (and that) we still lead
         self._job_master = job_master
         self._running = running_job_masters
         self._gateways: dict[str, TaskManagerGateway] = {}
@@ -84,6 +96,11 @@ class ResourceManager:
         return self.slots.heartbeat(task_manager_id, registration_id, time.time())
 
     def connection_lost(self, task_manager_id: str, registration_id: str, cause: str) -> None:
+        if self.leadership is not None and not self.leadership.leads():
+            # Our lease ran out (paused, cut off): the stream broke because the TaskManager
+            # left for another leader, or ours is about to step down. Not ours to act on.
+            log.info("TaskManager %s: %s; not acted on: this JobManager's lease ran out", task_manager_id, cause)
+            return
         self._apply(self.slots.lose(task_manager_id, cause, time.time(), registration_id=registration_id))
 
     def gateway(self, task_manager_id: str) -> TaskManagerGateway | None:
@@ -123,6 +140,11 @@ class ResourceManager:
         interval = max(0.05, self.config.heartbeat_interval_s / 2)
         while True:
             await asyncio.sleep(interval)
+            silent = self.slots.overdue(time.time())
+            if silent and self.leadership is not None and not await self.leadership.confirm():
+                log.warning("TaskManager(s) %s silent past the heartbeat timeout; not written off: this "
+                            "JobManager could not confirm that it still leads", ", ".join(silent))
+                continue
             self.mailbox.run(lambda: self._apply(self.slots.check(time.time())))
 
     def _apply(self, actions: Iterable[sm.SlotManagerAction]) -> None:

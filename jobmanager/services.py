@@ -58,7 +58,8 @@ async def _current(current: Current, context: grpc.aio.ServicerContext) -> Dispa
     try:
         return current()
     except DispatcherError as exc:
-        await _abort(context, exc)
+        looked_up = getattr(exc, "looked_up", None)  # a standby: who leads, as the HA services say now
+        await _abort(context, await looked_up() if looked_up is not None else exc)
         raise  # not reached: abort raises
 
 

@@ -14,9 +14,11 @@ fed with events; this module only translates, like the JobMaster does for the sc
   heartbeat stream carrying the slot report, and when the stream breaks, the JobManager stops
   answering or asks us to register again, the `JobManagerLost` event (the core forgets every
   task) and a new registration. With high availability the JobManager is whoever holds the
-  lease: each registration attempt looks the leader up there, and a lease taken by a new epoch
-  ends the current registration at the next heartbeat (what the deposed leader still sends names
-  a registration that is over, and is refused).
+  lease: each registration attempt looks the leader up there, a registration still waiting for
+  its answer is given up the moment another leader is elected (a paused leader never answers: it
+  must not hold us for the RPC timeout), and a lease taken by a new epoch ends the current
+  registration at the next heartbeat (what the deposed leader still sends names a registration
+  that is over, and is refused; a report still on its way to it is abandoned).
 
 Everything runs on one asyncio loop (Flink's main-thread model); blocking work leaves it (task
 threads, creating and stopping the SparkSession, deleting directories, talking to the JVM).
@@ -82,6 +84,9 @@ _BACKOFF_MAX_S = 2.0
 # With high availability a new leader is usually elected within a second: look for it often.
 _HA_BACKOFF_MAX_S = 0.5
 _RPC_TIMEOUT_S = 10.0
+# While a registration waits for its answer, how often the leader is looked up again (with high
+# availability): a new epoch ends the wait at once instead of after the RPC timeout.
+_LEADER_POLL_S = 0.2
 # How long a JobManager call naming a registration not known yet waits for it (see _registration_known).
 _REGISTRATION_OVERTAKEN_S = 2.0
 # Shutdown: how long cancelled tasks get to end, and how long we try to tell the JobManager.
@@ -150,6 +155,14 @@ def sweep_scratch_dirs(root: str) -> list[str]:
         shutil.rmtree(entry.path, ignore_errors=True)
         removed.append(entry.path)
     return removed
+
+
+class _LeaderChanged(Exception):
+    """Another leader was elected while a call to the previous one was in flight."""
+
+    def __init__(self, lease: Lease):
+        super().__init__(f"a new leader was elected (epoch {lease.epoch}, at {lease.address})")
+        self.lease = lease
 
 
 class StartupError(Exception):
@@ -316,6 +329,7 @@ class TaskExecutor:
         self._resource_manager: cluster_pb2_grpc.ResourceManagerStub | None = None
         self._registration_token = ""  # sent with the latest registration; "" before the first
         self._job_master: cluster_pb2_grpc.JobMasterStub | None = None
+        self._report_call: Any = None  # the UpdateTaskExecutionState call in flight, if any
         self._background: list[asyncio.Task[None]] = []
         self.failure = ""  # why the TaskManager stopped on its own (empty: it was asked to)
 
@@ -737,6 +751,10 @@ class TaskExecutor:
                         "registering again", self.id, reason, self.core.live_tasks())
             self._handle(core.JobManagerLost(reason, self._stimulus("jobmanager-lost")))
             self._drop_stale_reports()
+            if self._report_call is not None:
+                # Its reports are for the registration just lost: waiting out the RPC timeout of
+                # a JobManager that does not answer would hold back the next registration's.
+                self._report_call.cancel()
 
     def _accepted_tokens(self, realm: Realm) -> tuple[str, ...]:
         return (self._registration_token,) if realm is Realm.REGISTRATION and self._registration_token else ()
@@ -778,12 +796,14 @@ class TaskExecutor:
         max_delay = _HA_BACKOFF_MAX_S if self._ha is not None else _BACKOFF_MAX_S
         failures = 0
         while True:
+            epoch: int | None = None  # with high availability: the leader's we register with
             if self._ha is not None:
                 lease = await self._current_leader()
                 if lease is None:
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, max_delay)
                     continue
+                epoch = lease.epoch
                 self._connect(lease.address)
             assert self._resource_manager is not None
             # Off the loop: a JobManager given by name is resolved to find the route to it.
@@ -797,8 +817,14 @@ class TaskExecutor:
                 task_manager_id=self.id, address=self.address, number_of_slots=len(self.core.slots),
                 resources=resources, slot_report=self._current_slot_report(),
                 registration_token=self._registration_token)
+            call = self._resource_manager.RegisterTaskManager(request, timeout=_RPC_TIMEOUT_S)
             try:
-                response = await self._resource_manager.RegisterTaskManager(request, timeout=_RPC_TIMEOUT_S)
+                response = await (call if epoch is None else self._unless_leader_changes(call, epoch))
+            except _LeaderChanged as changed:
+                log.info("TaskManager %s: %s while registering with %s; registering there instead", self.id,
+                         changed, self.jobmanager_address)
+                delay = _BACKOFF_START_S
+                continue
             except grpc.aio.AioRpcError as e:
                 failures += 1
                 if e.code() in _REFUSALS:
@@ -831,6 +857,25 @@ class TaskExecutor:
                      registration.registration_id, len(self.core.slots), self.address,
                      registration.heartbeat_interval_s, cfg.data_dir or registration.data_dir or "(default)")
             return registration
+
+    async def _unless_leader_changes(self, call: Any, epoch: int) -> Any:
+        """The answer to `call`, made to the leader of `epoch`; the call is cancelled and
+        _LeaderChanged raised as soon as the lease names another epoch (a leader that hangs,
+        paused or cut off, answers nothing: its successor must not wait for its RPC timeout)."""
+        answer = asyncio.ensure_future(call)
+        try:
+            while True:
+                done, _ = await asyncio.wait({answer}, timeout=_LEADER_POLL_S)
+                if done:
+                    return answer.result()
+                lease = await self._current_leader()
+                if lease is not None and lease.epoch != epoch:
+                    raise _LeaderChanged(lease)
+        finally:
+            if not answer.done():
+                call.cancel()
+                answer.cancel()
+                await asyncio.gather(answer, return_exceptions=True)
 
     async def _heartbeat(self, registration: Registration) -> str:
         """Keep one heartbeat stream open until it ends; returns why it ended."""
@@ -1137,13 +1182,18 @@ class TaskExecutor:
                 request.updates.append(codec.report_to_proto(q.report))
             if self.core.generation != generation:
                 continue  # the JobManager was lost while we built it: leave those out
+            self._report_call = call = self._job_master.UpdateTaskExecutionState(request, timeout=_RPC_TIMEOUT_S)
             try:
-                await self._job_master.UpdateTaskExecutionState(request, timeout=_RPC_TIMEOUT_S)
+                try:
+                    await call
+                finally:
+                    self._report_call = None
             except asyncio.CancelledError:
                 task = asyncio.current_task()
                 if task is not None and task.cancelling():
                     raise  # we are shutting down
-                # The call's channel was closed under it (we follow a new leader): not our end.
+                # The call's channel was closed under it, or the JobManager it was for was lost
+                # (we follow a new leader): not our end. Whatever is still current goes again.
                 log.info("sending %d task state(s) was cut off; retrying", len(batch))
                 continue
             except grpc.aio.AioRpcError as e:

@@ -13,7 +13,8 @@ Runs, each in its own process, on this machine:
   bench_receivers.py   receivers: lines/s a socket receiver and the seed's word count sustain
   chaos_sources.py     socket and Redis Streams sources: kill -9 -> lines / entries lost or repeated
   chaos_leader.py      kill -9 of the leading JobManager (high availability) -> new leader, job RUNNING;
-                       on ZooKeeper too, and a paused leader (SIGSTOP) replaced by session expiry
+                       on ZooKeeper too, and a paused leader (SIGSTOP, kept paused until the job
+                       ended, then woken) replaced by session expiry
 then prints the figures beside the goals and Flink's published scheduler figures, and writes all
 of it to .funke/bench/results-<time>.json. --update-readme puts the table into README.md.
 --quick: fewer runs and a smaller corpus, to try the suite out (figures not comparable).
@@ -123,7 +124,8 @@ def table(results: dict) -> str:
     lines += source_rows(results.get("receivers"), results.get("chaos_sources"))
     lines += leader_rows(results["leader"], "filesystem", "kill -9", "≤ 5 s")
     lines += leader_rows(results["leader_zookeeper"], "ZooKeeper", "kill -9", "≤ 8 s")
-    lines += leader_rows(results["leader_zookeeper_pause"], "ZooKeeper", "SIGSTOP (session expiry, 6 s)", "≤ 8 s")
+    lines += leader_rows(results["leader_zookeeper_pause"], "ZooKeeper", "SIGSTOP (session expiry, 6 s)", "≤ 8 s",
+                         "`chaos_leader.py --backend zookeeper --kills 10 --pause`: paused until its job ended")
     return "\n".join(lines)
 
 
@@ -192,17 +194,26 @@ def source_rows(bench: dict | None, chaos: dict | None) -> list[str]:
     return lines
 
 
-def leader_rows(leader: dict, backend: str, fault: str, goal: str) -> list[str]:
+def leader_rows(leader: dict, backend: str, fault: str, goal: str, how: str = "") -> list[str]:
     e, r = leader["elected_s"], leader["running_again_s"]
-    return [
-        f"| HA ({backend}): leader {fault} → new leader elected ({leader['kills']} times) | "
-        f"median {e['median']:.2f} s, max {e['max']:.2f} s |  | ZooKeeper session timeout: 40–60 s |  |",
-        f"| HA ({backend}): leader {fault} → job RUNNING again | median {r['median']:.2f} s, max {r['max']:.2f} s | "
+    how = f" ({how})" if how else ""
+
+    def figures(f: dict) -> str:
+        return (f"min {f['min']:.2f} s, " if "min" in f else "") + f"median {f['median']:.2f} s, max {f['max']:.2f} s"
+
+    rows = [
+        f"| HA ({backend}): leader {fault}{how} → new leader elected ({leader['kills']} times) | "
+        f"{figures(e)} |  | ZooKeeper session timeout: 40–60 s |  |",
+        f"| HA ({backend}): leader {fault} → job RUNNING again | {figures(r)} | "
         f"{goal} | 20–60 s (defaults) |  |",
         f"| HA ({backend}, {fault}): jobs FINISHED with identical output / finished subtasks re-run | "
         f"{leader['identical']} of {leader['kills']} / {leader['finished_subtasks_rerun']} of "
         f"{leader['finished_subtasks_before_kill']} | all / 0 |  |  |",
     ]
+    if "woken_leaders_acting_on_a_stale_view" in leader:
+        rows.append(f"| HA ({backend}, {fault}): woken leaders that wrote TaskManagers off before seeing they "
+                    f"were deposed | {leader['woken_leaders_acting_on_a_stale_view']} of {leader['kills']} | 0 |  |  |")
+    return rows
 
 
 def main() -> int:

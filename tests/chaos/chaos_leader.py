@@ -18,7 +18,11 @@ PySpark, runs a slow word count once without faults (the reference), then:
 - --pause: SIGSTOP the leader instead of killing it: a process that stops answering without
   dying, as a leader on a host that hangs or is cut off. No dead-process shortcut applies, so the
   standby takes over only when the lease expires (filesystem) or the ZooKeeper server expires the
-  session (`--session-timeout`). Once measured, the paused leader is killed and started again.
+  session (`--session-timeout`). The paused leader stays paused while the new leader recovers and
+  finishes the job (the TaskManagers and clients must find the new leader on their own, as with a
+  hung host); then it is woken (SIGCONT), must find itself deposed and stand by, and is the next
+  round's standby. Counted too: woken leaders that acted on their stale view before noticing
+  (their log says a TaskManager was lost after the wake).
 - --jepsen: for --seconds, keep jobs running and kill the leader every --every seconds (the
   killed one restarted as standby); then every job must end FINISHED with the reference output.
 
@@ -127,6 +131,32 @@ class Cluster:
     def restart(self, name: str) -> None:
         localcluster.start_jobmanager(self.root, name)
 
+    def wake(self, name: str) -> int:
+        """SIGCONT to a paused JobManager; returns where its log stood (what it logs from now on
+        is after the wake)."""
+        log = self.root / "log" / f"{name}.log"
+        size = log.stat().st_size
+        localcluster.kill(self.root, name, signal.SIGCONT)
+        return size
+
+    def stood_down(self, name: str, epoch: int, since: int, timeout: float = 60) -> bool:
+        """Wait until the woken JobManager says it lost `epoch`; whether it had acted on its
+        stale view first (a TaskManager lost, tasks failed, before it knew it was deposed)."""
+        log = self.root / "log" / f"{name}.log"
+        deadline = time.monotonic() + timeout
+        while True:
+            text = log.read_bytes()[since:].decode(errors="replace")
+            lost_at = text.find(f"lost leadership (epoch {epoch})")
+            if lost_at >= 0:
+                break
+            if time.monotonic() >= deadline:
+                raise SystemExit(f"{name}, woken, did not step down from epoch {epoch} within {timeout} s")
+            time.sleep(0.1)
+        acted = re.search(r"TaskManager \S+ lost:|TaskManagerLost", text)
+        if acted is not None:
+            print(f"  {name} woke and acted on its stale view before stepping down: {text[acted.start():][:200]!r}")
+        return acted is not None
+
     def wait_end(self, job_id: str, timeout: float = 600) -> str:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -181,7 +211,7 @@ def tasks_running_again(client: JobManagerClient, job_id: str) -> float:
 
 
 def benchmark(c: Cluster, corpus: str, work: Path, reference: dict[str, bytes], kills: int, pause: bool) -> dict:
-    elected, running, tasks, rerun, finished_before, identical = [], [], [], 0, 0, 0
+    elected, running, tasks, rerun, finished_before, identical, stale = [], [], [], 0, 0, 0, 0
     for i in range(kills):
         out = work / f"run-{i}"
         job_id = c.client.submit(slow_word_count(corpus, out, 2.0))
@@ -190,12 +220,16 @@ def benchmark(c: Cluster, corpus: str, work: Path, reference: dict[str, bytes], 
         done = {(v.id, s.subtask_index): s.current.id.attempt_number for v in c.client.get_job(job_id).vertices
                 for s in v.subtasks if s.current.state == FINISHED}
         name, epoch, killed_at = c.kill_leader(signal.SIGSTOP if pause else signal.SIGKILL)
-        elected.append(c.elected_after(epoch) - killed_at)
-        if pause:  # the new leader is in charge: the paused one goes for good (and comes back below)
-            localcluster.kill(c.root, name, signal.SIGKILL)
-        running.append(running_again(c.client, job_id, epoch) - killed_at)
-        tasks.append(tasks_running_again(c.client, job_id) - killed_at)
-        end = c.wait_end(job_id)
+        try:  # a paused leader stays paused until the job is done: a hung host does not come back on cue
+            elected.append(c.elected_after(epoch) - killed_at)
+            running.append(running_again(c.client, job_id, epoch) - killed_at)
+            tasks.append(tasks_running_again(c.client, job_id) - killed_at)
+            end = c.wait_end(job_id)
+        finally:
+            if pause:
+                woke = c.wake(name)
+        if pause:
+            stale += c.stood_down(name, epoch, woke)
         details = c.client.get_job(job_id)
         after = {(v.id, s.subtask_index): s.current.id.attempt_number for v in details.vertices for s in v.subtasks}
         again = sum(1 for key, attempt in done.items() if after.get(key) != attempt)
@@ -206,14 +240,19 @@ def benchmark(c: Cluster, corpus: str, work: Path, reference: dict[str, bytes], 
         print(f"{'pause' if pause else 'kill'} {i + 1}/{kills}: {name} (epoch {epoch}) -> elected {elected[-1]:.2f} s, RUNNING again "
               f"{running[-1]:.2f} s, first task RUNNING {tasks[-1]:.2f} s, {end}, output {'identical' if same else 'DIFFERENT'}, "
               f"{again}/{len(done)} finished subtasks re-run", flush=True)
-        c.restart(name)
+        if not pause:  # a woken leader stands by already
+            c.restart(name)
     return {
         "kills": kills, "identical": identical,
-        "elected_s": {"median": statistics.median(elected), "max": max(elected)},
-        "running_again_s": {"median": statistics.median(running), "max": max(running)},
-        "tasks_running_again_s": {"median": statistics.median(tasks), "max": max(tasks)},
+        "elected_s": _figures(elected), "running_again_s": _figures(running), "tasks_running_again_s": _figures(tasks),
         "finished_subtasks_before_kill": finished_before, "finished_subtasks_rerun": rerun,
+        **({"woken_leaders_acting_on_a_stale_view": stale} if pause else {}),
     }
+
+
+def _figures(values: list[float]) -> dict:
+    return {"min": min(values), "median": statistics.median(values), "max": max(values),
+            "all": [round(v, 3) for v in values]}
 
 
 def jepsen(c: Cluster, corpus: str, work: Path, reference: dict[str, bytes], seconds: float, every: float) -> dict:
@@ -278,11 +317,13 @@ def main() -> int:
                 e, r, t = result["elected_s"], result["running_again_s"], result["tasks_running_again_s"]
                 print(f"{result['kills']} leader {'pauses' if args.pause else 'kills'} ({args.backend}): "
                       f"{result['identical']}/{result['kills']} jobs "
-                      f"FINISHED with identical output; {result['fault']} -> new leader elected median {e['median']:.2f} s, max "
-                      f"{e['max']:.2f} s; -> job RUNNING again median {r['median']:.2f} s, max {r['max']:.2f} s; "
-                      f"-> first task RUNNING again median {t['median']:.2f} s, max {t['max']:.2f} s; "
-                      f"finished subtasks re-run {result['finished_subtasks_rerun']} of "
-                      f"{result['finished_subtasks_before_kill']}")
+                      f"FINISHED with identical output; {result['fault']} -> new leader elected min {e['min']:.2f} s, "
+                      f"median {e['median']:.2f} s, max {e['max']:.2f} s; -> job RUNNING again min {r['min']:.2f} s, "
+                      f"median {r['median']:.2f} s, max {r['max']:.2f} s; -> first task RUNNING again median "
+                      f"{t['median']:.2f} s, max {t['max']:.2f} s; finished subtasks re-run "
+                      f"{result['finished_subtasks_rerun']} of {result['finished_subtasks_before_kill']}"
+                      + (f"; woken leaders that acted on a stale view: {result['woken_leaders_acting_on_a_stale_view']}"
+                         if args.pause else ""))
             if args.json:
                 Path(args.json).write_text(json.dumps(result, indent=2))
         finally:

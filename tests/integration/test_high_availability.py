@@ -327,20 +327,28 @@ def paused_leader(ha: HaCluster, corpus, reference, tmp_path) -> float:  # noqa:
     job_id = ha.client.submit(slow_word_count(corpus, out, seconds_per_stage=2.0))
     _some_task_running(ha.client, job_id)
     name, epoch, paused_at = ha.kill_leader(signal.SIGSTOP)
+    log_path = ha.dir / "log" / f"{name}.log"
     try:
         lease, elected_at = ha.wait_for_new_leader(epoch)
         _wait_running_under(ha.client, job_id, lease.epoch)
     finally:
+        woke_at = log_path.stat().st_size
         localcluster.kill(ha.dir, name, signal.SIGCONT)
     assert _wait_status(ha.client, job_id, "FINISHED", 300)
     assert read_output(out) == reference
     # The paused leader woke up deposed: it stands by and says why.
-    log = (ha.dir / "log" / f"{name}.log").read_text()
+    log = log_path.read_text()
     deadline = time.monotonic() + 10
     while f"lost leadership (epoch {epoch})" not in log and time.monotonic() < deadline:
         time.sleep(0.2)
-        log = (ha.dir / "log" / f"{name}.log").read_text()
+        log = log_path.read_text()
     assert f"lost leadership (epoch {epoch})" in log
+    # ... without acting on what it saw when it woke (every TaskManager silent for as long as it
+    # slept, their heartbeat streams gone): those TaskManagers are the new leader's now.
+    since_wake = log_path.read_bytes()[woke_at:].decode(errors="replace")
+    acted = [line for line in since_wake.splitlines() if " lost: " in line and "TaskManager" in line
+             or "TaskManagerLost" in line]
+    assert not acted, acted
     # What a deposed leader sends carries the token of a registration that is over, and names a
     # registration of its epoch: every TaskManager refuses it. (The token is the deposed leader's
     # alone; the cluster's own token stands in for it here, and is refused all the same.)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from funke.deploy import localcluster
+from tests.integration.conftest import funke
 from tests.integration.test_failover import corpus  # noqa: F401 (fixture)
 from tests.integration.test_high_availability import (  # noqa: F401 (fixtures)
     HaCluster,
@@ -53,3 +54,18 @@ def test_a_leader_paused_past_its_session_is_replaced_and_fenced_out(ha, corpus,
     # which it sends every second), not sooner: a paused process is not a dead one.
     print(f"paused leader replaced after {took:.2f} s (session timeout {SESSION_TIMEOUT})")
     assert took >= 1.5
+
+
+def test_after_both_jobmanagers_died_add_jobmanager_brings_a_leader_back_on_the_clusters_zookeeper(ha):
+    """The cluster's ZooKeeper (its port and the cluster's id are only in <dir>/ha.conf) and the
+    TaskManagers run on; `funke cluster add-jobmanager` starts a JobManager that leads there, and
+    the TaskManagers register with it on their own."""
+    epoch = ha.lease().epoch
+    for name in ("jobmanager", "jobmanager-2"):
+        localcluster.kill(ha.dir, name)
+    added = funke("cluster", "add-jobmanager", "--dir", str(ha.dir))
+    assert added.stdout.startswith("jobmanager (pid ") and "it leads (epoch " in added.stdout, added.stdout
+    lease, _ = ha.wait_for_new_leader(epoch)
+    assert localcluster.leader_name(ha.dir) == "jobmanager"
+    ha.restore()  # the other one again, and every TaskManager registered with the leader
+    assert ha.client.cluster_overview().leader.epoch == lease.epoch

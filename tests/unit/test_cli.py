@@ -694,3 +694,11 @@ def test_funke_progress_shows_each_receivers_lines_and_rate_and_a_brokers_lag() 
     assert sources[5] == "    lag (entries after the batch's end): orders 17, returns 0"
     # a record without sources (an older JobManager's) shows the table alone
     assert not [line for line in cli.render_progress([_progress_record(8, 40)]) if line.startswith("sources")]
+
+
+def test_add_jobmanager_wants_a_jobmanager_name_and_a_high_availability_cluster(tmp_path, capsys):
+    assert cli.main(["cluster", "add-jobmanager", "tm-1", "--dir", str(tmp_path)]) == 2
+    assert "'tm-1' is no JobManager name" in capsys.readouterr().err
+    assert cli.main(["cluster", "add-jobmanager", "--dir", str(tmp_path)]) == 1
+    assert "runs without high availability: it has one JobManager" in capsys.readouterr().err
+    assert localcluster.next_jobmanager_name(tmp_path) == "jobmanager"

@@ -151,3 +151,23 @@ def test_concurrent_contenders_in_threads_elect_exactly_one_leader(ha):
         t.join()
     assert granted == [Granted(1)]
     assert sum(c.epoch is not None for c in contenders) == 1
+
+
+def test_every_contender_is_listed_until_it_releases_falls_silent_or_its_process_is_gone(ha):
+    """Who takes part, leader and standbys, for `funke cluster status` and `stop`."""
+    a, b = Contender("a", "A", 3), Contender("b", "B", 3)
+    ha.contend(a, now=10.0)
+    ha.contend(b, now=10.5)
+    assert ha.contenders(now=11.0) == [("a", "A"), ("b", "B")]
+    ha.release(b, now=11.0)
+    assert ha.contenders(now=11.0) == [("a", "A")]
+    assert ha.contenders(now=10.0 + 2 * 3 + 0.5) == []  # not seen for two leases: not counted
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    holder = process_identity(child.pid)
+    ha.contend(Contender(holder, "C", 3), now=20.0)
+    assert ha.contenders(now=20.0) == [(holder, "C")]
+    child.kill()  # ours, by its pid
+    child.wait()
+    assert ha.contenders(now=20.0) == []  # a process of this host that is gone
+    ha.contend(a, now=21.0)  # the next round of a contender forgets it
+    assert sorted(os.listdir(ha.contenders_dir)) == [os.path.basename(ha._contender_file("a"))]

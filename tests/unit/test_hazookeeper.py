@@ -202,3 +202,14 @@ def test_a_stray_latch_node_of_our_own_session_does_not_keep_us_behind_ourselves
     lease, changes = ha.contend(a)
     assert changes == [Granted(1)] and lease.holder == "a"
     assert ha._zk.get_children(ha._path("latch")) == [ha._latch.rpartition("/")[2]]
+
+
+def test_every_contender_is_listed_while_its_latch_node_lives(make):
+    """Who takes part, leader first, for `funke cluster status` and `stop`."""
+    ha_a, ha_b, reader = make(), make(), make()
+    a, b = Contender("a", "A", 2), Contender("b", "B", 2)
+    ha_a.contend(a)
+    ha_b.contend(b)
+    assert reader.contenders() == [("a", "A"), ("b", "B")]
+    ha_a.release(a)
+    assert reader.contenders() == [("b", "B")]
