@@ -52,7 +52,7 @@ from pathlib import Path
 
 from funke.common.configuration import ConfigurationError, parse_config_lines, parse_configuration
 from funke.common.leadership import Lease
-from funke.deploy.hafilesystem import process_identity
+from funke.deploy.hafilesystem import holder_gone, process_identity
 from funke.deploy.processgroups import kill_what_is_left, signal_group, wait_gone
 from funke.deploy import zookeeperserver
 from funke.deploy import security
@@ -712,11 +712,13 @@ def _wait_for_leader(started: _Started, root: Path, deadline: float) -> str:
 
 
 def wait_for_leader(dir: str | os.PathLike[str], timeout: float) -> Lease | None:
-    """The lease of the cluster's leader once one is elected (None after `timeout` seconds)."""
+    """The lease of the cluster's leader once one is elected (None after `timeout` seconds). A
+    lease still held by a process of this host that is gone (a killed leader's ZooKeeper node
+    lives until its session expires) is not a leader: the wait goes on past it."""
     deadline = time.monotonic() + timeout
     while True:
         lease = leader(dir)
-        if lease is not None and lease.valid(time.time()):
+        if lease is not None and lease.valid(time.time()) and not holder_gone(lease.holder):
             return lease
         if time.monotonic() >= deadline:
             return None
