@@ -199,6 +199,19 @@ def _available_cores() -> int:
         return os.cpu_count() or 1
 
 
+def process_started_at() -> float:
+    """When this process started (epoch seconds): from /proc, so the interpreter's own start and
+    the imports count; the time of the call where there is no /proc."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rpartition(")")[2].split()[19])
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return time.time()
+
+
 # Answers to a registration that mean "no", not "not now".
 _REFUSALS = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.PERMISSION_DENIED,
              grpc.StatusCode.UNAUTHENTICATED)
@@ -308,6 +321,10 @@ class TaskExecutor:
         self.address: str | None = None
         self._bound_port = 0
         self.spark: SparkSession | None = None
+        # Start-up steps (epoch seconds), shown with the registration (resources): when the
+        # process started and when its SparkSession was ready (0: no Spark).
+        self.started_at = process_started_at()
+        self.spark_ready_at = 0.0
         self._renewing_session = False
         self._connect_watch: asyncio.Task[None] | None = None
         self._scratch: str | None = None  # this process's Spark scratch directory, removed at stop
@@ -488,7 +505,11 @@ class TaskExecutor:
         cfg = self.config
         if cfg.use_spark:
             log.info("TaskManager %s: starting Spark (%s)", self.id, self._spark_target())
+            asked = time.time()
             self.spark = await _in_daemon_thread(self._create_spark, "spark-start")
+            self.spark_ready_at = time.time()
+            log.info("TaskManager %s: Spark session ready in %.1f s (%.1f s after the process started)", self.id,
+                     self.spark_ready_at - asked, self.spark_ready_at - self.started_at)
         else:
             log.info("TaskManager %s runs without Spark: only no-op chains can run", self.id)
 
@@ -778,6 +799,8 @@ class TaskExecutor:
             "spark_master": self._spark_target() if cfg.use_spark else "",
             "pid": str(os.getpid()),
             "metrics": self.metrics_url,
+            "started_at": f"{self.started_at:.3f}",
+            "spark_ready_at": f"{self.spark_ready_at:.3f}" if self.spark_ready_at else "",
         }
         delay = _BACKOFF_START_S
         max_delay = _HA_BACKOFF_MAX_S if self._ha is not None else _BACKOFF_MAX_S

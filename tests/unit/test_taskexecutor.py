@@ -372,6 +372,10 @@ def test_registers_its_slots_and_the_address_it_serves_on(tm: TaskManagerProcess
     assert host == "127.0.0.1" and int(port) > 0
     assert registration.resources["pid"] == str(tm.proc.pid)
     assert "cores" in registration.resources
+    # when its process started (before the registration, not in the future), and no Spark here
+    started = float(registration.resources["started_at"])
+    assert time.time() - 120 < started <= time.time()
+    assert registration.resources["spark_ready_at"] == ""
     assert [(s.index, s.job_id, len(s.running)) for s in registration.slot_report.slots] == [(0, "", 0), (1, "", 0)]
     # launchers wait for this one line on stdout
     line = tm.stdout.get(timeout=WAIT_S)
