@@ -327,6 +327,9 @@ class TaskExecutor:
         self.spark_ready_at = 0.0
         self._renewing_session = False
         self._connect_watch: asyncio.Task[None] | None = None
+        self._warm_up_watch: asyncio.Task[None] | None = None
+        self._warm_up_job: Any = None  # the warm-up (warmup.WarmUp) while it runs
+        self._tasks_started = 0
         self._scratch: str | None = None  # this process's Spark scratch directory, removed at stop
         self._registered_once = False
         self._server: grpc.aio.Server | None = None
@@ -356,6 +359,8 @@ class TaskExecutor:
 
     def _start_task(self, i: core.StartTask) -> None:
         key = i.key
+        self._tasks_started += 1
+        self._stop_warm_up()
 
         name = i.deployment.task_name
 
@@ -557,24 +562,49 @@ class TaskExecutor:
             # Not a background loop of the life-or-death kind: it only renews the session.
             self._connect_watch = asyncio.create_task(self._watch_connect_session(), name="spark-connect-watch")
         if self.spark is not None and cfg.warm_up and not cfg.spark_remote:  # a Connect server warms once, for all
-            self._warm_up()
+            self._warm_up_watch = asyncio.create_task(self._warm_up_when_idle(), name="spark-warm-up")
         # What exists now (modules, PySpark, the SparkSession, the server) lives as long as the
         # process: out of the cycle collector's sight, a full collection no longer scans it all on
         # the loop (100-200 ms with thousands of tasks deployed, measured, for nothing to free).
         gc.freeze()
 
-    def _warm_up(self) -> None:
-        """Spark's first jobs, in a daemon thread while the TaskManager already serves: tasks
-        that come meanwhile run as they would have (cold), later ones warm."""
+    async def _warm_up_when_idle(self) -> None:
+        """Spark's first jobs (taskmanager/warmup.py), in a daemon thread while the TaskManager
+        serves, once it has run no task yet and the machine's CPUs are idle enough; the first
+        task that comes meanwhile interrupts it (`_start_task`)."""
         from funke.taskmanager import warmup
 
-        spark, scratch = self.spark, self._scratch or self._scratch_dir()
-
-        def body() -> None:
-            took = warmup.run(spark, scratch)
+        loop = asyncio.get_running_loop()
+        before = await loop.run_in_executor(None, warmup.cpu_times)
+        waited = 0
+        while True:
+            await asyncio.sleep(warmup.CHECK_INTERVAL_S)
+            if self._tasks_started or self._stopping or self.spark is None:
+                return
+            after = await loop.run_in_executor(None, warmup.cpu_times)
+            idle, before = warmup.idle_fraction(before, after), after
+            if warmup.due(session_ready=True, tasks_started=self._tasks_started, cpu_idle=idle):
+                break
+            waited += 1
+            if waited == 1:
+                log.info("TaskManager %s: Spark warm-up waits for idle CPUs (%.0f%% idle)", self.id, 100 * (idle or 0))
+        job = warmup.WarmUp(self.spark, self._scratch or self._scratch_dir())
+        self._warm_up_job = job
+        try:
+            took = await _in_daemon_thread(job.run, "spark-warm-up")
+        finally:
+            self._warm_up_job = None
+        if job.cancelled:
+            log.info("TaskManager %s: Spark warm-up gave way to the first task after %.1f s", self.id, took)
+        else:
             log.info("TaskManager %s: Spark warmed up in %.1f s", self.id, took)
 
-        threading.Thread(target=body, name="spark-warm-up", daemon=True).start()
+    def _stop_warm_up(self) -> None:
+        """A task is starting: the warm-up, if it runs, stops at once (its Spark jobs are
+        interrupted off the loop), and if it has not started, it never will."""
+        job = self._warm_up_job
+        if job is not None and not job.cancelled and self._loop is not None:
+            self._loop.run_in_executor(None, job.cancel)
 
     def _background_ended(self, task: asyncio.Task[None]) -> None:
         """The connection and report loops run for the life of the process: one that ends on
@@ -611,6 +641,9 @@ class TaskExecutor:
             handle.cancel()
         if self._connect_watch is not None:
             self._connect_watch.cancel()
+        if self._warm_up_watch is not None:
+            self._warm_up_watch.cancel()
+        self._stop_warm_up()
         # Closing the heartbeat stream tells the JobManager at once that we are gone.
         for background in self._background:
             background.cancel()
