@@ -204,11 +204,11 @@ def process_started_at() -> float:
     the imports count; the time of the call where there is no /proc."""
     try:
         with open("/proc/self/stat") as f:
-            ticks = int(f.read().rpartition(")")[2].split()[19])
-        with open("/proc/stat") as f:
-            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
-        return boot + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
+            ticks = int(f.read().rpartition(")")[2].split()[19])  # since boot
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
         return time.time()
 
 
