@@ -64,7 +64,7 @@ from funke.common.security import TOKEN_BYTES, Realm
 from funke.deploy import datafs, security
 from funke.deploy.haservices import ha_services
 from funke.deploy.rpc import MESSAGE_SIZE_OPTIONS, add_service, advertised_host, host_port
-from funke.taskmanager import sparksession
+from funke.taskmanager import jvmarchive, sparksession
 from funke.taskmanager.task import StreamTask, Task
 from funke.v1 import cluster_pb2, cluster_pb2_grpc
 
@@ -689,11 +689,16 @@ class TaskExecutor:
 
     def _spark_plan(self) -> sparksession.SparkPlan:
         cfg = self.config
+        archive = None if cfg.spark_remote else jvmarchive.existing()
+        if archive is None and not cfg.spark_remote:
+            log.info("TaskManager %s: no class-data archive for this JVM and Spark yet: Spark starts slower "
+                     "(python -m funke.taskmanager.jvmarchive makes one)", self.id)
         return sparksession.plan(
             master=cfg.spark_master, remote=cfg.spark_remote, slots=cfg.number_of_slots, cores=_available_cores(),
             user_conf=cfg.spark_conf, scratch=None if cfg.spark_remote else self._scratch_dir(),
             environ=os.environ, python=sys.executable,
-            host=advertised_host(cfg.host, cfg.advertise_host, cfg.jobmanager_address))
+            host=advertised_host(cfg.host, cfg.advertise_host, cfg.jobmanager_address),
+            jvm_archive=jvmarchive.java_option(archive) if archive is not None else None)
 
     def _create_spark(self) -> SparkSession:
         """Blocking; runs in a thread. PySpark is imported here so --no-spark never loads it.

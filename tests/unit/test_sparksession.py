@@ -109,3 +109,17 @@ def test_local_mode_and_connect_have_no_executors_to_wait_for():
     never = lambda: pytest.fail("asked for executors")  # noqa: E731
     assert ss.await_executors(plan(), never, timeout_s=1) == 0
     assert ss.await_executors(plan(remote="sc://h:1"), never, timeout_s=1) == 0
+
+
+def test_the_class_data_archive_is_mapped_by_the_driver_before_the_users_java_options():
+    p = ss.plan(master=None, remote=None, slots=2, cores=2, user_conf=(("spark.driver.extraJavaOptions", "-Dx=1"),),
+                scratch="/scratch/tm", environ={}, python="p", jvm_archive="-XX:SharedArchiveFile=/cache/a.jsa")
+    assert p.conf["spark.driver.extraJavaOptions"] == (
+        "-Djava.io.tmpdir=/scratch/tm/jvm -XX:SharedArchiveFile=/cache/a.jsa -Dx=1")
+    assert any("class-data archive" in note for note in p.notes)
+    # no archive: nothing more than before
+    assert plan().conf["spark.driver.extraJavaOptions"] == "-Djava.io.tmpdir=/scratch/tm/jvm"
+    # a Connect server's JVM is not ours to start
+    connect = ss.plan(master=None, remote="sc://h:15002", slots=2, cores=2, user_conf=(), scratch=None, environ={},
+                      python="p", jvm_archive="-XX:SharedArchiveFile=/cache/a.jsa")
+    assert connect.conf == {}
