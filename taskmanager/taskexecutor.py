@@ -576,18 +576,21 @@ class TaskExecutor:
 
         loop = asyncio.get_running_loop()
         before = await loop.run_in_executor(None, warmup.cpu_times)
-        waited = 0
+        since = loop.time()
+        said = False
         while True:
             await asyncio.sleep(warmup.CHECK_INTERVAL_S)
             if self._tasks_started or self._stopping or self.spark is None:
                 return
             after = await loop.run_in_executor(None, warmup.cpu_times)
             idle, before = warmup.idle_fraction(before, after), after
-            if warmup.due(session_ready=True, tasks_started=self._tasks_started, cpu_idle=idle):
+            if warmup.due(session_ready=True, tasks_started=self._tasks_started, cpu_idle=idle,
+                          waited_s=loop.time() - since, patience_s=warmup.PATIENCE_S):
                 break
-            waited += 1
-            if waited == 1:
-                log.info("TaskManager %s: Spark warm-up waits for idle CPUs (%.0f%% idle)", self.id, 100 * (idle or 0))
+            if not said:
+                said = True
+                log.info("TaskManager %s: Spark warm-up waits for idle CPUs (%.0f%% idle), at most %g s", self.id,
+                         100 * (idle or 0), warmup.PATIENCE_S)
         job = warmup.WarmUp(self.spark, self._scratch or self._scratch_dir())
         self._warm_up_job = job
         try:

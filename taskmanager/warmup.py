@@ -9,12 +9,13 @@ would run its first batch that much later. So a TaskManager runs one small job o
 tasks run (a range, a Python map over Arrow batches, a keyed aggregate, a Parquet write and read,
 a collect as Arrow), in its own scratch directory, off its event loop.
 
-The warm-up yields to real work. It is CPU for later, so it takes only what is spare: it starts
-once the TaskManager has run no task yet and the machine's CPUs have been mostly idle for a
-moment (`due`), and a task that arrives meanwhile interrupts it (`WarmUp.cancel`): that task's
-own first Spark job warms the session as well, and sooner. Without that, on a small machine the
-warm-ups of idle TaskManagers ran at the same time as the first job of the cluster, on the same
-cores, and made it slower instead of faster.
+The warm-up yields to real work. It is CPU for later, so it takes what is spare: it starts once
+the TaskManager has run no task yet and the machine's CPUs have been mostly idle for a moment,
+or, on a machine that is never idle, after waiting PATIENCE_S (a spare TaskManager should not
+take over a query cold for ever) (`due`); a task that arrives meanwhile interrupts it
+(`WarmUp.cancel`): that task's own first Spark job warms the session as well, and sooner.
+Without that, on a small machine the warm-ups of idle TaskManagers ran at the same time as the
+first job of the cluster, on the same cores, and made it slower instead of faster.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ CHECK_INTERVAL_S = 1.0
 # ... and does once its CPUs were at least this idle over the last interval (on 2 cores: one
 # core free), so that it never takes CPU from tasks, its own or anybody's on this machine.
 IDLE_CPU_FRACTION = 0.5
+# ... or once it has waited this long for idle CPUs, on a machine busy with other work.
+PATIENCE_S = 30.0
 # Spark job tag of the warm-up's jobs, so that cancel() interrupts exactly those.
 TAG = "funke-warm-up"
 
@@ -65,14 +68,14 @@ def idle_fraction(before: tuple[int, int] | None, after: tuple[int, int] | None)
     return (after[0] - before[0]) / (after[1] - before[1])
 
 
-def due(*, session_ready: bool, tasks_started: int, cpu_idle: float | None,
-        idle_needed: float = IDLE_CPU_FRACTION) -> bool:
+def due(*, session_ready: bool, tasks_started: int, cpu_idle: float | None, waited_s: float = 0.0,
+        idle_needed: float = IDLE_CPU_FRACTION, patience_s: float = PATIENCE_S) -> bool:
     """Whether to warm up now: the session is there, no task has run on it yet (a task warms it
     by running), and the machine's CPUs were idle enough lately (unknown counts as idle: without
-    /proc there is nothing better to go by)."""
+    /proc there is nothing better to go by) or it has waited `patience_s` for that."""
     if not session_ready or tasks_started:
         return False
-    return cpu_idle is None or cpu_idle >= idle_needed
+    return cpu_idle is None or cpu_idle >= idle_needed or waited_s >= patience_s
 
 
 class WarmUp:

@@ -27,17 +27,20 @@ def test_cpu_times_reads_the_machines_cpus() -> None:
     assert reading is not None and 0 <= reading[0] <= reading[1]
 
 
-@pytest.mark.parametrize("session_ready, tasks_started, cpu_idle, expected", [
-    (True, 0, 0.9, True),
-    (True, 0, None, True),  # no /proc: nothing better to go by
-    (True, 0, 0.5, True),
-    (True, 0, 0.3, False),  # the machine is busy: the warm-up would slow somebody's work
-    (True, 1, 1.0, False),  # a task ran: it warmed the session itself
-    (False, 0, 1.0, False),
+@pytest.mark.parametrize("session_ready, tasks_started, cpu_idle, waited_s, expected", [
+    (True, 0, 0.9, 1, True),
+    (True, 0, None, 1, True),  # no /proc: nothing better to go by
+    (True, 0, 0.5, 1, True),
+    (True, 0, 0.3, 1, False),  # the machine is busy: the warm-up would slow somebody's work
+    (True, 0, 0.3, 30, True),  # ... for ever: a spare TaskManager should not stay cold
+    (True, 1, 1.0, 1, False),  # a task ran: it warmed the session itself
+    (True, 1, 0.3, 60, False),
+    (False, 0, 1.0, 60, False),
 ])
-def test_the_warm_up_is_due_only_on_an_untouched_session_with_idle_cpus(session_ready, tasks_started, cpu_idle,
-                                                                       expected) -> None:
-    assert warmup.due(session_ready=session_ready, tasks_started=tasks_started, cpu_idle=cpu_idle) is expected
+def test_the_warm_up_is_due_only_on_an_untouched_session_with_idle_cpus_or_after_waiting_long(
+        session_ready, tasks_started, cpu_idle, waited_s, expected) -> None:
+    assert warmup.due(session_ready=session_ready, tasks_started=tasks_started, cpu_idle=cpu_idle,
+                      waited_s=waited_s, patience_s=30) is expected
 
 
 class FakeWarmUp:
@@ -83,6 +86,24 @@ def executor(monkeypatch, tmp_path):
 
     executor.cpu = cpu
     return executor
+
+
+def test_on_a_machine_that_stays_busy_the_warm_up_starts_after_its_patience(executor, monkeypatch) -> None:
+    monkeypatch.setattr(warmup, "PATIENCE_S", 0.2)
+    executor.cpu([(10 * i, 100 * i) for i in range(10_000)])  # always 10% idle
+
+    async def scenario() -> None:
+        executor._loop = asyncio.get_running_loop()
+        watch = asyncio.create_task(executor._warm_up_when_idle())
+        started = asyncio.get_running_loop().time()
+        while not FakeWarmUp.made:
+            await asyncio.sleep(0.005)
+        assert asyncio.get_running_loop().time() - started >= 0.2
+        FakeWarmUp.made[0].finish.set()
+        await asyncio.wait_for(watch, 5)
+
+    asyncio.run(scenario())
+    assert len(FakeWarmUp.made) == 1
 
 
 def test_with_busy_cpus_the_warm_up_waits_and_starts_once_they_are_idle(executor) -> None:
