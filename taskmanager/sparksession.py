@@ -39,6 +39,12 @@ CONNECT_RETRY_MAX_BACKOFF_MS = 2000
 CONNECT_RETRIES = 305
 # How long a TaskManager on a cluster master waits for its first executor before refusing to start.
 DEFAULT_EXECUTOR_TIMEOUT_S = 60.0
+# The driver JVM's optimising compiler (C2) takes a method once it ran 10x as often as HotSpot's
+# defaults say: at start a JVM compiles hundreds of methods that run a few thousand times and
+# never again (a session's start and first jobs: about 20% of their CPU), while the loops of a
+# real job cross these counts within milliseconds (per-query times of small queries unchanged).
+DRIVER_JIT_OPTIONS = ("-XX:Tier4InvocationThreshold=50000 -XX:Tier4MinInvocationThreshold=6000 "
+                      "-XX:Tier4CompileThreshold=150000 -XX:Tier4BackEdgeThreshold=400000")
 
 
 class SparkStartError(Exception):
@@ -115,7 +121,7 @@ def plan(*, master: str | None, remote: str | None, slots: int, cores: int, user
             # Spark's own guess is the host name's address, which may be loopback or another
             # interface; the executors must dial the driver where the JobManager dials us.
             conf["spark.driver.host"] = host
-    java_options = []
+    java_options = [DRIVER_JIT_OPTIONS]
     if scratch is not None:
         # Spark's block manager, shuffle files and the JVM's extracted native libraries go under
         # the TaskManager's scratch directory, removed when it stops, not strewn over /tmp.
@@ -126,8 +132,7 @@ def plan(*, master: str | None, remote: str | None, slots: int, cores: int, user
         # its first queries on about 40% less CPU (a JVM it does not fit starts without it).
         java_options.append(jvm_archive)
         notes.append(f"Spark's JVM maps its classes from the class-data archive ({jvm_archive})")
-    if java_options:
-        conf[DRIVER_JAVA_OPTIONS] = " ".join(java_options)
+    conf[DRIVER_JAVA_OPTIONS] = " ".join(java_options)
     for key, value in user.items():
         if key == DRIVER_JAVA_OPTIONS and DRIVER_JAVA_OPTIONS in conf:
             conf[key] += f" {value}"
