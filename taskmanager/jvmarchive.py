@@ -69,9 +69,14 @@ def _stat_line(path: str) -> str:
     return f"{path}\0{st.st_size}\0{st.st_mtime_ns}\n"
 
 
+def _install(spark: Path) -> str:
+    """Which Spark installation (a virtual environment's PySpark, a SPARK_HOME) an archive is for."""
+    return hashlib.sha256(str(spark.resolve()).encode()).hexdigest()[:8]
+
+
 def key() -> str | None:
-    """What the archive is valid for: the JVM (its libjvm) and Spark's jars (names, sizes,
-    times), None when either is not found."""
+    """What the archive is valid for: this Spark installation, the JVM (its libjvm) and Spark's
+    jars (names, sizes, times); None when either is not found."""
     spark, java = spark_home(), java_home()
     if spark is None or java is None:
         return None
@@ -85,7 +90,7 @@ def key() -> str | None:
             digest.update(_stat_line(path).encode())
     except OSError:
         return None
-    return digest.hexdigest()[:16]
+    return f"{_install(spark)}-{digest.hexdigest()[:16]}"
 
 
 def path() -> Path | None:
@@ -150,8 +155,9 @@ def build(target: Path) -> float:
     finally:
         partial.unlink(missing_ok=True)
         shutil.rmtree(scratch, ignore_errors=True)
-    for old in target.parent.glob(f"{PREFIX}*{SUFFIX}"):  # made for a JVM or jars no longer here
-        if old != target:
+    install = target.name[len(PREFIX):].split("-")[0]
+    for old in target.parent.glob(f"{PREFIX}{install}-*{SUFFIX}"):  # this installation's, for an older JDK or jars
+        if old != target:  # (other installations' archives are theirs)
             old.unlink(missing_ok=True)
     return time.monotonic() - started
 

@@ -69,3 +69,15 @@ def test_the_cache_directory_follows_the_environment(monkeypatch, tmp_path):
     assert jvmarchive.cache_dir() == tmp_path / "xdg" / "funke"
     monkeypatch.setenv("FUNKE_CACHE_DIR", str(tmp_path / "mine"))
     assert jvmarchive.cache_dir() == tmp_path / "mine"
+
+
+def test_each_spark_installation_has_its_own_archive(homes, tmp_path, monkeypatch):
+    # two virtual environments on one machine share the cache directory, not their archives
+    first = jvmarchive.path()
+    other = tmp_path / "other-venv-spark"
+    (other / "jars").mkdir(parents=True)
+    (other / "jars" / "spark-core.jar").write_bytes(b"jar spark-core.jar")
+    monkeypatch.setenv("SPARK_HOME", str(other))
+    second = jvmarchive.path()
+    assert first != second and first.parent == second.parent
+    assert first.name.split("-")[2] != second.name.split("-")[2]  # spark-cds-<installation>-<contents>.jsa
