@@ -40,7 +40,7 @@ CHECK_INTERVAL_S = 1.0
 # core free), so that it never takes CPU from tasks, its own or anybody's on this machine.
 IDLE_CPU_FRACTION = 0.5
 # ... or once it has waited this long for idle CPUs, on a machine busy with other work.
-PATIENCE_S = 30.0
+PATIENCE_S = 15.0
 # Spark job tag of the warm-up's jobs, so that cancel() interrupts exactly those.
 TAG = "funke-warm-up"
 
