@@ -31,6 +31,7 @@ import collections
 import concurrent.futures
 import contextlib
 import gc
+import importlib
 import itertools
 import logging
 import os
@@ -53,7 +54,6 @@ from funke.common import taskexecutorstate as core
 from funke.common.configuration import ClusterConfiguration
 from funke.common.deployment import PartitionRef, ProducedPartition, TaskReport
 from funke.common.executiongraph import FailureInfo, TaskIo
-from funke.deploy.metricsserver import MetricsServer, registry_with
 from funke.taskmanager.metrics import TaskMetrics
 from funke.common.jobgraph import JobVertex
 from funke.common.leadership import Lease
@@ -65,11 +65,16 @@ from funke.deploy import datafs, security
 from funke.deploy.haservices import ha_services
 from funke.deploy.rpc import MESSAGE_SIZE_OPTIONS, add_service, advertised_host, host_port
 from funke.taskmanager import jvmarchive, sparksession
-from funke.taskmanager.task import StreamTask, Task
 from funke.v1 import cluster_pb2, cluster_pb2_grpc
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+    from funke.deploy.metricsserver import MetricsServer
+    from funke.taskmanager.task import Task
+
+# Imported where first needed (the task runtime with PySpark and pyarrow, the metrics server with
+# aiohttp): the TaskManager starts Spark's JVM before it imports them, and while it boots.
 
 log = logging.getLogger("funke.taskmanager")
 
@@ -363,6 +368,7 @@ class TaskExecutor:
         self._stop_warm_up()
 
         name = i.deployment.task_name
+        from funke.taskmanager.task import StreamTask, Task
 
         def report(state: ExecutionState, failure: FailureInfo | None, produced: tuple[ProducedPartition, ...],
                    io: TaskIo | None = None) -> None:
@@ -395,19 +401,27 @@ class TaskExecutor:
         if task is not None:
             task.give_inputs(i.gates)
 
+    def _stream_task(self, key: TaskKey):
+        task = self._tasks.get(key)
+        if task is None:
+            return None
+        from funke.taskmanager.task import StreamTask  # loaded: a task exists
+
+        return task if isinstance(task, StreamTask) else None
+
     def _give_batch(self, i: core.GiveBatch) -> None:
-        task = self._tasks.get(i.key)
-        if isinstance(task, StreamTask):
+        task = self._stream_task(i.key)
+        if task is not None:
             task.give_batch(i.batch, i.gates)
 
     def _finish_task(self, i: core.FinishTask) -> None:
-        task = self._tasks.get(i.key)
-        if isinstance(task, StreamTask):
+        task = self._stream_task(i.key)
+        if task is not None:
             task.finish()
 
     def _limit_rate(self, i: core.LimitRate) -> None:
-        task = self._tasks.get(i.key)
-        if isinstance(task, StreamTask):
+        task = self._stream_task(i.key)
+        if task is not None:
             task.set_rate_limit(i.records_per_second)
 
     def _interrupt(self, i: core.InterruptTask) -> None:
@@ -508,16 +522,47 @@ class TaskExecutor:
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
         cfg = self.config
+        spark_starting: asyncio.Future[SparkSession] | None = None
+        if cfg.metrics_host is not None:
+            # Before Spark's thread starts importing PySpark: two threads importing at once can meet
+            # each other's modules half-initialised.
+            importlib.import_module("funke.deploy.metricsserver")
         if cfg.use_spark:
+            # First: its JVM boots for seconds, while this process sets up its servers.
             log.info("TaskManager %s: starting Spark (%s)", self.id, self._spark_target())
             asked = time.time()
-            self.spark = await _in_daemon_thread(self._create_spark, "spark-start")
+            spark_starting = _in_daemon_thread(self._create_spark_and_task_runtime, "spark-start")
+        else:
+            log.info("TaskManager %s runs without Spark: only no-op chains can run", self.id)
+        # A server that cannot start ends the start at once (the JVM, still booting in a daemon
+        # thread, goes with the process).
+        await self._start_servers()
+        if spark_starting is not None:
+            # Registered only once the session is up: every task it is sent can run at once.
+            self.spark = await spark_starting
             self.spark_ready_at = time.time()
             log.info("TaskManager %s: Spark session ready in %.1f s (%.1f s after the process started)", self.id,
                      self.spark_ready_at - asked, self.spark_ready_at - self.started_at)
-        else:
-            log.info("TaskManager %s runs without Spark: only no-op chains can run", self.id)
+        self._connect(cfg.jobmanager_address)
+        self._background = [
+            asyncio.create_task(self._stay_connected(), name="jobmanager-connection"),
+            asyncio.create_task(self._report_loop(), name="task-state-reporter"),
+        ]
+        for task in self._background:
+            task.add_done_callback(self._background_ended)
+        if self.spark is not None and cfg.spark_remote:
+            # Not a background loop of the life-or-death kind: it only renews the session.
+            self._connect_watch = asyncio.create_task(self._watch_connect_session(), name="spark-connect-watch")
+        if self.spark is not None and cfg.warm_up and not cfg.spark_remote:  # a Connect server warms once, for all
+            self._warm_up_watch = asyncio.create_task(self._warm_up_when_idle(), name="spark-warm-up")
+        # What exists now (modules, PySpark, the SparkSession, the server) lives as long as the
+        # process: out of the cycle collector's sight, a full collection no longer scans it all on
+        # the loop (100-200 ms with thousands of tasks deployed, measured, for nothing to free).
+        gc.freeze()
 
+    async def _start_servers(self) -> None:
+        """The TaskExecutor service (NOT_SERVING until registered) and the metrics endpoint."""
+        cfg = self.config
         # No SO_REUSEPORT: a second process on the same --port must fail, not share the traffic.
         # Only the JobManager it is registered with now may call it: the token it sent with that
         # registration (`_register`) is the only one the TaskExecutor service takes.
@@ -542,6 +587,8 @@ class TaskExecutor:
                  cfg.number_of_slots)
 
         if cfg.metrics_host is not None:
+            from funke.deploy.metricsserver import MetricsServer, registry_with
+
             self._metrics_server = MetricsServer(registry_with(self.metrics), cfg.tls)
             first, last = cfg.metrics_ports
             try:
@@ -551,22 +598,6 @@ class TaskExecutor:
             host = advertised_host(cfg.metrics_host, cfg.advertise_host, cfg.jobmanager_address)
             self.metrics_url = f"{self._metrics_server.scheme}://{host_port(host, port)}/metrics"
             log.info("TaskManager %s: Prometheus metrics at %s", self.id, self.metrics_url)
-        self._connect(cfg.jobmanager_address)
-        self._background = [
-            asyncio.create_task(self._stay_connected(), name="jobmanager-connection"),
-            asyncio.create_task(self._report_loop(), name="task-state-reporter"),
-        ]
-        for task in self._background:
-            task.add_done_callback(self._background_ended)
-        if self.spark is not None and cfg.spark_remote:
-            # Not a background loop of the life-or-death kind: it only renews the session.
-            self._connect_watch = asyncio.create_task(self._watch_connect_session(), name="spark-connect-watch")
-        if self.spark is not None and cfg.warm_up and not cfg.spark_remote:  # a Connect server warms once, for all
-            self._warm_up_watch = asyncio.create_task(self._warm_up_when_idle(), name="spark-warm-up")
-        # What exists now (modules, PySpark, the SparkSession, the server) lives as long as the
-        # process: out of the cycle collector's sight, a full collection no longer scans it all on
-        # the loop (100-200 ms with thousands of tasks deployed, measured, for nothing to free).
-        gc.freeze()
 
     async def _warm_up_when_idle(self) -> None:
         """Spark's first jobs (taskmanager/warmup.py), in a daemon thread while the TaskManager
@@ -702,6 +733,13 @@ class TaskExecutor:
             environ=os.environ, python=sys.executable,
             host=advertised_host(cfg.host, cfg.advertise_host, cfg.jobmanager_address),
             jvm_archive=jvmarchive.java_option(archive) if archive is not None else None)
+
+    def _create_spark_and_task_runtime(self) -> SparkSession:
+        """Blocking: the session, then the task runtime (the operators; PySpark is loaded by then:
+        importing it from two threads at once is not safe), off the loop, before the first task."""
+        spark = self._create_spark()
+        importlib.import_module("funke.taskmanager.task")
+        return spark
 
     def _create_spark(self) -> SparkSession:
         """Blocking; runs in a thread. PySpark is imported here so --no-spark never loads it.
