@@ -46,3 +46,22 @@ def test_what_a_taskmanager_did_not_say_is_shown_as_unknown() -> None:
     lines = timing_lines(T0, T0 + 2.5, overview, None, None, T0 + 3.0)
     assert lines[2] == "  tm-1: process started -, Spark session ready -, registered 2.00 s"
     assert lines[3] == "  job: result checked 3.00 s"
+
+
+def test_the_cold_start_benchmark_reads_the_demos_account() -> None:
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import bench_coldstart
+
+    overview = jobmanager_pb2.ClusterOverview(task_managers=[
+        jobmanager_pb2.TaskManagerInfo(id=f"tm-{i}", registered_at=_at(3.5 + i),
+                                       resources={"started_at": f"{T0 + 1:.3f}", "spark_ready_at": f"{T0 + 3 + i:.3f}"})
+        for i in (1, 2)])
+    details = job_pb2.JobDetails(status_history=[job_pb2.JobStatusTransition(
+        to_status=job_pb2.JOB_STATUS_FINISHED, timestamp=_at(8.5))])
+    output = "\n".join(["top 15 ...", *timing_lines(T0, T0 + 5.75, overview, T0 + 6.0, details, T0 + 9.25),
+                        "wall time: 9.25 s in all (cluster start 5.75 s, job 3.50 s)"])
+    assert bench_coldstart.parse(output) == {"cluster_start_s": 5.75, "spark_ready_s": 5.0, "job_s": 3.25,
+                                             "demo_s": 9.25}
