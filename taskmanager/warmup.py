@@ -43,6 +43,9 @@ IDLE_CPU_FRACTION = 0.5
 PATIENCE_S = 15.0
 # Spark job tag of the warm-up's jobs, so that cancel() interrupts exactly those.
 TAG = "funke-warm-up"
+# A cancelled warm-up's jobs are interrupted again this often until it returned: a job it submits
+# just after the cancel (while it was planning it) is caught too.
+REINTERRUPT_S = 0.1
 
 
 def _identity(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -86,13 +89,26 @@ class WarmUp:
         self._spark = spark
         self._path = os.path.join(scratch, "warmup")
         self._cancelled = threading.Event()
+        self._done = threading.Event()
 
     @property
     def cancelled(self) -> bool:
         return self._cancelled.is_set()
 
     def cancel(self) -> None:
+        """Interrupts the warm-up's Spark jobs until `run` returned (at once if it is not running)."""
+        first = not self._cancelled.is_set()
         self._cancelled.set()
+        self._interrupt()
+        if first:
+            threading.Thread(target=self._keep_interrupting, name="spark-warm-up-cancel", daemon=True).start()
+
+    def _keep_interrupting(self) -> None:
+        deadline = time.monotonic() + 60  # a warm-up that never runs is not waited for
+        while not self._done.wait(REINTERRUPT_S) and time.monotonic() < deadline:
+            self._interrupt()
+
+    def _interrupt(self) -> None:
         try:
             self._spark.sparkContext.cancelJobsWithTag(TAG)
         except Exception:  # a stopped session, or one that has no SparkContext
@@ -117,6 +133,7 @@ class WarmUp:
                 log.info("Spark warm-up did not finish (%s: %s); the first tasks start cold", type(exc).__name__,
                          str(exc).splitlines()[0] if str(exc) else "")
         finally:
+            self._done.set()
             if tagged:
                 try:
                     spark.sparkContext.removeJobTag(TAG)

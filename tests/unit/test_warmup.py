@@ -142,3 +142,50 @@ def test_a_task_that_starts_interrupts_the_warm_up_and_one_that_came_first_preve
 
     asyncio.run(scenario())
     assert len(FakeWarmUp.made) == 1 and FakeWarmUp.made[0].cancelled
+
+
+class _Context:
+    """A SparkContext's job tags and cancellation, with one job that runs until it is interrupted."""
+
+    def __init__(self):
+        self.cancels = 0
+        self.job_running = threading.Event()
+        self.interrupted = threading.Event()
+
+    def addJobTag(self, tag):
+        pass
+
+    def removeJobTag(self, tag):
+        pass
+
+    def cancelJobsWithTag(self, tag):
+        self.cancels += 1
+        if self.job_running.is_set():
+            self.interrupted.set()
+
+
+def test_a_job_the_warm_up_submits_just_after_the_cancel_is_interrupted_too(tmp_path, monkeypatch) -> None:
+    context = _Context()
+    session = type("Session", (), {"sparkContext": context})()
+    job = warmup.WarmUp(session, str(tmp_path))
+    planning = threading.Event()
+    cancelled = threading.Event()
+    ran = []
+
+    def aggregate_and_write() -> None:  # cancel() comes while the job is planned, before it runs
+        planning.set()
+        assert cancelled.wait(10)
+        context.job_running.set()
+        ran.append(context.interrupted.wait(10))  # the job runs until Spark interrupts it
+        context.job_running.clear()
+
+    monkeypatch.setattr(job, "_aggregate_and_write", aggregate_and_write)
+    monkeypatch.setattr(job, "_read", lambda: ran.append("read"))
+    runner = threading.Thread(target=job.run)
+    runner.start()
+    assert planning.wait(10)
+    job.cancel()
+    cancelled.set()
+    runner.join(30)
+    assert ran == [True]  # interrupted, and the read after it skipped
+    assert context.cancels >= 2
