@@ -522,27 +522,26 @@ class TaskExecutor:
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
         cfg = self.config
-        spark_starting: asyncio.Future[SparkSession] | None = None
         if cfg.metrics_host is not None:
             # Before Spark's thread starts importing PySpark: two threads importing at once can meet
             # each other's modules half-initialised.
             importlib.import_module("funke.deploy.metricsserver")
         if cfg.use_spark:
-            # First: its JVM boots for seconds, while this process sets up its servers.
+            # First, before the task runtime is loaded (in the same thread, once the session is
+            # up). Not beside the gRPC servers being set up: PySpark forks spark-submit with a
+            # preexec_fn, and a fork while other threads call into gRPC skips gRPC's fork handlers
+            # (seen: the launch failing, the TaskManager's epoll set broken).
             log.info("TaskManager %s: starting Spark (%s)", self.id, self._spark_target())
             asked = time.time()
             spark_starting = _in_daemon_thread(self._create_spark_and_task_runtime, "spark-start")
-        else:
-            log.info("TaskManager %s runs without Spark: only no-op chains can run", self.id)
-        # A server that cannot start ends the start at once (the JVM, still booting in a daemon
-        # thread, goes with the process).
-        await self._start_servers()
-        if spark_starting is not None:
             # Registered only once the session is up: every task it is sent can run at once.
             self.spark = await spark_starting
             self.spark_ready_at = time.time()
             log.info("TaskManager %s: Spark session ready in %.1f s (%.1f s after the process started)", self.id,
                      self.spark_ready_at - asked, self.spark_ready_at - self.started_at)
+        else:
+            log.info("TaskManager %s runs without Spark: only no-op chains can run", self.id)
+        await self._start_servers()
         self._connect(cfg.jobmanager_address)
         self._background = [
             asyncio.create_task(self._stay_connected(), name="jobmanager-connection"),
