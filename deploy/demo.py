@@ -5,8 +5,9 @@ Owns the demo's script: start a multi-process cluster (one JobManager, 2 TaskMan
 in `.funke/demo-<timestamp>/` under the repository root, submit `examples/wordcount.py` with
 parallelism 2 and its counts collected, show the progress as `funke submit` does, then print the
 top words, whether the cluster's counts equal a `collections.Counter` over the same files, the
-job's status history and the wall time. The cluster is stopped whatever happens; its directory
-(with every process's log) stays for inspection.
+job's status history, and where the wall time went: the cluster's start, each TaskManager's
+SparkSession ready and its registration, the job's submission, RUNNING and FINISHED. The cluster
+is stopped whatever happens; its directory (with every process's log) stays for inspection.
 
 Exit code 0 only if the job FINISHED and the counts match.
 """
@@ -28,6 +29,7 @@ from funke.deploy.jobfile import load_job_file
 from funke.common.jobgraph import JobGraph, OperatorSpec
 from funke.deploy import localcluster
 from funke.deploy.cli import collect_sinks, follow_job, format_duration, render_failure, render_history, render_rows
+from funke.v1 import job_pb2, jobmanager_pb2
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "wordcount.py"
@@ -107,13 +109,54 @@ def differences(cluster: dict[str, int], direct: dict[str, int], limit: int = 10
 
 
 # --------------------------------------------------------------------------------------------
+# Where the time went
+# --------------------------------------------------------------------------------------------
+
+
+def _epoch(ts) -> float | None:
+    return ts.seconds + ts.nanos / 1e9 if ts.seconds or ts.nanos else None
+
+
+def _resource_time(tm: jobmanager_pb2.TaskManagerInfo, key: str) -> float | None:
+    try:
+        value = float(tm.resources.get(key, ""))
+    except ValueError:
+        return None
+    return value if value > 0 else None
+
+
+def timing_lines(started: float, cluster_ready: float, overview: jobmanager_pb2.ClusterOverview | None,
+                 submitted: float | None, details: job_pb2.JobDetails | None, finished: float) -> list[str]:
+    """The demo's steps in seconds since its start (every argument in epoch seconds; the
+    processes run on this machine, so their clocks are the demo's): the cluster's start, per
+    TaskManager when its process started, its SparkSession was ready and it registered, then the
+    job's submission, each status it entered (the JobManager's times) and the result in hand."""
+
+    def at(t: float | None) -> str:
+        return f"{t - started:.2f} s" if t is not None else "-"
+
+    lines = ["where the time went (seconds since the demo started):",
+             f"  cluster start: {at(cluster_ready)} (the JobManager serving, every TaskManager registered)"]
+    for tm in sorted(overview.task_managers, key=lambda t: t.id) if overview is not None else ():
+        lines.append(f"  {tm.id}: process started {at(_resource_time(tm, 'started_at'))}, Spark session ready "
+                     f"{at(_resource_time(tm, 'spark_ready_at'))}, registered {at(_epoch(tm.registered_at))}")
+    steps = [f"submitted {at(submitted)}"] if submitted is not None else []
+    for transition in details.status_history if details is not None else ():
+        steps.append(f"{job_status_name(transition.to_status)} {at(_epoch(transition.timestamp))}")
+    steps.append(f"result checked {at(finished)}")
+    took = f" ({finished - submitted:.2f} s from submission to result)" if submitted is not None else ""
+    lines.append(f"  job: {', '.join(steps)}{took}")
+    return lines
+
+
+# --------------------------------------------------------------------------------------------
 # The demo
 # --------------------------------------------------------------------------------------------
 
 
 def run(cluster: localcluster.ClusterInfo, started: float, cluster_ready_at: float) -> int:
     """Submit the word count to `cluster`, follow it, check and print the outcome; `started`
-    and `cluster_ready_at` (time.monotonic) split the wall time."""
+    and `cluster_ready_at` (time.time) split the wall time."""
     job = load_job_file(EXAMPLE, ["--parallelism", str(PARALLELISM)])
     sinks = collect_sinks(job)
     if len(sinks) != 1:
@@ -122,13 +165,15 @@ def run(cluster: localcluster.ClusterInfo, started: float, cluster_ready_at: flo
     files = input_files(input_path)
 
     with JobManagerClient(cluster.address, credentials=localcluster.credentials(cluster.dir)) as client:
+        overview = client.cluster_overview()
+        submitted = time.time()
         job_id = client.submit(job)
         _say(f"submitted job {job_id} {job.name!r} (parallelism {PARALLELISM}) reading {input_path}")
         follow_job(client, job_id, sys.stdout, tty=sys.stdout.isatty())
         details = client.get_job(job_id)
         status = job_status_name(details.status)
         rows = client.result(job_id, sinks[0]) if status == "FINISHED" else []
-    finished = time.monotonic()
+    finished = time.time()
 
     matches = False
     if status == "FINISHED":
@@ -157,6 +202,8 @@ def run(cluster: localcluster.ClusterInfo, started: float, cluster_ready_at: flo
     if details.HasField("failure"):
         _say("failure (root cause first):")
         _say("\n".join(render_failure(details.failure)))
+    _say()
+    _say("\n".join(timing_lines(started, cluster_ready_at, overview, submitted, details, finished)))
     _say(f"wall time: {format_duration(finished - started)} in all "
          f"(cluster start {format_duration(cluster_ready_at - started)}, "
          f"job {format_duration(finished - cluster_ready_at)})")
@@ -167,7 +214,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv:
         print(f"funke demo: takes no arguments, got {' '.join(argv)}", file=sys.stderr)
         return 2
-    started = time.monotonic()
+    started = time.time()
     cluster_dir = _fresh_dir()
     _say(f"starting a local cluster: 1 JobManager and {TASKMANAGERS} TaskManagers x {SLOTS} slots "
          f"in {cluster_dir.relative_to(ROOT)}/ ...")
@@ -177,7 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except localcluster.ClusterError as exc:
             print(f"funke demo: the cluster did not start: {exc}", file=sys.stderr)
             return 1
-        ready = time.monotonic()
+        ready = time.time()
         _say(f"JobManager at {cluster.address}; TaskManagers "
              + ", ".join(tm.name for tm in cluster.taskmanagers) + " registered")
         if cluster.dashboard_url:

@@ -33,6 +33,7 @@ import collections
 import concurrent.futures
 import contextlib
 import gc
+import importlib
 import itertools
 import logging
 import os
@@ -55,7 +56,6 @@ from funke.common import taskexecutorstate as core
 from funke.common.configuration import ClusterConfiguration
 from funke.common.deployment import PartitionRef, ProducedPartition, TaskReport
 from funke.common.executiongraph import FailureInfo, TaskIo
-from funke.deploy.metricsserver import MetricsServer, registry_with
 from funke.taskmanager.metrics import TaskMetrics
 from funke.common.jobgraph import JobVertex
 from funke.common.leadership import Lease
@@ -66,12 +66,17 @@ from funke.common.security import TOKEN_BYTES, Realm
 from funke.deploy import datafs, security
 from funke.deploy.haservices import ha_services
 from funke.deploy.rpc import MESSAGE_SIZE_OPTIONS, add_service, advertised_host, host_port
-from funke.taskmanager import sparksession
-from funke.taskmanager.task import StreamTask, Task
+from funke.taskmanager import jvmarchive, sparksession
 from funke.v1 import cluster_pb2, cluster_pb2_grpc
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+    from funke.deploy.metricsserver import MetricsServer
+    from funke.taskmanager.task import Task
+
+# Imported where first needed (the task runtime with PySpark and pyarrow, the metrics server with
+# aiohttp): the TaskManager starts Spark's JVM before it imports them, and while it boots.
 
 log = logging.getLogger("funke.taskmanager")
 
@@ -212,6 +217,19 @@ def _available_cores() -> int:
         return os.cpu_count() or 1
 
 
+def process_started_at() -> float:
+    """When this process started (epoch seconds): from /proc, so the interpreter's own start and
+    the imports count; the time of the call where there is no /proc."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rpartition(")")[2].split()[19])  # since boot
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return time.time()
+
+
 # Answers to a registration that mean "no", not "not now".
 _REFUSALS = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.PERMISSION_DENIED,
              grpc.StatusCode.UNAUTHENTICATED)
@@ -316,8 +334,15 @@ class TaskExecutor:
         self.address: str | None = None
         self._bound_port = 0
         self.spark: SparkSession | None = None
+        # Start-up steps (epoch seconds), shown with the registration (resources): when the
+        # process started and when its SparkSession was ready (0: no Spark).
+        self.started_at = process_started_at()
+        self.spark_ready_at = 0.0
         self._renewing_session = False
         self._connect_watch: asyncio.Task[None] | None = None
+        self._warm_up_watch: asyncio.Task[None] | None = None
+        self._warm_up_job: Any = None  # the warm-up (warmup.WarmUp) while it runs
+        self._tasks_started = 0
         self._scratch: str | None = None  # this process's Spark scratch directory, removed at stop
         self._registered_once = False
         self._server: grpc.aio.Server | None = None
@@ -348,8 +373,11 @@ class TaskExecutor:
 
     def _start_task(self, i: core.StartTask) -> None:
         key = i.key
+        self._tasks_started += 1
+        self._stop_warm_up()
 
         name = i.deployment.task_name
+        from funke.taskmanager.task import StreamTask, Task
 
         def report(state: ExecutionState, failure: FailureInfo | None, produced: tuple[ProducedPartition, ...],
                    io: TaskIo | None = None) -> None:
@@ -382,19 +410,27 @@ class TaskExecutor:
         if task is not None:
             task.give_inputs(i.gates)
 
+    def _stream_task(self, key: TaskKey):
+        task = self._tasks.get(key)
+        if task is None:
+            return None
+        from funke.taskmanager.task import StreamTask  # loaded: a task exists
+
+        return task if isinstance(task, StreamTask) else None
+
     def _give_batch(self, i: core.GiveBatch) -> None:
-        task = self._tasks.get(i.key)
-        if isinstance(task, StreamTask):
+        task = self._stream_task(i.key)
+        if task is not None:
             task.give_batch(i.batch, i.gates)
 
     def _finish_task(self, i: core.FinishTask) -> None:
-        task = self._tasks.get(i.key)
-        if isinstance(task, StreamTask):
+        task = self._stream_task(i.key)
+        if task is not None:
             task.finish()
 
     def _limit_rate(self, i: core.LimitRate) -> None:
-        task = self._tasks.get(i.key)
-        if isinstance(task, StreamTask):
+        task = self._stream_task(i.key)
+        if task is not None:
             task.set_rate_limit(i.records_per_second)
 
     def _interrupt(self, i: core.InterruptTask) -> None:
@@ -495,12 +531,46 @@ class TaskExecutor:
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
         cfg = self.config
+        if cfg.metrics_host is not None:
+            # Before Spark's thread starts importing PySpark: two threads importing at once can meet
+            # each other's modules half-initialised.
+            importlib.import_module("funke.deploy.metricsserver")
         if cfg.use_spark:
+            # First, before the task runtime is loaded (in the same thread, once the session is
+            # up). Not beside the gRPC servers being set up: PySpark forks spark-submit with a
+            # preexec_fn, and a fork while other threads call into gRPC skips gRPC's fork handlers
+            # (seen: the launch failing, the TaskManager's epoll set broken).
             log.info("TaskManager %s: starting Spark (%s)", self.id, self._spark_target())
-            self.spark = await _in_daemon_thread(self._create_spark, "spark-start")
+            asked = time.time()
+            spark_starting = _in_daemon_thread(self._create_spark_and_task_runtime, "spark-start")
+            # Registered only once the session is up: every task it is sent can run at once.
+            self.spark = await spark_starting
+            self.spark_ready_at = time.time()
+            log.info("TaskManager %s: Spark session ready in %.1f s (%.1f s after the process started)", self.id,
+                     self.spark_ready_at - asked, self.spark_ready_at - self.started_at)
         else:
             log.info("TaskManager %s runs without Spark: only no-op chains can run", self.id)
+        await self._start_servers()
+        self._connect(cfg.jobmanager_address)
+        self._background = [
+            asyncio.create_task(self._stay_connected(), name="jobmanager-connection"),
+            asyncio.create_task(self._report_loop(), name="task-state-reporter"),
+        ]
+        for task in self._background:
+            task.add_done_callback(self._background_ended)
+        if self.spark is not None and cfg.spark_remote:
+            # Not a background loop of the life-or-death kind: it only renews the session.
+            self._connect_watch = asyncio.create_task(self._watch_connect_session(), name="spark-connect-watch")
+        if self.spark is not None and cfg.warm_up and not cfg.spark_remote:  # a Connect server warms once, for all
+            self._warm_up_watch = asyncio.create_task(self._warm_up_when_idle(), name="spark-warm-up")
+        # What exists now (modules, PySpark, the SparkSession, the server) lives as long as the
+        # process: out of the cycle collector's sight, a full collection no longer scans it all on
+        # the loop (100-200 ms with thousands of tasks deployed, measured, for nothing to free).
+        gc.freeze()
 
+    async def _start_servers(self) -> None:
+        """The TaskExecutor service (NOT_SERVING until registered) and the metrics endpoint."""
+        cfg = self.config
         # No SO_REUSEPORT: a second process on the same --port must fail, not share the traffic.
         # Only the JobManager it is registered with now may call it: the token it sent with that
         # registration (`_register`) is the only one the TaskExecutor service takes.
@@ -525,6 +595,8 @@ class TaskExecutor:
                  cfg.number_of_slots)
 
         if cfg.metrics_host is not None:
+            from funke.deploy.metricsserver import MetricsServer, registry_with
+
             self._metrics_server = MetricsServer(registry_with(self.metrics), cfg.tls)
             first, last = cfg.metrics_ports
             try:
@@ -534,35 +606,47 @@ class TaskExecutor:
             host = advertised_host(cfg.metrics_host, cfg.advertise_host, cfg.jobmanager_address)
             self.metrics_url = f"{self._metrics_server.scheme}://{host_port(host, port)}/metrics"
             log.info("TaskManager %s: Prometheus metrics at %s", self.id, self.metrics_url)
-        self._connect(cfg.jobmanager_address)
-        self._background = [
-            asyncio.create_task(self._stay_connected(), name="jobmanager-connection"),
-            asyncio.create_task(self._report_loop(), name="task-state-reporter"),
-        ]
-        for task in self._background:
-            task.add_done_callback(self._background_ended)
-        if self.spark is not None and cfg.spark_remote:
-            # Not a background loop of the life-or-death kind: it only renews the session.
-            self._connect_watch = asyncio.create_task(self._watch_connect_session(), name="spark-connect-watch")
-        if self.spark is not None and cfg.warm_up and not cfg.spark_remote:  # a Connect server warms once, for all
-            self._warm_up()
-        # What exists now (modules, PySpark, the SparkSession, the server) lives as long as the
-        # process: out of the cycle collector's sight, a full collection no longer scans it all on
-        # the loop (100-200 ms with thousands of tasks deployed, measured, for nothing to free).
-        gc.freeze()
 
-    def _warm_up(self) -> None:
-        """Spark's first jobs, in a daemon thread while the TaskManager already serves: tasks
-        that come meanwhile run as they would have (cold), later ones warm."""
+    async def _warm_up_when_idle(self) -> None:
+        """Spark's first jobs (taskmanager/warmup.py), in a daemon thread while the TaskManager
+        serves, once it has run no task yet and the machine's CPUs are idle enough; the first
+        task that comes meanwhile interrupts it (`_start_task`)."""
         from funke.taskmanager import warmup
 
-        spark, scratch = self.spark, self._scratch or self._scratch_dir()
-
-        def body() -> None:
-            took = warmup.run(spark, scratch)
+        loop = asyncio.get_running_loop()
+        before = await loop.run_in_executor(None, warmup.cpu_times)
+        since = loop.time()
+        said = False
+        while True:
+            await asyncio.sleep(warmup.CHECK_INTERVAL_S)
+            if self._tasks_started or self._stopping or self.spark is None:
+                return
+            after = await loop.run_in_executor(None, warmup.cpu_times)
+            idle, before = warmup.idle_fraction(before, after), after
+            if warmup.due(session_ready=True, tasks_started=self._tasks_started, cpu_idle=idle,
+                          waited_s=loop.time() - since, patience_s=warmup.PATIENCE_S):
+                break
+            if not said:
+                said = True
+                log.info("TaskManager %s: Spark warm-up waits for idle CPUs (%.0f%% idle), at most %g s", self.id,
+                         100 * (idle or 0), warmup.PATIENCE_S)
+        job = warmup.WarmUp(self.spark, self._scratch or self._scratch_dir())
+        self._warm_up_job = job
+        try:
+            took = await _in_daemon_thread(job.run, "spark-warm-up")
+        finally:
+            self._warm_up_job = None
+        if job.cancelled:
+            log.info("TaskManager %s: Spark warm-up gave way to the first task after %.1f s", self.id, took)
+        else:
             log.info("TaskManager %s: Spark warmed up in %.1f s", self.id, took)
 
-        threading.Thread(target=body, name="spark-warm-up", daemon=True).start()
+    def _stop_warm_up(self) -> None:
+        """A task is starting: the warm-up, if it runs, stops at once (its Spark jobs are
+        interrupted off the loop), and if it has not started, it never will."""
+        job = self._warm_up_job
+        if job is not None and not job.cancelled and self._loop is not None:
+            self._loop.run_in_executor(None, job.cancel)
 
     def _background_ended(self, task: asyncio.Task[None]) -> None:
         """The connection and report loops run for the life of the process: one that ends on
@@ -599,6 +683,9 @@ class TaskExecutor:
             handle.cancel()
         if self._connect_watch is not None:
             self._connect_watch.cancel()
+        if self._warm_up_watch is not None:
+            self._warm_up_watch.cancel()
+        self._stop_warm_up()
         # Closing the heartbeat stream tells the JobManager at once that we are gone.
         for background in self._background:
             background.cancel()
@@ -644,11 +731,23 @@ class TaskExecutor:
 
     def _spark_plan(self) -> sparksession.SparkPlan:
         cfg = self.config
+        archive = None if cfg.spark_remote else jvmarchive.existing()
+        if archive is None and not cfg.spark_remote:
+            log.info("TaskManager %s: no class-data archive for this JVM and Spark yet: Spark starts slower "
+                     "(python -m funke.taskmanager.jvmarchive makes one)", self.id)
         return sparksession.plan(
             master=cfg.spark_master, remote=cfg.spark_remote, slots=cfg.number_of_slots, cores=_available_cores(),
             user_conf=cfg.spark_conf, scratch=None if cfg.spark_remote else self._scratch_dir(),
             environ=os.environ, python=sys.executable,
-            host=advertised_host(cfg.host, cfg.advertise_host, cfg.jobmanager_address))
+            host=advertised_host(cfg.host, cfg.advertise_host, cfg.jobmanager_address),
+            jvm_archive=jvmarchive.java_option(archive) if archive is not None else None)
+
+    def _create_spark_and_task_runtime(self) -> SparkSession:
+        """Blocking: the session, then the task runtime (the operators; PySpark is loaded by then:
+        importing it from two threads at once is not safe), off the loop, before the first task."""
+        spark = self._create_spark()
+        importlib.import_module("funke.taskmanager.task")
+        return spark
 
     def _create_spark(self) -> SparkSession:
         """Blocking; runs in a thread. PySpark is imported here so --no-spark never loads it.
@@ -791,6 +890,8 @@ class TaskExecutor:
             "spark_master": self._spark_target() if cfg.use_spark else "",
             "pid": str(os.getpid()),
             "metrics": self.metrics_url,
+            "started_at": f"{self.started_at:.3f}",
+            "spark_ready_at": f"{self.spark_ready_at:.3f}" if self.spark_ready_at else "",
         }
         delay = _BACKOFF_START_S
         max_delay = _HA_BACKOFF_MAX_S if self._ha is not None else _BACKOFF_MAX_S

@@ -1,14 +1,21 @@
-"""A TaskManager's first Spark work, done before any task needs it.
+"""A TaskManager's first Spark work, done before any task needs it, with CPU nobody else wants.
 
 A fresh SparkSession's first job is slow: the JVM loads and compiles the classes of each kind of
 plan, and the first Python UDF starts Spark's Python worker daemon and its first workers, which
 import pyarrow and unpickle funke's operator runtime. On this project's 2-core machines that first
 job takes about 9 s where the same job warm takes 0.5 s. Nobody waits for a bounded job's first
 task as for a streaming query's batches: a TaskManager that takes over a query after a failure
-would run its first batch that much later. So once its session is up, the TaskManager runs one
-small job of each kind its tasks run (a range, a Python map over Arrow batches, a keyed
-aggregate, a Parquet write and read, a collect as Arrow), in its own scratch directory, off its
-event loop.
+would run its first batch that much later. So a TaskManager runs one small job of each kind its
+tasks run (a range, a Python map over Arrow batches, a keyed aggregate, a Parquet write and read,
+a collect as Arrow), in its own scratch directory, off its event loop.
+
+The warm-up yields to real work. It is CPU for later, so it takes what is spare: it starts once
+the TaskManager has run no task yet and the machine's CPUs have been mostly idle for a moment,
+or, on a machine that is never idle, after waiting PATIENCE_S (a spare TaskManager should not
+take over a query cold for ever) (`due`); a task that arrives meanwhile interrupts it
+(`WarmUp.cancel`): that task's own first Spark job warms the session as well, and sooner.
+Without that, on a small machine the warm-ups of idle TaskManagers ran at the same time as the
+first job of the cluster, on the same cores, and made it slower instead of faster.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import threading
 import time
 from collections.abc import Iterator
 
@@ -26,25 +34,123 @@ from funke.taskmanager import operators
 
 log = logging.getLogger("funke.taskmanager")
 
+# The TaskManager looks this often whether it may warm up.
+CHECK_INTERVAL_S = 1.0
+# ... and does once its CPUs were at least this idle over the last interval (on 2 cores: one
+# core free), so that it never takes CPU from tasks, its own or anybody's on this machine.
+IDLE_CPU_FRACTION = 0.5
+# ... or once it has waited this long for idle CPUs, on a machine busy with other work.
+PATIENCE_S = 15.0
+# Spark job tag of the warm-up's jobs, so that cancel() interrupts exactly those.
+TAG = "funke-warm-up"
+# A cancelled warm-up's jobs are interrupted again this often until it returned: a job it submits
+# just after the cancel (while it was planning it) is caught too.
+REINTERRUPT_S = 0.1
+
 
 def _identity(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     yield from batches
 
 
-def run(spark: SparkSession, scratch: str) -> float:
-    """Runs the warm-up jobs; returns how long they took (s). Failures are logged, never raised:
-    a TaskManager whose warm-up fails still runs tasks, only its first ones are slower."""
-    started = time.monotonic()
-    path = os.path.join(scratch, "warmup")
+def cpu_times() -> tuple[int, int] | None:
+    """(idle, total) jiffies of this machine's CPUs so far (/proc/stat), None without /proc."""
     try:
-        df = spark.range(0, 1000, 1, 2).selectExpr("id AS value", "id % 7 AS key")
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    if len(fields) < 5:
+        return None
+    return fields[3] + fields[4], sum(fields)  # idle + iowait
+
+
+def idle_fraction(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """How idle the CPUs were between two `cpu_times()` readings (None: unknown)."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return (after[0] - before[0]) / (after[1] - before[1])
+
+
+def due(*, session_ready: bool, tasks_started: int, cpu_idle: float | None, waited_s: float = 0.0,
+        idle_needed: float = IDLE_CPU_FRACTION, patience_s: float = PATIENCE_S) -> bool:
+    """Whether to warm up now: the session is there, no task has run on it yet (a task warms it
+    by running), and the machine's CPUs were idle enough lately (unknown counts as idle: without
+    /proc there is nothing better to go by) or it has waited `patience_s` for that."""
+    if not session_ready or tasks_started:
+        return False
+    return cpu_idle is None or cpu_idle >= idle_needed or waited_s >= patience_s
+
+
+class WarmUp:
+    """The warm-up jobs on one session; `run` blocks (a thread of its own), `cancel` may be called
+    from any thread and makes `run` return soon, skipping what it has not started."""
+
+    def __init__(self, spark: SparkSession, scratch: str):
+        self._spark = spark
+        self._path = os.path.join(scratch, "warmup")
+        self._cancelled = threading.Event()
+        self._done = threading.Event()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    def cancel(self) -> None:
+        """Interrupts the warm-up's Spark jobs until `run` returned (at once if it is not running)."""
+        first = not self._cancelled.is_set()
+        self._cancelled.set()
+        self._interrupt()
+        if first:
+            threading.Thread(target=self._keep_interrupting, name="spark-warm-up-cancel", daemon=True).start()
+
+    def _keep_interrupting(self) -> None:
+        deadline = time.monotonic() + 60  # a warm-up that never runs is not waited for
+        while not self._done.wait(REINTERRUPT_S) and time.monotonic() < deadline:
+            self._interrupt()
+
+    def _interrupt(self) -> None:
+        try:
+            self._spark.sparkContext.cancelJobsWithTag(TAG)
+        except Exception:  # a stopped session, or one that has no SparkContext
+            log.debug("interrupting the warm-up failed", exc_info=True)
+
+    def run(self) -> float:
+        """Runs the warm-up jobs; returns how long they took (s). Failures are logged, never
+        raised: a TaskManager whose warm-up fails still runs tasks, only its first ones are slower."""
+        started = time.monotonic()
+        spark = self._spark
+        tagged = False
+        try:
+            spark.sparkContext.addJobTag(TAG)  # this thread's jobs
+            tagged = True
+            steps = (self._aggregate_and_write, self._read)
+            for step in steps:
+                if self.cancelled:
+                    break
+                step()
+        except Exception as exc:  # cancelled, or the TaskManager stopped meanwhile
+            if not self.cancelled:
+                log.info("Spark warm-up did not finish (%s: %s); the first tasks start cold", type(exc).__name__,
+                         str(exc).splitlines()[0] if str(exc) else "")
+        finally:
+            self._done.set()
+            if tagged:
+                try:
+                    spark.sparkContext.removeJobTag(TAG)
+                except Exception:
+                    pass
+            shutil.rmtree(self._path, ignore_errors=True)
+        return time.monotonic() - started
+
+    def _aggregate_and_write(self) -> None:
+        df = self._spark.range(0, 1000, 1, 2).selectExpr("id AS value", "id % 7 AS key")
         mapped = df.mapInArrow(operators._cancellable(_identity, None), df.schema)
-        counted = mapped.groupBy("key").agg({"value": "sum"})
-        counted.write.mode("overwrite").parquet(path)
-        spark.read.parquet(path).toArrow()
-    except Exception as exc:  # e.g. the TaskManager stopped meanwhile
-        log.info("Spark warm-up did not finish (%s: %s); the first tasks start cold", type(exc).__name__,
-                 str(exc).splitlines()[0] if str(exc) else "")
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-    return time.monotonic() - started
+        mapped.groupBy("key").agg({"value": "sum"}).write.mode("overwrite").parquet(self._path)
+
+    def _read(self) -> None:
+        self._spark.read.parquet(self._path).toArrow()
+
+
+def run(spark: SparkSession, scratch: str) -> float:
+    """The whole warm-up at once (see WarmUp.run)."""
+    return WarmUp(spark, scratch).run()

@@ -1,13 +1,25 @@
 """Chaos for streaming queries: kill -9 a TaskManager (with its Spark JVM) at each phase of a
 micro-batch, again and again, and check the file sink holds every input row exactly once.
 
-    python tests/chaos/chaos_streaming.py [--runs 3] [--kills-per-phase 1] [--rows-per-second 200]
+    python tests/chaos/chaos_streaming.py [--runs 3] [--kills-per-phase 1] [--rows-per-second 200] [--fresh]
 
 Each run is one streaming query (rate source -> a Python map that waits --row-delay per row ->
-Parquet sink, parallelism 2, 1 s trigger, fixed-delay restarts) on a cluster of three
-TaskManagers. For every phase of a
-batch in turn it waits for the listener event that opens the phase and kills a TaskManager that
-runs the query's tasks, at once; a fresh TaskManager replaces it, as a supervisor would:
+Parquet sink, parallelism 2, 1 s trigger, fixed-delay restarts). For every phase of a batch in
+turn it waits for the listener event that opens the phase and kills a TaskManager that runs the
+query's tasks, at once. Where the query runs again decides what recovery costs, so there are two
+modes:
+
+    warm (default)  three TaskManagers of two slots, and after each recovery a new one is added,
+                    as a supervisor would; the query restarts on TaskManagers that are already
+                    running, idle or running the query, with a SparkSession up (and warmed up if
+                    their CPUs were idle long enough)
+    --fresh         two TaskManagers of one slot, one subtask each, and no spare: the killed one
+                    is replaced by a TaskManager started right after the kill, which has never
+                    run the query; its process, SparkSession and the query's first batch on it
+                    (cold: the JVM's first queries, the first Python workers) are part of the
+                    recovery, and its start (kill -> registered) is shown apart
+
+The phases:
 
     BatchCompleted            between batches: the next batch's offsets are not logged yet
     BatchSubmitted            the batch's offsets are logged (WAL), its tasks have not run it
@@ -83,8 +95,32 @@ def tally(out: Path, checkpoint: Path) -> dict:
             "beyond": len(set(counts) - set(range(expected)))}
 
 
+class FreshCluster:
+    """Two TaskManagers of one slot: a query of parallelism 2 has a subtask on each, and a
+    killed one can only be replaced by a TaskManager started after the kill."""
+
+    def __init__(self, dir: Path):
+        self.dir = dir
+        self.info = localcluster.start(dir, 2, 1)
+        self.client = self.info.client()
+        self.started = 0
+
+    def restore(self) -> None:
+        registered = {tm.id for tm in self.client.cluster_overview().task_managers}
+        for _ in range(2 - len(registered)):
+            self.add_taskmanager()
+
+    def add_taskmanager(self) -> str:
+        self.started += 1
+        name = f"tm-fresh-{self.started}"
+        localcluster.start_taskmanager(self.dir, name, 1)
+        return name
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--fresh", action="store_true",
+                   help="replace the killed TaskManager by one started after the kill, which never ran the query")
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--kills-per-phase", type=int, default=1)
     p.add_argument("--rows-per-second", type=int, default=100)
@@ -93,10 +129,11 @@ def main() -> int:
     p.add_argument("--json", help="also write the figures here")
     args = p.parse_args()
     recovery: dict[str, list[float]] = {kind: [] for kind, _ in PHASES}
+    replacement_start: list[float] = []  # --fresh: kill -> the new TaskManager registered
     runs = []
     with tempfile.TemporaryDirectory(prefix="funke-chaos-stream-") as tmp:
         root = Path(tmp)
-        cluster = StreamCluster(root / "cluster")
+        cluster = FreshCluster(root / "cluster") if args.fresh else StreamCluster(root / "cluster")
         client = cluster.client
         try:
             for n in range(1, args.runs + 1):
@@ -119,9 +156,13 @@ def main() -> int:
                         killed_at = time.time()
                         localcluster.kill(cluster.dir, victim)
                         kills += 1
+                        if args.fresh:  # the query cannot run again before it has registered
+                            cluster.add_taskmanager()
+                            replacement_start.append(time.time() - killed_at)
                         batch = events.wait_recovered(timeout=300)
                         recovery[kind].append(time.time() - killed_at)
-                        cluster.add_taskmanager()
+                        if not args.fresh:
+                            cluster.add_taskmanager()
                 client.stop(job_id, timeout_s=120)
                 status = wait_status(client, job_id, ("FINISHED", "FAILED", "CANCELED"))
                 events.drain()
@@ -132,19 +173,25 @@ def main() -> int:
             client.close()
             localcluster.stop(cluster.dir)
     print()
+    print(f"recovery onto {'a TaskManager started after the kill (fresh)' if args.fresh else 'running TaskManagers (warm)'}")
     print(f"{'phase killed at':28} {'kills':>5} {'recovery median s':>18} {'max s':>7}")
     for kind, times in recovery.items():
         if times:
             print(f"{kind:28} {len(times):5d} {statistics.median(times):18.2f} {max(times):7.2f}")
     every = [t for times in recovery.values() for t in times]
     print(f"{'all':28} {len(every):5d} {statistics.median(every):18.2f} {max(every):7.2f}")
+    if replacement_start:
+        print(f"{'  of which: new TaskManager':28} {len(replacement_start):5d} {statistics.median(replacement_start):18.2f} "
+              f"{max(replacement_start):7.2f}   (kill -> registered, its SparkSession up)")
     total = {k: sum(r[k] for r in runs) for k in ("kills", "rows_expected", "rows_found", "duplicates", "lost", "beyond")}
     finished = sum(r["status"] == "FINISHED" for r in runs)
     print(f"runs {len(runs)}, FINISHED {finished}; kills {total['kills']}; rows expected {total['rows_expected']}, "
           f"found {total['rows_found']}, duplicates {total['duplicates']}, lost {total['lost']}, "
           f"beyond the committed offsets {total['beyond']}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"runs": runs, "recovery_s": recovery, "total": total}, indent=2))
+        Path(args.json).write_text(json.dumps({"mode": "fresh" if args.fresh else "warm", "runs": runs,
+                                               "recovery_s": recovery, "replacement_start_s": replacement_start,
+                                               "total": total}, indent=2))
     ok = finished == len(runs) and total["duplicates"] == total["lost"] == total["beyond"] == 0
     return 0 if ok else 1
 

@@ -20,7 +20,7 @@ def test_local_mode_gets_funkes_defaults_and_the_users_settings_on_top():
     assert p.conf["spark.sql.shuffle.partitions"] == "8"
     assert p.conf["spark.python.worker.faulthandler.enabled"] == "true"
     assert p.conf["spark.local.dir"] == "/scratch/tm/spark"
-    assert p.conf["spark.driver.extraJavaOptions"] == "-Djava.io.tmpdir=/scratch/tm/jvm -Dx=1"
+    assert p.conf["spark.driver.extraJavaOptions"] == f"{ss.DRIVER_JIT_OPTIONS} -Djava.io.tmpdir=/scratch/tm/jvm -Dx=1"
     assert p.environ == {"PYSPARK_PYTHON": "/venv/bin/python"}
 
 
@@ -109,3 +109,28 @@ def test_local_mode_and_connect_have_no_executors_to_wait_for():
     never = lambda: pytest.fail("asked for executors")  # noqa: E731
     assert ss.await_executors(plan(), never, timeout_s=1) == 0
     assert ss.await_executors(plan(remote="sc://h:1"), never, timeout_s=1) == 0
+
+
+def test_the_class_data_archive_is_mapped_by_the_driver_before_the_users_java_options():
+    p = ss.plan(master=None, remote=None, slots=2, cores=2, user_conf=(("spark.driver.extraJavaOptions", "-Dx=1"),),
+                scratch="/scratch/tm", environ={}, python="p", jvm_archive="-XX:SharedArchiveFile=/cache/a.jsa")
+    assert p.conf["spark.driver.extraJavaOptions"] == (
+        f"{ss.DRIVER_JIT_OPTIONS} -Djava.io.tmpdir=/scratch/tm/jvm -XX:SharedArchiveFile=/cache/a.jsa -Dx=1")
+    assert any("class-data archive" in note for note in p.notes)
+    # no archive: nothing more than before
+    assert plan().conf["spark.driver.extraJavaOptions"] == f"{ss.DRIVER_JIT_OPTIONS} -Djava.io.tmpdir=/scratch/tm/jvm"
+    # a Connect server's JVM is not ours to start
+    connect = ss.plan(master=None, remote="sc://h:15002", slots=2, cores=2, user_conf=(), scratch=None, environ={},
+                      python="p", jvm_archive="-XX:SharedArchiveFile=/cache/a.jsa")
+    assert connect.conf == {}
+
+
+def test_the_drivers_optimising_compiler_waits_for_really_hot_code_on_every_classic_target():
+    for p in (plan(), plan(master="spark://m:7077"), plan(master="yarn")):
+        options = p.conf["spark.driver.extraJavaOptions"].split()
+        assert "-XX:Tier4InvocationThreshold=50000" in options and "-XX:Tier4BackEdgeThreshold=400000" in options
+        assert not any(o.startswith("-XX:TieredStopAtLevel") for o in options)  # C2 stays: steady state needs it
+    # the user's own settings come last, so they win
+    p = plan(conf=[("spark.driver.extraJavaOptions", "-XX:Tier4InvocationThreshold=5000")])
+    assert p.conf["spark.driver.extraJavaOptions"].split()[-1] == "-XX:Tier4InvocationThreshold=5000"
+    assert "spark.driver.extraJavaOptions" not in plan(remote="sc://h:15002").conf

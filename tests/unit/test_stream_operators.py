@@ -328,3 +328,15 @@ def test_the_warm_up_runs_sparks_first_jobs_and_leaves_nothing_behind(spark, tmp
     # a session that is gone: the warm-up says so and returns, it never raises
     broken = type("Gone", (), {"range": lambda *a: (_ for _ in ()).throw(RuntimeError("stopped"))})()
     assert warmup.run(broken, str(tmp_path)) >= 0
+
+
+def test_a_cancelled_warm_up_runs_no_spark_job_and_leaves_nothing_behind(spark, tmp_path):
+    from funke.taskmanager import warmup
+
+    tracker = spark.sparkContext._jsc.sc().statusTracker()
+    before = list(tracker.getJobIdsForTag(warmup.TAG))  # an earlier warm-up's
+    job = warmup.WarmUp(spark, str(tmp_path))
+    job.cancel()  # a task came first
+    assert job.run() >= 0 and job.cancelled
+    assert list(tracker.getJobIdsForTag(warmup.TAG)) == before
+    assert list(tmp_path.iterdir()) == []

@@ -372,6 +372,10 @@ def test_registers_its_slots_and_the_address_it_serves_on(tm: TaskManagerProcess
     assert host == "127.0.0.1" and int(port) > 0
     assert registration.resources["pid"] == str(tm.proc.pid)
     assert "cores" in registration.resources
+    # when its process started (before the registration, not in the future), and no Spark here
+    started = float(registration.resources["started_at"])
+    assert time.time() - 120 < started <= time.time()
+    assert registration.resources["spark_ready_at"] == ""
     assert [(s.index, s.job_id, len(s.running)) for s in registration.slot_report.slots] == [(0, "", 0), (1, "", 0)]
     # launchers wait for this one line on stdout
     line = tm.stdout.get(timeout=WAIT_S)
@@ -701,3 +705,13 @@ def test_a_streaming_task_runs_the_micro_batches_it_is_sent_and_finishes_when_to
     tm.executor.FinishTasks(cluster_pb2.FinishTasksRequest(job_id=job, registration_id=registration,
                                                            attempts=[task.attempt]), timeout=WAIT_S)
     assert jm.wait_for_state(job, task.attempt, "FINISHED")[-1] == "FINISHED"
+
+
+def test_the_process_imports_the_task_runtime_and_the_metrics_server_only_after_starting_spark() -> None:
+    # Spark's JVM boots for seconds: a TaskManager launches it before it loads PySpark's SQL
+    # runtime, aiohttp and the operators (while the JVM boots), not after.
+    probe = ("import sys, funke.taskmanager.main; "
+             "print(sorted(m for m in ('pyspark', 'aiohttp', 'funke.taskmanager.task', 'funke.deploy.metricsserver') "
+             "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=REPO)
+    assert out.stdout.strip() == "[]"

@@ -40,3 +40,32 @@ def test_a_stop_that_was_asked_for_is_not_a_failure():
 
     asyncio.run(scenario())
     assert executor.failure == ""
+
+
+def test_spark_is_launched_before_any_grpc_server_exists_and_the_servers_come_after_it():
+    # PySpark forks spark-submit with a preexec_fn: a fork while another thread calls into gRPC
+    # skips gRPC's fork handlers (the launch failed, the TaskManager's epoll set broke).
+    import time
+
+    executor = TaskExecutor(TaskExecutorConfig("tm-order", jobmanager_address="127.0.0.1:1", number_of_slots=1,
+                                               warm_up=False))
+    seen = []
+
+    def launching_spark():
+        for _ in range(20):  # while "the JVM boots": does a server appear meanwhile?
+            seen.append(executor._server is not None)
+            time.sleep(0.05)
+        return type("Session", (), {"stop": lambda self: None})()  # as far as start and stop are concerned
+
+    executor._create_spark_and_task_runtime = launching_spark  # type: ignore[method-assign]
+
+    async def scenario() -> None:
+        run = asyncio.create_task(executor.run())
+        while executor._server is None and not run.done():
+            await asyncio.sleep(0.05)
+        executor.stop()
+        await asyncio.wait_for(run, 30)
+
+    asyncio.run(scenario())
+    assert len(seen) == 20 and not any(seen)
+    assert executor.spark_ready_at > 0  # the servers came once the session was up

@@ -1,0 +1,191 @@
+"""When a TaskManager warms Spark up: only with CPU to spare, never against a task.
+
+The rule is pure (`warmup.due`); the TaskExecutor's watch is run in process with the machine's
+CPU readings and the warm-up itself stood in for (no Spark, no JobManager)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from funke.taskmanager import warmup
+from funke.taskmanager.taskexecutor import TaskExecutor, TaskExecutorConfig
+
+
+def test_idle_fraction_is_the_idle_share_of_the_cpu_time_between_two_readings() -> None:
+    assert warmup.idle_fraction((100, 1000), (250, 1200)) == pytest.approx(0.75)
+    assert warmup.idle_fraction((100, 1000), (100, 1200)) == 0.0
+    # unknown: no reading, or no time passed
+    assert warmup.idle_fraction(None, (100, 1000)) is None
+    assert warmup.idle_fraction((100, 1000), (100, 1000)) is None
+
+
+def test_cpu_times_reads_the_machines_cpus() -> None:
+    reading = warmup.cpu_times()
+    assert reading is not None and 0 <= reading[0] <= reading[1]
+
+
+@pytest.mark.parametrize("session_ready, tasks_started, cpu_idle, waited_s, expected", [
+    (True, 0, 0.9, 1, True),
+    (True, 0, None, 1, True),  # no /proc: nothing better to go by
+    (True, 0, 0.5, 1, True),
+    (True, 0, 0.3, 1, False),  # the machine is busy: the warm-up would slow somebody's work
+    (True, 0, 0.3, 30, True),  # ... for ever: a spare TaskManager should not stay cold
+    (True, 1, 1.0, 1, False),  # a task ran: it warmed the session itself
+    (True, 1, 0.3, 60, False),
+    (False, 0, 1.0, 60, False),
+])
+def test_the_warm_up_is_due_only_on_an_untouched_session_with_idle_cpus_or_after_waiting_long(
+        session_ready, tasks_started, cpu_idle, waited_s, expected) -> None:
+    assert warmup.due(session_ready=session_ready, tasks_started=tasks_started, cpu_idle=cpu_idle,
+                      waited_s=waited_s, patience_s=30) is expected
+
+
+class FakeWarmUp:
+    """Stands in for warmup.WarmUp: runs until cancelled (or told to finish)."""
+
+    made: list["FakeWarmUp"] = []
+
+    def __init__(self, spark, scratch):
+        self.running = threading.Event()
+        self.finish = threading.Event()
+        self._cancelled = threading.Event()
+        FakeWarmUp.made.append(self)
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+        self.finish.set()
+
+    def run(self) -> float:
+        self.running.set()
+        self.finish.wait(10)
+        return 0.5
+
+
+@pytest.fixture
+def executor(monkeypatch, tmp_path):
+    FakeWarmUp.made = []
+    readings = iter([])
+    monkeypatch.setattr(warmup, "CHECK_INTERVAL_S", 0.01)
+    monkeypatch.setattr(warmup, "WarmUp", FakeWarmUp)
+    executor = TaskExecutor(TaskExecutorConfig("tm-warm", jobmanager_address="127.0.0.1:1", number_of_slots=1,
+                                               use_spark=False))
+    executor.spark = object()  # a session, as far as the watch is concerned
+    executor._scratch = str(tmp_path)
+
+    def cpu(sequence):
+        nonlocal readings
+        readings = iter(sequence)
+        monkeypatch.setattr(warmup, "cpu_times", lambda: next(readings))
+
+    executor.cpu = cpu
+    return executor
+
+
+def test_on_a_machine_that_stays_busy_the_warm_up_starts_after_its_patience(executor, monkeypatch) -> None:
+    monkeypatch.setattr(warmup, "PATIENCE_S", 0.2)
+    executor.cpu([(10 * i, 100 * i) for i in range(10_000)])  # always 10% idle
+
+    async def scenario() -> None:
+        executor._loop = asyncio.get_running_loop()
+        watch = asyncio.create_task(executor._warm_up_when_idle())
+        started = asyncio.get_running_loop().time()
+        while not FakeWarmUp.made:
+            await asyncio.sleep(0.005)
+        assert asyncio.get_running_loop().time() - started >= 0.2
+        FakeWarmUp.made[0].finish.set()
+        await asyncio.wait_for(watch, 5)
+
+    asyncio.run(scenario())
+    assert len(FakeWarmUp.made) == 1
+
+
+def test_with_busy_cpus_the_warm_up_waits_and_starts_once_they_are_idle(executor) -> None:
+    # (idle, total) jiffies: 10% idle, 10% idle, then 90% idle
+    executor.cpu([(0, 0), (10, 100), (20, 200), (110, 300)] + [(110 + 90 * i, 300 + 100 * i) for i in range(1, 100)])
+
+    async def scenario() -> None:
+        executor._loop = asyncio.get_running_loop()
+        watch = asyncio.create_task(executor._warm_up_when_idle())
+        while not FakeWarmUp.made:
+            await asyncio.sleep(0.005)
+        assert FakeWarmUp.made[0].running.wait(5)
+        FakeWarmUp.made[0].finish.set()
+        await asyncio.wait_for(watch, 5)
+
+    asyncio.run(scenario())
+    assert len(FakeWarmUp.made) == 1 and not FakeWarmUp.made[0].cancelled
+
+
+def test_a_task_that_starts_interrupts_the_warm_up_and_one_that_came_first_prevents_it(executor) -> None:
+    executor.cpu([(100 * i, 100 * i) for i in range(1000)])  # always idle
+
+    async def scenario() -> None:
+        executor._loop = asyncio.get_running_loop()
+        watch = asyncio.create_task(executor._warm_up_when_idle())
+        while not FakeWarmUp.made:
+            await asyncio.sleep(0.005)
+        assert FakeWarmUp.made[0].running.wait(5)
+        # what _start_task does first for every task
+        executor._tasks_started += 1
+        executor._stop_warm_up()
+        await asyncio.wait_for(watch, 5)
+        # a TaskManager that has run a task never starts one
+        again = asyncio.create_task(executor._warm_up_when_idle())
+        await asyncio.wait_for(again, 5)
+
+    asyncio.run(scenario())
+    assert len(FakeWarmUp.made) == 1 and FakeWarmUp.made[0].cancelled
+
+
+class _Context:
+    """A SparkContext's job tags and cancellation, with one job that runs until it is interrupted."""
+
+    def __init__(self):
+        self.cancels = 0
+        self.job_running = threading.Event()
+        self.interrupted = threading.Event()
+
+    def addJobTag(self, tag):
+        pass
+
+    def removeJobTag(self, tag):
+        pass
+
+    def cancelJobsWithTag(self, tag):
+        self.cancels += 1
+        if self.job_running.is_set():
+            self.interrupted.set()
+
+
+def test_a_job_the_warm_up_submits_just_after_the_cancel_is_interrupted_too(tmp_path, monkeypatch) -> None:
+    context = _Context()
+    session = type("Session", (), {"sparkContext": context})()
+    job = warmup.WarmUp(session, str(tmp_path))
+    planning = threading.Event()
+    cancelled = threading.Event()
+    ran = []
+
+    def aggregate_and_write() -> None:  # cancel() comes while the job is planned, before it runs
+        planning.set()
+        assert cancelled.wait(10)
+        context.job_running.set()
+        ran.append(context.interrupted.wait(10))  # the job runs until Spark interrupts it
+        context.job_running.clear()
+
+    monkeypatch.setattr(job, "_aggregate_and_write", aggregate_and_write)
+    monkeypatch.setattr(job, "_read", lambda: ran.append("read"))
+    runner = threading.Thread(target=job.run)
+    runner.start()
+    assert planning.wait(10)
+    job.cancel()
+    cancelled.set()
+    runner.join(30)
+    assert ran == [True]  # interrupted, and the read after it skipped
+    assert context.cancels >= 2
