@@ -2,7 +2,8 @@
 through the `funke` CLI, torn down by the PIDs they recorded (never by name).
 
 `spark_cluster`: 2 TaskManagers x 2 slots with PySpark, shared by the session (Spark start-up is
-the expensive part). `noop_cluster`: 2 TaskManagers x 2 slots without Spark, for scheduling and
+the expensive part). `streaming_cluster`: 3 TaskManagers x 2 slots with PySpark, shared by the
+streaming modules, whose tests kill TaskManagers and start replacements. `noop_cluster`: 2 TaskManagers x 2 slots without Spark, for scheduling and
 placement tests whose tasks are no-ops.
 """
 
@@ -105,6 +106,45 @@ def spark_cluster(tmp_path_factory):
     cluster = _start(tmp_path_factory, "spark-cluster")
     yield cluster
     _stop(cluster)
+
+
+class StreamCluster:
+    """Three TaskManagers x 2 slots with PySpark, for streaming queries; tests kill some of them
+    and start replacements (`tm-spare-<n>`)."""
+
+    TASKMANAGERS = 3
+
+    def __init__(self, dir: Path):
+        self.dir = dir
+        self.info = localcluster.start(dir, self.TASKMANAGERS, 2)
+        self.client = self.info.client()
+        self.spare = 0
+
+    def restore(self) -> None:
+        """Three TaskManagers registered."""
+        registered = {tm.id for tm in self.client.cluster_overview().task_managers}
+        for _ in range(self.TASKMANAGERS - len(registered)):
+            self.add_taskmanager()
+
+    def add_taskmanager(self) -> str:
+        self.spare += 1
+        name = f"tm-spare-{self.spare}"
+        localcluster.start_taskmanager(self.dir, name, 2)
+        return name
+
+    def funke(self, *args: str, **kw):
+        command, *rest = args
+        env = dict(kw.pop("env", None) or os.environ, FUNKE_CLUSTER_DIR=str(self.info.dir))
+        return funke(command, "--jobmanager", self.info.address, *rest, env=env, **kw)
+
+
+@pytest.fixture(scope="session")
+def streaming_cluster(tmp_path_factory):
+    """Shared by the streaming, receiver and Redis Streams modules (each restores it first)."""
+    c = StreamCluster(tmp_path_factory.mktemp("stream-cluster"))
+    yield c
+    c.client.close()
+    localcluster.stop(c.dir)
 
 
 @pytest.fixture(scope="session")

@@ -83,11 +83,9 @@ def wait_for_rows(client, job_id: str, rows: int, timeout: float = 180) -> None:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    c = StreamCluster(tmp_path_factory.mktemp("receiver-cluster"))
-    yield c
-    c.client.close()
-    localcluster.stop(c.dir)
+def cluster(streaming_cluster):
+    streaming_cluster.restore()
+    return streaming_cluster
 
 
 def test_the_seeds_socket_word_count_counts_each_batch_exactly_as_the_lines_it_was_allocated(cluster, tmp_path):

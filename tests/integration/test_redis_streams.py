@@ -57,11 +57,9 @@ def to_row(fields):
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    c = StreamCluster(tmp_path_factory.mktemp("redis-cluster"))
-    yield c
-    c.client.close()
-    localcluster.stop(c.dir)
+def cluster(streaming_cluster):
+    streaming_cluster.restore()
+    return streaming_cluster
 
 
 def committed_ids(checkpoint: Path, source: str, port: int) -> list[int]:

@@ -28,51 +28,22 @@ from funke.deploy import localcluster
 from funke.deploy.client import JobManagerClient, job_status_name
 from funke.jobmanager import streamsinks
 from funke.jobmanager.checkpointstore import CheckpointStore
-from tests.integration.conftest import funke
+from tests.integration.conftest import StreamCluster, funke  # noqa: F401 (StreamCluster: for the modules importing it from here)
 
 pytestmark = pytest.mark.cluster
 
 # The TaskManagers cannot import this module: its functions travel by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
-TASKMANAGERS = ("tm-1", "tm-2", "tm-3")
 ORDER = ("BatchSubmitted", "BatchStarted", "OutputOperationStarted", "OutputOperationCompleted", "BatchCompleted")
 
 
 # ---------------------------------------------------------------------------- the cluster
 
-class StreamCluster:
-    def __init__(self, dir: Path):
-        self.dir = dir
-        self.info = localcluster.start(dir, len(TASKMANAGERS), 2)
-        self.client = self.info.client()
-        self.spare = 0
-
-    def restore(self) -> None:
-        """Three TaskManagers registered (tests kill some and start replacements)."""
-        registered = {tm.id for tm in self.client.cluster_overview().task_managers}
-        missing = 3 - len(registered)
-        for _ in range(missing):
-            self.add_taskmanager()
-
-    def add_taskmanager(self) -> str:
-        self.spare += 1
-        name = f"tm-spare-{self.spare}"
-        localcluster.start_taskmanager(self.dir, name, 2)
-        return name
-
-    def funke(self, *args: str, **kw):
-        command, *rest = args
-        env = dict(kw.pop("env", None) or os.environ, FUNKE_CLUSTER_DIR=str(self.info.dir))
-        return funke(command, "--jobmanager", self.info.address, *rest, env=env, **kw)
-
-
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    c = StreamCluster(tmp_path_factory.mktemp("stream-cluster"))
-    yield c
-    c.client.close()
-    localcluster.stop(c.dir)
+def cluster(streaming_cluster):
+    streaming_cluster.restore()
+    return streaming_cluster
 
 
 @pytest.fixture
