@@ -10,7 +10,7 @@ tasks run (a range, a Python map over Arrow batches, a keyed aggregate, a Parque
 a collect as Arrow), in its own scratch directory, off its event loop.
 
 The warm-up yields to real work. It is CPU for later, so it takes what is spare: it starts once
-the TaskManager has run no task yet and the machine's CPUs have been mostly idle for a moment,
+the TaskManager has run no task yet and the machine's CPUs have been idle enough for a moment,
 or, on a machine that is never idle, after waiting PATIENCE_S (a spare TaskManager should not
 take over a query cold for ever) (`due`); a task that arrives meanwhile interrupts it
 (`WarmUp.cancel`): that task's own first Spark job warms the session as well, and sooner.
@@ -36,9 +36,11 @@ log = logging.getLogger("funke.taskmanager")
 
 # The TaskManager looks this often whether it may warm up.
 CHECK_INTERVAL_S = 1.0
-# ... and does once its CPUs were at least this idle over the last interval (on 2 cores: one
-# core free), so that it never takes CPU from tasks, its own or anybody's on this machine.
-IDLE_CPU_FRACTION = 0.5
+# ... and does once its CPUs were at least this idle over the last interval: not while a job
+# keeps them busy (a cluster's cold first job: 0-15% idle on 2 cores), but beside a streaming
+# query that leaves part of a core (30-50%), so that a TaskManager is warm when the query fails
+# over to it.
+IDLE_CPU_FRACTION = 0.3
 # ... or once it has waited this long for idle CPUs, on a machine busy with other work.
 PATIENCE_S = 15.0
 # Spark job tag of the warm-up's jobs, so that cancel() interrupts exactly those.
