@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any, Self
 
 import grpc
 from funke.common.jobgraph import JobGraph
-from funke.deploy.rpc import MESSAGE_SIZE_OPTIONS, STANDBY_PREFIX
-from funke.deploy.security import ClientCredentials, SecurityError
+from funke.runtime.rpc import MESSAGE_SIZE_OPTIONS, STANDBY_PREFIX
+from funke.runtime.security import ClientCredentials, SecurityError
 from funke.v1 import job_pb2, jobgraph_pb2, jobmanager_pb2, jobmanager_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 

@@ -44,7 +44,7 @@ from funke.common.checkpoint import (
     plan_recovery,
     to_purge,
 )
-from funke.deploy.hafilesystem import read_file, write_atomically
+from funke.runtime.hafilesystem import read_file, write_atomically
 
 METADATA = "metadata"
 OFFSETS = "offsets"

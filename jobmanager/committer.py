@@ -31,7 +31,7 @@ from funke.common import layout
 from funke.common.jobgraph import JobGraph
 from funke.common.operators import CATALOGUE
 from funke.common.scheduler import SinkCommit
-from funke.deploy import datafs
+from funke.runtime import datafs
 
 
 COMMIT_MARKER = "committed"

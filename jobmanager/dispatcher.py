@@ -39,8 +39,8 @@ from funke.common.streamingjob import CHECKPOINT, checkpoint_location, is_stream
 from funke.common.validation import Problem, ValidationContext, describe_problems, find_problems
 from funke.common.codec import DeploymentEncoder, WireError, job_graph_from_proto, job_graph_to_proto
 from funke.common.executiongraph import Incarnation
-from funke.deploy.hafilesystem import Fenced, JobResult
-from funke.deploy.security import Tls
+from funke.runtime.hafilesystem import Fenced, JobResult
+from funke.runtime.security import Tls
 from funke.jobmanager import committer, datadir, streamquery
 from funke.jobmanager import highavailability as hamod
 from funke.jobmanager.highavailability import HaContext

@@ -25,7 +25,7 @@ from funke.common.configuration import ClusterConfiguration
 from funke.common.executiongraph import SlotId
 from funke.common.scheduler import SlotRequest
 from funke.common.codec import timestamp
-from funke.deploy.security import Tls
+from funke.runtime.security import Tls
 from funke.jobmanager.gateway import TaskManagerGateway
 from funke.jobmanager.mailbox import Mailbox
 from funke.v1 import cluster_pb2, jobmanager_pb2

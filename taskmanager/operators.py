@@ -101,7 +101,7 @@ from funke.common.streamsources import (
     RedisStreamsSource,
     receiver_blocks_dir,
 )
-from funke.deploy import datafs
+from funke.runtime import datafs
 from funke.taskmanager import batchexchange
 
 # The closures handed to mapInArrow reference this module's helpers; pickled by reference they

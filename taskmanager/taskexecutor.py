@@ -63,16 +63,16 @@ from funke.common.slotmanager import DEFAULT_HEARTBEAT_INTERVAL_S, DEFAULT_HEART
 from funke.common.states import ExecutionState
 from funke.common.taskexecutorstate import TaskExecutorState, TaskKey
 from funke.common.security import TOKEN_BYTES, Realm
-from funke.deploy import datafs, security
-from funke.deploy.haservices import ha_services
-from funke.deploy.rpc import MESSAGE_SIZE_OPTIONS, add_service, advertised_host, host_port
+from funke.runtime import datafs, security
+from funke.runtime.haservices import ha_services
+from funke.runtime.rpc import MESSAGE_SIZE_OPTIONS, add_service, advertised_host, host_port
 from funke.taskmanager import jvmarchive, sparksession
 from funke.v1 import cluster_pb2, cluster_pb2_grpc
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from funke.deploy.metricsserver import MetricsServer
+    from funke.runtime.metricsserver import MetricsServer
     from funke.taskmanager.task import Task
 
 # Imported where first needed (the task runtime with PySpark and pyarrow, the metrics server with
@@ -534,7 +534,7 @@ class TaskExecutor:
         if cfg.metrics_host is not None:
             # Before Spark's thread starts importing PySpark: two threads importing at once can meet
             # each other's modules half-initialised.
-            importlib.import_module("funke.deploy.metricsserver")
+            importlib.import_module("funke.runtime.metricsserver")
         if cfg.use_spark:
             # First, before the task runtime is loaded (in the same thread, once the session is
             # up). Not beside the gRPC servers being set up: PySpark forks spark-submit with a
@@ -595,7 +595,7 @@ class TaskExecutor:
                  cfg.number_of_slots)
 
         if cfg.metrics_host is not None:
-            from funke.deploy.metricsserver import MetricsServer, registry_with
+            from funke.runtime.metricsserver import MetricsServer, registry_with
 
             self._metrics_server = MetricsServer(registry_with(self.metrics), cfg.tls)
             first, last = cfg.metrics_ports

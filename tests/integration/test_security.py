@@ -21,7 +21,7 @@ from google.protobuf.message_factory import GetMessageClass
 
 from funke.common.codec import job_graph_to_proto
 from funke.common.jobgraph import IntermediateDataSet, JobEdge, JobGraph, JobType, JobVertex, OperatorSpec
-from funke.deploy import security
+from funke.runtime import security
 from funke.deploy.client import FunkeError, JobManagerClient, NotAuthenticated, job_status_name
 from funke.deploy.jobfile import load_job_file
 from funke.v1 import cluster_pb2, jobmanager_pb2

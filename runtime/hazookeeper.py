@@ -53,7 +53,7 @@ from kazoo.retry import KazooRetry
 from funke.common import ids
 from funke.common.configuration import DEFAULT_ZOOKEEPER_SESSION_S
 from funke.common.leadership import Change, Contender, Lease
-from funke.deploy.hafilesystem import (MAX_RECORD_BYTES, Fenced, JobResult, holder_gone, job_result_from_json,
+from funke.runtime.hafilesystem import (MAX_RECORD_BYTES, Fenced, JobResult, holder_gone, job_result_from_json,
                                        json_records, read_file, write_atomically)
 
 log = logging.getLogger("funke.ha")

@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
-from funke.deploy import security
+from funke.runtime import security
 
 log = logging.getLogger("funke.metrics")
 

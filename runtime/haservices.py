@@ -8,7 +8,7 @@ from typing import Callable, Protocol
 
 from funke.common.configuration import ClusterConfiguration
 from funke.common.leadership import Change, Contender, Lease
-from funke.deploy.hafilesystem import FileSystemHaServices, JobResult
+from funke.runtime.hafilesystem import FileSystemHaServices, JobResult
 
 
 class HaServices(Protocol):
@@ -47,7 +47,7 @@ def ha_services(config: ClusterConfiguration) -> HaServices | None:
     if config.high_availability == "filesystem":
         return FileSystemHaServices(config.ha_storage_dir, config.ha_cluster_id, config.ha_lease_s)
     if config.high_availability == "zookeeper":
-        from funke.deploy.hazookeeper import ZooKeeperHaServices  # kazoo only where it is used
+        from funke.runtime.hazookeeper import ZooKeeperHaServices  # kazoo only where it is used
 
         return ZooKeeperHaServices(config.ha_zookeeper_quorum, config.ha_storage_dir, config.ha_cluster_id,
                                    config.ha_zookeeper_root, config.ha_zookeeper_session_s)
