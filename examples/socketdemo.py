@@ -29,9 +29,10 @@ from funke.deploy import localcluster
 from funke.deploy.client import JobManagerClient, job_status_name
 from funke.deploy.jobfile import load_job_file
 from funke.deploy.lineserver import LineServer
-from funke.deploy.streamdemo import _say, _watch, run_demo, say_progress_and_history, stop_query
 from funke.jobmanager import streamsinks
 from funke.jobmanager.checkpointstore import CheckpointStore
+
+from examples.streamdemo import _say, _watch, run_demo, say_progress_and_history, stop_query
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "socket_wordcount.py"

@@ -27,10 +27,11 @@ from funke.common.streamsources import FilesSource
 from funke.deploy import localcluster
 from funke.deploy.cli import render_event, render_history, render_progress
 from funke.deploy.client import FunkeError, JobManagerClient, job_status_name
-from funke.deploy.demo import count_texts, tokeniser_and_input
 from funke.deploy.jobfile import load_job_file
 from funke.jobmanager import streamsinks
 from funke.jobmanager.checkpointstore import CheckpointStore
+
+from examples.demo import count_texts, tokeniser_and_input
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "streaming_wordcount.py"
