@@ -2,8 +2,8 @@
 
 Owns how each model value maps to its protobuf message and back, and nothing else: no
 validation (that is `validation.py`'s job, on the decoded model) and no RPC. Sections: the
-JobGraph (client -> JobManager); what the JobManager shows of jobs (details, summaries, events);
-the deployment contract of `deployment.py` (JobManager <-> TaskManager); the TaskManager's slot
+JobGraph (client -> JobManager); the states, attempts and failures the JobManager shows of jobs
+(what it builds from its scheduler is `jobviews.py`); the deployment contract of `deployment.py` (JobManager <-> TaskManager); the TaskManager's slot
 report. Both processes use this one module, so the two ends of a message cannot drift apart.
 
 Rules:
@@ -52,8 +52,6 @@ from funke.common.deployment import (
 from funke.common.executiongraph import (
     Execution,
     ExecutionAttemptId,
-    ExecutionGraph,
-    ExecutionJobVertex,
     FailureInfo,
     SlotId,
     TaskIo,
@@ -75,14 +73,12 @@ from funke.common.jobgraph import (
     ResultPartitionType,
 )
 from funke.common.ids import echo
-from funke.common.scheduler import ExecutionStateChanged, JobStatusChanged, Scheduler
 from funke.common.states import ExecutionState, JobStatus, Transition
 from funke.common.checkpoint import SourceRange
 from funke.common.streamsources import BatchInput
 from funke.v1 import cluster_pb2 as cluster_pb
 from funke.v1 import job_pb2 as job_pb
 from funke.v1 import jobgraph_pb2 as pb
-from funke.v1 import jobmanager_pb2 as jobmanager_pb
 
 class WireError(ValueError):
     """A message that does not decode to a model (or a model that does not encode)."""
@@ -293,7 +289,7 @@ def vertex_from_proto(m: pb.JobVertex) -> JobVertex:
 # ---- data sets, edges ----
 
 
-def _data_set_to_proto(d: IntermediateDataSet) -> pb.IntermediateDataSet:
+def data_set_to_proto(d: IntermediateDataSet) -> pb.IntermediateDataSet:
     return _encoding(f"data set {d.id!r}", lambda: pb.IntermediateDataSet(id=d.id, producer_vertex_id=d.producer))
 
 
@@ -301,7 +297,7 @@ def _data_set_from_proto(m: pb.IntermediateDataSet) -> IntermediateDataSet:
     return IntermediateDataSet(id=m.id, producer=m.producer_vertex_id)
 
 
-def _edge_to_proto(e: JobEdge) -> pb.JobEdge:
+def edge_to_proto(e: JobEdge) -> pb.JobEdge:
     subject = f"edge {e.id!r}"
     distribution = _DISTRIBUTION.encode(e.distribution_pattern, subject, "distribution_pattern")
     partitioner = _PARTITIONER.encode(e.partitioner, subject, "partitioner")
@@ -393,8 +389,8 @@ def _artifact_from_proto(m: pb.Artifact) -> Artifact:
 
 def job_graph_to_proto(job: JobGraph) -> pb.JobGraph:
     vertices = [vertex_to_proto(v) for v in job.vertices]
-    data_sets = [_data_set_to_proto(d) for d in job.data_sets]
-    edges = [_edge_to_proto(e) for e in job.edges]
+    data_sets = [data_set_to_proto(d) for d in job.data_sets]
+    edges = [edge_to_proto(e) for e in job.edges]
     configuration = _configuration_to_proto(job.configuration)
     artifacts = [_artifact_to_proto(a) for a in job.artifacts]
     job_type = _JOB_TYPE.encode(job.job_type, "job", "job_type")
@@ -542,79 +538,6 @@ def execution_to_proto(ex: Execution) -> job_pb.Execution:
     if ex.failure is not None:
         msg.failure.CopyFrom(failure_to_proto(ex.failure))
     return msg
-
-
-def _states_per_vertex(ejv: ExecutionJobVertex) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for ev in ejv.task_vertices:
-        counts[ev.state.value] = counts.get(ev.state.value, 0) + 1
-    return counts
-
-
-def job_details(graph: ExecutionGraph, scheduler: Scheduler, *, waiting_for_resources: str = "",
-                restart_description: str = "") -> job_pb.JobDetails:
-    msg = job_pb.JobDetails(
-        job_id=graph.job_id,
-        name=graph.job_graph.name,
-        job_type=job_type_to_proto(graph.job_graph.job_type),
-        status=_JOB_STATUS_TO[graph.status],
-        created_at=timestamp(graph.status_machine.created_at),
-        status_history=[job_transition_to_proto(h.transition, h.leader_epoch, h.job_manager)
-                        for h in graph.status_history()],
-        waiting_for_resources=waiting_for_resources,
-        required_slots=scheduler.plan.required_slots(),
-        restart_strategy=restart_description,
-        failover_strategy=scheduler.failover_strategy.value,
-        num_restarts=scheduler.num_restarts,
-    )
-    for ejv in graph.vertices.values():
-        vertex = msg.vertices.add(
-            id=ejv.id, name=ejv.name, parallelism=ejv.parallelism,
-            slot_sharing_group=ejv.slot_sharing_group, co_location_group=ejv.co_location_group or "",
-        )
-        vertex.subtasks_per_state.update(_states_per_vertex(ejv))
-        for ev in ejv.task_vertices:
-            sub = vertex.subtasks.add(subtask_index=ev.subtask_index, name=ev.name)
-            sub.current.CopyFrom(execution_to_proto(ev.current_execution))
-            sub.prior_attempts.extend(execution_to_proto(ex) for ex in ev.prior_executions)
-    for entry in scheduler.exception_history:
-        e = msg.exceptions.add(timestamp=timestamp(entry.timestamp), task_name=entry.task_name,
-                               task_manager_id=entry.task_manager_id or "", failure=failure_to_proto(entry.failure))
-        if entry.attempt is not None:
-            e.attempt.CopyFrom(attempt_to_proto(entry.attempt))
-    if scheduler.failure is not None:
-        msg.failure.CopyFrom(failure_to_proto(scheduler.failure))
-    msg.data_sets.extend(_data_set_to_proto(d) for d in graph.job_graph.data_sets)
-    msg.edges.extend(_edge_to_proto(e) for e in graph.job_graph.edges)
-    return msg
-
-
-def job_summary(graph: ExecutionGraph, scheduler: Scheduler) -> job_pb.JobSummary:
-    created = graph.status_machine.created_at
-    msg = job_pb.JobSummary(
-        job_id=graph.job_id, name=graph.job_graph.name, job_type=job_type_to_proto(graph.job_graph.job_type),
-        status=_JOB_STATUS_TO[graph.status], created_at=timestamp(created),
-        total_tasks=graph.number_of_vertices(),
-    )
-    msg.tasks_per_state.update({state.value: n for state, n in scheduler.state_counts.items() if n})
-    if graph.status.is_globally_terminal and graph.status_machine.history:
-        ended = graph.status_machine.history[-1].timestamp
-        msg.ended_at.CopyFrom(timestamp(ended))
-        msg.duration_seconds = ended - created
-    return msg
-
-
-def event_to_proto(sequence: int, change: JobStatusChanged | ExecutionStateChanged, leader_epoch: int = 0,
-                   job_manager: str = "") -> jobmanager_pb.JobEvent:
-    if isinstance(change, JobStatusChanged):
-        return jobmanager_pb.JobEvent(sequence=sequence, job_status=job_transition_to_proto(
-            change.transition, leader_epoch, job_manager))
-    state = jobmanager_pb.ExecutionStateChange(
-        attempt=attempt_to_proto(change.attempt), task_name=change.task_name,
-        transition=execution_transition_to_proto(change.transition), task_manager_id=change.task_manager_id or "")
-    if change.failure is not None:
-        state.failure.CopyFrom(failure_to_proto(change.failure))
-    return jobmanager_pb.JobEvent(sequence=sequence, execution_state=state)
 
 
 # ================================================================================================

@@ -14,7 +14,8 @@ from typing import Mapping
 from funke.common import ids
 from funke.common.jobgraph import FailoverStrategyKind, RestartStrategyConfig
 from funke.common.leadership import DEFAULT_LEASE_S
-from funke.common.restart import RestartStrategyError, parse_duration, restart_strategy_from_config
+from funke.common.durations import DurationError, parse_duration
+from funke.common.restart import RestartStrategyError, restart_strategy_from_config
 from funke.common.slotmanager import DEFAULT_HEARTBEAT_INTERVAL_S, DEFAULT_HEARTBEAT_TIMEOUT_S
 from funke.common.states import TESTING_MUTANTS
 
@@ -148,9 +149,9 @@ def parse_configuration(entries: Mapping[str, str], base: ClusterConfiguration |
             try:
                 seconds = parse_duration(value)
                 if seconds <= 0:
-                    raise RestartStrategyError(f"must be positive, got {value!r}")
+                    raise DurationError(f"must be positive, got {value!r}")
                 changes[_DURATIONS[key]] = seconds
-            except RestartStrategyError as exc:
+            except DurationError as exc:
                 problems.append(f"{key}: {exc}")
         elif key in _BOOLEANS:
             if value.lower() not in ("true", "false"):

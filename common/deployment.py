@@ -3,8 +3,9 @@
 Owns what travels between the two cores, in the model's terms: the deployment of one execution
 attempt (`TaskDeployment`, with its input gates and result partitions), the reports a
 TaskManager sends back (`TaskReport`), partitions becoming available (`PartitionUpdate`) or being
-released (`PartitionRef`). The scheduler (`scheduler.py`) produces deployments and consumes
-reports; the TaskManager core (`taskexecutorstate.py`) does the opposite. Neither sees protobuf:
+released (`PartitionRef`), what each streaming task reads of a micro-batch (`BatchTask`). The
+scheduler (`scheduler.py`) and the batch flow (`batchflow.py`) produce deployments and batches and
+consume reports; the TaskManager core (`taskexecutorstate.py`) does the opposite. Neither sees protobuf:
 `codec.py` is the one place these become wire messages and back.
 
 A consumer's input names, per partition of its range, the producer attempt to read:
@@ -159,3 +160,19 @@ class PartitionRef:
     data_set_id: str
     partition_index: int
     producer_attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class BatchGate:
+    """What a streaming task reads of one input in a micro-batch: per partition of the gate's
+    range, the producer attempt whose batch partition to read, and the data's schema."""
+
+    input_index: int
+    attempts: tuple[int, ...]
+    schema: str
+
+
+@dataclass(frozen=True, slots=True)
+class BatchTask:
+    attempt: ExecutionAttemptId
+    gates: tuple[BatchGate, ...] = ()

@@ -706,14 +706,14 @@ class StreamReader:
         before it counts as received; each batch reads the blocks stored when it is planned.
         `max_rate`: at most this many lines a second per receiver (spark.streaming.receiver.maxRate);
         with the option streaming.backpressure.enabled, less when batches fall behind."""
-        from funke.common.restart import RestartStrategyError, parse_duration
+        from funke.common.durations import DurationError, parse_duration
 
         if not isinstance(host, str) or not host:
             raise TypeError(f"socket_text: host must be a non-empty string, got {host!r}")
         port = _port(port, "socket_text")
         try:
             interval_ms = round(parse_duration(block_interval) * 1000)
-        except RestartStrategyError as exc:
+        except DurationError as exc:
             raise ValueError(f"socket_text: block_interval: {exc}") from None
         if interval_ms < 10:
             raise ValueError(f"socket_text: block_interval must be at least 10 ms, got {block_interval!r}")

@@ -3,7 +3,7 @@
 Owns the four restart strategies (none, fixed-delay, failure-rate, exponential-delay), the
 `decide` step the scheduler takes on every failure, and the parsing of a job's
 `RestartStrategyConfig` (Flink's strategy names, option keys, defaults, range checks and duration
-syntax). It owns nothing else: which tasks restart is the failover strategy's business, and the
+syntax, `durations.py`'s). It owns nothing else: which tasks restart is the failover strategy's business, and the
 scheduler owns the timers.
 
 Everything here is sans-IO and deterministic: time comes in as `now` (seconds on whatever
@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Callable, Mapping, Protocol, runtime_checkable
 
+from funke.common.durations import DurationError, format_duration, parse_duration
 from funke.common.jobgraph import RestartStrategyConfig
 
 __all__ = [
@@ -43,7 +44,6 @@ __all__ = [
     "RestartStrategyError",
     "decide",
     "describe_config",
-    "parse_duration",
     "restart_strategy_from_config",
 ]
 
@@ -245,8 +245,8 @@ class ExponentialDelayRestartBackoffTimeStrategy:
         _check_duration(max_backoff_s, prefix + "max-backoff", minimum=0.001)
         if initial_backoff_s > max_backoff_s:
             raise RestartStrategyError(
-                f"{prefix}initial-backoff ({_format_duration(initial_backoff_s)}) must not exceed "
-                f"{prefix}max-backoff ({_format_duration(max_backoff_s)})"
+                f"{prefix}initial-backoff ({format_duration(initial_backoff_s)}) must not exceed "
+                f"{prefix}max-backoff ({format_duration(max_backoff_s)})"
             )
         _check_float(backoff_multiplier, prefix + "backoff-multiplier")
         if not backoff_multiplier > 1.0:
@@ -377,84 +377,10 @@ def decide(strategy: RestartBackoffTimeStrategy, now: float) -> RestartDecision:
 
 
 # --------------------------------------------------------------------------------------------
-# Durations
+# Numbers as Flink reads and prints them
 # --------------------------------------------------------------------------------------------
 
-_NANOS_PER_UNIT: dict[str, int] = {}
-for _labels, _nanos in (
-    (("d", "day", "days"), 86_400 * 10**9),
-    (("h", "hour", "hours"), 3_600 * 10**9),
-    (("min", "m", "minute", "minutes"), 60 * 10**9),
-    (("s", "sec", "secs", "second", "seconds"), 10**9),
-    (("ms", "milli", "millis", "millisecond", "milliseconds"), 10**6),
-    (("µs", "micro", "micros", "microsecond", "microseconds"), 10**3),
-    (("ns", "nano", "nanos", "nanosecond", "nanoseconds"), 1),
-):
-    for _label in _labels:
-        _NANOS_PER_UNIT[_label] = _nanos
-del _labels, _nanos, _label
-
-# Flink reads the number as a Java long: ASCII digits only, no sign, no fraction.
-_DURATION_RE = re.compile(r"([0-9]+)(.*)", re.ASCII | re.DOTALL)
-_LONG_MAX = 2**63 - 1
 _INT_MIN, _INT_MAX = -(2**31), 2**31 - 1
-
-
-def parse_duration(text: str) -> float:
-    """Parse Flink's duration syntax into seconds: an integer followed by an optional unit,
-    with optional whitespace between ("1 s", "500ms", "1min", "2 h", "1 d"; units are
-    case-insensitive). A bare number means milliseconds, as in Flink."""
-    if not isinstance(text, str):
-        raise RestartStrategyError(f"duration must be a string, got {type(text).__name__}")
-    trimmed = text.strip()
-    match = _DURATION_RE.fullmatch(trimmed)
-    if match is None:
-        raise RestartStrategyError(
-            f"invalid duration {_shown(text)}: expected a non-negative integer and a unit, e.g. '1 s'"
-        )
-    value = int(match.group(1))
-    if value > _LONG_MAX:
-        raise RestartStrategyError(f"invalid duration {_shown(text)}: number does not fit in 64 bits")
-    label = match.group(2).strip().lower()
-    if label[:1] in (".", ","):
-        raise RestartStrategyError(
-            f"invalid duration {_shown(text)}: fractions are not supported, use a smaller unit "
-            "(e.g. '1500 ms')"
-        )
-    if not label:
-        return value * 10**6 / 10**9
-    nanos = _NANOS_PER_UNIT.get(label)
-    if nanos is None:
-        raise RestartStrategyError(
-            f"invalid duration {_shown(text)}: unknown time unit {label!r} "
-            "(use d, h, min, s, ms, µs or ns)"
-        )
-    # Integer nanoseconds, then one correctly rounded division: "1 ms" is exactly 0.001.
-    return value * nanos / 10**9
-
-
-_FORMAT_UNITS = (
-    ("d", 86_400 * 10**9),
-    ("h", 3_600 * 10**9),
-    ("min", 60 * 10**9),
-    ("s", 10**9),
-    ("ms", 10**6),
-    ("µs", 10**3),
-)
-
-
-def _format_duration(seconds: float) -> str:
-    """The largest unit that shows `seconds` as a whole number, so the text parses back to
-    (nearly, within float precision) the same value: 120.0 -> "2 min", 1.5 -> "1500 ms"."""
-    if not math.isfinite(seconds):
-        return repr(seconds)
-    if seconds == 0:
-        return "0 ms"
-    for label, size in _FORMAT_UNITS:
-        count = round(seconds * 10**9 / size)
-        if count and math.isclose(count * size / 10**9, seconds, rel_tol=1e-12, abs_tol=0.0):
-            return f"{count} {label}"
-    return f"{round(seconds * 10**9)} ns"
 
 
 def _ms(seconds: float) -> str:
@@ -490,7 +416,7 @@ def _check_duration(value: object, key: str, *, minimum: float, strict: bool = F
     if value < minimum or (strict and value == minimum):
         relation = "greater than" if strict else "at least"
         raise RestartStrategyError(
-            f"{key} must be {relation} {_format_duration(minimum)}, got {_format_duration(value)}"
+            f"{key} must be {relation} {format_duration(minimum)}, got {format_duration(value)}"
         )
 
 
@@ -529,7 +455,7 @@ def _parse_float_option(key: str, text: str) -> float:
 def _parse_duration_option(key: str, text: str) -> float:
     try:
         return parse_duration(text)
-    except RestartStrategyError as exc:
+    except DurationError as exc:
         raise RestartStrategyError(f"{key}: {exc}") from None
 
 
@@ -690,7 +616,7 @@ def describe_config(cfg: RestartStrategyConfig | None) -> str:
         if value is None:
             shown = "unlimited"
         elif option.parse is _parse_duration_option:
-            shown = _format_duration(value)  # type: ignore[arg-type]
+            shown = format_duration(value)  # type: ignore[arg-type]
         else:
             shown = repr(value) if isinstance(value, float) else str(value)
         parts.append(f"{option.suffix}={shown}")

@@ -55,7 +55,7 @@ from funke.common.operators import CATALOGUE
 from funke.common.regions import PipelinedRegion, compute_pipelined_regions
 from funke.common.restart import RestartBackoffTimeStrategy
 from funke.common.schedulingstrategy import scheduling_strategy
-from funke.common.slotsharing import ExecutionSlotSharingGroup, build_slot_sharing_plan
+from funke.common.slotsharing import ExecutionSlotSharingGroup, SlotRequest, build_slot_sharing_plan
 from funke.common.states import (
     DEPLOYED_EXECUTION_STATES,
     EXECUTION_STATE_TRANSITIONS,
@@ -76,7 +76,7 @@ from funke.common.streamingjob import is_streaming_query
 __all__ = [
     "Action", "CancelSlotRequest", "CancelTask", "CommitOutputs", "DeployTask", "ExceptionHistoryEntry",
     "ExecutionStateChanged", "JobCleanup", "JobStatusChanged", "ReleasePartitions", "ReleaseSlot",
-    "RequestSlots", "Scheduler", "SinkCommit", "SlotRequest", "StartTimer", "Timer", "UpdatePartitionInfo",
+    "RequestSlots", "Scheduler", "SinkCommit", "StartTimer", "Timer", "UpdatePartitionInfo",
 ]
 
 E = ExecutionState
@@ -112,15 +112,6 @@ def _event(method: _F) -> _F:
 # ----------------------------------------------------------------------------------------------
 # Actions
 # ----------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class SlotRequest:
-    """A bulk request: all `count` slots or none (so two jobs never hold half of what they need)."""
-
-    request_id: int
-    count: int
-    per_slot_sharing_group: tuple[tuple[str, int], ...]
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,8 +17,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from funke.common.executiongraph import SlotId
-from funke.common.scheduler import SlotRequest
-from funke.common.slotsharing import SlotDiagnosis, TaskManagerSlots, diagnose
+from funke.common.slotsharing import SlotDiagnosis, SlotRequest, TaskManagerSlots, diagnose
 
 # Defaults for one machine (Flink's 10 s / 50 s are meant for clusters); a broken heartbeat
 # stream is noticed at once anyway, the timeout only catches a hung TaskManager.

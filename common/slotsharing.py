@@ -1,7 +1,8 @@
 """Slot sharing: which subtasks run together in one slot, and whether the cluster has the slots.
 
 Owns ExecutionSlotSharingGroup (the subtasks that one slot will host), the SlotSharingPlan built for
-an ExecutionGraph, and the "not enough slots" diagnosis the scheduler reports.
+an ExecutionGraph, the bulk SlotRequest the scheduler sends the ResourceManager's slot manager for
+the groups, and the "not enough slots" diagnosis both report.
 
 The plan follows Flink's LocalInputPreferredSlotSharingStrategy: job vertices are visited in
 topological order, and each subtask joins, in order of preference,
@@ -176,6 +177,15 @@ def _producer_group(
             if group not in taken:
                 return group
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class SlotRequest:
+    """A bulk request: all `count` slots or none (so two jobs never hold half of what they need)."""
+
+    request_id: int
+    count: int
+    per_slot_sharing_group: tuple[tuple[str, int], ...]
 
 
 @dataclass(frozen=True, slots=True)

@@ -127,7 +127,7 @@ def query_problems(job: JobGraph) -> list[str]:
 
 def query_settings(job: JobGraph) -> QuerySettings:
     """The query's settings from the job options (ValueError naming the bad one)."""
-    from funke.common.restart import RestartStrategyError, parse_duration
+    from funke.common.durations import DurationError, parse_duration
 
     options = job.configuration.options
     kind = options.get(TRIGGER, "processing-time").strip().lower()
@@ -141,7 +141,7 @@ def query_settings(job: JobGraph) -> QuerySettings:
         if INTERVAL in options:
             try:
                 interval_ms = round(parse_duration(options[INTERVAL]) * 1000)
-            except RestartStrategyError as exc:
+            except DurationError as exc:
                 raise ValueError(f"option {INTERVAL}: {exc}") from None
             if interval_ms < 1:
                 raise ValueError(f"option {INTERVAL}: must be at least 1 ms, got {options[INTERVAL]!r}")

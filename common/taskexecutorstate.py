@@ -43,7 +43,7 @@ import collections
 from dataclasses import dataclass, field
 
 from funke.common import ids, layout
-from funke.common.deployment import PartitionRef, PartitionUpdate, ProducedPartition, TaskDeployment, TaskReport
+from funke.common.deployment import BatchTask, PartitionRef, PartitionUpdate, ProducedPartition, TaskDeployment, TaskReport
 from funke.common.executiongraph import ExecutionAttemptId, FailureInfo, TaskIo
 from funke.common.inputgates import GateSnapshot, InputGate, PartitionAvailability
 from funke.common.operators import NOOP_KINDS
@@ -137,22 +137,6 @@ class TaskReported:
     produced: tuple[ProducedPartition, ...] = ()
     stimulus_id: str = ""
     io: TaskIo | None = None  # with FINISHED: what it read and wrote
-
-
-@dataclass(frozen=True, slots=True)
-class BatchGate:
-    """What a streaming task reads of one input in a micro-batch: per partition of the gate's
-    range, the producer attempt whose batch partition to read, and the data's schema."""
-
-    input_index: int
-    attempts: tuple[int, ...]
-    schema: str
-
-
-@dataclass(frozen=True, slots=True)
-class BatchTask:
-    attempt: ExecutionAttemptId
-    gates: tuple[BatchGate, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

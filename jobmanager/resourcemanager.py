@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Callable, Iterable
 from funke.common import slotmanager as sm
 from funke.common.configuration import ClusterConfiguration
 from funke.common.executiongraph import SlotId
-from funke.common.scheduler import SlotRequest
+from funke.common.slotsharing import SlotRequest
 from funke.common.codec import timestamp
 from funke.runtime.security import Tls
 from funke.jobmanager.gateway import TaskManagerGateway

@@ -54,7 +54,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from funke.common import codec
 from funke.common import taskexecutorstate as core
 from funke.common.configuration import ClusterConfiguration
-from funke.common.deployment import PartitionRef, ProducedPartition, TaskReport
+from funke.common.deployment import BatchGate, BatchTask, PartitionRef, ProducedPartition, TaskReport
 from funke.common.executiongraph import FailureInfo, TaskIo
 from funke.taskmanager.metrics import TaskMetrics
 from funke.common.jobgraph import JobVertex
@@ -1071,8 +1071,8 @@ class TaskExecutor:
         await self._registration_known(request.registration_id)
         try:
             batch = codec.batch_from_proto(request)
-            tasks = tuple(core.BatchTask(codec.attempt_from_proto(t.attempt), tuple(
-                core.BatchGate(g.input_index, tuple(g.producer_attempts), g.schema) for g in t.gates))
+            tasks = tuple(BatchTask(codec.attempt_from_proto(t.attempt), tuple(
+                BatchGate(g.input_index, tuple(g.producer_attempts), g.schema) for g in t.gates))
                 for t in request.tasks)
         except ValueError as exc:
             return cluster_pb2.RunBatchesResponse(results=[cluster_pb2.TaskSubmissionResult(

@@ -11,7 +11,7 @@ from funke.common.checkpoint import SourceRange
 from funke.common.executiongraph import Execution, ExecutionAttemptId, SlotId
 from funke.common.jobgraph import JobType, JobVertex, OperatorSpec
 from funke.common.streamsources import BatchInput
-from funke.common.taskexecutorstate import BatchGate
+from funke.common.deployment import BatchGate
 from tests.conformance.graphs import ALL_TO_ALL, PIPELINED, POINTWISE, connect, execution_graph, job_graph
 
 

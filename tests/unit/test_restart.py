@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from funke.common.durations import DurationError, parse_duration
 from funke.common.jobgraph import JobConfiguration, JobGraph, RestartStrategyConfig
 from funke.common.restart import (
     DEFAULTS,
@@ -23,7 +24,6 @@ from funke.common.restart import (
     RestartStrategyError,
     decide,
     describe_config,
-    parse_duration,
     restart_strategy_from_config,
 )
 
@@ -85,18 +85,18 @@ def test_parse_duration_is_exact_for_milliseconds():
      "١ s", "99999999999999999999 s"],
 )
 def test_parse_duration_rejects_junk(junk):
-    with pytest.raises(RestartStrategyError) as info:
+    with pytest.raises(DurationError) as info:
         parse_duration(junk)
     assert repr(junk) in str(info.value)
 
 
 def test_parse_duration_rejects_non_strings():
-    with pytest.raises(RestartStrategyError):
+    with pytest.raises(DurationError):
         parse_duration(5)  # type: ignore[arg-type]
 
 
 def test_fraction_error_suggests_a_smaller_unit():
-    with pytest.raises(RestartStrategyError, match="1500 ms"):
+    with pytest.raises(DurationError, match="1500 ms"):
         parse_duration("1.5 s")
 
 
