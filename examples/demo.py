@@ -26,7 +26,7 @@ from pathlib import Path
 
 from funke.deploy.client import FunkeError, JobManagerClient, job_status_name
 from funke.deploy.jobfile import load_job_file
-from funke.common.jobgraph import JobGraph, OperatorSpec
+from funke.common.graph.jobgraph import JobGraph, OperatorSpec
 from funke.deploy import localcluster
 from funke.deploy.cli import collect_sinks, follow_job, format_duration, render_failure, render_history, render_rows
 from funke.v1 import job_pb2, jobmanager_pb2

@@ -16,7 +16,7 @@ from typing import Callable
 
 import grpc
 
-from funke.common.executiongraph import FailureInfo
+from funke.common.graph.executiongraph import FailureInfo
 from funke.runtime import security
 from funke.runtime.rpc import MESSAGE_SIZE_OPTIONS
 from funke.jobmanager import reachability

@@ -1,6 +1,6 @@
 """The JobMaster: runs one job on the JobManager's main thread.
 
-Owns the job's Scheduler (the sans-IO core in `funke.common.scheduler`) and carries out the
+Owns the job's Scheduler (the sans-IO core in `funke.common.scheduling.scheduler`) and carries out the
 actions it returns: slot requests go to the ResourceManager, deployments and cancellations to the
 TaskManagers' gateways, timers to the event loop, sink commits and clean-up to executor threads.
 It also fans the job's state changes out to WatchJob subscribers, in order, with sequence numbers.
@@ -17,12 +17,12 @@ import time
 import traceback
 from typing import TYPE_CHECKING, Callable
 
-from funke.common import codec, jobviews
-from funke.common import microbatch as mb
-from funke.common import scheduler as s
-from funke.common.codec import DeploymentEncoder
-from funke.common.executiongraph import ExecutionGraph, FailureInfo
-from funke.common.scheduler import Scheduler
+from funke.common.wire import codec, jobviews
+from funke.common.streaming import microbatch as mb
+from funke.common.scheduling import scheduler as s
+from funke.common.wire.codec import DeploymentEncoder
+from funke.common.graph.executiongraph import ExecutionGraph, FailureInfo
+from funke.common.scheduling.scheduler import Scheduler
 from funke.common.states import ExecutionState, JobStatus
 from funke.jobmanager import committer
 from funke.jobmanager.mailbox import Mailbox

@@ -29,7 +29,7 @@ from funke.common.ids import status_message
 STANDBY_PREFIX = "this JobManager is a standby (high availability)"
 
 # Job graphs carry pickled functions and artifacts; validation bounds each part (see
-# `funke.common.validation`), this bounds the whole request.
+# `funke.common.graph.validation`), this bounds the whole request.
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 MESSAGE_SIZE_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),

@@ -1,10 +1,10 @@
 """The TaskExecutor: the asyncio/gRPC shell around one TaskManager's core.
 
-Every decision is made by `TaskExecutorState` (`funke.common.taskexecutorstate`), a sans-IO core
+Every decision is made by `TaskExecutorState` (`funke.common.task.taskexecutorstate`), a sans-IO core
 fed with events; this module only translates, like the JobMaster does for the scheduler:
 
 - RPCs of the TaskExecutor service (SubmitTasks, CancelTasks, UpdatePartitionInfo, FreeSlots,
-  ReleasePartitions) are decoded (`funke.common.codec`) into core events;
+  ReleasePartitions) are decoded (`funke.common.wire.codec`) into core events;
 - the core's instructions are carried out: a Spark task gets a thread of its own (`task.py`) and
   its inputs when the core hands them over, an interrupt goes to Spark off the loop, reports are
   queued for the JobManager, partition directories are deleted in a thread, timers are set;
@@ -51,17 +51,17 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from funke.common import codec
-from funke.common import taskexecutorstate as core
+from funke.common.wire import codec
+from funke.common.task import taskexecutorstate as core
 from funke.common.configuration import ClusterConfiguration
-from funke.common.deployment import BatchGate, BatchTask, PartitionRef, ProducedPartition, TaskReport
-from funke.common.executiongraph import FailureInfo, TaskIo
+from funke.common.graph.deployment import BatchGate, BatchTask, PartitionRef, ProducedPartition, TaskReport
+from funke.common.graph.executiongraph import FailureInfo, TaskIo
 from funke.taskmanager.metrics import TaskMetrics
-from funke.common.jobgraph import JobVertex
+from funke.common.graph.jobgraph import JobVertex
 from funke.common.leadership import Lease
-from funke.common.slotmanager import DEFAULT_HEARTBEAT_INTERVAL_S, DEFAULT_HEARTBEAT_TIMEOUT_S
+from funke.common.scheduling.slotmanager import DEFAULT_HEARTBEAT_INTERVAL_S, DEFAULT_HEARTBEAT_TIMEOUT_S
 from funke.common.states import ExecutionState
-from funke.common.taskexecutorstate import TaskExecutorState, TaskKey
+from funke.common.task.taskexecutorstate import TaskExecutorState, TaskKey
 from funke.common.security import TOKEN_BYTES, Realm
 from funke.runtime import datafs, security
 from funke.runtime.haservices import ha_services

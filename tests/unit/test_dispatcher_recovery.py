@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from funke.common.codec import job_graph_to_proto
+from funke.common.wire.codec import job_graph_to_proto
 from funke.common.configuration import ClusterConfiguration
 from funke.common.leadership import Contender
 from funke.common.states import JobStatus

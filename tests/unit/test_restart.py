@@ -1,4 +1,4 @@
-"""Restart strategies (funke.common.restart): Flink 1.19 semantics, config parsing, descriptions.
+"""Restart strategies (funke.common.graph.restart): Flink 1.19 semantics, config parsing, descriptions.
 
 Every test is deterministic: time is passed in explicitly and jitter draws from a seeded rng.
 """
@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from funke.common.durations import DurationError, parse_duration
-from funke.common.jobgraph import JobConfiguration, JobGraph, RestartStrategyConfig
-from funke.common.restart import (
+from funke.common.graph.jobgraph import JobConfiguration, JobGraph, RestartStrategyConfig
+from funke.common.graph.restart import (
     DEFAULTS,
     ExponentialDelayRestartBackoffTimeStrategy,
     FailureRateRestartBackoffTimeStrategy,
@@ -724,7 +724,7 @@ def test_options_must_be_a_mapping():
 
 
 def test_job_validation_reports_a_bad_restart_strategy():
-    from funke.common.validation import find_problems
+    from funke.common.graph.validation import find_problems
 
     job = JobGraph(name="j", vertices=(), configuration=JobConfiguration(
         restart_strategy=C("fixed-delay", {"attempts": "-1"})))

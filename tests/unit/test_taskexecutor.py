@@ -674,10 +674,10 @@ def test_a_deployment_that_overtakes_the_answer_to_the_registration_is_accepted(
 
 def test_a_streaming_task_runs_the_micro_batches_it_is_sent_and_finishes_when_told(
         tm: TaskManagerProcess, jm: FakeJobManager, job: str) -> None:
-    from funke.common.codec import run_batch_to_proto
-    from funke.common.checkpoint import SourceRange
-    from funke.common.executiongraph import ExecutionAttemptId
-    from funke.common.streamsources import BatchInput
+    from funke.common.wire.codec import run_batch_to_proto
+    from funke.common.streaming.checkpoint import SourceRange
+    from funke.common.graph.executiongraph import ExecutionAttemptId
+    from funke.common.streaming.streamsources import BatchInput
 
     task = producer(job, 0, slot=0, parallelism=1)
     task.streaming = True

@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from funke.common import taskexecutorstate as core
-from funke.common.deployment import (
+from funke.common.task import taskexecutorstate as core
+from funke.common.graph.deployment import (
     Available,
     Awaiting,
     BatchGate,
@@ -20,11 +20,11 @@ from funke.common.deployment import (
     ResultPartitionSpec,
     TaskDeployment,
 )
-from funke.common.executiongraph import ExecutionAttemptId, FailureInfo, SlotId
-from funke.common.jobgraph import JobVertex, OperatorSpec, PartitionerKind, ResultPartitionType
+from funke.common.graph.executiongraph import ExecutionAttemptId, FailureInfo, SlotId
+from funke.common.graph.jobgraph import JobVertex, OperatorSpec, PartitionerKind, ResultPartitionType
 from funke.common.states import ExecutionState
-from funke.common.streamsources import BatchInput
-from funke.common.taskexecutorstate import TaskExecutorState, TaskKey
+from funke.common.streaming.streamsources import BatchInput
+from funke.common.task.taskexecutorstate import TaskExecutorState, TaskKey
 
 E = ExecutionState
 JOB = "job1"

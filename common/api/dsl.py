@@ -38,7 +38,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Self, Sequence, TypeVar
 
-from funke.common.jobgraph import (
+from funke.common.graph.jobgraph import (
     DEFAULT_SLOT_SHARING_GROUP,
     Artifact,
     DistributionPattern,
@@ -55,8 +55,8 @@ from funke.common.jobgraph import (
     ResultPartitionType,
 )
 from funke.common import ids
-from funke.common.operators import CATALOGUE, JOIN_TYPES, SINK_MODES
-from funke.common.streamingjob import REDIS, SOCKET
+from funke.common.graph.operators import CATALOGUE, JOIN_TYPES, SINK_MODES
+from funke.common.graph.streamingjob import REDIS, SOCKET
 
 __all__ = [
     "BATCH_SHUFFLE_MODE",
@@ -454,7 +454,7 @@ class ExecutionEnvironment:
         """Flink's strategy name and option suffixes as keywords, underscores for dashes:
         `set_restart_strategy("fixed-delay", attempts=3, delay="10 s")`. Durations are Flink
         duration strings ("10 s", "500 ms"; a bare number means milliseconds) or timedeltas."""
-        from funke.common.restart import RestartStrategyError, restart_strategy_from_config
+        from funke.common.graph.restart import RestartStrategyError, restart_strategy_from_config
 
         config = RestartStrategyConfig(
             _non_empty_str(kind, "restart strategy"),
@@ -551,7 +551,7 @@ class ExecutionEnvironment:
         """When micro-batches run: every `processing_time` ("1 s", "500 ms"; the default, 1 s),
         `available_now` (what the sources hold at the start, in batches within their limits,
         then the job FINISHES) or `once` (one batch of everything, then FINISHED)."""
-        from funke.common import streamingjob as sj
+        from funke.common.graph import streamingjob as sj
 
         chosen = [name for name, on in (("processing_time", processing_time is not None),
                                         ("available_now", available_now), ("once", once)) if on]
@@ -568,7 +568,7 @@ class ExecutionEnvironment:
     def set_checkpoint_location(self, path: str) -> Self:
         """Where the query keeps its offset and commit logs; a query started again on it goes on
         where it stopped (default: under the JobManager's data directory, by job name)."""
-        from funke.common import streamingjob as sj
+        from funke.common.graph import streamingjob as sj
 
         self._options[sj.CHECKPOINT] = _location(path)
         return self
@@ -578,7 +578,7 @@ class ExecutionEnvironment:
     def build(self) -> JobGraph:
         """The JobGraph for every operator that leads to a sink, validated. Operators whose
         results reach no sink are left out, as Spark leaves out what no action needs."""
-        from funke.common.validation import validate
+        from funke.common.graph.validation import validate
 
         job, vertex_ids = _translate(self)
         validate(job)
@@ -749,7 +749,7 @@ def _with_combiners(env: ExecutionEnvironment, ordered: list[_Transformation],
     the producer, so that the exchange carries one record per key and subtask instead of every
     record (a word count's shuffle shrinks from every word to the distinct words). The count
     behind a combiner sums the partial counts; an aggregate's combiner (`combine`) decides on the
-    TaskManager, once the schema is known, which SQL aggregates split (`funke.common.combine`).
+    TaskManager, once the schema is known, which SQL aggregates split (`funke.common.task.combine`).
     Only where the combiner can chain: the producer feeds nothing else and allows chaining.
     Works on copies: the environment is unchanged."""
     enabled = all(env._options.get(key, "true").strip().lower() != "false" for key in (COMBINERS, OPERATOR_CHAINING))

@@ -3,7 +3,7 @@ output, and the query's settings (trigger, checkpoint location, concurrency, ret
 every problem named.
 
 A job is a streaming query when a vertex starts with a stream source (`source.rate`,
-`source.stream.*`): it runs as micro-batches (`funke.common.microbatch`). Its settings are job
+`source.stream.*`): it runs as micro-batches (`funke.common.streaming.microbatch`). Its settings are job
 options:
 
     streaming.trigger               processing-time (default) | available-now | once
@@ -24,9 +24,9 @@ import posixpath
 import re
 from dataclasses import dataclass
 
-from funke.common import microbatch as mb
-from funke.common.jobgraph import JobGraph, JobType, JobVertex
-from funke.common.operators import CATALOGUE, OperatorRole
+from funke.common.streaming import microbatch as mb
+from funke.common.graph.jobgraph import JobGraph, JobType, JobVertex
+from funke.common.graph.operators import CATALOGUE, OperatorRole
 
 RATE = "source.rate"
 STREAM_FILE_KINDS = ("source.stream.text", "source.stream.csv", "source.stream.json", "source.stream.parquet")

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from typing import Iterable, Protocol
 
-from funke.common.executiongraph import ConsumedPartitionGroup
-from funke.common.jobgraph import JobType
-from funke.common.regions import PipelinedRegion, PipelinedRegions
+from funke.common.graph.executiongraph import ConsumedPartitionGroup
+from funke.common.graph.jobgraph import JobType
+from funke.common.scheduling.regions import PipelinedRegion, PipelinedRegions
 
 
 class SchedulingStrategy(Protocol):

@@ -35,7 +35,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Collection, Mapping
 
-from funke.common.checkpoint import SourceRange
+from funke.common.streaming.checkpoint import SourceRange
 
 
 # ------------------------------------------------------------------------------------ a batch's input

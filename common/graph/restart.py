@@ -31,7 +31,7 @@ from types import MappingProxyType
 from typing import Callable, Mapping, Protocol, runtime_checkable
 
 from funke.common.durations import DurationError, format_duration, parse_duration
-from funke.common.jobgraph import RestartStrategyConfig
+from funke.common.graph.jobgraph import RestartStrategyConfig
 
 __all__ = [
     "DEFAULTS",

@@ -13,10 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from funke.common.executiongraph import ExecutionAttemptId, ExecutionVertex, FailureInfo, IntermediateResultPartition
-from funke.common.jobgraph import FailoverStrategyKind
-from funke.common.regions import PipelinedRegion, PipelinedRegions
-from funke.common.restart import RestartBackoffTimeStrategy, decide
+from funke.common.graph.executiongraph import ExecutionAttemptId, ExecutionVertex, FailureInfo, IntermediateResultPartition
+from funke.common.graph.jobgraph import FailoverStrategyKind
+from funke.common.scheduling.regions import PipelinedRegion, PipelinedRegions
+from funke.common.graph.restart import RestartBackoffTimeStrategy, decide
 
 # Flink's web.exception-history-size is 16; the job's root cause is kept apart in `failure`.
 EXCEPTION_HISTORY_SIZE = 100

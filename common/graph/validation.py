@@ -25,13 +25,13 @@ from typing import Callable, Mapping
 import networkx as nx
 
 from funke.common import ids
-from funke.common.jobgraph import (
+from funke.common.graph.jobgraph import (
     MAX_PARALLELISM_LIMIT,
     DistributionPattern,
     JobGraph,
     PartitionerKind,
 )
-from funke.common.operators import CATALOGUE, JOIN_TYPES, SINK_MODES, VARIADIC, FunctionUse, OperatorRole, Value
+from funke.common.graph.operators import CATALOGUE, JOIN_TYPES, SINK_MODES, VARIADIC, FunctionUse, OperatorRole, Value
 
 # Sizes a job graph may have. They keep one request from holding the JobManager's memory or
 # loop: a JobGraph is decoded, validated and expanded into an ExecutionGraph on submission.
@@ -219,7 +219,7 @@ def find_problems(job: JobGraph, context: ValidationContext | None = None) -> li
 
 
 def _check_streaming_query(job: JobGraph, context: ValidationContext | None, add) -> None:
-    from funke.common.streamingjob import CHECKPOINT, query_problems
+    from funke.common.graph.streamingjob import CHECKPOINT, query_problems
 
     for problem in query_problems(job):
         add("streaming query", problem)
@@ -238,7 +238,7 @@ def _check_sinks_beside_the_checkpoint(job: JobGraph, location: str, add) -> Non
     files and manifests among the offset and commit logs (and a checkpoint inside a sink's
     target among its output). The default location is inside the data directory, which no sink
     may overlap already."""
-    from funke.common.streamingjob import CHECKPOINT
+    from funke.common.graph.streamingjob import CHECKPOINT
 
     for v in job.vertices[:MAX_VERTICES]:
         for i, op in enumerate(v.operators[:MAX_OPERATORS_PER_VERTEX]):
@@ -685,7 +685,7 @@ def _check_cycles_and_reachability(job: JobGraph, vertices, data_sets, add) -> N
 
 
 def _check_configuration(job: JobGraph, add) -> None:
-    from funke.common.restart import RestartStrategyError, restart_strategy_from_config
+    from funke.common.graph.restart import RestartStrategyError, restart_strategy_from_config
 
     cfg = job.configuration
     subject = "job configuration"

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
-from funke.common.jobgraph import (
+from funke.common.graph.jobgraph import (
     DistributionPattern,
     JobEdge,
     JobGraph,

@@ -30,7 +30,7 @@ import heapq
 from collections import deque
 from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
-from funke.common.executiongraph import (
+from funke.common.graph.executiongraph import (
     ConsumedPartitionGroup,
     ConsumerVertexGroup,
     ExecutionGraph,
@@ -38,7 +38,7 @@ from funke.common.executiongraph import (
     ExecutionVertex,
     IntermediateResultPartition,
 )
-from funke.common.jobgraph import DistributionPattern
+from funke.common.graph.jobgraph import DistributionPattern
 
 
 class PipelinedRegion:

@@ -39,7 +39,7 @@ The rules:
   ones that have not started stay in the offset log for the next run (DEFERRED). Cancel is not
   this module's: the job is cancelled, and its next run recovers from the logs. `stop_outlook`
   says beforehand which batches a stop finishes and which it leaves.
-- Recovery: a run starts with what `funke.common.checkpoint.plan_recovery` found: the logged,
+- Recovery: a run starts with what `funke.common.streaming.checkpoint.plan_recovery` found: the logged,
   uncommitted batches run again first, with exactly their logged ranges.
 """
 
@@ -49,7 +49,7 @@ import time as _time
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from funke.common.checkpoint import CommitEntry, OffsetEntry, SourceRange
+from funke.common.streaming.checkpoint import CommitEntry, OffsetEntry, SourceRange
 from funke.common.states import BATCH_PHASE_TRANSITIONS, QUERY_STATE_TRANSITIONS, BatchPhase, QueryState, StateMachine
 
 PROGRESS_KEPT = 100  # Structured Streaming's spark.sql.streaming.numRecentProgressUpdates

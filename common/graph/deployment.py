@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping
 
-from funke.common.executiongraph import ExecutionAttemptId, FailureInfo, SlotId, TaskIo
-from funke.common.jobgraph import Artifact, JobVertex, PartitionerKind, ResultPartitionType
+from funke.common.graph.executiongraph import ExecutionAttemptId, FailureInfo, SlotId, TaskIo
+from funke.common.graph.jobgraph import Artifact, JobVertex, PartitionerKind, ResultPartitionType
 from funke.common.states import ExecutionState
 
 

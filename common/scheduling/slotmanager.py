@@ -16,8 +16,8 @@ import heapq
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
-from funke.common.executiongraph import SlotId
-from funke.common.slotsharing import SlotDiagnosis, SlotRequest, TaskManagerSlots, diagnose
+from funke.common.graph.executiongraph import SlotId
+from funke.common.scheduling.slotsharing import SlotDiagnosis, SlotRequest, TaskManagerSlots, diagnose
 
 # Defaults for one machine (Flink's 10 s / 50 s are meant for clusters); a broken heartbeat
 # stream is noticed at once anyway, the timeout only catches a hung TaskManager.

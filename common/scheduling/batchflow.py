@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from funke.common.deployment import BatchGate, BatchTask
-from funke.common.executiongraph import ExecutionAttemptId, ExecutionGraph, input_split
-from funke.common.streamsources import BatchInput
+from funke.common.graph.deployment import BatchGate, BatchTask
+from funke.common.graph.executiongraph import ExecutionAttemptId, ExecutionGraph, input_split
+from funke.common.streaming.streamsources import BatchInput
 
 
 @dataclass(frozen=True, slots=True)

@@ -101,7 +101,7 @@ CATALOGUE: dict[str, OperatorKind] = {
         _k("source.range", S, 0, "end", keys={"start": V.INT64, "end": V.INT64, "step": V.INT64, "schema": V.DDL},
            function=FunctionUse.OPTIONAL),
         _k("source.collection", S, 0, "rows", "schema", keys={"rows": V.ROWS, "schema": V.DDL}),
-        # stream sources (streaming queries, `funke.common.streamingjob`): each micro-batch reads
+        # stream sources (streaming queries, `funke.common.graph.streamingjob`): each micro-batch reads
         # exactly the offset range its offset log entry names
         _k("source.rate", S, 0, "rows_per_second",
            keys={"rows_per_second": V.POSITIVE_INT, "max_rows_per_trigger": V.POSITIVE_INT}),
@@ -128,7 +128,7 @@ CATALOGUE: dict[str, OperatorKind] = {
         _k("where", T, 1, "condition", keys={"condition": V.SQL}),
         _k("reduce", T, 1, "keys", fn=True, keys={"keys": V.COLUMNS}),
         _k("aggregate", T, 1, "keys", "aggregations", keys={"keys": V.COLUMNS, "aggregations": V.SQL_LIST}),
-        # a keyed aggregate's combiner, before its exchange (funke.common.combine)
+        # a keyed aggregate's combiner, before its exchange (funke.common.task.combine)
         _k("combine", T, 1, "keys", "aggregations", keys={"keys": V.COLUMNS, "aggregations": V.SQL_LIST}),
         _k("count", T, 1, "keys", keys={"keys": V.COLUMNS}),
         _k("join", T, 2, "on", keys={"on": V.COLUMNS, "how": V.JOIN_TYPE}),

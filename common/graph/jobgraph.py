@@ -17,7 +17,7 @@ import heapq
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from funke.common.operators import OperatorRole, operator_role
+from funke.common.graph.operators import OperatorRole, operator_role
 
 DEFAULT_SLOT_SHARING_GROUP = "default"
 # Flink's default upper bound for max parallelism when none is given is 128 for small

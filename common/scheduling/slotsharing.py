@@ -23,7 +23,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Mapping, cast
 
-from funke.common.executiongraph import (
+from funke.common.graph.executiongraph import (
     ConsumedPartitionGroup,
     ExecutionGraph,
     ExecutionJobVertex,

@@ -14,7 +14,7 @@ once per change of that result (cached by the group's version) and shared.
 
 from __future__ import annotations
 
-from funke.common.deployment import (
+from funke.common.graph.deployment import (
     InputGateDeployment,
     PartitionUpdate,
     ProducerAttempt,
@@ -23,7 +23,7 @@ from funke.common.deployment import (
     available,
     awaiting,
 )
-from funke.common.executiongraph import (
+from funke.common.graph.executiongraph import (
     ConsumedPartitionGroup,
     Execution,
     ExecutionGraph,

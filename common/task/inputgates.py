@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from funke.common.deployment import Available, Awaiting, InputGateDeployment, PartitionUpdate
+from funke.common.graph.deployment import Available, Awaiting, InputGateDeployment, PartitionUpdate
 
 __all__ = ["GateSnapshot", "InputGate", "PartitionAvailability", "UNAVAILABLE"]
 

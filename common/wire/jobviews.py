@@ -8,9 +8,9 @@ Owns which of the scheduler's bookkeeping a client sees (`funke status`, `funke 
 
 from __future__ import annotations
 
-from funke.common import codec
-from funke.common.executiongraph import ExecutionGraph, ExecutionJobVertex
-from funke.common.scheduler import ExecutionStateChanged, JobStatusChanged, Scheduler
+from funke.common.wire import codec
+from funke.common.graph.executiongraph import ExecutionGraph, ExecutionJobVertex
+from funke.common.scheduling.scheduler import ExecutionStateChanged, JobStatusChanged, Scheduler
 from funke.v1 import job_pb2 as job_pb
 from funke.v1 import jobmanager_pb2 as jobmanager_pb
 

@@ -30,9 +30,9 @@ import itertools
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence, TypeVar
 
-from funke.common.deployment import PartitionRef, PartitionUpdate, TaskDeployment
-from funke.common.deploymentfactory import TaskDeploymentFactory
-from funke.common.executiongraph import (
+from funke.common.graph.deployment import PartitionRef, PartitionUpdate, TaskDeployment
+from funke.common.scheduling.deploymentfactory import TaskDeploymentFactory
+from funke.common.graph.executiongraph import (
     Execution,
     ExecutionAttemptId,
     ExecutionGraph,
@@ -43,19 +43,19 @@ from funke.common.executiongraph import (
     SlotId,
     TaskIo,
 )
-from funke.common.failover import (
+from funke.common.scheduling.failover import (
     EXCEPTION_HISTORY_SIZE,
     ExceptionHistoryEntry,
     ExecutionFailureHandler,
     FailureHandling,
     vertices_of,
 )
-from funke.common.jobgraph import FailoverStrategyKind
-from funke.common.operators import CATALOGUE
-from funke.common.regions import PipelinedRegion, compute_pipelined_regions
-from funke.common.restart import RestartBackoffTimeStrategy
-from funke.common.schedulingstrategy import scheduling_strategy
-from funke.common.slotsharing import ExecutionSlotSharingGroup, SlotRequest, build_slot_sharing_plan
+from funke.common.graph.jobgraph import FailoverStrategyKind
+from funke.common.graph.operators import CATALOGUE
+from funke.common.scheduling.regions import PipelinedRegion, compute_pipelined_regions
+from funke.common.graph.restart import RestartBackoffTimeStrategy
+from funke.common.scheduling.schedulingstrategy import scheduling_strategy
+from funke.common.scheduling.slotsharing import ExecutionSlotSharingGroup, SlotRequest, build_slot_sharing_plan
 from funke.common.states import (
     DEPLOYED_EXECUTION_STATES,
     EXECUTION_STATE_TRANSITIONS,
@@ -71,7 +71,7 @@ from funke.common.states import (
     is_legal_path,
     resolve_report,
 )
-from funke.common.streamingjob import is_streaming_query
+from funke.common.graph.streamingjob import is_streaming_query
 
 __all__ = [
     "Action", "CancelSlotRequest", "CancelTask", "CommitOutputs", "DeployTask", "ExceptionHistoryEntry",

@@ -43,11 +43,11 @@ import collections
 from dataclasses import dataclass, field
 
 from funke.common import ids, layout
-from funke.common.deployment import BatchTask, PartitionRef, PartitionUpdate, ProducedPartition, TaskDeployment, TaskReport
-from funke.common.executiongraph import ExecutionAttemptId, FailureInfo, TaskIo
-from funke.common.inputgates import GateSnapshot, InputGate, PartitionAvailability
-from funke.common.operators import NOOP_KINDS
-from funke.common.streamsources import BatchInput
+from funke.common.graph.deployment import BatchTask, PartitionRef, PartitionUpdate, ProducedPartition, TaskDeployment, TaskReport
+from funke.common.graph.executiongraph import ExecutionAttemptId, FailureInfo, TaskIo
+from funke.common.task.inputgates import GateSnapshot, InputGate, PartitionAvailability
+from funke.common.graph.operators import NOOP_KINDS
+from funke.common.streaming.streamsources import BatchInput
 from funke.common.states import (
     DEPLOYED_EXECUTION_STATES,
     EXECUTION_STATE_TRANSITIONS,

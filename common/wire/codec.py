@@ -35,7 +35,7 @@ from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from funke.common.deployment import (
+from funke.common.graph.deployment import (
     NO_OPTIONS,
     Available,
     InputGateDeployment,
@@ -49,14 +49,14 @@ from funke.common.deployment import (
     available,
     awaiting,
 )
-from funke.common.executiongraph import (
+from funke.common.graph.executiongraph import (
     Execution,
     ExecutionAttemptId,
     FailureInfo,
     SlotId,
     TaskIo,
 )
-from funke.common.jobgraph import (
+from funke.common.graph.jobgraph import (
     DEFAULT_SLOT_SHARING_GROUP,
     Artifact,
     DistributionPattern,
@@ -74,8 +74,8 @@ from funke.common.jobgraph import (
 )
 from funke.common.ids import echo
 from funke.common.states import ExecutionState, JobStatus, Transition
-from funke.common.checkpoint import SourceRange
-from funke.common.streamsources import BatchInput
+from funke.common.streaming.checkpoint import SourceRange
+from funke.common.streaming.streamsources import BatchInput
 from funke.v1 import cluster_pb2 as cluster_pb
 from funke.v1 import job_pb2 as job_pb
 from funke.v1 import jobgraph_pb2 as pb
