@@ -4,8 +4,8 @@ Owns the job-building API (`ExecutionEnvironment`, `DataStream`, `KeyedStream`, 
 `CollectSink`) and its translation into a `JobGraph`: which operators chain into one JobVertex,
 the vertices' ids and names, and how the JobEdges between chains are wired (Flink's
 `StreamingJobGraphGenerator`, simplified). It owns nothing about running a job: the operator
-kinds and their configuration keys come from `operators.py`, the rules a graph must satisfy from
-`validation.py`, and what each kind does from the TaskManager.
+kinds and their configuration keys come from `graph/operators.py`, the rules a graph must satisfy from
+`graph/validation.py`, and what each kind does from the TaskManager.
 
 This module is pure (no I/O, no Spark): the client imports it to build a job before anything
 else, so it must import fast. cloudpickle and the validator (networkx) are imported only when

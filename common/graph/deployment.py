@@ -1,12 +1,12 @@
 """The deployment contract between the JobManager and its TaskManagers, as typed values.
 
 Owns what travels between the two cores, in the model's terms: the deployment of one execution
-attempt (`TaskDeployment`, with its input gates and result partitions), the reports a
-TaskManager sends back (`TaskReport`), partitions becoming available (`PartitionUpdate`) or being
-released (`PartitionRef`), what each streaming task reads of a micro-batch (`BatchTask`). The
-scheduler (`scheduler.py`) and the batch flow (`batchflow.py`) produce deployments and batches and
-consume reports; the TaskManager core (`taskexecutorstate.py`) does the opposite. Neither sees protobuf:
-`codec.py` is the one place these become wire messages and back.
+attempt (`TaskDeployment`, with its input gates and result partitions), the reports a TaskManager
+sends back (`TaskReport`), partitions becoming available (`PartitionUpdate`) or being released
+(`PartitionRef`), what each streaming task reads of a micro-batch (`BatchTask`). The scheduler
+(`scheduling/scheduler.py`) and the batch flow (`scheduling/batchflow.py`) produce deployments and
+batches and consume reports; the TaskManager core (`task/taskexecutorstate.py`) does the opposite.
+Neither sees protobuf: `wire/codec.py` is the one place these become wire messages and back.
 
 A consumer's input names, per partition of its range, the producer attempt to read:
 `Available(n)` when attempt n finished it, `Awaiting(n)` when the consumer was deployed before

@@ -2,7 +2,7 @@
 TaskDeploymentDescriptorFactory).
 
 Owns how the scheduler's decision "deploy this execution into this slot" becomes a
-`TaskDeployment` (`deployment.py`): what each input gate reads (its partition range and
+`TaskDeployment` (`graph/deployment.py`): what each input gate reads (its partition range and
 subpartition, and per partition the producer attempt to read or to wait for) and what each
 result partition is split into. It also owns which TaskManagers run deployed consumers of a
 result, so that a partition that finishes after its consumers were deployed is announced once per

@@ -3,7 +3,7 @@
 Owns the failover strategies (Flink's `FailoverStrategy`): `region` restarts the failed tasks'
 pipelined regions and the producers of inputs they can no longer count on; `full` restarts the
 whole job. `ExecutionFailureHandler` combines the failover strategy with the restart strategy
-(`restart.py`) into one `FailureHandling` decision per failure, which the scheduler carries out
+(`graph/restart.py`) into one `FailureHandling` decision per failure, which the scheduler carries out
 (cancelling, resetting and rescheduling are its business). Also owns the exception history the
 job keeps for its users.
 """

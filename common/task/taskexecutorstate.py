@@ -4,7 +4,7 @@ are available, and every decision the TaskManager makes about them.
 Sans-IO, like the JobManager's scheduler and dask's WorkerState: `handle(event)` takes one event
 and returns the instructions the asyncio/gRPC shell (`taskmanager/taskexecutor.py`) carries out.
 Nothing here touches a socket, a thread, Spark, a file or a clock; it works on the typed deployment
-contract (`deployment.py`), never on protobuf.
+contract (`graph/deployment.py`), never on protobuf.
 
 Events (what happened):  SubmitTask, CancelTask, PartitionsAvailable, FreeSlots, ReleasePartitions,
                          TaskReported and TaskThreadExited (from a task's thread), TimerFired,

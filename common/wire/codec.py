@@ -1,10 +1,11 @@
 """The wire form of every model: conversion between funke's model types and `funke.v1` messages.
 
-Owns how each model value maps to its protobuf message and back, and nothing else: no
-validation (that is `validation.py`'s job, on the decoded model) and no RPC. Sections: the
-JobGraph (client -> JobManager); the states, attempts and failures the JobManager shows of jobs
-(what it builds from its scheduler is `jobviews.py`); the deployment contract of `deployment.py` (JobManager <-> TaskManager); the TaskManager's slot
-report. Both processes use this one module, so the two ends of a message cannot drift apart.
+Owns how each model value maps to its protobuf message and back, and nothing else: no validation
+(that is `graph/validation.py`'s job, on the decoded model) and no RPC. Sections: the JobGraph
+(client -> JobManager); the states, attempts and failures the JobManager shows of jobs (what it
+builds from its scheduler is `jobviews.py`); the deployment contract of `graph/deployment.py`
+(JobManager <-> TaskManager); the TaskManager's slot report. Both processes use this one module, so
+the two ends of a message cannot drift apart.
 
 Rules:
 - enums map by name; a proto value is the Python name with the enum's prefix
@@ -124,7 +125,7 @@ class _EnumMap:
             self.from_number[number] = member
         missing = [m.name for m in py if m not in self.to_number]
         if missing or 0 not in self.from_number:
-            # Programming error, not user input: the .proto and jobgraph.py disagree.
+            # Programming error, not user input: the .proto and graph/jobgraph.py disagree.
             raise RuntimeError(f"{py.__name__} and proto {proto.DESCRIPTOR.name} disagree: {missing}")
 
     def encode(self, member: enum.Enum, subject: str, field_name: str) -> int:
@@ -541,7 +542,7 @@ def execution_to_proto(ex: Execution) -> job_pb.Execution:
 
 
 # ================================================================================================
-# The deployment contract (deployment.py)
+# The deployment contract (graph/deployment.py)
 # ================================================================================================
 
 
