@@ -12,10 +12,11 @@ from dataclasses import dataclass, replace
 from typing import Mapping
 
 from funke.common import ids
-from funke.common.jobgraph import FailoverStrategyKind, RestartStrategyConfig
+from funke.common.graph.jobgraph import FailoverStrategyKind, RestartStrategyConfig
 from funke.common.leadership import DEFAULT_LEASE_S
-from funke.common.restart import RestartStrategyError, parse_duration, restart_strategy_from_config
-from funke.common.slotmanager import DEFAULT_HEARTBEAT_INTERVAL_S, DEFAULT_HEARTBEAT_TIMEOUT_S
+from funke.common.durations import DurationError, parse_duration
+from funke.common.graph.restart import RestartStrategyError, restart_strategy_from_config
+from funke.common.scheduling.slotmanager import DEFAULT_HEARTBEAT_INTERVAL_S, DEFAULT_HEARTBEAT_TIMEOUT_S
 from funke.common.states import TESTING_MUTANTS
 
 
@@ -148,9 +149,9 @@ def parse_configuration(entries: Mapping[str, str], base: ClusterConfiguration |
             try:
                 seconds = parse_duration(value)
                 if seconds <= 0:
-                    raise RestartStrategyError(f"must be positive, got {value!r}")
+                    raise DurationError(f"must be positive, got {value!r}")
                 changes[_DURATIONS[key]] = seconds
-            except RestartStrategyError as exc:
+            except DurationError as exc:
                 problems.append(f"{key}: {exc}")
         elif key in _BOOLEANS:
             if value.lower() not in ("true", "false"):
@@ -178,7 +179,7 @@ def parse_configuration(entries: Mapping[str, str], base: ClusterConfiguration |
             else:
                 changes[name] = int(value)
         elif key == "funke.io.allowed-paths":
-            from funke.common.validation import path_problem
+            from funke.common.graph.validation import path_problem
 
             paths = tuple(p.strip().rstrip("/") or "/" for p in value.split(",") if p.strip())
             bad = [f"{problem}" for p in paths if (problem := path_problem(p, sink=True)) is not None
@@ -188,7 +189,7 @@ def parse_configuration(entries: Mapping[str, str], base: ClusterConfiguration |
             else:
                 changes["allowed_paths"] = paths
         elif key == "funke.io.allowed-hosts":
-            from funke.common.validation import host_problem
+            from funke.common.graph.validation import host_problem
 
             hosts = tuple(h.strip().lower() for h in value.split(",") if h.strip())
             bad = [problem for h in hosts if (problem := host_problem(h)) is not None]

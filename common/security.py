@@ -13,7 +13,7 @@ Three secrets guard a cluster, one per kind of caller:
   know it, and a deposed leader holds the previous one: the token is also the fencing token).
 
 Health checks stay open: load balancers and launchers probe them before they hold any secret.
-The sockets, files and interceptors that apply these rules are in `funke.deploy.security`.
+The sockets, files and interceptors that apply these rules are in `funke.runtime.security`.
 """
 
 from __future__ import annotations

@@ -62,7 +62,7 @@ from funke.deploy import localcluster
 from funke.v1 import job_pb2, jobgraph_pb2, jobmanager_pb2
 
 if TYPE_CHECKING:
-    from funke.common.jobgraph import JobGraph
+    from funke.common.graph.jobgraph import JobGraph
 
 __all__ = [
     "JobProgress",

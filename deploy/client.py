@@ -29,9 +29,9 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
 import grpc
-from funke.common.jobgraph import JobGraph
-from funke.deploy.rpc import MESSAGE_SIZE_OPTIONS, STANDBY_PREFIX
-from funke.deploy.security import ClientCredentials, SecurityError
+from funke.common.graph.jobgraph import JobGraph
+from funke.runtime.rpc import MESSAGE_SIZE_OPTIONS, STANDBY_PREFIX
+from funke.runtime.security import ClientCredentials, SecurityError
 from funke.v1 import job_pb2, jobgraph_pb2, jobmanager_pb2, jobmanager_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -318,7 +318,7 @@ class JobManagerClient:
     def submit(self, job: JobGraph | jobgraph_pb2.JobGraph) -> str:
         """Submit a job; returns its id. Raises InvalidJobGraph listing every problem."""
         if isinstance(job, JobGraph):
-            from funke.common.codec import WireError, job_graph_to_proto
+            from funke.common.wire.codec import WireError, job_graph_to_proto
 
             try:
                 message = job_graph_to_proto(job)

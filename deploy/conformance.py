@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 from xml.sax.saxutils import escape, quoteattr
 
 from funke.common.conformance import ConformanceError, Step, assert_event_stream
-from funke.common.dsl import ExecutionEnvironment
-from funke.common.jobgraph import JobGraph
+from funke.common.api.dsl import ExecutionEnvironment
+from funke.common.graph.jobgraph import JobGraph
 from funke.deploy.client import JobManagerClient
 from funke.v1 import job_pb2
 

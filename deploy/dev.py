@@ -135,7 +135,9 @@ def main(argv: list[str]) -> int:
         return subprocess.call([str(python), str(ROOT / "tests" / "benchmarks" / "run_all.py"), *rest], cwd=ROOT, env=env)
     if command == "docs":
         return subprocess.call([str(python), "-m", "funke.deploy.docs", str(ROOT / "README.md")], cwd=ROOT, env=env)
-    module = {"stream": "funke.deploy.streamdemo", "socket": "funke.deploy.socketdemo"}.get(command, "funke.deploy.demo")
+    # The demos are scripts beside the example jobs they run (examples/demo.py, streamdemo.py,
+    # socketdemo.py), run as modules of the checkout: they are not part of the installed package.
+    module = {"stream": "examples.streamdemo", "socket": "examples.socketdemo"}.get(command, "examples.demo")
     return subprocess.call([str(python), "-m", module, *rest], cwd=ROOT, env=env)
 
 

@@ -18,7 +18,7 @@ import types
 from collections.abc import Sequence
 from pathlib import Path
 
-from funke.common.jobgraph import JobGraph
+from funke.common.graph.jobgraph import JobGraph
 from funke.deploy.client import FunkeError, InvalidJobGraph
 
 __all__ = ["JOB_MODULE", "JobFileError", "load_job_file"]
@@ -43,7 +43,7 @@ def load_job_file(path: str | os.PathLike[str], args: Sequence[str] = ()) -> Job
     set to `[path, *args]` as if it ran alone. It must define `build(args)`, called with `args`, or a
     module-level `job`; either may be a JobGraph or an ExecutionEnvironment (then built).
     A job file's own argument parser may exit (`--help`); that SystemExit is not caught."""
-    from funke.common.dsl import ExecutionEnvironment
+    from funke.common.api.dsl import ExecutionEnvironment
 
     file = Path(path)
     if not file.is_file():
@@ -129,7 +129,7 @@ def _register_by_value(name: str) -> None:
 
 
 def _build_error(path: str | os.PathLike[str], origin: str, exc: Exception, file: Path) -> FunkeError:
-    from funke.common.validation import JobGraphInvalid
+    from funke.common.graph.validation import JobGraphInvalid
 
     if isinstance(exc, JobGraphInvalid):
         return InvalidJobGraph(f"job file {str(path)!r}: {exc}", [str(p) for p in exc.problems])

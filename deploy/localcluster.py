@@ -8,7 +8,7 @@ Owns the layout of a cluster directory and the lifecycle of the processes record
     <dir>/log/<name>.log         each process's stdout and stderr
     <dir>/data/                  the JobManager's data dir unless another is given
     <dir>/security/              the cluster's secrets (0700): client.token, cluster.token and,
-                                 with TLS, tls/ (see funke.deploy.security)
+                                 with TLS, tls/ (see funke.runtime.security)
 
     <dir>/jobmanager.options     the flags every JobManager of the cluster is started with
                                  (host, data dir, -D entries), for JobManagers started later
@@ -52,15 +52,15 @@ from pathlib import Path
 
 from funke.common.configuration import ConfigurationError, parse_config_lines, parse_configuration
 from funke.common.leadership import Lease
-from funke.deploy.hafilesystem import holder_gone, process_identity
+from funke.runtime.hafilesystem import holder_gone, process_identity
 from funke.deploy.processgroups import kill_what_is_left, signal_group, wait_gone
 from funke.deploy import zookeeperserver
-from funke.deploy import security
+from funke.runtime import security
 from funke.deploy.client import FunkeError, JobManagerClient
 from funke.common.security import plaintext_problem
-from funke.deploy.rpc import WILDCARD_HOSTS, advertised_host
-from funke.deploy.security import ClientCredentials, default_cluster_dir
-from funke.deploy.haservices import HaServices, ha_services as _configured_services
+from funke.runtime.rpc import WILDCARD_HOSTS, advertised_host
+from funke.runtime.security import ClientCredentials, default_cluster_dir
+from funke.runtime.haservices import HaServices, ha_services as _configured_services
 from funke.v1 import jobmanager_pb2
 
 __all__ = [
@@ -473,7 +473,7 @@ def _start_standalone(root: Path, workers: int, cores: int, taskmanagers: int, h
     """The cluster's own Spark standalone Master and Workers; the Master's URL. Workers get
     enough cores for every slot between them, and memory for one executor of each TaskManager."""
     from funke.deploy import sparkstandalone
-    from funke.deploy.rpc import advertised_host
+    from funke.runtime.rpc import advertised_host
 
     memory_mb = max(1024, STANDALONE_EXECUTOR_MEMORY_MB * max(taskmanagers, 1))
     try:

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import argparse
 
-from funke.common.dsl import ExecutionEnvironment
-from funke.common.jobgraph import JobGraph
+from funke.common.api.dsl import ExecutionEnvironment
+from funke.common.graph.jobgraph import JobGraph
 
 ORDERS_SCHEMA = "order_id bigint, customer_id bigint, amount double"
 CUSTOMERS_SCHEMA = "customer_id bigint, name string"

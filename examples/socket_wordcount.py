@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import argparse
 
-from funke.common.dsl import ExecutionEnvironment
-from funke.common.jobgraph import JobGraph
+from funke.common.api.dsl import ExecutionEnvironment
+from funke.common.graph.jobgraph import JobGraph
 
 
 def build(args: list[str]) -> JobGraph:

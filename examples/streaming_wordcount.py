@@ -25,8 +25,8 @@ from __future__ import annotations
 import argparse
 import re
 
-from funke.common.dsl import ExecutionEnvironment
-from funke.common.jobgraph import JobGraph
+from funke.common.api.dsl import ExecutionEnvironment
+from funke.common.graph.jobgraph import JobGraph
 
 # Anything that is not a letter separates words (as in examples/wordcount.py).
 NON_LETTERS = re.compile(r"[\W\d_]+")

@@ -21,8 +21,8 @@ import argparse
 import re
 from pathlib import Path
 
-from funke.common.dsl import ExecutionEnvironment
-from funke.common.jobgraph import JobGraph
+from funke.common.api.dsl import ExecutionEnvironment
+from funke.common.graph.jobgraph import JobGraph
 
 DEFAULT_INPUT = str(Path(__file__).resolve().parent / "data" / "*.txt")
 

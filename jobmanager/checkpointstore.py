@@ -2,7 +2,7 @@
 lock that keeps two runs off one checkpoint, and purging old entries.
 
 Owns the files of one checkpoint directory (the formats and the recovery rule are
-`funke.common.checkpoint`'s):
+`funke.common.streaming.checkpoint`'s):
 
     <checkpoint>/metadata          the query id, written once, kept across runs
     <checkpoint>/offsets/<batch>   the write-ahead log: one file per batch, written before it runs
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Callable, TypeVar
 
 from funke.common import ids
-from funke.common.checkpoint import (
+from funke.common.streaming.checkpoint import (
     CheckpointError,
     CommitEntry,
     OffsetEntry,
@@ -44,7 +44,7 @@ from funke.common.checkpoint import (
     plan_recovery,
     to_purge,
 )
-from funke.deploy.hafilesystem import read_file, write_atomically
+from funke.runtime.hafilesystem import read_file, write_atomically
 
 METADATA = "metadata"
 OFFSETS = "offsets"

@@ -28,10 +28,10 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from funke.common import layout
-from funke.common.jobgraph import JobGraph
-from funke.common.operators import CATALOGUE
-from funke.common.scheduler import SinkCommit
-from funke.deploy import datafs
+from funke.common.graph.jobgraph import JobGraph
+from funke.common.graph.operators import CATALOGUE
+from funke.common.scheduling.scheduler import SinkCommit
+from funke.runtime import datafs
 
 
 COMMIT_MARKER = "committed"

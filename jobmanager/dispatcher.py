@@ -30,17 +30,17 @@ from typing import Callable
 
 from funke.common import ids
 from funke.common.configuration import ClusterConfiguration
-from funke.common.executiongraph import ExecutionGraph
-from funke.common.jobgraph import JobGraph
-from funke.common.restart import describe_config, restart_strategy_from_config
-from funke.common.scheduler import FinishedSubtask, Scheduler
+from funke.common.graph.executiongraph import ExecutionGraph
+from funke.common.graph.jobgraph import JobGraph
+from funke.common.graph.restart import describe_config, restart_strategy_from_config
+from funke.common.scheduling.scheduler import FinishedSubtask, Scheduler
 from funke.common.states import JobStatus
-from funke.common.streamingjob import CHECKPOINT, checkpoint_location, is_streaming_query
-from funke.common.validation import Problem, ValidationContext, describe_problems, find_problems
-from funke.common.codec import DeploymentEncoder, WireError, job_graph_from_proto, job_graph_to_proto
-from funke.common.executiongraph import Incarnation
-from funke.deploy.hafilesystem import Fenced, JobResult
-from funke.deploy.security import Tls
+from funke.common.graph.streamingjob import CHECKPOINT, checkpoint_location, is_streaming_query
+from funke.common.graph.validation import Problem, ValidationContext, describe_problems, find_problems
+from funke.common.wire.codec import DeploymentEncoder, WireError, job_graph_from_proto, job_graph_to_proto
+from funke.common.graph.executiongraph import Incarnation
+from funke.runtime.hafilesystem import Fenced, JobResult
+from funke.runtime.security import Tls
 from funke.jobmanager import committer, datadir, streamquery
 from funke.jobmanager import highavailability as hamod
 from funke.jobmanager.highavailability import HaContext

@@ -16,9 +16,9 @@ from typing import Callable
 
 import grpc
 
-from funke.common.executiongraph import FailureInfo
-from funke.deploy import security
-from funke.deploy.rpc import MESSAGE_SIZE_OPTIONS
+from funke.common.graph.executiongraph import FailureInfo
+from funke.runtime import security
+from funke.runtime.rpc import MESSAGE_SIZE_OPTIONS
 from funke.jobmanager import reachability
 from funke.v1 import cluster_pb2, cluster_pb2_grpc, job_pb2
 

@@ -31,13 +31,13 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
 from funke.common import layout
-from funke.common.executiongraph import Incarnation, LeaderTransition, SlotId, TaskIo
-from funke.common.jobgraph import JobGraph
-from funke.common.scheduler import FinishedSubtask
+from funke.common.graph.executiongraph import Incarnation, LeaderTransition, SlotId, TaskIo
+from funke.common.graph.jobgraph import JobGraph
+from funke.common.scheduling.scheduler import FinishedSubtask
 from funke.common.leadership import Contender, Granted, Lease, Revoked
 from funke.common.states import JOB_STATUS_TRANSITIONS, ExecutionState, JobStatus, Transition
-from funke.deploy.hafilesystem import Fenced, process_identity
-from funke.deploy.haservices import HaServices
+from funke.runtime.hafilesystem import Fenced, process_identity
+from funke.runtime.haservices import HaServices
 from funke.jobmanager.committer import exists, sink_targets
 
 log = logging.getLogger("funke.jobmanager")

@@ -1,6 +1,6 @@
 """The JobMaster: runs one job on the JobManager's main thread.
 
-Owns the job's Scheduler (the sans-IO core in `funke.common.scheduler`) and carries out the
+Owns the job's Scheduler (the sans-IO core in `funke.common.scheduling.scheduler`) and carries out the
 actions it returns: slot requests go to the ResourceManager, deployments and cancellations to the
 TaskManagers' gateways, timers to the event loop, sink commits and clean-up to executor threads.
 It also fans the job's state changes out to WatchJob subscribers, in order, with sequence numbers.
@@ -17,12 +17,12 @@ import time
 import traceback
 from typing import TYPE_CHECKING, Callable
 
-from funke.common import codec
-from funke.common import microbatch as mb
-from funke.common import scheduler as s
-from funke.common.codec import DeploymentEncoder
-from funke.common.executiongraph import ExecutionGraph, FailureInfo
-from funke.common.scheduler import Scheduler
+from funke.common.wire import codec, jobviews
+from funke.common.streaming import microbatch as mb
+from funke.common.scheduling import scheduler as s
+from funke.common.wire.codec import DeploymentEncoder
+from funke.common.graph.executiongraph import ExecutionGraph, FailureInfo
+from funke.common.scheduling.scheduler import Scheduler
 from funke.common.states import ExecutionState, JobStatus
 from funke.jobmanager import committer
 from funke.jobmanager.mailbox import Mailbox
@@ -117,7 +117,7 @@ class JobMaster:
         key = (self._sequence, id(latest))
         if self._details is not None and self._details[0] == key:
             return self._details[1]
-        details = codec.job_details(self.graph, self.scheduler, waiting_for_resources=self.waiting_for_resources,
+        details = jobviews.job_details(self.graph, self.scheduler, waiting_for_resources=self.waiting_for_resources,
                                     restart_description=self.restart_description)
         if latest is not None:
             details.latest_progress_json = json.dumps(latest, sort_keys=True)
@@ -125,7 +125,7 @@ class JobMaster:
         return details
 
     def summary(self) -> job_pb2.JobSummary:
-        return codec.job_summary(self.graph, self.scheduler)
+        return jobviews.job_summary(self.graph, self.scheduler)
 
     # ------------------------------------------------------------------ events (main thread)
 
@@ -318,7 +318,7 @@ class JobMaster:
         log.info("job %s: %s -> %s%s", self.job_id, t.from_state.value, t.to_state.value, f" ({t.cause})" if t.cause else "")
         self._sequence += 1
         inc = self.graph.incarnation
-        self._publish(codec.event_to_proto(self._sequence, a, inc.leader_epoch, inc.job_manager),
+        self._publish(jobviews.event_to_proto(self._sequence, a, inc.leader_epoch, inc.job_manager),
                       end=t.to_state.is_terminal)
         self._on_status(self)
 
@@ -329,7 +329,7 @@ class JobMaster:
             log.info("job %s: %s attempt #%d FAILED: %s", self.job_id, a.task_name, a.attempt.attempt_number, a.failure)
         self._sequence += 1
         if self._watchers:  # a P = 10 000 job makes 60 000 of these; build them only for a reader
-            self._publish(codec.event_to_proto(self._sequence, a))
+            self._publish(jobviews.event_to_proto(self._sequence, a))
 
     def _on_request_slots(self, a: s.RequestSlots) -> None:
         self.rm.request_slots(self.job_id, a.requests, a.timeout_s)

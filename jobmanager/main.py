@@ -25,16 +25,16 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from funke.common.configuration import ClusterConfiguration, ConfigurationError, parse_configuration
-from funke.deploy import datafs
-from funke.deploy.configfile import load_configuration
+from funke.runtime import datafs
+from funke.runtime.configfile import load_configuration
 from funke.common.security import Realm, StreamQuota
-from funke.deploy import security
-from funke.deploy.rpc import MESSAGE_SIZE_OPTIONS, STANDBY_PREFIX, add_service, advertised_host, host_port
+from funke.runtime import security
+from funke.runtime.rpc import MESSAGE_SIZE_OPTIONS, STANDBY_PREFIX, add_service, advertised_host, host_port
 from funke.jobmanager import datadir
-from funke.deploy.haservices import ha_services
+from funke.runtime.haservices import ha_services
 from funke.jobmanager.dispatcher import Dispatcher, DispatcherError
 from funke.jobmanager.highavailability import LeaderElection
-from funke.deploy.metricsserver import MetricsServer, registry_with
+from funke.runtime.metricsserver import MetricsServer, registry_with
 from funke.jobmanager.metrics import JobManagerCollector
 from funke.jobmanager.rest import RestServer
 from funke.jobmanager.services import JobManagerService, JobMasterService, ResourceManagerService

@@ -20,7 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from funke.common import ids
 from funke.common.security import is_loopback, peer_host
-from funke.deploy import security
+from funke.runtime import security
 
 __all__ = ["is_loopback", "loopback_problem", "peer_host", "registration_problem", "unreachable"]
 

@@ -20,12 +20,12 @@ import logging
 import time
 from typing import TYPE_CHECKING, Callable, Iterable
 
-from funke.common import slotmanager as sm
+from funke.common.scheduling import slotmanager as sm
 from funke.common.configuration import ClusterConfiguration
-from funke.common.executiongraph import SlotId
-from funke.common.scheduler import SlotRequest
-from funke.common.codec import timestamp
-from funke.deploy.security import Tls
+from funke.common.graph.executiongraph import SlotId
+from funke.common.scheduling.slotsharing import SlotRequest
+from funke.common.wire.codec import timestamp
+from funke.runtime.security import Tls
 from funke.jobmanager.gateway import TaskManagerGateway
 from funke.jobmanager.mailbox import Mailbox
 from funke.v1 import cluster_pb2, jobmanager_pb2

@@ -31,8 +31,8 @@ from typing import Any
 from aiohttp import web
 
 from funke.common.security import token_matches
-from funke.deploy import security
-from funke.deploy.metricsserver import serve
+from funke.runtime import security
+from funke.runtime.metricsserver import serve
 from funke.jobmanager import restviews
 from funke.jobmanager.dispatcher import Dispatcher, DispatcherError
 from funke.jobmanager.jobstore import ArchivedJob

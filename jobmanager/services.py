@@ -25,7 +25,7 @@ from funke.common import ids
 from funke.common.security import StreamQuota, client_of, token_problem
 from funke.common.states import JobStatus
 from funke.jobmanager import committer, reachability
-from funke.common.codec import job_status_to_proto
+from funke.common.wire.codec import job_status_to_proto
 from funke.jobmanager.dispatcher import Dispatcher, DispatcherError
 from funke.jobmanager.jobmaster import END_OF_STREAM, RESYNC, JobMaster
 from funke.jobmanager.jobstore import ArchivedJob

@@ -1,5 +1,5 @@
 """The JobMaster's shell around a streaming query's micro-batch coordinator: it carries out what
-`funke.common.microbatch.MicroBatchCoordinator` decides — asks the sources, writes the checkpoint's
+`funke.common.streaming.microbatch.MicroBatchCoordinator` decides — asks the sources, writes the checkpoint's
 logs, has the batches run and committed, keeps the timer — and feeds back what happened.
 
 Owns one run of one query: its coordinator, its hold on the checkpoint (`CheckpointStore`), the
@@ -24,9 +24,9 @@ import os
 import time
 from typing import Any, Awaitable, Callable, Protocol
 
-from funke.common import microbatch as mb
-from funke.common.checkpoint import OffsetEntry, SourceRange
-from funke.common.streamsources import (
+from funke.common.streaming import microbatch as mb
+from funke.common.streaming.checkpoint import OffsetEntry, SourceRange
+from funke.common.streaming.streamsources import (
     FilesSource,
     ListedFile,
     RateSource,

@@ -29,16 +29,17 @@ import uuid
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from funke.common import codec, ids, layout
-from funke.common import microbatch as mb
-from funke.common.batchflow import BatchFlow, Dispatch, InputRead, SinkStarted, SinkWritten, Step
-from funke.common.checkpoint import OffsetEntry, SourceRange
-from funke.common.executiongraph import ExecutionAttemptId, ExecutionGraph, FailureInfo
-from funke.common.jobgraph import JobGraph
-from funke.common.operators import CATALOGUE
+from funke.common.wire import codec
+from funke.common import ids, layout
+from funke.common.streaming import microbatch as mb
+from funke.common.scheduling.batchflow import BatchFlow, Dispatch, InputRead, SinkStarted, SinkWritten, Step
+from funke.common.streaming.checkpoint import OffsetEntry, SourceRange
+from funke.common.graph.executiongraph import ExecutionAttemptId, ExecutionGraph, FailureInfo
+from funke.common.graph.jobgraph import JobGraph
+from funke.common.graph.operators import CATALOGUE
 from funke.common.states import JobStatus
-from funke.common.backpressure import RateEstimator
-from funke.common.streamingjob import (
+from funke.common.streaming.backpressure import RateEstimator
+from funke.common.graph.streamingjob import (
     CHECKPOINT,
     RATE,
     RECEIVER_KINDS,
@@ -51,7 +52,7 @@ from funke.common.streamingjob import (
     sinks,
     stream_sources,
 )
-from funke.common.streamsources import (
+from funke.common.streaming.streamsources import (
     BatchInput,
     FilesSource,
     RateSource,
@@ -59,7 +60,7 @@ from funke.common.streamsources import (
     RedisStreamsSource,
     receiver_blocks_dir,
 )
-from funke.common.validation import MAX_VERTICES, Problem, ValidationContext, path_problem, q
+from funke.common.graph.validation import MAX_VERTICES, Problem, ValidationContext, path_problem, q
 from funke.jobmanager import committer, streamsinks
 from funke.jobmanager.checkpointstore import CheckpointStore
 from funke.jobmanager import redissink

@@ -32,7 +32,7 @@ import os
 import shutil
 
 from funke.common import ids, layout
-from funke.deploy.hafilesystem import read_file, write_atomically
+from funke.runtime.hafilesystem import read_file, write_atomically
 
 STAGING = layout.STREAM_STAGING
 SINK_LOG = layout.STREAM_SINK_LOG

@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from funke.deploy import datafs
+from funke.runtime import datafs
 
 # A producer whose batch input (what its sources and gates read) is at most this collects its
 # output in memory; above it, Spark's distributed writer.

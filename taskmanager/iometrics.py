@@ -13,7 +13,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from funke.common import layout
-from funke.deploy import datafs
+from funke.runtime import datafs
 
 log = logging.getLogger("funke.taskmanager")
 

@@ -16,8 +16,8 @@ import socket
 import sys
 
 from funke.common.configuration import ConfigurationError
-from funke.deploy import datafs, security
-from funke.deploy.configfile import load_configuration
+from funke.runtime import datafs, security
+from funke.runtime.configfile import load_configuration
 from funke.taskmanager.sparksession import DEFAULT_EXECUTOR_TIMEOUT_S
 from funke.taskmanager.taskexecutor import StartupError, TaskExecutor, TaskExecutorConfig
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from funke.common.executiongraph import TaskIo
-from funke.common.taskexecutorstate import TaskKey
+from funke.common.graph.executiongraph import TaskIo
+from funke.common.task.taskexecutorstate import TaskKey
 
 PREFIX = "funke_taskmanager_"
 MAX_TASKS = 5000

@@ -1,4 +1,4 @@
-"""Operator implementations: every kind of the catalogue (`funke.common.operators`) mapped onto
+"""Operator implementations: every kind of the catalogue (`funke.common.graph.operators`) mapped onto
 the Spark DataFrame API.
 
 Owns what each operator does to the rows of one subtask, and nothing about deployment, inputs
@@ -91,17 +91,18 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from funke.common import combine, layout
-from funke.common.checkpoint import SourceRange
-from funke.common.jobgraph import OperatorSpec
-from funke.common.operators import SINK_MODES
-from funke.common.streamsources import (
+from funke.common.task import combine
+from funke.common import layout
+from funke.common.streaming.checkpoint import SourceRange
+from funke.common.graph.jobgraph import OperatorSpec
+from funke.common.graph.operators import SINK_MODES
+from funke.common.streaming.streamsources import (
     BatchInput,
     RateSource,
     RedisStreamsSource,
     receiver_blocks_dir,
 )
-from funke.deploy import datafs
+from funke.runtime import datafs
 from funke.taskmanager import batchexchange
 
 # The closures handed to mapInArrow reference this module's helpers; pickled by reference they
@@ -921,7 +922,7 @@ _COMBINE_PLANS_KEPT = 256
 
 @_operator("combine")
 def _combine(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFrame]) -> DataFrame:
-    """A keyed aggregate's combiner (`funke.common.combine`): per key, the partial aggregates, each
+    """A keyed aggregate's combiner (`funke.common.task.combine`): per key, the partial aggregates, each
     column carrying in its metadata how the aggregate after the exchange merges it. When an
     aggregation does not split, the rows pass unchanged and that aggregate does all the work."""
     df = _single(spec, inputs)

@@ -1,6 +1,6 @@
 """The Task: one deployed execution attempt of a subtask that needs Spark, run in a thread of its own.
 
-Owns running one `TaskDeployment` (`funke.common.deployment`) to its end, independent of gRPC and
+Owns running one `TaskDeployment` (`funke.common.graph.deployment`) to its end, independent of gRPC and
 of the TaskManager's decisions: unpickling the chain's functions, waiting until the TaskManager's
 core hands it its inputs (`give_inputs`, with the producer attempts to read), reading them, running
 the operators (`operators.py`), writing the result partitions, and telling what happened through a
@@ -12,7 +12,7 @@ Every Spark job of an attempt carries the attempt's tag, so cancel() can interru
 jobs; it keeps re-sending the interrupt until `run` returns, which also catches a job submitted
 just after the cancel.
 
-Exchanges follow `common/executiongraph.py` and the path scheme of `common/layout.py`: a producer
+Exchanges follow `common/graph/executiongraph.py` and the path scheme of `common/layout.py`: a producer
 writes its partition of each output as Parquet under `partition_dir(.., attempt)`, split into
 `_sub=N/` directories when it feeds several consumers (HASH: by key hash, otherwise round robin);
 a consumer reads subpartition k of each partition in its gate's range.
@@ -44,15 +44,15 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import IntegerType, StructField, StructType
 
 from funke.common import layout
-from funke.common.deployment import ProducedPartition, ResultPartitionSpec, TaskDeployment
-from funke.common.executiongraph import FailureInfo, TaskIo
-from funke.common.inputgates import GateSnapshot
-from funke.common.jobgraph import JobVertex, OperatorSpec, PartitionerKind
-from funke.common.operators import CATALOGUE, OperatorRole
+from funke.common.graph.deployment import ProducedPartition, ResultPartitionSpec, TaskDeployment
+from funke.common.graph.executiongraph import FailureInfo, TaskIo
+from funke.common.task.inputgates import GateSnapshot
+from funke.common.graph.jobgraph import JobVertex, OperatorSpec, PartitionerKind
+from funke.common.graph.operators import CATALOGUE, OperatorRole
 from funke.common.states import ExecutionState
-from funke.common.streamsources import BatchInput, receiver_blocks_dir
+from funke.common.streaming.streamsources import BatchInput, receiver_blocks_dir
 from funke.taskmanager import operators as operators_module
-from funke.common.streamingjob import CHECKPOINT, RECEIVER_KINDS
+from funke.common.graph.streamingjob import CHECKPOINT, RECEIVER_KINDS
 from funke.taskmanager import batchexchange, iometrics
 from funke.taskmanager.receiver import BlockStore, SocketReceiver
 from funke.taskmanager.operators import OPERATORS, InputMeter, RuntimeContext, column_ref, union_all

@@ -1,10 +1,10 @@
 """The TaskExecutor: the asyncio/gRPC shell around one TaskManager's core.
 
-Every decision is made by `TaskExecutorState` (`funke.common.taskexecutorstate`), a sans-IO core
+Every decision is made by `TaskExecutorState` (`funke.common.task.taskexecutorstate`), a sans-IO core
 fed with events; this module only translates, like the JobMaster does for the scheduler:
 
 - RPCs of the TaskExecutor service (SubmitTasks, CancelTasks, UpdatePartitionInfo, FreeSlots,
-  ReleasePartitions) are decoded (`funke.common.codec`) into core events;
+  ReleasePartitions) are decoded (`funke.common.wire.codec`) into core events;
 - the core's instructions are carried out: a Spark task gets a thread of its own (`task.py`) and
   its inputs when the core hands them over, an interrupt goes to Spark off the loop, reports are
   queued for the JobManager, partition directories are deleted in a thread, timers are set;
@@ -51,28 +51,28 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from funke.common import codec
-from funke.common import taskexecutorstate as core
+from funke.common.wire import codec
+from funke.common.task import taskexecutorstate as core
 from funke.common.configuration import ClusterConfiguration
-from funke.common.deployment import PartitionRef, ProducedPartition, TaskReport
-from funke.common.executiongraph import FailureInfo, TaskIo
+from funke.common.graph.deployment import BatchGate, BatchTask, PartitionRef, ProducedPartition, TaskReport
+from funke.common.graph.executiongraph import FailureInfo, TaskIo
 from funke.taskmanager.metrics import TaskMetrics
-from funke.common.jobgraph import JobVertex
+from funke.common.graph.jobgraph import JobVertex
 from funke.common.leadership import Lease
-from funke.common.slotmanager import DEFAULT_HEARTBEAT_INTERVAL_S, DEFAULT_HEARTBEAT_TIMEOUT_S
+from funke.common.scheduling.slotmanager import DEFAULT_HEARTBEAT_INTERVAL_S, DEFAULT_HEARTBEAT_TIMEOUT_S
 from funke.common.states import ExecutionState
-from funke.common.taskexecutorstate import TaskExecutorState, TaskKey
+from funke.common.task.taskexecutorstate import TaskExecutorState, TaskKey
 from funke.common.security import TOKEN_BYTES, Realm
-from funke.deploy import datafs, security
-from funke.deploy.haservices import ha_services
-from funke.deploy.rpc import MESSAGE_SIZE_OPTIONS, add_service, advertised_host, host_port
+from funke.runtime import datafs, security
+from funke.runtime.haservices import ha_services
+from funke.runtime.rpc import MESSAGE_SIZE_OPTIONS, add_service, advertised_host, host_port
 from funke.taskmanager import jvmarchive, sparksession
 from funke.v1 import cluster_pb2, cluster_pb2_grpc
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from funke.deploy.metricsserver import MetricsServer
+    from funke.runtime.metricsserver import MetricsServer
     from funke.taskmanager.task import Task
 
 # Imported where first needed (the task runtime with PySpark and pyarrow, the metrics server with
@@ -534,7 +534,7 @@ class TaskExecutor:
         if cfg.metrics_host is not None:
             # Before Spark's thread starts importing PySpark: two threads importing at once can meet
             # each other's modules half-initialised.
-            importlib.import_module("funke.deploy.metricsserver")
+            importlib.import_module("funke.runtime.metricsserver")
         if cfg.use_spark:
             # First, before the task runtime is loaded (in the same thread, once the session is
             # up). Not beside the gRPC servers being set up: PySpark forks spark-submit with a
@@ -595,7 +595,7 @@ class TaskExecutor:
                  cfg.number_of_slots)
 
         if cfg.metrics_host is not None:
-            from funke.deploy.metricsserver import MetricsServer, registry_with
+            from funke.runtime.metricsserver import MetricsServer, registry_with
 
             self._metrics_server = MetricsServer(registry_with(self.metrics), cfg.tls)
             first, last = cfg.metrics_ports
@@ -1071,8 +1071,8 @@ class TaskExecutor:
         await self._registration_known(request.registration_id)
         try:
             batch = codec.batch_from_proto(request)
-            tasks = tuple(core.BatchTask(codec.attempt_from_proto(t.attempt), tuple(
-                core.BatchGate(g.input_index, tuple(g.producer_attempts), g.schema) for g in t.gates))
+            tasks = tuple(BatchTask(codec.attempt_from_proto(t.attempt), tuple(
+                BatchGate(g.input_index, tuple(g.producer_attempts), g.schema) for g in t.gates))
                 for t in request.tasks)
         except ValueError as exc:
             return cluster_pb2.RunBatchesResponse(results=[cluster_pb2.TaskSubmissionResult(

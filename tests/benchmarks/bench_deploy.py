@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from funke.deploy.client import JobManagerClient  # noqa: E402
-from funke.common.jobgraph import (  # noqa: E402
+from funke.common.graph.jobgraph import (  # noqa: E402
     IntermediateDataSet,
     JobEdge,
     JobGraph,

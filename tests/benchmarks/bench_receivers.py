@@ -122,7 +122,7 @@ class Sender:
 
 
 def build(query: str, port: int, checkpoint: Path, out: Path):
-    from funke.common.dsl import ExecutionEnvironment
+    from funke.common.api.dsl import ExecutionEnvironment
 
     env = ExecutionEnvironment(f"bench receiver {query} {port}", parallelism=1)
     lines = env.read_stream.socket_text("127.0.0.1", port)

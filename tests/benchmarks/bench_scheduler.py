@@ -30,11 +30,11 @@ from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, for tests.conformance
 
-from funke.common import scheduler as s  # noqa: E402
-from funke.common import slotmanager as sm  # noqa: E402
-from funke.common.executiongraph import ExecutionAttemptId, ExecutionGraph, FailureInfo  # noqa: E402
-from funke.common.jobgraph import FailoverStrategyKind, JobGraph, ResultPartitionType  # noqa: E402
-from funke.common.restart import FixedDelayRestartBackoffTimeStrategy  # noqa: E402
+from funke.common.scheduling import scheduler as s  # noqa: E402
+from funke.common.scheduling import slotmanager as sm  # noqa: E402
+from funke.common.graph.executiongraph import ExecutionAttemptId, ExecutionGraph, FailureInfo  # noqa: E402
+from funke.common.graph.jobgraph import FailoverStrategyKind, JobGraph, ResultPartitionType  # noqa: E402
+from funke.common.graph.restart import FixedDelayRestartBackoffTimeStrategy  # noqa: E402
 from funke.common.states import ExecutionState  # noqa: E402
 from tests.conformance.graphs import source_sink_all_to_all  # noqa: E402
 

@@ -41,7 +41,7 @@ def slow_map(row_ms: float):
 
 
 def backlog_job(name: str, rate: int, row_ms: float, trigger_ms: int, out: Path, checkpoint: Path):
-    from funke.common.dsl import ExecutionEnvironment
+    from funke.common.api.dsl import ExecutionEnvironment
 
     env = ExecutionEnvironment(name, parallelism=1)
     env.read_stream.rate(rate).select("value").map(slow_map(row_ms), schema="value bigint").write_parquet(str(out))

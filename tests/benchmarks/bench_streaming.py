@@ -99,7 +99,7 @@ class Structured:
 
 
 def funke_job(rate: int, interval_ms: int, out: Path, checkpoint: Path, parallelism: int):
-    from funke.common.dsl import ExecutionEnvironment
+    from funke.common.api.dsl import ExecutionEnvironment
 
     env = ExecutionEnvironment(f"bench stream {rate} {interval_ms}", parallelism=parallelism)
     (env.read_stream.rate(rate)

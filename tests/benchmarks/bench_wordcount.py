@@ -63,7 +63,7 @@ def make_corpus(mb: int, seed: int = 20261122) -> Path:
 
 
 def funke_job(corpus: Path, out: Path, parallelism: int):
-    from funke.common.dsl import ExecutionEnvironment
+    from funke.common.api.dsl import ExecutionEnvironment
 
     env = ExecutionEnvironment("bench word count", parallelism=parallelism)
     (env.read_text(str(corpus / "*.txt"))

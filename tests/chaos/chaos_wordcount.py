@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO))
 import cloudpickle  # noqa: E402
 
 from funke.deploy.client import JobManagerClient  # noqa: E402
-from funke.common.dsl import ExecutionEnvironment  # noqa: E402
+from funke.common.api.dsl import ExecutionEnvironment  # noqa: E402
 from funke.deploy import localcluster  # noqa: E402
 from funke.v1 import job_pb2  # noqa: E402
 

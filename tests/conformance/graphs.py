@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from funke.common.executiongraph import ExecutionGraph
-from funke.common.jobgraph import (
+from funke.common.graph.executiongraph import ExecutionGraph
+from funke.common.graph.jobgraph import (
     DEFAULT_SLOT_SHARING_GROUP,
     DistributionPattern,
     IntermediateDataSet,

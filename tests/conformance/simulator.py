@@ -24,15 +24,15 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from funke.common import scheduler as s
-from funke.common import slotmanager as sm
-from funke.common import taskexecutorstate as core
-from funke.common.deployment import PartitionRef, ProducedPartition, TaskDeployment
-from funke.common.executiongraph import ExecutionAttemptId, ExecutionGraph, FailureInfo, Incarnation
-from funke.common.jobgraph import FailoverStrategyKind, JobGraph
-from funke.common.restart import NoRestartBackoffTimeStrategy, RestartBackoffTimeStrategy
+from funke.common.scheduling import scheduler as s
+from funke.common.scheduling import slotmanager as sm
+from funke.common.task import taskexecutorstate as core
+from funke.common.graph.deployment import PartitionRef, ProducedPartition, TaskDeployment
+from funke.common.graph.executiongraph import ExecutionAttemptId, ExecutionGraph, FailureInfo, Incarnation
+from funke.common.graph.jobgraph import FailoverStrategyKind, JobGraph
+from funke.common.graph.restart import NoRestartBackoffTimeStrategy, RestartBackoffTimeStrategy
 from funke.common.states import ExecutionState, JobStatus
-from funke.common.taskexecutorstate import TaskExecutorState, TaskKey
+from funke.common.task.taskexecutorstate import TaskExecutorState, TaskKey
 from funke.common.conformance import Step, assert_event_stream
 
 E = ExecutionState

@@ -23,11 +23,11 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
 
-from funke.common import scheduler as s
-from funke.common import slotmanager as sm
-from funke.common.executiongraph import FailureInfo, SlotId
-from funke.common.jobgraph import FailoverStrategyKind, JobGraph, JobType
-from funke.common.restart import FixedDelayRestartBackoffTimeStrategy, NoRestartBackoffTimeStrategy
+from funke.common.scheduling import scheduler as s
+from funke.common.scheduling import slotmanager as sm
+from funke.common.graph.executiongraph import FailureInfo, SlotId
+from funke.common.graph.jobgraph import FailoverStrategyKind, JobGraph, JobType
+from funke.common.graph.restart import FixedDelayRestartBackoffTimeStrategy, NoRestartBackoffTimeStrategy
 from funke.common.states import ExecutionState, JobStatus
 from funke.common.conformance import GLOBALLY_TERMINAL_JOB, assert_event_stream
 from tests.conformance.graphs import ALL_TO_ALL, BLOCKING, PIPELINED, POINTWISE, connect, job_graph, operator, sink, source

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from funke.common import scheduler as s
-from funke.common.executiongraph import ExecutionAttemptId, FailureInfo, Incarnation
-from funke.common.jobgraph import FailoverStrategyKind, ResultPartitionType
-from funke.common.restart import FixedDelayRestartBackoffTimeStrategy
+from funke.common.scheduling import scheduler as s
+from funke.common.graph.executiongraph import ExecutionAttemptId, FailureInfo, Incarnation
+from funke.common.graph.jobgraph import FailoverStrategyKind, ResultPartitionType
+from funke.common.graph.restart import FixedDelayRestartBackoffTimeStrategy
 from funke.common.states import ExecutionState, JobStatus
 from tests.conformance.graphs import BLOCKING, PIPELINED, seed_example_job, source_sink_all_to_all
 from tests.conformance.simulator import SimulatedCluster
@@ -241,7 +241,7 @@ def test_reports_for_replaced_attempts_are_ignored():
 def test_commit_failure_fails_the_job():
     sim = SimulatedCluster(seed_example_job(BLOCKING), commit_error=FailureInfo("IOError", "disk full"))
     # make the reduce vertex a committing sink
-    from funke.common.jobgraph import OperatorSpec
+    from funke.common.graph.jobgraph import OperatorSpec
 
     assert sim  # graph built; swap the sink kind on the job graph's vertex for this scenario
     reduce_vertex = sim.graph.vertices["reduce"]
@@ -259,7 +259,7 @@ def test_all_to_all_at_scale_finishes_and_conforms():
 
 
 def test_partitions_of_failed_attempts_are_released_at_once():
-    from funke.common import scheduler as s
+    from funke.common.scheduling import scheduler as s
 
     sim = SimulatedCluster(
         seed_example_job(BLOCKING),
@@ -307,7 +307,7 @@ def test_a_lost_slot_that_a_waiting_batch_needs_is_requested_again():
 
 
 def test_a_region_restart_timer_decides_even_if_the_clock_says_it_is_early():
-    from funke.common import scheduler as s
+    from funke.common.scheduling import scheduler as s
 
     sim = SimulatedCluster(seed_example_job(BLOCKING),
                            restart_strategy=FixedDelayRestartBackoffTimeStrategy(attempts=1, delay_s=10.0),

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from funke.common.executiongraph import ExecutionGraph
-from funke.common.jobgraph import JobGraph, PartitionerKind
-from funke.common.slotsharing import (
+from funke.common.graph.executiongraph import ExecutionGraph
+from funke.common.graph.jobgraph import JobGraph, PartitionerKind
+from funke.common.scheduling.slotsharing import (
     ExecutionSlotSharingGroup,
     SlotSharingPlan,
     TaskManagerSlots,
@@ -275,8 +275,8 @@ def test_hash_edges_from_helpers_carry_keys():
 
 
 def test_helper_graphs_pass_validation():
-    pytest.importorskip("funke.common.restart")  # validation checks restart strategies with it
-    from funke.common.validation import find_problems
+    pytest.importorskip("funke.common.graph.restart")  # validation checks restart strategies with it
+    from funke.common.graph.validation import find_problems
 
     for job in (seed_example_job(), seed_example_job(BLOCKING), source_sink_all_to_all(3, BLOCKING)):
         assert find_problems(job) == []

@@ -21,7 +21,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from funke.deploy import localcluster, security
+from funke.deploy import localcluster
+from funke.runtime import security
 from funke.deploy.client import JobManagerClient
 from funke.taskmanager.taskexecutor import scratch_dir_of
 

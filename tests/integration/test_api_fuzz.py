@@ -39,12 +39,12 @@ from google.protobuf.descriptor import FieldDescriptor as FD
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from funke.deploy import security
+from funke.runtime import security
 from funke.deploy.client import job_status_name
-from funke.deploy.security import read_token
-from funke.common.dsl import ExecutionEnvironment
-from funke.common.jobgraph import IntermediateDataSet, JobEdge, JobGraph, JobType, JobVertex, OperatorSpec
-from funke.common.codec import job_graph_to_proto
+from funke.runtime.security import read_token
+from funke.common.api.dsl import ExecutionEnvironment
+from funke.common.graph.jobgraph import IntermediateDataSet, JobEdge, JobGraph, JobType, JobVertex, OperatorSpec
+from funke.common.wire.codec import job_graph_to_proto
 from funke.v1 import cluster_pb2, jobgraph_pb2, jobmanager_pb2
 from tests.integration.conftest import REPO, client_of, funke
 

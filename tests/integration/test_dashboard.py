@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from funke.common.dsl import ExecutionEnvironment
+from funke.common.api.dsl import ExecutionEnvironment
 from funke.deploy.jobfile import load_job_file
 from tests.chromium import Browser, ChromiumMissing
 from tests.integration.conftest import REPO, wait_for, wait_for_end

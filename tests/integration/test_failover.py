@@ -17,7 +17,7 @@ import cloudpickle
 import pytest
 
 from funke.deploy.client import JobManagerClient
-from funke.common.dsl import ExecutionEnvironment
+from funke.common.api.dsl import ExecutionEnvironment
 from funke.deploy import localcluster
 from funke.v1 import job_pb2
 from tests.integration.conftest import wait_cleaned_up

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from funke.common.jobgraph import (IntermediateDataSet, JobEdge, JobGraph, JobVertex, OperatorSpec,
+from funke.common.graph.jobgraph import (IntermediateDataSet, JobEdge, JobGraph, JobVertex, OperatorSpec,
                                    ResultPartitionType)
 from funke.deploy import localcluster
 from funke.deploy.client import JobManagerClient

@@ -18,8 +18,8 @@ import cloudpickle
 import grpc
 import pytest
 
-from funke.common.codec import job_graph_to_proto
-from funke.common.dsl import ExecutionEnvironment
+from funke.common.wire.codec import job_graph_to_proto
+from funke.common.api.dsl import ExecutionEnvironment
 from funke.deploy import localcluster
 from funke.deploy.client import JobAlreadyExists, JobManagerClient
 from funke.v1 import cluster_pb2, cluster_pb2_grpc, job_pb2
@@ -378,7 +378,7 @@ def paused_leader(ha: HaCluster, corpus, reference, tmp_path) -> float:  # noqa:
 
 SLOW_COLLECT = '''
 import time
-from funke.common.dsl import ExecutionEnvironment
+from funke.common.api.dsl import ExecutionEnvironment
 
 
 def build(args):

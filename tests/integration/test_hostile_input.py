@@ -23,7 +23,7 @@ import grpc
 import pytest
 
 from funke.deploy.jobfile import load_job_file
-from funke.common.jobgraph import (
+from funke.common.graph.jobgraph import (
     Artifact,
     IntermediateDataSet,
     JobConfiguration,
@@ -33,7 +33,7 @@ from funke.common.jobgraph import (
     OperatorSpec,
     RestartStrategyConfig,
 )
-from funke.common.codec import job_graph_to_proto
+from funke.common.wire.codec import job_graph_to_proto
 from funke.deploy import localcluster
 from funke.v1 import cluster_pb2, job_pb2, jobmanager_pb2, jobmanager_pb2_grpc
 from tests.integration.conftest import REPO, client_of, funke, wait_for_end
@@ -329,7 +329,7 @@ def test_submit_says_what_losing_the_jobmanager_means_for_the_job(tmp_path):
     funke("cluster", "start", "--taskmanagers", "1", "--slots", "1", "--dir", str(d), "--no-spark", timeout=120)
     job_file = tmp_path / "waits.py"
     job_file.write_text(textwrap.dedent("""
-        from funke.common.jobgraph import (IntermediateDataSet, JobConfiguration, JobEdge, JobGraph, JobType,
+        from funke.common.graph.jobgraph import (IntermediateDataSet, JobConfiguration, JobEdge, JobGraph, JobType,
                                            JobVertex, OperatorSpec)
 
         def build(args):  # 4 slots wanted, 1 offered: the job waits while `funke submit` follows it

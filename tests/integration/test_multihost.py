@@ -79,7 +79,7 @@ def test_a_wildcard_bind_advertises_the_address_the_jobmanager_sees(jobmanager, 
 def test_the_users_python_for_spark_workers_is_the_one_they_run(jobmanager, tmp_path):
     """PYSPARK_PYTHON set by the user (here a wrapper that leaves a mark, then runs our Python)
     is what Spark's Python workers run; the TaskManager used to overwrite it with its own."""
-    from funke.common.dsl import ExecutionEnvironment
+    from funke.common.api.dsl import ExecutionEnvironment
 
     info, client = jobmanager
     mark = tmp_path / "ran"

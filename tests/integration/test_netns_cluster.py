@@ -17,7 +17,7 @@ from pathlib import Path
 import cloudpickle
 import pytest
 
-from funke.common.dsl import ExecutionEnvironment
+from funke.common.api.dsl import ExecutionEnvironment
 from funke.deploy import localcluster
 from tests.integration.conftest import wait_for
 from funke.v1 import job_pb2

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 import redis
 
-from funke.common.dsl import ExecutionEnvironment
+from funke.common.api.dsl import ExecutionEnvironment
 from funke.deploy import localcluster
 from funke.jobmanager import streamsinks
 from funke.jobmanager.checkpointstore import CheckpointStore

@@ -15,7 +15,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from funke.common.dsl import ExecutionEnvironment
+from funke.common.api.dsl import ExecutionEnvironment
 from funke.deploy.jobfile import load_job_file
 from tests.integration.conftest import REPO, wait_for, wait_for_end
 

@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from funke.deploy.client import InvalidJobGraph, JobAlreadyExists, JobNotFound
-from funke.common.jobgraph import (
+from funke.common.graph.jobgraph import (
     DistributionPattern,
     IntermediateDataSet,
     JobConfiguration,

@@ -19,9 +19,9 @@ import grpc
 import pytest
 from google.protobuf.message_factory import GetMessageClass
 
-from funke.common.codec import job_graph_to_proto
-from funke.common.jobgraph import IntermediateDataSet, JobEdge, JobGraph, JobType, JobVertex, OperatorSpec
-from funke.deploy import security
+from funke.common.wire.codec import job_graph_to_proto
+from funke.common.graph.jobgraph import IntermediateDataSet, JobEdge, JobGraph, JobType, JobVertex, OperatorSpec
+from funke.runtime import security
 from funke.deploy.client import FunkeError, JobManagerClient, NotAuthenticated, job_status_name
 from funke.deploy.jobfile import load_job_file
 from funke.v1 import cluster_pb2, jobmanager_pb2
@@ -38,7 +38,7 @@ WATCHES_PER_CLIENT = 2
 def waiting_job(job_id: str) -> JobGraph:
     """A streaming job of parallelism 4 on a cluster of 1 slot: it waits for resources, running
     nothing, until it is cancelled (or its slot request times out, after an hour)."""
-    from funke.common.jobgraph import JobConfiguration
+    from funke.common.graph.jobgraph import JobConfiguration
 
     return JobGraph(
         "waits", (JobVertex("src", "Source", 4, (OperatorSpec("source.noop"),)),

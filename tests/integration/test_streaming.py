@@ -22,8 +22,8 @@ import cloudpickle
 import pyarrow.parquet as pq
 import pytest
 
-from funke.common.dsl import ExecutionEnvironment
-from funke.common.streamsources import FilesSource
+from funke.common.api.dsl import ExecutionEnvironment
+from funke.common.streaming.streamsources import FilesSource
 from funke.deploy import localcluster
 from funke.deploy.client import JobManagerClient, job_status_name
 from funke.jobmanager import streamsinks
@@ -401,7 +401,7 @@ def test_exactly_once_through_taskmanager_kills_at_every_phase_of_a_batch(stream
 # ---------------------------------------------------------------------------- collect() without a batch
 
 COLLECT_LINES = '''
-from funke.common.dsl import ExecutionEnvironment
+from funke.common.api.dsl import ExecutionEnvironment
 
 
 def build(args):

@@ -83,7 +83,7 @@ def test_watch_stream_is_a_legal_path_through_the_state_tables(spark_cluster, co
 
 SINK_JOB = """
 import time
-from funke.common.dsl import ExecutionEnvironment
+from funke.common.api.dsl import ExecutionEnvironment
 
 def slow_or_cursed(n):
     if n == 39:
@@ -177,7 +177,7 @@ def test_cli_lists_and_describes_jobs_as_json(spark_cluster, corpus):
 def test_a_failing_user_function_fails_the_job_with_its_python_traceback(spark_cluster, tmp_path):
     job_file = tmp_path / "cursed.py"
     job_file.write_text(
-        "from funke.common.dsl import ExecutionEnvironment\n"
+        "from funke.common.api.dsl import ExecutionEnvironment\n"
         "\n"
         "def check_record(n):\n"
         "    if n == 7:\n"
@@ -268,7 +268,7 @@ def test_the_join_example_sums_revenue_per_customer(spark_cluster):
 
 
 def test_a_streaming_job_deploys_eagerly_and_consumers_wait_for_pipelined_partitions(spark_cluster, corpus):
-    from funke.common.dsl import ExecutionEnvironment
+    from funke.common.api.dsl import ExecutionEnvironment
 
     pattern, expected = corpus
     env = ExecutionEnvironment("streaming word count", job_type="streaming", parallelism=2)

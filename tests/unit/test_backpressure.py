@@ -1,4 +1,4 @@
-"""The receivers' rate estimator (common/backpressure.py): it measures first, then lowers the rate
+"""The receivers' rate estimator (common/streaming/backpressure.py): it measures first, then lowers the rate
 when batches are processed slower than records arrive or wait to start, raises it when they
 keep up, and never goes below the minimum."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from funke.common.backpressure import RateEstimator
+from funke.common.streaming.backpressure import RateEstimator
 
 
 def test_the_first_batch_only_measures_and_a_batch_that_keeps_up_sets_the_rate_it_was_processed_at():

@@ -1,4 +1,4 @@
-"""How a micro-batch flows through a streaming query's tasks (common/batchflow.py): sources first,
+"""How a micro-batch flows through a streaming query's tasks (common/scheduling/batchflow.py): sources first,
 a vertex once every subtask of its inputs reported the batch, with the producer attempts and
 schema of each input partition; sinks' started/written; stale and repeated reports ignored."""
 
@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from funke.common.batchflow import BatchFlow, Dispatch, InputRead, SinkStarted, SinkWritten
-from funke.common.checkpoint import SourceRange
-from funke.common.executiongraph import Execution, ExecutionAttemptId, SlotId
-from funke.common.jobgraph import JobType, JobVertex, OperatorSpec
-from funke.common.streamsources import BatchInput
-from funke.common.taskexecutorstate import BatchGate
+from funke.common.scheduling.batchflow import BatchFlow, Dispatch, InputRead, SinkStarted, SinkWritten
+from funke.common.streaming.checkpoint import SourceRange
+from funke.common.graph.executiongraph import Execution, ExecutionAttemptId, SlotId
+from funke.common.graph.jobgraph import JobType, JobVertex, OperatorSpec
+from funke.common.streaming.streamsources import BatchInput
+from funke.common.graph.deployment import BatchGate
 from tests.conformance.graphs import ALL_TO_ALL, PIPELINED, POINTWISE, connect, execution_graph, job_graph
 
 

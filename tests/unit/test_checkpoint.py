@@ -1,4 +1,4 @@
-"""A streaming job's checkpoint (common/checkpoint.py): the entries' format, and where a restarted
+"""A streaming job's checkpoint (common/streaming/checkpoint.py): the entries' format, and where a restarted
 job goes on from its offset and commit logs; a gap is an error naming the files."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from funke.common.checkpoint import (
+from funke.common.streaming.checkpoint import (
     CheckpointError,
     CommitEntry,
     OffsetEntry,

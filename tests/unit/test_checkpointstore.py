@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from funke.common.checkpoint import CheckpointError, CommitEntry, OffsetEntry, SourceRange
+from funke.common.streaming.checkpoint import CheckpointError, CommitEntry, OffsetEntry, SourceRange
 from funke.jobmanager.checkpointstore import CheckpointInUse, CheckpointStore
 
 

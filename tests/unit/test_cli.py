@@ -34,7 +34,7 @@ from funke.deploy.client import (
     JobNotFound,
 )
 from funke.deploy.jobfile import JobFileError, load_job_file
-from funke.common.jobgraph import JobGraph
+from funke.common.graph.jobgraph import JobGraph
 from funke.deploy import cli, localcluster
 from funke.v1 import job_pb2, jobmanager_pb2, jobmanager_pb2_grpc
 
@@ -197,7 +197,7 @@ def test_malformed_jobmanager_address_is_a_usage_error(clean_env: Path, capsys: 
 
 def test_build_receives_the_remaining_arguments(tmp_path: Path) -> None:
     job_file = write(tmp_path / "job.py", """
-        from funke.common.dsl import ExecutionEnvironment
+        from funke.common.api.dsl import ExecutionEnvironment
 
         def build(args):
             env = ExecutionEnvironment("args=" + " ".join(args))
@@ -211,7 +211,7 @@ def test_build_receives_the_remaining_arguments(tmp_path: Path) -> None:
 
 def test_module_level_job_graph_is_used_when_there_is_no_build(tmp_path: Path) -> None:
     job_file = write(tmp_path / "job.py", """
-        from funke.common.dsl import ExecutionEnvironment
+        from funke.common.api.dsl import ExecutionEnvironment
         env = ExecutionEnvironment("module level")
         env.from_range(3).discard()
         job = env.build()
@@ -222,7 +222,7 @@ def test_module_level_job_graph_is_used_when_there_is_no_build(tmp_path: Path) -
 @pytest.mark.parametrize("definition", ["job = env", "def build(args):\n    return env"])
 def test_an_execution_environment_is_built(tmp_path: Path, definition: str) -> None:
     job_file = write(tmp_path / "job.py", """
-        from funke.common.dsl import ExecutionEnvironment
+        from funke.common.api.dsl import ExecutionEnvironment
         env = ExecutionEnvironment("from env", parallelism=3)
         env.from_range(3).collect()
     """)
@@ -235,7 +235,7 @@ def test_an_execution_environment_is_built(tmp_path: Path, definition: str) -> N
 def test_job_file_runs_as_funke_job_with_its_directory_importable(tmp_path: Path) -> None:
     write(tmp_path / "helper_for_job.py", "NAME = 'from a neighbour'\n")
     job_file = write(tmp_path / "job.py", """
-        from funke.common.dsl import ExecutionEnvironment
+        from funke.common.api.dsl import ExecutionEnvironment
         import helper_for_job
         assert __name__ == "__funke_job__", __name__
         env = ExecutionEnvironment(helper_for_job.NAME)
@@ -256,7 +256,7 @@ def test_module_level_functions_ship_by_value(tmp_path: Path) -> None:
     # The TaskManagers cannot import the job file; a function pickled by reference to the
     # `__funke_job__` module would fail there exactly as it fails here, after the load.
     job_file = write(tmp_path / "job.py", """
-        from funke.common.dsl import ExecutionEnvironment
+        from funke.common.api.dsl import ExecutionEnvironment
 
         def double(n):
             return 2 * n
@@ -301,7 +301,7 @@ def test_an_exception_in_the_job_file_keeps_the_users_traceback(tmp_path: Path) 
 
 def test_a_dsl_error_while_building_is_reported(tmp_path: Path) -> None:
     job_file = write(tmp_path / "job.py", """
-        from funke.common.dsl import ExecutionEnvironment
+        from funke.common.api.dsl import ExecutionEnvironment
         job = ExecutionEnvironment("no sinks")
     """)
     with pytest.raises(JobFileError, match="has no sinks"):
@@ -503,7 +503,7 @@ def test_unknown_job_exits_2_with_no_job_message(fake_jobmanager: str, clean_env
 def test_invalid_job_graph_lists_every_problem(fake_jobmanager: str, clean_env: Path, tmp_path: Path,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     job_file = write(tmp_path / "job.py", """
-        from funke.common.dsl import ExecutionEnvironment
+        from funke.common.api.dsl import ExecutionEnvironment
         job = ExecutionEnvironment("j")
         job.from_range(2).discard()
     """)
@@ -597,7 +597,7 @@ def test_functions_from_modules_beside_the_job_file_travel_by_value(tmp_path):
     (tmp_path / "pkg" / "more.py").write_text("def triple(n):\n    return 3 * n\n")
     job_file = tmp_path / "job.py"
     job_file.write_text(
-        "from funke.common.dsl import ExecutionEnvironment\n"
+        "from funke.common.api.dsl import ExecutionEnvironment\n"
         "from helpers import double\n"
         "from pkg.more import triple\n"
         "env = ExecutionEnvironment('neighbours')\n"

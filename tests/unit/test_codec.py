@@ -9,7 +9,7 @@ from google.protobuf.message import DecodeError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from funke.common.jobgraph import (
+from funke.common.graph.jobgraph import (
     Artifact,
     DistributionPattern,
     FailoverStrategyKind,
@@ -24,8 +24,8 @@ from funke.common.jobgraph import (
     RestartStrategyConfig,
     ResultPartitionType,
 )
-from funke.common.operators import CATALOGUE
-from funke.common.codec import (
+from funke.common.graph.operators import CATALOGUE
+from funke.common.wire.codec import (
     WireError,
     job_graph_from_proto,
     job_graph_to_proto,
@@ -427,10 +427,10 @@ def test_unencodable_models_raise_wire_error(vertex: JobVertex, why: str) -> Non
 
 
 def test_a_micro_batch_survives_the_wire_and_a_broken_one_is_refused():
-    from funke.common.checkpoint import SourceRange
-    from funke.common.codec import batch_from_proto, run_batch_to_proto
-    from funke.common.executiongraph import ExecutionAttemptId
-    from funke.common.streamsources import BatchInput
+    from funke.common.streaming.checkpoint import SourceRange
+    from funke.common.wire.codec import batch_from_proto, run_batch_to_proto
+    from funke.common.graph.executiongraph import ExecutionAttemptId
+    from funke.common.streaming.streamsources import BatchInput
 
     batch = BatchInput(7, 123, {"rate": SourceRange({"rows": 1, "baseMs": 5}, {"rows": 9, "baseMs": 5}, 8),
                                 "files": SourceRange(None, 2)}, {"files": ("a.csv", "b.csv")})
@@ -447,9 +447,9 @@ def test_a_micro_batch_survives_the_wire_and_a_broken_one_is_refused():
 
 
 def test_a_batch_report_carries_its_counted_input_rows_and_a_negative_count_is_no_count():
-    from funke.common.codec import report_from_proto, report_to_proto
-    from funke.common.deployment import TaskReport
-    from funke.common.executiongraph import ExecutionAttemptId
+    from funke.common.wire.codec import report_from_proto, report_to_proto
+    from funke.common.graph.deployment import TaskReport
+    from funke.common.graph.executiongraph import ExecutionAttemptId
     from funke.common.states import ExecutionState
 
     report = TaskReport("job-1", ExecutionAttemptId("src", 0, 1), ExecutionState.RUNNING, batch_id=4, input_rows=812)

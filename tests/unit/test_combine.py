@@ -1,4 +1,4 @@
-"""A keyed SQL aggregate split into a combiner and a final aggregate (common/combine.py and the
+"""A keyed SQL aggregate split into a combiner and a final aggregate (common/task/combine.py and the
 TaskManager's `combine` / `aggregate` operators): which calls split, and — on real PySpark — that
 combining per producer then merging after the exchange gives exactly the rows, names and types
 the aggregate alone gives."""
@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 from pyspark.sql import functions as F
 
-from funke.common import combine
-from funke.common.combine import AggregateCall, parse_call
-from funke.common.jobgraph import OperatorSpec
+from funke.common.task import combine
+from funke.common.task.combine import AggregateCall, parse_call
+from funke.common.graph.jobgraph import OperatorSpec
 from funke.taskmanager.operators import OPERATORS
 from tests.unit.test_task_runtime import ctx, spark  # noqa: F401  (fixtures)
 

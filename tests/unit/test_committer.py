@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from funke.common import layout
-from funke.common.scheduler import SinkCommit
+from funke.common.scheduling.scheduler import SinkCommit
 from funke.jobmanager import committer
 
 JOB = "job-c"

@@ -61,8 +61,8 @@ def test_zookeeper_keys_are_flinks_and_a_bad_quorum_or_root_is_named():
 
 
 def test_allowed_hosts_are_host_names_and_confine_the_hosts_of_socket_and_redis_sources_and_sinks():
-    from funke.common.dsl import ExecutionEnvironment
-    from funke.common.validation import ValidationContext, find_problems
+    from funke.common.api.dsl import ExecutionEnvironment
+    from funke.common.graph.validation import ValidationContext, find_problems
 
     config = parse_configuration({"funke.io.allowed-hosts": " Redis.internal , 127.0.0.1"})
     assert config.allowed_hosts == ("redis.internal", "127.0.0.1")

@@ -1,4 +1,4 @@
-"""The data directory's schemes, as funke's own processes reach them (`deploy/datafs.py`)."""
+"""The data directory's schemes, as funke's own processes reach them (`runtime/datafs.py`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 import pyarrow.fs as pafs
 import pytest
 
-from funke.deploy import datafs
+from funke.runtime import datafs
 
 
 def test_local_paths_and_file_uris(tmp_path):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from funke.deploy.demo import timing_lines
+from examples.demo import timing_lines
 from funke.v1 import job_pb2, jobmanager_pb2
 
 T0 = 1_800_000_000.0

@@ -11,11 +11,11 @@ import os
 
 import pytest
 
-from funke.common.codec import job_graph_to_proto
+from funke.common.wire.codec import job_graph_to_proto
 from funke.common.configuration import ClusterConfiguration
 from funke.common.leadership import Contender
 from funke.common.states import JobStatus
-from funke.deploy.hafilesystem import Fenced, FileSystemHaServices, JobResult
+from funke.runtime.hafilesystem import Fenced, FileSystemHaServices, JobResult
 from funke.jobmanager.dispatcher import Dispatcher, DispatcherError
 from funke.jobmanager.highavailability import HaContext
 from tests.unit.test_jobmaster import noop_job

@@ -15,8 +15,8 @@ from types import ModuleType
 import cloudpickle
 import pytest
 
-from funke.common.dsl import CollectSink, ExecutionEnvironment
-from funke.common.jobgraph import (
+from funke.common.api.dsl import CollectSink, ExecutionEnvironment
+from funke.common.graph.jobgraph import (
     Artifact,
     DistributionPattern as DP,
     FailoverStrategyKind,
@@ -27,8 +27,8 @@ from funke.common.jobgraph import (
     RestartStrategyConfig,
     ResultPartitionType as RPT,
 )
-from funke.common.restart import restart_strategy_from_config
-from funke.common.validation import validate
+from funke.common.graph.restart import restart_strategy_from_config
+from funke.common.graph.validation import validate
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -595,7 +595,7 @@ def test_join_example_builds_a_valid_graph():
 
 @pytest.mark.parametrize("name", ["wordcount", "join"])
 def test_example_graphs_survive_the_wire(name):
-    from funke.common.codec import job_graph_from_proto, job_graph_to_proto
+    from funke.common.wire.codec import job_graph_from_proto, job_graph_to_proto
 
     job = load_example(name).build([])
     assert job_graph_from_proto(job_graph_to_proto(job)) == job
@@ -609,7 +609,7 @@ def test_examples_say_how_to_run_them(name):
 
 def test_importing_the_dsl_pulls_in_neither_spark_nor_the_validator():
     code = (
-        "import sys, funke.common.dsl; "
+        "import sys, funke.common.api.dsl; "
         "print(sorted(m for m in ('pyspark', 'networkx', 'cloudpickle') if m in sys.modules))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, check=True, text=True)

@@ -17,7 +17,7 @@ from grpc_health.v1 import health
 
 from funke.common.configuration import ClusterConfiguration
 from funke.common.leadership import Contender, Lease
-from funke.deploy.hafilesystem import FileSystemHaServices, lease_to_json, write_atomically
+from funke.runtime.hafilesystem import FileSystemHaServices, lease_to_json, write_atomically
 from funke.jobmanager.highavailability import LeaderElection
 from funke.jobmanager.mailbox import Mailbox
 from funke.jobmanager.main import JobManagerRole

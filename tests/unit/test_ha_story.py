@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from funke.common.executiongraph import LeaderTransition
+from funke.common.graph.executiongraph import LeaderTransition
 from funke.common.states import JobStatus, Transition
 from funke.jobmanager.highavailability import (
     ATTEMPT_STRIDE,
@@ -59,8 +59,8 @@ def test_only_finished_subtasks_whose_output_is_still_there_are_taken_over(tmp_p
     import os
 
     from funke.common import layout
-    from funke.common.jobgraph import ResultPartitionType
-    from funke.common.scheduler import FinishedSubtask
+    from funke.common.graph.jobgraph import ResultPartitionType
+    from funke.common.scheduling.scheduler import FinishedSubtask
     from funke.jobmanager.highavailability import outputs_still_there, progress_record, read_progress
     from tests.conformance.graphs import seed_example_job
 

@@ -1,4 +1,4 @@
-"""The filesystem HA services (deploy/hafilesystem.py) on real files: election rounds, fencing of
+"""The filesystem HA services (runtime/hafilesystem.py) on real files: election rounds, fencing of
 every write, the job graph and job result stores, and a real dead process freeing the lease."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import threading
 import pytest
 
 from funke.common.leadership import Contender, Granted, Revoked
-from funke.deploy.hafilesystem import (
+from funke.runtime.hafilesystem import (
     Fenced,
     FileSystemHaServices,
     JobResult,

@@ -1,4 +1,4 @@
-"""The ZooKeeper HA services (deploy/hazookeeper.py) on a real ZooKeeper server on loopback:
+"""The ZooKeeper HA services (runtime/hazookeeper.py) on a real ZooKeeper server on loopback:
 election by the latch, leader retrieval, fencing of every write (by a deposed leader, and by a
 leader whose session the server expired), the stores with records too large for a node, and a
 dead local leader removed at once instead of after its session timeout."""
@@ -17,8 +17,8 @@ import pytest
 from kazoo.client import KazooClient
 
 from funke.common.leadership import Contender, Granted, Revoked
-from funke.deploy.hafilesystem import Fenced, JobResult, process_identity
-from funke.deploy.hazookeeper import INLINE_LIMIT, ZooKeeperHaServices
+from funke.runtime.hafilesystem import Fenced, JobResult, process_identity
+from funke.runtime.hazookeeper import INLINE_LIMIT, ZooKeeperHaServices
 
 _clusters = itertools.count(1)
 
@@ -155,8 +155,8 @@ def test_a_stranger_node_in_the_store_is_ignored_not_fatal(make):
 _CONTENDER = textwrap.dedent("""
     import sys, time
     from funke.common.leadership import Contender
-    from funke.deploy.hafilesystem import process_identity
-    from funke.deploy.hazookeeper import ZooKeeperHaServices
+    from funke.runtime.hafilesystem import process_identity
+    from funke.runtime.hazookeeper import ZooKeeperHaServices
     ha = ZooKeeperHaServices(sys.argv[1], sys.argv[2], sys.argv[3], "/funke-test", 30.0)
     ha.create_dirs()
     c = Contender(process_identity(), "dead:1", 20)

@@ -114,7 +114,7 @@ def test_the_readme_states_the_id_limits_the_code_applies():
 
 
 def test_a_restart_strategy_type_is_read_as_flink_reads_it_case_insensitive_and_trimmed():
-    from funke.common.restart import FixedDelayRestartBackoffTimeStrategy, RestartStrategyConfig, \
+    from funke.common.graph.restart import FixedDelayRestartBackoffTimeStrategy, RestartStrategyConfig, \
         restart_strategy_from_config
 
     for written in ("fixed-delay", "FIXED-DELAY ", " FixedDelay"):

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from funke.common.deployment import Available, Awaiting, InputGateDeployment, PartitionUpdate
-from funke.common.inputgates import PartitionAvailability
+from funke.common.graph.deployment import Available, Awaiting, InputGateDeployment, PartitionUpdate
+from funke.common.task.inputgates import PartitionAvailability
 
 SCHEMA = '{"type":"struct","fields":[]}'
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 
 from funke.common.configuration import ClusterConfiguration
-from funke.common.jobgraph import IntermediateDataSet, JobEdge, JobGraph, JobVertex, OperatorSpec
+from funke.common.graph.jobgraph import IntermediateDataSet, JobEdge, JobGraph, JobVertex, OperatorSpec
 from funke.common.states import JobStatus
 from funke.jobmanager.dispatcher import Dispatcher
 from funke.jobmanager.jobstore import ArchivedJob
@@ -63,7 +63,7 @@ def _raise(*args, **kwargs):
 def test_a_scheduler_that_raises_fails_its_job_and_frees_the_slots(tmp_path, monkeypatch):
     """A bug inside the core (here: on_slots_allocated raising) is an internal error like any
     other: the job fails at once, the slots it was given go back."""
-    from funke.common import scheduler
+    from funke.common.scheduling import scheduler
 
     monkeypatch.setattr(scheduler.Scheduler, "on_slots_allocated", scheduler._event(_raise))
 
@@ -90,7 +90,7 @@ def test_a_scheduler_that_raises_fails_its_job_and_frees_the_slots(tmp_path, mon
 def test_a_scheduler_that_cannot_even_fail_its_job_does_not_take_the_jobmanager_down(tmp_path, monkeypatch):
     """If failing the job raises too, the JobManager does not retry forever: it gives the slots
     back, leaves that job, and serves the next one."""
-    from funke.common import scheduler
+    from funke.common.scheduling import scheduler
 
     real_allocated, real_internal = scheduler.Scheduler.on_slots_allocated, scheduler.Scheduler.on_internal_error
     calls = {"on_internal_error": 0}

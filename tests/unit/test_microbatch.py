@@ -1,4 +1,4 @@
-"""The micro-batch coordinator (common/microbatch.py), driven by a simulated world that carries
+"""The micro-batch coordinator (common/streaming/microbatch.py), driven by a simulated world that carries
 out its actions: sources with offsets that grow, an offset log, a commit log, sinks. Scripted
 scenarios for each trigger, stop and recovery; and a property test over random orders in which
 the world's I/O completes, checking the write-ahead rule, contiguous logs, batch order, and
@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from funke.common.checkpoint import OffsetEntry, SourceRange, plan_recovery
-from funke.common.microbatch import (
+from funke.common.streaming.checkpoint import OffsetEntry, SourceRange, plan_recovery
+from funke.common.streaming.microbatch import (
     AvailableNow,
     CaptureTargets,
     CommitLogged,

@@ -13,7 +13,7 @@ from grpc_health.v1 import health, health_pb2_grpc
 
 from funke.jobmanager import reachability
 from funke.jobmanager.gateway import TaskManagerGateway
-from funke.deploy.rpc import advertised_host
+from funke.runtime.rpc import advertised_host
 from funke.v1 import cluster_pb2
 
 

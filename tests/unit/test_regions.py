@@ -1,4 +1,4 @@
-"""Pipelined regions and the region failover restart set (funke.common.regions)."""
+"""Pipelined regions and the region failover restart set (funke.common.scheduling.regions)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from funke.common.executiongraph import ExecutionGraph, PartitionLocation
-from funke.common.jobgraph import DistributionPattern
-from funke.common.regions import PipelinedRegions, compute_pipelined_regions
+from funke.common.graph.executiongraph import ExecutionGraph, PartitionLocation
+from funke.common.graph.jobgraph import DistributionPattern
+from funke.common.scheduling.regions import PipelinedRegions, compute_pipelined_regions
 from tests.steps import growth
 from tests.conformance.graphs import (
     ALL_TO_ALL,

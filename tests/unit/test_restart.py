@@ -1,4 +1,4 @@
-"""Restart strategies (funke.common.restart): Flink 1.19 semantics, config parsing, descriptions.
+"""Restart strategies (funke.common.graph.restart): Flink 1.19 semantics, config parsing, descriptions.
 
 Every test is deterministic: time is passed in explicitly and jitter draws from a seeded rng.
 """
@@ -11,8 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from funke.common.jobgraph import JobConfiguration, JobGraph, RestartStrategyConfig
-from funke.common.restart import (
+from funke.common.durations import DurationError, parse_duration
+from funke.common.graph.jobgraph import JobConfiguration, JobGraph, RestartStrategyConfig
+from funke.common.graph.restart import (
     DEFAULTS,
     ExponentialDelayRestartBackoffTimeStrategy,
     FailureRateRestartBackoffTimeStrategy,
@@ -23,7 +24,6 @@ from funke.common.restart import (
     RestartStrategyError,
     decide,
     describe_config,
-    parse_duration,
     restart_strategy_from_config,
 )
 
@@ -85,18 +85,18 @@ def test_parse_duration_is_exact_for_milliseconds():
      "١ s", "99999999999999999999 s"],
 )
 def test_parse_duration_rejects_junk(junk):
-    with pytest.raises(RestartStrategyError) as info:
+    with pytest.raises(DurationError) as info:
         parse_duration(junk)
     assert repr(junk) in str(info.value)
 
 
 def test_parse_duration_rejects_non_strings():
-    with pytest.raises(RestartStrategyError):
+    with pytest.raises(DurationError):
         parse_duration(5)  # type: ignore[arg-type]
 
 
 def test_fraction_error_suggests_a_smaller_unit():
-    with pytest.raises(RestartStrategyError, match="1500 ms"):
+    with pytest.raises(DurationError, match="1500 ms"):
         parse_duration("1.5 s")
 
 
@@ -724,7 +724,7 @@ def test_options_must_be_a_mapping():
 
 
 def test_job_validation_reports_a_bad_restart_strategy():
-    from funke.common.validation import find_problems
+    from funke.common.graph.validation import find_problems
 
     job = JobGraph(name="j", vertices=(), configuration=JobConfiguration(
         restart_strategy=C("fixed-delay", {"attempts": "-1"})))

@@ -8,7 +8,7 @@ import asyncio
 import grpc
 import pytest
 
-from funke.deploy.rpc import add_service
+from funke.runtime.rpc import add_service
 from funke.v1 import cluster_pb2, cluster_pb2_grpc, job_pb2, jobmanager_pb2, jobmanager_pb2_grpc
 
 JOB_MANAGER = jobmanager_pb2.DESCRIPTOR.services_by_name["JobManager"]

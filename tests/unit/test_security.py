@@ -1,5 +1,5 @@
 """Who may call what (`funke.common.security`) and the files, certificates, interceptor and
-channels that apply it (`funke.deploy.security`), against a real gRPC server in this process."""
+channels that apply it (`funke.runtime.security`), against a real gRPC server in this process."""
 
 from __future__ import annotations
 
@@ -29,8 +29,8 @@ from funke.common.security import (
     token_matches,
     token_problem,
 )
-from funke.deploy import security
-from funke.deploy.rpc import add_service
+from funke.runtime import security
+from funke.runtime.rpc import add_service
 from funke.v1 import cluster_pb2, jobmanager_pb2, jobmanager_pb2_grpc
 
 CLIENT, CLUSTER, REGISTRATION = "c" * 64, "k" * 64, "r" * 64
@@ -341,7 +341,7 @@ def test_a_private_key_others_may_read_is_refused(tmp_path):
 
 def test_cluster_secrets_makes_what_processes_on_other_hosts_are_started_with(tmp_path, capsys):
     from funke.deploy import cli, localcluster
-    from funke.deploy.configfile import load_configuration
+    from funke.runtime.configfile import load_configuration
 
     assert cli.main(["cluster", "secrets", "--dir", str(tmp_path), "--mtls", "--tls-host", "tm1"]) == 0
     out = capsys.readouterr().out

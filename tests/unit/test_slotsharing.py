@@ -1,4 +1,4 @@
-"""ExecutionSlotSharingGroups and the slot diagnosis (funke.common.slotsharing)."""
+"""ExecutionSlotSharingGroups and the slot diagnosis (funke.common.scheduling.slotsharing)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from funke.common.executiongraph import ExecutionGraph
-from funke.common.slotsharing import (
+from funke.common.graph.executiongraph import ExecutionGraph
+from funke.common.scheduling.slotsharing import (
     ExecutionSlotSharingGroup,
     SlotDiagnosis,
     TaskManagerSlots,

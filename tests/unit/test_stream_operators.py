@@ -1,6 +1,6 @@
 """The TaskManager's stream operators on real PySpark (taskmanager/operators.py): in a micro-batch
 a rate source reads exactly its range's rows — the same values and timestamps as the rule in
-common/streamsources.py, split across subtasks — a stream file source reads the files the
+common/streaming/streamsources.py, split across subtasks — a stream file source reads the files the
 JobManager resolved for the batch, and a file sink stages the batch inside its target for the
 JobMaster's commit. Outside a micro-batch a stream source refuses to run."""
 
@@ -14,10 +14,10 @@ import threading
 import pytest
 from pyspark.sql import SparkSession
 
-from funke.common.checkpoint import SourceRange
-from funke.common.jobgraph import OperatorSpec, PartitionerKind
+from funke.common.streaming.checkpoint import SourceRange
+from funke.common.graph.jobgraph import OperatorSpec, PartitionerKind
 from funke.common.states import ExecutionState
-from funke.common.streamsources import BatchInput, RateSource
+from funke.common.streaming.streamsources import BatchInput, RateSource
 from funke.jobmanager import streamsinks
 from funke.taskmanager.operators import OPERATORS, RuntimeContext
 from funke.taskmanager.task import StreamTask

@@ -12,9 +12,9 @@ import os
 
 import pytest
 
-from funke.common import microbatch as mb
-from funke.common.checkpoint import OffsetEntry
-from funke.common.streamsources import FilesSource, RateSource
+from funke.common.streaming import microbatch as mb
+from funke.common.streaming.checkpoint import OffsetEntry
+from funke.common.streaming.streamsources import FilesSource, RateSource
 from funke.jobmanager import streamsinks
 from funke.jobmanager.checkpointstore import CheckpointInUse, CheckpointStore
 from funke.jobmanager.streamdriver import FilesPlanner, RatePlanner, StreamDriver

@@ -1,5 +1,5 @@
-"""A streaming query as the DSL builds it and validation checks it (common/dsl.py,
-common/streamingjob.py): stream sources, the trigger and checkpoint options, every problem named;
+"""A streaming query as the DSL builds it and validation checks it (common/api/dsl.py,
+common/graph/streamingjob.py): stream sources, the trigger and checkpoint options, every problem named;
 and the JobManager taking it as one."""
 
 from __future__ import annotations
@@ -8,21 +8,21 @@ import asyncio
 
 import pytest
 
-from funke.common import microbatch as mb
-from funke.common.codec import job_graph_from_proto, job_graph_to_proto
+from funke.common.streaming import microbatch as mb
+from funke.common.wire.codec import job_graph_from_proto, job_graph_to_proto
 from funke.common.configuration import ClusterConfiguration
-from funke.common.executiongraph import SlotId
+from funke.common.graph.executiongraph import SlotId
 from funke.common import ids
-from funke.common.dsl import ExecutionEnvironment
-from funke.common.jobgraph import FailoverStrategyKind, JobConfiguration, JobType
-from funke.common.streamingjob import (
+from funke.common.api.dsl import ExecutionEnvironment
+from funke.common.graph.jobgraph import FailoverStrategyKind, JobConfiguration, JobType
+from funke.common.graph.streamingjob import (
     QuerySettings,
     is_streaming_query,
     query_settings,
     sinks,
     stream_sources,
 )
-from funke.common.validation import JobGraphInvalid, ValidationContext, find_problems, validate
+from funke.common.graph.validation import JobGraphInvalid, ValidationContext, find_problems, validate
 from funke.jobmanager.dispatcher import Dispatcher, DispatcherError
 
 
@@ -108,7 +108,7 @@ def test_foreach_batch_is_a_streaming_querys_sink_seeing_each_whole_batch_in_one
 
 
 def _unvalidated(env: ExecutionEnvironment):
-    from funke.common.dsl import _translate
+    from funke.common.api.dsl import _translate
 
     return _translate(env)[0]
 

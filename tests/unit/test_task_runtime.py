@@ -30,11 +30,11 @@ from pyspark.sql import Row, SparkSession
 from pyspark.sql import functions as F
 
 from funke.common import layout
-from funke.common.deployment import Awaiting, InputGateDeployment, ResultPartitionSpec, TaskDeployment
-from funke.common.executiongraph import ExecutionAttemptId, SlotId
-from funke.common.inputgates import GateSnapshot
-from funke.common.jobgraph import JobVertex, OperatorSpec, PartitionerKind, ResultPartitionType
-from funke.common.operators import CATALOGUE
+from funke.common.graph.deployment import Awaiting, InputGateDeployment, ResultPartitionSpec, TaskDeployment
+from funke.common.graph.executiongraph import ExecutionAttemptId, SlotId
+from funke.common.task.inputgates import GateSnapshot
+from funke.common.graph.jobgraph import JobVertex, OperatorSpec, PartitionerKind, ResultPartitionType
+from funke.common.graph.operators import CATALOGUE
 from funke.common.states import ExecutionState
 from funke.taskmanager.operators import OPERATORS, RuntimeContext
 from funke.taskmanager.task import Task

@@ -27,7 +27,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from funke.common import layout
 from funke.common.security import Realm
-from funke.deploy import security
+from funke.runtime import security
 from funke.v1 import cluster_pb2, cluster_pb2_grpc, job_pb2, jobgraph_pb2
 
 REPO = Path(__file__).resolve().parents[2]
@@ -674,10 +674,10 @@ def test_a_deployment_that_overtakes_the_answer_to_the_registration_is_accepted(
 
 def test_a_streaming_task_runs_the_micro_batches_it_is_sent_and_finishes_when_told(
         tm: TaskManagerProcess, jm: FakeJobManager, job: str) -> None:
-    from funke.common.codec import run_batch_to_proto
-    from funke.common.checkpoint import SourceRange
-    from funke.common.executiongraph import ExecutionAttemptId
-    from funke.common.streamsources import BatchInput
+    from funke.common.wire.codec import run_batch_to_proto
+    from funke.common.streaming.checkpoint import SourceRange
+    from funke.common.graph.executiongraph import ExecutionAttemptId
+    from funke.common.streaming.streamsources import BatchInput
 
     task = producer(job, 0, slot=0, parallelism=1)
     task.streaming = True
@@ -711,7 +711,7 @@ def test_the_process_imports_the_task_runtime_and_the_metrics_server_only_after_
     # Spark's JVM boots for seconds: a TaskManager launches it before it loads PySpark's SQL
     # runtime, aiohttp and the operators (while the JVM boots), not after.
     probe = ("import sys, funke.taskmanager.main; "
-             "print(sorted(m for m in ('pyspark', 'aiohttp', 'funke.taskmanager.task', 'funke.deploy.metricsserver') "
+             "print(sorted(m for m in ('pyspark', 'aiohttp', 'funke.taskmanager.task', 'funke.runtime.metricsserver') "
              "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=REPO)
     assert out.stdout.strip() == "[]"

@@ -25,8 +25,8 @@ import pytest
 
 from funke.common.leadership import Contender
 from funke.common.security import Realm
-from funke.deploy import security
-from funke.deploy.hafilesystem import FileSystemHaServices
+from funke.runtime import security
+from funke.runtime.hafilesystem import FileSystemHaServices
 from funke.v1 import cluster_pb2, cluster_pb2_grpc
 from tests.unit.test_taskexecutor import (REPO, WAIT_S, FakeJobManager, TaskManagerProcess, _JobMaster,
                                           _ResourceManager, attempt)
@@ -93,7 +93,7 @@ class Election:
         self.conf = {"high-availability.type": backend, "high-availability.storageDir": str(storage),
                      "high-availability.cluster-id": self.cluster}
         if backend == "zookeeper":
-            from funke.deploy.hazookeeper import ZooKeeperHaServices
+            from funke.runtime.hazookeeper import ZooKeeperHaServices
 
             assert zookeeper is not None
             self.conf["high-availability.zookeeper.quorum"] = zookeeper

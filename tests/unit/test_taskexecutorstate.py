@@ -7,10 +7,12 @@ from dataclasses import replace
 
 import pytest
 
-from funke.common import taskexecutorstate as core
-from funke.common.deployment import (
+from funke.common.task import taskexecutorstate as core
+from funke.common.graph.deployment import (
     Available,
     Awaiting,
+    BatchGate,
+    BatchTask,
     InputGateDeployment,
     PartitionRef,
     PartitionUpdate,
@@ -18,11 +20,11 @@ from funke.common.deployment import (
     ResultPartitionSpec,
     TaskDeployment,
 )
-from funke.common.executiongraph import ExecutionAttemptId, FailureInfo, SlotId
-from funke.common.jobgraph import JobVertex, OperatorSpec, PartitionerKind, ResultPartitionType
+from funke.common.graph.executiongraph import ExecutionAttemptId, FailureInfo, SlotId
+from funke.common.graph.jobgraph import JobVertex, OperatorSpec, PartitionerKind, ResultPartitionType
 from funke.common.states import ExecutionState
-from funke.common.streamsources import BatchInput
-from funke.common.taskexecutorstate import TaskExecutorState, TaskKey
+from funke.common.streaming.streamsources import BatchInput
+from funke.common.task.taskexecutorstate import TaskExecutorState, TaskKey
 
 E = ExecutionState
 JOB = "job1"
@@ -458,7 +460,7 @@ def test_a_streaming_task_waits_for_no_input_and_runs_each_batch_with_the_attemp
     out = c.submit(d)
     assert of(out, core.StartTask) and not of(out, core.InputsReady)  # inputs come per batch
     batch = BatchInput(4, 1000)
-    out = c(core.RunBatch(JOB, batch, (core.BatchTask(d.attempt, (core.BatchGate(0, (0, 2), SCHEMA),)),), c.registration))
+    out = c(core.RunBatch(JOB, batch, (BatchTask(d.attempt, (BatchGate(0, (0, 2), SCHEMA),)),), c.registration))
     (given,) = of(out, core.GiveBatch)
     assert given.batch == batch and given.gates[0].attempts == (0, 2) and given.gates[0].partitions == range(0, 2)
     c.report(d, E.INITIALIZING)
@@ -480,19 +482,19 @@ def test_a_batch_for_a_task_that_cannot_run_it_is_rejected_with_the_reason():
     c.submit(stream)
     batch = BatchInput(0, 0)
     out = c(core.RunBatch(JOB, batch, (
-        core.BatchTask(bounded.attempt),
-        core.BatchTask(stream.attempt, (core.BatchGate(0, (0,), SCHEMA),)),  # one attempt for two partitions
-        core.BatchTask(ExecutionAttemptId("ghost", 0, 0)),
+        BatchTask(bounded.attempt),
+        BatchTask(stream.attempt, (BatchGate(0, (0,), SCHEMA),)),  # one attempt for two partitions
+        BatchTask(ExecutionAttemptId("ghost", 0, 0)),
     ), c.registration))
     reasons = {r.key.attempt.vertex_id: r.reason for r in of(out, core.BatchRejected)}
     assert "not a streaming task" in reasons["bounded"]
     assert "no producer attempts for input 0 (2 partition(s))" in reasons["stream"]
     assert "not deployed" in reasons["ghost"] and not of(out, core.GiveBatch)
-    stale = c(core.RunBatch(JOB, batch, (core.BatchTask(stream.attempt, (core.BatchGate(0, (0, 0), SCHEMA),)),),
+    stale = c(core.RunBatch(JOB, batch, (BatchTask(stream.attempt, (BatchGate(0, (0, 0), SCHEMA),)),),
                             "reg-old"))
     assert "lost the JobManager" in of(stale, core.BatchRejected)[0].reason
     c.cancel(stream)
-    out = c(core.RunBatch(JOB, batch, (core.BatchTask(stream.attempt, (core.BatchGate(0, (0, 0), SCHEMA),)),),
+    out = c(core.RunBatch(JOB, batch, (BatchTask(stream.attempt, (BatchGate(0, (0, 0), SCHEMA),)),),
                           c.registration))
     assert "stopping" in of(out, core.BatchRejected)[0].reason
     assert not batch_reports(c(core.BatchReported(key(stream), 0)))  # a cancelled task's batch is not reported
@@ -519,7 +521,7 @@ def test_a_noop_streaming_task_runs_its_batches_in_the_core_and_finishes_when_to
     d = streaming(deployment(ops=NOOP_SOURCE, outputs=[output()]))
     out = c.submit(d)
     assert reports(out, d) == [E.INITIALIZING, E.RUNNING]  # and no FINISHED: it waits for batches
-    out = c(core.RunBatch(JOB, BatchInput(0, 0), (core.BatchTask(d.attempt),), c.registration))
+    out = c(core.RunBatch(JOB, BatchInput(0, 0), (BatchTask(d.attempt),), c.registration))
     assert batch_reports(out) == [(0, E.RUNNING, (ProducedPartition("out", 0, ""),))]
     out = c(core.FinishTasks(JOB, (d.attempt,), c.registration))
     assert reports(out, d) == [E.FINISHED]
@@ -532,12 +534,12 @@ def test_batches_that_are_through_have_their_partitions_here_deleted_with_the_ne
     other = streaming(deployment("src", ops=SPARK_SINK, outputs=[output()], job="other-job", slot=2))
     for d in (src, sink, other):
         c.submit(d)
-    out = c(core.RunBatch(JOB, BatchInput(7, 0), (core.BatchTask(src.attempt),), c.registration, released=(5, 3, -1)))
+    out = c(core.RunBatch(JOB, BatchInput(7, 0), (BatchTask(src.attempt),), c.registration, released=(5, 3, -1)))
     (delete,) = of(out, core.DeletePartitions)
     assert sorted(delete.paths()) == [f"/data/jobs/{JOB}/partitions/{ds}/p0/a2/batch-{b}" for ds in "ab" for b in (3, 5)]
     assert of(out, core.GiveBatch)  # the batch itself runs as ever
     # nothing to release, or a registration that is over: nothing deleted
-    assert not of(c(core.RunBatch(JOB, BatchInput(8, 0), (core.BatchTask(src.attempt),), c.registration)),
+    assert not of(c(core.RunBatch(JOB, BatchInput(8, 0), (BatchTask(src.attempt),), c.registration)),
                   core.DeletePartitions)
-    assert not of(c(core.RunBatch(JOB, BatchInput(9, 0), (core.BatchTask(src.attempt),), "reg-old", released=(7,))),
+    assert not of(c(core.RunBatch(JOB, BatchInput(9, 0), (BatchTask(src.attempt),), "reg-old", released=(7,))),
                   core.DeletePartitions)

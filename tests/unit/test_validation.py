@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from funke.common.jobgraph import (
+from funke.common.graph.jobgraph import (
     DistributionPattern as DP,
     IntermediateDataSet,
     JobConfiguration,
@@ -15,7 +15,7 @@ from funke.common.jobgraph import (
     PartitionerKind as PK,
     RestartStrategyConfig,
 )
-from funke.common.validation import JobGraphInvalid, find_problems, validate
+from funke.common.graph.validation import JobGraphInvalid, find_problems, validate
 
 SRC = (OperatorSpec("source.range", config={"end": 10}),)
 NOOP = (OperatorSpec("noop"),)
@@ -175,8 +175,8 @@ def test_file_sinks_writing_into_the_same_or_a_nested_directory_are_a_problem():
 # numbers, unbounded fields)
 # ---------------------------------------------------------------------------------------------
 
-from funke.common.jobgraph import Artifact  # noqa: E402
-from funke.common.validation import (  # noqa: E402
+from funke.common.graph.jobgraph import Artifact  # noqa: E402
+from funke.common.graph.validation import (  # noqa: E402
     MAX_LISTING_CHARS,
     ValidationContext,
     describe_problems,

@@ -1,0 +1,1 @@
+"""The DataStream DSL users write jobs with (`dsl`), translated into a JobGraph."""

@@ -1,0 +1,1162 @@
+"""The DataStream DSL: how users write funke jobs, the way they would in Flink or PySpark.
+
+Owns the job-building API (`ExecutionEnvironment`, `DataStream`, `KeyedStream`, `DataStreamSink`,
+`CollectSink`) and its translation into a `JobGraph`: which operators chain into one JobVertex,
+the vertices' ids and names, and how the JobEdges between chains are wired (Flink's
+`StreamingJobGraphGenerator`, simplified). It owns nothing about running a job: the operator
+kinds and their configuration keys come from `graph/operators.py`, the rules a graph must satisfy from
+`graph/validation.py`, and what each kind does from the TaskManager.
+
+This module is pure (no I/O, no Spark): the client imports it to build a job before anything
+else, so it must import fast. cloudpickle and the validator (networkx) are imported only when
+they are first needed.
+
+    env = ExecutionEnvironment("word count", parallelism=2)
+    words = env.read_text("data/*.txt").flat_map(str.split, schema="word string")
+    words.key_by("word").count().collect()
+    job = env.build()
+
+Calling convention of the Python functions given to `map`, `flat_map`, `filter`, `reduce` and
+`generate` (implemented by the TaskManager): a record whose schema has a single column is passed
+as the bare value (a line of text is a `str`); a record with several columns is passed as a
+`pyspark.sql.Row`. Results follow the same rule against the declared output schema: a bare value
+for a single-column schema, otherwise a `Row`, a tuple in schema order or a dict keyed by column
+name. `flat_map` returns an iterable of such results, `filter` a truth value, `reduce(a, b)` one
+record of the input's schema, and `generate`'s function receives the row number (an int).
+`transform` functions take a whole `pyspark.sql.DataFrame` and return one.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import enum
+import json
+import os
+from collections import Counter
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping, Self, Sequence, TypeVar
+
+from funke.common.graph.jobgraph import (
+    DEFAULT_SLOT_SHARING_GROUP,
+    Artifact,
+    DistributionPattern,
+    FailoverStrategyKind,
+    IntermediateDataSet,
+    JobConfiguration,
+    JobEdge,
+    JobGraph,
+    JobType,
+    JobVertex,
+    OperatorSpec,
+    PartitionerKind,
+    RestartStrategyConfig,
+    ResultPartitionType,
+)
+from funke.common import ids
+from funke.common.graph.operators import CATALOGUE, JOIN_TYPES, SINK_MODES
+from funke.common.graph.streamingjob import REDIS, SOCKET
+
+__all__ = [
+    "BATCH_SHUFFLE_MODE",
+    "OPERATOR_CHAINING",
+    "CollectSink",
+    "DataStream",
+    "DataStreamSink",
+    "ExecutionEnvironment",
+    "KeyedStream",
+    "StreamReader",
+]
+
+# Flink's option keys, so that a Flink user's configuration means the same here.
+BATCH_SHUFFLE_MODE = "execution.batch-shuffle-mode"
+OPERATOR_CHAINING = "pipeline.operator-chaining.enabled"
+# Keyed count()/reduce() pre-aggregate in the producer's chain before the exchange (Flink's
+# combinable reduce; Spark's partial aggregation). "false" turns it off.
+COMBINERS = "funke.combiners.enabled"
+# The slot-sharing group of receiver sources (socket_text): slots of their own.
+RECEIVERS_GROUP = "receivers"
+_SHUFFLE_MODES = {
+    "ALL_EXCHANGES_BLOCKING": ResultPartitionType.BLOCKING,
+    "ALL_EXCHANGES_PIPELINED": ResultPartitionType.PIPELINED,
+}
+
+UID_MAX_LENGTH = 128
+_JOIN_TYPES = JOIN_TYPES
+_WRITE_MODES = frozenset(SINK_MODES)
+
+
+# --------------------------------------------------------------------------------------------
+# The logical graph: one _Transformation per operator the user called (Flink's Transformation)
+# --------------------------------------------------------------------------------------------
+
+
+class _Chaining(enum.Enum):
+    """Flink's ChainingStrategy."""
+
+    ALWAYS = "always"  # chain with predecessor and successor when the rules allow
+    HEAD = "head"  # start_new_chain(): never chained to its predecessor
+    NEVER = "never"  # disable_chaining(): chained to neither side
+
+
+class _ExchangeKind(enum.Enum):
+    FORWARD = "forward"
+    HASH = "hash"
+    REBALANCE = "rebalance"
+    RESCALE = "rescale"
+    BROADCAST = "broadcast"
+
+
+@dataclass(frozen=True, slots=True)
+class _Exchange:
+    """An explicit partitioning between a stream and its next operator (key_by, rebalance, ...);
+    a stream without one uses Flink's default: FORWARD when parallelisms match, else REBALANCE."""
+
+    kind: _ExchangeKind
+    keys: tuple[str, ...] = ()
+
+
+@dataclass(eq=False, slots=True)
+class _Transformation:
+    """One operator of the logical graph. Mutable on purpose: the per-operator settings
+    (`set_parallelism`, `name`, ...) are applied after the operator was created."""
+
+    seq: int  # creation order, which is a topological order: inputs always exist first
+    kind: str
+    name: str
+    config: dict[str, Any]
+    function: bytes = b""
+    inputs: tuple[tuple[_Transformation, _Exchange | None], ...] = ()
+    parallelism: int | None = None  # None: the environment's default
+    max_parallelism: int | None = None
+    uid: str | None = None
+    slot_sharing_group: str | None = None  # None: inherited from the inputs, as in Flink
+    co_location_group: str | None = None
+    chaining: _Chaining = _Chaining.ALWAYS
+    id_base: str | None = None  # the kind the user asked for, when a rewrite changed `kind`
+
+    @property
+    def arity(self) -> int:
+        return CATALOGUE[self.kind].arity
+
+
+# --------------------------------------------------------------------------------------------
+# The user-facing handles
+# --------------------------------------------------------------------------------------------
+
+
+class _OperatorHandle:
+    """Per-operator settings, shared by streams and sinks. Each applies to the last operator
+    the handle stands for and returns the handle, so settings chain after the call that
+    created the operator."""
+
+    __slots__ = ("_env", "_t")
+
+    def __init__(self, env: ExecutionEnvironment, t: _Transformation) -> None:
+        self._env = env
+        self._t = t
+
+    def set_parallelism(self, parallelism: int) -> Self:
+        self._t.parallelism = _positive_int(parallelism, "parallelism")
+        return self
+
+    def set_max_parallelism(self, max_parallelism: int) -> Self:
+        """The number of key groups of keyed operators, and the upper bound for rescaling."""
+        self._t.max_parallelism = _positive_int(max_parallelism, "max parallelism")
+        return self
+
+    def name(self, name: str) -> Self:
+        """The name shown in the vertex name, the dashboard and `funke status`."""
+        self._t.name = _non_empty_str(name, "name")
+        return self
+
+    def uid(self, uid: str) -> Self:
+        """A stable id, unique within the job; it becomes the JobVertex id when this operator
+        heads a chain (otherwise vertex ids are generated from the head operator's kind)."""
+        # At most 128 characters, so that the ids derived from it (data sets "<uid>.out0", edges
+        # "<uid>-><uid>") stay within the id limits.
+        self._env._register_uid(self._t, ids.require_path_id(_non_empty_str(uid, "uid"), "uid", UID_MAX_LENGTH))
+        return self
+
+    def slot_sharing_group(self, group: str) -> Self:
+        """Operators in different groups never share a slot (and so never chain). Without a
+        group an operator inherits its inputs' group when they all agree, else "default"."""
+        self._t.slot_sharing_group = _label(group, "slot-sharing group")
+        return self
+
+    def co_location_group(self, group: str) -> Self:
+        """Subtask i of every operator in the group runs in the same slot."""
+        self._t.co_location_group = _label(group, "co-location group")
+        return self
+
+    def disable_chaining(self) -> Self:
+        """Chain this operator to neither its predecessor nor its successor."""
+        self._t.chaining = _Chaining.NEVER
+        return self
+
+    def start_new_chain(self) -> Self:
+        """Begin a new chain at this operator; its successors may still chain to it."""
+        if self._t.chaining is not _Chaining.NEVER:
+            self._t.chaining = _Chaining.HEAD
+        return self
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self._t.name!r}>"
+
+
+_SinkT = TypeVar("_SinkT", bound="DataStreamSink")
+
+
+class DataStream(_OperatorHandle):
+    """A stream of records produced by one operator. Transformations return new streams;
+    settings (`set_parallelism`, `name`, ...) apply to the operator that produced this one."""
+
+    __slots__ = ("_exchange",)
+
+    def __init__(self, env: ExecutionEnvironment, t: _Transformation, exchange: _Exchange | None = None) -> None:
+        super().__init__(env, t)
+        self._exchange = exchange
+
+    # ---- record-at-a-time transformations ----
+
+    def map(self, fn: Callable[[Any], Any], schema: str | None = None) -> DataStream:
+        """One output record per input record. `schema` (a Spark DDL string such as
+        "word string, n int") is required: the output of a Python function cannot be inferred."""
+        return self._one_input("map", "Map", {"schema": _output_schema(schema, "map")}, _pickled(fn, "map"))
+
+    def flat_map(self, fn: Callable[[Any], Iterable[Any]], schema: str | None = None) -> DataStream:
+        """Zero or more output records per input record; `fn` returns an iterable of them."""
+        return self._one_input("flat_map", "FlatMap", {"schema": _output_schema(schema, "flat_map")},
+                               _pickled(fn, "flat_map"))
+
+    def filter(self, fn: Callable[[Any], Any]) -> DataStream:
+        """Keeps the records for which `fn` is truthy; the schema is unchanged."""
+        return self._one_input("filter", "Filter", {}, _pickled(fn, "filter"))
+
+    # ---- SQL-expression transformations (run as Spark expressions, no Python per record) ----
+
+    def select(self, *exprs: str) -> DataStream:
+        """Like DataFrame.selectExpr: `select("word", "length(word) as n")`."""
+        if not exprs:
+            raise TypeError("select() needs at least one SQL expression, e.g. select(\"word\", \"n * 2 as twice\")")
+        return self._one_input("select", "Select", {"exprs": [_sql(e, "select() expression") for e in exprs]})
+
+    def where(self, condition: str) -> DataStream:
+        """Like DataFrame.where with a SQL condition: `where("n > 3 and word <> 'the'")`."""
+        return self._one_input("where", "Where", {"condition": _sql(condition, "where() condition")})
+
+    def transform(self, fn: Callable[[Any], Any]) -> DataStream:
+        """Applies a DataFrame -> DataFrame function to each subtask's share of the data."""
+        return self._one_input("transform", "Transform", {}, _pickled(fn, "transform"))
+
+    # ---- multi-input operators ----
+
+    def join(self, other: DataStream, on: str | Sequence[str], how: str = "inner") -> DataStream:
+        """Joins with `other` on equally named key columns (like DataFrame.join). Both inputs are
+        hash-partitioned on the keys, which supersedes any partitioning set on them."""
+        self._env._check_same_env(other, "join")
+        keys = _keys(on, "join")
+        if not isinstance(how, str) or how.lower() not in _JOIN_TYPES:
+            raise ValueError(f"join(): unknown join type {how!r} (accepted: {', '.join(sorted(_JOIN_TYPES))})")
+        hashed = _Exchange(_ExchangeKind.HASH, keys)
+        t = self._env._add("join", "Join", {"on": list(keys), "how": how.lower()},
+                           inputs=((self._t, hashed), (other._t, hashed)))
+        return DataStream(self._env, t)
+
+    def union(self, *others: DataStream) -> DataStream:
+        """All records of this stream and of `others` (which must have the same schema). The
+        union's inputs are numbered in call order: this stream first."""
+        for o in others:
+            self._env._check_same_env(o, "union")
+        inputs = tuple((s._t, s._exchange) for s in (self, *others))
+        return DataStream(self._env, self._env._add("union", "Union", {}, inputs=inputs))
+
+    # ---- partitioning (applies to the edge into the next operator) ----
+
+    def key_by(self, *keys: str | Sequence[str]) -> KeyedStream:
+        """Hash-partitions on the key columns; the keyed operators follow on the KeyedStream."""
+        flat: list[str] = []
+        for k in keys:
+            flat.extend([k] if isinstance(k, str) else k)
+        return KeyedStream(self._env, self._t, _keys(flat, "key_by"))
+
+    def rebalance(self) -> DataStream:
+        """Round-robin to all downstream subtasks."""
+        return DataStream(self._env, self._t, _Exchange(_ExchangeKind.REBALANCE))
+
+    def rescale(self) -> DataStream:
+        """Round-robin to a local subset of downstream subtasks (POINTWISE): cheaper than
+        rebalance when parallelisms are multiples of each other."""
+        return DataStream(self._env, self._t, _Exchange(_ExchangeKind.RESCALE))
+
+    def broadcast(self) -> DataStream:
+        """Every record to every downstream subtask."""
+        return DataStream(self._env, self._t, _Exchange(_ExchangeKind.BROADCAST))
+
+    def forward(self) -> DataStream:
+        """Subtask i feeds subtask i; both sides must have the same parallelism (checked by
+        build()). Such an edge still chains when the other chaining rules allow."""
+        return DataStream(self._env, self._t, _Exchange(_ExchangeKind.FORWARD))
+
+    # ---- sinks ----
+
+    def write_parquet(self, path: str, mode: str = "error", **options: Any) -> DataStreamSink:
+        return self._write("sink.parquet", "Sink: Parquet", path, mode, options)
+
+    def write_csv(self, path: str, mode: str = "error", header: bool = True, **options: Any) -> DataStreamSink:
+        """CSV files under the directory `path`; `header` defaults to True like read_csv."""
+        return self._write("sink.csv", "Sink: CSV", path, mode, {"header": header, **options})
+
+    def write_json(self, path: str, mode: str = "error", **options: Any) -> DataStreamSink:
+        return self._write("sink.json", "Sink: JSON", path, mode, options)
+
+    def write_text(self, path: str, mode: str = "error", **options: Any) -> DataStreamSink:
+        """Text files, one line per record; the stream must have a single string column."""
+        return self._write("sink.text", "Sink: Text", path, mode, options)
+
+    def print(self) -> DataStreamSink:
+        """Prints the records to the TaskManagers' standard output."""
+        return self._sink("sink.print", "Sink: Print", {}, DataStreamSink)
+
+    def collect(self) -> CollectSink:
+        """Keeps the records for the client; the returned handle names the vertex whose results
+        the client fetches once the job has FINISHED."""
+        return self._sink("sink.collect", "Sink: Collect", {}, CollectSink)
+
+    def discard(self) -> DataStreamSink:
+        """Computes the stream and drops the records (for measurements and side effects)."""
+        return self._sink("sink.discard", "Sink: Discard", {}, DataStreamSink)
+
+    def write_redis(self, key: str, *, host: str = "127.0.0.1", port: int = 6379, db: int = 0) -> DataStreamSink:
+        """A streaming query's sink into Redis stream `key`: each row one entry (one field per
+        column, its value as text; nulls left out), each batch appended once, in one
+        transaction with a marker key, so a batch run again after a failure is not appended
+        twice (see README, Streaming queries)."""
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"write_redis: key must be a non-empty string, got {key!r}")
+        return self._sink("sink.redis", f"Sink: redis {key}"[:200],
+                          {"key": key, "host": host, "port": _port(port, "write_redis"), "db": _db(db)}, DataStreamSink)
+
+    def foreach_batch(self, fn: Callable[[Any, int], None]) -> DataStreamSink:
+        """A streaming query's sink that calls `fn(df, batch_id)` on a TaskManager for every
+        micro-batch, as Structured Streaming's foreachBatch does: `df` is the batch's rows as a
+        PySpark DataFrame, to write anywhere Spark writes. Its parallelism is 1, so that one call
+        sees the whole batch (`set_parallelism(n)`: each of n subtasks gets its share, and calls
+        `fn` with it). A batch that runs again after a failure calls `fn` again with the same
+        batch id and the same rows: write idempotently, keyed by the batch id, for exactly-once
+        output."""
+        t = self._env._add("sink.foreach_batch", "Sink: ForeachBatch", {}, _pickled(fn, "foreach_batch"),
+                           inputs=((self._t, self._exchange),))
+        t.parallelism = 1
+        self._env._sinks.append(t)
+        return DataStreamSink(self._env, t)
+
+    # ---- helpers ----
+
+    def _one_input(self, kind: str, name: str, config: dict[str, Any], function: bytes = b"") -> DataStream:
+        t = self._env._add(kind, name, config, function, inputs=((self._t, self._exchange),))
+        return DataStream(self._env, t)
+
+    def _write(self, kind: str, name: str, path: str, mode: str, options: Mapping[str, Any]) -> DataStreamSink:
+        if mode not in _WRITE_MODES:
+            raise ValueError(f"{kind}: unknown write mode {mode!r} (accepted: {', '.join(sorted(_WRITE_MODES))})")
+        config: dict[str, Any] = {"path": _location(path), "mode": mode}
+        if spark_options := _spark_options(options, kind):
+            config["options"] = spark_options
+        return self._sink(kind, name, config, DataStreamSink)
+
+    def _sink(self, kind: str, name: str, config: dict[str, Any], handle: type[_SinkT]) -> _SinkT:
+        t = self._env._add(kind, name, config, inputs=((self._t, self._exchange),))
+        self._env._sinks.append(t)
+        return handle(self._env, t)
+
+
+class KeyedStream(DataStream):
+    """A stream hash-partitioned on key columns (from `key_by`). Keyed operators group by the
+    keys; any other operator applied to a KeyedStream simply receives hash-partitioned input."""
+
+    __slots__ = ("_keys",)
+
+    def __init__(self, env: ExecutionEnvironment, t: _Transformation, keys: tuple[str, ...]) -> None:
+        super().__init__(env, t, _Exchange(_ExchangeKind.HASH, keys))
+        self._keys = keys
+
+    def count(self) -> DataStream:
+        """One record per key: the key columns and `count` (bigint), like groupBy().count()."""
+        return self._one_input("count", "Count", {"keys": list(self._keys)})
+
+    def reduce(self, fn: Callable[[Any, Any], Any]) -> DataStream:
+        """Folds each key's records pairwise with `fn(a, b)`, which returns one record of the
+        same schema (see the module docstring for how records are passed)."""
+        return self._one_input("reduce", "Reduce", {"keys": list(self._keys)}, _pickled(fn, "reduce"))
+
+    def aggregate(self, *aggregations: str) -> DataStream:
+        """SQL aggregate expressions per key: `aggregate("sum(n) as total", "max(n) as top")`;
+        the output has the key columns followed by one column per expression."""
+        if not aggregations:
+            raise TypeError("aggregate() needs at least one SQL aggregate, e.g. aggregate(\"sum(n) as total\")")
+        exprs = [_sql(a, "aggregate() expression") for a in aggregations]
+        return self._one_input("aggregate", "Aggregate", {"keys": list(self._keys), "aggregations": exprs})
+
+
+class DataStreamSink(_OperatorHandle):
+    """The end of a pipeline; takes the same per-operator settings as a stream."""
+
+    __slots__ = ()
+
+
+class CollectSink(DataStreamSink):
+    """The handle `collect()` returns: the client fetches the rows committed for `vertex_id`."""
+
+    __slots__ = ()
+
+    @property
+    def vertex_id(self) -> str:
+        """The id of the JobVertex this sink runs in, in the graph the last `build()` returned
+        (or would return now, before the first build). The sink is often chained behind other
+        operators, so this is the chain's id, not necessarily one derived from the sink."""
+        return self._env._vertex_id_of(self._t)
+
+
+# --------------------------------------------------------------------------------------------
+# The environment
+# --------------------------------------------------------------------------------------------
+
+
+class ExecutionEnvironment:
+    """Collects the operators and the job configuration, and builds the JobGraph.
+
+    `job_type` is "batch" (every exchange BLOCKING) or "streaming" (PIPELINED); `parallelism`
+    is the default for operators that do not set their own."""
+
+    def __init__(self, name: str, job_type: str | JobType = "batch", parallelism: int = 1) -> None:
+        self.name = _non_empty_str(name, "job name")
+        self.job_type = _job_type(job_type)
+        self.parallelism = _positive_int(parallelism, "parallelism")
+        self._transformations: list[_Transformation] = []
+        self._sinks: list[_Transformation] = []
+        self._uids: dict[str, _Transformation] = {}
+        self._restart_strategy: RestartStrategyConfig | None = None
+        self._failover_strategy: FailoverStrategyKind | None = None
+        self._slot_request_timeout_s: float | None = None
+        self._options: dict[str, str] = {}
+        self._artifacts: dict[str, Artifact] = {}
+        self._built_vertex_ids: dict[int, str] | None = None
+
+    # ---- job configuration ----
+
+    def set_parallelism(self, parallelism: int) -> Self:
+        self.parallelism = _positive_int(parallelism, "parallelism")
+        return self
+
+    def set_restart_strategy(self, kind: str, **options: Any) -> Self:
+        """Flink's strategy name and option suffixes as keywords, underscores for dashes:
+        `set_restart_strategy("fixed-delay", attempts=3, delay="10 s")`. Durations are Flink
+        duration strings ("10 s", "500 ms"; a bare number means milliseconds) or timedeltas."""
+        from funke.common.graph.restart import RestartStrategyError, restart_strategy_from_config
+
+        config = RestartStrategyConfig(
+            _non_empty_str(kind, "restart strategy"),
+            {key.replace("_", "-"): _option_text(value) for key, value in options.items()},
+        )
+        try:  # fail here, at the line that set it, rather than at build()
+            restart_strategy_from_config(config)
+        except RestartStrategyError as exc:
+            raise ValueError(f"set_restart_strategy(): {exc}") from None
+        self._restart_strategy = config
+        return self
+
+    def set_failover_strategy(self, kind: str | FailoverStrategyKind) -> Self:
+        """Either "region" (restart only the failed pipelined region) or "full" (every task)."""
+        try:
+            self._failover_strategy = FailoverStrategyKind(kind.lower() if isinstance(kind, str) else kind)
+        except ValueError:
+            accepted = ", ".join(k.value for k in FailoverStrategyKind)
+            raise ValueError(f"unknown failover strategy {kind!r} (accepted: {accepted})") from None
+        return self
+
+    def set_slot_request_timeout(self, seconds: float) -> Self:
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
+            raise ValueError(f"slot request timeout must be a positive number of seconds, got {seconds!r}")
+        self._slot_request_timeout_s = float(seconds)
+        return self
+
+    def set_option(self, key: str, value: Any) -> Self:
+        """A Flink-style configuration option, stored as text (booleans as "true"/"false")."""
+        self._options[_non_empty_str(key, "option key")] = _option_text(value)
+        return self
+
+    def disable_operator_chaining(self) -> Self:
+        """Every operator becomes its own JobVertex (Flink's pipeline.operator-chaining.enabled)."""
+        return self.set_option(OPERATOR_CHAINING, False)
+
+    def add_artifact(self, name: str, content: bytes) -> Self:
+        """A file the job's code needs on the TaskManagers (a module, a zip, a lookup table)."""
+        name = ids.require_path_id(_non_empty_str(name, "artifact name"), "artifact name")
+        if not isinstance(content, (bytes, bytearray)):
+            raise TypeError(f"artifact {name!r}: content must be bytes, got {type(content).__name__}")
+        if name in self._artifacts:
+            raise ValueError(f"artifact {name!r} is added twice")
+        self._artifacts[name] = Artifact(name, bytes(content))
+        return self
+
+    # ---- sources ----
+
+    def read_text(self, path: str, **options: Any) -> DataStream:
+        """One record per line, in a single string column `value` (Spark's text source)."""
+        return self._file_source("source.text", "Source: text", path, None, options)
+
+    def read_parquet(self, path: str, **options: Any) -> DataStream:
+        return self._file_source("source.parquet", "Source: parquet", path, None, options)
+
+    def read_csv(self, path: str, schema: str | None = None, header: bool = True, **options: Any) -> DataStream:
+        """CSV files; without a schema, columns are read as strings named from the header."""
+        return self._file_source("source.csv", "Source: CSV", path, schema, {"header": header, **options})
+
+    def read_json(self, path: str, schema: str | None = None, **options: Any) -> DataStream:
+        """JSON Lines files; without a schema Spark infers one."""
+        return self._file_source("source.json", "Source: JSON", path, schema, options)
+
+    def from_range(self, start: int, end: int | None = None, step: int = 1) -> DataStream:
+        """The numbers [start, end) by `step` in a bigint column `id`; `from_range(n)` is 0..n-1."""
+        if end is None:
+            start, end = 0, start
+        return self._source("source.range", "Source: range", _range_config(start, end, step))
+
+    def generate(self, n: int, fn: Callable[[int], Any], schema: str) -> DataStream:
+        """`n` records, record i being `fn(i)` in the given schema (a Spark DDL string)."""
+        config = {**_range_config(0, n, 1), "schema": _output_schema(schema, "generate")}
+        return self._source("source.range", "Source: generate", config, _pickled(fn, "generate"))
+
+    def from_collection(self, rows: Iterable[Any], schema: str) -> DataStream:
+        """A small in-memory data set that travels inside the job graph. Rows are tuples or
+        lists in schema order, dicts keyed by column name, or bare values for a single column;
+        values must be JSON types (str, int, float, bool, None, lists, dicts)."""
+        schema = _output_schema(schema, "from_collection")
+        columns = _ddl_column_names(schema)
+        normalised = [_collection_row(row, columns, i) for i, row in enumerate(rows)]
+        return self._source("source.collection", "Source: collection", {"rows": normalised, "schema": schema})
+
+    # ---- streaming queries ----
+
+    @property
+    def read_stream(self) -> StreamReader:
+        """Unbounded sources: reading one makes this a streaming query, run as micro-batches
+        (`env.read_stream.rate(100)`, `env.read_stream.csv("incoming/", "user string, n int")`)."""
+        return StreamReader(self)
+
+    def set_trigger(self, processing_time: str | None = None, *, available_now: bool = False,
+                    once: bool = False) -> Self:
+        """When micro-batches run: every `processing_time` ("1 s", "500 ms"; the default, 1 s),
+        `available_now` (what the sources hold at the start, in batches within their limits,
+        then the job FINISHES) or `once` (one batch of everything, then FINISHED)."""
+        from funke.common.graph import streamingjob as sj
+
+        chosen = [name for name, on in (("processing_time", processing_time is not None),
+                                        ("available_now", available_now), ("once", once)) if on]
+        if len(chosen) != 1:
+            raise ValueError(f"set_trigger(): give exactly one of processing_time, available_now, once; got {chosen or 'none'}")
+        self._options.pop(sj.INTERVAL, None)
+        if processing_time is not None:
+            self._options[sj.TRIGGER] = "processing-time"
+            self._options[sj.INTERVAL] = _option_text(processing_time)
+        else:
+            self._options[sj.TRIGGER] = "available-now" if available_now else "once"
+        return self
+
+    def set_checkpoint_location(self, path: str) -> Self:
+        """Where the query keeps its offset and commit logs; a query started again on it goes on
+        where it stopped (default: under the JobManager's data directory, by job name)."""
+        from funke.common.graph import streamingjob as sj
+
+        self._options[sj.CHECKPOINT] = _location(path)
+        return self
+
+    # ---- building ----
+
+    def build(self) -> JobGraph:
+        """The JobGraph for every operator that leads to a sink, validated. Operators whose
+        results reach no sink are left out, as Spark leaves out what no action needs."""
+        from funke.common.graph.validation import validate
+
+        job, vertex_ids = _translate(self)
+        validate(job)
+        self._built_vertex_ids = vertex_ids
+        return job
+
+    # ---- internals used by the handles ----
+
+    def _add(self, kind: str, name: str, config: dict[str, Any], function: bytes = b"", *,
+             inputs: tuple[tuple[_Transformation, _Exchange | None], ...] = ()) -> _Transformation:
+        try:  # configs travel as JSON; fail at the call that made one that is not
+            json.dumps(config, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"{name}: configuration is not JSON-serialisable: {exc}") from None
+        t = _Transformation(len(self._transformations), kind, name, config, function, inputs)
+        self._transformations.append(t)
+        return t
+
+    def _source(self, kind: str, name: str, config: dict[str, Any], function: bytes = b"") -> DataStream:
+        return DataStream(self, self._add(kind, name, config, function))
+
+    def _file_source(self, kind: str, name: str, path: str, schema: str | None,
+                     options: Mapping[str, Any]) -> DataStream:
+        config: dict[str, Any] = {"path": _location(path)}
+        if schema is not None:
+            config["schema"] = _output_schema(schema, kind)
+        if spark_options := _spark_options(options, kind):
+            config["options"] = spark_options
+        return self._source(kind, name, config)
+
+    def _register_uid(self, t: _Transformation, uid: str) -> None:
+        owner = self._uids.get(uid)
+        if owner is not None and owner is not t:
+            raise ValueError(f"uid {uid!r} is already used by operator {owner.name!r}; uids must be unique in a job")
+        if t.uid is not None:
+            del self._uids[t.uid]
+        t.uid = uid
+        self._uids[uid] = t
+
+    def _check_same_env(self, other: object, operation: str) -> None:
+        if not isinstance(other, DataStream):
+            raise TypeError(f"{operation}() takes DataStreams, got {type(other).__name__}")
+        if other._env is not self:
+            raise ValueError(f"{operation}(): the streams belong to different ExecutionEnvironments")
+
+    def _vertex_id_of(self, t: _Transformation) -> str:
+        if self._built_vertex_ids is not None and t.seq in self._built_vertex_ids:
+            return self._built_vertex_ids[t.seq]
+        return _translate(self)[1][t.seq]
+
+
+class StreamReader:
+    """The unbounded sources of an ExecutionEnvironment (`env.read_stream`). Each micro-batch
+    reads exactly the offset range its write-ahead log entry names, so a batch run again after a
+    failure reads the same rows."""
+
+    def __init__(self, env: ExecutionEnvironment):
+        self._env = env
+
+    def _stream(self, kind: str, name: str, config: dict[str, Any]) -> DataStream:
+        self._env.job_type = JobType.STREAMING
+        return self._env._source(kind, name, config)
+
+    def rate(self, rows_per_second: int, max_rows_per_trigger: int | None = None) -> DataStream:
+        """Rows `value` (bigint, 0, 1, 2, ...) and `timestamp` (when each row was due),
+        `rows_per_second` of them (Spark's rate source); value i is read by subtask
+        i % parallelism."""
+        config: dict[str, Any] = {"rows_per_second": _positive_int(rows_per_second, "rows_per_second")}
+        if max_rows_per_trigger is not None:
+            config["max_rows_per_trigger"] = _positive_int(max_rows_per_trigger, "max_rows_per_trigger")
+        return self._stream("source.rate", "Source: rate", config)
+
+    def _files(self, fmt: str, path: str, schema: str | None, max_files_per_trigger: int | None,
+               options: Mapping[str, Any]) -> DataStream:
+        kind = f"source.stream.{fmt}"
+        config: dict[str, Any] = {"path": _location(path)}
+        if schema is not None:
+            config["schema"] = _output_schema(schema, kind)
+        if max_files_per_trigger is not None:
+            config["max_files_per_trigger"] = _positive_int(max_files_per_trigger, "max_files_per_trigger")
+        if spark_options := _spark_options(options, kind):
+            config["options"] = spark_options
+        return self._stream(kind, f"Source: {fmt} files", config)
+
+    def text(self, path: str, max_files_per_trigger: int | None = None, **options: Any) -> DataStream:
+        """Each new file in directory `path`, once, one record per line in column `value`. Write
+        files elsewhere and rename them in: a file is taken as soon as it is listed."""
+        return self._files("text", path, None, max_files_per_trigger, options)
+
+    def csv(self, path: str, schema: str, header: bool = True, max_files_per_trigger: int | None = None,
+            **options: Any) -> DataStream:
+        return self._files("csv", path, schema, max_files_per_trigger, {"header": header, **options})
+
+    def json(self, path: str, schema: str, max_files_per_trigger: int | None = None, **options: Any) -> DataStream:
+        return self._files("json", path, schema, max_files_per_trigger, options)
+
+    def parquet(self, path: str, schema: str, max_files_per_trigger: int | None = None, **options: Any) -> DataStream:
+        return self._files("parquet", path, schema, max_files_per_trigger, options)
+
+    def redis(self, keys: str | Sequence[str], *, host: str = "127.0.0.1", port: int = 6379, db: int = 0,
+              starting: str = "latest", max_entries_per_trigger: int | None = None) -> DataStream:
+        """The entries of Redis stream keys (XADD'ed by anyone), as a broker source: columns
+        `stream` (the key), `id`, `fields` (map<string,string>) and `timestamp` (the id's time).
+        Offsets are entry ids per key; each batch reads exactly its logged id range (XRANGE), so
+        a batch run again reads the same entries, as long as the stream was not trimmed past
+        them. `starting`: "latest" (entries added from the query's start on; Spark's Kafka
+        default) or "earliest"; `max_entries_per_trigger` per key. Key i is read by subtask
+        i % parallelism."""
+        keys = [keys] if isinstance(keys, str) else list(keys)
+        if not keys or not all(isinstance(k, str) and k for k in keys) or len(set(keys)) != len(keys):
+            raise ValueError(f"redis: keys must be distinct non-empty strings, got {keys!r}")
+        if starting not in ("earliest", "latest"):
+            raise ValueError(f"redis: starting must be 'earliest' or 'latest', got {starting!r}")
+        config: dict[str, Any] = {"keys": keys, "host": host, "port": _port(port, "redis"), "db": _db(db),
+                                  "starting": starting}
+        if max_entries_per_trigger is not None:
+            config["max_entries_per_trigger"] = _positive_int(max_entries_per_trigger, "max_entries_per_trigger")
+        return self._stream(REDIS, f"Source: redis {', '.join(keys)}"[:200], config)
+
+    def socket_text(self, host: str, port: int, *, receivers: int = 1, block_interval: str = "200 ms",
+                    max_rate: int | None = None) -> DataStream:
+        """Lines read from a TCP server, one record per line in column `value` (Spark Streaming's
+        socketTextStream). Each of `receivers` long-running tasks (in slots of their own) holds a
+        connection and stores what it reads every `block_interval` as a block in the checkpoint
+        before it counts as received; each batch reads the blocks stored when it is planned.
+        `max_rate`: at most this many lines a second per receiver (spark.streaming.receiver.maxRate);
+        with the option streaming.backpressure.enabled, less when batches fall behind."""
+        from funke.common.durations import DurationError, parse_duration
+
+        if not isinstance(host, str) or not host:
+            raise TypeError(f"socket_text: host must be a non-empty string, got {host!r}")
+        port = _port(port, "socket_text")
+        try:
+            interval_ms = round(parse_duration(block_interval) * 1000)
+        except DurationError as exc:
+            raise ValueError(f"socket_text: block_interval: {exc}") from None
+        if interval_ms < 10:
+            raise ValueError(f"socket_text: block_interval must be at least 10 ms, got {block_interval!r}")
+        config: dict[str, Any] = {"host": host, "port": port, "block_interval_ms": interval_ms}
+        if max_rate is not None:
+            config["max_rate"] = _positive_int(max_rate, "max_rate")
+        stream = self._stream(SOCKET, f"Source: socket {host}:{port}", config)
+        stream._t.parallelism = _positive_int(receivers, "receivers")
+        stream._t.slot_sharing_group = RECEIVERS_GROUP
+        return stream
+
+
+
+# --------------------------------------------------------------------------------------------
+# Translation: operators -> chains -> JobVertices, JobEdges and IntermediateDataSets
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Chain:
+    operators: list[_Transformation] = field(default_factory=list)
+    vertex_id: str = ""
+    max_parallelism: int | None = None  # the one its operators set, if any
+
+    @property
+    def head(self) -> _Transformation:
+        return self.operators[0]
+
+
+def _with_combiners(env: ExecutionEnvironment, ordered: list[_Transformation],
+                    consumers: Counter) -> tuple[list[_Transformation], Counter]:
+    """Give each keyed count()/reduce()/aggregate() a combiner: the same operation, chained onto
+    the producer, so that the exchange carries one record per key and subtask instead of every
+    record (a word count's shuffle shrinks from every word to the distinct words). The count
+    behind a combiner sums the partial counts; an aggregate's combiner (`combine`) decides on the
+    TaskManager, once the schema is known, which SQL aggregates split (`funke.common.task.combine`).
+    Only where the combiner can chain: the producer feeds nothing else and allows chaining.
+    Works on copies: the environment is unchanged."""
+    enabled = all(env._options.get(key, "true").strip().lower() != "false" for key in (COMBINERS, OPERATOR_CHAINING))
+    if not enabled:
+        return ordered, consumers
+    replaced: dict[int, _Transformation] = {}
+    out: list[_Transformation] = []
+    next_seq = len(env._transformations)
+    for original in ordered:
+        t = original
+        inputs = tuple((replaced.get(i.seq, i), x) for i, x in t.inputs)
+        if any(a is not b for (a, _), (b, _) in zip(inputs, t.inputs)):
+            t = dataclasses.replace(t, inputs=inputs)
+        if t.kind in ("count", "reduce", "aggregate") and len(t.inputs) == 1:
+            (producer, exchange), = t.inputs
+            if (exchange is not None and exchange.kind is _ExchangeKind.HASH and consumers[producer.seq] == 1
+                    and producer.chaining is not _Chaining.NEVER):
+                kind = "combine" if t.kind == "aggregate" else t.kind
+                combiner = _Transformation(next_seq, kind, f"Combine ({t.name})", dict(t.config), t.function,
+                                           ((producer, None),), parallelism=producer.parallelism,
+                                           co_location_group=producer.co_location_group)
+                next_seq += 1
+                out.append(combiner)
+                if t.kind == "count":
+                    t = dataclasses.replace(t, kind="aggregate", id_base="count", inputs=((combiner, exchange),), config={
+                        "keys": t.config["keys"], "aggregations": ["sum(`count`) as `count`"]})
+                else:
+                    t = dataclasses.replace(t, inputs=((combiner, exchange),))
+        if t is not original:
+            replaced[original.seq] = t
+        out.append(t)
+    return out, Counter(i.seq for t in out for i, _ in t.inputs)
+
+
+def _translate(env: ExecutionEnvironment) -> tuple[JobGraph, dict[int, str]]:
+    """The JobGraph (not yet validated) and, per operator `seq`, the id of its vertex."""
+    if not env._sinks:
+        raise ValueError(
+            f"job {env.name!r} has no sinks: end a pipeline with write_parquet/write_csv/"
+            "write_json/write_text, print(), collect() or discard()"
+        )
+    # Only what some sink needs: an operator nobody consumes would compute and throw away.
+    needed: set[int] = set()
+    stack = list(env._sinks)
+    while stack:
+        t = stack.pop()
+        if t.seq not in needed:
+            needed.add(t.seq)
+            stack.extend(i for i, _ in t.inputs)
+    ordered = [t for t in env._transformations if t.seq in needed]
+    consumers = Counter(i.seq for t in ordered for i, _ in t.inputs)
+    ordered, consumers = _with_combiners(env, ordered, consumers)
+
+    parallelism = {t.seq: t.parallelism or env.parallelism for t in ordered}
+    group: dict[int, str] = {}
+    for t in ordered:  # inputs come first, so their groups are known
+        if t.slot_sharing_group is not None:
+            group[t.seq] = t.slot_sharing_group
+        else:
+            # A receiver keeps its slot to itself (as Spark's receivers keep their cores): what
+            # follows it does not inherit its group.
+            input_groups = {group[i.seq] for i, _ in t.inputs} - {RECEIVERS_GROUP}
+            group[t.seq] = input_groups.pop() if len(input_groups) == 1 else DEFAULT_SLOT_SHARING_GROUP
+
+    for t in ordered:
+        for i, exchange in t.inputs:
+            if exchange is not None and exchange.kind is _ExchangeKind.FORWARD and parallelism[i.seq] != parallelism[t.seq]:
+                raise ValueError(
+                    f"forward() cannot connect {i.name!r} (parallelism {parallelism[i.seq]}) to "
+                    f"{t.name!r} (parallelism {parallelism[t.seq]}); use rebalance() or rescale() "
+                    "to change parallelism"
+                )
+
+    chaining_enabled = env._options.get(OPERATOR_CHAINING, "true").strip().lower() != "false"
+
+    def chainable(t: _Transformation) -> bool:
+        # Flink's StreamingJobGraphGenerator.isChainable, plus equal co-location groups and
+        # compatible max parallelism: a chain has one of each, and a value set on one operator
+        # must not be silently dropped. An unset max parallelism goes with any.
+        if not chaining_enabled or len(t.inputs) != 1 or t.arity != 1:
+            return False
+        (p, exchange), = t.inputs
+        chain_max = chain_of[p.seq].max_parallelism
+        return (
+            consumers[p.seq] == 1
+            and (exchange is None or exchange.kind is _ExchangeKind.FORWARD)
+            and parallelism[p.seq] == parallelism[t.seq]
+            and group[p.seq] == group[t.seq]
+            and p.co_location_group == t.co_location_group
+            and (t.max_parallelism is None or chain_max is None or t.max_parallelism == chain_max)
+            and p.chaining is not _Chaining.NEVER
+            and t.chaining is _Chaining.ALWAYS
+        )
+
+    chains: list[_Chain] = []
+    chain_of: dict[int, _Chain] = {}
+    for t in ordered:
+        if chainable(t):
+            # The predecessor has no other consumer, so it is the tail of its chain.
+            chain = chain_of[t.inputs[0][0].seq]
+        else:
+            chain = _Chain()
+            chains.append(chain)
+        chain.operators.append(t)
+        chain.max_parallelism = chain.max_parallelism or t.max_parallelism
+        chain_of[t.seq] = chain
+
+    # uids first, so that no generated id takes one; generated ids come from the head's kind.
+    taken = set(env._uids)
+    for chain in chains:
+        if chain.head.uid is not None:
+            chain.vertex_id = chain.head.uid
+            continue
+        base = (chain.head.id_base or chain.head.kind).replace(".", "-").replace("_", "-")
+        candidate, n = base, 1
+        while candidate in taken:
+            n += 1
+            candidate = f"{base}-{n}"
+        taken.add(candidate)
+        chain.vertex_id = candidate
+
+    partition_type = _result_partition_type(env)
+    vertices: list[JobVertex] = []
+    data_sets: list[IntermediateDataSet] = []
+    edges: list[JobEdge] = []
+    produced: Counter[str] = Counter()
+    edge_ids: set[str] = set()
+    for chain in chains:
+        head = chain.head
+        vertices.append(JobVertex(
+            id=chain.vertex_id,
+            name=_chain_name([t.name for t in chain.operators]),
+            parallelism=parallelism[head.seq],
+            operators=tuple(
+                OperatorSpec(t.kind, t.name, copy.deepcopy(t.config), t.function) for t in chain.operators
+            ),
+            max_parallelism=chain.max_parallelism,
+            slot_sharing_group=group[head.seq],
+            co_location_group=head.co_location_group,
+        ))
+        for index, (p, exchange) in enumerate(head.inputs):
+            producer = chain_of[p.seq].vertex_id
+            data_set_id = f"{producer}.out{produced[producer]}"
+            produced[producer] += 1
+            data_sets.append(IntermediateDataSet(data_set_id, producer))
+            pattern, partitioner, keys = _wiring(exchange, parallelism[p.seq] == parallelism[head.seq])
+            edge_id = f"{producer}->{chain.vertex_id}"
+            if edge_id in edge_ids:  # the same stream feeds one operator twice (self-join/union)
+                edge_id = f"{edge_id}#{index}"
+            edge_ids.add(edge_id)
+            edges.append(JobEdge(
+                id=edge_id,
+                data_set=data_set_id,
+                consumer=chain.vertex_id,
+                distribution_pattern=pattern,
+                partitioner=partitioner,
+                partition_keys=keys,
+                result_partition_type=partition_type,
+                input_index=index,
+            ))
+
+    job = JobGraph(
+        name=env.name,
+        vertices=tuple(vertices),
+        data_sets=tuple(data_sets),
+        edges=tuple(edges),
+        job_type=env.job_type,
+        configuration=JobConfiguration(
+            restart_strategy=env._restart_strategy,
+            failover_strategy=env._failover_strategy,
+            slot_request_timeout_s=env._slot_request_timeout_s,
+            options=dict(env._options),
+        ),
+        artifacts=tuple(env._artifacts.values()),
+    )
+    return job, {seq: chain.vertex_id for seq, chain in chain_of.items()}
+
+
+def _wiring(exchange: _Exchange | None, same_parallelism: bool
+            ) -> tuple[DistributionPattern, PartitionerKind, tuple[str, ...]]:
+    if exchange is None:
+        # Flink's default partitioner: forward when it can, rebalance when parallelism changes.
+        if same_parallelism:
+            return DistributionPattern.POINTWISE, PartitionerKind.FORWARD, ()
+        return DistributionPattern.ALL_TO_ALL, PartitionerKind.REBALANCE, ()
+    return _EXCHANGE_WIRING[exchange.kind][0], _EXCHANGE_WIRING[exchange.kind][1], exchange.keys
+
+
+_EXCHANGE_WIRING: dict[_ExchangeKind, tuple[DistributionPattern, PartitionerKind]] = {
+    _ExchangeKind.FORWARD: (DistributionPattern.POINTWISE, PartitionerKind.FORWARD),
+    _ExchangeKind.HASH: (DistributionPattern.ALL_TO_ALL, PartitionerKind.HASH),
+    _ExchangeKind.REBALANCE: (DistributionPattern.ALL_TO_ALL, PartitionerKind.REBALANCE),
+    _ExchangeKind.RESCALE: (DistributionPattern.POINTWISE, PartitionerKind.REBALANCE),
+    _ExchangeKind.BROADCAST: (DistributionPattern.ALL_TO_ALL, PartitionerKind.BROADCAST),
+}
+
+
+def _result_partition_type(env: ExecutionEnvironment) -> ResultPartitionType:
+    mode = env._options.get(BATCH_SHUFFLE_MODE)
+    if mode is None:
+        return ResultPartitionType.BLOCKING if env.job_type is JobType.BATCH else ResultPartitionType.PIPELINED
+    # Unlike Flink, the option is honoured for streaming jobs too: funke's streaming jobs are
+    # bounded, so blocking exchanges are meaningful there as well.
+    try:
+        return _SHUFFLE_MODES[mode.strip().upper()]
+    except KeyError:
+        raise ValueError(
+            f"{BATCH_SHUFFLE_MODE}: unsupported value {mode!r} (accepted: {', '.join(_SHUFFLE_MODES)})"
+        ) from None
+
+
+# --------------------------------------------------------------------------------------------
+# Argument checks and conversions
+# --------------------------------------------------------------------------------------------
+
+
+def _positive_int(value: object, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{what} must be a positive integer, got {value!r}")
+    return value
+
+
+def _location(path: object) -> str:
+    """A file location as the cluster must see it: the JobManager and TaskManagers do not share
+    the client's working directory, so a relative local path is made absolute here. URIs with a
+    scheme (hdfs://, s3a://, file://) and globs are kept as written."""
+    text = _non_empty_str(path, "path")
+    return text if "://" in text else os.path.abspath(text)
+
+
+def _chain_name(names: list[str]) -> str:
+    """"Source: text -> FlatMap -> Count", as Flink names a chain; a chain too long to name in
+    full keeps its ends: "A -> B -> ... (37 more) -> Z"."""
+    name = " -> ".join(names)
+    if len(name) <= ids.MAX_NAME_LENGTH:
+        return name
+    head, tail = list(names[:2]), names[-1]
+    while len(head) > 1 and len(" -> ".join(head)) > ids.MAX_NAME_LENGTH // 2:
+        head.pop()
+    middle = f"... ({len(names) - len(head) - 1} more)"
+    shortened = " -> ".join([*head, middle, tail])
+    return shortened if len(shortened) <= ids.MAX_NAME_LENGTH else shortened[: ids.MAX_NAME_LENGTH - 3] + "..."
+
+
+def _label(value: object, what: str) -> str:
+    problem = ids.label_problem(value, what)
+    if problem is not None:
+        raise ValueError(problem)
+    return value  # type: ignore[return-value]
+
+
+def _non_empty_str(value: object, what: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{what} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _job_type(value: str | JobType) -> JobType:
+    if isinstance(value, JobType):
+        return value
+    if isinstance(value, str) and value.upper() in JobType.__members__:
+        return JobType[value.upper()]
+    raise ValueError(f"job_type must be \"batch\" or \"streaming\", got {value!r}")
+
+
+def _output_schema(schema: object, operation: str) -> str:
+    if schema is None:
+        raise TypeError(
+            f"{operation}() needs the schema of its output as a Spark DDL string, e.g. "
+            f"{operation}(fn, schema=\"word string, n int\"): funke cannot infer what a Python "
+            "function returns"
+        )
+    if not isinstance(schema, str) or not schema.strip():
+        raise TypeError(f"{operation}(): schema must be a Spark DDL string such as \"word string\", got {schema!r}")
+    return schema
+
+
+def _sql(text: object, what: str) -> str:
+    if not isinstance(text, str) or not text.strip():
+        raise TypeError(f"{what} must be a non-empty SQL string, got {text!r}")
+    return text
+
+
+def _keys(on: str | Sequence[str], operation: str) -> tuple[str, ...]:
+    keys = (on,) if isinstance(on, str) else tuple(on)
+    if not keys or not all(isinstance(k, str) and k for k in keys):
+        raise ValueError(f"{operation}() needs one or more column names, got {on!r}")
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"{operation}(): a key column is repeated in {list(keys)}")
+    return keys
+
+
+def _port(port: object, what: str) -> int:
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise ValueError(f"{what}: port must be from 1 to 65535, got {port!r}")
+    return port
+
+
+def _db(db: object) -> int:
+    if isinstance(db, bool) or not isinstance(db, int) or db < 0:
+        raise ValueError(f"redis: db must be a database number from 0, got {db!r}")
+    return db
+
+
+def _pickled(fn: object, operation: str) -> bytes:
+    if not callable(fn):
+        raise TypeError(f"{operation}() needs a function, got {type(fn).__name__}")
+    import cloudpickle
+
+    try:
+        return cloudpickle.dumps(fn)
+    except Exception as exc:  # anything the function captures may refuse to pickle
+        raise TypeError(
+            f"{operation}(): the function cannot be serialised for the TaskManagers ({exc}); "
+            "check what it captures (open files, locks, Spark sessions...)"
+        ) from exc
+
+
+def _option_text(value: object) -> str:
+    """Option values as Flink's Configuration holds them: text."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, datetime.timedelta):
+        # Whole milliseconds when exact, else microseconds: Flink durations take no fractions.
+        micros = round(value.total_seconds() * 1_000_000)
+        return f"{micros // 1000} ms" if micros % 1000 == 0 else f"{micros} µs"
+    if isinstance(value, (str, int, float)):
+        return str(value)
+    raise TypeError(f"option value must be a string, number, bool or timedelta, got {value!r}")
+
+
+def _spark_options(options: Mapping[str, Any], where: str) -> dict[str, str]:
+    """Spark reader/writer options as text (Spark turns them into strings anyway); None drops
+    the option, so callers can pass optional settings through."""
+    result: dict[str, str] = {}
+    for key, value in options.items():
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            result[key] = "true" if value else "false"
+        elif isinstance(value, (str, int, float)):
+            result[key] = str(value)
+        else:
+            raise TypeError(f"{where}: option {key!r} must be a string, number or bool, got {value!r}")
+    return result
+
+
+def _range_config(start: object, end: object, step: object) -> dict[str, int]:
+    for what, value in (("start", start), ("end", end), ("step", step)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"range {what} must be an integer, got {value!r}")
+    if step == 0:
+        raise ValueError("range step must not be 0")
+    return {"start": start, "end": end, "step": step}  # type: ignore[dict-item]
+
+
+def _ddl_column_names(ddl: str) -> list[str]:
+    """Top-level column names of a Spark DDL schema ("a int, b map<string,int>",
+    "struct<a:int>", "`my col` string"): enough to order dict rows, not a full parser."""
+    text = ddl.strip()
+    if text.lower().startswith("struct<") and text.endswith(">"):
+        text = text[len("struct<"):-1]
+    fields: list[str] = []
+    depth, quoted, start = 0, False, 0
+    for i, ch in enumerate(text):
+        if ch == "`":
+            quoted = not quoted
+        elif not quoted and ch in "<(":
+            depth += 1
+        elif not quoted and ch in ">)":
+            depth -= 1
+        elif not quoted and ch == "," and depth == 0:
+            fields.append(text[start:i])
+            start = i + 1
+    fields.append(text[start:])
+    names: list[str] = []
+    for f in fields:
+        f = f.strip()
+        if f.startswith("`"):
+            names.append(f[1:f.index("`", 1)] if "`" in f[1:] else f[1:])
+        else:
+            names.append(f.replace(":", " ").split()[0] if f else "")
+    if not all(names):
+        raise ValueError(f"cannot read the column names of schema {ddl!r}")
+    return names
+
+
+def _collection_row(row: object, columns: list[str], index: int) -> list[Any]:
+    if isinstance(row, Mapping):
+        unknown = [k for k in row if k not in columns]
+        if unknown:
+            raise ValueError(f"from_collection(): row {index} has columns {unknown} not in the schema {columns}")
+        values = [row.get(c) for c in columns]
+    elif isinstance(row, (tuple, list)):  # includes pyspark Rows, which are tuples
+        values = list(row)
+    else:
+        values = [row]
+    if len(values) != len(columns):
+        raise ValueError(
+            f"from_collection(): row {index} has {len(values)} value(s) but the schema has "
+            f"{len(columns)} column(s) {columns}"
+        )
+    try:
+        json.dumps(values, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(
+            f"from_collection(): row {index} is not JSON-serialisable ({exc}); use JSON types, "
+            "or generate()/read_* for other values"
+        ) from None
+    return values

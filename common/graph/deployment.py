@@ -1,0 +1,178 @@
+"""The deployment contract between the JobManager and its TaskManagers, as typed values.
+
+Owns what travels between the two cores, in the model's terms: the deployment of one execution
+attempt (`TaskDeployment`, with its input gates and result partitions), the reports a TaskManager
+sends back (`TaskReport`), partitions becoming available (`PartitionUpdate`) or being released
+(`PartitionRef`), what each streaming task reads of a micro-batch (`BatchTask`). The scheduler
+(`scheduling/scheduler.py`) and the batch flow (`scheduling/batchflow.py`) produce deployments and
+batches and consume reports; the TaskManager core (`task/taskexecutorstate.py`) does the opposite.
+Neither sees protobuf: `wire/codec.py` is the one place these become wire messages and back.
+
+A consumer's input names, per partition of its range, the producer attempt to read:
+`Available(n)` when attempt n finished it, `Awaiting(n)` when the consumer was deployed before
+attempt n finished (it arrives later as a `PartitionUpdate`). An older attempt a TaskManager may
+remember of an `Awaiting` partition is stale: the JobManager restarted its producer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
+
+from funke.common.graph.executiongraph import ExecutionAttemptId, FailureInfo, SlotId, TaskIo
+from funke.common.graph.jobgraph import Artifact, JobVertex, PartitionerKind, ResultPartitionType
+from funke.common.states import ExecutionState
+
+
+@dataclass(frozen=True, slots=True)
+class Available:
+    """The partition is finished: read what producer attempt `attempt` wrote."""
+
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class Awaiting:
+    """The partition is not finished yet: wait for producer attempt `attempt`."""
+
+    attempt: int
+
+
+ProducerAttempt = Available | Awaiting
+
+NO_OPTIONS: Mapping[str, str] = MappingProxyType({})
+
+# Shared instances for the attempt numbers every job uses: deployments of large jobs name one per
+# partition, and identical objects compare at once.
+_AVAILABLE = tuple(Available(n) for n in range(32))
+_AWAITING = tuple(Awaiting(n) for n in range(32))
+
+
+def available(attempt: int) -> Available:
+    return _AVAILABLE[attempt] if 0 <= attempt < 32 else Available(attempt)
+
+
+def awaiting(attempt: int) -> Awaiting:
+    return _AWAITING[attempt] if 0 <= attempt < 32 else Awaiting(attempt)
+
+
+@dataclass(frozen=True, slots=True)
+class InputGateDeployment:
+    """What a consumer reads from one input: partitions `partitions` of a data set, subpartition
+    `subpartition` of each (None: whole partitions). `uniform` names the producer attempt of every
+    partition when they are all the same; otherwise `producers` names one per partition."""
+
+    input_index: int
+    data_set_id: str
+    partitions: range
+    subpartition: int | None
+    uniform: ProducerAttempt | None
+    producers: tuple[ProducerAttempt, ...] | None
+    schema: str  # Spark StructType JSON; "" until a producer finished
+
+    def producer_of(self, position: int) -> ProducerAttempt:
+        """The producer attempt of the `position`-th partition of the range."""
+        if self.producers is not None:
+            return self.producers[position]
+        assert self.uniform is not None
+        return self.uniform
+
+    def describe(self) -> str:
+        return f"input {self.input_index} (data set {self.data_set_id!r})"
+
+
+@dataclass(frozen=True, slots=True)
+class ResultPartitionSpec:
+    data_set_id: str
+    partition_index: int
+    num_subpartitions: int
+    partitioner: PartitionerKind
+    partition_keys: tuple[str, ...]
+    partition_type: ResultPartitionType
+
+
+@dataclass(frozen=True, slots=True)
+class TaskDeployment:
+    """One execution attempt, as deployed into a slot. The scheduler fills the job's part; the
+    JobMaster adds the cluster's (`data_dir`, the job's options and artifacts)."""
+
+    job_id: str
+    job_name: str
+    attempt: ExecutionAttemptId
+    task_name: str
+    parallelism: int
+    slot: SlotId
+    vertex: JobVertex
+    inputs: tuple[InputGateDeployment, ...]
+    outputs: tuple[ResultPartitionSpec, ...]
+    data_dir: str = ""
+    # a shared, read-only empty mapping unless the JobMaster sets the job's options
+    job_options: Mapping[str, str] = field(default_factory=lambda: NO_OPTIONS)
+    artifacts: tuple[Artifact, ...] = ()
+    stimulus_id: str = ""  # the JobManager event that decided the deployment
+    # A streaming query's task: long-lived, it runs the micro-batches it is given (its inputs
+    # are named per batch, not awaited at deployment)
+    streaming: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ProducedPartition:
+    """A result partition a finished task wrote."""
+
+    data_set_id: str
+    partition_index: int
+    schema: str  # Spark StructType JSON of the rows; "" for a no-op chain
+    row_count: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TaskReport:
+    """What a TaskManager tells the JobManager about one task: a new state, why it failed, and
+    with FINISHED the partitions it produced."""
+
+    job_id: str
+    attempt: ExecutionAttemptId
+    state: ExecutionState
+    failure: FailureInfo | None = None
+    produced: tuple[ProducedPartition, ...] = ()
+    task_manager_id: str = ""
+    stimulus_id: str = ""  # the TaskManager event that caused it
+    batch_id: int | None = None  # a streaming task finished this micro-batch (it stays RUNNING)
+    input_rows: int | None = None  # with batch_id: the rows its stream source read (None: not counted)
+    io: TaskIo | None = None  # with FINISHED or a batch: what it read and wrote
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionUpdate:
+    """Partition `partition_index` of a data set is available from `producer_attempt`."""
+
+    data_set_id: str
+    partition_index: int
+    producer_attempt: int
+    schema: str
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionRef:
+    """One producer attempt's result partition, to be released."""
+
+    data_set_id: str
+    partition_index: int
+    producer_attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class BatchGate:
+    """What a streaming task reads of one input in a micro-batch: per partition of the gate's
+    range, the producer attempt whose batch partition to read, and the data's schema."""
+
+    input_index: int
+    attempts: tuple[int, ...]
+    schema: str
+
+
+@dataclass(frozen=True, slots=True)
+class BatchTask:
+    attempt: ExecutionAttemptId
+    gates: tuple[BatchGate, ...] = ()

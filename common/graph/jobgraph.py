@@ -1,0 +1,214 @@
+"""The JobGraph: what a user submits.
+
+Owns the logical job model (JobVertex, IntermediateDataSet, JobEdge, job configuration) and
+nothing else: validation lives in `validation.py`, the parallel view in `executiongraph.py`, the
+wire form in `wire.py`. Instances are plain immutable values so that a graph can be shared
+between the dispatcher, the scheduler and the client without copying.
+
+Flink vocabulary: a JobVertex is one operator chain with a parallelism; it produces
+IntermediateDataSets; a JobEdge connects a data set to a consuming JobVertex and says how the
+producer's subtasks are wired to the consumer's subtasks.
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from funke.common.graph.operators import OperatorRole, operator_role
+
+DEFAULT_SLOT_SHARING_GROUP = "default"
+# Flink's default upper bound for max parallelism when none is given is 128 for small
+# parallelisms and grows with parallelism; we keep one simple rule: max(128, parallelism).
+DEFAULT_MAX_PARALLELISM_FLOOR = 128
+MAX_PARALLELISM_LIMIT = 32768
+
+
+class JobType(enum.Enum):
+    # Members are singletons compared by identity: hash them by identity too (Enum's own
+    # __hash__ is Python code, and these are hashed on every state change).
+    __hash__ = object.__hash__
+    BATCH = "BATCH"
+    STREAMING = "STREAMING"
+
+
+class DistributionPattern(enum.Enum):
+    """How producer subtasks connect to consumer subtasks."""
+    __hash__ = object.__hash__
+
+    POINTWISE = "POINTWISE"
+    ALL_TO_ALL = "ALL_TO_ALL"
+
+
+class PartitionerKind(enum.Enum):
+    """How a producer subtask splits its records among the consumer subtasks it feeds."""
+    __hash__ = object.__hash__
+
+    FORWARD = "FORWARD"
+    HASH = "HASH"
+    REBALANCE = "REBALANCE"
+    BROADCAST = "BROADCAST"
+
+
+class ResultPartitionType(enum.Enum):
+    """BLOCKING results are complete before consumers start and survive consumer failures;
+    PIPELINED results tie producer and consumer into one pipelined region."""
+    __hash__ = object.__hash__
+
+    BLOCKING = "BLOCKING"
+    PIPELINED = "PIPELINED"
+
+
+class FailoverStrategyKind(enum.Enum):
+    __hash__ = object.__hash__
+    FULL = "full"
+    REGION = "region"
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorSpec:
+    """One operator of a chain: a catalogue kind (see `operators.py`), its JSON-able
+    configuration and, for Python-function operators, the cloudpickled function."""
+
+    kind: str
+    name: str = ""
+    config: Mapping[str, object] = field(default_factory=dict)
+    function: bytes = b""
+
+    @property
+    def display_name(self) -> str:
+        return self.name or self.kind
+
+
+@dataclass(frozen=True, slots=True)
+class JobVertex:
+    """An operator chain with a parallelism. The head operator consumes the vertex's inputs
+    (in `JobEdge.input_index` order); the tail operator produces its data sets."""
+
+    id: str
+    name: str
+    parallelism: int
+    operators: tuple[OperatorSpec, ...] = ()
+    max_parallelism: int | None = None
+    slot_sharing_group: str = DEFAULT_SLOT_SHARING_GROUP
+    co_location_group: str | None = None
+
+    @property
+    def effective_max_parallelism(self) -> int:
+        if self.max_parallelism is not None:
+            return self.max_parallelism
+        return min(max(DEFAULT_MAX_PARALLELISM_FLOOR, self.parallelism), MAX_PARALLELISM_LIMIT)
+
+    @property
+    def is_source(self) -> bool:
+        return bool(self.operators) and operator_role(self.operators[0].kind) is OperatorRole.SOURCE
+
+
+@dataclass(frozen=True, slots=True)
+class IntermediateDataSet:
+    """The result a vertex produces; consumed through exactly one JobEdge."""
+
+    id: str
+    producer: str  # JobVertex id
+
+
+@dataclass(frozen=True, slots=True)
+class JobEdge:
+    id: str
+    data_set: str  # IntermediateDataSet id
+    consumer: str  # JobVertex id
+    distribution_pattern: DistributionPattern = DistributionPattern.ALL_TO_ALL
+    partitioner: PartitionerKind = PartitionerKind.REBALANCE
+    partition_keys: tuple[str, ...] = ()
+    result_partition_type: ResultPartitionType = ResultPartitionType.BLOCKING
+    input_index: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RestartStrategyConfig:
+    """Which restart strategy a job uses; `options` take Flink's key suffixes, e.g.
+    {"attempts": "3", "delay": "1 s"} for fixed-delay. Parsed by `restart.py`."""
+
+    kind: str = "none"  # none | fixed-delay | failure-rate | exponential-delay
+    options: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class JobConfiguration:
+    restart_strategy: RestartStrategyConfig | None = None  # None: the cluster default
+    failover_strategy: FailoverStrategyKind | None = None  # None: the cluster default (region)
+    slot_request_timeout_s: float | None = None  # None: the cluster default
+    options: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Artifact:
+    """A file the job's code needs on the TaskManagers (a Python module, a zip, a data file)."""
+
+    name: str
+    content: bytes = b""
+    uri: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class JobGraph:
+    name: str
+    vertices: tuple[JobVertex, ...]
+    data_sets: tuple[IntermediateDataSet, ...] = ()
+    edges: tuple[JobEdge, ...] = ()
+    job_type: JobType = JobType.BATCH
+    configuration: JobConfiguration = field(default_factory=JobConfiguration)
+    artifacts: tuple[Artifact, ...] = ()
+    job_id: str = ""  # empty: the dispatcher assigns one
+
+    # -- lookups (graphs are small at the logical level; these are linear scans on purpose
+    #    so that a JobGraph stays a plain value without hidden indexes) --
+
+    def vertex(self, vertex_id: str) -> JobVertex:
+        for v in self.vertices:
+            if v.id == vertex_id:
+                return v
+        raise KeyError(vertex_id)
+
+    def data_set(self, data_set_id: str) -> IntermediateDataSet:
+        for d in self.data_sets:
+            if d.id == data_set_id:
+                return d
+        raise KeyError(data_set_id)
+
+    def inputs_of(self, vertex_id: str) -> list[JobEdge]:
+        return sorted((e for e in self.edges if e.consumer == vertex_id), key=lambda e: e.input_index)
+
+    def produced_by(self, vertex_id: str) -> list[IntermediateDataSet]:
+        return [d for d in self.data_sets if d.producer == vertex_id]
+
+    def consumers_of(self, data_set_id: str) -> list[JobEdge]:
+        return [e for e in self.edges if e.data_set == data_set_id]
+
+    def topological_order(self) -> list[JobVertex]:
+        """Vertices with producers before consumers; ties keep declaration order.
+        Requires a valid (acyclic) graph."""
+        producer_of = {d.id: d.producer for d in self.data_sets}
+        indegree = {v.id: 0 for v in self.vertices}
+        downstream: dict[str, list[str]] = {v.id: [] for v in self.vertices}
+        for e in self.edges:
+            src = producer_of[e.data_set]
+            downstream[src].append(e.consumer)
+            indegree[e.consumer] += 1
+        position = {v.id: i for i, v in enumerate(self.vertices)}
+        order: list[str] = []
+        heap = [(position[vid], vid) for vid, d in indegree.items() if d == 0]
+        heapq.heapify(heap)
+        while heap:
+            _, vid = heapq.heappop(heap)
+            order.append(vid)
+            for c in downstream[vid]:
+                indegree[c] -= 1
+                if indegree[c] == 0:
+                    heapq.heappush(heap, (position[c], c))
+        if len(order) != len(self.vertices):
+            raise ValueError("job graph has a cycle; validate it first")
+        by_id = {v.id: v for v in self.vertices}
+        return [by_id[v] for v in order]

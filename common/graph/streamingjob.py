@@ -1,0 +1,167 @@
+"""What a JobGraph says about its streaming query: which vertices read streams, which write its
+output, and the query's settings (trigger, checkpoint location, concurrency, retention), with
+every problem named.
+
+A job is a streaming query when a vertex starts with a stream source (`source.rate`,
+`source.stream.*`): it runs as micro-batches (`funke.common.streaming.microbatch`). Its settings are job
+options:
+
+    streaming.trigger               processing-time (default) | available-now | once
+    streaming.trigger.interval      the processing-time interval (default 1 s; Flink duration syntax)
+    streaming.checkpoint-location   where its offset and commit logs live (default: under the
+                                    JobManager's data directory, by job name)
+    streaming.concurrent-jobs       batches run at once (Spark's spark.streaming.concurrentJobs, 1)
+    streaming.min-batches-to-retain log entries kept (Spark's minBatchesToRetain, 100)
+    streaming.backpressure.enabled  receivers take records at the rate batches keep up with
+                                    (Spark's spark.streaming.backpressure.enabled, false)
+
+Pure: reads the graph, returns values and problems.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from dataclasses import dataclass
+
+from funke.common.streaming import microbatch as mb
+from funke.common.graph.jobgraph import JobGraph, JobType, JobVertex
+from funke.common.graph.operators import CATALOGUE, OperatorRole
+
+RATE = "source.rate"
+STREAM_FILE_KINDS = ("source.stream.text", "source.stream.csv", "source.stream.json", "source.stream.parquet")
+SOCKET = "source.socket"
+REDIS = "source.redis"
+RECEIVER_KINDS = frozenset({SOCKET})  # long-running receivers that store blocks in the checkpoint
+STREAM_SOURCE_KINDS = frozenset({RATE, *STREAM_FILE_KINDS, *RECEIVER_KINDS, REDIS})
+STREAM_ONLY_SINK_KINDS = frozenset({"sink.foreach_batch", "sink.redis"})
+
+TRIGGER = "streaming.trigger"
+INTERVAL = "streaming.trigger.interval"
+CHECKPOINT = "streaming.checkpoint-location"
+CONCURRENT_JOBS = "streaming.concurrent-jobs"
+RETAIN = "streaming.min-batches-to-retain"
+BACKPRESSURE = "streaming.backpressure.enabled"
+OPTIONS = (TRIGGER, INTERVAL, CHECKPOINT, CONCURRENT_JOBS, RETAIN, BACKPRESSURE)
+CHECKPOINTS = "checkpoints"  # under the data directory: default checkpoint locations, by job name
+TRIGGERS = ("processing-time", "available-now", "once")
+DEFAULT_INTERVAL_MS = 1000
+DEFAULT_RETAIN = 100
+
+
+@dataclass(frozen=True, slots=True)
+class QuerySettings:
+    trigger: mb.Trigger
+    checkpoint_location: str  # "" : the default under the data directory
+    concurrent_jobs: int = 1
+    min_batches_to_retain: int = DEFAULT_RETAIN
+    backpressure: bool = False
+
+
+def checkpoint_location(job: JobGraph, data_dir: str) -> str:
+    """Where a streaming query's checkpoint is: its option (a local path or file:// URI), or
+    `<data dir>/checkpoints/<job name>`, the name made a plain path component."""
+    option = job.configuration.options.get(CHECKPOINT, "").strip()
+    if option:
+        return local_path(option)
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", job.name).strip(".") or "query"
+    return posixpath.join(data_dir, CHECKPOINTS, safe[:200])
+
+
+def local_path(location: str) -> str:
+    """A local directory from a path or a file:// URI (streaming checkpoints and file sources
+    are local for now)."""
+    if location.startswith("file://"):
+        rest = location[len("file://"):]
+        return rest if rest.startswith("/") else "/" + rest.partition("/")[2]
+    if "://" in location:
+        raise ValueError(f"{location}: only local paths and file:// URIs are supported here")
+    return location
+
+
+def stream_sources(job: JobGraph) -> list[JobVertex]:
+    """The vertices whose chain starts with a stream source."""
+    return [v for v in job.vertices if v.operators and v.operators[0].kind in STREAM_SOURCE_KINDS]
+
+
+def is_streaming_query(job: JobGraph) -> bool:
+    return bool(stream_sources(job))
+
+
+def sinks(job: JobGraph) -> list[JobVertex]:
+    """The vertices whose chain ends in a sink: the query's output operations."""
+    return [v for v in job.vertices if v.operators and (k := CATALOGUE.get(v.operators[-1].kind)) is not None
+            and k.role is OperatorRole.SINK]
+
+
+def query_problems(job: JobGraph) -> list[str]:
+    """What keeps a job from being a streaming query it says it is (empty: none, or not one)."""
+    problems: list[str] = []
+    streams = stream_sources(job)
+    misplaced = [f"{v.id!r} (operator {i})" for v in job.vertices for i, op in enumerate(v.operators)
+                 if op.kind in STREAM_SOURCE_KINDS and (i > 0)]
+    if misplaced:
+        problems.append(f"a stream source must start its vertex's chain: {', '.join(misplaced)}")
+    if not streams:
+        stray = [k for k in OPTIONS if k in job.configuration.options]
+        if stray:
+            problems.append(f"options {', '.join(stray)} are for streaming queries, and this job reads no stream")
+        per_batch = [v.id for v in job.vertices if any(op.kind in STREAM_ONLY_SINK_KINDS for op in v.operators)]
+        if per_batch:
+            problems.append(f"vertices {per_batch} end in a sink of streaming queries (foreach_batch, write_redis), "
+                            "and this job reads no stream")
+        return problems
+    if job.job_type is not JobType.STREAMING:
+        problems.append("a job that reads a stream must be a STREAMING job")
+    bounded = [v.id for v in job.vertices if v.operators and v.operators[0].kind not in STREAM_SOURCE_KINDS
+               and (k := CATALOGUE.get(v.operators[0].kind)) is not None and k.role is OperatorRole.SOURCE]
+    if bounded:
+        problems.append(f"vertices {bounded} read bounded sources in a streaming query; joining a stream with a "
+                        "static data set is not supported yet")
+    try:
+        query_settings(job)
+    except ValueError as exc:
+        problems.append(str(exc))
+    return problems
+
+
+def query_settings(job: JobGraph) -> QuerySettings:
+    """The query's settings from the job options (ValueError naming the bad one)."""
+    from funke.common.durations import DurationError, parse_duration
+
+    options = job.configuration.options
+    kind = options.get(TRIGGER, "processing-time").strip().lower()
+    if kind not in TRIGGERS:
+        raise ValueError(f"option {TRIGGER}: expected one of {', '.join(TRIGGERS)}, got {options.get(TRIGGER)!r}")
+    if INTERVAL in options and kind != "processing-time":
+        raise ValueError(f"option {INTERVAL} only applies to the processing-time trigger, not {kind}")
+    trigger: mb.Trigger
+    if kind == "processing-time":
+        interval_ms = DEFAULT_INTERVAL_MS
+        if INTERVAL in options:
+            try:
+                interval_ms = round(parse_duration(options[INTERVAL]) * 1000)
+            except DurationError as exc:
+                raise ValueError(f"option {INTERVAL}: {exc}") from None
+            if interval_ms < 1:
+                raise ValueError(f"option {INTERVAL}: must be at least 1 ms, got {options[INTERVAL]!r}")
+        trigger = mb.ProcessingTime(interval_ms)
+    elif kind == "available-now":
+        trigger = mb.AvailableNow()
+    else:
+        trigger = mb.Once()
+    backpressure = options.get(BACKPRESSURE, "false").strip().lower()
+    if backpressure not in ("true", "false"):
+        raise ValueError(f"option {BACKPRESSURE}: expected true or false, got {options[BACKPRESSURE]!r}")
+    return QuerySettings(trigger, options.get(CHECKPOINT, "").strip(),
+                         _positive(options, CONCURRENT_JOBS, 1, 64), _positive(options, RETAIN, DEFAULT_RETAIN, 10**6),
+                         backpressure == "true")
+
+
+def _positive(options, key: str, default: int, largest: int) -> int:
+    if key not in options:
+        return default
+    text = options[key].strip()
+    if not text.isascii() or not text.isdigit() or not 1 <= int(text) <= largest:
+        raise ValueError(f"option {key}: expected an integer from 1 to {largest}, got {options[key]!r}")
+    return int(text)
