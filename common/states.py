@@ -8,6 +8,7 @@ Everything that decides which state change is legal lives in this module, as dat
 status follows from its executions (`JOB_STATUS_WHEN_EXECUTIONS_END`); and how a task's report
 is read in the light of a stop that was asked for, on the JobManager
 (`EXECUTION_REPORT_RESOLUTION`) and on the TaskManager (`TASK_REPORT_RESOLUTION`).
+A TaskManager's connection to the JobManager follows `CONNECTION_STATE_TRANSITIONS`.
 `StateMachine` applies a table to one entity (a job, an execution, a TaskManager's task) and keeps
 that entity's story: every transition with its time, cause and the id of the event that caused
 it (its stimulus). A rejected transition raises `IllegalTransition`, which names the entity, the
@@ -231,7 +232,32 @@ BATCH_PHASE_TRANSITIONS: Mapping[BatchPhase, frozenset[BatchPhase]] = {
 }
 
 
-S = TypeVar("S", JobStatus, ExecutionState, QueryState, BatchPhase)
+class ConnectionState(enum.Enum):
+    """A TaskManager's connection to the JobManager (`task/registration.py`), as Flink's
+    TaskExecutor sees its ResourceManager: registering, registered, refused, lost, registering again."""
+    __hash__ = object.__hash__
+    REGISTERING = "REGISTERING"  # the first registration: an attempt in flight, or the wait before the next
+    REGISTERED = "REGISTERED"  # heartbeats flow
+    REFUSED = "REFUSED"  # the JobManager answered no (it cannot reach us, a wrong token): back off, ask again
+    LOST = "LOST"  # the registration is over (stream ended, silence, a new leader): tasks are forgotten
+    REREGISTERING = "REREGISTERING"  # as REGISTERING, after a registration was lost
+    STOPPED = "STOPPED"  # the TaskManager shuts down
+
+
+_C = ConnectionState
+# A self-transition is another attempt (no answer, a new leader elected while it waited).
+CONNECTION_STATE_TRANSITIONS: Mapping[ConnectionState, frozenset[ConnectionState]] = {
+    _C.REGISTERING: frozenset({_C.REGISTERING, _C.REGISTERED, _C.REFUSED, _C.STOPPED}),
+    _C.REGISTERED: frozenset({_C.LOST, _C.STOPPED}),
+    # REFUSED -> REGISTERING before the first registration, REREGISTERING after one.
+    _C.REFUSED: frozenset({_C.REGISTERING, _C.REREGISTERING, _C.STOPPED}),
+    _C.LOST: frozenset({_C.REREGISTERING, _C.STOPPED}),
+    _C.REREGISTERING: frozenset({_C.REREGISTERING, _C.REGISTERED, _C.REFUSED, _C.STOPPED}),
+    _C.STOPPED: frozenset(),
+}
+
+
+S = TypeVar("S", JobStatus, ExecutionState, QueryState, BatchPhase, ConnectionState)
 
 
 @dataclass(frozen=True, slots=True)
