@@ -1301,7 +1301,8 @@ class TaskExecutor:
                 if e.code() in _PERMANENT_CODES:
                     log.error("the JobManager refused %d task state update(s) (%s); dropping them",
                               len(batch), _rpc_error(e))
-                    self._delivered(batch)
+                    self._handle(core.ReportsRefused(tuple(q.report for q in batch), _rpc_error(e),
+                                                     self._stimulus("refused")))
                     return
                 log.info("could not report %d task state(s) (%s); retrying in %.1f s",
                          len(batch), _rpc_error(e), delay)

@@ -8,7 +8,8 @@ contract (`graph/deployment.py`), never on protobuf.
 
 Events (what happened):  SubmitTask, CancelTask, PartitionsAvailable, FreeSlots, ReleasePartitions,
                          TaskReported and TaskThreadExited (from a task's thread), TimerFired,
-                         JobManagerRegistered, JobManagerLost, ReportsDelivered, ShutdownRequested;
+                         JobManagerRegistered, JobManagerLost, ReportsDelivered, ReportsRefused,
+                         ShutdownRequested;
                          for streaming tasks RunBatch, FinishTasks, BatchReported, SetRateLimits
 Instructions (do this):  TaskAccepted / TaskRejected (the answer to SubmitTasks), StartTask (run a
                          Spark task in a thread), InputsReady (hand it what to read),
@@ -225,13 +226,22 @@ class ReportsDelivered:
 
 
 @dataclass(frozen=True, slots=True)
+class ReportsRefused:
+    """The JobManager refused these reports for good (an answer that is not "not now")."""
+
+    reports: tuple[TaskReport, ...]
+    reason: str
+    stimulus_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class ShutdownRequested:
     cause: str
     stimulus_id: str = ""
 
 
 Event = (SubmitTask | CancelTask | PartitionsAvailable | FreeSlots | ReleasePartitions | TaskReported
-         | TaskThreadExited | TimerFired | JobManagerRegistered | JobManagerLost | ReportsDelivered
+         | TaskThreadExited | TimerFired | JobManagerRegistered | JobManagerLost | ReportsDelivered | ReportsRefused
          | ShutdownRequested | RunBatch | FinishTasks | BatchReported | SetRateLimits)
 
 
@@ -378,6 +388,7 @@ class _Task:
     pending_inputs: int = 0
     stop: StopRequest = StopRequest.NONE
     stop_cause: str = ""
+    stop_failure: str = "TaskManagerShutdown"  # the failure a stop of the TaskManager's own reports
     inputs_given: bool = False
 
     @property
@@ -822,7 +833,7 @@ class TaskExecutorState:
         if state.is_terminal:
             target = resolve_task_report(task.stop, state)
             if target is E.FAILED and task.stop is StopRequest.TASKMANAGER and state is not E.FAILED:
-                failure = FailureInfo("TaskManagerShutdown", task.stop_cause)
+                failure = FailureInfo(task.stop_failure, task.stop_cause)
             if target is not E.FAILED:
                 failure = None
             if target is not E.FINISHED:
@@ -878,6 +889,26 @@ class TaskExecutorState:
                 if task is not None and task.terminal:
                     del self.tasks[key]
                     self._exit_errors.pop(key, None)
+
+    def _on_refused(self, e: ReportsRefused) -> None:
+        """Flink's TaskExecutor fails a task whose state update the JobMaster did not take, and the
+        JobMaster reconciles what runs where through the slot report. So: a task whose progress
+        was refused is stopped here and ends FAILED (that report goes out too); a task whose end
+        was refused is over and out of its slot already, and is let go (the slot report, which no
+        longer shows it, is how the JobManager learns of it)."""
+        cause = f"the JobManager refused its state update ({e.reason})"
+        for report in e.reports:
+            key = TaskKey(report.job_id, report.attempt)
+            task = self.tasks.get(key)
+            if task is None:
+                continue
+            if task.terminal:
+                if report.state.is_terminal:
+                    del self.tasks[key]
+                    self._exit_errors.pop(key, None)
+            elif task.stop is StopRequest.NONE:
+                task.stop_failure = "ReportRefused"
+                self._stop(task, StopRequest.TASKMANAGER, cause)
 
     # ------------------------------------------------------------------ the JobManager
 
@@ -957,5 +988,6 @@ _HANDLERS = {
     JobManagerRegistered: TaskExecutorState._on_registered,
     JobManagerLost: TaskExecutorState._on_jobmanager_lost,
     ReportsDelivered: TaskExecutorState._on_delivered,
+    ReportsRefused: TaskExecutorState._on_refused,
     ShutdownRequested: TaskExecutorState._on_shutdown,
 }

@@ -543,3 +543,39 @@ def test_batches_that_are_through_have_their_partitions_here_deleted_with_the_ne
                   core.DeletePartitions)
     assert not of(c(core.RunBatch(JOB, BatchInput(9, 0), (BatchTask(src.attempt),), "reg-old", released=(7,))),
                   core.DeletePartitions)
+
+
+def test_a_refused_progress_report_fails_the_task_here_and_reports_that():
+    c = Core()
+    d = deployment(ops=SPARK_SINK)
+    c.submit(d)
+    out = c.report(d, E.INITIALIZING)
+    out = c(core.ReportsRefused(tuple(i.report for i in of(out, core.SendReport)), "NOT_FOUND: unknown attempt"))
+    assert [type(i) for i in out] == [core.InterruptTask]
+    assert c.state.tasks[key(d)].state is E.CANCELING
+    out = c.report(d, E.CANCELED)
+    [report] = [i.report for i in of(out, core.SendReport)]
+    assert report.state is E.FAILED
+    assert report.failure.exception_type == "ReportRefused"
+    assert "the JobManager refused its state update (NOT_FOUND: unknown attempt)" in report.failure.message
+
+
+def test_a_refused_end_lets_the_task_go_and_its_slot_report_no_longer_shows_it():
+    c = Core()
+    d = deployment("src", ops=NOOP_SOURCE)
+    out = c.submit(d)
+    assert reports(out) == [E.INITIALIZING, E.RUNNING, E.FINISHED]
+    out = c(core.ReportsRefused(tuple(i.report for i in of(out, core.SendReport)), "PERMISSION_DENIED: no"))
+    assert out == [] and c.state.tasks == {}
+    assert all(s.running == () for s in c.state.slot_report())
+
+
+def test_a_refused_report_of_a_task_already_cancelled_changes_nothing():
+    c = Core()
+    d = deployment(ops=SPARK_SINK)
+    c.submit(d)
+    out = c.report(d, E.INITIALIZING)
+    c.cancel(d)
+    assert c(core.ReportsRefused(tuple(i.report for i in of(out, core.SendReport)), "NOT_FOUND")) == []
+    [report] = [i.report for i in of(c.report(d, E.CANCELED), core.SendReport)]
+    assert report.state is E.CANCELED
