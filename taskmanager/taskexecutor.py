@@ -44,7 +44,7 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -52,14 +52,15 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from funke.common.wire import codec
+from funke.common.task import registration as reg
 from funke.common.task import taskexecutorstate as core
+from funke.common.task.registration import Registration
 from funke.common.configuration import ClusterConfiguration
 from funke.common.graph.deployment import BatchGate, BatchTask, PartitionRef, ProducedPartition, TaskReport
 from funke.common.graph.executiongraph import FailureInfo, TaskIo
 from funke.taskmanager.metrics import TaskMetrics
 from funke.common.graph.jobgraph import JobVertex
 from funke.common.leadership import Lease
-from funke.common.scheduling.slotmanager import DEFAULT_HEARTBEAT_INTERVAL_S, DEFAULT_HEARTBEAT_TIMEOUT_S
 from funke.common.states import ExecutionState
 from funke.common.task.taskexecutorstate import TaskExecutorState, TaskKey
 from funke.common.security import TOKEN_BYTES, Realm
@@ -67,6 +68,8 @@ from funke.runtime import datafs, security
 from funke.runtime.haservices import ha_services
 from funke.runtime.rpc import MESSAGE_SIZE_OPTIONS, add_service, advertised_host, host_port
 from funke.taskmanager import jvmarchive, sparksession
+from funke.taskmanager.grpcgateway import GrpcJobManagerGateway
+from funke.taskmanager.jobmanagergateway import GatewayError, JobManagerGateway, RegistrationRequest
 from funke.v1 import cluster_pb2, cluster_pb2_grpc
 
 if TYPE_CHECKING:
@@ -82,18 +85,10 @@ log = logging.getLogger("funke.taskmanager")
 
 T = TypeVar("T")
 
-# Registration retries: quick at first (the JobManager is usually just starting), capped so a
-# restarted JobManager finds us again within a couple of seconds.
-_BACKOFF_START_S = 0.2
-_BACKOFF_MAX_S = 2.0
-# With high availability a new leader is usually elected within a second: look for it often.
-_HA_BACKOFF_MAX_S = 0.5
 _RPC_TIMEOUT_S = 10.0
 # While a registration waits for its answer, how often the leader is looked up again (with high
 # availability): a new epoch ends the wait at once instead of after the RPC timeout.
 _LEADER_POLL_S = 0.2
-# How long a JobManager call naming a registration not known yet waits for it (see _registration_known).
-_REGISTRATION_OVERTAKEN_S = 2.0
 # Shutdown: how long cancelled tasks get to end, and how long we try to tell the JobManager.
 _TASK_CANCEL_GRACE_S = 5.0
 _REPORT_FLUSH_S = 2.0
@@ -107,28 +102,6 @@ _DEPLOYS_PER_TURN = 64
 _CANCELS_PER_TURN = 64
 _UPDATES_PER_TURN = 1000
 _INBOX_PER_TURN = 128
-_STATES_PER_TURN = 250
-# Codes that mean "the JobManager will never accept this batch": retrying would stall every later
-# report behind it. Everything else (UNAVAILABLE, DEADLINE_EXCEEDED, ...) is a JobManager that is
-# restarting or busy, and is retried.
-_PERMANENT_CODES = frozenset({
-    grpc.StatusCode.INVALID_ARGUMENT,
-    grpc.StatusCode.NOT_FOUND,
-    grpc.StatusCode.FAILED_PRECONDITION,
-    grpc.StatusCode.UNIMPLEMENTED,
-    grpc.StatusCode.PERMISSION_DENIED,
-    grpc.StatusCode.UNAUTHENTICATED,
-    grpc.StatusCode.OUT_OF_RANGE,
-    grpc.StatusCode.ALREADY_EXISTS,
-})
-# gRPC's own reconnect backoff defaults to 1 s growing to 120 s; a restarted JobManager must be
-# found within our 2 s backoff, so the channel may not sleep longer than that.
-_CHANNEL_OPTIONS = (
-    *MESSAGE_SIZE_OPTIONS,  # bounded both ways, as on every funke channel and server
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 2000),
-)
 _HEALTH_SERVICES = ("", "funke.v1.TaskExecutor")
 
 
@@ -162,14 +135,6 @@ def sweep_scratch_dirs(root: str) -> list[str]:
     return removed
 
 
-class _LeaderChanged(Exception):
-    """Another leader was elected while a call to the previous one was in flight."""
-
-    def __init__(self, lease: Lease):
-        super().__init__(f"a new leader was elected (epoch {lease.epoch}, at {lease.address})")
-        self.lease = lease
-
-
 class StartupError(Exception):
     """The TaskManager cannot start (a port in use, ...): a user's problem, not a bug."""
 
@@ -201,16 +166,7 @@ class TaskExecutorConfig:
     metrics_ports: tuple[int, int] = (9249, 9348)
 
 
-@dataclass(frozen=True, slots=True)
-class Registration:
-    registration_id: str
-    heartbeat_interval_s: float
-    heartbeat_timeout_s: float
-    data_dir: str
-    leader_epoch: int = 0  # with high availability: the epoch of the leader registered with
-
-
-def _available_cores() -> int:
+def available_cores() -> int:
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
@@ -228,15 +184,6 @@ def process_started_at() -> float:
         return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
     except (OSError, ValueError, IndexError):
         return time.time()
-
-
-# Answers to a registration that mean "no", not "not now".
-_REFUSALS = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.PERMISSION_DENIED,
-             grpc.StatusCode.UNAUTHENTICATED)
-
-
-def _rpc_error(e: grpc.aio.AioRpcError) -> str:
-    return f"{e.code().name}: {e.details()}"
 
 
 def delete_partition_dirs(paths: Iterable[str]) -> None:
@@ -289,7 +236,8 @@ class TaskExecutor:
     own it; `stop()` (any thread, or a signal handler) ends `run()` after a clean shutdown."""
 
     def __init__(self, config: TaskExecutorConfig,
-                 on_registered: Callable[[TaskExecutor], None] | None = None):
+                 on_registered: Callable[[TaskExecutor], None] | None = None,
+                 gateway: JobManagerGateway | None = None):
         if config.number_of_slots < 1:
             raise ValueError(f"a TaskManager needs at least one slot, not {config.number_of_slots}")
         self.config = config
@@ -312,7 +260,6 @@ class TaskExecutor:
         self._threads_idle.set()
         self._timers: set[asyncio.TimerHandle] = set()
         self._deletions: list[asyncio.Future[None]] = []  # started by the event being handled
-        self._slot_report: tuple[int, cluster_pb2.SlotReport] | None = None
         self.metrics = TaskMetrics(self.id, self._slot_counts)
         self._metrics_server: MetricsServer | None = None
         self.metrics_url = ""
@@ -329,7 +276,6 @@ class TaskExecutor:
         self._outbox_empty = asyncio.Event()
         self._outbox_empty.set()
 
-        self.registration: Registration | None = None
         self._jobmanager_data_dir = ""  # from the last registration; kept while re-registering
         self.address: str | None = None
         self._bound_port = 0
@@ -344,17 +290,18 @@ class TaskExecutor:
         self._warm_up_job: Any = None  # the warm-up (warmup.WarmUp) while it runs
         self._tasks_started = 0
         self._scratch: str | None = None  # this process's Spark scratch directory, removed at stop
-        self._registered_once = False
         self._server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
-        self._channel: grpc.aio.Channel | None = None
         self._ha = ha_services(config.ha) if config.ha is not None else None
         self._ha_io = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="funke-ha")
-        self.jobmanager_address = config.jobmanager_address  # with HA: the leader's, as last looked up
-        self._resource_manager: cluster_pb2_grpc.ResourceManagerStub | None = None
+        self.gateway = gateway  # the gRPC one, made by start(), unless one is given
+        self.connection = reg.Connection(self.id, ha=self._ha is not None)
+        self._connection_events: asyncio.Queue[reg.Event] = asyncio.Queue()
+        self._connection_tasks: set[asyncio.Task[None]] = set()  # attempts, lookups, the heartbeat stream
+        self._attempt: asyncio.Task[None] | None = None
+        self._heartbeats: asyncio.Task[None] | None = None
+        self._heartbeat_due: asyncio.Event | None = None
         self._registration_token = ""  # sent with the latest registration; "" before the first
-        self._job_master: cluster_pb2_grpc.JobMasterStub | None = None
-        self._report_call: Any = None  # the UpdateTaskExecutionState call in flight, if any
         self._background: list[asyncio.Task[None]] = []
         self.failure = ""  # why the TaskManager stopped on its own (empty: it was asked to)
 
@@ -551,7 +498,8 @@ class TaskExecutor:
         else:
             log.info("TaskManager %s runs without Spark: only no-op chains can run", self.id)
         await self._start_servers()
-        self._connect(cfg.jobmanager_address)
+        if self.gateway is None:
+            self.gateway = GrpcJobManagerGateway(self.id, self.core, cfg.jobmanager_address, cfg.cluster_token, cfg.tls)
         self._background = [
             asyncio.create_task(self._stay_connected(), name="jobmanager-connection"),
             asyncio.create_task(self._report_loop(), name="task-state-reporter"),
@@ -706,8 +654,8 @@ class TaskExecutor:
             except Exception as exc:  # e.g. its JVM got the same SIGTERM and is gone already
                 log.warning("stopping Spark failed: %s: %s", type(exc).__name__, exc)
                 log.debug("stopping Spark failed", exc_info=True)
-        if self._channel is not None:
-            await self._channel.close()
+        if self.gateway is not None:
+            await self.gateway.close()
         if self._scratch is not None:  # shuffle files can be many: off the loop
             scratch, self._scratch = self._scratch, None
             await _in_daemon_thread(lambda: shutil.rmtree(scratch, ignore_errors=True), "scratch-removal")
@@ -736,7 +684,7 @@ class TaskExecutor:
             log.info("TaskManager %s: no class-data archive for this JVM and Spark yet: Spark starts slower "
                      "(python -m funke.taskmanager.jvmarchive makes one)", self.id)
         return sparksession.plan(
-            master=cfg.spark_master, remote=cfg.spark_remote, slots=cfg.number_of_slots, cores=_available_cores(),
+            master=cfg.spark_master, remote=cfg.spark_remote, slots=cfg.number_of_slots, cores=available_cores(),
             user_conf=cfg.spark_conf, scratch=None if cfg.spark_remote else self._scratch_dir(),
             environ=os.environ, python=sys.executable,
             host=advertised_host(cfg.host, cfg.advertise_host, cfg.jobmanager_address),
@@ -802,78 +750,41 @@ class TaskExecutor:
         slots = self.core.slot_report()
         return len(slots), sum(1 for s in slots if not s.job_id), self.core.live_tasks()
 
-    def _current_slot_report(self) -> cluster_pb2.SlotReport:
-        """The slot report, kept as one message: only the slots that changed since the last
-        heartbeat are rewritten."""
-        version = self.core.slot_version
-        if self._slot_report is None:
-            self._slot_report = (-1, cluster_pb2.SlotReport(
-                slots=[cluster_pb2.SlotStatus(index=i) for i in range(len(self.core.slots))]))
-        known, report = self._slot_report
-        if known != version:
-            for view in self.core.slots_changed(known):
-                status = report.slots[view.index]
-                status.job_id = view.job_id or ""
-                del status.running[:]
-                status.running.extend(codec.attempt_to_proto(a) for a in view.running)
-            self._slot_report = (version, report)
-        return report
+    @property
+    def registration(self) -> Registration | None:
+        return self.connection.registration
+
+    @property
+    def jobmanager_address(self) -> str:
+        """The JobManager's; with high availability the leader's, as last looked up."""
+        return self.gateway.address if self.gateway is not None else self.config.jobmanager_address
+
+    def _post(self, event: reg.Event) -> None:
+        self._connection_events.put_nowait(event)
+
+    def _spawn(self, coroutine: Any, name: str) -> asyncio.Task[None]:
+        task = asyncio.create_task(coroutine, name=name)
+        self._connection_tasks.add(task)
+        task.add_done_callback(self._connection_tasks.discard)
+        return task
 
     async def _stay_connected(self) -> None:
-        loop = asyncio.get_running_loop()
-        quick_losses = 0  # registrations in a row whose heartbeat stream failed at once
-        while True:
-            if quick_losses:
-                # A JobManager that takes the registration but not the heartbeat (a refusal, a
-                # standby): ask again with backing off, not in a tight loop.
-                await asyncio.sleep(min(_BACKOFF_START_S * 2 ** (quick_losses - 1), _BACKOFF_MAX_S))
-            self.registration = await self._register()
-            registered_at = loop.time()
-            if self.registration.data_dir:
-                self._jobmanager_data_dir = self.registration.data_dir
-            self._handle(core.JobManagerRegistered(self.registration.registration_id, self.data_dir,
-                                                   self._stimulus("registered")))
-            self._registered.set()
-            for service in _HEALTH_SERVICES:
-                await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
-            if not self._registered_once:
-                self._registered_once = True
-                if self._on_registered is not None:
-                    self._on_registered(self)
-            reason = await self._heartbeat(self.registration)
-            quick_losses = quick_losses + 1 if loop.time() - registered_at < 1.0 else 0
-            self._registered.clear()
-            self.registration = None
-            for service in _HEALTH_SERVICES:
-                await self._health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
-            log.warning("TaskManager %s lost the JobManager (%s): cancelling and forgetting %d task(s), "
-                        "registering again", self.id, reason, self.core.live_tasks())
-            self._handle(core.JobManagerLost(reason, self._stimulus("jobmanager-lost")))
-            self._drop_stale_reports()
-            if self._report_call is not None:
-                # Its reports are for the registration just lost: waiting out the RPC timeout of
-                # a JobManager that does not answer would hold back the next registration's.
-                self._report_call.cancel()
+        """Drives the registration core (common/task/registration.py): one event at a time, its
+        instructions carried out before the next event is taken."""
+        event: reg.Event = reg.Start()
+        try:
+            while True:
+                for instruction in self.connection.handle(event, asyncio.get_running_loop().time()):
+                    await _CONNECTION_INSTRUCTIONS[type(instruction)](self, instruction)
+                event = await self._connection_events.get()
+        finally:
+            self.connection.handle(reg.Stop(), asyncio.get_running_loop().time())
+            for task in list(self._connection_tasks):
+                task.cancel()
+            await asyncio.gather(*self._connection_tasks, return_exceptions=True)
 
     def _accepted_tokens(self, realm: Realm) -> tuple[str, ...]:
         return (self._registration_token,) if realm is Realm.REGISTRATION and self._registration_token else ()
-
-    def _connect(self, address: str) -> None:
-        """Talk to the JobManager at `address` from now on (a new leader: a new channel)."""
-        if self._channel is not None and address == self.jobmanager_address:
-            return
-        if self._channel is not None:
-            # Closed once what is in flight on it has timed out: closing it now would cancel a
-            # report being sent (the report loop retries it, on the new channel, either way).
-            old = self._channel
-            loop = asyncio.get_running_loop()
-            loop.call_later(2 * _RPC_TIMEOUT_S, lambda: loop.create_task(old.close(), name="close-old-channel"))
-            log.info("TaskManager %s follows the leader to %s", self.id, address)
-        self.jobmanager_address = address
-        self._channel = security.aio_channel(address, self.config.cluster_token or None, self.config.tls,
-                                             _CHANNEL_OPTIONS)
-        self._resource_manager = cluster_pb2_grpc.ResourceManagerStub(self._channel)
-        self._job_master = cluster_pb2_grpc.JobMasterStub(self._channel)
 
     async def _current_leader(self) -> Lease | None:
         """With high availability: the lease if it names a live leader, else None. Looked up
@@ -882,145 +793,162 @@ class TaskExecutor:
         lease = await asyncio.get_running_loop().run_in_executor(self._ha_io, self._ha.leader)
         return lease if lease is not None and lease.valid(time.time()) else None
 
-    async def _register(self) -> Registration:
-        assert self._resource_manager is not None and self.address is not None
+    async def _look_up_leader(self, i: reg.LookUpLeader) -> None:
+        async def look() -> None:
+            lease = await self._current_leader()
+            self._post(reg.NoLeader() if lease is None else reg.LeaderFound(lease.epoch, lease.address))
+
+        self._spawn(look(), "leader-lookup")
+
+    async def _send_registration(self, i: reg.SendRegistration) -> None:
+        self._attempt = self._spawn(self._register(i.address, i.epoch), "registration")
+
+    async def _register(self, address: str, epoch: int | None) -> None:
+        """One registration attempt; while it waits with high availability, the lease is read
+        every _LEADER_POLL_S (a new epoch makes the core abandon it: a paused leader never answers)."""
+        assert self.gateway is not None and self.address is not None
         cfg = self.config
-        resources = {
-            "cores": str(_available_cores()),
+        if address:
+            if self.gateway.address != address:
+                log.info("TaskManager %s follows the leader to %s", self.id, address)
+            self.gateway.connect(address)
+        loop = asyncio.get_running_loop()
+        # Off the loop: a JobManager given by name is resolved to find the route to it.
+        host = await loop.run_in_executor(None, advertised_host, cfg.host, cfg.advertise_host, self.jobmanager_address)
+        self.address = host_port(host, self._bound_port)
+        # A new secret per attempt: from now on only the JobManager that receives it may call us
+        # (the one registered with before, a deposed leader included, no longer can).
+        self._registration_token = secrets.token_hex(TOKEN_BYTES)
+        answer = asyncio.ensure_future(self.gateway.register(RegistrationRequest(
+            self.id, self.address, len(self.core.slots), self._resources(), self._registration_token), _RPC_TIMEOUT_S))
+        try:
+            while epoch is not None and not answer.done():
+                await asyncio.wait({answer}, timeout=_LEADER_POLL_S)
+                if not answer.done():
+                    lease = await self._current_leader()
+                    self._post(reg.LeaseRead(lease.epoch if lease else None, lease.address if lease else ""))
+            registration = await answer
+        except GatewayError as e:
+            self._post(reg.RegistrationFailed(e.code, e.detail, self.jobmanager_address))
+            return
+        finally:
+            if not answer.done():
+                answer.cancel()
+                await asyncio.gather(answer, return_exceptions=True)
+        if not cfg.data_dir:
+            try:  # off the loop: an HDFS client starts a JVM
+                await loop.run_in_executor(None, datafs.check, registration.data_dir)
+            except datafs.DataDirError as e:  # Spark may still reach it; funke's own file work cannot
+                log.error("TaskManager %s: the JobManager's data directory is out of reach here: %s", self.id, e)
+        self._post(reg.RegistrationAccepted(registration, self.jobmanager_address))
+
+    def _resources(self) -> dict[str, str]:
+        cfg = self.config
+        return {
+            "cores": str(available_cores()),
             "spark_master": self._spark_target() if cfg.use_spark else "",
             "pid": str(os.getpid()),
             "metrics": self.metrics_url,
             "started_at": f"{self.started_at:.3f}",
             "spark_ready_at": f"{self.spark_ready_at:.3f}" if self.spark_ready_at else "",
         }
-        delay = _BACKOFF_START_S
-        max_delay = _HA_BACKOFF_MAX_S if self._ha is not None else _BACKOFF_MAX_S
-        failures = 0
-        while True:
-            epoch: int | None = None  # with high availability: the leader's we register with
-            if self._ha is not None:
-                lease = await self._current_leader()
-                if lease is None:
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, max_delay)
-                    continue
-                epoch = lease.epoch
-                self._connect(lease.address)
-            assert self._resource_manager is not None
-            # Off the loop: a JobManager given by name is resolved to find the route to it.
-            host = await asyncio.get_running_loop().run_in_executor(
-                None, advertised_host, cfg.host, cfg.advertise_host, self.jobmanager_address)
-            self.address = host_port(host, self._bound_port)
-            # A new secret per attempt: from now on only the JobManager that receives it may call
-            # us (the one registered with before, a deposed leader included, no longer can).
-            self._registration_token = secrets.token_hex(TOKEN_BYTES)
-            request = cluster_pb2.RegisterTaskManagerRequest(
-                task_manager_id=self.id, address=self.address, number_of_slots=len(self.core.slots),
-                resources=resources, slot_report=self._current_slot_report(),
-                registration_token=self._registration_token)
-            call = self._resource_manager.RegisterTaskManager(request, timeout=_RPC_TIMEOUT_S)
-            try:
-                response = await (call if epoch is None else self._unless_leader_changes(call, epoch))
-            except _LeaderChanged as changed:
-                log.info("TaskManager %s: %s while registering with %s; registering there instead", self.id,
-                         changed, self.jobmanager_address)
-                delay = _BACKOFF_START_S
-                continue
-            except grpc.aio.AioRpcError as e:
-                failures += 1
-                if e.code() in _REFUSALS:
-                    # The JobManager answered and said no (it cannot reach our address, say):
-                    # retrying changes nothing until someone acts, so say it every time.
-                    log.error("TaskManager %s: the JobManager at %s refused the registration: %s; retrying",
-                              self.id, self.jobmanager_address, e.details())
-                else:
-                    # The first miss is normal (JobManager starting); keep the log quiet after that.
-                    level = logging.INFO if failures == 1 else logging.DEBUG
-                    log.log(level, "JobManager at %s does not answer yet (%s); retrying",
-                            self.jobmanager_address, _rpc_error(e))
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, max_delay)
-                continue
-            registration = Registration(
-                registration_id=response.registration_id,
-                heartbeat_interval_s=response.heartbeat_interval_seconds or DEFAULT_HEARTBEAT_INTERVAL_S,
-                heartbeat_timeout_s=response.heartbeat_timeout_seconds or DEFAULT_HEARTBEAT_TIMEOUT_S,
-                data_dir=response.data_dir,
-                leader_epoch=response.leader_epoch,
-            )
-            if not cfg.data_dir:
-                try:  # off the loop: an HDFS client starts a JVM
-                    await asyncio.get_running_loop().run_in_executor(None, datafs.check, registration.data_dir)
-                except datafs.DataDirError as e:  # Spark may still reach it; funke's own file work cannot
-                    log.error("TaskManager %s: the JobManager's data directory is out of reach here: %s", self.id, e)
-            log.info("TaskManager %s registered with the JobManager at %s as %s (%d slots, address %s, "
-                     "heartbeat every %g s, data dir %s)", self.id, self.jobmanager_address,
-                     registration.registration_id, len(self.core.slots), self.address,
-                     registration.heartbeat_interval_s, cfg.data_dir or registration.data_dir or "(default)")
-            return registration
 
-    async def _unless_leader_changes(self, call: Any, epoch: int) -> Any:
-        """The answer to `call`, made to the leader of `epoch`; the call is cancelled and
-        _LeaderChanged raised as soon as the lease names another epoch (a leader that hangs,
-        paused or cut off, answers nothing: its successor must not wait for its RPC timeout)."""
-        answer = asyncio.ensure_future(call)
-        try:
-            while True:
-                done, _ = await asyncio.wait({answer}, timeout=_LEADER_POLL_S)
-                if done:
-                    return answer.result()
-                lease = await self._current_leader()
-                if lease is not None and lease.epoch != epoch:
-                    raise _LeaderChanged(lease)
-        finally:
-            if not answer.done():
-                call.cancel()
-                answer.cancel()
-                await asyncio.gather(answer, return_exceptions=True)
+    async def _abandon_attempt(self, i: reg.AbandonAttempt) -> None:
+        if self._attempt is not None:
+            self._attempt.cancel()
 
-    async def _heartbeat(self, registration: Registration) -> str:
-        """Keep one heartbeat stream open until it ends; returns why it ended."""
-        assert self._resource_manager is not None
-        loop = asyncio.get_running_loop()
-        call = self._resource_manager.Heartbeat()
-        last_answer = loop.time()
+    async def _start_connection_timer(self, i: reg.StartTimer) -> None:
+        handle = asyncio.get_running_loop().call_later(i.delay_s, self._post, reg.TimerFired(i.timer))
+        self._timers.add(handle)
 
-        async def read_answers() -> str:
-            nonlocal last_answer
-            while True:
-                answer = await call.read()
-                if answer is grpc.aio.EOF:
-                    return "the JobManager closed the heartbeat stream"
-                last_answer = loop.time()
-                if answer.reregister:
-                    return "the JobManager does not know this registration"
+    async def _now_registered(self, i: reg.Registered) -> None:
+        registration = i.registration
+        log.info("TaskManager %s registered with the JobManager at %s as %s (%d slots, address %s, "
+                 "heartbeat every %g s, data dir %s)", self.id, self.jobmanager_address,
+                 registration.registration_id, len(self.core.slots), self.address,
+                 registration.heartbeat_interval_s, self.config.data_dir or registration.data_dir or "(default)")
+        if registration.data_dir:
+            self._jobmanager_data_dir = registration.data_dir
+        self._handle(core.JobManagerRegistered(registration.registration_id, self.data_dir,
+                                               self._stimulus("registered")))
+        self._registered.set()
+        await self._serving(health_pb2.HealthCheckResponse.SERVING)
+        if i.first and self._on_registered is not None:
+            self._on_registered(self)
+        self._heartbeat_due = asyncio.Event()
+        self._heartbeats = self._spawn(self._heartbeat(registration, self._heartbeat_due), "heartbeat")
+
+    async def _serving(self, status: int) -> None:
+        for service in _HEALTH_SERVICES:
+            await self._health.set(service, status)
+
+    async def _send_heartbeat(self, i: reg.SendHeartbeat) -> None:
+        if self._heartbeat_due is not None:
+            self._heartbeat_due.set()
+
+    async def _heartbeat(self, registration: Registration, due: asyncio.Event) -> None:
+        """One heartbeat stream: a heartbeat each time the core asks for one; answers, its end,
+        the lease (with high availability) and the interval's passing go to the core."""
+        assert self.gateway is not None
+        stream = self.gateway.heartbeat()
+
+        async def read_answers() -> None:
+            while (reregister := await stream.read()) is not None:
+                self._post(reg.HeartbeatAnswered(reregister))
+            self._post(reg.HeartbeatEnded("the JobManager closed the heartbeat stream"))
 
         reader = asyncio.create_task(read_answers(), name="heartbeat-reader")
         try:
             while True:
-                await call.write(cluster_pb2.HeartbeatRequest(
-                    task_manager_id=self.id, registration_id=registration.registration_id,
-                    slot_report=self._current_slot_report()))
+                await due.wait()
+                due.clear()
+                await stream.send(registration.registration_id)
                 done, _ = await asyncio.wait({reader}, timeout=registration.heartbeat_interval_s)
                 if done:
-                    return reader.result()
+                    reader.result()
+                    return
                 if self._ha is not None:
                     lease = await self._current_leader()
-                    if lease is not None and lease.epoch != registration.leader_epoch:
-                        return f"a new leader was elected (epoch {lease.epoch}, at {lease.address})"
-                silent = loop.time() - last_answer
-                if silent > registration.heartbeat_timeout_s:
-                    # A hung JobManager keeps the stream open; its silence is what we can see.
-                    return (f"no heartbeat answer for {silent:.1f} s (timeout "
-                            f"{registration.heartbeat_timeout_s:g} s)")
-        except grpc.aio.AioRpcError as e:
-            return f"heartbeat stream broke: {_rpc_error(e)}"
+                    self._post(reg.LeaseRead(lease.epoch if lease else None, lease.address if lease else ""))
+                self._post(reg.HeartbeatDue())
+        except GatewayError as e:
+            self._post(reg.HeartbeatEnded(f"heartbeat stream broke: {e}"))
         except asyncio.InvalidStateError:  # written to a stream that had ended cleanly
-            return "the heartbeat stream ended"
+            self._post(reg.HeartbeatEnded("the heartbeat stream ended"))
         finally:
             reader.cancel()
-            call.cancel()
+            stream.close()
             await asyncio.gather(reader, return_exceptions=True)
+
+    async def _lost(self, i: reg.Lost) -> None:
+        if self._heartbeats is not None:
+            self._heartbeats.cancel()
+            await asyncio.gather(self._heartbeats, return_exceptions=True)
+            self._heartbeats = self._heartbeat_due = None
+        self._registered.clear()
+        await self._serving(health_pb2.HealthCheckResponse.NOT_SERVING)
+        log.warning("TaskManager %s lost the JobManager (%s): cancelling and forgetting %d task(s), "
+                    "registering again", self.id, i.reason, self.core.live_tasks())
+        self._handle(core.JobManagerLost(i.reason, self._stimulus("jobmanager-lost")))
+        self._drop_stale_reports()
+        if self.gateway is not None:
+            # Its reports are for the registration just lost: waiting out the RPC timeout of a
+            # JobManager that does not answer would hold back the next registration's.
+            self.gateway.cancel_reports()
+
+    async def _log(self, i: reg.Log) -> None:
+        log.log(i.level, "%s", i.message)
+
+    async def _await_registration(self, i: reg.AwaitRegistration) -> None:
+        pass  # see _registration_known
+
+    async def _registration_known(self, registration_id: str) -> None:
+        """A JobManager call naming a registration this TaskManager does not know yet may have
+        overtaken the answer to our registration: the core says how long to wait for it."""
+        for i in self.connection.handle(reg.CallArrived(registration_id), asyncio.get_running_loop().time()):
+            if isinstance(i, reg.AwaitRegistration) and registration_id != self.core.registration_id:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._registered.wait(), i.timeout_s)
 
     # ------------------------------------------------------------------ TaskExecutor RPCs
 
@@ -1033,17 +961,6 @@ class TaskExecutor:
             vertex = vertices[m.vertex.id] = codec.vertex_from_proto(m.vertex)
         return codec.deployment_from_proto(m, self.id, vertex,
                                            self.data_dir if self.config.data_dir or not m.data_dir else None)
-
-    async def _registration_known(self, registration_id: str) -> None:
-        """The JobManager deploys into a registration's slots the moment it makes it, so its
-        first calls can overtake its answer to our registration. A call naming a registration
-        this TaskManager does not know yet, made while it is not registered, waits (at most an
-        RPC timeout) for the registration in progress before the core judges it: otherwise
-        it would be refused as stale, and the job would fail for nothing."""
-        if not registration_id or self._registered.is_set() or registration_id == self.core.registration_id:
-            return
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._registered.wait(), _REGISTRATION_OVERTAKEN_S)
 
     async def submit_tasks(self, request: cluster_pb2.SubmitTasksRequest) -> cluster_pb2.SubmitTasksResponse:
         await self._registration_known(request.registration_id)
@@ -1269,26 +1186,16 @@ class TaskExecutor:
             self._outbox_empty.set()
 
     async def _send(self, batch: list[_Queued]) -> None:
-        assert self._job_master is not None
-        delay = _BACKOFF_START_S
+        assert self.gateway is not None
+        retries = 0
         while True:
             generation = self.core.generation
             batch = [q for q in batch if q.generation == generation]
             if not batch:
                 return
-            request = cluster_pb2.UpdateTaskExecutionStateRequest()
-            for i, q in enumerate(batch):
-                if i and i % _STATES_PER_TURN == 0:
-                    await asyncio.sleep(0)  # a batch of 1 000 is several ms to build
-                request.updates.append(codec.report_to_proto(q.report))
-            if self.core.generation != generation:
-                continue  # the JobManager was lost while we built it: leave those out
-            self._report_call = call = self._job_master.UpdateTaskExecutionState(request, timeout=_RPC_TIMEOUT_S)
             try:
-                try:
-                    await call
-                finally:
-                    self._report_call = None
+                sent = await self.gateway.update_task_states(
+                    [q.report for q in batch], lambda: self.core.generation == generation, _RPC_TIMEOUT_S)
             except asyncio.CancelledError:
                 task = asyncio.current_task()
                 if task is not None and task.cancelling():
@@ -1297,26 +1204,37 @@ class TaskExecutor:
                 # (we follow a new leader): not our end. Whatever is still current goes again.
                 log.info("sending %d task state(s) was cut off; retrying", len(batch))
                 continue
-            except grpc.aio.AioRpcError as e:
-                if e.code() in _PERMANENT_CODES:
-                    log.error("the JobManager refused %d task state update(s) (%s); dropping them",
-                              len(batch), _rpc_error(e))
-                    self._handle(core.ReportsRefused(tuple(q.report for q in batch), _rpc_error(e),
-                                                     self._stimulus("refused")))
+            except GatewayError as e:
+                if e.code in reg.PERMANENT_REPORT_CODES:
+                    log.error("the JobManager refused %d task state update(s) (%s); dropping them", len(batch), e)
+                    self._handle(core.ReportsRefused(tuple(q.report for q in batch), str(e), self._stimulus("refused")))
                     return
-                log.info("could not report %d task state(s) (%s); retrying in %.1f s",
-                         len(batch), _rpc_error(e), delay)
+                delay = reg.BACKOFF.delay(retries)
+                retries += 1
+                log.info("could not report %d task state(s) (%s); retrying in %.1f s", len(batch), e, delay)
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, _BACKOFF_MAX_S)
                 continue
-            self._delivered(batch)
-            return
+            if sent:
+                self._delivered(batch)
+                return
 
     def _delivered(self, batch: list[_Queued]) -> None:
         terminal = tuple(q.report for q in batch if q.report.state.is_terminal)
         if terminal:
             self._handle(core.ReportsDelivered(terminal, self._stimulus("delivered")))
 
+
+_CONNECTION_INSTRUCTIONS: dict[type, Callable[[TaskExecutor, Any], Awaitable[None]]] = {
+    reg.LookUpLeader: TaskExecutor._look_up_leader,
+    reg.SendRegistration: TaskExecutor._send_registration,
+    reg.AbandonAttempt: TaskExecutor._abandon_attempt,
+    reg.StartTimer: TaskExecutor._start_connection_timer,
+    reg.Registered: TaskExecutor._now_registered,
+    reg.SendHeartbeat: TaskExecutor._send_heartbeat,
+    reg.Lost: TaskExecutor._lost,
+    reg.AwaitRegistration: TaskExecutor._await_registration,
+    reg.Log: TaskExecutor._log,
+}
 
 _INSTRUCTIONS: dict[type, Callable[[TaskExecutor, Any], None]] = {
     core.TaskAccepted: TaskExecutor._answer,

@@ -231,6 +231,7 @@ class Connection:
         self.registered_at = 0.0
         self.last_answer = 0.0
         self.attempt_epoch: int | None = None  # the leader's epoch the attempt in flight was sent to
+        self.attempt_address = ""
         self.attempt_in_flight = False
         self.retries = 0  # waits so far in this round of attempts
         self.failures = 0  # unanswered or refused attempts in this round (the first is logged louder)
@@ -291,7 +292,7 @@ class Connection:
     def _on_leader_found(self, e: LeaderFound) -> None:
         if not self._attempting or self.attempt_in_flight:
             return
-        self.attempt_epoch = e.epoch
+        self.attempt_epoch, self.attempt_address = e.epoch, e.address
         self.attempt_in_flight = True
         self._out.append(SendRegistration(e.address, e.epoch))
 
@@ -339,8 +340,8 @@ class Connection:
             self.attempt_in_flight = False
             changed = f"a new leader was elected (epoch {e.epoch}, at {e.address})"
             self._out.append(AbandonAttempt(changed))
-            self._out.append(Log(logging.INFO, f"TaskManager {self.task_manager_id}: {changed} while registering; "
-                                               f"registering there instead"))
+            self._out.append(Log(logging.INFO, f"TaskManager {self.task_manager_id}: {changed} while registering "
+                                               f"with {self.attempt_address}; registering there instead"))
             self._go(self.state, changed)
             self._new_round()
             self._attempt()
