@@ -24,7 +24,7 @@ import pytest
 from funke.deploy import localcluster
 from funke.runtime import security
 from funke.deploy.client import JobManagerClient
-from funke.taskmanager.taskexecutor import scratch_dir_of
+from funke.taskmanager.sparkruntime import scratch_dir_of
 
 REPO = Path(__file__).resolve().parents[2]
 

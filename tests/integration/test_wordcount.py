@@ -15,7 +15,7 @@ import pytest
 from funke.deploy.jobfile import load_job_file
 from funke.common.states import ExecutionState, JobStatus
 from funke.common.conformance import Step, assert_event_stream
-from funke.taskmanager.taskexecutor import scratch_dir_of
+from funke.taskmanager.sparkruntime import scratch_dir_of
 from tests.integration.conftest import REPO, as_json, listing, wait_cleaned_up, wait_for_end
 
 pytestmark = pytest.mark.cluster

@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from funke.taskmanager.taskexecutor import scratch_dir_of, sweep_scratch_dirs
+from funke.taskmanager.sparkruntime import scratch_dir_of, sweep_scratch_dirs
 
 
 def test_only_the_scratch_directories_of_dead_taskmanagers_are_swept(tmp_path):

@@ -76,8 +76,8 @@ def executor(monkeypatch, tmp_path):
     monkeypatch.setattr(warmup, "WarmUp", FakeWarmUp)
     executor = TaskExecutor(TaskExecutorConfig("tm-warm", jobmanager_address="127.0.0.1:1", number_of_slots=1,
                                                use_spark=False))
-    executor.spark = object()  # a session, as far as the watch is concerned
-    executor._scratch = str(tmp_path)
+    executor.sparks.session = object()  # a session, as far as the watch is concerned
+    executor.sparks.scratch = str(tmp_path)
 
     def cpu(sequence):
         nonlocal readings
@@ -94,7 +94,7 @@ def test_on_a_machine_that_stays_busy_the_warm_up_starts_after_its_patience(exec
 
     async def scenario() -> None:
         executor._loop = asyncio.get_running_loop()
-        watch = asyncio.create_task(executor._warm_up_when_idle())
+        watch = asyncio.create_task(executor.sparks.warm_up_when_idle())
         started = asyncio.get_running_loop().time()
         while not FakeWarmUp.made:
             await asyncio.sleep(0.005)
@@ -112,7 +112,7 @@ def test_with_busy_cpus_the_warm_up_waits_and_starts_once_they_are_idle(executor
 
     async def scenario() -> None:
         executor._loop = asyncio.get_running_loop()
-        watch = asyncio.create_task(executor._warm_up_when_idle())
+        watch = asyncio.create_task(executor.sparks.warm_up_when_idle())
         while not FakeWarmUp.made:
             await asyncio.sleep(0.005)
         assert FakeWarmUp.made[0].running.wait(5)
@@ -128,16 +128,15 @@ def test_a_task_that_starts_interrupts_the_warm_up_and_one_that_came_first_preve
 
     async def scenario() -> None:
         executor._loop = asyncio.get_running_loop()
-        watch = asyncio.create_task(executor._warm_up_when_idle())
+        watch = asyncio.create_task(executor.sparks.warm_up_when_idle())
         while not FakeWarmUp.made:
             await asyncio.sleep(0.005)
         assert FakeWarmUp.made[0].running.wait(5)
         # what _start_task does first for every task
-        executor._tasks_started += 1
-        executor._stop_warm_up()
+        executor.sparks.task_starting()
         await asyncio.wait_for(watch, 5)
         # a TaskManager that has run a task never starts one
-        again = asyncio.create_task(executor._warm_up_when_idle())
+        again = asyncio.create_task(executor.sparks.warm_up_when_idle())
         await asyncio.wait_for(again, 5)
 
     asyncio.run(scenario())

@@ -1,0 +1,336 @@
+"""A TaskManager's SparkSession for its life: created off the event loop before the TaskManager
+registers (`sparksession.py` plans what to ask Spark for), warmed up while no task has come yet
+(`warmup.py`), renewed when a Spark Connect server that restarted has forgotten it, stopped at
+shutdown; and the process's scratch directory (Spark's and the JVM's temporary files).
+
+Blocking Spark calls run in daemon threads (`in_daemon_thread`): a hung SparkSession must not
+keep a signalled TaskManager alive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from funke.runtime.rpc import advertised_host
+from funke.taskmanager import jvmarchive, sparksession
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from funke.taskmanager.taskexecutorconfig import TaskExecutorConfig
+
+log = logging.getLogger("funke.taskmanager")
+
+T = TypeVar("T")
+
+SCRATCH_PREFIX = "funke-taskmanager-"
+# How often a TaskManager on Spark Connect asks the server whether it still knows our session.
+CONNECT_PING_S = 2.0
+SPARK_STOP_TIMEOUT_S = 10.0
+
+
+class StartupError(Exception):
+    """The TaskManager cannot start (a port in use, ...): a user's problem, not a bug."""
+
+
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def scratch_dir_of(root: str, pid: int) -> str:
+    return os.path.join(root, f"{SCRATCH_PREFIX}{pid}")
+
+
+def sweep_scratch_dirs(root: str) -> list[str]:
+    """Remove the scratch directories under `root` of TaskManagers that are gone: named after a
+    pid that no longer runs, owned by us, real directories (not links). Returns what it removed."""
+    removed = []
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return removed
+    for entry in entries:
+        pid_text = entry.name[len(SCRATCH_PREFIX):]
+        if not entry.name.startswith(SCRATCH_PREFIX) or not pid_text.isdigit() or pid_text.startswith("0"):
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if not entry.is_dir(follow_symlinks=False) or st.st_uid != os.getuid() or os.path.exists(f"/proc/{pid_text}"):
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        removed.append(entry.path)
+    return removed
+
+
+def in_daemon_thread(fn: Callable[[], T], name: str) -> asyncio.Future[T]:
+    """Run blocking `fn` in a daemon thread; the future resolves on the calling loop.
+
+    Not the default executor: its threads are joined at interpreter exit, and a hung
+    SparkSession must not keep a signalled TaskManager alive."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+    def body() -> None:
+        try:
+            result, error = fn(), None
+        except BaseException as e:  # handed to the awaiting coroutine
+            result, error = None, e
+        try:
+            loop.call_soon_threadsafe(settle, result, error)
+        except RuntimeError:
+            pass  # the loop is closed: nobody is waiting any more
+
+    threading.Thread(target=body, name=name, daemon=True).start()
+    return future
+
+
+class SparkRuntime:
+    def __init__(self, config: TaskExecutorConfig):
+        self.config = config
+        self.id = config.task_manager_id
+        self.session: SparkSession | None = None
+        self.scratch: str | None = None  # this process's scratch directory, removed at stop
+        self.tasks_started = 0
+        self.closing = False
+        self._renewing = False
+        self._watches: list[asyncio.Task[None]] = []
+        self._warm_up_job: Any = None  # the warm-up (warmup.WarmUp) while it runs
+
+    # ------------------------------------------------------------------ creating the session
+
+    def target(self) -> str:
+        cfg = self.config
+        return sparksession.target(cfg.spark_master, cfg.spark_remote, cfg.number_of_slots)
+
+    def scratch_dir(self) -> str:
+        """`<temp dir>/funke-taskmanager-<pid>`, created now; the scratch directories of
+        TaskManagers that died without removing theirs are removed first."""
+        sweep_scratch_dirs(tempfile.gettempdir())
+        path = scratch_dir_of(tempfile.gettempdir(), os.getpid())
+        for sub in ("spark", "jvm"):
+            os.makedirs(os.path.join(path, sub), mode=0o700, exist_ok=True)
+        self.scratch = path
+        return path
+
+    def plan(self) -> sparksession.SparkPlan:
+        cfg = self.config
+        archive = None if cfg.spark_remote else jvmarchive.existing()
+        if archive is None and not cfg.spark_remote:
+            log.info("TaskManager %s: no class-data archive for this JVM and Spark yet: Spark starts slower "
+                     "(python -m funke.taskmanager.jvmarchive makes one)", self.id)
+        return sparksession.plan(
+            master=cfg.spark_master, remote=cfg.spark_remote, slots=cfg.number_of_slots, cores=available_cores(),
+            user_conf=cfg.spark_conf, scratch=None if cfg.spark_remote else self.scratch_dir(),
+            environ=os.environ, python=sys.executable,
+            host=advertised_host(cfg.host, cfg.advertise_host, cfg.jobmanager_address),
+            jvm_archive=jvmarchive.java_option(archive) if archive is not None else None)
+
+    def create_with_task_runtime(self) -> SparkSession:
+        """Blocking: the session, then the task runtime (the operators; PySpark is loaded by then:
+        importing it from two threads at once is not safe), off the loop, before the first task."""
+        spark = self.create()
+        importlib.import_module("funke.taskmanager.task")
+        return spark
+
+    def create(self) -> SparkSession:
+        """Blocking; runs in a thread. PySpark is imported here so --no-spark never loads it.
+        Raises StartupError when Spark cannot run this TaskManager's tasks (see sparksession)."""
+        plan = self.plan()
+        os.environ.update(plan.environ)
+        for note in plan.notes:
+            log.info("TaskManager %s: %s", self.id, note)
+        from pyspark.sql import SparkSession
+
+        builder = SparkSession.builder.appName(f"funke-taskmanager-{self.id}")
+        if plan.connect:
+            # create(), not getOrCreate(): after a server restart the cached session is closed.
+            spark = builder.remote(plan.target).create()
+            from pyspark.sql.connect.client.retries import DefaultPolicy
+
+            # While the server is away, calls wait for it as long as PySpark's default (about
+            # 10 minutes), but look every 2 s instead of backing off to a minute: a restarted
+            # server is noticed (and the session renewed) seconds after it is back.
+            spark.client.set_retry_policies([DefaultPolicy(
+                max_retries=sparksession.CONNECT_RETRIES, backoff_multiplier=2.0, initial_backoff=50,
+                max_backoff=sparksession.CONNECT_RETRY_MAX_BACKOFF_MS)])
+            try:
+                sparksession.check_connect_conf(plan, spark.conf.isModifiable)
+            except sparksession.SparkStartError as e:
+                raise StartupError(str(e)) from None
+            for key, value in plan.conf.items():
+                spark.conf.set(key, value)
+            for warning in sparksession.connect_warnings(spark.conf.get("spark.scheduler.mode", None)):
+                log.warning("TaskManager %s: %s", self.id, warning)
+            return spark
+        builder = builder.master(plan.target)
+        for key, value in plan.conf.items():
+            builder = builder.config(key, value)
+        spark = builder.getOrCreate()
+        spark.sparkContext.setLogLevel("WARN")
+        if plan.cluster:
+            jsc = spark.sparkContext._jsc.sc()
+            try:
+                count = sparksession.await_executors(plan, lambda: jsc.getExecutorIds().size(),
+                                                     timeout_s=self.config.spark_executor_timeout_s)
+            except sparksession.SparkStartError as e:
+                spark.stop()  # gives the master its application back
+                raise StartupError(str(e)) from None
+            log.info("TaskManager %s: %d Spark executor(s) from %s", self.id, count, plan.target)
+        return spark
+
+    def watch(self) -> None:
+        """Once the session is up: on Spark Connect, watch the session; else warm Spark up."""
+        cfg = self.config
+        if self.session is not None and cfg.spark_remote:
+            # Not a background loop of the life-or-death kind: it only renews the session.
+            self._watches.append(asyncio.create_task(self.watch_connect_session(), name="spark-connect-watch"))
+        if self.session is not None and cfg.warm_up and not cfg.spark_remote:  # a Connect server warms once, for all
+            self._watches.append(asyncio.create_task(self.warm_up_when_idle(), name="spark-warm-up"))
+
+    # ------------------------------------------------------------------ warming up
+
+    async def warm_up_when_idle(self) -> None:
+        """Spark's first jobs (taskmanager/warmup.py), in a daemon thread while the TaskManager
+        serves, once it has run no task yet and the machine's CPUs are idle enough; the first
+        task that comes meanwhile interrupts it (`task_starting`)."""
+        from funke.taskmanager import warmup
+
+        loop = asyncio.get_running_loop()
+        before = await loop.run_in_executor(None, warmup.cpu_times)
+        since = loop.time()
+        said = False
+        while True:
+            await asyncio.sleep(warmup.CHECK_INTERVAL_S)
+            if self.tasks_started or self.closing or self.session is None:
+                return
+            after = await loop.run_in_executor(None, warmup.cpu_times)
+            idle, before = warmup.idle_fraction(before, after), after
+            if warmup.due(session_ready=True, tasks_started=self.tasks_started, cpu_idle=idle,
+                          waited_s=loop.time() - since, patience_s=warmup.PATIENCE_S):
+                break
+            if not said:
+                said = True
+                log.info("TaskManager %s: Spark warm-up waits for idle CPUs (%.0f%% idle), at most %g s", self.id,
+                         100 * (idle or 0), warmup.PATIENCE_S)
+        job = warmup.WarmUp(self.session, self.scratch or self.scratch_dir())
+        self._warm_up_job = job
+        try:
+            took = await in_daemon_thread(job.run, "spark-warm-up")
+        finally:
+            self._warm_up_job = None
+        if job.cancelled:
+            log.info("TaskManager %s: Spark warm-up gave way to the first task after %.1f s", self.id, took)
+        else:
+            log.info("TaskManager %s: Spark warmed up in %.1f s", self.id, took)
+
+    def task_starting(self) -> None:
+        """A task is starting: the warm-up, if it runs, stops at once (its Spark jobs are
+        interrupted off the loop), and if it has not started, it never will."""
+        self.tasks_started += 1
+        self._stop_warm_up()
+
+    def _stop_warm_up(self) -> None:
+        job = self._warm_up_job
+        if job is not None and not job.cancelled:
+            asyncio.get_running_loop().run_in_executor(None, job.cancel)
+
+    # ------------------------------------------------------------------ Spark Connect
+
+    async def watch_connect_session(self) -> None:
+        """Ask the Connect server for a setting every CONNECT_PING_S: after a restart the
+        first answer says our session is gone (PySpark closes the client), and a new one is
+        opened before the next task needs it, so a job submitted after the restart never meets
+        the dead session; a job running across it fails those tasks once (restart strategy)."""
+        while not self.closing:
+            await asyncio.sleep(CONNECT_PING_S)
+            spark = self.session
+            if spark is None or self._renewing:
+                continue
+            try:
+                # A config read (about 2 ms): unlike the version (an AnalyzePlan), it is checked
+                # against the server's session, so a restarted server says so.
+                await asyncio.wait_for(in_daemon_thread(lambda: spark.conf.get("spark.sql.session.timeZone"),
+                                                        "spark-connect-ping"), CONNECT_PING_S * 5)
+            except Exception as e:  # the server is away (UNAVAILABLE), or it forgot us
+                log.debug("TaskManager %s: Spark Connect ping: %s: %s", self.id, type(e).__name__, e)
+                self.renew_closed_connect_session()
+
+    def renew_closed_connect_session(self) -> None:
+        """A Spark Connect server that restarted has forgotten our session: PySpark's client
+        closes itself on the first answer saying so, and every later call fails with
+        NO_ACTIVE_SESSION. The task that met it failed (its restart strategy retries it); the
+        tasks after it get a new session."""
+        spark = self.session
+        client = getattr(spark, "client", None)
+        if spark is None or self._renewing or not getattr(client, "is_closed", False):
+            return
+        self._renewing = True
+        log.warning("TaskManager %s: the Spark Connect session at %s was closed (the server restarted?); "
+                    "opening a new one", self.id, self.config.spark_remote)
+
+        async def renew() -> None:
+            try:
+                # Stopped first: PySpark falls back to its default session where code asks for
+                # the active one, and a closed default would hide the new one.
+                with contextlib.suppress(Exception):
+                    await in_daemon_thread(spark.stop, "spark-stop")
+                fresh = await in_daemon_thread(self.create, "spark-reconnect")
+            except Exception as e:  # the server is still away: the next failed task tries again
+                log.warning("TaskManager %s: no new Spark Connect session yet: %s: %s", self.id, type(e).__name__, e)
+            else:
+                if self.session is spark and not self.closing:
+                    self.session = fresh
+                    log.info("TaskManager %s: new Spark Connect session %s", self.id, fresh.session_id)
+                else:
+                    await in_daemon_thread(fresh.stop, "spark-stop")
+            finally:
+                self._renewing = False
+
+        asyncio.get_running_loop().create_task(renew(), name="spark-connect-renew")
+
+    # ------------------------------------------------------------------ stopping
+
+    def close(self) -> None:
+        """Shutdown begins: no more warm-up or renewal."""
+        self.closing = True
+        for watch in self._watches:
+            watch.cancel()
+        self._stop_warm_up()
+
+    async def stop(self) -> None:
+        """Stop the session (at most SPARK_STOP_TIMEOUT_S) and remove the scratch directory."""
+        if self.session is not None:
+            spark, self.session = self.session, None
+            try:
+                await asyncio.wait_for(in_daemon_thread(spark.stop, "spark-stop"), SPARK_STOP_TIMEOUT_S)
+            except TimeoutError:
+                log.warning("Spark did not stop within %g s", SPARK_STOP_TIMEOUT_S)
+            except Exception as exc:  # e.g. its JVM got the same SIGTERM and is gone already
+                log.warning("stopping Spark failed: %s: %s", type(exc).__name__, exc)
+                log.debug("stopping Spark failed", exc_info=True)
+        if self.scratch is not None:  # shuffle files can be many: off the loop
+            scratch, self.scratch = self.scratch, None
+            await in_daemon_thread(lambda: shutil.rmtree(scratch, ignore_errors=True), "scratch-removal")
