@@ -994,12 +994,12 @@ def cmd_cluster_start(args: argparse.Namespace) -> int:
     if args.workers is not None and args.spark != "standalone":
         raise localcluster.ClusterError("--workers is for --spark standalone")
     workers = (args.workers or 2) if args.spark == "standalone" else 0
-    info = localcluster.start(root, args.taskmanagers, args.slots, port=args.port, data_dir=args.data_dir,
-                              dynamic=args.dynamic, no_spark=args.no_spark, timeout=args.timeout,
-                              ha=args.ha, jobmanagers=args.jobmanagers, zookeeper_quorum=args.zookeeper_quorum,
-                              host=args.host, taskmanager_options=tm_options, spark_workers=workers,
-                              tls="mtls" if args.mtls else "tls" if args.tls else "none", insecure=args.insecure,
-                              tls_hosts=args.tls_host)
+    info = localcluster.start(localcluster.ClusterSpec(
+        root, args.taskmanagers, args.slots, port=args.port, data_dir=args.data_dir, dynamic=args.dynamic,
+        no_spark=args.no_spark, timeout=args.timeout, ha=args.ha, jobmanagers=args.jobmanagers,
+        zookeeper_quorum=args.zookeeper_quorum, host=args.host, taskmanager_options=tm_options,
+        spark_workers=workers, tls="mtls" if args.mtls else "tls" if args.tls else "none", insecure=args.insecure,
+        tls_hosts=args.tls_host))
     leads = " (leader)" if info.high_availability != "none" else ""
     rows = [[info.jobmanager.name + leads, info.address, "", str(info.jobmanager.pid), str(info.jobmanager.log)]]
     rows += [[jm.name + " (standby)", "", "", str(jm.pid), str(jm.log)] for jm in info.standbys]

@@ -622,13 +622,13 @@ def test_cluster_start_takes_high_availability_and_refuses_several_jobmanagers_w
     args = cli.build_parser().parse_args(["cluster", "start", "--ha", "filesystem", "--jobmanagers", "2"])
     assert (args.ha, args.jobmanagers) == ("filesystem", 2)
     with pytest.raises(localcluster.ClusterError, match="more than one needs high availability"):
-        localcluster.start(tmp_path / "c", 1, 1, jobmanagers=2)
+        localcluster.start(localcluster.ClusterSpec(tmp_path / "c", 1, 1, jobmanagers=2))
     with pytest.raises(localcluster.ClusterError, match="expected one of none, filesystem, zookeeper"):
-        localcluster.start(tmp_path / "c", 1, 1, ha="etcd")
+        localcluster.start(localcluster.ClusterSpec(tmp_path / "c", 1, 1, ha="etcd"))
     with pytest.raises(localcluster.ClusterError, match="only used with high availability zookeeper"):
-        localcluster.start(tmp_path / "c", 1, 1, ha="filesystem", zookeeper_quorum="127.0.0.1:2181")
+        localcluster.start(localcluster.ClusterSpec(tmp_path / "c", 1, 1, ha="filesystem", zookeeper_quorum="127.0.0.1:2181"))
     with pytest.raises(localcluster.ClusterError, match="zookeeper.quorum: expected host:port"):
-        localcluster.start(tmp_path / "c", 0, 1, ha="zookeeper", zookeeper_quorum="127.0.0.1:99999")
+        localcluster.start(localcluster.ClusterSpec(tmp_path / "c", 0, 1, ha="zookeeper", zookeeper_quorum="127.0.0.1:99999"))
     assert not (tmp_path / "c" / "pids").exists() or not list((tmp_path / "c" / "pids").iterdir())
 
 
