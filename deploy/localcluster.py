@@ -209,22 +209,8 @@ class ClusterSpec:
 def start(spec: ClusterSpec) -> ClusterInfo:
     """Start the cluster `spec` describes. Returns once the JobManager serves and every
     TaskManager is registered; otherwise stops whatever it started and raises ClusterError."""
-    dir, taskmanagers, slots, port, data_dir = spec.dir, spec.taskmanagers, spec.slots, spec.port, spec.data_dir
-    ha, jobmanagers, zookeeper_quorum, host = spec.ha, spec.jobmanagers, spec.zookeeper_quorum, spec.host
-    no_spark, spark_workers, taskmanager_options = spec.no_spark, spec.spark_workers, spec.taskmanager_options
-    tls, insecure = spec.tls, spec.insecure
-    if ha not in HA_MODES:
-        raise ClusterError(f"high availability {ha!r}: expected one of {', '.join(HA_MODES)}")
-    if zookeeper_quorum and ha != "zookeeper":
-        raise ClusterError("a ZooKeeper quorum is only used with high availability zookeeper (--ha zookeeper)")
-    if jobmanagers < 1 or (jobmanagers > 1 and ha == "none"):
-        raise ClusterError(f"{jobmanagers} JobManagers: more than one needs high availability (--ha filesystem)"
-                           if jobmanagers > 1 else f"a cluster needs at least one JobManager, got {jobmanagers}")
-    if taskmanagers < 0:
-        raise ClusterError(f"the number of TaskManagers must be 0 or more, got {taskmanagers}")
-    if slots < 1:
-        raise ClusterError(f"each TaskManager needs at least 1 slot, got {slots}")
-    root = Path(dir).expanduser().resolve()
+    _check(spec)
+    root = Path(spec.dir).expanduser().resolve()
     for sub in (root, root / "log", root / "pids"):
         sub.mkdir(parents=True, exist_ok=True)
     alive = [p for p in recorded_processes(root) if p.alive]
@@ -239,61 +225,57 @@ def start(spec: ClusterSpec) -> ClusterInfo:
             f"`funke cluster stop --dir {root}`"
         )
     _forget(root)  # pid files of dead processes and a stale address must not mislead anyone
-    problem = plaintext_problem("the cluster", host or "127.0.0.1", tls != "none", insecure)
+    problem = plaintext_problem("the cluster", spec.host or "127.0.0.1", spec.tls != "none", spec.insecure)
     if problem is not None:
         raise ClusterError(problem.replace("pass --insecure", "pass --insecure (or --tls)"))
-    prepare_security(root, tls, host, spec.tls_hosts)
+    prepare_security(root, spec.tls, spec.host, spec.tls_hosts)
     ha_conf = root / HA_CONF
     ha_conf.unlink(missing_ok=True)
-    if spark_workers < 0:
-        raise ClusterError(f"the number of Spark workers must be 0 or more, got {spark_workers}")
-    if spark_workers and (no_spark or any(o in ("--spark-master", "--spark-remote") for o in taskmanager_options)):
-        raise ClusterError("a Spark standalone cluster of its own is one Spark target; --no-spark, "
-                           "--spark-master and --spark-remote are others")
-    host_args = ["--host", host, *(["--insecure"] if insecure else [])] if host else []
-    tm_options = [*host_args, *taskmanager_options, *(["--no-spark"] if no_spark else [])]
-    data = data_dir or str(root / "data")
+    host_args = ["--host", spec.host, *(["--insecure"] if spec.insecure else [])] if spec.host else []
+    tm_options = [*host_args, *spec.taskmanager_options, *(["--no-spark"] if spec.no_spark else [])]
+    data = spec.data_dir or str(root / "data")
     if "://" not in data:
         # The processes run in the cluster dir; a relative path meant the caller's cwd.
         data = str(Path(data).expanduser().resolve())
 
     started = _Started(root)
+    quorum = spec.zookeeper_quorum
     deadline = time.monotonic() + spec.timeout
     ok = False
     spark_master = ""
     try:
-        if spark_workers:
-            spark_master = _start_standalone(root, spark_workers, taskmanagers * slots, taskmanagers, host,
-                                             max(deadline - time.monotonic(), 1))
+        if spec.spark_workers:
+            spark_master = _start_standalone(root, spec.spark_workers, spec.taskmanagers * spec.slots,
+                                             spec.taskmanagers, spec.host, max(deadline - time.monotonic(), 1))
             tm_options += ["--spark-master", spark_master]
-            if not any(o.startswith("spark.executor.memory=") for o in taskmanager_options):
+            if not any(o.startswith("spark.executor.memory=") for o in spec.taskmanager_options):
                 # room for every TaskManager's executor on every Worker
                 tm_options += ["--spark-conf", f"spark.executor.memory={STANDALONE_EXECUTOR_MEMORY_MB}m"]
         (root / TASKMANAGER_OPTIONS).write_text(json.dumps(tm_options))
-        if ha == "zookeeper" and not zookeeper_quorum:
-            zookeeper_quorum = _start_zookeeper(started, deadline)
-        if ha != "none":
-            _write_ha_conf(root, ha, zookeeper_quorum, spec.ha_options)
+        if spec.ha == "zookeeper" and not quorum:
+            quorum = _start_zookeeper(started, deadline)
+        if spec.ha != "none":
+            _write_ha_conf(root, spec.ha, quorum, spec.ha_options)
             (root / JOBMANAGERS_DIR).mkdir(exist_ok=True)
-        ha_args = ["--config", str(ha_conf)] if ha != "none" else []
+        ha_args = ["--config", str(ha_conf)] if spec.ha != "none" else []
         jm_options = ["--data-dir", data, *host_args]
         for entry in spec.dynamic:
             jm_options += ["-D", entry]
         (root / JOBMANAGER_OPTIONS).write_text(json.dumps(jm_options))
-        jm_names = [JOBMANAGER] + [f"{JOBMANAGER}-{i}" for i in range(2, jobmanagers + 1)]
+        jm_names = [JOBMANAGER] + [f"{JOBMANAGER}-{i}" for i in range(2, spec.jobmanagers + 1)]
         for i, name in enumerate(jm_names):
-            address_file, url_file = jobmanager_files(root, name, ha != "none")
-            jm_args = ["--port", str(port if i == 0 else 0), "--address-file", str(address_file),
+            address_file, url_file = jobmanager_files(root, name, spec.ha != "none")
+            jm_args = ["--port", str(spec.port if i == 0 else 0), "--address-file", str(address_file),
                        "--rest-url-file", str(url_file), *jm_options, *ha_args, *security_options(root)]
             _launch(started, name, jm_args)
         for name in jm_names:
-            _wait_for_address(started, jobmanager_files(root, name, ha != "none")[0], deadline)
-        address = _wait_for_leader(started, root, deadline) if ha != "none" else read_address(root) or ""
+            _wait_for_address(started, jobmanager_files(root, name, spec.ha != "none")[0], deadline)
+        address = _wait_for_leader(started, root, deadline) if spec.ha != "none" else read_address(root) or ""
 
-        tm_names = [f"tm-{i}" for i in range(1, taskmanagers + 1)]
+        tm_names = [f"tm-{i}" for i in range(1, spec.taskmanagers + 1)]
         for name in tm_names:
-            tm_args = ["--jobmanager", address, "--slots", str(slots), "--id", name, *tm_options, *ha_args,
-                       *security_options(root)]
+            tm_args = ["--jobmanager", address, "--slots", str(spec.slots), "--id", name, *tm_options,
+                       *ha_args, *security_options(root)]
             _launch(started, name, tm_args)
 
         with client_of(root, address, timeout=5) as client:
@@ -303,17 +285,17 @@ def start(spec: ClusterSpec) -> ClusterInfo:
                 _fail(started, JOBMANAGER, f"the JobManager at {address} did not become ready: {exc}")
             _wait_for_registrations(started, client, tm_names, deadline)
         ok = True
-        lead = leader_name(root) if ha != "none" else JOBMANAGER
+        lead = leader_name(root) if spec.ha != "none" else JOBMANAGER
         return ClusterInfo(
             dir=root,
             address=address,
             jobmanager=process_info(root, lead, started.processes[lead].pid, True),
             taskmanagers=tuple(process_info(root, n, started.processes[n].pid, True) for n in tm_names),
-            slots_per_taskmanager=slots,
+            slots_per_taskmanager=spec.slots,
             data_dir=data,
             standbys=tuple(process_info(root, n, started.processes[n].pid, True) for n in jm_names if n != lead),
-            high_availability=ha,
-            zookeeper_quorum=zookeeper_quorum or "",
+            high_availability=spec.ha,
+            zookeeper_quorum=quorum or "",
             zookeeper=(process_info(root, ZOOKEEPER, started.processes[ZOOKEEPER].pid, True)
                        if ZOOKEEPER in started.processes else None),
             spark_master=spark_master,
@@ -322,6 +304,28 @@ def start(spec: ClusterSpec) -> ClusterInfo:
     finally:
         if not ok:  # includes KeyboardInterrupt: never leave half a cluster behind
             stop(root)
+
+
+def _check(spec: ClusterSpec) -> None:
+    """The spec's own problems, before anything is started or written."""
+    if spec.ha not in HA_MODES:
+        raise ClusterError(f"high availability {spec.ha!r}: expected one of {', '.join(HA_MODES)}")
+    if spec.zookeeper_quorum and spec.ha != "zookeeper":
+        raise ClusterError("a ZooKeeper quorum is only used with high availability zookeeper (--ha zookeeper)")
+    if spec.jobmanagers < 1 or (spec.jobmanagers > 1 and spec.ha == "none"):
+        raise ClusterError(
+            f"{spec.jobmanagers} JobManagers: more than one needs high availability (--ha filesystem)"
+            if spec.jobmanagers > 1 else f"a cluster needs at least one JobManager, got {spec.jobmanagers}")
+    if spec.taskmanagers < 0:
+        raise ClusterError(f"the number of TaskManagers must be 0 or more, got {spec.taskmanagers}")
+    if spec.slots < 1:
+        raise ClusterError(f"each TaskManager needs at least 1 slot, got {spec.slots}")
+    if spec.spark_workers < 0:
+        raise ClusterError(f"the number of Spark workers must be 0 or more, got {spec.spark_workers}")
+    other_spark = spec.no_spark or any(o in ("--spark-master", "--spark-remote") for o in spec.taskmanager_options)
+    if spec.spark_workers and other_spark:
+        raise ClusterError("a Spark standalone cluster of its own is one Spark target; --no-spark, "
+                           "--spark-master and --spark-remote are others")
 
 
 def _start_standalone(root: Path, workers: int, cores: int, taskmanagers: int, host: str | None,
