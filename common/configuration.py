@@ -2,7 +2,7 @@
 bad entry.
 
 Owns the options a JobManager reads from `-D key=value` flags or the text of a `key: value` file
-(the flat format of Flink's flink-conf.yaml; the JobManager reads the file). Durations use Flink's syntax ("5 s", "500 ms"; a bare
+(the flat format of Flink's config.yaml, read with YAML's rules for comments and quotes; the JobManager reads the file). Durations use Flink's syntax ("5 s", "500 ms"; a bare
 number is milliseconds).
 """
 
@@ -306,18 +306,65 @@ def quorum_problem(value: str) -> str | None:
 
 
 def parse_config_lines(text: str, source: str = "configuration") -> dict[str, str]:
-    """`key: value` per line; `#` starts a comment. `source` names the text in errors (the
-    caller reads the file: this module does no I/O)."""
+    """`key: value` per line, read as Flink's config.yaml reads a flat file (YAML's rules): a `#`
+    starts a comment at the start of a line or after a blank, so `path: /data/#1` keeps its `#`
+    and `key: v # note` drops the note; a value in quotes ('...' with '' for a quote, or "..."
+    with backslash escapes) is taken as written, `#` included. `source` names the text in errors
+    (the caller reads the file: this module does no I/O)."""
     entries: dict[str, str] = {}
+    problems: list[str] = []
     for n, line in enumerate(text.splitlines(), 1):
-        line = line.split("#", 1)[0].strip()
-        if not line:
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
             continue
-        key, sep, value = line.partition(":")
-        if not sep:
-            raise ConfigurationError([f"{source}:{n}: expected 'key: value', got {line!r}"])
-        entries[key.strip()] = value.strip()
+        key, sep, rest = stripped.partition(":")
+        if not sep or not key.strip():
+            problems.append(f"{source}:{n}: expected 'key: value', got {stripped!r}")
+            continue
+        try:
+            entries[key.strip()] = _config_value(rest)
+        except ValueError as exc:
+            problems.append(f"{source}:{n}: {exc}")
+    if problems:
+        raise ConfigurationError(problems)
     return entries
+
+
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "0": "\0", "\\": "\\", '"': '"', "/": "/", " ": " "}
+
+
+def _config_value(rest: str) -> str:
+    """The value after `key:`: a quoted scalar, or a plain one up to a ` #` comment."""
+    rest = rest.strip()
+    if rest[:1] in ("'", '"'):
+        quote, value, i = rest[0], [], 1
+        while i < len(rest):
+            c = rest[i]
+            if c == quote and quote == "'" and rest[i + 1:i + 2] == "'":
+                value.append("'")
+                i += 2
+                continue
+            if c == quote:
+                tail = rest[i + 1:].strip()
+                if tail and not tail.startswith("#"):
+                    raise ValueError(f"unexpected {tail!r} after the quoted value")
+                return "".join(value)
+            if c == "\\" and quote == '"' and i + 1 < len(rest):
+                escaped = _ESCAPES.get(rest[i + 1])
+                if escaped is None:
+                    raise ValueError(f"unknown escape \\{rest[i + 1]} in a quoted value")
+                value.append(escaped)
+                i += 2
+                continue
+            value.append(c)
+            i += 1
+        raise ValueError(f"the quoted value {rest!r} has no closing {quote}")
+    if rest.startswith("#"):
+        return ""
+    for i in range(1, len(rest)):
+        if rest[i] == "#" and rest[i - 1] in " \t":
+            return rest[:i].rstrip()
+    return rest
 
 
 def parse_key_values(pairs: list[str]) -> dict[str, str]:

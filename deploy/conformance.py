@@ -39,6 +39,7 @@ from xml.sax.saxutils import escape, quoteattr
 from funke.common.conformance import ConformanceError, Step, assert_event_stream
 from funke.common.api.dsl import ExecutionEnvironment
 from funke.common.graph.jobgraph import JobGraph
+from funke.deploy.cli.render import table_lines
 from funke.deploy.client import JobManagerClient
 from funke.v1 import job_pb2
 
@@ -476,10 +477,8 @@ def _state(value: int) -> str:
 # ---------------------------------------------------------------------------- reports
 
 def table(outcomes: Sequence[Outcome]) -> str:
-    rows = [("SCENARIO", "EXPECTED PATH", "OBSERVED PATH", "VERDICT", "TIME")]
-    rows += [(o.name, o.expected, o.observed, "pass" if o.passed else "FAIL", f"{o.seconds:.1f} s") for o in outcomes]
-    widths = [max(len(r[i]) for r in rows) for i in range(5)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    rows = [(o.name, o.expected, o.observed, "pass" if o.passed else "FAIL", f"{o.seconds:.1f} s") for o in outcomes]
+    lines = table_lines(("SCENARIO", "EXPECTED PATH", "OBSERVED PATH", "VERDICT", "TIME"), rows, prefix="")
     for o in outcomes:
         for problem in o.problems:
             lines.append(f"  {o.name}: {problem}")

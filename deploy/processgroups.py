@@ -1,5 +1,6 @@
 """Process groups of the processes funke's launchers start (each with start_new_session, so a
-process's pid is its group's id): signalling one, and telling whether anything of it still runs.
+process's pid is its group's id): signalling one, telling whether anything of it still runs, and
+what a pid runs (psutil reads the process table, on Linux and macOS alike).
 Shared by the local cluster (`localcluster`) and the Spark standalone launcher (`sparkstandalone`);
 they only ever pass pids they started or recorded."""
 
@@ -9,7 +10,10 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterable
-from pathlib import Path
+
+import psutil
+
+_GONE = (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
 
 
 def signal_group(pid: int, signum: int) -> None:
@@ -22,26 +26,33 @@ def signal_group(pid: int, signum: int) -> None:
 def group_alive(pgid: int) -> bool:
     """Whether any process of the group still runs. Zombies do not count: a leader that exited
     stays a zombie until its parent (often init, which may take its time) reaps it."""
-    proc = Path("/proc")
-    if not (proc / "self").exists():
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
+    for process in psutil.process_iter(["status"]):
+        if process.info["status"] in _GONE:
             continue
         try:
-            fields = (entry / "stat").read_text().rpartition(")")[2].split()
-        except OSError:
+            if os.getpgid(process.pid) == pgid:
+                return True
+        except (ProcessLookupError, PermissionError):
             continue  # exited while we looked
-        # After the command name: state, ppid, pgrp, ...
-        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
-            return True
     return False
+
+
+def running(pid: int) -> bool:
+    """Whether `pid` exists and is no zombie (a process that exited waits as one to be reaped)."""
+    try:
+        return psutil.Process(pid).status() not in _GONE
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:
+        return True  # exists, but not ours to look at
+
+
+def command_line(pid: int) -> list[str] | None:
+    """The command line `pid` runs; None once it is gone (or a zombie) or when it is not ours to read."""
+    try:
+        return psutil.Process(pid).cmdline()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):  # a zombie is a NoSuchProcess too
+        return None
 
 
 def wait_gone(pids: Iterable[int], alive: Callable[[int], bool], deadline: float, poll_s: float = 0.1) -> None:

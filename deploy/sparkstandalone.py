@@ -46,7 +46,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from funke.deploy.processgroups import kill_what_is_left, signal_group, wait_gone
+from funke.deploy.processgroups import command_line, kill_what_is_left, running, signal_group, wait_gone
 
 __all__ = [
     "Executor",
@@ -517,25 +517,16 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True  # exists, but not ours to signal; _is_ours decides
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
+    return running(pid)
 
 
 def _is_ours(pid: int, name: str) -> bool:
     """Whether `pid` still runs what its name says: a session leader (we started it with
     start_new_session) whose command line holds the Master's or Worker's main class (pids are
-    reused once a process is gone). Without /proc the session-leader check has to do."""
+    reused once a process is gone)."""
     try:
         if os.getpgid(pid) != pid:
             return False
     except (ProcessLookupError, PermissionError):
         return False
-    if not Path("/proc/self").exists():
-        return True
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    return (MASTER_CLASS if name == MASTER else WORKER_CLASS).encode() in cmdline
+    return (MASTER_CLASS if name == MASTER else WORKER_CLASS) in (command_line(pid) or [])

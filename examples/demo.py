@@ -220,7 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
          f"in {cluster_dir.relative_to(ROOT)}/ ...")
     try:
         try:
-            cluster = localcluster.start(cluster_dir, TASKMANAGERS, SLOTS)
+            cluster = localcluster.start(localcluster.ClusterSpec(cluster_dir, TASKMANAGERS, SLOTS))
         except localcluster.ClusterError as exc:
             print(f"funke demo: the cluster did not start: {exc}", file=sys.stderr)
             return 1

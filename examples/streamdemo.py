@@ -170,7 +170,7 @@ def run_demo(name: str, argv: Sequence[str] | None, run: Callable[[Path, localcl
          f"in {root.relative_to(ROOT)}/ ...")
     try:
         try:
-            cluster = localcluster.start(root, TASKMANAGERS, SLOTS)
+            cluster = localcluster.start(localcluster.ClusterSpec(root, TASKMANAGERS, SLOTS))
         except localcluster.ClusterError as exc:
             print(f"funke {name} demo: the cluster did not start: {exc}", file=sys.stderr)
             return 1

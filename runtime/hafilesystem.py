@@ -38,6 +38,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Iterator
 
+import psutil
+
 from funke.common import ids
 from funke.common.leadership import DEFAULT_LEASE_S, Change, Contender, Lease
 
@@ -76,10 +78,10 @@ def process_identity(pid: int | None = None) -> str:
 
 
 def _start_ticks(pid: int) -> str:
+    """When process `pid` started (seconds since the epoch, as psutil reads it), "?" if unknown."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[19].decode()
-    except (OSError, IndexError):
+        return f"{psutil.Process(pid).create_time():.2f}"
+    except psutil.Error:
         return "?"
 
 
@@ -96,9 +98,8 @@ def holder_gone(holder: str) -> bool:
 
 def _zombie(pid: int) -> bool:
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
-    except (OSError, IndexError):
+        return psutil.Process(pid).status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except psutil.Error:
         return False
 
 

@@ -27,6 +27,7 @@ import threading
 import time
 from collections.abc import Iterator
 
+import psutil
 import pyarrow as pa
 from pyspark.sql import SparkSession
 
@@ -54,19 +55,16 @@ def _identity(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     yield from batches
 
 
-def cpu_times() -> tuple[int, int] | None:
-    """(idle, total) jiffies of this machine's CPUs so far (/proc/stat), None without /proc."""
+def cpu_times() -> tuple[float, float] | None:
+    """(idle, total) seconds of this machine's CPUs so far (psutil), None if they cannot be read."""
     try:
-        with open("/proc/stat") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-    except (OSError, ValueError):
+        times = psutil.cpu_times()
+    except (OSError, psutil.Error):
         return None
-    if len(fields) < 5:
-        return None
-    return fields[3] + fields[4], sum(fields)  # idle + iowait
+    return times.idle + getattr(times, "iowait", 0.0), sum(times)
 
 
-def idle_fraction(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+def idle_fraction(before: tuple[float, float] | None, after: tuple[float, float] | None) -> float | None:
     """How idle the CPUs were between two `cpu_times()` readings (None: unknown)."""
     if before is None or after is None or after[1] <= before[1]:
         return None
@@ -77,7 +75,7 @@ def due(*, session_ready: bool, tasks_started: int, cpu_idle: float | None, wait
         idle_needed: float = IDLE_CPU_FRACTION, patience_s: float = PATIENCE_S) -> bool:
     """Whether to warm up now: the session is there, no task has run on it yet (a task warms it
     by running), and the machine's CPUs were idle enough lately (unknown counts as idle: without
-    /proc there is nothing better to go by) or it has waited `patience_s` for that."""
+    a reading there is nothing better to go by) or it has waited `patience_s` for that."""
     if not session_ready or tasks_started:
         return False
     return cpu_idle is None or cpu_idle >= idle_needed or waited_s >= patience_s

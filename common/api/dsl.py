@@ -1,11 +1,11 @@
 """The DataStream DSL: how users write funke jobs, the way they would in Flink or PySpark.
 
 Owns the job-building API (`ExecutionEnvironment`, `DataStream`, `KeyedStream`, `DataStreamSink`,
-`CollectSink`) and its translation into a `JobGraph`: which operators chain into one JobVertex,
-the vertices' ids and names, and how the JobEdges between chains are wired (Flink's
-`StreamingJobGraphGenerator`, simplified). It owns nothing about running a job: the operator
-kinds and their configuration keys come from `graph/operators.py`, the rules a graph must satisfy from
-`graph/validation.py`, and what each kind does from the TaskManager.
+`CollectSink`, `StreamReader`) and the checks of what users pass to it; `build()` hands the
+operators it recorded to `translate.py`, which makes the `JobGraph` (chains, vertex ids, edges).
+It owns nothing about running a job: the operator kinds and their configuration keys come from
+`graph/operators.py`, the rules a graph must satisfy from `graph/validation.py`, and what each
+kind does from the TaskManager.
 
 This module is pure (no I/O, no Spark): the client imports it to build a job before anything
 else, so it must import fast. cloudpickle and the validator (networkx) are imported only when
@@ -28,34 +28,31 @@ record of the input's schema, and `generate`'s function receives the row number 
 
 from __future__ import annotations
 
-import copy
 import datetime
-import enum
 import json
 import os
-from collections import Counter
-import dataclasses
-from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Self, Sequence, TypeVar
 
+from funke.common import ids
+from funke.common.api.translate import (
+    BATCH_SHUFFLE_MODE,
+    OPERATOR_CHAINING,
+    RECEIVERS_GROUP,
+    Chaining,
+    Exchange,
+    ExchangeKind,
+    Plan,
+    Transformation,
+    translate,
+)
 from funke.common.graph.jobgraph import (
-    DEFAULT_SLOT_SHARING_GROUP,
     Artifact,
-    DistributionPattern,
     FailoverStrategyKind,
-    IntermediateDataSet,
-    JobConfiguration,
-    JobEdge,
     JobGraph,
     JobType,
-    JobVertex,
-    OperatorSpec,
-    PartitionerKind,
     RestartStrategyConfig,
-    ResultPartitionType,
 )
-from funke.common import ids
-from funke.common.graph.operators import CATALOGUE, JOIN_TYPES, SINK_MODES
+from funke.common.graph.operators import JOIN_TYPES, SINK_MODES
 from funke.common.graph.streamingjob import REDIS, SOCKET
 
 __all__ = [
@@ -69,81 +66,13 @@ __all__ = [
     "StreamReader",
 ]
 
-# Flink's option keys, so that a Flink user's configuration means the same here.
-BATCH_SHUFFLE_MODE = "execution.batch-shuffle-mode"
-OPERATOR_CHAINING = "pipeline.operator-chaining.enabled"
-# Keyed count()/reduce() pre-aggregate in the producer's chain before the exchange (Flink's
-# combinable reduce; Spark's partial aggregation). "false" turns it off.
-COMBINERS = "funke.combiners.enabled"
-# The slot-sharing group of receiver sources (socket_text): slots of their own.
-RECEIVERS_GROUP = "receivers"
-_SHUFFLE_MODES = {
-    "ALL_EXCHANGES_BLOCKING": ResultPartitionType.BLOCKING,
-    "ALL_EXCHANGES_PIPELINED": ResultPartitionType.PIPELINED,
-}
-
 UID_MAX_LENGTH = 128
+
+
 _JOIN_TYPES = JOIN_TYPES
+
+
 _WRITE_MODES = frozenset(SINK_MODES)
-
-
-# --------------------------------------------------------------------------------------------
-# The logical graph: one _Transformation per operator the user called (Flink's Transformation)
-# --------------------------------------------------------------------------------------------
-
-
-class _Chaining(enum.Enum):
-    """Flink's ChainingStrategy."""
-
-    ALWAYS = "always"  # chain with predecessor and successor when the rules allow
-    HEAD = "head"  # start_new_chain(): never chained to its predecessor
-    NEVER = "never"  # disable_chaining(): chained to neither side
-
-
-class _ExchangeKind(enum.Enum):
-    FORWARD = "forward"
-    HASH = "hash"
-    REBALANCE = "rebalance"
-    RESCALE = "rescale"
-    BROADCAST = "broadcast"
-
-
-@dataclass(frozen=True, slots=True)
-class _Exchange:
-    """An explicit partitioning between a stream and its next operator (key_by, rebalance, ...);
-    a stream without one uses Flink's default: FORWARD when parallelisms match, else REBALANCE."""
-
-    kind: _ExchangeKind
-    keys: tuple[str, ...] = ()
-
-
-@dataclass(eq=False, slots=True)
-class _Transformation:
-    """One operator of the logical graph. Mutable on purpose: the per-operator settings
-    (`set_parallelism`, `name`, ...) are applied after the operator was created."""
-
-    seq: int  # creation order, which is a topological order: inputs always exist first
-    kind: str
-    name: str
-    config: dict[str, Any]
-    function: bytes = b""
-    inputs: tuple[tuple[_Transformation, _Exchange | None], ...] = ()
-    parallelism: int | None = None  # None: the environment's default
-    max_parallelism: int | None = None
-    uid: str | None = None
-    slot_sharing_group: str | None = None  # None: inherited from the inputs, as in Flink
-    co_location_group: str | None = None
-    chaining: _Chaining = _Chaining.ALWAYS
-    id_base: str | None = None  # the kind the user asked for, when a rewrite changed `kind`
-
-    @property
-    def arity(self) -> int:
-        return CATALOGUE[self.kind].arity
-
-
-# --------------------------------------------------------------------------------------------
-# The user-facing handles
-# --------------------------------------------------------------------------------------------
 
 
 class _OperatorHandle:
@@ -153,7 +82,7 @@ class _OperatorHandle:
 
     __slots__ = ("_env", "_t")
 
-    def __init__(self, env: ExecutionEnvironment, t: _Transformation) -> None:
+    def __init__(self, env: ExecutionEnvironment, t: Transformation) -> None:
         self._env = env
         self._t = t
 
@@ -192,13 +121,13 @@ class _OperatorHandle:
 
     def disable_chaining(self) -> Self:
         """Chain this operator to neither its predecessor nor its successor."""
-        self._t.chaining = _Chaining.NEVER
+        self._t.chaining = Chaining.NEVER
         return self
 
     def start_new_chain(self) -> Self:
         """Begin a new chain at this operator; its successors may still chain to it."""
-        if self._t.chaining is not _Chaining.NEVER:
-            self._t.chaining = _Chaining.HEAD
+        if self._t.chaining is not Chaining.NEVER:
+            self._t.chaining = Chaining.HEAD
         return self
 
     def __repr__(self) -> str:
@@ -214,7 +143,7 @@ class DataStream(_OperatorHandle):
 
     __slots__ = ("_exchange",)
 
-    def __init__(self, env: ExecutionEnvironment, t: _Transformation, exchange: _Exchange | None = None) -> None:
+    def __init__(self, env: ExecutionEnvironment, t: Transformation, exchange: Exchange | None = None) -> None:
         super().__init__(env, t)
         self._exchange = exchange
 
@@ -259,7 +188,7 @@ class DataStream(_OperatorHandle):
         keys = _keys(on, "join")
         if not isinstance(how, str) or how.lower() not in _JOIN_TYPES:
             raise ValueError(f"join(): unknown join type {how!r} (accepted: {', '.join(sorted(_JOIN_TYPES))})")
-        hashed = _Exchange(_ExchangeKind.HASH, keys)
+        hashed = Exchange(ExchangeKind.HASH, keys)
         t = self._env._add("join", "Join", {"on": list(keys), "how": how.lower()},
                            inputs=((self._t, hashed), (other._t, hashed)))
         return DataStream(self._env, t)
@@ -283,21 +212,21 @@ class DataStream(_OperatorHandle):
 
     def rebalance(self) -> DataStream:
         """Round-robin to all downstream subtasks."""
-        return DataStream(self._env, self._t, _Exchange(_ExchangeKind.REBALANCE))
+        return DataStream(self._env, self._t, Exchange(ExchangeKind.REBALANCE))
 
     def rescale(self) -> DataStream:
         """Round-robin to a local subset of downstream subtasks (POINTWISE): cheaper than
         rebalance when parallelisms are multiples of each other."""
-        return DataStream(self._env, self._t, _Exchange(_ExchangeKind.RESCALE))
+        return DataStream(self._env, self._t, Exchange(ExchangeKind.RESCALE))
 
     def broadcast(self) -> DataStream:
         """Every record to every downstream subtask."""
-        return DataStream(self._env, self._t, _Exchange(_ExchangeKind.BROADCAST))
+        return DataStream(self._env, self._t, Exchange(ExchangeKind.BROADCAST))
 
     def forward(self) -> DataStream:
         """Subtask i feeds subtask i; both sides must have the same parallelism (checked by
         build()). Such an edge still chains when the other chaining rules allow."""
-        return DataStream(self._env, self._t, _Exchange(_ExchangeKind.FORWARD))
+        return DataStream(self._env, self._t, Exchange(ExchangeKind.FORWARD))
 
     # ---- sinks ----
 
@@ -378,8 +307,8 @@ class KeyedStream(DataStream):
 
     __slots__ = ("_keys",)
 
-    def __init__(self, env: ExecutionEnvironment, t: _Transformation, keys: tuple[str, ...]) -> None:
-        super().__init__(env, t, _Exchange(_ExchangeKind.HASH, keys))
+    def __init__(self, env: ExecutionEnvironment, t: Transformation, keys: tuple[str, ...]) -> None:
+        super().__init__(env, t, Exchange(ExchangeKind.HASH, keys))
         self._keys = keys
 
     def count(self) -> DataStream:
@@ -419,11 +348,6 @@ class CollectSink(DataStreamSink):
         return self._env._vertex_id_of(self._t)
 
 
-# --------------------------------------------------------------------------------------------
-# The environment
-# --------------------------------------------------------------------------------------------
-
-
 class ExecutionEnvironment:
     """Collects the operators and the job configuration, and builds the JobGraph.
 
@@ -434,9 +358,9 @@ class ExecutionEnvironment:
         self.name = _non_empty_str(name, "job name")
         self.job_type = _job_type(job_type)
         self.parallelism = _positive_int(parallelism, "parallelism")
-        self._transformations: list[_Transformation] = []
-        self._sinks: list[_Transformation] = []
-        self._uids: dict[str, _Transformation] = {}
+        self._transformations: list[Transformation] = []
+        self._sinks: list[Transformation] = []
+        self._uids: dict[str, Transformation] = {}
         self._restart_strategy: RestartStrategyConfig | None = None
         self._failover_strategy: FailoverStrategyKind | None = None
         self._slot_request_timeout_s: float | None = None
@@ -580,20 +504,26 @@ class ExecutionEnvironment:
         results reach no sink are left out, as Spark leaves out what no action needs."""
         from funke.common.graph.validation import validate
 
-        job, vertex_ids = _translate(self)
+        job, vertex_ids = translate(self.logical_plan())
         validate(job)
         self._built_vertex_ids = vertex_ids
         return job
 
+    def logical_plan(self) -> Plan:
+        """The operators and the configuration as they stand: what `build` translates."""
+        return Plan(self.name, self.job_type, self.parallelism, tuple(self._transformations), tuple(self._sinks),
+                    frozenset(self._uids), dict(self._options), self._restart_strategy, self._failover_strategy,
+                    self._slot_request_timeout_s, tuple(self._artifacts.values()))
+
     # ---- internals used by the handles ----
 
     def _add(self, kind: str, name: str, config: dict[str, Any], function: bytes = b"", *,
-             inputs: tuple[tuple[_Transformation, _Exchange | None], ...] = ()) -> _Transformation:
+             inputs: tuple[tuple[Transformation, Exchange | None], ...] = ()) -> Transformation:
         try:  # configs travel as JSON; fail at the call that made one that is not
             json.dumps(config, allow_nan=False)
         except (TypeError, ValueError) as exc:
             raise TypeError(f"{name}: configuration is not JSON-serialisable: {exc}") from None
-        t = _Transformation(len(self._transformations), kind, name, config, function, inputs)
+        t = Transformation(len(self._transformations), kind, name, config, function, inputs)
         self._transformations.append(t)
         return t
 
@@ -609,7 +539,7 @@ class ExecutionEnvironment:
             config["options"] = spark_options
         return self._source(kind, name, config)
 
-    def _register_uid(self, t: _Transformation, uid: str) -> None:
+    def _register_uid(self, t: Transformation, uid: str) -> None:
         owner = self._uids.get(uid)
         if owner is not None and owner is not t:
             raise ValueError(f"uid {uid!r} is already used by operator {owner.name!r}; uids must be unique in a job")
@@ -624,10 +554,10 @@ class ExecutionEnvironment:
         if other._env is not self:
             raise ValueError(f"{operation}(): the streams belong to different ExecutionEnvironments")
 
-    def _vertex_id_of(self, t: _Transformation) -> str:
+    def _vertex_id_of(self, t: Transformation) -> str:
         if self._built_vertex_ids is not None and t.seq in self._built_vertex_ids:
             return self._built_vertex_ids[t.seq]
-        return _translate(self)[1][t.seq]
+        return translate(self.logical_plan())[1][t.seq]
 
 
 class StreamReader:
@@ -726,246 +656,6 @@ class StreamReader:
         return stream
 
 
-
-# --------------------------------------------------------------------------------------------
-# Translation: operators -> chains -> JobVertices, JobEdges and IntermediateDataSets
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class _Chain:
-    operators: list[_Transformation] = field(default_factory=list)
-    vertex_id: str = ""
-    max_parallelism: int | None = None  # the one its operators set, if any
-
-    @property
-    def head(self) -> _Transformation:
-        return self.operators[0]
-
-
-def _with_combiners(env: ExecutionEnvironment, ordered: list[_Transformation],
-                    consumers: Counter) -> tuple[list[_Transformation], Counter]:
-    """Give each keyed count()/reduce()/aggregate() a combiner: the same operation, chained onto
-    the producer, so that the exchange carries one record per key and subtask instead of every
-    record (a word count's shuffle shrinks from every word to the distinct words). The count
-    behind a combiner sums the partial counts; an aggregate's combiner (`combine`) decides on the
-    TaskManager, once the schema is known, which SQL aggregates split (`funke.common.task.combine`).
-    Only where the combiner can chain: the producer feeds nothing else and allows chaining.
-    Works on copies: the environment is unchanged."""
-    enabled = all(env._options.get(key, "true").strip().lower() != "false" for key in (COMBINERS, OPERATOR_CHAINING))
-    if not enabled:
-        return ordered, consumers
-    replaced: dict[int, _Transformation] = {}
-    out: list[_Transformation] = []
-    next_seq = len(env._transformations)
-    for original in ordered:
-        t = original
-        inputs = tuple((replaced.get(i.seq, i), x) for i, x in t.inputs)
-        if any(a is not b for (a, _), (b, _) in zip(inputs, t.inputs)):
-            t = dataclasses.replace(t, inputs=inputs)
-        if t.kind in ("count", "reduce", "aggregate") and len(t.inputs) == 1:
-            (producer, exchange), = t.inputs
-            if (exchange is not None and exchange.kind is _ExchangeKind.HASH and consumers[producer.seq] == 1
-                    and producer.chaining is not _Chaining.NEVER):
-                kind = "combine" if t.kind == "aggregate" else t.kind
-                combiner = _Transformation(next_seq, kind, f"Combine ({t.name})", dict(t.config), t.function,
-                                           ((producer, None),), parallelism=producer.parallelism,
-                                           co_location_group=producer.co_location_group)
-                next_seq += 1
-                out.append(combiner)
-                if t.kind == "count":
-                    t = dataclasses.replace(t, kind="aggregate", id_base="count", inputs=((combiner, exchange),), config={
-                        "keys": t.config["keys"], "aggregations": ["sum(`count`) as `count`"]})
-                else:
-                    t = dataclasses.replace(t, inputs=((combiner, exchange),))
-        if t is not original:
-            replaced[original.seq] = t
-        out.append(t)
-    return out, Counter(i.seq for t in out for i, _ in t.inputs)
-
-
-def _translate(env: ExecutionEnvironment) -> tuple[JobGraph, dict[int, str]]:
-    """The JobGraph (not yet validated) and, per operator `seq`, the id of its vertex."""
-    if not env._sinks:
-        raise ValueError(
-            f"job {env.name!r} has no sinks: end a pipeline with write_parquet/write_csv/"
-            "write_json/write_text, print(), collect() or discard()"
-        )
-    # Only what some sink needs: an operator nobody consumes would compute and throw away.
-    needed: set[int] = set()
-    stack = list(env._sinks)
-    while stack:
-        t = stack.pop()
-        if t.seq not in needed:
-            needed.add(t.seq)
-            stack.extend(i for i, _ in t.inputs)
-    ordered = [t for t in env._transformations if t.seq in needed]
-    consumers = Counter(i.seq for t in ordered for i, _ in t.inputs)
-    ordered, consumers = _with_combiners(env, ordered, consumers)
-
-    parallelism = {t.seq: t.parallelism or env.parallelism for t in ordered}
-    group: dict[int, str] = {}
-    for t in ordered:  # inputs come first, so their groups are known
-        if t.slot_sharing_group is not None:
-            group[t.seq] = t.slot_sharing_group
-        else:
-            # A receiver keeps its slot to itself (as Spark's receivers keep their cores): what
-            # follows it does not inherit its group.
-            input_groups = {group[i.seq] for i, _ in t.inputs} - {RECEIVERS_GROUP}
-            group[t.seq] = input_groups.pop() if len(input_groups) == 1 else DEFAULT_SLOT_SHARING_GROUP
-
-    for t in ordered:
-        for i, exchange in t.inputs:
-            if exchange is not None and exchange.kind is _ExchangeKind.FORWARD and parallelism[i.seq] != parallelism[t.seq]:
-                raise ValueError(
-                    f"forward() cannot connect {i.name!r} (parallelism {parallelism[i.seq]}) to "
-                    f"{t.name!r} (parallelism {parallelism[t.seq]}); use rebalance() or rescale() "
-                    "to change parallelism"
-                )
-
-    chaining_enabled = env._options.get(OPERATOR_CHAINING, "true").strip().lower() != "false"
-
-    def chainable(t: _Transformation) -> bool:
-        # Flink's StreamingJobGraphGenerator.isChainable, plus equal co-location groups and
-        # compatible max parallelism: a chain has one of each, and a value set on one operator
-        # must not be silently dropped. An unset max parallelism goes with any.
-        if not chaining_enabled or len(t.inputs) != 1 or t.arity != 1:
-            return False
-        (p, exchange), = t.inputs
-        chain_max = chain_of[p.seq].max_parallelism
-        return (
-            consumers[p.seq] == 1
-            and (exchange is None or exchange.kind is _ExchangeKind.FORWARD)
-            and parallelism[p.seq] == parallelism[t.seq]
-            and group[p.seq] == group[t.seq]
-            and p.co_location_group == t.co_location_group
-            and (t.max_parallelism is None or chain_max is None or t.max_parallelism == chain_max)
-            and p.chaining is not _Chaining.NEVER
-            and t.chaining is _Chaining.ALWAYS
-        )
-
-    chains: list[_Chain] = []
-    chain_of: dict[int, _Chain] = {}
-    for t in ordered:
-        if chainable(t):
-            # The predecessor has no other consumer, so it is the tail of its chain.
-            chain = chain_of[t.inputs[0][0].seq]
-        else:
-            chain = _Chain()
-            chains.append(chain)
-        chain.operators.append(t)
-        chain.max_parallelism = chain.max_parallelism or t.max_parallelism
-        chain_of[t.seq] = chain
-
-    # uids first, so that no generated id takes one; generated ids come from the head's kind.
-    taken = set(env._uids)
-    for chain in chains:
-        if chain.head.uid is not None:
-            chain.vertex_id = chain.head.uid
-            continue
-        base = (chain.head.id_base or chain.head.kind).replace(".", "-").replace("_", "-")
-        candidate, n = base, 1
-        while candidate in taken:
-            n += 1
-            candidate = f"{base}-{n}"
-        taken.add(candidate)
-        chain.vertex_id = candidate
-
-    partition_type = _result_partition_type(env)
-    vertices: list[JobVertex] = []
-    data_sets: list[IntermediateDataSet] = []
-    edges: list[JobEdge] = []
-    produced: Counter[str] = Counter()
-    edge_ids: set[str] = set()
-    for chain in chains:
-        head = chain.head
-        vertices.append(JobVertex(
-            id=chain.vertex_id,
-            name=_chain_name([t.name for t in chain.operators]),
-            parallelism=parallelism[head.seq],
-            operators=tuple(
-                OperatorSpec(t.kind, t.name, copy.deepcopy(t.config), t.function) for t in chain.operators
-            ),
-            max_parallelism=chain.max_parallelism,
-            slot_sharing_group=group[head.seq],
-            co_location_group=head.co_location_group,
-        ))
-        for index, (p, exchange) in enumerate(head.inputs):
-            producer = chain_of[p.seq].vertex_id
-            data_set_id = f"{producer}.out{produced[producer]}"
-            produced[producer] += 1
-            data_sets.append(IntermediateDataSet(data_set_id, producer))
-            pattern, partitioner, keys = _wiring(exchange, parallelism[p.seq] == parallelism[head.seq])
-            edge_id = f"{producer}->{chain.vertex_id}"
-            if edge_id in edge_ids:  # the same stream feeds one operator twice (self-join/union)
-                edge_id = f"{edge_id}#{index}"
-            edge_ids.add(edge_id)
-            edges.append(JobEdge(
-                id=edge_id,
-                data_set=data_set_id,
-                consumer=chain.vertex_id,
-                distribution_pattern=pattern,
-                partitioner=partitioner,
-                partition_keys=keys,
-                result_partition_type=partition_type,
-                input_index=index,
-            ))
-
-    job = JobGraph(
-        name=env.name,
-        vertices=tuple(vertices),
-        data_sets=tuple(data_sets),
-        edges=tuple(edges),
-        job_type=env.job_type,
-        configuration=JobConfiguration(
-            restart_strategy=env._restart_strategy,
-            failover_strategy=env._failover_strategy,
-            slot_request_timeout_s=env._slot_request_timeout_s,
-            options=dict(env._options),
-        ),
-        artifacts=tuple(env._artifacts.values()),
-    )
-    return job, {seq: chain.vertex_id for seq, chain in chain_of.items()}
-
-
-def _wiring(exchange: _Exchange | None, same_parallelism: bool
-            ) -> tuple[DistributionPattern, PartitionerKind, tuple[str, ...]]:
-    if exchange is None:
-        # Flink's default partitioner: forward when it can, rebalance when parallelism changes.
-        if same_parallelism:
-            return DistributionPattern.POINTWISE, PartitionerKind.FORWARD, ()
-        return DistributionPattern.ALL_TO_ALL, PartitionerKind.REBALANCE, ()
-    return _EXCHANGE_WIRING[exchange.kind][0], _EXCHANGE_WIRING[exchange.kind][1], exchange.keys
-
-
-_EXCHANGE_WIRING: dict[_ExchangeKind, tuple[DistributionPattern, PartitionerKind]] = {
-    _ExchangeKind.FORWARD: (DistributionPattern.POINTWISE, PartitionerKind.FORWARD),
-    _ExchangeKind.HASH: (DistributionPattern.ALL_TO_ALL, PartitionerKind.HASH),
-    _ExchangeKind.REBALANCE: (DistributionPattern.ALL_TO_ALL, PartitionerKind.REBALANCE),
-    _ExchangeKind.RESCALE: (DistributionPattern.POINTWISE, PartitionerKind.REBALANCE),
-    _ExchangeKind.BROADCAST: (DistributionPattern.ALL_TO_ALL, PartitionerKind.BROADCAST),
-}
-
-
-def _result_partition_type(env: ExecutionEnvironment) -> ResultPartitionType:
-    mode = env._options.get(BATCH_SHUFFLE_MODE)
-    if mode is None:
-        return ResultPartitionType.BLOCKING if env.job_type is JobType.BATCH else ResultPartitionType.PIPELINED
-    # Unlike Flink, the option is honoured for streaming jobs too: funke's streaming jobs are
-    # bounded, so blocking exchanges are meaningful there as well.
-    try:
-        return _SHUFFLE_MODES[mode.strip().upper()]
-    except KeyError:
-        raise ValueError(
-            f"{BATCH_SHUFFLE_MODE}: unsupported value {mode!r} (accepted: {', '.join(_SHUFFLE_MODES)})"
-        ) from None
-
-
-# --------------------------------------------------------------------------------------------
-# Argument checks and conversions
-# --------------------------------------------------------------------------------------------
-
-
 def _positive_int(value: object, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{what} must be a positive integer, got {value!r}")
@@ -978,20 +668,6 @@ def _location(path: object) -> str:
     scheme (hdfs://, s3a://, file://) and globs are kept as written."""
     text = _non_empty_str(path, "path")
     return text if "://" in text else os.path.abspath(text)
-
-
-def _chain_name(names: list[str]) -> str:
-    """"Source: text -> FlatMap -> Count", as Flink names a chain; a chain too long to name in
-    full keeps its ends: "A -> B -> ... (37 more) -> Z"."""
-    name = " -> ".join(names)
-    if len(name) <= ids.MAX_NAME_LENGTH:
-        return name
-    head, tail = list(names[:2]), names[-1]
-    while len(head) > 1 and len(" -> ".join(head)) > ids.MAX_NAME_LENGTH // 2:
-        head.pop()
-    middle = f"... ({len(names) - len(head) - 1} more)"
-    shortened = " -> ".join([*head, middle, tail])
-    return shortened if len(shortened) <= ids.MAX_NAME_LENGTH else shortened[: ids.MAX_NAME_LENGTH - 3] + "..."
 
 
 def _label(value: object, what: str) -> str:

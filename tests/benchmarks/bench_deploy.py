@@ -71,7 +71,7 @@ def run(ps: list[int], runs: int) -> list[dict]:
     for p in ps:
         with tempfile.TemporaryDirectory(prefix="funke-bench-deploy-") as d:
             slots = -(-p // TASKMANAGERS)
-            info = localcluster.start(d, TASKMANAGERS, slots, no_spark=True)
+            info = localcluster.start(localcluster.ClusterSpec(d, TASKMANAGERS, slots, no_spark=True))
             try:
                 with info.client(timeout=600) as client:
                     for kind in (ResultPartitionType.BLOCKING, ResultPartitionType.PIPELINED):

@@ -57,7 +57,7 @@ def main() -> int:
     wordcount = load_job_file(REPO / "examples" / "wordcount.py", ["--parallelism", "2"])
     with tempfile.TemporaryDirectory(prefix="funke-bench-") as d:
         t0 = time.time()
-        info = localcluster.start(d, args.taskmanagers, args.slots)
+        info = localcluster.start(localcluster.ClusterSpec(d, args.taskmanagers, args.slots))
         started = time.time() - t0
         try:
             with info.client() as client:

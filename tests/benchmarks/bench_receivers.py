@@ -152,7 +152,7 @@ def main() -> int:
     results: dict = {"cores": args.cores, "seconds": args.seconds, "sweep_top": SWEEP[-1], "queries": {}}
     with tempfile.TemporaryDirectory(prefix="funke-bench-receivers-") as tmp:
         root = Path(tmp)
-        info = localcluster.start(root / "cluster", 1, args.cores)
+        info = localcluster.start(localcluster.ClusterSpec(root / "cluster", 1, args.cores))
         client = info.client(timeout=600)
         runs = 0
 

@@ -103,7 +103,7 @@ def main() -> int:
     results = []
     with tempfile.TemporaryDirectory(prefix="funke-bench-stop-") as tmp:
         root = Path(tmp)
-        info = localcluster.start(root / "cluster", 1, 2)
+        info = localcluster.start(localcluster.ClusterSpec(root / "cluster", 1, 2))
         client = info.client(timeout=600)
         try:
             for drain in (False, True):

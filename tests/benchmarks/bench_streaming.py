@@ -180,7 +180,7 @@ def main() -> int:
     results: dict = {"cores": args.cores, "seconds": args.seconds, "sweep_top": SWEEP[-1], "structured": {}, "funke": {}}
     with tempfile.TemporaryDirectory(prefix="funke-bench-stream-") as tmp:
         root = Path(tmp)
-        info = localcluster.start(root / "cluster", 1, args.cores)
+        info = localcluster.start(localcluster.ClusterSpec(root / "cluster", 1, args.cores))
         client = info.client(timeout=600)
         structured = Structured(args.cores, root / "structured")
         runs = 0

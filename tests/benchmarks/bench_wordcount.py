@@ -156,7 +156,7 @@ def main() -> int:
     print(f"corpus: {size / 2**20:.0f} MiB in 16 files ({time.time() - started:.1f} s to prepare)", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="funke-bench-wc-") as tmp:
         tmp_path = Path(tmp)
-        info = localcluster.start(tmp_path / "cluster", 1, args.cores)
+        info = localcluster.start(localcluster.ClusterSpec(tmp_path / "cluster", 1, args.cores))
         client = info.client(timeout=600)
         plain = PlainPySpark(corpus, tmp_path / "plain-out", args.cores)
         funke_out = tmp_path / "funke-out"

@@ -105,7 +105,7 @@ class Cluster:
     def __init__(self, root: Path, backend: str = "filesystem", options: dict[str, str] | None = None):
         self.root = root
         self.backend = backend
-        localcluster.start(root, 2, 2, ha=backend, jobmanagers=2, ha_options=options)
+        localcluster.start(localcluster.ClusterSpec(root, 2, 2, ha=backend, jobmanagers=2, ha_options=options))
         self.client = JobManagerClient(localcluster.read_address(root) or "127.0.0.1:1", timeout=10,
                                        credentials=localcluster.credentials(root), failover_timeout=120, leader=lambda: localcluster.read_address(root))
 

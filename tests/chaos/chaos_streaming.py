@@ -101,7 +101,7 @@ class FreshCluster:
 
     def __init__(self, dir: Path):
         self.dir = dir
-        self.info = localcluster.start(dir, 2, 1)
+        self.info = localcluster.start(localcluster.ClusterSpec(dir, 2, 1))
         self.client = self.info.client()
         self.started = 0
 

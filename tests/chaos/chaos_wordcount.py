@@ -121,7 +121,7 @@ def main() -> int:
         (tmp_path / "corpus").mkdir()
         corpus = make_corpus(tmp_path / "corpus", args.seed)
         cluster_dir = tmp_path / "cluster"
-        info = localcluster.start(cluster_dir, len(TASKMANAGERS), 2)
+        info = localcluster.start(localcluster.ClusterSpec(cluster_dir, len(TASKMANAGERS), 2))
         client = info.client()
         try:
             reference_out = tmp_path / "reference"

@@ -117,7 +117,7 @@ class StreamCluster:
 
     def __init__(self, dir: Path):
         self.dir = dir
-        self.info = localcluster.start(dir, self.TASKMANAGERS, 2)
+        self.info = localcluster.start(localcluster.ClusterSpec(dir, self.TASKMANAGERS, 2))
         self.client = self.info.client()
         self.spare = 0
 

@@ -38,7 +38,7 @@ SEPARATORS = re.compile(r"[\W\d_]+")
 class FaultCluster:
     def __init__(self, dir: Path):
         self.dir = dir
-        self.info = localcluster.start(dir, len(TASKMANAGERS), 2)
+        self.info = localcluster.start(localcluster.ClusterSpec(dir, len(TASKMANAGERS), 2))
         self.client = self.info.client()
 
     def restore(self) -> None:

@@ -37,7 +37,8 @@ TASKMANAGERS = ("tm-1", "tm-2")
 class HaCluster:
     def __init__(self, dir: Path, backend: str = "filesystem", ha_options: dict[str, str] | None = None):
         self.dir = dir
-        self.info = localcluster.start(dir, len(TASKMANAGERS), 2, ha=backend, jobmanagers=2, ha_options=ha_options)
+        self.info = localcluster.start(localcluster.ClusterSpec(dir, len(TASKMANAGERS), 2, ha=backend, jobmanagers=2,
+                                                                ha_options=ha_options))
         self.client = self.follower()
 
     def follower(self) -> JobManagerClient:

@@ -23,7 +23,8 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def jobmanager(tmp_path_factory):
     root = tmp_path_factory.mktemp("multihost")
-    info = localcluster.start(root, 0, 1, no_spark=True, dynamic=["cluster.registration.probe-timeout=2 s"])
+    info = localcluster.start(localcluster.ClusterSpec(root, 0, 1, no_spark=True,
+                                                       dynamic=["cluster.registration.probe-timeout=2 s"]))
     client = info.client()
     yield info, client
     client.close()

@@ -44,10 +44,11 @@ def net():
 def jobmanager(net, tmp_path_factory):
     root = tmp_path_factory.mktemp("netns-cluster")
     # Several hosts: mutual TLS, the processes' certificate valid on every host's address.
-    info = localcluster.start(root, 0, 2, host=net.root_address, tls="mtls", tls_hosts=[h.address for h in net.hosts],
-                              dynamic=[f"heartbeat.timeout={HEARTBEAT_TIMEOUT_S:g} s", "heartbeat.interval=500 ms",
-                                       "restart-strategy.type=fixed-delay", "restart-strategy.fixed-delay.attempts=20",
-                                       "restart-strategy.fixed-delay.delay=500 ms"])
+    info = localcluster.start(localcluster.ClusterSpec(
+        root, 0, 2, host=net.root_address, tls="mtls", tls_hosts=[h.address for h in net.hosts],
+        dynamic=[f"heartbeat.timeout={HEARTBEAT_TIMEOUT_S:g} s", "heartbeat.interval=500 ms",
+                 "restart-strategy.type=fixed-delay", "restart-strategy.fixed-delay.attempts=20",
+                 "restart-strategy.fixed-delay.delay=500 ms"]))
     assert info.address.startswith(f"{net.root_address}:")
     client = info.client()
     yield info, client

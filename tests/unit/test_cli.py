@@ -36,6 +36,7 @@ from funke.deploy.client import (
 from funke.deploy.jobfile import JobFileError, load_job_file
 from funke.common.graph.jobgraph import JobGraph
 from funke.deploy import cli, localcluster
+from funke.deploy.cli import jobs, live
 from funke.v1 import job_pb2, jobmanager_pb2, jobmanager_pb2_grpc
 
 JS = job_pb2.JobStatus
@@ -324,7 +325,7 @@ def test_submit_of_a_broken_job_file_exits_2_with_the_traceback(
 
 def test_our_flags_after_the_job_file_are_ours_and_the_rest_goes_to_the_job() -> None:
     args = cli.build_parser().parse_args(["submit", "wc.py", "--parallelism", "4", "--json", "--detach"])
-    cli._split_submit_args(args, [])
+    jobs.split_submit_args(args, [])
     assert (args.file, args.job_args, args.json, args.detach) == ("wc.py", ["--parallelism", "4"], True, True)
 
 
@@ -398,7 +399,7 @@ def test_progress_without_a_terminal_prints_a_line_per_change() -> None:
     snapshot.status = JS.JOB_STATUS_RUNNING
     progress = cli.JobProgress()
     out = io.StringIO()
-    view = cli._LiveView(progress, out, tty=False)
+    view = live.LiveView(progress, out, tty=False)
     view.changed(progress.apply(jobmanager_pb2.JobEvent(snapshot=snapshot)))
     view.changed(progress.apply(execution_event("source-text", 1, 2, ES.EXECUTION_STATE_RUNNING)))
     view.finish()
@@ -415,7 +416,7 @@ def test_progress_on_a_terminal_is_one_live_display_with_a_bar_per_vertex() -> N
     snapshot.status = JS.JOB_STATUS_RUNNING
     progress = cli.JobProgress()
     out = io.StringIO()
-    view = cli._LiveView(progress, out, tty=True)
+    view = live.LiveView(progress, out, tty=True)
     view.changed(progress.apply(jobmanager_pb2.JobEvent(snapshot=snapshot)))
     view.note(["waiting for resources: 4 slots needed, 2 free"])
     view.changed(progress.apply(execution_event("source-text", 1, 2, ES.EXECUTION_STATE_RUNNING)))
@@ -440,7 +441,7 @@ def test_a_streaming_querys_latest_batch_is_in_the_live_display() -> None:
                                             "processedRowsPerSecond": 90.5, "durationMs": {"triggerExecution": 1300}})
     assert progress.apply(event) == {""}
     out = io.StringIO()
-    view = cli._LiveView(progress, out, tty=True)
+    view = live.LiveView(progress, out, tty=True)
     view.changed({""})
     view.finish()
     assert "batch 7, 120 input rows, 60.0 rows/s in, 90.5 rows/s processed, took 1300 ms" in out.getvalue()
@@ -622,13 +623,13 @@ def test_cluster_start_takes_high_availability_and_refuses_several_jobmanagers_w
     args = cli.build_parser().parse_args(["cluster", "start", "--ha", "filesystem", "--jobmanagers", "2"])
     assert (args.ha, args.jobmanagers) == ("filesystem", 2)
     with pytest.raises(localcluster.ClusterError, match="more than one needs high availability"):
-        localcluster.start(tmp_path / "c", 1, 1, jobmanagers=2)
+        localcluster.start(localcluster.ClusterSpec(tmp_path / "c", 1, 1, jobmanagers=2))
     with pytest.raises(localcluster.ClusterError, match="expected one of none, filesystem, zookeeper"):
-        localcluster.start(tmp_path / "c", 1, 1, ha="etcd")
+        localcluster.start(localcluster.ClusterSpec(tmp_path / "c", 1, 1, ha="etcd"))
     with pytest.raises(localcluster.ClusterError, match="only used with high availability zookeeper"):
-        localcluster.start(tmp_path / "c", 1, 1, ha="filesystem", zookeeper_quorum="127.0.0.1:2181")
+        localcluster.start(localcluster.ClusterSpec(tmp_path / "c", 1, 1, ha="filesystem", zookeeper_quorum="127.0.0.1:2181"))
     with pytest.raises(localcluster.ClusterError, match="zookeeper.quorum: expected host:port"):
-        localcluster.start(tmp_path / "c", 0, 1, ha="zookeeper", zookeeper_quorum="127.0.0.1:99999")
+        localcluster.start(localcluster.ClusterSpec(tmp_path / "c", 0, 1, ha="zookeeper", zookeeper_quorum="127.0.0.1:99999"))
     assert not (tmp_path / "c" / "pids").exists() or not list((tmp_path / "c" / "pids").iterdir())
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from funke.common.configuration import ConfigurationError, parse_configuration
+from funke.common.configuration import ConfigurationError, parse_config_lines, parse_configuration
 
 
 def test_high_availability_keys_are_flinks_and_every_problem_is_listed():
@@ -83,3 +83,38 @@ def test_allowed_hosts_are_host_names_and_confine_the_hosts_of_socket_and_redis_
     assert any("'elsewhere.example'" in p and "funke.io.allowed-hosts: redis.internal, 127.0.0.1" in p
                for p in problems), problems
     assert find_problems(env.build(), ValidationContext()) == []  # no list: any host
+
+
+def test_a_hash_inside_a_value_is_kept_and_a_comment_after_a_blank_is_dropped():
+    text = (
+        "# the whole line is a comment\n"
+        "high-availability.storageDir: /data/#1   # where the HA metadata lives\n"
+        "rest.address: localhost#not-a-comment\n"
+        "heartbeat.timeout: 50 s # Flink's syntax\n"
+    )
+    assert parse_config_lines(text, "ha.conf") == {
+        "high-availability.storageDir": "/data/#1",
+        "rest.address": "localhost#not-a-comment",
+        "heartbeat.timeout": "50 s",
+    }
+
+
+def test_a_quoted_value_keeps_its_hash_and_its_quotes_are_removed():
+    text = (
+        "a: \"x # y\"  # a comment after the quotes\n"
+        "b: 'it''s #2'\n"
+        "c: \"tab\\there\"\n"
+        "d:\n"
+    )
+    assert parse_config_lines(text) == {"a": "x # y", "b": "it's #2", "c": "tab\there", "d": ""}
+
+
+def test_every_bad_line_of_a_configuration_file_is_named_with_its_number():
+    text = "no separator here\nok: 1\nq: \"unclosed\nr: 'a' trailing\n"
+    with pytest.raises(ConfigurationError) as err:
+        parse_config_lines(text, "ha.conf")
+    assert err.value.problems == [
+        "ha.conf:1: expected 'key: value', got 'no separator here'",
+        "ha.conf:3: the quoted value '\"unclosed' has no closing \"",
+        "ha.conf:4: unexpected 'trailing' after the quoted value",
+    ]

@@ -108,9 +108,9 @@ def test_foreach_batch_is_a_streaming_querys_sink_seeing_each_whole_batch_in_one
 
 
 def _unvalidated(env: ExecutionEnvironment):
-    from funke.common.api.dsl import _translate
+    from funke.common.api.translate import translate
 
-    return _translate(env)[0]
+    return translate(env.logical_plan())[0]
 
 
 @pytest.mark.parametrize("options, match", [

@@ -29,7 +29,7 @@ def test_cpu_times_reads_the_machines_cpus() -> None:
 
 @pytest.mark.parametrize("session_ready, tasks_started, cpu_idle, waited_s, expected", [
     (True, 0, 0.9, 1, True),
-    (True, 0, None, 1, True),  # no /proc: nothing better to go by
+    (True, 0, None, 1, True),  # no reading of the CPUs: nothing better to go by
     (True, 0, 0.4, 1, True),  # beside a streaming query that leaves part of a core
     (True, 0, 0.1, 1, False),  # a job keeps the CPUs busy: the warm-up would slow it
     (True, 0, 0.1, 30, True),  # ... for ever: a spare TaskManager should not stay cold
