@@ -14,10 +14,11 @@ import pytest
 
 from funke.common.streaming import microbatch as mb
 from funke.common.streaming.checkpoint import OffsetEntry
-from funke.common.streaming.streamsources import FilesSource, RateSource
+from funke.common.streaming.sources import FilesSource, RateSource
 from funke.jobmanager import streamsinks
 from funke.jobmanager.checkpointstore import CheckpointInUse, CheckpointStore
-from funke.jobmanager.streamdriver import FilesPlanner, RatePlanner, StreamDriver
+from funke.jobmanager.streamdriver import StreamDriver
+from funke.jobmanager.streaming import FilesPlanner, RatePlanner
 
 
 class StagingRunner:
