@@ -41,7 +41,7 @@ class ReceiverPlanner(SourceSide):
     def latest(self, start: Any, now_ms: int) -> Any:
         return self.source.latest(start, self.stored())
 
-    def block_files(self, source_range: SourceRange) -> tuple[str, ...]:
+    def batch_files(self, source_range: SourceRange) -> tuple[str, ...]:
         """The blocks a range holds, as `<receiver>/<block file>`."""
         stored = self.stored()
         out = []
