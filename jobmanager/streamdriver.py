@@ -22,6 +22,7 @@ import logging
 import time
 from typing import Any, Awaitable, Callable, Protocol
 
+from funke.common.scheduling.batchflow import InputRead, SinkStarted, SinkWritten, Step
 from funke.common.streaming import microbatch as mb
 from funke.common.streaming.checkpoint import OffsetEntry, SourceRange
 from funke.jobmanager.checkpointstore import DEFAULT_MIN_BATCHES_TO_RETAIN, CheckpointStore
@@ -30,16 +31,16 @@ from funke.jobmanager.streaming.base import SourceSide
 log = logging.getLogger("funke.jobmanager")
 
 
-Output = Callable[..., None]  # ("started" | "completed", sink) or ("read", source, rows | None)
+Output = Callable[[Step], None]  # what the batch's flow reports: SinkStarted, SinkWritten, InputRead
 
 
 class BatchRunner(Protocol):
     """Runs and commits batches on the job's tasks."""
 
     async def run(self, entry: OffsetEntry, output: Output) -> None:
-        """Run batch `entry.batch_id` over its ranges; call `output("started" | "completed",
-        sink)` as each sink begins and ends writing it, and `output("read", source, rows)` once a
-        source's subtasks read it (rows: what they counted, None if they did not); return once
+        """Run batch `entry.batch_id` over its ranges; call `output` with the flow's
+        `SinkStarted`/`SinkWritten` as each sink begins and ends writing it, and `InputRead` once
+        a source's subtasks read it (rows: what they counted, None if they did not); return once
         every sink wrote it."""
 
     async def commit(self, batch_id: int) -> None:
@@ -195,13 +196,15 @@ class StreamDriver:
         return mb.OffsetsLogged(entry.batch_id, self._now())
 
     async def _run(self, entry: OffsetEntry) -> None:
-        def output(what: str, name: str, rows: int | None = None) -> None:
-            if what == "read":
-                if rows is not None:
-                    self._handle(mb.InputCounted(entry.batch_id, name, rows, self._now()))
-                return
-            kind = mb.OutputStarted if what == "started" else mb.OutputCompleted
-            self._handle(kind(entry.batch_id, name, self._now()))
+        def output(step: Step) -> None:
+            now = self._now()
+            match step:
+                case SinkStarted(sink=sink):
+                    self._handle(mb.OutputStarted(entry.batch_id, sink, now))
+                case SinkWritten(sink=sink):
+                    self._handle(mb.OutputCompleted(entry.batch_id, sink, now))
+                case InputRead(source=source, rows=rows) if rows is not None:
+                    self._handle(mb.InputCounted(entry.batch_id, source, rows, now))
 
         await self.runner.run(entry, output)
         return None

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 from funke.common.wire import codec
 from funke.common import ids
 from funke.common.streaming import microbatch as mb
-from funke.common.scheduling.batchflow import BatchFlow, Dispatch, InputRead, SinkStarted, SinkWritten, Step
+from funke.common.scheduling.batchflow import BatchFlow, Dispatch, InputRead, Step
 from funke.common.streaming.checkpoint import OffsetEntry, SourceRange
 from funke.common.graph.executiongraph import ExecutionAttemptId, ExecutionGraph, FailureInfo
 from funke.common.graph.jobgraph import JobGraph
@@ -462,14 +462,10 @@ class _Run:
                     request.rate_limits[vertex] = rate
                 gateway.run_batch(request, lambda job, attempt, why: self._refused(
                     batch_id, f"task {codec.attempt_from_proto(attempt)} did not take batch {batch_id}: {why}"))
-            elif isinstance(step, SinkStarted):
-                output("started", step.sink)
-            elif isinstance(step, SinkWritten):
-                output("completed", step.sink)
-            elif isinstance(step, InputRead):
-                if step.source in self.query._receivers:
+            else:
+                if isinstance(step, InputRead) and step.source in self.query._receivers:
                     self.query.received[(batch_id, step.source)] = step.per_subtask
-                output("read", step.source, step.rows)
+                output(step)
         if not self.flow.in_flight or batch_id not in self.flow.in_flight:
             for tm in set(self.flow.task_managers.values()) - {""}:
                 self._released.setdefault(tm, set()).add(batch_id)
