@@ -3,9 +3,9 @@
 logs, has the batches run and committed, keeps the timer — and feeds back what happened.
 
 Owns one run of one query: its coordinator, its hold on the checkpoint (`CheckpointStore`), the
-source planners (what the sources offer, decided on the JobManager as Spark's driver does: the
-rate source from the time, a file source from a listing recorded in its seen-files log before
-any offset entry uses it), and the tasks it started for pending I/O.
+sources' JobManager sides (`funke.jobmanager.streaming.base.SourceSide`, built from the registry
+by the query: what the sources offer, decided on the JobManager as Spark's driver does), and the
+tasks it started for pending I/O.
 
 Everything runs on the event loop that owns the JobMaster (one owner of the state); blocking
 file I/O goes to an executor. Running and committing a batch is the `BatchRunner`'s (the
