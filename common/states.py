@@ -257,7 +257,31 @@ CONNECTION_STATE_TRANSITIONS: Mapping[ConnectionState, frozenset[ConnectionState
 }
 
 
-S = TypeVar("S", JobStatus, ExecutionState, QueryState, BatchPhase, ConnectionState)
+class QueryMode(enum.Enum):
+    """Where a streaming query's next batches come from (the micro-batch coordinator's mode,
+    beside its public QueryState)."""
+    STARTING = "STARTING"  # recovering; no trigger yet
+    TRIGGERED = "TRIGGERED"  # processing-time: each tick makes a batch due
+    CAPTURING = "CAPTURING"  # available-now: the sources are asked what they hold now
+    BOUNDED = "BOUNDED"  # available-now, once: batches back to back up to the offsets captured
+    DRAINING = "DRAINING"  # a draining stop: what the sources held at the stop, then the end
+    STOPPING = "STOPPING"  # a stop: no new batch, the running ones finish
+    ENDED = "ENDED"
+
+
+_M = QueryMode
+QUERY_MODE_TRANSITIONS: Mapping[QueryMode, frozenset[QueryMode]] = {
+    _M.STARTING: frozenset({_M.TRIGGERED, _M.CAPTURING, _M.BOUNDED, _M.DRAINING, _M.STOPPING}),
+    _M.TRIGGERED: frozenset({_M.DRAINING, _M.STOPPING}),
+    _M.CAPTURING: frozenset({_M.BOUNDED, _M.STOPPING}),
+    _M.BOUNDED: frozenset({_M.STOPPING, _M.ENDED}),
+    _M.DRAINING: frozenset({_M.ENDED}),
+    _M.STOPPING: frozenset({_M.ENDED}),
+    _M.ENDED: frozenset(),
+}
+
+
+S = TypeVar("S", JobStatus, ExecutionState, QueryState, BatchPhase, ConnectionState, QueryMode)
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,13 +7,19 @@ import re
 import sys
 from pathlib import Path
 
-from funke.common.states import (CONNECTION_STATE_TRANSITIONS, EXECUTION_STATE_TRANSITIONS, JOB_STATUS_TRANSITIONS,
-                                 render_mermaid)
+from funke.common.states import (
+    CONNECTION_STATE_TRANSITIONS,
+    EXECUTION_STATE_TRANSITIONS,
+    JOB_STATUS_TRANSITIONS,
+    QUERY_MODE_TRANSITIONS,
+    render_mermaid,
+)
 
 SECTIONS = {
     "job-status-diagram": JOB_STATUS_TRANSITIONS,
     "execution-state-diagram": EXECUTION_STATE_TRANSITIONS,
     "connection-state-diagram": CONNECTION_STATE_TRANSITIONS,
+    "query-mode-diagram": QUERY_MODE_TRANSITIONS,
 }
 
 

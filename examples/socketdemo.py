@@ -24,7 +24,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from funke.common.streaming.streamsources import ReceiverSource, receiver_blocks_dir, stored_blocks
+from funke.common.streaming.sources import ReceiverSource, receiver_blocks_dir, stored_blocks
 from funke.deploy import localcluster
 from funke.deploy.client import JobManagerClient, job_status_name
 from funke.deploy.jobfile import load_job_file

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from funke.common.streaming.streamsources import FilesSource
+from funke.common.streaming.sources import FilesSource
 from funke.deploy import localcluster
 from funke.deploy.cli import render_event, render_history, render_progress
 from funke.deploy.client import FunkeError, JobManagerClient, job_status_name

@@ -3,9 +3,9 @@
 logs, has the batches run and committed, keeps the timer — and feeds back what happened.
 
 Owns one run of one query: its coordinator, its hold on the checkpoint (`CheckpointStore`), the
-source planners (what the sources offer, decided on the JobManager as Spark's driver does: the
-rate source from the time, a file source from a listing recorded in its seen-files log before
-any offset entry uses it), and the tasks it started for pending I/O.
+sources' JobManager sides (`funke.jobmanager.streaming.base.SourceSide`, built from the registry
+by the query: what the sources offer, decided on the JobManager as Spark's driver does), and the
+tasks it started for pending I/O.
 
 Everything runs on the event loop that owns the JobMaster (one owner of the state); blocking
 file I/O goes to an executor. Running and committing a batch is the `BatchRunner`'s (the
@@ -17,199 +17,30 @@ the checkpoint.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import concurrent.futures
 import logging
-import os
 import time
 from typing import Any, Awaitable, Callable, Protocol
 
+from funke.common.scheduling.batchflow import InputRead, SinkStarted, SinkWritten, Step
 from funke.common.streaming import microbatch as mb
 from funke.common.streaming.checkpoint import OffsetEntry, SourceRange
-from funke.common.streaming.streamsources import (
-    FilesSource,
-    ListedFile,
-    RateSource,
-    ReceiverSource,
-    RedisStreamsSource,
-    stored_blocks,
-)
 from funke.jobmanager.checkpointstore import DEFAULT_MIN_BATCHES_TO_RETAIN, CheckpointStore
+from funke.jobmanager.streaming.base import SourceSide
 
 log = logging.getLogger("funke.jobmanager")
 
 
-class SourcePlanner(Protocol):
-    """What one source offers a batch (blocking: runs in an executor)."""
-
-    def plan(self, start: Any, now_ms: int, limited: bool, cap: Any) -> SourceRange: ...
-    def latest(self, start: Any, now_ms: int) -> Any: ...
-
-
-class RatePlanner:
-    def __init__(self, source: RateSource):
-        self.source = source
-
-    def plan(self, start: Any, now_ms: int, limited: bool, cap: Any) -> SourceRange:
-        return self.source.plan(start, now_ms, limited, cap)
-
-    def latest(self, start: Any, now_ms: int) -> Any:
-        return self.source.latest(start, now_ms)
-
-
-class FilesPlanner:
-    """A directory's new files, recorded in the source's seen-files log before they are offered."""
-
-    def __init__(self, name: str, directory: str, source: FilesSource, checkpoint: CheckpointStore):
-        self.name, self.directory, self.source, self.checkpoint = name, directory, source, checkpoint
-
-    def _discover(self) -> int:
-        seen = self.checkpoint.seen_files(self.name)
-        new = self.source.discover(seen, list_files(self.directory))
-        self.checkpoint.add_seen_files(self.name, new)
-        return len(seen) + len(new)
-
-    def plan(self, start: Any, now_ms: int, limited: bool, cap: Any) -> SourceRange:
-        return self.source.plan(start, self._discover(), limited, cap)
-
-    def latest(self, start: Any, now_ms: int) -> Any:
-        return self.source.plan(start, self._discover(), limited=False).end
-
-
-class ReceiverPlanner:
-    """What a receiver source's receivers stored: per receiver, its blocks from a listing of
-    its directory in the checkpoint (records counted in the names)."""
-
-    def __init__(self, directory: str, source: ReceiverSource):
-        self.directory, self.source = directory, source
-
-    def stored(self) -> dict[int, dict[int, str]]:
-        """receiver -> block number -> block file."""
-        out = {}
-        for r in range(self.source.receivers):
-            try:
-                names = os.listdir(os.path.join(self.directory, str(r)))
-            except FileNotFoundError:
-                names = []
-            out[r] = stored_blocks(names)
-        return out
-
-    def plan(self, start: Any, now_ms: int, limited: bool, cap: Any) -> SourceRange:
-        return self.source.plan(start, self.stored(), limited, cap)
-
-    def latest(self, start: Any, now_ms: int) -> Any:
-        return self.source.latest(start, self.stored())
-
-    def block_files(self, source_range: SourceRange) -> tuple[str, ...]:
-        """The blocks a range holds, as `<receiver>/<block file>`."""
-        stored = self.stored()
-        out = []
-        for r in range(self.source.receivers):
-            blocks = self.source.blocks(source_range, r)
-            missing = [seq for seq in blocks if seq not in stored[r]]
-            if missing:
-                raise ValueError(f"receiver {r}: blocks {missing[:5]} of the batch's range are not in "
-                                 f"{self.directory}/{r}")
-            out += [f"{r}/{stored[r][seq]}" for seq in blocks]
-        return tuple(out)
-
-    def forget_before(self, offset: Any) -> int:
-        """Deletes the blocks before `offset` (no retained batch reads them); returns how many.
-        The newest of them stays, emptied, so that a receiver started again never numbers a block
-        below what batches already read."""
-        removed = 0
-        for r, blocks in self.stored().items():
-            keep_from = self.source.blocks(SourceRange(None, offset), r).stop
-            old = sorted(seq for seq in blocks if seq < keep_from)
-            for seq in old:
-                path = os.path.join(self.directory, str(r), blocks[seq])
-                with contextlib.suppress(FileNotFoundError):
-                    if seq != old[-1]:
-                        os.remove(path)
-                        removed += 1
-                    elif os.path.getsize(path):
-                        os.truncate(path, 0)
-                        removed += 1
-        return removed
-
-
-class RedisPlanner:
-    """What a Redis Streams source offers: per key, the ids after the range's begin (XRANGE,
-    as many as the per-trigger limit), and its last id (XREVRANGE ... COUNT 1). Also how many
-    entries each key still holds after a range's end (the lag, counted up to LAG_COUNTED)."""
-
-    LAG_COUNTED = 10_000
-
-    def __init__(self, source: RedisStreamsSource, connect: Callable[[], Any]):
-        self.source, self._connect = source, connect
-        self._client: Any = None
-        self.lag: dict[str, int] = {}  # per key, after the last planned range
-
-    def _redis(self) -> Any:
-        if self._client is None:
-            self._client = self._connect()
-        return self._client
-
-    def _last_ids(self) -> dict[str, str | None]:
-        out: dict[str, str | None] = {}
-        for key in self.source.keys:
-            last = self._redis().xrevrange(key, "+", "-", count=1)
-            out[key] = _text(last[0][0]) if last else None
-        return out
-
-    def plan(self, start: Any, now_ms: int, limited: bool, cap: Any) -> SourceRange:
-        last_ids = self._last_ids() if start is None or not limited else {}
-        begin = self.source.begin(start, last_ids)
-        count = self.source.max_entries_per_trigger if limited else None
-        after: dict[str, list[str]] = {}
-        for key in self.source.keys:
-            if count is None:  # everything there is now: the last id is the end
-                last = last_ids.get(key)
-                after[key] = [last] if last is not None else []
-            else:
-                after[key] = [_text(i) for i, _ in self._redis().xrange(key, f"({begin[key]}", "+", count=count)]
-        planned = self.source.plan(start, after, last_ids, limited, cap)
-        self._measure_lag(planned)
-        return planned
-
-    def latest(self, start: Any, now_ms: int) -> Any:
-        return self.plan(start, now_ms, limited=False, cap=None).end
-
-    def _measure_lag(self, planned: SourceRange) -> None:
-        for key, (_, end) in self.source.bounds(planned).items():
-            self.lag[key] = len(self._redis().xrange(key, f"({end}", "+", count=self.LAG_COUNTED))
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def list_files(directory: str) -> list[ListedFile]:
-    """The regular files of a directory, without hidden ones (`.x`, `_x`: files being written,
-    Spark's markers) and without symbolic links."""
-    try:
-        entries = list(os.scandir(directory))
-    except FileNotFoundError:
-        return []
-    found = []
-    for e in entries:
-        if e.name.startswith((".", "_")) or not e.is_file(follow_symlinks=False):
-            continue
-        st = e.stat(follow_symlinks=False)
-        found.append(ListedFile(e.name, st.st_mtime_ns, st.st_size))
-    return found
-
-
-Output = Callable[..., None]  # ("started" | "completed", sink) or ("read", source, rows | None)
+Output = Callable[[Step], None]  # what the batch's flow reports: SinkStarted, SinkWritten, InputRead
 
 
 class BatchRunner(Protocol):
     """Runs and commits batches on the job's tasks."""
 
     async def run(self, entry: OffsetEntry, output: Output) -> None:
-        """Run batch `entry.batch_id` over its ranges; call `output("started" | "completed",
-        sink)` as each sink begins and ends writing it, and `output("read", source, rows)` once a
-        source's subtasks read it (rows: what they counted, None if they did not); return once
+        """Run batch `entry.batch_id` over its ranges; call `output` with the flow's
+        `SinkStarted`/`SinkWritten` as each sink begins and ends writing it, and `InputRead` once
+        a source's subtasks read it (rows: what they counted, None if they did not); return once
         every sink wrote it."""
 
     async def commit(self, batch_id: int) -> None:
@@ -224,7 +55,7 @@ Publisher = Callable[[mb.Publish], None]
 
 class StreamDriver:
     def __init__(self, name: str, trigger: mb.Trigger, checkpoint: CheckpointStore,
-                 planners: dict[str, SourcePlanner], sinks: list[str], runner: BatchRunner, *,
+                 planners: dict[str, SourceSide], sinks: list[str], runner: BatchRunner, *,
                  publish: Publisher = lambda event: None, concurrent_jobs: int = 1,
                  retain: int = DEFAULT_MIN_BATCHES_TO_RETAIN, run_id: str = "",
                  clock: Callable[[], float] = time.time,
@@ -365,13 +196,15 @@ class StreamDriver:
         return mb.OffsetsLogged(entry.batch_id, self._now())
 
     async def _run(self, entry: OffsetEntry) -> None:
-        def output(what: str, name: str, rows: int | None = None) -> None:
-            if what == "read":
-                if rows is not None:
-                    self._handle(mb.InputCounted(entry.batch_id, name, rows, self._now()))
-                return
-            kind = mb.OutputStarted if what == "started" else mb.OutputCompleted
-            self._handle(kind(entry.batch_id, name, self._now()))
+        def output(step: Step) -> None:
+            now = self._now()
+            match step:
+                case SinkStarted(sink=sink):
+                    self._handle(mb.OutputStarted(entry.batch_id, sink, now))
+                case SinkWritten(sink=sink):
+                    self._handle(mb.OutputCompleted(entry.batch_id, sink, now))
+                case InputRead(source=source, rows=rows) if rows is not None:
+                    self._handle(mb.InputCounted(entry.batch_id, source, rows, now))
 
         await self.runner.run(entry, output)
         return None
@@ -390,14 +223,13 @@ class StreamDriver:
     def _purge(self) -> int:
         """Old log entries, and the received blocks no retained batch reads (blocking)."""
         purged = self.checkpoint.purge(self.retain)
-        receivers = {name: p for name, p in self.planners.items() if isinstance(p, ReceiverPlanner)}
-        if receivers:
-            oldest = self.checkpoint.offset_ids()
-            if oldest:
-                entry = self.checkpoint.read_offsets(oldest[0])
-                for name, planner in receivers.items():
-                    if name in entry.sources:
-                        purged += planner.forget_before(entry.sources[name].start)
+        forgetting = [p for p in self.planners.values() if type(p).forget_before is not SourceSide.forget_before]
+        oldest = self.checkpoint.offset_ids() if forgetting else []
+        if oldest:
+            entry = self.checkpoint.read_offsets(oldest[0])
+            for name, planner in self.planners.items():
+                if name in entry.sources:
+                    purged += planner.forget_before(entry.sources[name].start)
         return purged
 
     def _fail(self, exc: BaseException, what: str = "") -> None:

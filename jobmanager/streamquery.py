@@ -19,60 +19,27 @@ directories, sink commits) goes to executor threads.
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import logging
-import os
-import stat
 import traceback
 import uuid
 from collections import deque
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable
 
 from funke.common.wire import codec
-from funke.common import ids, layout
 from funke.common.streaming import microbatch as mb
-from funke.common.scheduling.batchflow import BatchFlow, Dispatch, InputRead, SinkStarted, SinkWritten, Step
+from funke.common.scheduling.batchflow import BatchFlow, Dispatch, InputRead, Step
 from funke.common.streaming.checkpoint import OffsetEntry, SourceRange
 from funke.common.graph.executiongraph import ExecutionAttemptId, ExecutionGraph, FailureInfo
-from funke.common.graph.jobgraph import JobGraph
-from funke.common.graph.operators import CATALOGUE
 from funke.common.states import JobStatus
 from funke.common.streaming.backpressure import RateEstimator
-from funke.common.graph.streamingjob import (
-    CHECKPOINT,
-    RATE,
-    RECEIVER_KINDS,
-    REDIS,
-    STREAM_FILE_KINDS,
-    QuerySettings,
-    checkpoint_location,
-    local_path,
-    query_settings,
-    sinks,
-    stream_sources,
-)
-from funke.common.streaming.streamsources import (
-    BatchInput,
-    FilesSource,
-    RateSource,
-    ReceiverSource,
-    RedisStreamsSource,
-    receiver_blocks_dir,
-)
-from funke.common.graph.validation import MAX_VERTICES, Problem, ValidationContext, path_problem, q
-from funke.jobmanager import committer, streamsinks
+from funke.common.graph.streamingjob import QuerySettings, checkpoint_location, query_settings, sinks, stream_sources
+from funke.common.streaming.sources import SOURCES, BatchInput, ReceiverSource
+from funke.jobmanager import streaming
 from funke.jobmanager.checkpointstore import CheckpointStore
-from funke.jobmanager import redissink
-from funke.jobmanager.streamdriver import (
-    FilesPlanner,
-    Output,
-    RatePlanner,
-    ReceiverPlanner,
-    RedisPlanner,
-    SourcePlanner,
-    StreamDriver,
-)
+from funke.jobmanager.streamdriver import Output, StreamDriver
+from funke.jobmanager.streaming.base import SinkContext, SourceContext, SourceSide
+from funke.jobmanager.streaming.submit import submit_problems  # noqa: F401 (the Dispatcher calls it from here)
 
 if TYPE_CHECKING:
     from funke.jobmanager.resourcemanager import ResourceManager
@@ -80,84 +47,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("funke.jobmanager")
 
 PROGRESS_KEPT = mb.PROGRESS_KEPT
-FILE_SINK_KINDS = ("sink.parquet", "sink.csv", "sink.json", "sink.text")
-
-
-def submit_problems(job: JobGraph, context: ValidationContext) -> list[Problem]:
-    """What keeps a streaming query from starting that only the file system shows: a stream file
-    source whose directory does not exist or is not one (Spark refuses such a query at its
-    start; polled, it would run forever finding nothing), and a checkpoint location that is not
-    a directory or cannot be made. Blocking I/O, for the Dispatcher to run off its event loop at
-    submit, before anything of the job is created. Only locations that passed validation are
-    looked at (a path a client may not use is not probed)."""
-    if len(job.vertices) > MAX_VERTICES:
-        return []
-    problems: list[Problem] = []
-    for v in stream_sources(job):
-        op = v.operators[0]
-        path = op.config.get("path") if isinstance(op.config, Mapping) else None
-        if op.kind not in STREAM_FILE_KINDS or not isinstance(path, str) or path_problem(path, sink=False,
-                                                                                        context=context):
-            continue
-        where = f"operator 0 {q(op.display_name)} ({op.kind}): config 'path'"
-        try:
-            problem = _directory_problem(local_path(path))
-        except ValueError as exc:
-            problem = str(exc)
-        if problem is not None:
-            problems.append(Problem(f"vertex {q(v.id)}", f"{where} {problem}"))
-    options = job.configuration.options if isinstance(job.configuration.options, Mapping) else {}
-    option = options.get(CHECKPOINT, "").strip() if isinstance(options.get(CHECKPOINT, ""), str) else ""
-    if option and path_problem(option, sink=True, context=context) is not None:
-        return problems  # validation said why
-    try:
-        location = checkpoint_location(job, context.data_dir)
-    except ValueError as exc:
-        problems.append(Problem("streaming query", f"option {CHECKPOINT}: {exc}"))
-        return problems
-    problem = _checkpoint_problem(location)
-    if problem is not None:
-        problems.append(Problem("streaming query", f"option {CHECKPOINT}: {problem}" if option else
-                                f"{problem} (the default location, under the data directory, by job name)"))
-    return problems
-
-
-def _shown(path: str) -> str:
-    return ids.echo(path, 300)
-
-
-def _directory_problem(directory: str) -> str | None:
-    try:
-        st = os.stat(directory)
-    except FileNotFoundError:
-        return (f"{_shown(directory)} does not exist; a stream file source watches a directory for new files: "
-                "create it first")
-    except NotADirectoryError:
-        return f"{_shown(directory)} does not exist (a part of its path is a file)"
-    except OSError as exc:
-        return f"{_shown(directory)} cannot be read by the JobManager: {exc.strerror or exc}"
-    if not stat.S_ISDIR(st.st_mode):
-        return f"{_shown(directory)} is not a directory; a stream file source watches a directory for new files"
-    if not os.access(directory, os.R_OK | os.X_OK):
-        return f"{_shown(directory)} cannot be listed by the JobManager (permission denied)"
-    return None
-
-
-def _checkpoint_problem(location: str) -> str | None:
-    location = os.path.abspath(location)
-    if os.path.lexists(location):
-        if os.path.isdir(location):
-            return None
-        what = "a file" if os.path.isfile(location) else "something other than a directory"
-        return f"the checkpoint location {_shown(location)} is {what}, not a directory"
-    parent = location
-    while parent != os.path.dirname(parent):
-        parent = os.path.dirname(parent)
-        if os.path.isdir(parent):
-            return None
-        if os.path.lexists(parent):
-            return f"the checkpoint location {_shown(location)} cannot be made: {_shown(parent)} is a file"
-    return None
 
 
 class BatchNotRun(Exception):
@@ -177,6 +66,8 @@ class StreamingQuery:
         self.settings: QuerySettings = query_settings(graph.job_graph)
         self.checkpoint_location = checkpoint_location(graph.job_graph, data_dir)
         self.sinks = [v.id for v in sinks(graph.job_graph)]
+        self._sink_sides = {v.id: streaming.sink_side(v.operators[-1].kind, SinkContext(
+            v.id, v.operators[-1].config, data_dir, graph.job_id)) for v in sinks(graph.job_graph)}
         self.sources = [v.id for v in stream_sources(graph.job_graph)]
         self._on_failure, self._on_event, self._on_stop_timeout = on_failure, on_event, on_stop_timeout
         self.progress: deque[dict[str, Any]] = deque(maxlen=PROGRESS_KEPT)
@@ -189,7 +80,7 @@ class StreamingQuery:
         self._stop_timer: asyncio.TimerHandle | None = None
         # Backpressure (streaming.backpressure.enabled): per receiver source, its estimator and the
         # rate each of its receivers may take, sent with every batch
-        receivers = [v for v in stream_sources(graph.job_graph) if v.operators[0].kind in RECEIVER_KINDS]
+        receivers = [v for v in stream_sources(graph.job_graph) if SOURCES[v.operators[0].kind].receiver]
         interval = getattr(self.settings.trigger, "interval_ms", 1000)
         self._estimators = {v.id: RateEstimator(interval) for v in receivers} if self.settings.backpressure else {}
         self._receivers = {v.id: v.parallelism for v in receivers}
@@ -316,35 +207,18 @@ class StreamingQuery:
         run.watcher = asyncio.get_running_loop().create_task(watch(), name=f"stream-run-{self.job_id}")
 
     def _make_collect_dirs(self) -> None:
-        """A collect sink's directory exists from the query's start, before its first batch
-        (blocking): a query that committed no batch has zero rows there (also once FINISHED),
-        and a missing directory means rows that are gone (`committer.read_collected`)."""
-        for sink in self.sinks:
-            if self.graph.job_graph.vertex(sink).operators[-1].kind == "sink.collect":
-                fs, path = committer.filesystem(layout.collect_dir(self.data_dir, self.job_id, sink))
-                fs.create_dir(path, recursive=True)
+        """Every sink side prepares before the query's first batch (blocking)."""
+        for side in self._sink_sides.values():
+            side.prepare()
 
-    def _planners(self, checkpoint: CheckpointStore) -> dict[str, SourcePlanner]:
-        planners: dict[str, SourcePlanner] = {}
+    def _planners(self, checkpoint: CheckpointStore) -> dict[str, SourceSide]:
+        """Every source's JobManager side, from the registries (blocking: a side may connect)."""
+        planners: dict[str, SourceSide] = {}
         for v in stream_sources(self.graph.job_graph):
             op = v.operators[0]
-            if op.kind == RATE:
-                limit = op.config.get("max_rows_per_trigger")
-                planners[v.id] = RatePlanner(RateSource(int(op.config["rows_per_second"]), v.parallelism,
-                                                        int(limit) if limit is not None else None))
-            elif op.kind in RECEIVER_KINDS:
-                planners[v.id] = ReceiverPlanner(receiver_blocks_dir(self.checkpoint_location, v.id),
-                                                 ReceiverSource(v.parallelism))
-            elif op.kind == REDIS:
-                limit = op.config.get("max_entries_per_trigger")
-                source = RedisStreamsSource(tuple(op.config["keys"]), str(op.config.get("starting", "latest")),
-                                            int(limit) if limit is not None else None)
-                planners[v.id] = RedisPlanner(source, functools.partial(redissink.connect, dict(op.config)))
-            else:
-                limit = op.config.get("max_files_per_trigger")
-                directory = local_path(str(op.config["path"]))
-                planners[v.id] = FilesPlanner(v.id, directory, FilesSource(int(limit) if limit is not None else None),
-                                              checkpoint)
+            planning = SOURCES[op.kind].planning(op.config, v.parallelism)
+            planners[v.id] = streaming.SOURCES[op.kind](SourceContext(
+                v.id, op.config, v.parallelism, planning, self.checkpoint_location, checkpoint))
         return planners
 
     def _end(self, run: "_Run", reason: str) -> None:
@@ -384,13 +258,13 @@ class StreamingQuery:
         was allocated, the lines they held and their rate (lines a second since the previous
         trigger, as the source's inputRowsPerSecond), and the rate each may take (backpressure);
         a broker's: per key, the entries after the batch's end
-        when it was planned (the lag, counted up to RedisPlanner.LAG_COUNTED)."""
+        when it was planned (the lag, counted up to streaming.redis.RedisPlanner.LAG_COUNTED)."""
         planners = self._run.driver.planners if self._run is not None else {}
         for source in record.get("sources", ()):
             name = source.get("description")
             planner = planners.get(name)
-            if isinstance(planner, RedisPlanner):
-                source["lag"] = dict(planner.lag)
+            if planner is not None:
+                planner.describe(source)
             if name not in self._receivers:
                 continue
             blocks = ReceiverSource(self._receivers[name])
@@ -472,15 +346,11 @@ class _Run:
 
     def _batch_input(self, entry: OffsetEntry) -> BatchInput:
         files: dict[str, tuple[str, ...]] = {}
-        for v in stream_sources(self.query.graph.job_graph):
-            r = entry.sources.get(v.id)
-            planner = self.driver.planners.get(v.id)
-            if r is None or v.operators[0].kind in (RATE, REDIS):
-                continue
-            if isinstance(planner, ReceiverPlanner):
-                files[v.id] = planner.block_files(r)
-            else:
-                files[v.id] = tuple(FilesSource.files(r, self.checkpoint.seen_files(v.id)))
+        for name, planner in self.driver.planners.items():
+            r = entry.sources.get(name)
+            resolved = planner.batch_files(r) if r is not None else None
+            if resolved is not None:
+                files[name] = resolved
         return BatchInput(entry.batch_id, entry.batch_time_ms, dict(entry.sources), files)
 
     def on_report(self, attempt: ExecutionAttemptId, batch_id: int, schemas: dict[str, str],
@@ -503,14 +373,10 @@ class _Run:
                     request.rate_limits[vertex] = rate
                 gateway.run_batch(request, lambda job, attempt, why: self._refused(
                     batch_id, f"task {codec.attempt_from_proto(attempt)} did not take batch {batch_id}: {why}"))
-            elif isinstance(step, SinkStarted):
-                output("started", step.sink)
-            elif isinstance(step, SinkWritten):
-                output("completed", step.sink)
-            elif isinstance(step, InputRead):
-                if step.source in self.query._receivers:
+            else:
+                if isinstance(step, InputRead) and step.source in self.query._receivers:
                     self.query.received[(batch_id, step.source)] = step.per_subtask
-                output("read", step.source, step.rows)
+                output(step)
         if not self.flow.in_flight or batch_id not in self.flow.in_flight:
             for tm in set(self.flow.task_managers.values()) - {""}:
                 self._released.setdefault(tm, set()).add(batch_id)
@@ -523,32 +389,12 @@ class _Run:
             entry[0].set_exception(BatchNotRun(why))
 
     async def commit(self, batch_id: int) -> None:
-        job = self.query.graph.job_graph
-        work = []
-        redis_work = []
-        for sink in self.query.sinks:
-            op = job.vertex(sink).operators[-1]
-            if op.kind == "sink.redis":
-                redis_work.append((dict(op.config), sink, self.flow.sink_attempts(sink)))
-                continue
-            if op.kind in FILE_SINK_KINDS:
-                target = local_path(str(op.config["path"]))
-            elif op.kind == "sink.collect":
-                target = layout.collect_dir(self.query.data_dir, self.query.job_id, sink)
-            else:
-                continue  # print, discard, noop: nothing to commit
-            kind = CATALOGUE.get(op.kind)
-            assert kind is not None and kind.commits_output
-            work.append((target, self.flow.sink_attempts(sink)))
-
-        query_id, data_dir, job_id = self.query.query_id, self.query.data_dir, self.query.job_id
+        sides, query_id = self.query._sink_sides, self.query.query_id
+        work = [(sides[sink], self.flow.sink_attempts(sink)) for sink in self.query.sinks]
 
         def commit_all() -> None:
-            for target, attempts in work:
-                streamsinks.commit_batch(target, batch_id, attempts)
-            for config, sink, attempts in redis_work:
-                redissink.commit_batch(functools.partial(redissink.connect, config), str(config["key"]), query_id,
-                                       sink, layout.redis_sink_dir(data_dir, job_id, sink), batch_id, attempts)
+            for side, attempts in work:
+                side.commit(batch_id, attempts, query_id)
 
         future = asyncio.get_running_loop().run_in_executor(None, commit_all)
         self._in_threads.add(future)

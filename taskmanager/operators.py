@@ -96,7 +96,7 @@ from funke.common import layout
 from funke.common.streaming.checkpoint import SourceRange
 from funke.common.graph.jobgraph import OperatorSpec
 from funke.common.graph.operators import SINK_MODES
-from funke.common.streaming.streamsources import (
+from funke.common.streaming.sources import (
     BatchInput,
     RateSource,
     RedisStreamsSource,
@@ -109,7 +109,8 @@ from funke.taskmanager import batchexchange
 # would need funke importable in every Python worker. By value, they need only what they import.
 _spark_cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
-__all__ = ["OPERATORS", "ROWS_PER_BATCH", "InputMeter", "RuntimeContext", "column_ref", "parse_schema", "union_all"]
+__all__ = ["OPERATORS", "ROWS_PER_BATCH", "InputMeter", "RuntimeContext", "batch_range", "column_ref", "parse_schema",
+           "union_all"]
 
 PRINT_ROWS_PER_BATCH = 10  # a streaming query's print sink: rows shown per batch (Spark Streaming's print())
 ROWS_PER_BATCH = 10_000  # the most rows a Python operator hands back to Spark in one Arrow batch
@@ -616,7 +617,7 @@ OPERATORS["source.csv"] = _file_source("csv", {"header": "true"})
 OPERATORS["source.json"] = _file_source("json")
 
 
-def _batch_range(ctx: RuntimeContext, spec: OperatorSpec) -> tuple[BatchInput, SourceRange]:
+def batch_range(ctx: RuntimeContext, spec: OperatorSpec) -> tuple[BatchInput, SourceRange]:
     if ctx.batch is None:
         raise ValueError(f"{_label(spec)} is a stream source: it runs in a streaming query's micro-batches")
     source_range = ctx.batch.ranges.get(ctx.vertex_id)
@@ -629,7 +630,7 @@ def _batch_range(ctx: RuntimeContext, spec: OperatorSpec) -> tuple[BatchInput, S
 def _rate(ctx: RuntimeContext, spec: OperatorSpec) -> DataFrame:
     """Rows `value` (bigint, from 0) and `timestamp` (when the row was due) of this subtask's share
     of the batch's range: value i goes to subtask i % parallelism (RateSource.rows)."""
-    _, source_range = _batch_range(ctx, spec)
+    _, source_range = batch_range(ctx, spec)
     rate = RateSource(int(_config(spec, "rows_per_second")), ctx.parallelism)
     schema = "value bigint, timestamp timestamp"
     if source_range.end is None or source_range.start == source_range.end:
@@ -654,7 +655,7 @@ def _socket(ctx: RuntimeContext, spec: OperatorSpec) -> DataFrame:
     """Lines in column `value`: the blocks of this subtask's receiver that the batch was
     allocated, read from the checkpoint (the receiver itself runs beside the task:
     taskmanager/receiver.py)."""
-    batch, _ = _batch_range(ctx, spec)
+    batch, _ = batch_range(ctx, spec)
     if not ctx.checkpoint:
         raise ValueError(f"{_label(spec)}: the task was not told where the query's checkpoint is")
     prefix = f"{ctx.subtask_index}/"
@@ -686,7 +687,7 @@ def _redis_source(ctx: RuntimeContext, spec: OperatorSpec) -> DataFrame:
     """The entries of the batch's range (per key, after its start id up to its end id), of the
     keys that are this subtask's (key i goes to subtask i % parallelism): `stream` (the key),
     `id`, `fields`, `timestamp` (the id's milliseconds)."""
-    _, source_range = _batch_range(ctx, spec)
+    _, source_range = batch_range(ctx, spec)
     keys = tuple(_strings(spec, "keys"))
     bounds = RedisStreamsSource(keys).bounds(source_range)
     mine = [k for i, k in enumerate(keys) if i % ctx.parallelism == ctx.subtask_index]
@@ -728,7 +729,7 @@ def _lines_in(path: str) -> int:
 
 def _stream_file_source(fmt: str, defaults: dict[str, str] | None = None) -> Source:
     def read(ctx: RuntimeContext, spec: OperatorSpec) -> DataFrame:
-        batch, _ = _batch_range(ctx, spec)
+        batch, _ = batch_range(ctx, spec)
         directory = str(_config(spec, "path")).rstrip("/")
         ddl = spec.config.get("schema") or ("value string" if fmt == "text" else None)
         if ddl is None:

@@ -17,7 +17,7 @@ Owns, for one receiver (one subtask of a receiver source vertex):
   `RESTART_DELAY_S`, as Spark restarts a receiver. What was read but not yet stored when the
   process dies is lost: a socket acknowledges nothing, so nothing acknowledged is lost.
 
-Which blocks a batch reads is the JobManager's decision (`funke.common.streaming.streamsources`); the
+Which blocks a batch reads is the JobManager's decision (`funke.common.streaming.sources`); the
 task's source operator reads exactly those.
 """
 
@@ -33,7 +33,7 @@ import time
 import uuid
 from collections.abc import Callable
 
-from funke.common.streaming.streamsources import block_file_name, parse_block_file_name
+from funke.common.streaming.sources import block_file_name, parse_block_file_name
 
 log = logging.getLogger("funke.taskmanager.receiver")
 

@@ -50,12 +50,13 @@ from funke.common.task.inputgates import GateSnapshot
 from funke.common.graph.jobgraph import JobVertex, OperatorSpec, PartitionerKind
 from funke.common.graph.operators import CATALOGUE, OperatorRole
 from funke.common.states import ExecutionState
-from funke.common.streaming.streamsources import BatchInput, receiver_blocks_dir
+from funke.common.streaming.sources import BatchInput
 from funke.taskmanager import operators as operators_module
-from funke.common.graph.streamingjob import CHECKPOINT, RECEIVER_KINDS
+from funke.common.graph.streamingjob import CHECKPOINT
 from funke.taskmanager import batchexchange, iometrics
-from funke.taskmanager.receiver import BlockStore, SocketReceiver
-from funke.taskmanager.operators import OPERATORS, InputMeter, RuntimeContext, column_ref, union_all
+from funke.taskmanager import streaming
+from funke.taskmanager.receiver import SocketReceiver
+from funke.taskmanager.operators import InputMeter, RuntimeContext, column_ref, union_all
 
 __all__ = ["BatchReport", "StreamTask", "Task", "TaskCancelled", "Report", "check_vertex", "failure_of"]
 
@@ -120,7 +121,7 @@ def check_vertex(vertex: JobVertex) -> JobVertex:
         raise ValueError(f"vertex {vertex.id!r} has no operators")
     for i, op in enumerate(vertex.operators):
         kind = CATALOGUE.get(op.kind)
-        if kind is None or op.kind not in OPERATORS:
+        if kind is None or streaming.operator(op.kind) is None:
             raise ValueError(f"vertex {vertex.id!r}, operator {i} '{op.display_name}': unknown kind {op.kind!r}")
         if kind.role is OperatorRole.SOURCE and i != 0:
             raise ValueError(f"vertex {vertex.id!r}: source '{op.display_name}' is not the head of the chain")
@@ -155,7 +156,8 @@ class _Chain:
         df: DataFrame | None = None
         for i, op in enumerate(self.vertex.operators):
             role = CATALOGUE[op.kind].role
-            impl = OPERATORS[op.kind]
+            impl = streaming.operator(op.kind)
+            assert impl is not None
             if role is OperatorRole.SOURCE:
                 df = impl(ctx, op)
             elif role is OperatorRole.TRANSFORM:
@@ -658,17 +660,14 @@ class StreamTask(Task):
     def _start_receiver(self, chain: _Chain) -> SocketReceiver | None:
         """A receiver source's receiver, started once the task is RUNNING (taskmanager/receiver.py)."""
         head = chain.vertex.operators[0]
-        if head.kind not in RECEIVER_KINDS:
+        source = streaming.SOURCES.get(head.kind)
+        if source is None or source.receiver is None:
             return None
         checkpoint = self.deployment.job_options.get(CHECKPOINT, "")
         if not checkpoint:
             raise ValueError(f"{self.name}: a receiver needs the query's checkpoint location, and the task has none")
         d = self.deployment
-        store = BlockStore(receiver_blocks_dir(checkpoint, d.attempt.vertex_id, d.attempt.subtask_index))
-        max_rate = head.config.get("max_rate")
-        receiver = SocketReceiver(str(head.config["host"]), int(head.config["port"]), store,
-                                  block_interval_s=int(head.config.get("block_interval_ms", 200)) / 1000,
-                                  max_rate=float(max_rate) if max_rate is not None else None, name=self.name)
+        receiver = source.receiver(head.config, checkpoint, d.attempt.vertex_id, d.attempt.subtask_index, self.name)
         with self._lock:
             self._receiver = receiver
             receiver.set_rate(self._rate_limit)

@@ -608,6 +608,18 @@ class StreamReader:
     def parquet(self, path: str, schema: str, max_files_per_trigger: int | None = None, **options: Any) -> DataStream:
         return self._files("parquet", path, schema, max_files_per_trigger, options)
 
+    def json_lines(self, path: str, schema: str, max_files_per_trigger: int | None = None) -> DataStream:
+        """The lines of the JSON-lines files in directory `path`, read incrementally: lines
+        appended to a file and new files are both taken (a line counts once its newline is
+        written), each parsed into the columns of `schema`. Offsets are byte offsets per file, so
+        a batch run again reads the same lines; write by appending. File i of a batch (by name)
+        is read by subtask i % parallelism."""
+        kind = "source.stream.jsonlines"
+        config: dict[str, Any] = {"path": _location(path), "schema": _output_schema(schema, kind)}
+        if max_files_per_trigger is not None:
+            config["max_files_per_trigger"] = _positive_int(max_files_per_trigger, "max_files_per_trigger")
+        return self._stream(kind, "Source: JSON lines", config)
+
     def redis(self, keys: str | Sequence[str], *, host: str = "127.0.0.1", port: int = 6379, db: int = 0,
               starting: str = "latest", max_entries_per_trigger: int | None = None) -> DataStream:
         """The entries of Redis stream keys (XADD'ed by anyone), as a broker source: columns

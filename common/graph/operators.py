@@ -109,6 +109,8 @@ CATALOGUE: dict[str, OperatorKind] = {
         _k("source.stream.csv", S, 0, "path", "schema", keys=_STREAM_FILE_SOURCE),
         _k("source.stream.json", S, 0, "path", "schema", keys=_STREAM_FILE_SOURCE),
         _k("source.stream.parquet", S, 0, "path", "schema", keys=_STREAM_FILE_SOURCE),
+        _k("source.stream.jsonlines", S, 0, "path", "schema",
+           keys={"path": V.SOURCE_PATH, "schema": V.DDL, "max_files_per_trigger": V.POSITIVE_INT}),
         # receiver sources: long-running receivers store blocks in the checkpoint; each batch reads
         # the blocks allocated to it (Spark Streaming's socketTextStream)
         _k("source.socket", S, 0, "host", "port",

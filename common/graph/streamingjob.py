@@ -25,15 +25,15 @@ import re
 from dataclasses import dataclass
 
 from funke.common.streaming import microbatch as mb
+from funke.common.streaming.sources import RECEIVER_KINDS, SOURCES, STREAM_FILE_KINDS  # noqa: F401 (re-exported)
+from funke.common.streaming.sources.receiver import SOCKET  # noqa: F401
+from funke.common.streaming.sources.rate import RATE  # noqa: F401
+from funke.common.streaming.sources.redis import REDIS  # noqa: F401
 from funke.common.graph.jobgraph import JobGraph, JobType, JobVertex
 from funke.common.graph.operators import CATALOGUE, OperatorRole
 
-RATE = "source.rate"
-STREAM_FILE_KINDS = ("source.stream.text", "source.stream.csv", "source.stream.json", "source.stream.parquet")
-SOCKET = "source.socket"
-REDIS = "source.redis"
-RECEIVER_KINDS = frozenset({SOCKET})  # long-running receivers that store blocks in the checkpoint
-STREAM_SOURCE_KINDS = frozenset({RATE, *STREAM_FILE_KINDS, *RECEIVER_KINDS, REDIS})
+# The stream sources are the registry's (`funke.common.streaming.sources.SOURCES`, by operator kind)
+STREAM_SOURCE_KINDS = frozenset(SOURCES)
 STREAM_ONLY_SINK_KINDS = frozenset({"sink.foreach_batch", "sink.redis"})
 
 TRIGGER = "streaming.trigger"

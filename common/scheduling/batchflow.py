@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from funke.common.graph.deployment import BatchGate, BatchTask
 from funke.common.graph.executiongraph import ExecutionAttemptId, ExecutionGraph, input_split
-from funke.common.streaming.streamsources import BatchInput
+from funke.common.streaming.sources import BatchInput
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,7 +50,15 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from funke.common.streaming.checkpoint import CommitEntry, OffsetEntry, SourceRange
-from funke.common.states import BATCH_PHASE_TRANSITIONS, QUERY_STATE_TRANSITIONS, BatchPhase, QueryState, StateMachine
+from funke.common.states import (
+    BATCH_PHASE_TRANSITIONS,
+    QUERY_MODE_TRANSITIONS,
+    QUERY_STATE_TRANSITIONS,
+    BatchPhase,
+    QueryMode,
+    QueryState,
+    StateMachine,
+)
 
 PROGRESS_KEPT = 100  # Structured Streaming's spark.sql.streaming.numRecentProgressUpdates
 
@@ -58,24 +66,70 @@ PROGRESS_KEPT = 100  # Structured Streaming's spark.sql.streaming.numRecentProgr
 # ------------------------------------------------------------------------------------ triggers
 
 
+class TriggerPolicy:
+    """What a trigger decides for the coordinator (a policy, asked instead of testing the
+    trigger's class): how the query starts, when a tick makes a batch due, whether batches stay
+    within the per-trigger limits, whether a stop can drain, and why the query ends by itself."""
+    limited = True  # batches within the sources' per-trigger limits
+    drains = False  # a stop with drain processes what the sources hold first
+    single_batch = False  # the first batch with data is the whole query
+    end_reason = ""  # why a query ends once its target is reached
+
+    def start(self, now_ms: int) -> "TriggerStart":
+        raise NotImplementedError
+
+    def due(self, next_tick_ms: int | None, now_ms: int) -> tuple[int, int] | None:
+        """(the trigger time due, the next tick) when a timer fired at `now_ms`; None: nothing due."""
+        return None
+
+
 @dataclass(frozen=True, slots=True)
-class ProcessingTime:
+class TriggerStart:
+    timer_at_ms: int | None = None  # the first tick
+    capture_targets: bool = False  # process up to the sources' offsets now, then end
+    due_now: bool = False  # a batch is due at once
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessingTime(TriggerPolicy):
+    """A batch per interval, at times aligned to the interval (Spark's RecurringTimer); ticks
+    missed while the shell was busy fold into one."""
     interval_ms: int
+    drains = True
 
     def __post_init__(self) -> None:
         if self.interval_ms <= 0:
             raise ValueError(f"a processing-time trigger needs a positive interval, got {self.interval_ms} ms")
 
+    def start(self, now_ms: int) -> TriggerStart:
+        return TriggerStart(timer_at_ms=aligned_after(now_ms, self.interval_ms))
+
+    def due(self, next_tick_ms: int | None, now_ms: int) -> tuple[int, int] | None:
+        if next_tick_ms is None or now_ms < next_tick_ms:
+            return None
+        due = next_tick_ms + (now_ms - next_tick_ms) // self.interval_ms * self.interval_ms
+        return due, due + self.interval_ms
+
 
 @dataclass(frozen=True, slots=True)
-class AvailableNow:
+class AvailableNow(TriggerPolicy):
     """Process what the sources hold at the start, in batches within the per-trigger limits,
     then finish."""
+    end_reason = "available-now: every source processed up to its offsets at the start"
+
+    def start(self, now_ms: int) -> TriggerStart:
+        return TriggerStart(capture_targets=True)
 
 
 @dataclass(frozen=True, slots=True)
-class Once:
+class Once(TriggerPolicy):
     """One batch of everything available, then finish."""
+    limited = False
+    single_batch = True
+    end_reason = "once: its one batch is done"
+
+    def start(self, now_ms: int) -> TriggerStart:
+        return TriggerStart(due_now=True)
 
 
 Trigger = ProcessingTime | AvailableNow | Once
@@ -363,8 +417,9 @@ class MicroBatchCoordinator:
         self._next_tick: int | None = None
         self._due_ms: int | None = None  # a trigger time waiting for the planner
         self._targets: dict[str, Any] | None = None  # available-now / draining stop: process up to these
-        self._capturing = False
-        self._draining = False
+        self._capturing = False  # a CaptureTargets is unanswered
+        # where the next batches come from (table: funke.common.states.QUERY_MODE_TRANSITIONS)
+        self.mode = StateMachine(f"query {query_id} mode", QUERY_MODE_TRANSITIONS, QueryMode.STARTING, 0.0)
         self._last_trigger_ms: int | None = None
         self.progress: list[dict[str, Any]] = []  # the last PROGRESS_KEPT QueryProgress records
         self.terminated_reason = ""
@@ -384,7 +439,7 @@ class MicroBatchCoordinator:
 
     def stop_outlook(self, drain: bool) -> StopOutlook:
         """What `StopRequested(drain)` would do now with the batches there are."""
-        draining = drain and isinstance(self.trigger, ProcessingTime)
+        draining = drain and self.trigger.drains
         return StopOutlook(draining,
                            tuple(b.batch_id for b in self._in(BatchPhase.RUNNING, BatchPhase.COMMITTING,
                                                               BatchPhase.RECORDING)),
@@ -406,6 +461,8 @@ class MicroBatchCoordinator:
                 self._answered(event, actions)
             case TargetsCaptured(targets=targets, now_ms=now):
                 self._capturing = False
+                if self.mode.state is QueryMode.CAPTURING:
+                    self.mode.transition(QueryMode.BOUNDED, now / 1000, "targets captured")
                 self._targets = dict(targets)
                 self._plan(now, actions)
             case OffsetsLogged(batch_id=b, now_ms=now):
@@ -457,23 +514,24 @@ class MicroBatchCoordinator:
             batch.logged_at_ms = now
             actions.append(Publish("BatchSubmitted", entry.batch_id, now, {**batch.info(), "rerun": True}))
         self._rerun = []
-        match self.trigger:
-            case ProcessingTime(interval_ms=interval):
-                self._next_tick = aligned_after(now, interval)
-                actions.append(SetTimer(self._next_tick))
-            case AvailableNow():
-                self._capturing = True
-                actions.append(CaptureTargets(dict(self._ends)))
-            case Once():
-                self._due_ms = now
-                self._plan(now, actions)
+        start = self.trigger.start(now)
+        self.mode.transition(QueryMode.TRIGGERED if start.timer_at_ms is not None else
+                             QueryMode.CAPTURING if start.capture_targets else QueryMode.BOUNDED, now / 1000, "started")
+        if start.timer_at_ms is not None:
+            self._next_tick = start.timer_at_ms
+            actions.append(SetTimer(self._next_tick))
+        if start.capture_targets:
+            self._capturing = True
+            actions.append(CaptureTargets(dict(self._ends)))
+        if start.due_now:
+            self._due_ms = now
+            self._plan(now, actions)
 
     def _tick(self, now: int, actions: list[Action]) -> None:
-        if not isinstance(self.trigger, ProcessingTime) or self._next_tick is None or now < self._next_tick:
+        due_and_next = self.trigger.due(self._next_tick, now)  # missed ticks fold into one
+        if due_and_next is None:
             return
-        interval = self.trigger.interval_ms
-        due = self._next_tick + (now - self._next_tick) // interval * interval  # missed ticks fold into one
-        self._next_tick = due + interval
+        due, self._next_tick = due_and_next
         if self.state.state is QueryState.ACTIVE:  # a stopping query sets no timer
             actions.append(SetTimer(self._next_tick))
             self._due_ms = due
@@ -500,8 +558,7 @@ class MicroBatchCoordinator:
         self.next_batch_id += 1
         batch.planned_at_ms = now
         batch.previous_trigger_ms, self._last_trigger_ms = self._last_trigger_ms, now
-        unlimited = isinstance(self.trigger, Once)
-        actions.append(QueryOffsets(batch.batch_id, due, dict(self._ends), limited=not unlimited,
+        actions.append(QueryOffsets(batch.batch_id, due, dict(self._ends), limited=self.trigger.limited,
                                     caps=dict(self._targets) if self._targets is not None else None))
 
     def _targets_reached(self) -> bool:
@@ -518,7 +575,7 @@ class MicroBatchCoordinator:
         if missing or wrong:
             raise ValueError(f"batch {batch.batch_id}: the sources answered for other starts than asked "
                              f"(missing {missing}, other start {wrong})")
-        stopping_now = self.state.state is not QueryState.ACTIVE and not self._draining
+        stopping_now = self.state.state is not QueryState.ACTIVE and not self._draining()
         if not _has_data(ranges) or stopping_now:
             batch.phase.transition(BatchPhase.SKIPPED, now / 1000, "a stop came first" if stopping_now else "no new data")
             del self.batches[batch.batch_id]
@@ -526,13 +583,13 @@ class MicroBatchCoordinator:
             if self._targets is not None and not stopping_now:
                 # nothing more below the target: it is reached (a source may have lost data)
                 self._targets = {s: self._ends.get(s) for s in self.sources}
-            if isinstance(self.trigger, Once):
+            if self.trigger.single_batch:
                 self._targets = {s: self._ends.get(s) for s in self.sources}
             return
         batch.entry = OffsetEntry(batch.batch_id, batch.batch_time_ms, ranges)
         for s, r in ranges.items():
             self._ends[s] = r.end
-        if isinstance(self.trigger, Once):
+        if self.trigger.single_batch:
             self._targets = dict(self._ends)  # this one batch is all
         batch.phase.transition(BatchPhase.LOGGING, now / 1000)
         actions.append(WriteOffsetLog(batch.entry))
@@ -540,7 +597,7 @@ class MicroBatchCoordinator:
     def _run_queued(self, now: int, actions: list[Action]) -> None:
         if self.state.state is QueryState.TERMINATED:
             return
-        stopping = self.state.state is QueryState.STOPPING and not self._draining
+        stopping = self.state.state is QueryState.STOPPING and not self._draining()
         for batch in self._in(BatchPhase.QUEUED):
             if stopping:
                 batch.phase.transition(BatchPhase.DEFERRED, now / 1000, "stopped before it ran; the next run runs it")
@@ -581,10 +638,15 @@ class MicroBatchCoordinator:
             return
         self.state.transition(QueryState.STOPPING, now / 1000, "drain" if drain else "stop")
         self._due_ms = None
-        if drain and not isinstance(self.trigger, (AvailableNow, Once)):
-            self._draining = True
+        if drain and self.trigger.drains:
+            self.mode.transition(QueryMode.DRAINING, now / 1000, "drain")
             self._capturing = True
             actions.append(CaptureTargets(dict(self._ends)))
+        else:
+            self.mode.transition(QueryMode.STOPPING, now / 1000, "stop")
+
+    def _draining(self) -> bool:
+        return self.mode.state is QueryMode.DRAINING
 
     def _maybe_terminate(self, now: int, actions: list[Action]) -> None:
         state = self.state.state
@@ -593,16 +655,16 @@ class MicroBatchCoordinator:
         bounded = self._targets is not None
         if state is QueryState.ACTIVE and not bounded:
             return
-        if bounded and not self._targets_reached() and (state is QueryState.ACTIVE or self._draining):
+        if bounded and not self._targets_reached() and (state is QueryState.ACTIVE or self._draining()):
             return
         if self.in_flight():
             return
         if state is QueryState.ACTIVE:
-            reason = "available-now: every source processed up to its offsets at the start" if isinstance(
-                self.trigger, AvailableNow) else "once: its one batch is done"
+            reason = self.trigger.end_reason
         else:
-            reason = "stopped" + (" after draining" if self._draining else "")
+            reason = "stopped" + (" after draining" if self._draining() else "")
         self.state.transition(QueryState.TERMINATED, now / 1000, reason)
+        self.mode.transition(QueryMode.ENDED, now / 1000, reason)
         self.terminated_reason = reason
         actions.append(Terminate(reason))
 

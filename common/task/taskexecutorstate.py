@@ -48,7 +48,7 @@ from funke.common.graph.deployment import BatchTask, PartitionRef, PartitionUpda
 from funke.common.graph.executiongraph import ExecutionAttemptId, FailureInfo, TaskIo
 from funke.common.task.inputgates import GateSnapshot, InputGate, PartitionAvailability
 from funke.common.graph.operators import NOOP_KINDS
-from funke.common.streaming.streamsources import BatchInput
+from funke.common.streaming.sources import BatchInput
 from funke.common.states import (
     DEPLOYED_EXECUTION_STATES,
     EXECUTION_STATE_TRANSITIONS,

@@ -76,7 +76,7 @@ from funke.common.graph.jobgraph import (
 from funke.common.ids import echo
 from funke.common.states import ExecutionState, JobStatus, Transition
 from funke.common.streaming.checkpoint import SourceRange
-from funke.common.streaming.streamsources import BatchInput
+from funke.common.streaming.sources import BatchInput
 from funke.v1 import cluster_pb2 as cluster_pb
 from funke.v1 import job_pb2 as job_pb
 from funke.v1 import jobgraph_pb2 as pb

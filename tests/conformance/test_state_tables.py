@@ -20,6 +20,7 @@ from funke.common.states import (
     JobStatus,
     StateMachine,
     render_mermaid,
+    QUERY_MODE_TRANSITIONS,
     resolve_report,
 )
 from funke.common.conformance import (
@@ -137,6 +138,7 @@ def test_readme_diagrams_match_the_tables():
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     assert render_mermaid(JOB_STATUS_TRANSITIONS) in readme
     assert render_mermaid(EXECUTION_STATE_TRANSITIONS) in readme
+    assert render_mermaid(QUERY_MODE_TRANSITIONS) in readme
 
 
 # -- property-based: random event sequences --

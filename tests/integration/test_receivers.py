@@ -20,7 +20,7 @@ import cloudpickle
 import pytest
 
 from funke.common.api.dsl import ExecutionEnvironment
-from funke.common.streaming.streamsources import ReceiverSource, receiver_blocks_dir, stored_blocks
+from funke.common.streaming.sources import ReceiverSource, receiver_blocks_dir, stored_blocks
 from funke.deploy import localcluster
 from funke.deploy.lineserver import LineServer
 from funke.jobmanager.checkpointstore import CheckpointStore

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from funke.common.api.dsl import ExecutionEnvironment
-from funke.common.streaming.streamsources import FilesSource
+from funke.common.streaming.sources import FilesSource
 from funke.deploy import localcluster
 from funke.deploy.client import JobManagerClient, job_status_name
 from funke.jobmanager import streamsinks

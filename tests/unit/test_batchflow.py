@@ -10,7 +10,7 @@ from funke.common.scheduling.batchflow import BatchFlow, Dispatch, InputRead, Si
 from funke.common.streaming.checkpoint import SourceRange
 from funke.common.graph.executiongraph import Execution, ExecutionAttemptId, SlotId
 from funke.common.graph.jobgraph import JobType, JobVertex, OperatorSpec
-from funke.common.streaming.streamsources import BatchInput
+from funke.common.streaming.sources import BatchInput
 from funke.common.graph.deployment import BatchGate
 from tests.conformance.graphs import ALL_TO_ALL, PIPELINED, POINTWISE, connect, execution_graph, job_graph
 

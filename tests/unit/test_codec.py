@@ -430,7 +430,7 @@ def test_a_micro_batch_survives_the_wire_and_a_broken_one_is_refused():
     from funke.common.streaming.checkpoint import SourceRange
     from funke.common.wire.codec import batch_from_proto, run_batch_to_proto
     from funke.common.graph.executiongraph import ExecutionAttemptId
-    from funke.common.streaming.streamsources import BatchInput
+    from funke.common.streaming.sources import BatchInput
 
     batch = BatchInput(7, 123, {"rate": SourceRange({"rows": 1, "baseMs": 5}, {"rows": 9, "baseMs": 5}, 8),
                                 "files": SourceRange(None, 2)}, {"files": ("a.csv", "b.csv")})

@@ -41,7 +41,7 @@ from funke.common.streaming.microbatch import (
     WriteOffsetLog,
     aligned_after,
 )
-from funke.common.states import BatchPhase, QueryState
+from funke.common.states import BatchPhase, QueryMode, QueryState
 
 SINKS = ("sink-a", "sink-b")
 
@@ -327,6 +327,25 @@ def test_a_draining_stop_processes_everything_there_at_the_stop_then_ends():
     w.settle()
     assert w.terminated == "stopped after draining"
     assert committed_rows(w, "rate") == list(range(35)) and w.commits == [0, 1, 2, 3]
+
+
+def modes(w: World) -> list[QueryMode]:
+    return [QueryMode.STARTING] + [t.to_state for t in w.coordinator.mode.history]
+
+
+def test_the_trigger_picks_the_first_mode_and_stops_and_ends_follow_the_mode_table():
+    cases = [(ProcessingTime(100), True, [QueryMode.TRIGGERED, QueryMode.DRAINING, QueryMode.ENDED]),
+             (ProcessingTime(100), False, [QueryMode.TRIGGERED, QueryMode.STOPPING, QueryMode.ENDED]),
+             (AvailableNow(), None, [QueryMode.CAPTURING, QueryMode.BOUNDED, QueryMode.ENDED]),
+             (Once(), None, [QueryMode.BOUNDED, QueryMode.ENDED]),
+             (AvailableNow(), True, [QueryMode.CAPTURING, QueryMode.STOPPING, QueryMode.ENDED])]  # no drain
+    for trigger, drain, expected in cases:
+        w = World(coordinator(trigger), {"rate": 30}, limit=10)
+        w.feed(Started(0))
+        if drain is not None:
+            w.feed(StopRequested(drain=drain, now_ms=w.now))
+        w.settle()
+        assert w.terminated and modes(w) == [QueryMode.STARTING] + expected, (trigger, drain)
 
 
 def test_a_draining_stop_under_a_backlog_runs_the_logged_batches_then_one_of_everything_left():

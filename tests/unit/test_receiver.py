@@ -9,7 +9,7 @@ import socket
 import threading
 import time
 
-from funke.common.streaming.streamsources import parse_block_file_name, stored_blocks
+from funke.common.streaming.sources import parse_block_file_name, stored_blocks
 from funke.taskmanager.receiver import BlockStore, RateLimiter, SocketReceiver
 
 
@@ -145,8 +145,8 @@ def test_a_receiver_under_a_rate_takes_lines_evenly_while_the_sender_offers_more
 
 
 def test_purged_blocks_keep_the_newest_number_so_a_restarted_receiver_never_goes_back(tmp_path):
-    from funke.common.streaming.streamsources import ReceiverSource
-    from funke.jobmanager.streamdriver import ReceiverPlanner
+    from funke.common.streaming.sources import ReceiverSource
+    from funke.jobmanager.streaming import ReceiverPlanner
 
     store = BlockStore(str(tmp_path / "0"))
     for i in range(5):
@@ -156,7 +156,7 @@ def test_purged_blocks_keep_the_newest_number_so_a_restarted_receiver_never_goes
     assert sorted(os.listdir(tmp_path / "0")) == ["000000000002.block", "000000000003.block", "000000000004.block"]
     assert (tmp_path / "0" / "000000000002.block").read_text() == ""
     assert planner.plan({"0": 3}, 0, True, None).end == {"0": 5}
-    assert planner.block_files(planner.plan({"0": 3}, 0, True, None)) == ("0/000000000003.block", "0/000000000004.block")
+    assert planner.batch_files(planner.plan({"0": 3}, 0, True, None)) == ("0/000000000003.block", "0/000000000004.block")
     assert planner.forget_before({"0": 5}) == 3  # 2 (empty) and 3 gone, 4 emptied
     assert os.listdir(tmp_path / "0") == ["000000000004.block"]
     assert BlockStore(str(tmp_path / "0")).store(["after"]) == "000000000005.block"  # not 0

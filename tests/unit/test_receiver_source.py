@@ -1,4 +1,4 @@
-"""The receiver source's rules (common/streaming/streamsources.py): stored blocks named by their numbers,
+"""The receiver source's rules (common/streaming/sources/): stored blocks named by their numbers,
 counted up to the first missing; each batch allocated every block stored when it is planned, per
 receiver; a range that replays to the same blocks."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from funke.common.streaming.checkpoint import SourceRange
-from funke.common.streaming.streamsources import ReceiverSource, block_file_name, parse_block_file_name, stored_blocks
+from funke.common.streaming.sources import ReceiverSource, block_file_name, parse_block_file_name, stored_blocks
 
 
 def test_block_names_are_their_numbers_and_only_blocks_parse():

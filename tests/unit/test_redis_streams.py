@@ -1,4 +1,4 @@
-"""Redis Streams as a source and a sink (common/streaming/streamsources.py, jobmanager/streamdriver.py's
+"""Redis Streams as a source and a sink (common/streaming/sources/, jobmanager/streaming/redis.py
 RedisPlanner, jobmanager/redissink.py): entry-id offsets per key, per-trigger limits, where a
 query starts, the lag; and a sink's batch appended once, in one transaction, whatever runs it
 again. Against a real redis-server on loopback."""
@@ -13,9 +13,9 @@ import pytest
 import redis
 
 from funke.common.streaming.checkpoint import SourceRange
-from funke.common.streaming.streamsources import RedisStreamsSource, stream_id
+from funke.common.streaming.sources import RedisStreamsSource, stream_id
 from funke.jobmanager import redissink
-from funke.jobmanager.streamdriver import RedisPlanner
+from funke.jobmanager.streaming import RedisPlanner
 from funke.jobmanager.streamsinks import SinkCommitError, staging_dir
 
 

@@ -1,6 +1,6 @@
 """The TaskManager's stream operators on real PySpark (taskmanager/operators.py): in a micro-batch
 a rate source reads exactly its range's rows — the same values and timestamps as the rule in
-common/streaming/streamsources.py, split across subtasks — a stream file source reads the files the
+common/streaming/sources/, split across subtasks — a stream file source reads the files the
 JobManager resolved for the batch, and a file sink stages the batch inside its target for the
 JobMaster's commit. Outside a micro-batch a stream source refuses to run."""
 
@@ -17,7 +17,7 @@ from pyspark.sql import SparkSession
 from funke.common.streaming.checkpoint import SourceRange
 from funke.common.graph.jobgraph import OperatorSpec, PartitionerKind
 from funke.common.states import ExecutionState
-from funke.common.streaming.streamsources import BatchInput, RateSource
+from funke.common.streaming.sources import BatchInput, RateSource
 from funke.jobmanager import streamsinks
 from funke.taskmanager.operators import OPERATORS, RuntimeContext
 from funke.taskmanager.task import StreamTask

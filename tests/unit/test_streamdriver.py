@@ -14,10 +14,12 @@ import pytest
 
 from funke.common.streaming import microbatch as mb
 from funke.common.streaming.checkpoint import OffsetEntry
-from funke.common.streaming.streamsources import FilesSource, RateSource
+from funke.common.streaming.sources import FilesSource, RateSource
 from funke.jobmanager import streamsinks
 from funke.jobmanager.checkpointstore import CheckpointInUse, CheckpointStore
-from funke.jobmanager.streamdriver import FilesPlanner, RatePlanner, StreamDriver
+from funke.common.scheduling.batchflow import SinkStarted, SinkWritten
+from funke.jobmanager.streamdriver import StreamDriver
+from funke.jobmanager.streaming import FilesPlanner, RatePlanner
 
 
 class StagingRunner:
@@ -30,7 +32,7 @@ class StagingRunner:
         self.ran: list[int] = []
 
     async def run(self, entry: OffsetEntry, output) -> None:
-        output("started", "sink")
+        output(SinkStarted(entry.batch_id, "sink"))
         self.ran.append(entry.batch_id)
         if self.hold is not None:
             await self.hold.wait()
@@ -48,7 +50,7 @@ class StagingRunner:
         os.makedirs(staged, exist_ok=True)
         with open(os.path.join(staged, "part-0.txt"), "w") as fh:
             fh.write("\n".join(lines) + ("\n" if lines else ""))
-        output("completed", "sink")
+        output(SinkWritten(entry.batch_id, "sink"))
 
     async def commit(self, batch_id: int) -> None:
         attempt = len([b for b in self.ran if b == batch_id]) - 1

@@ -1,4 +1,4 @@
-"""Streaming sources' planning and reading rules (common/streaming/streamsources.py): the rate source's rows
+"""Streaming sources' planning and reading rules (common/streaming/sources/): the rate source's rows
 are a function of the offsets alone (a replay reads the same rows, timestamps included), and the
 file source takes each file once, oldest first, within the per-trigger limit."""
 
@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from funke.common.streaming.checkpoint import SourceRange
-from funke.common.streaming.streamsources import FilesSource, ListedFile, RateSource
+from funke.common.streaming.sources import FilesSource, ListedFile, RateSource
 
 
 def test_the_rate_source_offers_the_rows_due_by_now_from_its_base_time():

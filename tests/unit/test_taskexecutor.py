@@ -677,7 +677,7 @@ def test_a_streaming_task_runs_the_micro_batches_it_is_sent_and_finishes_when_to
     from funke.common.wire.codec import run_batch_to_proto
     from funke.common.streaming.checkpoint import SourceRange
     from funke.common.graph.executiongraph import ExecutionAttemptId
-    from funke.common.streaming.streamsources import BatchInput
+    from funke.common.streaming.sources import BatchInput
 
     task = producer(job, 0, slot=0, parallelism=1)
     task.streaming = True

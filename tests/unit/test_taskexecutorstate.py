@@ -23,7 +23,7 @@ from funke.common.graph.deployment import (
 from funke.common.graph.executiongraph import ExecutionAttemptId, FailureInfo, SlotId
 from funke.common.graph.jobgraph import JobVertex, OperatorSpec, PartitionerKind, ResultPartitionType
 from funke.common.states import ExecutionState
-from funke.common.streaming.streamsources import BatchInput
+from funke.common.streaming.sources import BatchInput
 from funke.common.task.taskexecutorstate import TaskExecutorState, TaskKey
 
 E = ExecutionState

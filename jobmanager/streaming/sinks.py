@@ -1,0 +1,42 @@
+"""The JobManager side of the streaming sinks that commit: file sinks (a manifest per batch,
+`funke.jobmanager.streamsinks`), the collect sink (the same, under the data directory, whose
+directory exists from the query's start) and Redis (one transaction per batch,
+`funke.jobmanager.redissink`)."""
+
+from __future__ import annotations
+
+import functools
+
+from funke.common import layout
+from funke.common.graph.streamingjob import local_path
+from funke.jobmanager import committer, redissink, streamsinks
+from funke.jobmanager.streaming.base import SinkSide
+
+
+class FileSink(SinkSide):
+    def commit(self, batch_id: int, attempts: dict[int, int], query_id: str) -> None:
+        streamsinks.commit_batch(local_path(str(self.context.config["path"])), batch_id, attempts)
+
+
+class CollectSink(SinkSide):
+    def _target(self) -> str:
+        return layout.collect_dir(self.context.data_dir, self.context.job_id, self.context.vertex_id)
+
+    def prepare(self) -> None:
+        """The directory exists before the first batch: a query that committed no batch has
+        zero rows there (also once FINISHED), and a missing directory means rows that are gone
+        (`committer.read_collected`)."""
+        fs, path = committer.filesystem(self._target())
+        fs.create_dir(path, recursive=True)
+
+    def commit(self, batch_id: int, attempts: dict[int, int], query_id: str) -> None:
+        streamsinks.commit_batch(self._target(), batch_id, attempts)
+
+
+class RedisSink(SinkSide):
+    def commit(self, batch_id: int, attempts: dict[int, int], query_id: str) -> None:
+        c = self.context
+        config = dict(c.config)
+        redissink.commit_batch(functools.partial(redissink.connect, config), str(config["key"]), query_id,
+                               c.vertex_id, layout.redis_sink_dir(c.data_dir, c.job_id, c.vertex_id), batch_id,
+                               attempts)
