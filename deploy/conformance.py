@@ -413,8 +413,12 @@ def _run_one(run: Run, scenario: Scenario) -> Outcome:
         job_steps = [Step("job", _status(t.from_status), _status(t.to_status), _seconds(t.timestamp), t.cause)
                      for t in details.status_history]
         observed.path = ["CREATED"] + [s.to_state for s in job_steps]
+        # Every attempt's whole story from the details (the stream may open after the first
+        # steps: on a busy machine a task can be RUNNING before the watcher's snapshot), then
+        # the stream's own steps after its snapshot.
+        observed.path = assert_event_stream(job_steps, _history_steps(details))["job"]
         snapshot, execution_steps = _execution_steps(events)
-        observed.path = assert_event_stream(job_steps, execution_steps, initial_executions=snapshot)["job"]
+        assert_event_stream(job_steps, execution_steps, initial_executions=snapshot)
         if not re.fullmatch(_pattern(scenario.expected), " ".join(observed.path)):
             observed.problems.append(f"the job took {' -> '.join(observed.path)}")
         if scenario.check is not None:
@@ -460,6 +464,18 @@ def _execution_steps(events: Sequence) -> tuple[dict[str, str], list[Step]]:
             steps.append(Step(f"{c.attempt.vertex_id}[{c.attempt.subtask_index}]#{c.attempt.attempt_number}",
                               _state(t.from_state), _state(t.to_state), _seconds(t.timestamp), t.cause))
     return snapshot, steps
+
+
+def _history_steps(details) -> list[Step]:
+    """Every step of every attempt (prior and current) of every subtask, from the job's details."""
+    steps = []
+    for v in details.vertices:
+        for s in v.subtasks:
+            for attempt in (*s.prior_attempts, s.current):
+                entity = f"{v.id}[{s.subtask_index}]#{attempt.id.attempt_number}"
+                steps += [Step(entity, _state(t.from_state), _state(t.to_state), _seconds(t.timestamp), t.cause)
+                          for t in attempt.history]
+    return steps
 
 
 def _seconds(ts) -> float:
