@@ -362,13 +362,13 @@ def _stop_standalone(root: Path, timeout: float) -> list[tuple[ProcessInfo, str]
              outcome) for name, outcome in outcomes.items()]
 
 
-def _write_ha_conf(root: Path, ha: str, quorum: str | None, options: Mapping[str, str]) -> None:
+def _write_ha_conf(root: Path, ha: str, quorum: str | None, options: Mapping[str, str] | None) -> None:
     entries = {"high-availability.type": ha, "high-availability.storageDir": str(root / "ha"),
                # One ZooKeeper may serve many clusters: each has its own nodes.
                "high-availability.cluster-id": HA_CLUSTER_ID if ha == "filesystem" else _cluster_id(root)}
     if quorum:
         entries["high-availability.zookeeper.quorum"] = quorum
-    entries.update(options)
+    entries.update(options or {})
     text = "".join(f"{k}: {v}\n" for k, v in entries.items())
     try:
         parse_configuration(parse_config_lines(text, HA_CONF))
