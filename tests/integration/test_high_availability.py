@@ -81,7 +81,11 @@ class HaCluster:
             if lease is not None and lease.epoch > old_epoch and lease.valid(time.time()):
                 return lease, time.time()
             time.sleep(0.05)
-        raise AssertionError(f"no leader after epoch {old_epoch} within {timeout} s")
+        # what the lease and the recorded processes were, to tell a standby that never took over
+        # from a leader that went on renewing
+        processes = [(p.name, p.pid, p.alive) for p in localcluster.status(self.dir).processes]
+        raise AssertionError(f"no leader after epoch {old_epoch} within {timeout} s: lease {self.lease()}, "
+                             f"processes {processes}")
 
 
 @pytest.fixture(scope="module")
