@@ -84,10 +84,11 @@ class Contender:
             return [self._lose("the lease ran out before it could be renewed")]
         return []
 
-    def step(self, current: Lease | None, now: float, holder_gone: bool = False
+    def step(self, current: Lease | None, now: float, holder_gone: bool = False, last_epoch: int = 0
              ) -> tuple[Lease | None, list[Change]]:
-        """One round: `current` is the lease as read. Returns the lease to write (None: write
-        nothing) and what changed for this contender."""
+        """One round: `current` is the lease as read; `last_epoch`: the highest epoch the store
+        has seen granted (a lease that cannot be read still spent its epoch). Returns the lease to
+        write (None: write nothing) and what changed for this contender."""
         changes: list[Change] = []
         if self.epoch is not None:
             if current is None or current.holder != self.holder or current.epoch != self.epoch:
@@ -102,7 +103,7 @@ class Contender:
         free = current is None or not current.valid(now) or holder_gone
         if not free:
             return None, changes
-        lease, granted = self.grant(current.epoch if current is not None else 0, now)
+        lease, granted = self.grant(max(current.epoch if current is not None else 0, last_epoch), now)
         return lease, changes + granted
 
     def grant(self, last_epoch: int, now: float) -> tuple[Lease, list[Change]]:
@@ -112,6 +113,12 @@ class Contender:
         self.epoch = lease.epoch
         self._valid_until = lease.expires_at
         return lease, [Granted(lease.epoch)]
+
+    def outraced(self) -> None:
+        """The grant of the last round did not happen: another contender wrote that epoch's
+        lease first (the store creates each epoch's lease once). Stand by, as if never granted."""
+        self.epoch = None
+        self._valid_until = 0.0
 
     def renew(self, now: float) -> list[Change]:
         """The store confirmed at `now` that this contender still leads (its ZooKeeper session

@@ -3,8 +3,11 @@ the job graph store and the job result store (`high-availability: filesystem`).
 
 Owns the files under `<high-availability.storageDir>/<high-availability.cluster-id>/`:
 
-    leader/lock                   flock'ed for the length of one read-decide-write of the lease
-    leader/lease.json             the lease: holder, epoch (fencing token), leader address, renewal
+    leader/leases/<epoch>.json    the lease of each epoch (the fencing token): holder, leader
+                                  address, renewal. Created once, by the contender that wins the
+                                  epoch (a hard link of a complete file: of two racing, one gets
+                                  it); then rewritten only by its holder. The lease is the one of
+                                  the highest epoch; the older ones go once a new epoch begins
     leader/contenders/<digest>.json  each contending JobManager (holder, address, last round):
                                   who takes part, leader and standbys, for `funke cluster status`
     jobgraphs/<job id>.jobgraph   a submitted JobGraph (its wire form, artifacts included), kept
@@ -17,9 +20,19 @@ Owns the files under `<high-availability.storageDir>/<high-availability.cluster-
     archive/<job id>.archived     what `funke list/status` show of a terminal job (protobuf)
 
 Every write is atomic (temporary file, fsync, rename, fsync of the directory): a reader sees the
-old content or the new, never a torn file. Every write of a leader is fenced: under the lease
-lock it checks that the lease is still its own with the epoch it was granted, and refuses
-(`Fenced`) otherwise, so a deposed leader that has not noticed yet changes nothing.
+old content or the new, never a torn file. Every write of a leader is fenced: it checks that the
+lease is still its own with the epoch it was granted, and refuses (`Fenced`) otherwise, so a
+deposed leader that has not noticed yet changes nothing.
+
+No process ever waits for another: there is no lock. A lock held by a leader that is paused (a
+stop signal, a frozen VM, a long GC) in the middle of a write would keep every standby from
+taking over for as long as the pause lasts. Instead each epoch's lease is a file of its own, so
+what a paused leader writes when it wakes (the renewal it had decided on) is never taken for
+the lease of a later epoch. The price: a leader paused between its fencing check and the rename
+of one store write lands that one write after its successor took over. Each store write holds a
+whole record (a job's graph, history, progress or result), written again whole by whoever leads
+next, so such a write is what the deposed leader knew when it paused, superseded by the next
+write of its successor.
 
 What to decide lives in `funke.common.leadership`; this module does the I/O. It is meant for the
 JobManagers of one machine (or a file system with working `flock` and rename); several hosts use
@@ -29,10 +42,10 @@ ZooKeeper.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
+import secrets
 import socket
 import time
 from dataclasses import asdict, dataclass
@@ -41,9 +54,10 @@ from typing import Callable, Iterator
 import psutil
 
 from funke.common import ids
-from funke.common.leadership import DEFAULT_LEASE_S, Change, Contender, Lease
+from funke.common.leadership import DEFAULT_LEASE_S, Change, Contender, Granted, Lease
 
-LEASE_FILE = "lease.json"
+LEASES_DIR = "leases"
+_OLD_EPOCHS_KEPT = 2  # the lease files of the epochs just before the current one stay, for a reader
 _SUFFIX_GRAPH = ".jobgraph"
 _SUFFIX_HISTORY = ".history"
 _SUFFIX_ARCHIVE = ".archived"
@@ -183,12 +197,13 @@ class FileSystemHaServices:
         self.root = os.path.join(os.path.abspath(storage_dir), cluster_id)
         self.leader_dir = os.path.join(self.root, "leader")
         self.contenders_dir = os.path.join(self.leader_dir, "contenders")
+        self.leases_dir = os.path.join(self.leader_dir, LEASES_DIR)
         self.graphs_dir = os.path.join(self.root, "jobgraphs")
         self.results_dir = os.path.join(self.root, "job-results")
         self.archive_dir = os.path.join(self.root, "archive")
 
     def create_dirs(self) -> None:
-        for d in (self.leader_dir, self.contenders_dir, self.graphs_dir, self.results_dir, self.archive_dir):
+        for d in (self.leader_dir, self.contenders_dir, self.leases_dir, self.graphs_dir, self.results_dir, self.archive_dir):
             os.makedirs(d, mode=0o700, exist_ok=True)
 
     def on_change(self, callback: Callable[[], None]) -> None:
@@ -199,38 +214,81 @@ class FileSystemHaServices:
 
     # ------------------------------------------------------------------ leader election
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        fd = os.open(os.path.join(self.leader_dir, "lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)  # releases the lock
+    def _lease_path(self, epoch: int) -> str:
+        return os.path.join(self.leases_dir, f"{epoch}.json")
+
+    def _epochs(self) -> list[int]:
+        """Every epoch with a lease file, highest first."""
+        return sorted((int(n[:-5]) for n in _names(self.leases_dir) if n.endswith(".json") and n[:-5].isdigit()),
+                      reverse=True)
+
+    def _current(self) -> tuple[Lease | None, int]:
+        """The lease of the highest epoch (None if there is none or it cannot be read: a
+        stranger's file is no lease, and the next leader's epoch is above it), and that epoch."""
+        for _ in range(3):  # a new epoch's old ones can go between the listing and the read
+            epochs = self._epochs()
+            if not epochs:
+                return None, 0
+            data = read_file(self._lease_path(epochs[0]))
+            if data is not None:
+                lease = lease_from_json(data)
+                return (lease if lease is not None and lease.epoch == epochs[0] else None), epochs[0]
+        return None, epochs[0]
 
     def leader(self) -> Lease | None:
         """Leader retrieval: the current lease as written (check `valid(now)` for a live leader)."""
-        return lease_from_json(read_file(os.path.join(self.leader_dir, LEASE_FILE)))
+        return self._current()[0]
+
+    def write_lease(self, lease: Lease) -> None:
+        """Renew (or release) a lease its holder leads with. Only that epoch's file changes: a
+        holder deposed since it decided to renew writes where nobody reads the current lease."""
+        write_atomically(self._lease_path(lease.epoch), lease_to_json(lease))
+
+    def _create_lease(self, lease: Lease) -> bool:
+        """Begin `lease.epoch`: its file is created with the lease in it, complete, at once, unless
+        another contender created it first (False)."""
+        path = self._lease_path(lease.epoch)
+        os.makedirs(self.leases_dir, mode=0o700, exist_ok=True)
+        tmp = os.path.join(self.leases_dir, f".{lease.epoch}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        write_atomically(tmp, lease_to_json(lease))
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        _fsync_dir(self.leases_dir)
+        for epoch in self._epochs():
+            if epoch < lease.epoch - _OLD_EPOCHS_KEPT:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self._lease_path(epoch))
+        return True
 
     def contend(self, contender: Contender, now: float | None = None) -> tuple[Lease | None, list[Change]]:
         """One election round for `contender`: returns the lease as it stands after the round and
         what changed for the contender (granted, revoked)."""
-        with self._locked():
-            current = self.leader()
-            t = time.time() if now is None else now
-            gone = current is not None and current.holder != contender.holder and holder_gone(current.holder)
-            new, changes = contender.step(current, t, gone)
-            if new is not None:
-                write_atomically(os.path.join(self.leader_dir, LEASE_FILE), lease_to_json(new))
+        current, last_epoch = self._current()
+        t = time.time() if now is None else now
+        gone = current is not None and current.holder != contender.holder and holder_gone(current.holder)
+        new, changes = contender.step(current, t, gone, last_epoch)
+        if new is not None:
+            if not any(isinstance(c, Granted) for c in changes):
+                self.write_lease(new)
                 current = new
+            elif self._create_lease(new):
+                current = new
+            else:  # another contender won this epoch between our read and our write
+                contender.outraced()
+                changes = [c for c in changes if not isinstance(c, Granted)]
+                current = self.leader()
         self._announce(contender, t)
         return current, changes
 
     def release(self, contender: Contender, now: float | None = None) -> list[Change]:
-        with self._locked():
-            new, changes = contender.release(self.leader(), time.time() if now is None else now)
-            if new is not None:
-                write_atomically(os.path.join(self.leader_dir, LEASE_FILE), lease_to_json(new))
+        new, changes = contender.release(self.leader(), time.time() if now is None else now)
+        if new is not None:
+            self.write_lease(new)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self._contender_file(contender.holder))
         return changes
@@ -281,12 +339,13 @@ class FileSystemHaServices:
 
     @contextlib.contextmanager
     def _fenced(self, holder: str, epoch: int) -> Iterator[None]:
-        with self._locked():
-            current = self.leader()
-            if current is None or current.holder != holder or current.epoch != epoch or current.released:
-                now_leading = "nobody" if current is None else f"epoch {current.epoch}"
-                raise Fenced(f"the lease of epoch {epoch} is not held any more ({now_leading} leads)")
-            yield
+        """Write only while the lease is `holder`'s with `epoch` (see the module's note on a
+        leader paused inside the write)."""
+        current = self.leader()
+        if current is None or current.holder != holder or current.epoch != epoch or current.released:
+            now_leading = "nobody" if current is None else f"epoch {current.epoch}"
+            raise Fenced(f"the lease of epoch {epoch} is not held any more ({now_leading} leads)")
+        yield
 
     # ------------------------------------------------------------------ job graph store
 

@@ -17,7 +17,7 @@ from grpc_health.v1 import health
 
 from funke.common.configuration import ClusterConfiguration
 from funke.common.leadership import Contender, Lease
-from funke.runtime.hafilesystem import FileSystemHaServices, lease_to_json, write_atomically
+from funke.runtime.hafilesystem import FileSystemHaServices
 from funke.jobmanager.highavailability import LeaderElection
 from funke.jobmanager.mailbox import Mailbox
 from funke.jobmanager.main import JobManagerRole
@@ -113,7 +113,7 @@ async def _noop(*_args) -> None:
 def _steal(services: FileSystemHaServices, address: str, epoch: int) -> Lease:
     """Another JobManager leads with `epoch` now, as the lease file says."""
     lease = Lease("other:2:2", epoch, address, time.time(), 60.0, since=time.time())
-    write_atomically(f"{services.leader_dir}/lease.json", lease_to_json(lease))
+    services.write_lease(lease)
     return lease
 
 

@@ -3,6 +3,7 @@ every write, the job graph and job result stores, and a real dead process freein
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -105,10 +106,13 @@ def test_strangers_files_in_the_store_are_ignored_and_a_corrupt_lease_is_no_leas
     (open(os.path.join(ha.results_dir, "..json"), "w")).close()
     with open(os.path.join(ha.results_dir, "job-9.json"), "w") as f:
         f.write("{not json")
-    with open(os.path.join(ha.leader_dir, "lease.json"), "w") as f:
+    os.makedirs(ha.leases_dir, exist_ok=True)
+    with open(os.path.join(ha.leases_dir, "7.json"), "w") as f:
         f.write("garbage")
+    (open(os.path.join(ha.leases_dir, "notes.txt"), "w")).close()
     assert ha.job_graph_ids() == [] and ha.results() == {} and ha.leader() is None
-    assert ha.contend(Contender("a", "A", 3), now=0.0)[1] == [Granted(1)]
+    # no lease to respect, but its epoch is spent: the next leader's is higher
+    assert ha.contend(Contender("a", "A", 3), now=0.0)[1] == [Granted(8)]
 
 
 def test_writes_are_atomic_no_temporary_file_is_left_behind(ha):
@@ -134,7 +138,7 @@ def test_a_killed_holder_is_recognised_as_gone_and_a_live_one_is_not():
 
 
 def test_concurrent_contenders_in_threads_elect_exactly_one_leader(ha):
-    """The lock makes each round atomic: of 8 contenders racing for a free lease, one wins."""
+    """Each epoch's lease file is created once: of 8 contenders racing for a free lease, one wins."""
     contenders = [Contender(f"c{i}", f"C{i}", 30) for i in range(8)]
     barrier = threading.Barrier(len(contenders))
     granted = []
@@ -171,3 +175,70 @@ def test_every_contender_is_listed_until_it_releases_falls_silent_or_its_process
     assert ha.contenders(now=20.0) == []  # a process of this host that is gone
     ha.contend(a, now=21.0)  # the next round of a contender forgets it
     assert sorted(os.listdir(ha.contenders_dir)) == [os.path.basename(ha._contender_file("a"))]
+
+
+_STOPS_MID_WRITE = """
+import os, signal, sys
+from funke.common.leadership import Contender
+from funke.runtime import hafilesystem
+services = hafilesystem.FileSystemHaServices(sys.argv[1], "cluster-1", 0.5)
+leader = Contender(hafilesystem.process_identity(), "A", 0.5)
+services.contend(leader)
+write = hafilesystem.write_atomically
+
+def stopped_then_written(path, data):
+    os.kill(os.getpid(), signal.SIGSTOP)  # a pause (GC, a frozen VM, SIGSTOP) in the middle of a store write
+    write(path, data)
+
+hafilesystem.write_atomically = stopped_then_written
+services.put_history(leader.holder, leader.epoch, "job-1", [{"n": 1}])
+print("written", flush=True)
+"""
+
+
+def test_a_leader_paused_in_the_middle_of_a_store_write_does_not_keep_a_standby_from_taking_over(ha, tmp_path):
+    """A paused leader stays paused: whatever it was doing, its lease runs out and a standby
+    takes over; woken up, the one write it had begun lands where nobody takes it for the
+    lease, its leadership is over, and every later write of its epoch is refused."""
+    import psutil
+    import signal
+    import time
+
+    services = FileSystemHaServices(os.path.dirname(ha.root), "cluster-1", 0.5)
+    child = subprocess.Popen([sys.executable, "-c", _STOPS_MID_WRITE, os.path.dirname(ha.root)],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while psutil.Process(child.pid).status() != psutil.STATUS_STOPPED:
+            assert time.monotonic() < deadline and child.poll() is None, "the leader did not reach its write"
+            time.sleep(0.01)
+        paused = services.leader()
+        assert paused is not None and paused.epoch == 1
+        standby = Contender("b", "B", 0.5)
+        granted: list = []
+        round_ = threading.Thread(target=lambda: granted.extend(
+            services.contend(standby, now=paused.expires_at + 0.1)[1]), daemon=True)
+        round_.start()
+        round_.join(10)
+        assert not round_.is_alive(), "the standby's round waited on the paused leader"
+        assert granted == [Granted(2)] and services.leader().holder == "b"
+    finally:
+        os.kill(child.pid, signal.SIGCONT)
+    out, _ = child.communicate(timeout=30)
+    assert out.strip() == "written"
+    assert services.leader().epoch == 2 and services.leader().holder == "b"
+    with pytest.raises(Fenced):
+        services.put_history(paused.holder, 1, "job-1", [{"n": 2}])
+    assert services.contend(standby, now=paused.expires_at + 0.2)[1] == []  # b still leads
+
+
+def test_a_deposed_leaders_late_renewal_does_not_take_the_lease_back(ha):
+    """A leader paused between reading its lease and writing the renewal writes it after a
+    standby took over: the lease stays the standby's."""
+    a, b = Contender("a", "A", 3), Contender("b", "B", 3)
+    lease, _ = ha.contend(a, now=0.0)
+    assert ha.contend(b, now=5.0)[1] == [Granted(2)]
+    renewal = dataclasses.replace(lease, renewed_at=4.0)  # what it decided at 4.0, written at 5.0
+    ha.write_lease(renewal)
+    assert ha.leader().holder == "b" and ha.leader().epoch == 2
+    assert ha.contend(a, now=5.1)[1] == [Revoked(1, "the lease is held by epoch 2 now")]
