@@ -1,43 +1,38 @@
-"""The JobMaster's side of a streaming query: runs of its micro-batch driver on the job's
-long-lived tasks, the batches' flow through them, the sinks' commits, a graceful stop, and the
-progress a user watches.
+"""The JobMaster's side of a streaming query: the asyncio shell of one run's sans-IO core
+(`funke.common.scheduling.queryrun.QueryRun`). It carries out what the core decides — asks the
+sources, writes the checkpoint's logs, resolves a batch's input, sends batches, rate limits and
+the end to the TaskManagers, commits the sinks, keeps the timer — and feeds back what happened,
+each event naming its stimulus; it starts a run when every task of the job is RUNNING and closes
+it when any leaves RUNNING (any failure restarts every task) or the job ends.
 
-Owns, for one job: the current run (a `StreamDriver` with its checkpoint, and the `BatchFlow` of
-the RUNNING attempts it started with), the progress records of every run (the last 100), and the
-stop asked for.
-
-A run starts when every task of the job is RUNNING, and ends when any leaves RUNNING (the job
-restarts every task of a streaming query on any failure), when the driver ends (a stop, or the
-trigger's end), or when the job ends. The next run recovers from the checkpoint: a batch logged
-and not committed runs again with exactly its logged ranges. A run that fails (a batch refused, a
-commit or a log write failing) fails the job globally, and its restart strategy decides.
-
-Runs on the JobMaster's event loop; blocking file work (the checkpoint, listing source
-directories, sink commits) goes to executor threads.
+Owns, for one job: the current run (its core, its hold on the checkpoint, the sources' JobManager
+sides, the I/O under way), the progress records of every run (the last 100), what the query
+carries from run to run (rate estimates and limits), and the stop asked for. The next run
+recovers from the checkpoint; a run that fails (a batch refused, a commit or log write failing)
+fails the job globally, and its restart strategy decides. Blocking work goes to executor
+threads, and closing a run waits for it: nothing of a run writes after its checkpoint is let go.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
+import time
 import traceback
 import uuid
 from collections import deque
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
-from funke.common.wire import codec
-from funke.common.streaming import microbatch as mb
-from funke.common.scheduling.batchflow import BatchFlow, Dispatch, InputRead, Step
-from funke.common.streaming.checkpoint import OffsetEntry, SourceRange
 from funke.common.graph.executiongraph import ExecutionAttemptId, ExecutionGraph, FailureInfo
-from funke.common.states import JobStatus
-from funke.common.streaming.backpressure import RateEstimator
 from funke.common.graph.streamingjob import QuerySettings, checkpoint_location, query_settings, sinks, stream_sources
-from funke.common.streaming.sources import SOURCES, BatchInput, ReceiverSource
+from funke.common.scheduling import queryrun as qr
+from funke.common.states import JobStatus
+from funke.common.streaming import microbatch as mb
+from funke.common.streaming.checkpoint import CommitEntry, OffsetEntry, SourceRange
+from funke.common.streaming.sources import SOURCES
+from funke.common.wire import codec
 from funke.jobmanager import streaming
 from funke.jobmanager.checkpointstore import CheckpointStore
-from funke.jobmanager.streamdriver import Output, StreamDriver
 from funke.jobmanager.streaming.base import SinkContext, SourceContext, SourceSide
 from funke.jobmanager.streaming.submit import submit_problems  # noqa: F401 (the Dispatcher calls it from here)
 
@@ -53,16 +48,31 @@ class BatchNotRun(Exception):
     """A task did not take a batch, or the batch cannot be handed out."""
 
 
+class _RunIO:
+    """One run: its core, its hold on the checkpoint, the sources' sides, the I/O under way."""
+
+    def __init__(self, core: qr.QueryRun, checkpoint: CheckpointStore):
+        self.core, self.checkpoint = core, checkpoint
+        self.planners: dict[str, SourceSide] = {}
+        self.tasks: set[asyncio.Task] = set()
+        # Blocking work under way in threads: a cancelled step's thread runs on, and closing
+        # the run waits for it.
+        self.threads: set[asyncio.Future] = set()
+        self.timer: asyncio.TimerHandle | None = None
+
+
 class StreamingQuery:
     def __init__(self, graph: ExecutionGraph, *, data_dir: str, resource_manager: "ResourceManager",
                  holder: str, all_running: Callable[[], bool], on_failure: Callable[[FailureInfo], None],
-                 on_event: Callable[[mb.Publish], None], on_stop_timeout: Callable[[str], None]):
+                 on_event: Callable[[mb.Publish], None], on_stop_timeout: Callable[[str], None],
+                 clock: Callable[[], float] = time.time):
         self.graph = graph
         self.job_id = graph.job_id
         self.data_dir = data_dir
         self.rm = resource_manager
         self.holder = holder
         self._all_running = all_running  # every current execution of the job is RUNNING
+        self._clock = clock
         self.settings: QuerySettings = query_settings(graph.job_graph)
         self.checkpoint_location = checkpoint_location(graph.job_graph, data_dir)
         self.sinks = [v.id for v in sinks(graph.job_graph)]
@@ -73,20 +83,17 @@ class StreamingQuery:
         self.progress: deque[dict[str, Any]] = deque(maxlen=PROGRESS_KEPT)
         self.query_id = ""
         self.runs = 0
-        self._run: _Run | None = None
+        self._run: _RunIO | None = None
         self._closing: asyncio.Task | None = None
         self.ended = ""  # why the query ended (a stop, the trigger), once its tasks are told to finish
         self._stop: tuple[bool, float] | None = None  # (drain, timeout s) asked for
         self._stop_timer: asyncio.TimerHandle | None = None
-        # Backpressure (streaming.backpressure.enabled): per receiver source, its estimator and the
-        # rate each of its receivers may take, sent with every batch
-        receivers = [v for v in stream_sources(graph.job_graph) if SOURCES[v.operators[0].kind].receiver]
-        interval = getattr(self.settings.trigger, "interval_ms", 1000)
-        self._estimators = {v.id: RateEstimator(interval) for v in receivers} if self.settings.backpressure else {}
-        self._receivers = {v.id: v.parallelism for v in receivers}
-        self.rate_limits: dict[str, float] = {}
-        # (batch, receiver source) -> the lines each receiver's blocks held, until its progress record
-        self.received: dict[tuple[int, str], tuple[int | None, ...]] = {}
+        # Receiver sources (their receivers each), and what the query carries from run to run:
+        # backpressure's estimators and rate limits (streaming.backpressure.enabled), and what
+        # each receiver read of batches not recorded yet
+        self._receivers = {v.id: v.parallelism for v in stream_sources(graph.job_graph)
+                           if SOURCES[v.operators[0].kind].receiver}
+        self._carried = qr.Carried()
 
     @property
     def running(self) -> bool:
@@ -96,13 +103,25 @@ class StreamingQuery:
     def latest_progress(self) -> dict[str, Any] | None:
         return self.progress[-1] if self.progress else None
 
+    @property
+    def rate_limits(self) -> dict[str, float]:
+        """Per receiver source, the rate each of its receivers may take (records/s)."""
+        return self._carried.rate_limits
+
+    @property
+    def received(self) -> dict[tuple[int, str], tuple[int | None, ...]]:
+        """(batch, receiver source) -> the lines each receiver's blocks held, until its record."""
+        return self._carried.received
+
+    def _now(self) -> int:
+        return int(self._clock() * 1000)
+
     # ------------------------------------------------------------------ the job's decisions
 
     def after_decision(self, status: JobStatus) -> None:
         """Called after every decision of the job: start a run when all tasks are RUNNING, end
         the run when they no longer all are."""
-        run = self._run
-        if run is not None:
+        if self._run is not None:
             # A new attempt of any task means one left RUNNING first: the run ended there.
             if status is not JobStatus.RUNNING or not self._all_running():
                 self._close_run("the job's tasks are no longer all RUNNING")
@@ -113,7 +132,8 @@ class StreamingQuery:
     def on_batch_report(self, attempt: ExecutionAttemptId, batch_id: int, schemas: dict[str, str],
                         input_rows: int | None = None) -> None:
         if self._run is not None:
-            self._run.on_report(attempt, batch_id, schemas, input_rows)
+            self._handle(self._run, qr.BatchReported(attempt, batch_id, schemas, input_rows, self._now(),
+                                                     f"report-{attempt}-{batch_id}"))
 
     def stop(self, drain: bool, timeout_s: float) -> str:
         """A graceful stop: no new batch; the batches in flight finish and commit (with `drain`,
@@ -125,23 +145,16 @@ class StreamingQuery:
         if self._stop is not None:
             return "a stop is already under way"
         self._stop = (drain, timeout_s)
-        loop = asyncio.get_running_loop()
-        self._stop_timer = loop.call_later(timeout_s, self._stop_timed_out)
+        self._stop_timer = asyncio.get_running_loop().call_later(timeout_s, self._stop_timed_out)
         deadline = f"; if it has not ended within {timeout_s:g} s, the job is cancelled (CANCELED)"
-        coordinator = self._run.driver.coordinator if self._run is not None else None
-        if coordinator is not None and not coordinator.finished:
-            outlook = coordinator.stop_outlook(drain)
-            self._run.driver.stop(drain)  # type: ignore[union-attr]
+        run = self._run
+        outlook = run.core.stop_outlook(drain) if run is not None else None
+        if run is not None and outlook is not None:
+            self._handle(run, qr.StopRequested(drain, self._now(), "stop-drain" if drain else "stop"))
             return f"stopping: {outlook.describe()}{deadline}"
         # No run now (starting or recovering): the next one stops at once, as its start says.
-        if drain:
-            return ("stopping once the query's tasks run again: the batches logged and not committed run and commit, "
-                    f"then what the sources hold then; then the query ends FINISHED{deadline}")
-        n = self.settings.concurrent_jobs
-        first = "the first batch logged and not committed (if any) runs and commits" if n == 1 else (
-            f"the first {n} batches logged and not committed (if any) run and commit")
-        return (f"stopping once the query's tasks run again: {first}, later ones are not run (they stay in the "
-                f"offset log for the query's next run); then the query ends FINISHED{deadline}")
+        outlook_text = qr.stop_before_run(drain, self.settings.concurrent_jobs)
+        return f"stopping once the query's tasks run again: {outlook_text}{deadline}"
 
     def _stop_timed_out(self) -> None:
         self._stop_timer = None
@@ -162,51 +175,32 @@ class StreamingQuery:
     # ------------------------------------------------------------------ runs
 
     def _start_run(self) -> None:
-        flow = BatchFlow(self.graph, self.sinks)
         self.runs += 1
-        planners = self._planners
-        run_id = str(uuid.uuid4())
-        checkpoint = CheckpointStore(self.checkpoint_location)
-        run = _Run(self, flow, checkpoint)
-        driver = StreamDriver(self.graph.job_graph.name, self.settings.trigger, checkpoint, {}, self.sinks, run,
-                              publish=self._publish, concurrent_jobs=self.settings.concurrent_jobs,
-                              retain=self.settings.min_batches_to_retain, run_id=run_id)
-        run.driver = driver
+        core = qr.QueryRun(self.graph, self.settings.trigger, self.sources, self.sinks, receivers=self._receivers,
+                           backpressure=self.settings.backpressure, concurrent_jobs=self.settings.concurrent_jobs,
+                           run_id=str(uuid.uuid4()), name=self.graph.job_graph.name, carried=self._carried)
+        run = _RunIO(core, CheckpointStore(self.checkpoint_location))
         self._run = run
-        previous = self._closing
+        self._spawn(run, "start", self._begin(run, self._closing))
 
-        async def begin() -> None:
-            if previous is not None:  # the last run lets go of the checkpoint first
-                await asyncio.gather(previous, return_exceptions=True)
-            driver.planners = await asyncio.get_running_loop().run_in_executor(None, planners, checkpoint)
-            await asyncio.get_running_loop().run_in_executor(None, self._make_collect_dirs)
-            await driver.start(self.holder)
-            assert driver.coordinator is not None
-            self.query_id = driver.coordinator.query_id
-            if self._stop is not None:
-                driver.stop(self._stop[0])
+    async def _begin(self, run: _RunIO, previous: asyncio.Task | None) -> None:
+        """Build the sources' sides, prepare the sinks, take the checkpoint, start the core."""
+        if previous is not None:  # the last run lets go of the checkpoint first
+            await asyncio.gather(previous, return_exceptions=True)
+        run.planners = await self._blocking(run, self._planners, run.checkpoint)
+        await self._blocking(run, self._prepare_sinks)
+        resumption = await self._blocking(run, run.checkpoint.open, self.holder)
+        self.query_id = resumption.query_id
+        plan = resumption.plan
+        log.info("streaming query %s (id %s, run %s): starting at batch %d%s", self.graph.job_graph.name,
+                 resumption.query_id, run.core.run_id, plan.next_batch_id,
+                 f", running batch(es) {list(plan.rerun)} again" if plan.rerun else "")
+        self._handle(run, qr.RunStarted(resumption.query_id, plan.next_batch_id, tuple(resumption.logged),
+                                        dict(resumption.last_ends), self._now(), f"run-started-{self.runs}"))
+        if self._stop is not None:  # asked while no run was there
+            self._handle(run, qr.StopRequested(self._stop[0], self._now(), "stop-asked-before-the-run"))
 
-        async def watch() -> None:
-            try:
-                await begin()
-                assert driver.done is not None
-                reason = await asyncio.shield(driver.done)
-            except asyncio.CancelledError:
-                return
-            except Exception as exc:
-                if self._run is run:
-                    self._run = None
-                    self._closing = asyncio.get_running_loop().create_task(driver.close())
-                    log.warning("job %s: streaming query run failed: %s: %s", self.job_id, type(exc).__name__, exc)
-                    self._on_failure(FailureInfo(type(exc).__name__, f"the streaming query failed: {exc}",
-                                                 "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))))
-                return
-            if reason != "closed" and self._run is run:
-                self._end(run, reason)
-
-        run.watcher = asyncio.get_running_loop().create_task(watch(), name=f"stream-run-{self.job_id}")
-
-    def _make_collect_dirs(self) -> None:
+    def _prepare_sinks(self) -> None:
         """Every sink side prepares before the query's first batch (blocking)."""
         for side in self._sink_sides.values():
             side.prepare()
@@ -221,189 +215,189 @@ class StreamingQuery:
                 v.id, op.config, v.parallelism, planning, self.checkpoint_location, checkpoint))
         return planners
 
-    def _end(self, run: "_Run", reason: str) -> None:
-        """The driver ended (a stop, or the trigger's end): every batch it ran is committed; the
-        tasks end FINISHED, and with them the job."""
-        self.ended = reason
-        self._run = None
-        self._closing = asyncio.get_running_loop().create_task(run.driver.close())
-        log.info("job %s: streaming query ended (%s); finishing its tasks", self.job_id, reason)
-        by_tm: dict[str, list] = {}
-        for a in run.flow.all_attempts():
-            by_tm.setdefault(run.flow.task_managers[(a.vertex_id, a.subtask_index)], []).append(codec.attempt_to_proto(a))
-        for tm, attempts in by_tm.items():
-            gateway = self.rm.gateway(tm)
-            if gateway is not None:
-                gateway.finish_tasks(self.job_id, attempts)
-
     def _close_run(self, why: str) -> None:
         run, self._run = self._run, None
         if run is None:
             return
         log.info("job %s: streaming query run %d closed: %s", self.job_id, self.runs, why)
-        if run.watcher is not None:
-            run.watcher.cancel()
-        run.abandon()
-        self._closing = asyncio.get_running_loop().create_task(run.driver.close())
+        self._closing = asyncio.get_running_loop().create_task(self._let_go(run))
 
-    def _publish(self, event: mb.Publish) -> None:
-        if event.kind == "QueryProgress":
-            self._describe_sources(event.info)
-            self.progress.append(event.info)
-            self._estimate_rates(event.info)
-        self._on_event(event)
+    async def _let_go(self, run: _RunIO) -> None:
+        """Abandon a run: pending I/O is cancelled and waited for, the checkpoint let go; what
+        was logged and not committed runs again in the next run."""
+        if run.timer is not None:
+            run.timer.cancel()
+        for task in list(run.tasks):
+            task.cancel()
+        await asyncio.gather(*run.tasks, return_exceptions=True)
+        await asyncio.gather(*run.threads, return_exceptions=True)
+        await self._blocking(run, run.checkpoint.close)
 
-    def _describe_sources(self, record: dict[str, Any]) -> None:
-        """A receiver source's entry in a progress record: per receiver, the blocks the batch
-        was allocated, the lines they held and their rate (lines a second since the previous
-        trigger, as the source's inputRowsPerSecond), and the rate each may take (backpressure);
-        a broker's: per key, the entries after the batch's end
-        when it was planned (the lag, counted up to streaming.redis.RedisPlanner.LAG_COUNTED)."""
-        planners = self._run.driver.planners if self._run is not None else {}
-        for source in record.get("sources", ()):
-            name = source.get("description")
-            planner = planners.get(name)
-            if planner is not None:
-                planner.describe(source)
-            if name not in self._receivers:
-                continue
-            blocks = ReceiverSource(self._receivers[name])
-            span = SourceRange(source.get("startOffset"), source.get("endOffset"))
-            lines = self.received.pop((int(record.get("batchId", -1)), name), ())
-            rows, per_second = source.get("numInputRows") or 0, source.get("inputRowsPerSecond") or 0.0
-            receivers = {}
-            for r in range(self._receivers[name]):
-                n = lines[r] if r < len(lines) else None
-                receivers[str(r)] = {"blocks": len(blocks.blocks(span, r)), "records": n,
-                                     # over the same time as the source's rate: since the last trigger
-                                     "recordsPerSecond": round(n * per_second / rows, 3) if n and rows else 0.0}
-            source["numBlocks"] = sum(r["blocks"] for r in receivers.values())
-            source["receivers"] = receivers
-            if name in self.rate_limits:
-                source["rateLimitPerReceiver"] = round(self.rate_limits[name], 1)
-        batch = int(record.get("batchId", -1))
-        for key in [k for k in self.received if k[0] < batch - PROGRESS_KEPT]:  # batches that never got a record
-            del self.received[key]
-
-    def _estimate_rates(self, record: dict[str, Any]) -> None:
-        for source in record.get("sources", ()):
-            estimator = self._estimators.get(source.get("description"))
-            if estimator is None:
-                continue
-            rate = estimator.update(int(record.get("batchTime", 0)), int(source.get("numInputRows", 0)),
-                                    int(record.get("processingDelayMs", 0)), int(record.get("schedulingDelayMs", 0)))
-            if rate is not None:
-                name = source["description"]
-                self.rate_limits[name] = rate / self._receivers[name]
-                self._send_rate_limit(name)
-
-    def _send_rate_limit(self, source: str) -> None:
-        """A new backpressure rate goes to the source's receivers at once (as Spark's
-        ReceiverTracker sends it), not with the next batch that runs: batches queued behind a
-        slow one were planned already."""
-        run = self._run
-        if run is None:
+    def _fail(self, run: _RunIO, exc: BaseException, what: str = "") -> None:
+        if self._run is not run:
             return
-        by_tm: dict[str, list] = {}
-        for subtask in range(self._receivers[source]):
-            attempt = ExecutionAttemptId(source, subtask, run.flow.attempts[(source, subtask)])
-            by_tm.setdefault(run.flow.task_managers[(source, subtask)], []).append(
-                (codec.attempt_to_proto(attempt), self.rate_limits[source]))
-        for tm, rates in by_tm.items():
-            gateway = self.rm.gateway(tm)
-            if gateway is not None:
-                gateway.set_rate_limits(self.job_id, rates)
+        log.error("streaming query %s failed%s: %s: %s", self.graph.job_graph.name, f" ({what})" if what else "",
+                  type(exc).__name__, exc)
+        self._run = None
+        self._closing = asyncio.get_running_loop().create_task(self._let_go(run))
+        self._on_failure(FailureInfo(type(exc).__name__, f"the streaming query failed: {exc}",
+                                     "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))))
 
+    # ------------------------------------------------------------------ the core's actions
 
-class _Run:
-    """One run's BatchRunner: hands each batch to the tasks vertex by vertex and commits it."""
-
-    def __init__(self, query: StreamingQuery, flow: BatchFlow, checkpoint: CheckpointStore):
-        self.query, self.flow, self.checkpoint = query, flow, checkpoint
-        self.driver: StreamDriver
-        self.watcher: asyncio.Task | None = None
-        self._batches: dict[int, tuple[asyncio.Future, Output]] = {}
-        self._in_threads: set[asyncio.Future] = set()
-        # Per TaskManager, the batches through since its last RunBatches: it deletes what its
-        # tasks wrote for them when told with the next one (the job's end releases the rest).
-        self._released: dict[str, set[int]] = {}
-
-    def abandon(self) -> None:
-        for future, _ in self._batches.values():
-            if not future.done():
-                future.cancel()
-        self._batches.clear()
-
-    async def run(self, entry: OffsetEntry, output: Output) -> None:
-        batch = await asyncio.get_running_loop().run_in_executor(None, self._batch_input, entry)
-        future: asyncio.Future = asyncio.get_running_loop().create_future()
-        self._batches[entry.batch_id] = (future, output)
+    def _handle(self, run: _RunIO, event: qr.Event) -> None:
+        if self._run is not run:
+            return  # a run closed meanwhile: what it still hears changes nothing
         try:
-            self._carry_out(entry.batch_id, self.flow.start(batch))
-            await future
-        finally:
-            self._batches.pop(entry.batch_id, None)
+            actions = run.core.handle(event)
+        except Exception as exc:  # a wrong answer or a bug: this run cannot go on
+            self._fail(run, exc)
+            return
+        for action in actions:
+            if self._run is not run:
+                return
+            log.debug("job %s: %s (stimulus %s)", self.job_id, type(action).__name__, action.stimulus_id)
+            self._carry_out(run, action)
 
-    def _batch_input(self, entry: OffsetEntry) -> BatchInput:
-        files: dict[str, tuple[str, ...]] = {}
-        for name, planner in self.driver.planners.items():
-            r = entry.sources.get(name)
-            resolved = planner.batch_files(r) if r is not None else None
-            if resolved is not None:
-                files[name] = resolved
-        return BatchInput(entry.batch_id, entry.batch_time_ms, dict(entry.sources), files)
+    def _spawn(self, run: _RunIO, what: str, work: Awaitable[qr.Event | None]) -> None:
+        async def step() -> None:
+            try:
+                event = await work
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self._fail(run, exc, what)
+                return
+            if event is not None:
+                self._handle(run, event)
 
-    def on_report(self, attempt: ExecutionAttemptId, batch_id: int, schemas: dict[str, str],
-                  input_rows: int | None = None) -> None:
-        if batch_id in self._batches:
-            self._carry_out(batch_id, self.flow.on_report(attempt, batch_id, schemas, input_rows))
+        task = asyncio.get_running_loop().create_task(step(), name=f"stream-{self.job_id}-{what}")
+        run.tasks.add(task)
+        task.add_done_callback(run.tasks.discard)
 
-    def _carry_out(self, batch_id: int, steps: list[Step]) -> None:
-        future, output = self._batches[batch_id]
-        for step in steps:
-            if isinstance(step, Dispatch):
-                gateway = self.query.rm.gateway(step.task_manager_id)
-                if gateway is None:
-                    self._refused(batch_id, f"TaskManager {step.task_manager_id} is gone")
-                    return
-                tasks = [(t.attempt, [(g.input_index, g.attempts, g.schema) for g in t.gates]) for t in step.tasks]
-                released = self._released.pop(step.task_manager_id, ())
-                request = codec.run_batch_to_proto(self.query.job_id, "", step.batch, tasks, released)
-                for vertex, rate in self.query.rate_limits.items():  # as they are now, not when planned
-                    request.rate_limits[vertex] = rate
-                gateway.run_batch(request, lambda job, attempt, why: self._refused(
-                    batch_id, f"task {codec.attempt_from_proto(attempt)} did not take batch {batch_id}: {why}"))
-            else:
-                if isinstance(step, InputRead) and step.source in self.query._receivers:
-                    self.query.received[(batch_id, step.source)] = step.per_subtask
-                output(step)
-        if not self.flow.in_flight or batch_id not in self.flow.in_flight:
-            for tm in set(self.flow.task_managers.values()) - {""}:
-                self._released.setdefault(tm, set()).add(batch_id)
-            if not future.done():
-                future.set_result(None)
+    async def _blocking(self, run: _RunIO, fn: Callable[..., Any], *args: Any) -> Any:
+        future = asyncio.get_running_loop().run_in_executor(None, fn, *args)
+        run.threads.add(future)
+        future.add_done_callback(run.threads.discard)
+        return await future
 
-    def _refused(self, batch_id: int, why: str) -> None:
-        entry = self._batches.get(batch_id)
-        if entry is not None and not entry[0].done():
-            entry[0].set_exception(BatchNotRun(why))
+    def _carry_out(self, run: _RunIO, action: qr.Action) -> None:
+        match action:
+            case qr.QueryOffsets(batch_id=b):
+                self._spawn(run, f"offsets-{b}", self._query(run, action))
+            case qr.CaptureTargets():
+                self._spawn(run, "targets", self._targets(run, action))
+            case qr.WriteOffsetLog(entry=entry):
+                self._spawn(run, f"wal-{entry.batch_id}", self._log(run, entry))
+            case qr.ResolveBatchInput(entry=entry):
+                self._spawn(run, f"run-{entry.batch_id}", self._resolve(run, entry))
+            case qr.RunTasks():
+                self._run_tasks(run, action)
+            case qr.CommitSinks(batch_id=b):
+                self._spawn(run, f"commit-{b}", self._commit(run, action))
+            case qr.WriteCommitLog(entry=entry):
+                self._spawn(run, f"commit-log-{entry.batch_id}", self._record(run, entry))
+            case qr.SetTimer(at_ms=at):
+                if run.timer is not None:
+                    run.timer.cancel()
+                delay = max(0.0, at / 1000 - self._clock())
+                run.timer = asyncio.get_running_loop().call_later(delay, self._tick, run, at)
+            case qr.Publish():
+                if action.kind == "QueryProgress":
+                    for source in action.info.get("sources", ()):  # a broker's lag, as its side measured it
+                        planner = run.planners.get(source.get("description"))
+                        if planner is not None:
+                            planner.describe(source)
+                    self.progress.append(action.info)
+                self._on_event(action)
+            case qr.SendRateLimits(task_manager_id=tm):
+                gateway = self.rm.gateway(tm)
+                if gateway is not None:
+                    gateway.set_rate_limits(self.job_id, [(codec.attempt_to_proto(a), r) for a, r in action.rates])
+            case qr.FinishTasks(task_manager_id=tm):
+                gateway = self.rm.gateway(tm)
+                if gateway is not None:
+                    gateway.finish_tasks(self.job_id, [codec.attempt_to_proto(a) for a in action.attempts])
+            case qr.Terminate(reason=reason):
+                # every batch it ran is committed; the tasks were told to finish, and the job ends with them
+                self.ended = reason
+                self._run = None
+                self._closing = asyncio.get_running_loop().create_task(self._let_go(run))
+                log.info("job %s: streaming query ended (%s); finishing its tasks", self.job_id, reason)
 
-    async def commit(self, batch_id: int) -> None:
-        sides, query_id = self.query._sink_sides, self.query.query_id
-        work = [(sides[sink], self.flow.sink_attempts(sink)) for sink in self.query.sinks]
+    def _tick(self, run: _RunIO, at: int) -> None:
+        now = max(self._now(), at)
+        self._handle(run, qr.Tick(now, f"tick-{now}"))
+
+    def _run_tasks(self, run: _RunIO, action: qr.RunTasks) -> None:
+        batch_id = action.batch.batch_id
+        gateway = self.rm.gateway(action.task_manager_id)
+        if gateway is None:
+            self._refused(run, batch_id, f"TaskManager {action.task_manager_id} is gone")
+            return
+        tasks = [(t.attempt, [(g.input_index, g.attempts, g.schema) for g in t.gates]) for t in action.tasks]
+        request = codec.run_batch_to_proto(self.job_id, "", action.batch, tasks, action.released)
+        gateway.run_batch(request, lambda job, attempt, why: self._refused(
+            run, batch_id, f"task {codec.attempt_from_proto(attempt)} did not take batch {batch_id}: {why}"))
+
+    def _refused(self, run: _RunIO, batch_id: int, why: str) -> None:
+        if batch_id in run.core.in_flight:  # a batch through already needs nothing more of it
+            self._fail(run, BatchNotRun(why), f"run-{batch_id}")
+
+    async def _query(self, run: _RunIO, action: qr.QueryOffsets) -> qr.Event:
+        def plan() -> dict[str, SourceRange]:
+            now = self._now()
+            return {name: p.plan(action.starts.get(name), now, action.limited, (action.caps or {}).get(name))
+                    for name, p in run.planners.items()}
+
+        ranges = await self._blocking(run, plan)
+        return qr.OffsetsAnswered(action.batch_id, ranges, self._now(), f"offsets-answered-{action.batch_id}")
+
+    async def _targets(self, run: _RunIO, action: qr.CaptureTargets) -> qr.Event:
+        def latest() -> dict[str, Any]:
+            now = self._now()
+            return {name: p.latest(action.starts.get(name), now) for name, p in run.planners.items()}
+
+        return qr.TargetsCaptured(await self._blocking(run, latest), self._now(), "targets-captured")
+
+    async def _log(self, run: _RunIO, entry: OffsetEntry) -> qr.Event:
+        await self._blocking(run, run.checkpoint.write_offsets, entry)
+        return qr.OffsetsLogged(entry.batch_id, self._now(), f"offsets-logged-{entry.batch_id}")
+
+    async def _resolve(self, run: _RunIO, entry: OffsetEntry) -> qr.Event:
+        def files() -> dict[str, tuple[str, ...]]:
+            resolved = {n: p.batch_files(entry.sources[n]) for n, p in run.planners.items() if n in entry.sources}
+            return {n: f for n, f in resolved.items() if f is not None}
+
+        resolved = await self._blocking(run, files)
+        return qr.BatchInputResolved(entry.batch_id, resolved, self._now(), f"input-resolved-{entry.batch_id}")
+
+    async def _commit(self, run: _RunIO, action: qr.CommitSinks) -> qr.Event:
+        sides, query_id = self._sink_sides, self.query_id
 
         def commit_all() -> None:
-            for side, attempts in work:
-                side.commit(batch_id, attempts, query_id)
+            for sink in self.sinks:
+                sides[sink].commit(action.batch_id, action.attempts[sink], query_id)
 
-        future = asyncio.get_running_loop().run_in_executor(None, commit_all)
-        self._in_threads.add(future)
-        future.add_done_callback(self._in_threads.discard)
-        await future
+        await self._blocking(run, commit_all)
+        return qr.SinksCommitted(action.batch_id, self._now(), f"sinks-committed-{action.batch_id}")
 
-    async def settle(self) -> None:
-        await asyncio.gather(*self._in_threads, return_exceptions=True)
+    async def _record(self, run: _RunIO, entry: CommitEntry) -> qr.Event:
+        await self._blocking(run, run.checkpoint.write_commit, entry)
+        purged = await self._blocking(run, self._purge, run)
+        if purged:
+            log.debug("streaming query %s: purged %d old log entries and blocks", self.graph.job_graph.name, purged)
+        return qr.CommitLogged(entry.batch_id, self._now(), f"commit-logged-{entry.batch_id}")
 
+    def _purge(self, run: _RunIO) -> int:
+        """Old log entries, and the received blocks no retained batch reads (blocking)."""
+        purged = run.checkpoint.purge(self.settings.min_batches_to_retain)
+        forgetting = [p for p in run.planners.values() if type(p).forget_before is not SourceSide.forget_before]
+        oldest = run.checkpoint.offset_ids() if forgetting else []
+        if oldest:
+            entry = run.checkpoint.read_offsets(oldest[0])
+            for name, planner in run.planners.items():
+                if name in entry.sources:
+                    purged += planner.forget_before(entry.sources[name].start)
+        return purged
 
-def progress_json(records) -> list[str]:
-    return [json.dumps(r, sort_keys=True) for r in records]

@@ -11,7 +11,10 @@ a graceful stop, and the events and progress records a user watches.
 Sans-IO: `handle(event)` takes what happened (the timer fired, the sources answered, a log entry
 was written, a sink finished a batch, ...) with the time it happened, and returns the actions
 the shell must carry out (ask the sources, write a log entry, run or commit a batch, set the
-timer, publish an event, end the query). No clock, no files, no threads inside.
+timer, publish an event, end the query). No clock, no files, no threads inside. Every event
+may carry a `stimulus_id` (what caused it: "tick-<ms>", "offsets-answered-<batch>", ...), and
+every action it produces records it. `funke.common.scheduling.queryrun.QueryRun` owns one
+coordinator per run, with the batches' flow through the tasks.
 
 The rules:
 - Processing-time trigger: a batch per interval, at times aligned to the interval (Spark's
@@ -46,7 +49,7 @@ The rules:
 from __future__ import annotations
 
 import time as _time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
 from funke.common.streaming.checkpoint import CommitEntry, OffsetEntry, SourceRange
@@ -141,12 +144,14 @@ Trigger = ProcessingTime | AvailableNow | Once
 @dataclass(frozen=True, slots=True)
 class Started:
     now_ms: int
+    stimulus_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class Tick:
     """The timer set by `SetTimer` fired (or any wake-up: early ones change nothing)."""
     now_ms: int
+    stimulus_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +161,7 @@ class OffsetsAnswered:
     batch_id: int
     ranges: dict[str, SourceRange]
     now_ms: int
+    stimulus_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,12 +169,14 @@ class TargetsCaptured:
     """The answer to `CaptureTargets`: per source, the offset to process up to."""
     targets: dict[str, Any]
     now_ms: int
+    stimulus_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class OffsetsLogged:
     batch_id: int
     now_ms: int
+    stimulus_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +185,7 @@ class OutputStarted:
     batch_id: int
     sink: str
     now_ms: int
+    stimulus_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +194,7 @@ class OutputCompleted:
     batch_id: int
     sink: str
     now_ms: int
+    stimulus_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,18 +205,21 @@ class InputCounted:
     source: str
     rows: int
     now_ms: int
+    stimulus_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class SinksCommitted:
     batch_id: int
     now_ms: int
+    stimulus_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class CommitLogged:
     batch_id: int
     now_ms: int
+    stimulus_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,6 +228,7 @@ class StopRequested:
     sources hold now."""
     drain: bool
     now_ms: int
+    stimulus_id: str = ""
 
 
 Event = (Started | Tick | OffsetsAnswered | TargetsCaptured | OffsetsLogged | OutputStarted | OutputCompleted
@@ -233,6 +247,7 @@ class QueryOffsets:
     starts: dict[str, Any]
     limited: bool = True
     caps: dict[str, Any] | None = None
+    stimulus_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,31 +255,37 @@ class CaptureTargets:
     """Ask every source for its latest offset (no limit): what available-now or a draining stop
     processes up to."""
     starts: dict[str, Any]
+    stimulus_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class WriteOffsetLog:
     entry: OffsetEntry
+    stimulus_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class RunBatch:
     entry: OffsetEntry
+    stimulus_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class CommitSinks:
     batch_id: int
+    stimulus_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class WriteCommitLog:
     entry: CommitEntry
+    stimulus_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class SetTimer:
     at_ms: int
+    stimulus_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,11 +296,13 @@ class Publish:
     batch_id: int
     at_ms: int
     info: dict[str, Any] = field(default_factory=dict)
+    stimulus_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class Terminate:
     reason: str
+    stimulus_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -498,7 +521,8 @@ class MicroBatchCoordinator:
         self._commit_next(now, actions)
         self._run_queued(now, actions)
         self._maybe_terminate(now, actions)
-        return actions
+        # every action names what caused it (the shell's log says why it happened)
+        return [replace(a, stimulus_id=event.stimulus_id) for a in actions] if event.stimulus_id else actions
 
     def _running(self, batch_id: int) -> Batch | None:
         batch = self.batches.get(batch_id)

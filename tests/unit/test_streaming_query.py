@@ -279,3 +279,131 @@ def test_a_streaming_collect_that_committed_no_batch_reads_as_zero_rows_and_gone
     assert rows == 0 and pa.ipc.open_stream(stream).read_all().num_rows == 0
     with pytest.raises(FileNotFoundError, match="no longer in the data directory"):  # a FINISHED job's, gone
         committer.read_collected(data, "job-s", "sink-collect")
+
+
+# ------------------------------------------------------------------------------------ the JobMaster's shell
+
+
+class TaskManagers:
+    """Stands in for the TaskManagers' gateways: each task takes its batch and reports it at once
+    (5 rows read), or, with `refuse`, does not take it."""
+
+    def __init__(self, refuse: str = ""):
+        self.refuse, self.query = refuse, None
+        self.requests: list = []
+        self.finished: list = []
+
+    def gateway(self, task_manager_id: str):
+        return self
+
+    def run_batch(self, request, refused) -> None:
+        from funke.common.wire import codec
+
+        self.requests.append(request)
+        for task in request.tasks:
+            if self.refuse:
+                refused(request.job_id, task.attempt, self.refuse)
+                continue
+            attempt = codec.attempt_from_proto(task.attempt)
+            asyncio.get_running_loop().call_soon(self.query.on_batch_report, attempt, request.batch_id, {}, 5)
+
+    def finish_tasks(self, job_id: str, attempts) -> None:
+        from funke.common.wire import codec
+
+        self.finished += [codec.attempt_from_proto(a) for a in attempts]
+
+
+def _query(tmp_path, tms: TaskManagers, trigger: str | None = None, once: bool = False):
+    from funke.common.graph.executiongraph import ExecutionGraph
+    from funke.jobmanager.streamquery import StreamingQuery
+
+    env = ExecutionEnvironment("rate to nowhere", parallelism=2)
+    env.read_stream.rate(100).map(lambda v: v, schema="value bigint").discard()
+    env.set_checkpoint_location(str(tmp_path / "checkpoint"))
+    env.set_trigger(trigger) if trigger else env.set_trigger(once=True)
+    graph = ExecutionGraph(env.build(), "job-1", now=0.0)
+    for ev in graph.execution_vertices():
+        ev.current_execution.slot = SlotId(f"tm-{ev.subtask_index}", 0)
+    failures, events = [], []
+    query = StreamingQuery(graph, data_dir=str(tmp_path / "data"), resource_manager=tms, holder="job-1 here",
+                           all_running=lambda: True, on_failure=failures.append, on_event=events.append,
+                           on_stop_timeout=failures.append)
+    tms.query = query
+    return query, graph, failures, events
+
+
+async def _until(condition, what: str) -> None:
+    deadline = asyncio.get_running_loop().time() + 20
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, what
+        await asyncio.sleep(0.01)
+
+
+def test_the_shell_runs_a_query_on_the_tasks_and_tells_them_to_finish_when_it_ends(tmp_path):
+    from funke.common.states import JobStatus
+
+    tms = TaskManagers()
+
+    async def scenario() -> None:
+        query, graph, failures, events = _query(tmp_path, tms)
+        query.after_decision(JobStatus.RUNNING)
+        assert query.running and query.runs == 1
+        await _until(lambda: query.ended, "the query ends")
+        assert query.ended.startswith("once") and not query.running and not failures
+        assert sorted(map(str, tms.finished)) == sorted(str(ev.current_execution.attempt_id)
+                                                        for ev in graph.execution_vertices())
+        (record,) = query.progress
+        assert record["batchId"] == 0 and record["numInputRows"] == 10 and query.latest_progress is record
+        assert query.query_id == record["id"] and len(tms.requests) >= 2
+        assert [e.kind for e in events][-2:] == ["BatchCompleted", "QueryProgress"]
+        await query.close()
+        CheckpointStore(str(tmp_path / "checkpoint")).open("the next holder")  # let go
+
+    from funke.jobmanager.checkpointstore import CheckpointStore
+
+    asyncio.run(scenario())
+
+
+def test_a_graceful_stop_on_the_shell_says_what_it_does_and_ends_the_query(tmp_path):
+    from funke.common.states import JobStatus
+
+    tms = TaskManagers()
+
+    async def scenario() -> None:
+        query, graph, failures, events = _query(tmp_path, tms, trigger="1 h")
+        text = query.stop(False, 60)  # before a run: the next one stops at once
+        assert text.startswith("stopping once the query's tasks run again"), text
+        assert query.stop(True, 60) == "a stop is already under way"
+        query.after_decision(JobStatus.RUNNING)
+        await _until(lambda: query.ended, "the query ends")
+        assert query.ended == "stopped" and not failures and len(tms.finished) == len(list(graph.execution_vertices()))
+        await query.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_task_refusing_a_batch_fails_the_run_with_why_and_lets_go_of_the_checkpoint(tmp_path):
+    from funke.common.states import JobStatus
+    from funke.jobmanager.checkpointstore import CheckpointInUse, CheckpointStore
+
+    tms = TaskManagers(refuse="it is not RUNNING here")
+
+    async def scenario() -> None:
+        query, graph, failures, events = _query(tmp_path, tms)
+        query.after_decision(JobStatus.RUNNING)
+        await _until(lambda: failures, "the run fails")
+        (failure,) = failures
+        assert failure.exception_type == "BatchNotRun" and "did not take batch 0: it is not RUNNING here" in failure.message
+        assert not query.running and not query.ended
+        await query.close()
+        held = CheckpointStore(str(tmp_path / "checkpoint"))  # let go: another holder takes it
+        held.open("someone else")
+        other, _, other_failures, _ = _query(tmp_path, TaskManagers())
+        other.after_decision(JobStatus.RUNNING)  # two runs on one checkpoint: the second fails
+        await _until(lambda: other_failures, "the second run fails")
+        assert other_failures[0].exception_type == CheckpointInUse.__name__
+        assert "in use by someone else" in other_failures[0].message
+        held.close()
+        await other.close()
+
+    asyncio.run(scenario())

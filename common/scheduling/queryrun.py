@@ -1,0 +1,345 @@
+"""One run of a streaming query on the JobManager, as one sans-IO state machine: the micro-batch
+coordinator's decisions (`funke.common.streaming.microbatch`: when a batch is planned, logged,
+run, committed and recorded), each batch's flow through the long-lived tasks
+(`funke.common.scheduling.batchflow`), and what goes with them on the JobManager: the receivers'
+rate estimates and rate limits (backpressure), what each receiver read per batch, the batches
+each TaskManager may release, and the tasks' end.
+
+Owns, for one run (one set of RUNNING attempts, fixed when the run starts: any failure restarts
+every task and starts a new run): its coordinator (made when the run starts, from what the
+checkpoint says), its batch flow, the per-TaskManager released batches, and — carried from the
+query's previous run — the rate estimators, the rate limits and the receivers' counts.
+
+Sans-IO: `handle(event)` takes what happened, with the time it happened and a `stimulus_id`
+naming what caused it ("tick-<ms>", "report-<attempt>-<batch>", "offsets-answered-<batch>",
+...), and returns actions the shell carries out without deciding anything: ask the sources,
+write a log entry, resolve a batch's input, run tasks on a TaskManager (the batch, the rate
+limits and the released batches filled in), commit the sinks (with the attempts whose output
+counts), send rate limits, set the timer, publish, finish the tasks, end. Each action records
+the stimulus that produced it. No clock, no files, no threads inside.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+from funke.common.graph.deployment import BatchTask
+from funke.common.graph.executiongraph import ExecutionAttemptId, ExecutionGraph
+from funke.common.scheduling.batchflow import BatchFlow, Dispatch, InputRead, SinkStarted, SinkWritten, Step
+from funke.common.streaming import microbatch as mb
+from funke.common.streaming.backpressure import RateEstimator
+from funke.common.streaming.checkpoint import OffsetEntry, SourceRange
+from funke.common.streaming.sources import BatchInput, ReceiverSource
+
+# The coordinator's events and actions that pass through unchanged (with their stimulus_id)
+from funke.common.streaming.microbatch import (  # noqa: F401
+    CaptureTargets, CommitLogged, OffsetsAnswered, OffsetsLogged, Publish, QueryOffsets, SetTimer,
+    SinksCommitted, StopRequested, TargetsCaptured, Terminate, Tick, WriteCommitLog, WriteOffsetLog,
+)
+
+PROGRESS_KEPT = mb.PROGRESS_KEPT
+
+
+# ------------------------------------------------------------------------------------ events in
+
+
+@dataclass(frozen=True, slots=True)
+class RunStarted:
+    """The run holds the checkpoint: what it goes on from (`CheckpointStore.open`'s resumption)."""
+    query_id: str
+    next_batch_id: int
+    logged: tuple[OffsetEntry, ...]
+    last_ends: dict[str, Any]
+    now_ms: int
+    stimulus_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class BatchInputResolved:
+    """The answer to `ResolveBatchInput`: per source, what its range resolves to for the tasks."""
+    batch_id: int
+    files: dict[str, tuple[str, ...]]
+    now_ms: int
+    stimulus_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class BatchReported:
+    """Subtask `attempt` wrote batch `batch_id`; `schemas`: data set -> schema of what it wrote;
+    `input_rows`: the rows its stream sources read (None: not counted)."""
+    attempt: ExecutionAttemptId
+    batch_id: int
+    schemas: dict[str, str]
+    input_rows: int | None
+    now_ms: int
+    stimulus_id: str
+
+
+Event = (RunStarted | Tick | OffsetsAnswered | TargetsCaptured | OffsetsLogged | BatchInputResolved | BatchReported
+         | SinksCommitted | CommitLogged | StopRequested)
+_PASSED_ON = (Tick, OffsetsAnswered, TargetsCaptured, OffsetsLogged, SinksCommitted, CommitLogged, StopRequested)
+
+
+# ------------------------------------------------------------------------------------ actions out
+
+
+@dataclass(frozen=True, slots=True)
+class ResolveBatchInput:
+    """Resolve a logged batch's ranges for the tasks (`SourceSide.batch_files`), then answer
+    `BatchInputResolved`."""
+    entry: OffsetEntry
+    stimulus_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RunTasks:
+    """Send `batch` (rate limits filled in) to these tasks of one vertex on one TaskManager,
+    telling it the earlier batches it may release."""
+    task_manager_id: str
+    vertex_id: str
+    batch: BatchInput
+    tasks: tuple[BatchTask, ...]
+    released: tuple[int, ...] = ()
+    stimulus_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class CommitSinks:
+    """Commit the batch on every sink: per sink, subtask -> the attempt whose output counts."""
+    batch_id: int
+    attempts: dict[str, dict[int, int]]
+    stimulus_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class SendRateLimits:
+    """Backpressure: the records a second each of these receivers may take from now on."""
+    task_manager_id: str
+    source: str
+    rates: tuple[tuple[ExecutionAttemptId, float], ...]
+    stimulus_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class FinishTasks:
+    """The query ended: these tasks on one TaskManager end FINISHED once their batches are done."""
+    task_manager_id: str
+    attempts: tuple[ExecutionAttemptId, ...]
+    stimulus_id: str = ""
+
+
+Action = (QueryOffsets | CaptureTargets | WriteOffsetLog | ResolveBatchInput | RunTasks | CommitSinks | WriteCommitLog
+          | SetTimer | Publish | SendRateLimits | FinishTasks | Terminate)
+
+
+@dataclass
+class Carried:
+    """What a query keeps from one run to the next: the receivers' rate estimators, their rate
+    limits, and what each receiver read of batches not recorded yet."""
+    estimators: dict[str, RateEstimator] = field(default_factory=dict)
+    rate_limits: dict[str, float] = field(default_factory=dict)
+    received: dict[tuple[int, str], tuple[int | None, ...]] = field(default_factory=dict)
+
+
+def stop_before_run(drain: bool, concurrent_jobs: int) -> str:
+    """What a stop asked while no run is there (starting or recovering) does: the next run stops
+    at once, as its start says."""
+    if drain:
+        return ("the batches logged and not committed run and commit, then what the sources hold then; "
+                "then the query ends FINISHED")
+    first = "the first batch logged and not committed (if any) runs and commits" if concurrent_jobs == 1 else (
+        f"the first {concurrent_jobs} batches logged and not committed (if any) run and commit")
+    return (f"{first}, later ones are not run (they stay in the offset log for the query's next run); "
+            "then the query ends FINISHED")
+
+
+# ------------------------------------------------------------------------------------ the run
+
+
+class QueryRun:
+    """One run of a streaming query over `graph`'s current attempts. `sources` and `sinks` name
+    the stream source and sink vertices; `receivers`: receiver source -> its receivers;
+    `backpressure`: estimate their rates (streaming.backpressure.enabled)."""
+
+    def __init__(self, graph: ExecutionGraph, trigger: mb.Trigger, sources: Iterable[str], sinks: Iterable[str], *,
+                 receivers: Mapping[str, int] | None = None, backpressure: bool = False, concurrent_jobs: int = 1,
+                 run_id: str = "", name: str = "", carried: Carried | None = None):
+        self.trigger, self.run_id, self.name = trigger, run_id, name
+        self.sources, self.sinks = tuple(sources), list(sinks)
+        self.concurrent_jobs = concurrent_jobs
+        self.flow = BatchFlow(graph, self.sinks)
+        self.receivers = dict(receivers or {})
+        self.carried = carried if carried is not None else Carried()
+        if backpressure and not self.carried.estimators:
+            interval = getattr(trigger, "interval_ms", 1000)
+            self.carried.estimators.update({s: RateEstimator(interval) for s in self.receivers})
+        self.coordinator: mb.MicroBatchCoordinator | None = None
+        self.query_id = ""
+        self._entries: dict[int, OffsetEntry] = {}  # batches whose input is being resolved
+        # Per TaskManager, the batches through since its last RunTasks: it deletes what its tasks
+        # wrote for them when told with the next one (the job's end releases the rest).
+        self.released: dict[str, set[int]] = {}
+
+    # ------------------------------------------------------------------ views
+
+    @property
+    def rate_limits(self) -> dict[str, float]:
+        return self.carried.rate_limits
+
+    @property
+    def received(self) -> dict[tuple[int, str], tuple[int | None, ...]]:
+        return self.carried.received
+
+    @property
+    def in_flight(self) -> list[int]:
+        """The batches sent to the tasks and not through all of them yet."""
+        return self.flow.in_flight
+
+    @property
+    def finished(self) -> bool:
+        return self.coordinator is not None and self.coordinator.finished
+
+    def stop_outlook(self, drain: bool) -> mb.StopOutlook | None:
+        """What a stop asked for now does (None: the run has not started)."""
+        if self.coordinator is None or self.coordinator.finished:
+            return None
+        return self.coordinator.stop_outlook(drain)
+
+    def _task_manager(self, vertex: str, subtask: int) -> str:
+        return self.flow.task_managers[(vertex, subtask)]
+
+    # ------------------------------------------------------------------ events
+
+    def handle(self, event: Event) -> list[Action]:
+        if not event.stimulus_id:
+            raise ValueError(f"{type(event).__name__} names no stimulus_id")
+        if isinstance(event, RunStarted):
+            if self.coordinator is not None:
+                raise ValueError("the run has started already")
+            self.query_id = event.query_id
+            self.coordinator = mb.MicroBatchCoordinator(
+                event.query_id, self.run_id, self.trigger, self.sources, self.sinks,
+                next_batch_id=event.next_batch_id, logged=event.logged, last_ends=event.last_ends,
+                concurrent_jobs=self.concurrent_jobs, name=self.name)
+            return self._coordinate(mb.Started(event.now_ms, event.stimulus_id))
+        if self.coordinator is None or self.coordinator.finished:
+            return []  # before the run started, or after it ended: nothing to do
+        if isinstance(event, _PASSED_ON):
+            return self._coordinate(event)
+        if isinstance(event, BatchInputResolved):
+            entry = self._entries.pop(event.batch_id, None)
+            if entry is None:
+                return []
+            batch = BatchInput(entry.batch_id, entry.batch_time_ms, dict(entry.sources), dict(event.files))
+            return self._steps(event.batch_id, self.flow.start(batch), event.now_ms, event.stimulus_id)
+        if isinstance(event, BatchReported):
+            if event.batch_id not in self.flow.in_flight:
+                return []
+            steps = self.flow.on_report(event.attempt, event.batch_id, event.schemas, event.input_rows)
+            return self._steps(event.batch_id, steps, event.now_ms, event.stimulus_id)
+        raise TypeError(f"not an event of a query run: {event!r}")
+
+    def _coordinate(self, event: mb.Event) -> list[Action]:
+        """The coordinator's actions, with what this run does for them instead."""
+        assert self.coordinator is not None
+        out: list[Action] = []
+        for action in self.coordinator.handle(event):
+            sid = action.stimulus_id
+            match action:
+                case mb.RunBatch(entry=entry):
+                    self._entries[entry.batch_id] = entry
+                    out.append(ResolveBatchInput(entry, sid))
+                case mb.CommitSinks(batch_id=b):
+                    out.append(CommitSinks(b, {s: self.flow.sink_attempts(s) for s in self.sinks}, sid))
+                case mb.Publish(kind="QueryProgress"):
+                    self._describe_receivers(action.info)
+                    out.append(action)
+                    out.extend(self._estimate_rates(action.info, sid))
+                case mb.Terminate():
+                    out.extend(self._finish_tasks(sid))
+                    out.append(action)
+                case _:
+                    out.append(action)
+        return out
+
+    def _steps(self, batch_id: int, steps: list[Step], now: int, sid: str) -> list[Action]:
+        """What the batch's flow says to do: tasks to run, and the sinks' and sources' progress
+        for the coordinator."""
+        out: list[Action] = []
+        for step in steps:
+            match step:
+                case Dispatch():
+                    released = tuple(sorted(self.released.pop(step.task_manager_id, ())))
+                    batch = dataclasses.replace(step.batch, rate_limits=dict(self.rate_limits))  # as they are now
+                    out.append(RunTasks(step.task_manager_id, step.vertex_id, batch, step.tasks, released, sid))
+                case SinkStarted(sink=sink):
+                    out += self._coordinate(mb.OutputStarted(batch_id, sink, now, sid))
+                case SinkWritten(sink=sink):
+                    out += self._coordinate(mb.OutputCompleted(batch_id, sink, now, sid))
+                case InputRead(source=source, rows=rows):
+                    if source in self.receivers:
+                        self.received[(batch_id, source)] = step.per_subtask
+                    if rows is not None:
+                        out += self._coordinate(mb.InputCounted(batch_id, source, rows, now, sid))
+        if batch_id not in self.flow.in_flight:  # through every task: each TaskManager may release it
+            for tm in set(self.flow.task_managers.values()) - {""}:
+                self.released.setdefault(tm, set()).add(batch_id)
+        return out
+
+    def _finish_tasks(self, sid: str) -> list[Action]:
+        by_tm: dict[str, list[ExecutionAttemptId]] = {}
+        for a in self.flow.all_attempts():
+            by_tm.setdefault(self._task_manager(a.vertex_id, a.subtask_index), []).append(a)
+        return [FinishTasks(tm, tuple(attempts), sid) for tm, attempts in by_tm.items()]
+
+    # ------------------------------------------------------------------ receivers and backpressure
+
+    def _describe_receivers(self, record: dict[str, Any]) -> None:
+        """A receiver source's entry in a progress record: per receiver, the blocks the batch
+        was allocated, the lines they held and their rate (lines a second since the previous
+        trigger, as the source's inputRowsPerSecond), and the rate each may take (backpressure)."""
+        batch = int(record.get("batchId", -1))
+        for source in record.get("sources", ()):
+            name = source.get("description")
+            if name not in self.receivers:
+                continue
+            blocks = ReceiverSource(self.receivers[name])
+            span = SourceRange(source.get("startOffset"), source.get("endOffset"))
+            lines = self.received.pop((batch, name), ())
+            rows, per_second = source.get("numInputRows") or 0, source.get("inputRowsPerSecond") or 0.0
+            receivers = {}
+            for r in range(self.receivers[name]):
+                n = lines[r] if r < len(lines) else None
+                receivers[str(r)] = {"blocks": len(blocks.blocks(span, r)), "records": n,
+                                     # over the same time as the source's rate: since the last trigger
+                                     "recordsPerSecond": round(n * per_second / rows, 3) if n and rows else 0.0}
+            source["numBlocks"] = sum(r["blocks"] for r in receivers.values())
+            source["receivers"] = receivers
+            if name in self.rate_limits:
+                source["rateLimitPerReceiver"] = round(self.rate_limits[name], 1)
+        for key in [k for k in self.received if k[0] < batch - PROGRESS_KEPT]:  # batches that never got a record
+            del self.received[key]
+
+    def _estimate_rates(self, record: dict[str, Any], sid: str) -> list[Action]:
+        """A new backpressure rate goes to the source's receivers at once (as Spark's
+        ReceiverTracker sends it), not with the next batch that runs: batches queued behind a
+        slow one were planned already."""
+        out: list[Action] = []
+        for source in record.get("sources", ()):
+            name = source.get("description")
+            estimator = self.carried.estimators.get(name)
+            if estimator is None or name not in self.receivers:
+                continue
+            rate = estimator.update(int(record.get("batchTime", 0)), int(source.get("numInputRows", 0)),
+                                    int(record.get("processingDelayMs", 0)), int(record.get("schedulingDelayMs", 0)))
+            if rate is None:
+                continue
+            self.rate_limits[name] = rate / self.receivers[name]
+            by_tm: dict[str, list[tuple[ExecutionAttemptId, float]]] = {}
+            for subtask in range(self.receivers[name]):
+                attempt = ExecutionAttemptId(name, subtask, self.flow.attempts[(name, subtask)])
+                by_tm.setdefault(self._task_manager(name, subtask), []).append((attempt, self.rate_limits[name]))
+            out += [SendRateLimits(tm, name, tuple(rates), sid) for tm, rates in by_tm.items()]
+        return out
