@@ -28,12 +28,11 @@ from funke.common.graph.streamingjob import QuerySettings, checkpoint_location, 
 from funke.common.scheduling import queryrun as qr
 from funke.common.states import JobStatus
 from funke.common.streaming import microbatch as mb
-from funke.common.streaming.checkpoint import CommitEntry, OffsetEntry, SourceRange
+from funke.common.streaming.checkpoint import CommitEntry, OffsetEntry
 from funke.common.streaming.sources import SOURCES
 from funke.common.wire import codec
-from funke.jobmanager import streaming
 from funke.jobmanager.checkpointstore import CheckpointStore
-from funke.jobmanager.streaming.base import SinkContext, SourceContext, SourceSide
+from funke.jobmanager.streaming.sides import SinkSides, SourceSides
 from funke.jobmanager.streaming.submit import submit_problems  # noqa: F401 (the Dispatcher calls it from here)
 
 if TYPE_CHECKING:
@@ -53,7 +52,7 @@ class _RunIO:
 
     def __init__(self, core: qr.QueryRun, checkpoint: CheckpointStore):
         self.core, self.checkpoint = core, checkpoint
-        self.planners: dict[str, SourceSide] = {}
+        self.sources = SourceSides({})
         self.tasks: set[asyncio.Task] = set()
         # Blocking work under way in threads: a cancelled step's thread runs on, and closing
         # the run waits for it.
@@ -76,8 +75,7 @@ class StreamingQuery:
         self.settings: QuerySettings = query_settings(graph.job_graph)
         self.checkpoint_location = checkpoint_location(graph.job_graph, data_dir)
         self.sinks = [v.id for v in sinks(graph.job_graph)]
-        self._sink_sides = {v.id: streaming.sink_side(v.operators[-1].kind, SinkContext(
-            v.id, v.operators[-1].config, data_dir, graph.job_id)) for v in sinks(graph.job_graph)}
+        self._sink_sides = SinkSides(graph.job_graph, data_dir, graph.job_id)
         self.sources = [v.id for v in stream_sources(graph.job_graph)]
         self._on_failure, self._on_event, self._on_stop_timeout = on_failure, on_event, on_stop_timeout
         self.progress: deque[dict[str, Any]] = deque(maxlen=PROGRESS_KEPT)
@@ -187,8 +185,9 @@ class StreamingQuery:
         """Build the sources' sides, prepare the sinks, take the checkpoint, start the core."""
         if previous is not None:  # the last run lets go of the checkpoint first
             await asyncio.gather(previous, return_exceptions=True)
-        run.planners = await self._blocking(run, self._planners, run.checkpoint)
-        await self._blocking(run, self._prepare_sinks)
+        run.sources = await self._blocking(run, SourceSides.open, self.graph.job_graph, self.checkpoint_location,
+                                           run.checkpoint)
+        await self._blocking(run, self._sink_sides.prepare)
         resumption = await self._blocking(run, run.checkpoint.open, self.holder)
         self.query_id = resumption.query_id
         plan = resumption.plan
@@ -199,21 +198,6 @@ class StreamingQuery:
                                         dict(resumption.last_ends), self._now(), f"run-started-{self.runs}"))
         if self._stop is not None:  # asked while no run was there
             self._handle(run, qr.StopRequested(self._stop[0], self._now(), "stop-asked-before-the-run"))
-
-    def _prepare_sinks(self) -> None:
-        """Every sink side prepares before the query's first batch (blocking)."""
-        for side in self._sink_sides.values():
-            side.prepare()
-
-    def _planners(self, checkpoint: CheckpointStore) -> dict[str, SourceSide]:
-        """Every source's JobManager side, from the registries (blocking: a side may connect)."""
-        planners: dict[str, SourceSide] = {}
-        for v in stream_sources(self.graph.job_graph):
-            op = v.operators[0]
-            planning = SOURCES[op.kind].planning(op.config, v.parallelism)
-            planners[v.id] = streaming.SOURCES[op.kind](SourceContext(
-                v.id, op.config, v.parallelism, planning, self.checkpoint_location, checkpoint))
-        return planners
 
     def _close_run(self, why: str) -> None:
         run, self._run = self._run, None
@@ -232,6 +216,7 @@ class StreamingQuery:
         await asyncio.gather(*run.tasks, return_exceptions=True)
         await asyncio.gather(*run.threads, return_exceptions=True)
         await self._blocking(run, run.checkpoint.close)
+        await self._blocking(run, run.sources.close)
 
     def _fail(self, run: _RunIO, exc: BaseException, what: str = "") -> None:
         if self._run is not run:
@@ -304,10 +289,7 @@ class StreamingQuery:
                 run.timer = asyncio.get_running_loop().call_later(delay, self._tick, run, at)
             case qr.Publish():
                 if action.kind == "QueryProgress":
-                    for source in action.info.get("sources", ()):  # a broker's lag, as its side measured it
-                        planner = run.planners.get(source.get("description"))
-                        if planner is not None:
-                            planner.describe(source)
+                    run.sources.describe(action.info)  # a broker's lag, as its side measured it
                     self.progress.append(action.info)
                 self._on_event(action)
             case qr.SendRateLimits(task_manager_id=tm):
@@ -345,59 +327,29 @@ class StreamingQuery:
             self._fail(run, BatchNotRun(why), f"run-{batch_id}")
 
     async def _query(self, run: _RunIO, action: qr.QueryOffsets) -> qr.Event:
-        def plan() -> dict[str, SourceRange]:
-            now = self._now()
-            return {name: p.plan(action.starts.get(name), now, action.limited, (action.caps or {}).get(name))
-                    for name, p in run.planners.items()}
-
-        ranges = await self._blocking(run, plan)
+        ranges = await self._blocking(run, lambda: run.sources.plan(action.starts, self._now(), action.limited,
+                                                                    action.caps))
         return qr.OffsetsAnswered(action.batch_id, ranges, self._now(), f"offsets-answered-{action.batch_id}")
 
     async def _targets(self, run: _RunIO, action: qr.CaptureTargets) -> qr.Event:
-        def latest() -> dict[str, Any]:
-            now = self._now()
-            return {name: p.latest(action.starts.get(name), now) for name, p in run.planners.items()}
-
-        return qr.TargetsCaptured(await self._blocking(run, latest), self._now(), "targets-captured")
+        latest = await self._blocking(run, lambda: run.sources.latest(action.starts, self._now()))
+        return qr.TargetsCaptured(latest, self._now(), "targets-captured")
 
     async def _log(self, run: _RunIO, entry: OffsetEntry) -> qr.Event:
         await self._blocking(run, run.checkpoint.write_offsets, entry)
         return qr.OffsetsLogged(entry.batch_id, self._now(), f"offsets-logged-{entry.batch_id}")
 
     async def _resolve(self, run: _RunIO, entry: OffsetEntry) -> qr.Event:
-        def files() -> dict[str, tuple[str, ...]]:
-            resolved = {n: p.batch_files(entry.sources[n]) for n, p in run.planners.items() if n in entry.sources}
-            return {n: f for n, f in resolved.items() if f is not None}
-
-        resolved = await self._blocking(run, files)
+        resolved = await self._blocking(run, run.sources.batch_files, entry)
         return qr.BatchInputResolved(entry.batch_id, resolved, self._now(), f"input-resolved-{entry.batch_id}")
 
     async def _commit(self, run: _RunIO, action: qr.CommitSinks) -> qr.Event:
-        sides, query_id = self._sink_sides, self.query_id
-
-        def commit_all() -> None:
-            for sink in self.sinks:
-                sides[sink].commit(action.batch_id, action.attempts[sink], query_id)
-
-        await self._blocking(run, commit_all)
+        await self._blocking(run, self._sink_sides.commit, action.batch_id, action.attempts, self.query_id)
         return qr.SinksCommitted(action.batch_id, self._now(), f"sinks-committed-{action.batch_id}")
 
     async def _record(self, run: _RunIO, entry: CommitEntry) -> qr.Event:
         await self._blocking(run, run.checkpoint.write_commit, entry)
-        purged = await self._blocking(run, self._purge, run)
+        purged = await self._blocking(run, run.sources.purge, run.checkpoint, self.settings.min_batches_to_retain)
         if purged:
             log.debug("streaming query %s: purged %d old log entries and blocks", self.graph.job_graph.name, purged)
         return qr.CommitLogged(entry.batch_id, self._now(), f"commit-logged-{entry.batch_id}")
-
-    def _purge(self, run: _RunIO) -> int:
-        """Old log entries, and the received blocks no retained batch reads (blocking)."""
-        purged = run.checkpoint.purge(self.settings.min_batches_to_retain)
-        forgetting = [p for p in run.planners.values() if type(p).forget_before is not SourceSide.forget_before]
-        oldest = run.checkpoint.offset_ids() if forgetting else []
-        if oldest:
-            entry = run.checkpoint.read_offsets(oldest[0])
-            for name, planner in run.planners.items():
-                if name in entry.sources:
-                    purged += planner.forget_before(entry.sources[name].start)
-        return purged
-
