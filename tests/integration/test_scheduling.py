@@ -92,7 +92,7 @@ def test_funke_submit_says_at_once_that_the_job_is_waiting_for_slots(noop_cluste
     job_file = tmp_path / "wide.py"
     job_file.write_text(
         "from tests.integration.test_scheduling import two_vertices\n"
-        "job = two_vertices(6, timeout_s=3.0, name='wide')\n"
+        "job = two_vertices(6, timeout_s=8.0, name='wide')\n"
     )
     proc = subprocess.Popen(
         [sys.executable, "-m", "funke.deploy.cli", "submit", "--jobmanager", noop_cluster.address, str(job_file)],
@@ -100,20 +100,21 @@ def test_funke_submit_says_at_once_that_the_job_is_waiting_for_slots(noop_cluste
         env=dict(os.environ, FUNKE_CLUSTER_DIR=str(noop_cluster.dir)),
     )
     try:
-        started = time.time()
         lines = []
         for line in proc.stdout:
             lines.append(line)
             if "waiting for resources" in line:
                 break
-        said_after = time.time() - started
+        # said while the job waits, not found in its history once the slot request timed out
+        waiting = [j for j in noop_cluster.client.list_jobs() if j.name == "wide"]
         rest, _ = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
     output = "".join(lines) + rest
     assert "waiting for resources" in output, output
-    assert said_after < 2.5, f"the waiting message came after {said_after:.1f} s"  # before the 3 s timeout
+    assert len(waiting) == 1 and waiting[0].status not in (job_pb2.JOB_STATUS_FAILED, job_pb2.JOB_STATUS_CANCELED), \
+        waiting
     assert "6" in lines[-1] and "4 slots in total" in lines[-1]
     assert proc.returncode == 1 and "FAILED" in rest
 
