@@ -131,7 +131,7 @@ class ExecutionVertex:
 
     __slots__ = (
         "job_vertex", "subtask_index", "current_execution", "prior_executions",
-        "consumed_partition_groups", "produced_partitions",
+        "consumed_partition_groups", "produced_partitions", "_name",
     )
 
     def __init__(self, job_vertex: "ExecutionJobVertex", subtask_index: int, now: float):
@@ -142,6 +142,7 @@ class ExecutionVertex:
         self.consumed_partition_groups: list[ConsumedPartitionGroup] = []
         # one per produced IntermediateResult, in the job vertex's produced order
         self.produced_partitions: list[IntermediateResultPartition] = []
+        self._name: str | None = None  # made on first use: every state change of a subtask names it
         self.current_execution = Execution(self, job_vertex.graph.first_attempt_number, now)
 
     @property
@@ -150,7 +151,10 @@ class ExecutionVertex:
 
     @property
     def name(self) -> str:
-        return f"{self.job_vertex.name} ({self.subtask_index + 1}/{self.job_vertex.parallelism})"
+        name = self._name
+        if name is None:
+            name = self._name = f"{self.job_vertex.name} ({self.subtask_index + 1}/{self.job_vertex.parallelism})"
+        return name
 
     @property
     def state(self) -> ExecutionState:

@@ -318,11 +318,20 @@ class SlotManager:
 
     def _take(self, job_id: str, count: int) -> Iterable[SlotId]:
         taken: list[SlotId] = []
+        if not self.evenly_spread:
+            # packed: the first registered TaskManager with a free slot, its lowest free slot first
+            for tm in self.task_managers.values():
+                free, slots, tm_id = tm.free_indexes, tm.slots, tm.task_manager_id
+                while free and len(taken) < count:
+                    index = heapq.heappop(free)
+                    slots[index] = job_id
+                    taken.append(SlotId(tm_id, index))
+                if len(taken) == count:
+                    break
+            self._free -= len(taken)
+            return taken
         for _ in range(count):
-            if self.evenly_spread:
-                tm = max((t for t in self.task_managers.values() if t.free), key=lambda t: t.free)  # first registered wins ties
-            else:
-                tm = next(t for t in self.task_managers.values() if t.free)
+            tm = max((t for t in self.task_managers.values() if t.free), key=lambda t: t.free)  # first registered wins ties
             index = heapq.heappop(tm.free_indexes)
             tm.slots[index] = job_id
             self._free -= 1
