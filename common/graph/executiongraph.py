@@ -107,9 +107,10 @@ class Execution:
         self.vertex = vertex
         self.attempt_number = attempt_number
         self.attempt_id = ExecutionAttemptId(vertex.job_vertex.id, vertex.subtask_index, attempt_number)
-        self.machine: StateMachine[ExecutionState] = execution_state_machine(
-            f"{vertex.name} attempt #{attempt_number}", now
-        )
+        # the subtask's name as made when it first changed state; a graph being built names each
+        # attempt without keeping the name apart as well (memory at P = 100 000)
+        name = vertex._name or vertex.format_name()
+        self.machine: StateMachine[ExecutionState] = execution_state_machine(f"{name} attempt #{attempt_number}", now)
         self.slot: SlotId | None = None
         self.failure: FailureInfo | None = None
         self.io: TaskIo | None = None  # what it read and wrote, as its TaskManager reported on FINISHED
@@ -153,8 +154,11 @@ class ExecutionVertex:
     def name(self) -> str:
         name = self._name
         if name is None:
-            name = self._name = f"{self.job_vertex.name} ({self.subtask_index + 1}/{self.job_vertex.parallelism})"
+            name = self._name = self.format_name()
         return name
+
+    def format_name(self) -> str:
+        return f"{self.job_vertex.name} ({self.subtask_index + 1}/{self.job_vertex.parallelism})"
 
     @property
     def state(self) -> ExecutionState:

@@ -310,7 +310,7 @@ class Scheduler:
         self._requested: dict[ExecutionSlotSharingGroup, int] = {}  # group -> pending request id
         self._requests: dict[int, list[ExecutionSlotSharingGroup]] = {}
         self._batches: dict[_Batch, None] = {}  # waiting batches, in order (an ordered set)
-        self._batches_with_group: dict[ExecutionSlotSharingGroup, list[_Batch]] = {}  # pruned lazily
+        self._batches_with_group: dict[ExecutionSlotSharingGroup, list[_Batch]] = {}  # deployed batches leave at once, others lazily
         self._next_request_id = 1
         self._scheduled_regions: set[PipelinedRegion] = set()
         self._pending_restart: _PendingRestart | None = None
@@ -774,8 +774,24 @@ class Scheduler:
         for batch in batches:
             if batch in self._batches and all(g in self._slot_of for g in batch.groups):
                 del self._batches[batch]
+                self._unindex(batch)
                 for ex in batch.waiting():
                     self._deploy(ex.vertex, now)
+
+    def _unindex(self, batch: _Batch) -> None:
+        """Forget a deployed batch in `_batches_with_group` at once: a batch job at P = 100 000
+        would otherwise keep P deployed batches (and their lists) until their groups are next
+        looked up."""
+        index = self._batches_with_group
+        for g in batch.groups:
+            listed = index.get(g)
+            if listed is not None:
+                if len(listed) == 1 and listed[0] is batch:
+                    del index[g]
+                else:
+                    listed[:] = [b for b in listed if b is not batch]
+                    if not listed:
+                        del index[g]
 
     def _deploy(self, ev: ExecutionVertex, now: float) -> None:
         if self.status is J.CREATED:

@@ -273,6 +273,8 @@ class SlotManager:
     def _serve(self, now: float, capacity_changed: bool = False) -> list[SlotManagerAction]:
         """First fit, in arrival order, while slots are free; after a TaskManager came or went,
         also re-check which requests exceed the cluster."""
+        if not capacity_changed and not (self._free and self._pending):
+            return []  # nothing to serve, nobody's waiting changed (every slot freed while idle)
         actions: list[SlotManagerAction] = []
         served: set[str] = set()
         if self._free and self._pending:
