@@ -107,9 +107,10 @@ class Execution:
         self.vertex = vertex
         self.attempt_number = attempt_number
         self.attempt_id = ExecutionAttemptId(vertex.job_vertex.id, vertex.subtask_index, attempt_number)
-        self.machine: StateMachine[ExecutionState] = execution_state_machine(
-            f"{vertex.name} attempt #{attempt_number}", now
-        )
+        # the subtask's name as made when it first changed state; a graph being built names each
+        # attempt without keeping the name apart as well (memory at P = 100 000)
+        name = vertex._name or vertex.format_name()
+        self.machine: StateMachine[ExecutionState] = execution_state_machine(f"{name} attempt #{attempt_number}", now)
         self.slot: SlotId | None = None
         self.failure: FailureInfo | None = None
         self.io: TaskIo | None = None  # what it read and wrote, as its TaskManager reported on FINISHED
@@ -131,7 +132,7 @@ class ExecutionVertex:
 
     __slots__ = (
         "job_vertex", "subtask_index", "current_execution", "prior_executions",
-        "consumed_partition_groups", "produced_partitions",
+        "consumed_partition_groups", "produced_partitions", "_name",
     )
 
     def __init__(self, job_vertex: "ExecutionJobVertex", subtask_index: int, now: float):
@@ -142,6 +143,7 @@ class ExecutionVertex:
         self.consumed_partition_groups: list[ConsumedPartitionGroup] = []
         # one per produced IntermediateResult, in the job vertex's produced order
         self.produced_partitions: list[IntermediateResultPartition] = []
+        self._name: str | None = None  # made on first use: every state change of a subtask names it
         self.current_execution = Execution(self, job_vertex.graph.first_attempt_number, now)
 
     @property
@@ -150,6 +152,12 @@ class ExecutionVertex:
 
     @property
     def name(self) -> str:
+        name = self._name
+        if name is None:
+            name = self._name = self.format_name()
+        return name
+
+    def format_name(self) -> str:
         return f"{self.job_vertex.name} ({self.subtask_index + 1}/{self.job_vertex.parallelism})"
 
     @property

@@ -119,7 +119,11 @@ class TaskDeploymentFactory:
         deployed before it existed (pipelined inputs, eager scheduling)."""
         task_managers: set[str] = set()
         for group in partition.consumer_vertex_groups:
-            task_managers.update(tm for tm, n in self._deployed_on.get(id(group), {}).items() if n)
+            on = self._deployed_on.get(id(group))
+            if on:
+                task_managers.update(tm for tm, n in on.items() if n)
+        if not task_managers:
+            return []  # no consumer deployed yet (blocking inputs): they will be told at deployment
         update = PartitionUpdate(partition.result.id, partition.partition_index, location.producer_attempt,
                                  location.schema)
         return [(tm, update) for tm in sorted(task_managers)]

@@ -83,6 +83,8 @@ E = ExecutionState
 J = JobStatus
 _LIVE = LIVE_EXECUTION_STATES
 _DEPLOYED = DEPLOYED_EXECUTION_STATES
+_DEPLOYED_OR_CANCELING = DEPLOYED_EXECUTION_STATES | {E.CANCELING}
+_TERMINAL = frozenset(state for state in E if state.is_terminal)
 
 # Flink's task.cancellation.timeout: after this, a job stuck in CANCELLING goes FAILED.
 DEFAULT_CANCELLATION_TIMEOUT_S = 180.0
@@ -308,7 +310,7 @@ class Scheduler:
         self._requested: dict[ExecutionSlotSharingGroup, int] = {}  # group -> pending request id
         self._requests: dict[int, list[ExecutionSlotSharingGroup]] = {}
         self._batches: dict[_Batch, None] = {}  # waiting batches, in order (an ordered set)
-        self._batches_with_group: dict[ExecutionSlotSharingGroup, list[_Batch]] = {}  # pruned lazily
+        self._batches_with_group: dict[ExecutionSlotSharingGroup, list[_Batch]] = {}  # deployed batches leave at once, others lazily
         self._next_request_id = 1
         self._scheduled_regions: set[PipelinedRegion] = set()
         self._pending_restart: _PendingRestart | None = None
@@ -772,8 +774,24 @@ class Scheduler:
         for batch in batches:
             if batch in self._batches and all(g in self._slot_of for g in batch.groups):
                 del self._batches[batch]
+                self._unindex(batch)
                 for ex in batch.waiting():
                     self._deploy(ex.vertex, now)
+
+    def _unindex(self, batch: _Batch) -> None:
+        """Forget a deployed batch in `_batches_with_group` at once: a batch job at P = 100 000
+        would otherwise keep P deployed batches (and their lists) until their groups are next
+        looked up."""
+        index = self._batches_with_group
+        for g in batch.groups:
+            listed = index.get(g)
+            if listed is not None:
+                if len(listed) == 1 and listed[0] is batch:
+                    del index[g]
+                else:
+                    listed[:] = [b for b in listed if b is not batch]
+                    if not listed:
+                        del index[g]
 
     def _deploy(self, ev: ExecutionVertex, now: float) -> None:
         if self.status is J.CREATED:
@@ -1052,37 +1070,44 @@ class Scheduler:
     def _transition(
         self, execution: Execution, to: ExecutionState, now: float, cause: str, failure: FailureInfo | None = None
     ) -> None:
-        before = execution.state
-        t = execution.machine.transition(to, now, cause, self._stimulus)
-        if execution.vertex.current_execution is execution:
+        # The hot path of every schedule, deployment, report and failover (six calls per subtask
+        # and attempt): each fact is looked up once, the slot-sharing group only when needed.
+        machine = execution.machine
+        before = machine.state
+        t = machine.transition(to, now, cause, self._stimulus)
+        vertex = execution.vertex
+        if vertex.current_execution is execution:
             counts = self.state_counts
             counts[before] -= 1
             counts[to] = counts.get(to, 0) + 1
         if failure is not None:
             execution.failure = failure
-        group = self.plan.group_of(execution.vertex)
+        slot = execution.slot
+        tm = slot.task_manager_id if slot is not None else None
         was_deployed, is_deployed = before in _DEPLOYED, to in _DEPLOYED
-        if was_deployed != is_deployed and execution.task_manager_id:
-            self.deployments.consumer_moved(execution, execution.task_manager_id, 1 if is_deployed else -1)
+        if was_deployed is not is_deployed and tm:
+            self.deployments.consumer_moved(execution, tm, 1 if is_deployed else -1)
         was_live, is_live = before in _LIVE, to in _LIVE
-        if not was_live and is_live:
-            self._usage[group] = self._usage.get(group, 0) + 1
-        elif was_live and not is_live:
-            self._usage[group] -= 1
-        if to.is_terminal:
+        group = None
+        if was_live is not is_live:
+            group = self.plan.group_of(vertex)
+            usage = self._usage
+            usage[group] = usage.get(group, 0) + (1 if is_live else -1)
+        terminal = to in _TERMINAL
+        if terminal:
             self._non_terminal -= 1
             if to is E.FINISHED:
                 self._finished += 1
         self._out.append(ExecutionStateChanged(
-            execution.attempt_id, execution.vertex.name, t, execution.task_manager_id, execution.failure if to is E.FAILED else None))
-        if to in (E.FAILED, E.CANCELED) and before in _DEPLOYED | {E.CANCELING} and execution.task_manager_id:
+            execution.attempt_id, vertex.name, t, tm, execution.failure if to is E.FAILED else None))
+        if terminal and to is not E.FINISHED and before in _DEPLOYED_OR_CANCELING and tm:
             # whatever this attempt wrote is garbage: nobody will ever be told to read it
             refs = tuple(PartitionRef(p.result.id, p.partition_index, execution.attempt_number)
-                         for p in execution.vertex.produced_partitions)
+                         for p in vertex.produced_partitions)
             if refs:
-                self._out.append(ReleasePartitions(execution.task_manager_id, refs))
-        if was_live and not is_live and self._usage[group] == 0 and group in self._slot_of:
-            self._release_group_slot(group, f"{execution.vertex.name} {to.value}")
+                self._out.append(ReleasePartitions(tm, refs))
+        if group is not None and not is_live and self._usage[group] == 0 and group in self._slot_of:
+            self._release_group_slot(group, f"{vertex.name} {to.value}")
 
     def _release_group_slot(self, group: ExecutionSlotSharingGroup, cause: str) -> None:
         slot = self._slot_of.pop(group)

@@ -273,6 +273,8 @@ class SlotManager:
     def _serve(self, now: float, capacity_changed: bool = False) -> list[SlotManagerAction]:
         """First fit, in arrival order, while slots are free; after a TaskManager came or went,
         also re-check which requests exceed the cluster."""
+        if not capacity_changed and not (self._free and self._pending):
+            return []  # nothing to serve, nobody's waiting changed (every slot freed while idle)
         actions: list[SlotManagerAction] = []
         served: set[str] = set()
         if self._free and self._pending:
@@ -318,11 +320,20 @@ class SlotManager:
 
     def _take(self, job_id: str, count: int) -> Iterable[SlotId]:
         taken: list[SlotId] = []
+        if not self.evenly_spread:
+            # packed: the first registered TaskManager with a free slot, its lowest free slot first
+            for tm in self.task_managers.values():
+                free, slots, tm_id = tm.free_indexes, tm.slots, tm.task_manager_id
+                while free and len(taken) < count:
+                    index = heapq.heappop(free)
+                    slots[index] = job_id
+                    taken.append(SlotId(tm_id, index))
+                if len(taken) == count:
+                    break
+            self._free -= len(taken)
+            return taken
         for _ in range(count):
-            if self.evenly_spread:
-                tm = max((t for t in self.task_managers.values() if t.free), key=lambda t: t.free)  # first registered wins ties
-            else:
-                tm = next(t for t in self.task_managers.values() if t.free)
+            tm = max((t for t in self.task_managers.values() if t.free), key=lambda t: t.free)  # first registered wins ties
             index = heapq.heappop(tm.free_indexes)
             tm.slots[index] = job_id
             self._free -= 1

@@ -1,8 +1,9 @@
 """Scheduler scale: the JobManager's sans-IO core on source -> sink ALL_TO_ALL, the topology of
 Flink's scheduler benchmarks (apache/flink-benchmarks), BLOCKING (BATCH) and PIPELINED (STREAMING).
 
-For P in --p (default 4000 and 10000), median of --runs runs (default 5) and peak memory
-(tracemalloc, measured in a separate pass so tracing does not distort the times) of:
+For P in --p (default 4000 and 10000; 100000 works, with a few GiB of memory), median wall and CPU
+time of --runs runs (default 5), and the peak memory each step itself allocates (tracemalloc,
+started after the step's set-up, in a separate pass so tracing does not distort the times), of:
 
   build ExecutionGraph       ExecutionGraph(job) alone
   job initialization         ExecutionGraph + pipelined regions + slot-sharing plan (Scheduler(...))
@@ -12,7 +13,8 @@ For P in --p (default 4000 and 10000), median of --runs runs (default 5) and pea
   global failover            full failover of the running job: the failure, 2P-1 CANCELED reports,
                              the restart and redeploying all 2P subtasks (restart delay 0)
 
-Run alone: python tests/benchmarks/bench_scheduler.py [--p 4000 10000] [--runs 5] [--json FILE]
+Run alone: python tests/benchmarks/bench_scheduler.py [--p 4000 10000 100000] [--runs 5]
+    [--types BLOCKING PIPELINED] [--steps 'global failover' ...] [--no-memory] [--json FILE]
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from funke.common.states import ExecutionState  # noqa: E402
 from tests.conformance.graphs import source_sink_all_to_all  # noqa: E402
 
 E = ExecutionState
+PARTITION_TYPES = (ResultPartitionType.BLOCKING, ResultPartitionType.PIPELINED)
 STEPS = ("build ExecutionGraph", "job initialization", "schedule all subtasks", "regions to restart", "global failover")
 JOB = "bench"
 
@@ -54,23 +57,38 @@ class Driver:
         self.deploying: list[ExecutionAttemptId] = []
         self.cancelled: list[ExecutionAttemptId] = []
         self.timers: list[s.StartTimer] = []
+        # by the action's type, as the JobMaster dispatches; other actions need nothing here
+        self._handlers: dict[type, Callable[[object, deque], None]] = {
+            s.RequestSlots: self._request, s.ReleaseSlot: self._release, s.CancelSlotRequest: self._cancel_request,
+            s.DeployTask: self._deploy, s.CancelTask: self._cancel, s.StartTimer: self._timer,
+        }
 
     def apply(self, actions: list) -> None:
         queue = deque(actions)
+        handlers = self._handlers
         while queue:
             a = queue.popleft()
-            if isinstance(a, s.RequestSlots):
-                queue.extend(self._slot_actions(self.slots.request_slots(JOB, a.requests, a.timeout_s, 0.0)))
-            elif isinstance(a, s.ReleaseSlot):
-                queue.extend(self._slot_actions(self.slots.release_slot(a.slot, JOB, a.cause, 0.0)))
-            elif isinstance(a, s.CancelSlotRequest):
-                self.slots.cancel_request(JOB, a.request_id)
-            elif isinstance(a, s.DeployTask):
-                self.deploying.append(a.deployment.attempt)
-            elif isinstance(a, s.CancelTask):
-                self.cancelled.append(a.attempt)
-            elif isinstance(a, s.StartTimer):
-                self.timers.append(a)
+            handler = handlers.get(type(a))
+            if handler is not None:
+                handler(a, queue)
+
+    def _request(self, a: s.RequestSlots, queue: deque) -> None:
+        queue.extend(self._slot_actions(self.slots.request_slots(JOB, a.requests, a.timeout_s, 0.0)))
+
+    def _release(self, a: s.ReleaseSlot, queue: deque) -> None:
+        queue.extend(self._slot_actions(self.slots.release_slot(a.slot, JOB, a.cause, 0.0)))
+
+    def _cancel_request(self, a: s.CancelSlotRequest, queue: deque) -> None:
+        self.slots.cancel_request(JOB, a.request_id)
+
+    def _deploy(self, a: s.DeployTask, queue: deque) -> None:
+        self.deploying.append(a.deployment.attempt)
+
+    def _cancel(self, a: s.CancelTask, queue: deque) -> None:
+        self.cancelled.append(a.attempt)
+
+    def _timer(self, a: s.StartTimer, queue: deque) -> None:
+        self.timers.append(a)
 
     def _slot_actions(self, actions: list) -> list:
         out = []
@@ -121,72 +139,114 @@ def global_failover(scheduler: s.Scheduler, driver: Driver, p: int) -> None:
     assert len(driver.deploying) - before == 2 * p
 
 
-def measure(p: int, kind: ResultPartitionType, step: str) -> tuple[float, object]:
-    """Time one step (ms); set-up outside the timed part."""
+def measure(p: int, kind: ResultPartitionType, step: str, timer: Callable[[Callable[[], object]], object]) -> object:
+    """Carry out one step under `timer`; the set-up (a running job for the last two) is outside it."""
     job = source_sink_all_to_all(p, kind)
     if step == "build ExecutionGraph":
-        return timed(lambda: ExecutionGraph(job, JOB, 0.0))
+        return timer(lambda: ExecutionGraph(job, JOB, 0.0))
     if step == "job initialization":
-        return timed(lambda: new_scheduler(job))
+        return timer(lambda: new_scheduler(job))
     if step == "schedule all subtasks":
         scheduler = new_scheduler(job)
-        return timed(lambda: schedule_all(scheduler, p))
+        return timer(lambda: schedule_all(scheduler, p))
     if step == "regions to restart":
         scheduler, _ = running_job(p, kind)
         failed = [scheduler.graph.vertices["sink"].task_vertices[p // 2]]
-        return timed(lambda: scheduler.regions.regions_to_restart(failed))
+        return timer(lambda: scheduler.regions.regions_to_restart(failed))
     if step == "global failover":
         scheduler, driver = running_job(p, kind, FailoverStrategyKind.FULL)
-        return timed(lambda: global_failover(scheduler, driver, p))
+        return timer(lambda: global_failover(scheduler, driver, p))
     raise ValueError(step)
 
 
-def timed(fn: Callable[[], object]) -> tuple[float, object]:
-    gc.collect()
-    started = time.perf_counter()
-    value = fn()
-    return (time.perf_counter() - started) * 1000.0, value
+class Timed:
+    """Wall time and CPU time of this process (ms): on a shared machine the CPU time says what
+    the step costs, the wall time what it took."""
+
+    def __init__(self) -> None:
+        self.wall_ms = self.cpu_ms = 0.0
+
+    def __call__(self, fn: Callable[[], object]) -> object:
+        gc.collect()
+        wall, cpu = time.perf_counter(), time.process_time()
+        value = fn()
+        self.cpu_ms = (time.process_time() - cpu) * 1000.0
+        self.wall_ms = (time.perf_counter() - wall) * 1000.0
+        return value
 
 
-def peak_mib(p: int, kind: ResultPartitionType, step: str) -> float:
-    gc.collect()
-    tracemalloc.start()
-    try:
-        tracemalloc.reset_peak()
-        _, value = measure(p, kind, step)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    del value
-    return peak / 2**20
+class Traced:
+    """Peak memory (MiB) the step itself allocated: tracing starts after the set-up, so what the
+    set-up built does not count (tracemalloc slows Python down, hence a pass of its own)."""
+
+    def __init__(self) -> None:
+        self.peak_mib = 0.0
+
+    def __call__(self, fn: Callable[[], object]) -> object:
+        gc.collect()
+        tracemalloc.start()
+        try:
+            value = fn()
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        self.peak_mib = peak / 2**20
+        return value
 
 
-def run(ps: list[int], runs: int) -> list[dict]:
+def run(ps: list[int], kinds: list[ResultPartitionType], steps: list[str], runs: int, memory: bool) -> list[dict]:
     rows = []
     for p in ps:
-        for kind in (ResultPartitionType.BLOCKING, ResultPartitionType.PIPELINED):
-            for step in STEPS:
-                times = [measure(p, kind, step)[0] for _ in range(runs)]
-                rows.append({"p": p, "result_partition_type": kind.value, "step": step,
-                             "median_ms": statistics.median(times), "min_ms": min(times),
-                             "peak_mib": peak_mib(p, kind, step), "runs": runs})
-                print(f"  P={p:<6} {kind.value:9} {step:24} {statistics.median(times):9.1f} ms", file=sys.stderr, flush=True)
+        for kind in kinds:
+            for step in steps:
+                walls, cpus = [], []
+                for _ in range(runs):
+                    timed = Timed()
+                    value = measure(p, kind, step, timed)
+                    del value
+                    walls.append(timed.wall_ms)
+                    cpus.append(timed.cpu_ms)
+                peak = None
+                if memory:
+                    traced = Traced()
+                    value = measure(p, kind, step, traced)
+                    del value
+                    peak = traced.peak_mib
+                row = {"p": p, "result_partition_type": kind.value, "step": step,
+                       "median_ms": statistics.median(walls), "min_ms": min(walls),
+                       "median_cpu_ms": statistics.median(cpus), "peak_mib": peak, "runs": runs}
+                rows.append(row)
+                print(f"  {format_row(row)}", file=sys.stderr, flush=True)
     return rows
 
 
+def format_row(r: dict) -> str:
+    peak = f"{r['peak_mib']:8.1f} MiB" if r["peak_mib"] is not None else f"{'-':>8} MiB"
+    return (f"{r['p']:>6}  {r['result_partition_type']:9}  {r['step']:24} {r['median_ms']:9.1f} ms "
+            f"{r['median_cpu_ms']:9.1f} ms {peak}")
+
+
 def print_table(rows: list[dict]) -> None:
-    print(f"{'P':>6}  {'results':9}  {'step':24} {'median':>10} {'peak memory':>12}")
+    print(f"{'P':>6}  {'results':9}  {'step':24} {'median wall':>12} {'median CPU':>12} {'peak memory':>12}")
     for r in rows:
-        print(f"{r['p']:>6}  {r['result_partition_type']:9}  {r['step']:24} {r['median_ms']:8.1f} ms {r['peak_mib']:8.1f} MiB")
+        print(format_row(r))
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--p", type=int, nargs="+", default=[4000, 10000])
+    p.add_argument("--p", type=int, nargs="+", default=[4000, 10000], help="parallelisms, e.g. 10000 100000")
     p.add_argument("--runs", type=int, default=5)
+    p.add_argument("--types", nargs="+", choices=[k.value for k in PARTITION_TYPES],
+                   default=[k.value for k in PARTITION_TYPES], help="result partition types")
+    p.add_argument("--steps", nargs="+", choices=STEPS, default=list(STEPS), metavar="STEP",
+                   help=f"steps to measure, of: {', '.join(repr(s) for s in STEPS)}")
+    p.add_argument("--no-memory", action="store_true", help="skip the peak memory pass")
     p.add_argument("--json", help="also write the rows here")
     args = p.parse_args()
-    rows = run(args.p, args.runs)
+    if any(n < 1 for n in args.p) or args.runs < 1:
+        p.error("--p and --runs must be positive")
+    kinds = [ResultPartitionType(v) for v in args.types]
+    rows = run(args.p, kinds, [s for s in STEPS if s in args.steps], args.runs, not args.no_memory)
     print_table(rows)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
