@@ -8,10 +8,12 @@ import sys
 from pathlib import Path
 
 from funke.common.states import (
+    BATCH_PHASE_TRANSITIONS,
     CONNECTION_STATE_TRANSITIONS,
     EXECUTION_STATE_TRANSITIONS,
     JOB_STATUS_TRANSITIONS,
     QUERY_MODE_TRANSITIONS,
+    QUERY_STATE_TRANSITIONS,
     render_mermaid,
 )
 
@@ -20,6 +22,8 @@ SECTIONS = {
     "execution-state-diagram": EXECUTION_STATE_TRANSITIONS,
     "connection-state-diagram": CONNECTION_STATE_TRANSITIONS,
     "query-mode-diagram": QUERY_MODE_TRANSITIONS,
+    "query-state-diagram": QUERY_STATE_TRANSITIONS,
+    "batch-phase-diagram": BATCH_PHASE_TRANSITIONS,
 }
 
 

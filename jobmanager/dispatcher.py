@@ -29,6 +29,7 @@ import uuid
 from typing import Callable
 
 from funke.common import ids
+from funke.common.backoff import Backoff
 from funke.common.configuration import ClusterConfiguration
 from funke.common.graph.executiongraph import ExecutionGraph
 from funke.common.graph.jobgraph import JobGraph
@@ -55,9 +56,8 @@ log = logging.getLogger("funke.jobmanager")
 Job = JobMaster | ArchivedJob
 PROGRESS_INTERVAL_S = 0.05
 STOP_WRITES_TIMEOUT_S = 10.0
-# A job's data clean-up that failed is tried again, backing off from the first delay to the last.
-CLEANUP_RETRY_FIRST_S = 0.2
-CLEANUP_RETRY_MAX_S = 30.0
+# A job's data clean-up that failed is tried again, backing off from 0.2 s to 30 s.
+CLEANUP_BACKOFF = Backoff(0.2, 30.0)
 
 
 class DispatcherError(Exception):
@@ -278,7 +278,7 @@ class Dispatcher:
         """Run a job's data clean-up (off the loop) until it succeeds; each run redoes only what
         is still there. False if this JobManager stopped leading first (the next leader cleans
         up: the job's graph stays in the store until then)."""
-        delay = CLEANUP_RETRY_FIRST_S
+        delays = CLEANUP_BACKOFF.delays()
         while True:
             try:
                 await asyncio.get_running_loop().run_in_executor(None, cleanup)
@@ -286,9 +286,9 @@ class Dispatcher:
             except Exception as exc:
                 if self.ha is not None and not self.ha.leads():
                     return False
+                delay = next(delays)
                 log.warning("cleaning up job %s: %s; trying again in %.1f s", job_id, exc, delay)
             await asyncio.sleep(delay)
-            delay = min(delay * 2, CLEANUP_RETRY_MAX_S)
 
     # ------------------------------------------------------------------ client API
 

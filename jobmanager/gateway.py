@@ -16,6 +16,7 @@ from typing import Callable
 
 import grpc
 
+from funke.common.backoff import Backoff
 from funke.common.graph.executiongraph import FailureInfo
 from funke.runtime import security
 from funke.runtime.rpc import MESSAGE_SIZE_OPTIONS
@@ -34,6 +35,7 @@ MAX_SUBMIT_BATCH = 500
 MAX_SUBMIT_BYTES = 32 * 1024 * 1024
 PROBE_TIMEOUT_S = 2.0  # after a deployment found the TaskManager unreachable
 MAX_RETRIES = 5  # for calls other than deployments, which fail the task instead
+RETRY_BACKOFF = Backoff(0.4, 0.4 * 2 ** (MAX_RETRIES - 1))  # retry 1 waits 0.4 s, ... retry 5 6.4 s
 _TRANSIENT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED)
 
 DeployFailed = Callable[[str, job_pb2.ExecutionAttemptId, FailureInfo], None]
@@ -167,7 +169,7 @@ class TaskManagerGateway:
                     call.retries += 1
                     log.warning("%s to TaskManager %s failed (%s); retry %d", call.kind, self.task_manager_id,
                                 detail, call.retries)
-                    await asyncio.sleep(0.2 * 2 ** call.retries)
+                    await asyncio.sleep(RETRY_BACKOFF.delay(call.retries - 1))
                     self._queue.appendleft(call)
                 else:
                     log.warning("%s to TaskManager %s failed: %s", call.kind, self.task_manager_id, detail)

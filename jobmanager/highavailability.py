@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
 from funke.common import layout
+from funke.common.backoff import Backoff
 from funke.common.graph.executiongraph import Incarnation, LeaderTransition, SlotId, TaskIo
 from funke.common.graph.jobgraph import JobGraph
 from funke.common.scheduling.scheduler import FinishedSubtask
@@ -48,6 +49,8 @@ _WATCHDOG_S = 0.1
 # A watchdog tick this much later than due: the process was paused (or starved); look again at
 # who leads at once rather than at the next round.
 _GAP_S = 1.0
+# A write that must not be lost, while the store cannot be reached: tried again from 0.1 s to 2 s apart.
+STORE_WRITE_BACKOFF = Backoff(0.1, 2.0)
 
 
 async def _still_leading() -> bool:
@@ -81,7 +84,7 @@ class HaContext:
         """`write`, tried again while the store cannot be reached and this JobManager still
         leads: for the steps that must not be lost (a job's result), as Flink retries its job
         result store. Raises `Fenced` once deposed."""
-        delay = 0.1
+        delays = STORE_WRITE_BACKOFF.delays()
         while True:
             try:
                 return await self.write(method, *args)
@@ -90,10 +93,10 @@ class HaContext:
             except OSError as exc:
                 if not self.leads():
                     raise Fenced(f"epoch {self.epoch} lost leadership while the store was unreachable") from exc
+                delay = next(delays)
                 log.warning("high availability: %s failed (%s); trying again in %.1f s",
                             getattr(method, "__name__", "a write"), exc, delay)
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
 
     async def read(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self.writer, fn, *args)

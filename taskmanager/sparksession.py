@@ -106,7 +106,7 @@ def plan(*, master: str | None, remote: str | None, slots: int, cores: int, user
         # stack in the task's failure, instead of only "Python worker exited unexpectedly".
         "spark.python.worker.faulthandler.enabled": "true",
         # spark.python.task.killTimeout stays at Spark's 2 s: a cancelled funke task's Python
-        # workers end themselves through its cancel marker (operators._cancellable).
+        # workers end themselves through its cancel marker (operators.udf.cancellable).
     }
     local = url.startswith(LOCAL_PREFIX)
     if local:

@@ -3,7 +3,7 @@
 Owns running one `TaskDeployment` (`funke.common.graph.deployment`) to its end, independent of gRPC and
 of the TaskManager's decisions: unpickling the chain's functions, waiting until the TaskManager's
 core hands it its inputs (`give_inputs`, with the producer attempts to read), reading them, running
-the operators (`operators.py`), writing the result partitions, and telling what happened through a
+the operators (`operators/`), writing the result partitions, and telling what happened through a
 callback: INITIALIZING, RUNNING, then exactly one of FINISHED (with the partitions written), FAILED
 (with the failure, the user's own exception first) or CANCELED (it was interrupted). Whether a
 cancelled task that still finished counts as CANCELED is the core's rule, not this module's.
@@ -51,12 +51,13 @@ from funke.common.graph.jobgraph import JobVertex, OperatorSpec, PartitionerKind
 from funke.common.graph.operators import CATALOGUE, OperatorRole
 from funke.common.states import ExecutionState
 from funke.common.streaming.sources import BatchInput
-from funke.taskmanager import operators as operators_module
 from funke.common.graph.streamingjob import CHECKPOINT
 from funke.taskmanager import batchexchange, iometrics
 from funke.taskmanager import streaming
 from funke.taskmanager.receiver import SocketReceiver
-from funke.taskmanager.operators import InputMeter, RuntimeContext, column_ref, union_all
+from funke.taskmanager.operators import udf
+from funke.taskmanager.operators.context import InputMeter, RuntimeContext, column_ref
+from funke.taskmanager.operators.transforms import union_all
 
 __all__ = ["BatchReport", "StreamTask", "Task", "TaskCancelled", "Report", "check_vertex", "failure_of"]
 
@@ -75,10 +76,6 @@ _REINTERRUPT_INTERVAL_S = 0.5
 _SPARK_QUIET_TIMEOUT_S = 15.0
 
 
-_WORKER_TRACEBACK = "Traceback (most recent call last):"
-_OPERATORS_FILE = operators_module.__file__
-
-
 def failure_of(exc: BaseException) -> FailureInfo:
     """A task's failure as the user needs it.
 
@@ -88,26 +85,11 @@ def failure_of(exc: BaseException) -> FailureInfo:
     Spark's wrapper: unwrap it, and drop the frames of funke's operator runtime around the call.
     Anything else keeps its type, message and the TaskManager-side traceback."""
     text = str(exc)
-    if type(exc).__name__ == "PythonException" and _WORKER_TRACEBACK in text:
-        worker = text[text.rindex(_WORKER_TRACEBACK):].rstrip()
-        last = worker.splitlines()[-1]
-        exception_type, _, message = last.partition(": ")
-        if re.fullmatch(r"[A-Za-z_][\w.]*", exception_type):
-            return FailureInfo(exception_type, message, _without_runtime_frames(worker))
+    if type(exc).__name__ == "PythonException":
+        found = udf.user_exception(text)
+        if found is not None:
+            return FailureInfo(*found)
     return FailureInfo(type(exc).__name__, text, traceback.format_exc())
-
-
-def _without_runtime_frames(worker_traceback: str) -> str:
-    kept: list[str] = []
-    skipping = False
-    for line in worker_traceback.splitlines():
-        if line.startswith('  File "'):
-            skipping = line.startswith(f'  File "{_OPERATORS_FILE}"')
-        elif not line.startswith("    "):
-            skipping = False
-        if not skipping:
-            kept.append(line)
-    return "\n".join(kept) + "\n"
 
 
 class TaskCancelled(Exception):
@@ -297,7 +279,7 @@ class Task:
 
     def _mark_cancelled(self) -> None:
         """Creates the attempt's cancel marker: its Python workers end themselves on seeing it
-        (see `operators._cancellable`), long before Spark's own monitor would kill them."""
+        (see `operators.udf.cancellable`), long before Spark's own monitor would kill them."""
         d = self.deployment
         marker = layout.cancel_marker(d.data_dir, d.job_id, d.attempt.vertex_id, d.attempt.subtask_index,
                                       d.attempt.attempt_number)

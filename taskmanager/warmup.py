@@ -31,7 +31,7 @@ import psutil
 import pyarrow as pa
 from pyspark.sql import SparkSession
 
-from funke.taskmanager import operators
+from funke.taskmanager.operators.udf import cancellable
 
 log = logging.getLogger("funke.taskmanager")
 
@@ -144,7 +144,7 @@ class WarmUp:
 
     def _aggregate_and_write(self) -> None:
         df = self._spark.range(0, 1000, 1, 2).selectExpr("id AS value", "id % 7 AS key")
-        mapped = df.mapInArrow(operators._cancellable(_identity, None), df.schema)
+        mapped = df.mapInArrow(cancellable(_identity, None), df.schema)
         mapped.groupBy("key").agg({"value": "sum"}).write.mode("overwrite").parquet(self._path)
 
     def _read(self) -> None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from funke.common.backoff import Backoff
 from funke.common.states import CONNECTION_STATE_TRANSITIONS, ConnectionState, StateMachine
 
 C = ConnectionState
@@ -47,17 +48,6 @@ QUICK_LOSS_S = 1.0
 # How long a JobManager call naming a registration not known yet waits for the registration in
 # progress (the JobManager deploys the moment it registers us: its calls can overtake its answer).
 REGISTRATION_OVERTAKEN_S = 2.0
-
-
-@dataclass(frozen=True, slots=True)
-class Backoff:
-    """Exponential backoff: the wait before retry `n` (0-based) is start * 2**n, at most `cap`."""
-
-    start_s: float = 0.2
-    cap_s: float = 2.0
-
-    def delay(self, retries: int) -> float:
-        return min(self.start_s * 2 ** min(retries, 32), self.cap_s)
 
 
 BACKOFF = Backoff(0.2, 2.0)

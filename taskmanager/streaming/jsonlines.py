@@ -12,7 +12,8 @@ from pyspark.sql import functions as F
 from funke.common.graph.jobgraph import OperatorSpec
 from funke.common.graph.streamingjob import local_path
 from funke.common.streaming.sources.jsonlines import JsonLinesSource
-from funke.taskmanager.operators import RuntimeContext, batch_range, parse_schema
+from funke.taskmanager.operators.context import RuntimeContext, parse_schema
+from funke.taskmanager.operators.sources import batch_range
 
 
 def read(ctx: RuntimeContext, spec: OperatorSpec) -> DataFrame:

@@ -1,4 +1,4 @@
-"""A socket receiver source's TaskManager side beside its reader (`operators.py`'s
+"""A socket receiver source's TaskManager side beside its reader (`operators/sources.py`'s
 source.socket): the receiver that runs beside each of its tasks and stores what it reads as
 blocks in the query's checkpoint (`funke.taskmanager.receiver`)."""
 

@@ -21,6 +21,8 @@ from funke.common.states import (
     StateMachine,
     render_mermaid,
     QUERY_MODE_TRANSITIONS,
+    QUERY_STATE_TRANSITIONS,
+    BATCH_PHASE_TRANSITIONS,
     resolve_report,
 )
 from funke.common.conformance import (
@@ -139,6 +141,19 @@ def test_readme_diagrams_match_the_tables():
     assert render_mermaid(JOB_STATUS_TRANSITIONS) in readme
     assert render_mermaid(EXECUTION_STATE_TRANSITIONS) in readme
     assert render_mermaid(QUERY_MODE_TRANSITIONS) in readme
+    assert render_mermaid(QUERY_STATE_TRANSITIONS) in readme
+    assert render_mermaid(BATCH_PHASE_TRANSITIONS) in readme
+
+
+def test_the_readme_is_what_the_diagram_generator_makes_of_it():
+    # Every table the generator draws has its marked block in the README, and each block is current.
+    from pathlib import Path
+
+    from funke.deploy import docs
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert {"query-state-diagram", "batch-phase-diagram"} <= set(docs.SECTIONS)
+    assert docs.regenerate(readme) == readme
 
 
 # -- property-based: random event sequences --

@@ -9,7 +9,7 @@ import time
 import pyarrow as pa
 
 from funke.common import layout
-from funke.taskmanager import operators
+from funke.taskmanager.operators import udf
 
 
 def slow_identity(batches):
@@ -45,7 +45,7 @@ def _consume(fn, n: int) -> None:
 
 def test_a_worker_kills_itself_once_the_marker_appears(tmp_path):
     marker = tmp_path / "cancelled" / "v-s0-a0"
-    watched = operators._cancellable(slow_identity, str(marker))
+    watched = udf.cancellable(slow_identity, str(marker))
     worker = multiprocessing.get_context("fork").Process(target=_consume, args=(watched, 1000))  # 200 s of work
     worker.start()
     time.sleep(0.5)
@@ -57,7 +57,7 @@ def test_a_worker_kills_itself_once_the_marker_appears(tmp_path):
 
 
 def test_without_a_marker_the_work_ends_normally(tmp_path):
-    watched = operators._cancellable(slow_identity, str(tmp_path / "never"))
+    watched = udf.cancellable(slow_identity, str(tmp_path / "never"))
     worker = multiprocessing.get_context("fork").Process(target=_consume, args=(watched, 3))
     worker.start()
     worker.join(30)
@@ -67,6 +67,6 @@ def test_without_a_marker_the_work_ends_normally(tmp_path):
 def test_the_process_that_planned_the_job_is_never_killed(tmp_path):
     marker = tmp_path / "marker"
     marker.touch()
-    watched = operators._cancellable(slow_identity, str(marker))
+    watched = udf.cancellable(slow_identity, str(marker))
     assert [b.column(0).to_pylist() for b in watched(batches(3))] == [[0], [1], [2]]
-    assert operators._cancellable(slow_identity, None) is slow_identity
+    assert udf.cancellable(slow_identity, None) is slow_identity

@@ -1,4 +1,4 @@
-"""The TaskManager's stream operators on real PySpark (taskmanager/operators.py): in a micro-batch
+"""The TaskManager's stream operators on real PySpark (taskmanager/operators/): in a micro-batch
 a rate source reads exactly its range's rows — the same values and timestamps as the rule in
 common/streaming/sources/, split across subtasks — a stream file source reads the files the
 JobManager resolved for the batch, and a file sink stages the batch inside its target for the
@@ -19,7 +19,8 @@ from funke.common.graph.jobgraph import OperatorSpec, PartitionerKind
 from funke.common.states import ExecutionState
 from funke.common.streaming.sources import BatchInput, RateSource
 from funke.jobmanager import streamsinks
-from funke.taskmanager.operators import OPERATORS, RuntimeContext
+from funke.taskmanager.operators import OPERATORS
+from funke.taskmanager.operators.context import RuntimeContext
 from funke.taskmanager.task import StreamTask
 
 

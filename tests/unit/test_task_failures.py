@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from funke.taskmanager import operators
+from funke.taskmanager.operators import udf
 from funke.taskmanager.task import failure_of
 
 
@@ -12,7 +12,7 @@ class PythonException(Exception):
 
 WORKER = f'''An exception was thrown from the Python worker:
 Traceback (most recent call last):
-  File "{operators.__file__}", line 380, in run
+  File "{udf.__file__}", line 380, in run
     writer.add(fn(value))
                ^^^^^^^^^
   File "/jobs/cursed.py", line 5, in check_record
@@ -26,7 +26,7 @@ def test_a_user_exception_in_a_python_worker_is_unwrapped():
     assert (failure.exception_type, failure.message) == ("ValueError", "record 7 is cursed")
     assert failure.traceback.startswith("Traceback (most recent call last):")
     assert 'File "/jobs/cursed.py", line 5, in check_record' in failure.traceback
-    assert operators.__file__ not in failure.traceback  # funke's runtime frames are dropped
+    assert udf.__file__ not in failure.traceback  # funke's runtime frames are dropped
 
 
 def test_other_exceptions_keep_their_type_message_and_traceback():

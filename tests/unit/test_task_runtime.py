@@ -37,7 +37,8 @@ from funke.common.graph.jobgraph import JobVertex, OperatorSpec, PartitionerKind
 from funke.common.graph.operators import CATALOGUE
 from funke.common.states import ExecutionState
 from funke.taskmanager import streaming
-from funke.taskmanager.operators import OPERATORS, RuntimeContext
+from funke.taskmanager.operators import OPERATORS
+from funke.taskmanager.operators.context import RuntimeContext
 from funke.taskmanager.task import Task
 
 # The functions below are shipped to Python workers; by value, so workers need not import tests.
@@ -442,12 +443,12 @@ def test_python_workers_do_not_need_funke(tmp_path):
     # (a Spark Connect server, a cluster's executors).
     from pyspark import cloudpickle as spark_cloudpickle
 
-    from funke.taskmanager import operators
+    from funke.taskmanager.operators import udf
 
     schema = pa.schema([("n", pa.int64())])
     shipped = tmp_path / "fn.pkl"
     shipped.write_bytes(spark_cloudpickle.dumps(
-        operators._map_batches(cloudpickle.dumps(lambda n: n * 2), schema, "double", flat=False)))
+        udf.map_batches(cloudpickle.dumps(lambda n: n * 2), schema, "double", flat=False)))
     site_packages = [p for p in sys.path if p.endswith("site-packages")]
     probe = (
         f"import sys; sys.path += {site_packages!r}\n"
@@ -463,10 +464,10 @@ def test_python_workers_do_not_need_funke(tmp_path):
 
 
 def test_plain_tuple_results_take_the_fast_path_and_give_what_the_row_by_row_path_gives():
-    from funke.taskmanager.operators import _RowWriter
+    from funke.taskmanager.operators.udf import RowWriter
 
     schema = pa.schema([("n", pa.int64()), ("bucket", pa.int32()), ("name", pa.string())])
-    writer = _RowWriter(schema, "widen")
+    writer = RowWriter(schema, "widen")
     tuples = [(1, 2, "a"), (None, 3, None), (2**40, -1, "ü")]
     fast = writer.batch_of_results(tuples)
     assert fast.schema == schema and fast.to_pylist() == writer.batch([writer.values(r) for r in tuples]).to_pylist()

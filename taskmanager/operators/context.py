@@ -1,0 +1,153 @@
+"""What every operator works with: the subtask it runs in (`RuntimeContext`), what a micro-batch
+reads (`InputMeter`), the signatures of sources, transforms and sinks, and the helpers all three
+share to read an operator's config, name its columns and schemas, and look at files.
+
+Only the DataFrame API is used (no RDD, no SparkContext), so every operator also runs against
+Spark Connect.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from dataclasses import field as dataclass_field
+from typing import Any
+from urllib.parse import urlparse
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import DataType, StructField, StructType
+
+from funke.common import layout
+from funke.common.graph.jobgraph import OperatorSpec
+from funke.common.streaming.sources import BatchInput
+from funke.runtime import datafs
+
+__all__ = ["InputMeter", "RuntimeContext", "Sink", "Source", "Transform", "arrow_schema", "column_ref",
+           "config_options", "config_schema", "config_strings", "config_value", "file_info", "label",
+           "parse_schema", "subtask_share"]
+
+
+@dataclass(slots=True)
+class InputMeter:
+    """What one micro-batch of a task reads: an estimate of the bytes (the rate source's rows
+    weighed, files and partitions by size), which decides how its output is exchanged, and the
+    rows its stream source read: known before running (the rate source's range) or observed
+    while running (files: read only once the batch's work has run every row)."""
+
+    bytes: int = 0
+    rows: int = 0
+    observed: list[Observation] = dataclass_field(default_factory=list)
+
+    def counted_rows(self) -> int:
+        """Blocks until every observation has its count: call once the chain ran every row."""
+        return self.rows + sum(int(o.get["rows"]) for o in self.observed)
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeContext:
+    """What an operator knows about the subtask it runs in (Flink's RuntimeContext)."""
+
+    spark: SparkSession
+    job_id: str
+    vertex_id: str
+    subtask_index: int
+    parallelism: int
+    attempt_number: int
+    data_dir: str
+    # Spark partitions a keyed operator uses inside the task; None: spark.sql.shuffle.partitions.
+    local_partitions: int | None = None
+    # A streaming query's task: the micro-batch it runs now (what its stream sources read, where
+    # its sinks stage); None in a bounded job.
+    batch: BatchInput | None = None
+    # A streaming query's task: what this batch's sources and inputs bring in.
+    meter: InputMeter | None = None
+    # A streaming query's checkpoint location (receivers' blocks are stored in it).
+    checkpoint: str = ""
+
+    @property
+    def cancel_marker(self) -> str | None:
+        return layout.cancel_marker(self.data_dir, self.job_id, self.vertex_id, self.subtask_index,
+                                    self.attempt_number)
+
+
+Source = Callable[[RuntimeContext, OperatorSpec], DataFrame]
+Transform = Callable[[RuntimeContext, OperatorSpec, list[DataFrame]], DataFrame]
+Sink = Callable[[RuntimeContext, OperatorSpec, DataFrame], None]
+
+
+def label(spec: OperatorSpec) -> str:
+    """How errors name the operator."""
+    return f"operator '{spec.display_name}' ({spec.kind})"
+
+
+def config_value(spec: OperatorSpec, key: str) -> Any:
+    try:
+        return spec.config[key]
+    except KeyError:
+        raise ValueError(f"{label(spec)}: missing config {key!r}") from None
+
+
+def config_strings(spec: OperatorSpec, key: str) -> list[str]:
+    value = config_value(spec, key)
+    return [value] if isinstance(value, str) else [str(v) for v in value]
+
+
+def config_options(spec: OperatorSpec, defaults: dict[str, str] | None = None) -> dict[str, Any]:
+    given = spec.config.get("options") or {}
+    if not isinstance(given, dict):
+        raise ValueError(f"{label(spec)}: config 'options' must be an object, got {type(given).__name__}")
+    return {**(defaults or {}), **given}
+
+
+def column_ref(name: str) -> Column:
+    # Backticks: a column named "a.b" is that column, not field b of struct a.
+    return F.col("`" + name.replace("`", "``") + "`")
+
+
+def parse_schema(ddl: str, what: str = "schema") -> StructType:
+    """A DDL string as a StructType; a bare type ("string") becomes one column named "value"."""
+    if not isinstance(ddl, str) or not ddl.strip():
+        raise ValueError(f"{what} must be a non-empty DDL string, got {ddl!r}")
+    parsed = DataType.fromDDL(ddl)
+    if isinstance(parsed, StructType):
+        return parsed
+    return StructType([StructField("value", parsed)])
+
+
+def config_schema(spec: OperatorSpec) -> StructType:
+    return parse_schema(config_value(spec, "schema"), f"{label(spec)}: config 'schema'")
+
+
+def arrow_schema(ctx: RuntimeContext, schema: StructType) -> pa.Schema:
+    # Internal PySpark API, but the only converter that matches what Spark expects back from
+    # mapInArrow (decimal precision, map entry names, large string types when configured).
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    conf = ctx.spark.conf
+    return to_arrow_schema(
+        schema,
+        timezone=conf.get("spark.sql.session.timeZone"),
+        prefers_large_types=conf.get("spark.sql.execution.arrow.useLargeVarTypes") == "true",
+    )
+
+
+def subtask_share(n: int, subtask: int, parallelism: int) -> tuple[int, int]:
+    """The contiguous [lo, hi) of n items that subtask `subtask` of `parallelism` owns."""
+    return subtask * n // parallelism, (subtask + 1) * n // parallelism
+
+
+def file_info(path: str) -> pafs.FileInfo | None:
+    """What pyarrow knows of `path` (None: a filesystem it cannot reach)."""
+    parsed = urlparse(path)
+    if parsed.scheme in ("", "file"):
+        local = parsed.path if parsed.scheme == "file" else path
+        return pafs.LocalFileSystem().get_file_info(os.path.abspath(local))
+    try:
+        fs, inner = datafs.filesystem(path)
+        return fs.get_file_info(inner)
+    except (ValueError, OSError, NotImplementedError):
+        return None

@@ -1,0 +1,168 @@
+"""Sinks: `(ctx, spec, df) -> None`, run the pipeline and stage the output.
+
+File sinks stage the subtask's output beside the target (`layout.sink_staging_dir`); the
+JobManager commits it when the job FINISHED. Mode "error" (the default) fails before running
+anything when the target already holds data; "overwrite" lets the commit replace it. sink.text
+writes one string column as is, several as tab-separated text (null: an empty field). sink.noop
+plans the pipeline but runs nothing.
+
+In a streaming query (`RuntimeContext.batch`) file, collect and redis sinks stage the batch inside
+the target (`layout.stream_sink_staging_dir`) for the JobMaster's commit; print shows the first
+rows of each batch; foreach_batch hands the batch to the user's function.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlparse
+
+import pyarrow.fs as pafs
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import StringType
+
+from funke.common import layout
+from funke.common.graph.jobgraph import OperatorSpec
+from funke.common.graph.operators import SINK_MODES
+from funke.runtime import datafs
+from funke.taskmanager.operators.context import (
+    RuntimeContext,
+    Sink,
+    column_ref,
+    config_options,
+    config_value,
+    file_info,
+    label,
+)
+
+__all__ = ["SINKS"]
+
+PRINT_ROWS_PER_BATCH = 10  # a streaming query's print sink: rows shown per batch (Spark Streaming's print())
+
+
+def _check_target(spec: OperatorSpec, target: str) -> None:
+    """Mode "error": fail before running anything if the target already holds data. Best
+    effort: a filesystem pyarrow cannot reach is left to the commit, which checks again."""
+    info = file_info(target)
+    if info is None or info.type == pafs.FileType.NotFound:
+        return
+    if info.type == pafs.FileType.Directory:
+        parsed = urlparse(target)
+        if parsed.scheme in ("", "file"):
+            local = os.path.abspath(parsed.path if parsed.scheme == "file" else target)
+            with os.scandir(local) as entries:
+                empty = next(entries, None) is None
+        else:
+            fs, inner = datafs.filesystem(target)
+            empty = not fs.get_file_info(pafs.FileSelector(inner, recursive=False))
+        if empty:
+            return
+    raise FileExistsError(
+        f"{label(spec)}: target {target} already exists and is not empty; "
+        "set mode 'overwrite' to replace it, or write somewhere else"
+    )
+
+
+def _file_sink(fmt: str, defaults: dict[str, str] | None = None,
+               prepare: Callable[[DataFrame], DataFrame] | None = None) -> Sink:
+    def write(ctx: RuntimeContext, spec: OperatorSpec, df: DataFrame) -> None:
+        target = str(config_value(spec, "path"))
+        out = prepare(df) if prepare else df
+        writer = out.write.format(fmt).options(**config_options(spec, defaults)).mode("overwrite")
+        if ctx.batch is not None:
+            # A streaming query: the target collects batch after batch; each batch is staged inside
+            # it and committed once by the JobMaster (funke.jobmanager.streamsinks).
+            writer.save(layout.stream_sink_staging_dir(target, ctx.batch.batch_id, ctx.subtask_index,
+                                                       ctx.attempt_number))
+            return
+        mode = str(spec.config.get("mode", "error"))
+        if mode not in SINK_MODES:
+            raise ValueError(f"{label(spec)}: mode {mode!r} is not one of {', '.join(SINK_MODES)}")
+        if mode == "error":
+            _check_target(spec, target)
+        staging = layout.sink_staging_dir(target, ctx.job_id, ctx.subtask_index, ctx.attempt_number)
+        # overwrite: the staging directory belongs to this attempt alone; the target is only
+        # touched by the commit once the job FINISHED.
+        writer.save(staging)
+
+    return write
+
+
+def _as_text(df: DataFrame) -> DataFrame:
+    fields = df.schema.fields
+    if len(fields) == 1 and isinstance(fields[0].dataType, StringType):
+        return df
+    # A null becomes an empty field, so that columns stay aligned (concat_ws would drop it).
+    columns = [F.coalesce(column_ref(f.name).cast("string"), F.lit("")) for f in fields]
+    return df.select(F.concat_ws("\t", *columns).alias("value"))
+
+
+def _collect(ctx: RuntimeContext, spec: OperatorSpec, df: DataFrame) -> None:
+    target = layout.collect_dir(ctx.data_dir, ctx.job_id, ctx.vertex_id)
+    if ctx.batch is not None:  # a streaming query: a memory sink of committed batches
+        staging = layout.stream_sink_staging_dir(target, ctx.batch.batch_id, ctx.subtask_index, ctx.attempt_number)
+    else:
+        staging = layout.sink_staging_dir(target, ctx.job_id, ctx.subtask_index, ctx.attempt_number)
+    df.write.mode("overwrite").parquet(staging)
+
+
+def _print(ctx: RuntimeContext, spec: OperatorSpec, df: DataFrame) -> None:
+    prefix = f"{ctx.subtask_index + 1}> "  # Flink's print sink: "subtask> record"
+    if ctx.batch is not None:
+        # A streaming query: Spark Streaming's print(), per batch and subtask: the batch time and
+        # the first rows.
+        rows = df.take(PRINT_ROWS_PER_BATCH + 1)
+        rule = "-------------------------------------------\n"
+        lines = [rule, f"{prefix}Time: {ctx.batch.batch_time_ms} ms (batch {ctx.batch.batch_id})\n", rule]
+        lines += [f"{prefix}{row}\n" for row in rows[:PRINT_ROWS_PER_BATCH]]
+        lines += [f"{prefix}...\n"] if len(rows) > PRINT_ROWS_PER_BATCH else []
+        sys.stdout.write("".join(lines) + "\n")
+        sys.stdout.flush()
+        return
+    lines = [f"{prefix}{row}\n" for row in df.collect()]
+    sys.stdout.write("".join(lines))
+    sys.stdout.flush()
+
+
+def _redis_sink(ctx: RuntimeContext, spec: OperatorSpec, df: DataFrame) -> None:
+    """Stages the batch's rows; the JobMaster appends them to the stream key in one transaction
+    (funke.jobmanager.redissink)."""
+    if ctx.batch is None:
+        raise ValueError(f"{label(spec)} is a sink of streaming queries: it runs in their micro-batches")
+    target = layout.redis_sink_dir(ctx.data_dir, ctx.job_id, ctx.vertex_id)
+    df.write.mode("overwrite").parquet(layout.stream_sink_staging_dir(target, ctx.batch.batch_id, ctx.subtask_index,
+                                                                      ctx.attempt_number))
+
+
+def _foreach_batch(ctx: RuntimeContext, spec: OperatorSpec, df: DataFrame, fn: Callable[[DataFrame, int], Any]) -> None:
+    """The user's fn(df, batch_id), here on the TaskManager (Structured Streaming's foreachBatch)."""
+    if ctx.batch is None:
+        raise ValueError(f"{label(spec)} is a sink of streaming queries: it runs in their micro-batches")
+    fn(df, ctx.batch.batch_id)
+
+
+def _discard(ctx: RuntimeContext, spec: OperatorSpec, df: DataFrame) -> None:
+    df.write.format("noop").mode("overwrite").save()
+
+
+def _sink_noop(ctx: RuntimeContext, spec: OperatorSpec, df: DataFrame) -> None:
+    # Unlike sink.discard, nothing runs: the pipeline is only planned.
+    return None
+
+
+SINKS: dict[str, Callable[..., None]] = {
+    "sink.parquet": _file_sink("parquet"),
+    "sink.csv": _file_sink("csv", {"header": "true"}),
+    "sink.json": _file_sink("json"),
+    "sink.text": _file_sink("text", prepare=_as_text),
+    "sink.collect": _collect,
+    "sink.print": _print,
+    "sink.redis": _redis_sink,
+    # Called with the user's function as well: (ctx, spec, df, fn).
+    "sink.foreach_batch": _foreach_batch,
+    "sink.discard": _discard,
+    "sink.noop": _sink_noop,
+}

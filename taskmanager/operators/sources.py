@@ -1,0 +1,325 @@
+"""Sources: `(ctx, spec) -> DataFrame`, the subtask's share of the input.
+
+Bounded sources split their input among the subtasks of the vertex: files round robin over the
+sorted file list (every subtask lists and infers the schema of the whole input, so an empty share
+has the same schema), ranges and collections in contiguous chunks. source.csv reads a header by
+default, since sink.csv writes one. Collection rows are JSON, coerced to the schema where JSON has
+no type of its own (int -> double/decimal, ISO strings -> date/timestamp). source.noop only exists
+for chains made of no-op kinds, which the task runs without Spark.
+
+Stream sources run in a streaming query's micro-batches (`RuntimeContext.batch`) and read exactly
+the batch's range: source.rate the rows due, by `RateSource`'s rule; source.stream.* the files
+the JobManager resolved for the range, this subtask's share; source.socket the blocks its
+receiver stored; source.redis the entries between the range's ids. Each adds what it read to the
+batch's `InputMeter`. (source.stream.jsonlines is `funke.taskmanager.streaming.jsonlines`.)
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import decimal
+import json
+import posixpath
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+from pyspark.sql import DataFrame, Observation
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    ArrayType,
+    DataType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    MapType,
+    StructType,
+    TimestampNTZType,
+    TimestampType,
+)
+
+from funke.common.graph.jobgraph import OperatorSpec
+from funke.common.streaming.checkpoint import SourceRange
+from funke.common.streaming.sources import BatchInput, RateSource, RedisStreamsSource, receiver_blocks_dir
+from funke.taskmanager import batchexchange
+from funke.taskmanager.operators.context import (
+    RuntimeContext,
+    Source,
+    config_options,
+    config_schema,
+    config_strings,
+    config_value,
+    file_info,
+    label,
+    parse_schema,
+    subtask_share,
+)
+from funke.taskmanager.operators.transforms import python_map
+
+__all__ = ["SOURCES", "batch_range", "redis_client"]
+
+
+# ---------------------------------------------------------------------------------------------
+# bounded sources: a share of the whole input
+# ---------------------------------------------------------------------------------------------
+
+
+def _is_directory(path: str) -> bool | None:
+    """Whether `path` is a directory, without Hadoop; None when that cannot be told (a glob,
+    a scheme pyarrow does not know such as s3a://)."""
+    if any(c in path for c in "*?[{"):
+        return None
+    info = file_info(path)
+    return None if info is None else info.type == pafs.FileType.Directory
+
+
+def _file_source(fmt: str, defaults: dict[str, str] | None = None) -> Source:
+    def read(ctx: RuntimeContext, spec: OperatorSpec) -> DataFrame:
+        path = str(config_value(spec, "path"))
+        options = config_options(spec, defaults)
+        reader = ctx.spark.read.format(fmt).options(**options)
+        ddl = spec.config.get("schema")
+        if ddl:
+            reader = reader.schema(parse_schema(ddl, f"{label(spec)}: config 'schema'"))
+        # Every subtask lists (and, without a given schema, infers from) the whole input, so that
+        # all of them agree on the files' order and on the schema, even one with no files at all.
+        whole = reader.load(path)
+        schema = whole.schema
+        files = sorted(whole.inputFiles())[ctx.subtask_index::ctx.parallelism]
+        if not files:
+            return ctx.spark.createDataFrame([], schema)
+        share = ctx.spark.read.format(fmt).options(**options).schema(schema)
+        if "basePath" not in options and _is_directory(path):
+            # Reading single files of a partitioned directory keeps its partition columns only
+            # when Spark knows where the table starts.
+            share = share.option("basePath", path)
+        return share.load(files)
+
+    return read
+
+
+def _range(ctx: RuntimeContext, spec: OperatorSpec) -> DataFrame:
+    start = int(spec.config.get("start", 0))
+    end = int(config_value(spec, "end"))
+    step = int(spec.config.get("step", 1))
+    if step == 0:
+        raise ValueError(f"{label(spec)}: step must not be 0")
+    lo, hi = subtask_share(len(range(start, end, step)), ctx.subtask_index, ctx.parallelism)
+    ids = ctx.spark.range(start + lo * step, start + hi * step, step)
+    if not spec.function:
+        return ids
+    # A generating source: fn(id) -> row of config "schema".
+    return python_map(ctx, spec, ids, flat=False)
+
+
+def _coerce(value: Any, dt: DataType) -> Any:
+    """A JSON value as the Python value Spark's type verification accepts for `dt`."""
+    if value is None:
+        return None
+    if isinstance(dt, (FloatType, DoubleType)) and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(dt, DecimalType) and isinstance(value, (int, float, str)):
+        return decimal.Decimal(str(value))
+    if isinstance(dt, DateType) and isinstance(value, str):
+        return _dt.date.fromisoformat(value)
+    if isinstance(dt, (TimestampType, TimestampNTZType)) and isinstance(value, str):
+        return _dt.datetime.fromisoformat(value)
+    if isinstance(dt, ArrayType) and isinstance(value, list):
+        return [_coerce(v, dt.elementType) for v in value]
+    if isinstance(dt, MapType) and isinstance(value, dict):
+        return {k: _coerce(v, dt.valueType) for k, v in value.items()}
+    if isinstance(dt, StructType) and isinstance(value, (dict, list)):
+        return _coerce_row(value, dt)
+    return value
+
+
+def _coerce_row(row: Any, schema: StructType) -> tuple[Any, ...]:
+    if isinstance(row, dict):
+        values = [row.get(f.name) for f in schema.fields]
+    elif isinstance(row, (list, tuple)):
+        if len(row) != len(schema.fields):
+            raise ValueError(f"row {row!r} has {len(row)} value(s), the schema {len(schema.fields)} column(s)")
+        values = list(row)
+    elif len(schema.fields) == 1:  # a bare value for a one-column schema
+        values = [row]
+    else:
+        raise ValueError(f"row {row!r} is neither a list nor an object")
+    return tuple(_coerce(v, f.dataType) for v, f in zip(values, schema.fields))
+
+
+def _collection(ctx: RuntimeContext, spec: OperatorSpec) -> DataFrame:
+    rows = config_value(spec, "rows")
+    if isinstance(rows, str):
+        rows = json.loads(rows)
+    if not isinstance(rows, list):
+        raise ValueError(f"{label(spec)}: config 'rows' must be a JSON list, got {type(rows).__name__}")
+    schema = config_schema(spec)
+    lo, hi = subtask_share(len(rows), ctx.subtask_index, ctx.parallelism)
+    try:
+        share = [_coerce_row(r, schema) for r in rows[lo:hi]]
+    except ValueError as e:
+        raise ValueError(f"{label(spec)}: {e}") from None
+    return ctx.spark.createDataFrame(share, schema)
+
+
+def _source_noop(ctx: RuntimeContext, spec: OperatorSpec) -> DataFrame:
+    raise ValueError(
+        f"{label(spec)} produces no rows; it can only be chained with other no-op kinds "
+        "(noop, sink.noop), which the task runs without Spark"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# stream sources: a share of the micro-batch's range
+# ---------------------------------------------------------------------------------------------
+
+
+def batch_range(ctx: RuntimeContext, spec: OperatorSpec) -> tuple[BatchInput, SourceRange]:
+    if ctx.batch is None:
+        raise ValueError(f"{label(spec)} is a stream source: it runs in a streaming query's micro-batches")
+    source_range = ctx.batch.ranges.get(ctx.vertex_id)
+    if source_range is None:
+        raise ValueError(f"{label(spec)}: batch {ctx.batch.batch_id} names no range for vertex {ctx.vertex_id!r}")
+    return ctx.batch, source_range
+
+
+def _rate(ctx: RuntimeContext, spec: OperatorSpec) -> DataFrame:
+    """Rows `value` (bigint, from 0) and `timestamp` (when the row was due) of this subtask's share
+    of the batch's range: value i goes to subtask i % parallelism (RateSource.rows)."""
+    _, source_range = batch_range(ctx, spec)
+    rate = RateSource(int(config_value(spec, "rows_per_second")), ctx.parallelism)
+    schema = "value bigint, timestamp timestamp"
+    if source_range.end is None or source_range.start == source_range.end:
+        return ctx.spark.createDataFrame([], schema)
+    base = int(source_range.end["baseMs"])
+    begin = int(source_range.start["rows"]) if source_range.start is not None else 0
+    end = int(source_range.end["rows"])
+    first = begin + (ctx.subtask_index - begin) % ctx.parallelism
+    if ctx.meter is not None:
+        rows = len(range(first, end, ctx.parallelism))
+        ctx.meter.rows += rows
+        ctx.meter.bytes += rows * batchexchange.RATE_ROW_BYTES
+    ids_ = ctx.spark.range(first, max(first, end), ctx.parallelism)
+    # One expression string, not a tree of Column calls: each call is a round trip to the JVM,
+    # and this is planned for every batch. The integers are ours (checked above), not the user's.
+    millis = f"{base} + CAST(FLOOR(id * 1000 / {rate.rows_per_second}) AS BIGINT)"
+    return ids_.selectExpr("id AS value", f"timestamp_millis({millis}) AS timestamp")
+
+
+def _socket(ctx: RuntimeContext, spec: OperatorSpec) -> DataFrame:
+    """Lines in column `value`: the blocks of this subtask's receiver that the batch was
+    allocated, read from the checkpoint (the receiver itself runs beside the task:
+    taskmanager/receiver.py)."""
+    batch, _ = batch_range(ctx, spec)
+    if not ctx.checkpoint:
+        raise ValueError(f"{label(spec)}: the task was not told where the query's checkpoint is")
+    prefix = f"{ctx.subtask_index}/"
+    names = [n[len(prefix):] for n in batch.files.get(ctx.vertex_id, ()) if n.startswith(prefix)]
+    schema = "value string"
+    if not names:
+        return ctx.spark.createDataFrame([], schema)
+    directory = receiver_blocks_dir(ctx.checkpoint, ctx.vertex_id, ctx.subtask_index)
+    paths = [posixpath.join(directory, n) for n in names]
+    if ctx.meter is not None:  # a block's records are its lines: counted here, blocks are small
+        ctx.meter.rows += sum(_lines_in(p) for p in paths)
+        ctx.meter.bytes += batchexchange.file_bytes(paths)
+    return ctx.spark.read.schema(schema).text(paths)
+
+
+REDIS_READ_CHUNK = 10_000  # entries an XRANGE call brings
+REDIS_SCHEMA = "stream string, id string, fields map<string,string>, timestamp timestamp"
+
+
+def redis_client(config: dict[str, Any]) -> Any:
+    import redis
+
+    return redis.Redis(host=str(config.get("host", "127.0.0.1")), port=int(config.get("port", 6379)),
+                       db=int(config.get("db", 0)), socket_timeout=30, socket_connect_timeout=10)
+
+
+def _redis_source(ctx: RuntimeContext, spec: OperatorSpec) -> DataFrame:
+    """The entries of the batch's range (per key, after its start id up to its end id), of the
+    keys that are this subtask's (key i goes to subtask i % parallelism): `stream` (the key),
+    `id`, `fields`, `timestamp` (the id's milliseconds)."""
+    _, source_range = batch_range(ctx, spec)
+    keys = tuple(config_strings(spec, "keys"))
+    bounds = RedisStreamsSource(keys).bounds(source_range)
+    mine = [k for i, k in enumerate(keys) if i % ctx.parallelism == ctx.subtask_index]
+    client = redis_client(spec.config)
+    streams, ids_, fields, millis = [], [], [], []
+    try:
+        for key in mine:
+            after, end = bounds.get(key, ("0-0", "0-0"))
+            while after != end:
+                chunk = client.xrange(key, f"({after}", end, count=REDIS_READ_CHUNK)
+                for entry_id, entry in chunk:
+                    entry_id = entry_id.decode()
+                    streams.append(key)
+                    ids_.append(entry_id)
+                    fields.append([(k.decode("utf-8", "replace"), v.decode("utf-8", "replace")) for k, v in entry.items()])
+                    millis.append(int(entry_id.split("-")[0]))
+                if len(chunk) < REDIS_READ_CHUNK:
+                    break
+                after = ids_[-1]
+    finally:
+        client.close()
+    if ctx.meter is not None:
+        ctx.meter.rows += len(ids_)
+        ctx.meter.bytes += sum(len(k) + len(v) for f in fields for k, v in f) + 32 * len(ids_)
+    if not ids_:
+        return ctx.spark.createDataFrame([], REDIS_SCHEMA)
+    table = pa.table({
+        "stream": pa.array(streams, pa.string()), "id": pa.array(ids_, pa.string()),
+        "fields": pa.array(fields, pa.map_(pa.string(), pa.string())),
+        "timestamp": pa.array(millis, pa.timestamp("ms", tz="UTC")),
+    })
+    return ctx.spark.createDataFrame(table, schema=parse_schema(REDIS_SCHEMA, "source.redis"))
+
+
+def _lines_in(path: str) -> int:
+    with open(path, "rb") as f:
+        return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
+
+
+def _stream_file_source(fmt: str, defaults: dict[str, str] | None = None) -> Source:
+    def read(ctx: RuntimeContext, spec: OperatorSpec) -> DataFrame:
+        batch, _ = batch_range(ctx, spec)
+        directory = str(config_value(spec, "path")).rstrip("/")
+        ddl = spec.config.get("schema") or ("value string" if fmt == "text" else None)
+        if ddl is None:
+            raise ValueError(f"{label(spec)}: a stream file source needs a schema")
+        schema = parse_schema(ddl, f"{label(spec)}: config 'schema'")
+        names = batch.files.get(ctx.vertex_id, ())[ctx.subtask_index::ctx.parallelism]
+        if not names:
+            return ctx.spark.createDataFrame([], schema)
+        paths = [f"{directory}/{name}" for name in names]
+        df = ctx.spark.read.format(fmt).options(**config_options(spec, defaults)).schema(schema).load(paths)
+        if ctx.meter is None:
+            return df
+        ctx.meter.bytes += batchexchange.file_bytes(paths)
+        # Counted while the batch's own work reads them, not by a pass of its own.
+        rows = Observation()
+        ctx.meter.observed.append(rows)
+        return df.observe(rows, F.count(F.lit(1)).alias("rows"))
+
+    return read
+
+
+SOURCES: dict[str, Source] = {
+    "source.text": _file_source("text"),
+    "source.parquet": _file_source("parquet"),
+    # header=true: what sink.csv writes, source.csv reads back.
+    "source.csv": _file_source("csv", {"header": "true"}),
+    "source.json": _file_source("json"),
+    "source.range": _range,
+    "source.collection": _collection,
+    "source.noop": _source_noop,
+    "source.rate": _rate,
+    "source.socket": _socket,
+    "source.redis": _redis_source,
+    "source.stream.text": _stream_file_source("text"),
+    "source.stream.csv": _stream_file_source("csv", {"header": "true"}),
+    "source.stream.json": _stream_file_source("json"),
+    "source.stream.parquet": _stream_file_source("parquet"),
+}
