@@ -54,6 +54,7 @@ def build(args: list[str]) -> JobGraph:
         .flat_map(split, schema="word string")
         .map(pair, schema="word string, n int")
         .key_by("word")
+        .per_batch()  # each batch's counts on their own, as reduceByKey per batch
         .reduce(add)
     )
     if opts.output:

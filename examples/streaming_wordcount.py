@@ -54,6 +54,7 @@ def build(args: list[str]) -> JobGraph:
         env.read_stream.text(opts.input, max_files_per_trigger=opts.max_files_per_trigger)
         .flat_map(words, schema="word string")
         .key_by("word")
+        .per_batch()  # each batch's counts on their own (examples/running_wordcount.py: running totals)
         .count()
     )
     if opts.output:

@@ -404,6 +404,8 @@ class Task:
             batch=batch,
             meter=InputMeter() if batch is not None else None,
             checkpoint=d.job_options.get(CHECKPOINT, ""),
+            max_parallelism=d.vertex.effective_max_parallelism,
+            options=d.job_options,
         )
 
     def _run_chain(self, chain: _Chain, ctx: RuntimeContext, gates: tuple[GateSnapshot, ...]
@@ -693,7 +695,11 @@ def _subpartition_of(out: ResultPartitionSpec) -> Column | None:
         keys = list(out.partition_keys)
         if not keys:
             raise ValueError(f"data set {out.data_set_id!r}: HASH partitioning without keys")
-        target = F.pmod(F.hash(*[column_ref(k) for k in keys]), F.lit(n))
+        hashed = F.hash(*[column_ref(k) for k in keys])
+        if out.key_groups >= n:  # into a streaming query's vertex: the subtask owning the key group
+            target = F.floor(F.pmod(hashed, F.lit(out.key_groups)) * F.lit(n) / F.lit(out.key_groups))
+        else:
+            target = F.pmod(hashed, F.lit(n))
     else:
         # REBALANCE, and POINTWISE rescale (one partition split among its consumers): round robin.
         target = F.pmod(F.monotonically_increasing_id(), F.lit(n))

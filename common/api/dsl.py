@@ -53,7 +53,7 @@ from funke.common.graph.jobgraph import (
     RestartStrategyConfig,
 )
 from funke.common.graph.operators import JOIN_TYPES, SINK_MODES
-from funke.common.graph.streamingjob import REDIS, SOCKET
+from funke.common.graph.streamingjob import ALL_OUTPUT_MODES, OUTPUT_MODE, REDIS, SOCKET, STREAM_SOURCE_KINDS
 
 __all__ = [
     "BATCH_SHUFFLE_MODE",
@@ -303,30 +303,74 @@ class DataStream(_OperatorHandle):
 
 class KeyedStream(DataStream):
     """A stream hash-partitioned on key columns (from `key_by`). Keyed operators group by the
-    keys; any other operator applied to a KeyedStream simply receives hash-partitioned input."""
+    keys; any other operator applied to a KeyedStream simply receives hash-partitioned input.
 
-    __slots__ = ("_keys",)
+    Over a stream (a streaming query), `count()` and `aggregate()` are *running*: each key's
+    totals cover every batch so far, kept in keyed state (Flink's keyed sum, Structured
+    Streaming's streaming aggregation), and the query's output mode (`env.set_output_mode`)
+    says what each batch emits. `per_batch()` aggregates each batch on its own instead."""
 
-    def __init__(self, env: ExecutionEnvironment, t: Transformation, keys: tuple[str, ...]) -> None:
+    __slots__ = ("_keys", "_per_batch")
+
+    def __init__(self, env: ExecutionEnvironment, t: Transformation, keys: tuple[str, ...],
+                 per_batch: bool = False) -> None:
         super().__init__(env, t, Exchange(ExchangeKind.HASH, keys))
         self._keys = keys
+        self._per_batch = per_batch
+
+    def per_batch(self) -> KeyedStream:
+        """The same keyed stream whose count/reduce/aggregate cover each micro-batch on its own
+        (Spark Streaming's reduceByKey per batch; funke's streaming aggregates before running
+        totals). In a bounded job there is one batch: the same as without it."""
+        return KeyedStream(self._env, self._t, self._keys, per_batch=True)
 
     def count(self) -> DataStream:
         """One record per key: the key columns and `count` (bigint), like groupBy().count()."""
+        if self._running():
+            return self._one_input("running_aggregate", "Count",
+                                   {"keys": list(self._keys), "aggregations": ["count(1) AS `count`"]})
         return self._one_input("count", "Count", {"keys": list(self._keys)})
 
     def reduce(self, fn: Callable[[Any, Any], Any]) -> DataStream:
         """Folds each key's records pairwise with `fn(a, b)`, which returns one record of the
         same schema (see the module docstring for how records are passed)."""
+        if self._running():
+            raise NotImplementedError(
+                "reduce(fn) over a stream: a running reduce is not available yet; use aggregate(...) for running "
+                "totals, or per_batch().reduce(fn) to reduce each batch on its own")
         return self._one_input("reduce", "Reduce", {"keys": list(self._keys)}, _pickled(fn, "reduce"))
 
     def aggregate(self, *aggregations: str) -> DataStream:
         """SQL aggregate expressions per key: `aggregate("sum(n) as total", "max(n) as top")`;
-        the output has the key columns followed by one column per expression."""
+        the output has the key columns followed by one column per expression. Running totals
+        over a stream take count, sum, min, max and avg (mean)."""
         if not aggregations:
             raise TypeError("aggregate() needs at least one SQL aggregate, e.g. aggregate(\"sum(n) as total\")")
         exprs = [_sql(a, "aggregate() expression") for a in aggregations]
+        if self._running():
+            from funke.common.aggregates import RUNNING_ONLY, parse_call
+
+            bad = [e for e in exprs if parse_call(e) is None]
+            if bad:
+                raise ValueError(f"aggregate() over a stream: {', '.join(repr(b) for b in bad)}: {RUNNING_ONLY}; "
+                                 "per_batch().aggregate(...) takes any SQL aggregate")
+            return self._one_input("running_aggregate", "Aggregate", {"keys": list(self._keys), "aggregations": exprs})
         return self._one_input("aggregate", "Aggregate", {"keys": list(self._keys), "aggregations": exprs})
+
+    def _running(self) -> bool:
+        """Whether this keyed stream's aggregates keep totals across batches: it reads a stream
+        and per_batch() was not asked for."""
+        if self._per_batch:
+            return False
+        stack, seen = [self._t], set()
+        while stack:
+            t = stack.pop()
+            if t.kind in STREAM_SOURCE_KINDS:
+                return True
+            if t.seq not in seen:
+                seen.add(t.seq)
+                stack.extend(i for i, _ in t.inputs)
+        return False
 
 
 class DataStreamSink(_OperatorHandle):
@@ -410,6 +454,15 @@ class ExecutionEnvironment:
         """A Flink-style configuration option, stored as text (booleans as "true"/"false")."""
         self._options[_non_empty_str(key, "option key")] = _option_text(value)
         return self
+
+    def set_output_mode(self, mode: str) -> Self:
+        """What each batch of a streaming query emits (Structured Streaming's output modes):
+        "append" (the default: each row once; queries without running aggregates), "update"
+        (the keys a batch changed, with their new totals) or "complete" (every key's total, every
+        batch). A query with a running count/aggregate must say update or complete."""
+        if not isinstance(mode, str) or mode.strip().lower() not in ALL_OUTPUT_MODES:
+            raise ValueError(f"output mode must be one of {', '.join(ALL_OUTPUT_MODES)}, got {mode!r}")
+        return self.set_option(OUTPUT_MODE, mode.strip().lower())
 
     def disable_operator_chaining(self) -> Self:
         """Every operator becomes its own JobVertex (Flink's pipeline.operator-chaining.enabled)."""

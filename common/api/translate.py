@@ -166,7 +166,7 @@ def _with_combiners(plan: Plan, ordered: list[Transformation],
     the producer, so that the exchange carries one record per key and subtask instead of every
     record (a word count's shuffle shrinks from every word to the distinct words). The count
     behind a combiner sums the partial counts; an aggregate's combiner (`combine`) decides on the
-    TaskManager, once the schema is known, which SQL aggregates split (`funke.common.task.combine`).
+    TaskManager, once the schema is known, which SQL aggregates split (`funke.common.aggregates`).
     Only where the combiner can chain: the producer feeds nothing else and allows chaining.
     Works on copies: the plan is unchanged."""
     enabled = all(plan.options.get(key, "true").strip().lower() != "false" for key in (COMBINERS, OPERATOR_CHAINING))

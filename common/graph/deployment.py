@@ -90,6 +90,10 @@ class ResultPartitionSpec:
     partitioner: PartitionerKind
     partition_keys: tuple[str, ...]
     partition_type: ResultPartitionType
+    # HASH into a streaming query's vertex: route by key group (`funke.common.streaming.state`) over
+    # the consumer's max parallelism, so a keyed operator's subtask gets exactly its groups' keys.
+    # 0: by hash modulo the number of consumers.
+    key_groups: int = 0
 
 
 @dataclass(frozen=True, slots=True)

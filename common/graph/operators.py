@@ -130,9 +130,13 @@ CATALOGUE: dict[str, OperatorKind] = {
         _k("where", T, 1, "condition", keys={"condition": V.SQL}),
         _k("reduce", T, 1, "keys", fn=True, keys={"keys": V.COLUMNS}),
         _k("aggregate", T, 1, "keys", "aggregations", keys={"keys": V.COLUMNS, "aggregations": V.SQL_LIST}),
-        # a keyed aggregate's combiner, before its exchange (funke.common.task.combine)
+        # a keyed aggregate's combiner, before its exchange (funke.common.aggregates)
         _k("combine", T, 1, "keys", "aggregations", keys={"keys": V.COLUMNS, "aggregations": V.SQL_LIST}),
         _k("count", T, 1, "keys", keys={"keys": V.COLUMNS}),
+        # a streaming query's keyed aggregate over every batch so far, its totals in keyed state
+        # (funke.common.streaming.state); emits per the query's output mode
+        _k("running_aggregate", T, 1, "keys", "aggregations",
+           keys={"keys": V.COLUMNS, "aggregations": V.SQL_LIST}),
         _k("join", T, 2, "on", keys={"on": V.COLUMNS, "how": V.JOIN_TYPE}),
         _k("union", T, VARIADIC),
         _k("transform", T, 1, fn=True),

@@ -14,6 +14,11 @@ options:
     streaming.min-batches-to-retain log entries kept (Spark's minBatchesToRetain, 100)
     streaming.backpressure.enabled  receivers take records at the rate batches keep up with
                                     (Spark's spark.streaming.backpressure.enabled, false)
+    streaming.output-mode           what a batch emits (Structured Streaming's output modes):
+                                    append (default; each row once: stateless queries),
+                                    update (the keys a batch changed, with their new totals) or
+                                    complete (every key's total, every batch); a query with a
+                                    running aggregate must say update or complete
 
 Pure: reads the graph, returns values and problems.
 """
@@ -42,7 +47,11 @@ CHECKPOINT = "streaming.checkpoint-location"
 CONCURRENT_JOBS = "streaming.concurrent-jobs"
 RETAIN = "streaming.min-batches-to-retain"
 BACKPRESSURE = "streaming.backpressure.enabled"
-OPTIONS = (TRIGGER, INTERVAL, CHECKPOINT, CONCURRENT_JOBS, RETAIN, BACKPRESSURE)
+OUTPUT_MODE = "streaming.output-mode"
+OPTIONS = (TRIGGER, INTERVAL, CHECKPOINT, CONCURRENT_JOBS, RETAIN, BACKPRESSURE, OUTPUT_MODE)
+ALL_OUTPUT_MODES = ("append", "update", "complete")
+# Operators whose results span batches (keyed state, `funke.common.streaming.state`).
+RUNNING_KINDS = frozenset({"running_aggregate"})
 CHECKPOINTS = "checkpoints"  # under the data directory: default checkpoint locations, by job name
 TRIGGERS = ("processing-time", "available-now", "once")
 DEFAULT_INTERVAL_MS = 1000
@@ -110,6 +119,10 @@ def query_problems(job: JobGraph) -> list[str]:
         if per_batch:
             problems.append(f"vertices {per_batch} end in a sink of streaming queries (foreach_batch, write_redis), "
                             "and this job reads no stream")
+        running = [f"{v.id!r} ({op.kind})" for v in job.vertices for op in v.operators if op.kind in RUNNING_KINDS]
+        if running:
+            problems.append(f"vertices {', '.join(running)} keep state across a streaming query's batches, and this "
+                            "job reads no stream (a bounded job's keyed aggregate is count/reduce/aggregate)")
         return problems
     if job.job_type is not JobType.STREAMING:
         problems.append("a job that reads a stream must be a STREAMING job")
@@ -122,6 +135,52 @@ def query_problems(job: JobGraph) -> list[str]:
         query_settings(job)
     except ValueError as exc:
         problems.append(str(exc))
+    problems += _state_problems(job)
+    return problems
+
+
+def _state_problems(job: JobGraph) -> list[str]:
+    """What keeps the query's running operators (keyed state) from running as they say."""
+    from funke.common import aggregates
+
+    problems: list[str] = []
+    options = job.configuration.options
+    mode = options.get(OUTPUT_MODE, "append").strip().lower()
+    if mode not in ALL_OUTPUT_MODES:
+        problems.append(f"option {OUTPUT_MODE}: expected one of {', '.join(ALL_OUTPUT_MODES)}, "
+                        f"got {options.get(OUTPUT_MODE)!r}")
+    running = [(v, i, op) for v in job.vertices for i, op in enumerate(v.operators) if op.kind in RUNNING_KINDS]
+    if not running:
+        if mode == "complete":
+            problems.append(f"option {OUTPUT_MODE}: complete mode emits every key's total, and this query has "
+                            "no running aggregate (key_by(...).count()/aggregate(...))")
+        return problems
+    for v, i, op in running:
+        subject = f"operator '{op.display_name}' ({op.kind}) of vertex {v.id!r}"
+        if mode not in ("update", "complete"):
+            problems.append(
+                f"{subject} keeps a total per key across batches, so the query must say what a batch emits: "
+                f"set {OUTPUT_MODE} to update (the keys the batch changed) or complete (every key); "
+                "append needs event time and watermarks, which funke does not have yet. For a count of "
+                "each batch on its own, use key_by(...).per_batch().count()")
+        if i != 0:
+            problems.append(f"{subject} must start its vertex's chain, fed by a HASH exchange on its keys")
+            continue
+        keys = op.config.get("keys")
+        keys = [keys] if isinstance(keys, str) else list(keys or [])
+        for e in job.edges:
+            if e.consumer == v.id and (e.partitioner.value != "HASH" or list(e.partition_keys) != keys):
+                problems.append(f"{subject}: its input {e.id!r} must be HASH-partitioned on its keys {keys}, "
+                                f"not {e.partitioner.value} {list(e.partition_keys)}")
+        aggregations = op.config.get("aggregations")
+        aggregations = [aggregations] if isinstance(aggregations, str) else list(aggregations or [])
+        bad = [a for a in aggregations if isinstance(a, str) and aggregates.parse_call(a) is None]
+        if bad:
+            problems.append(f"{subject}: {', '.join(repr(a) for a in bad)}: {aggregates.RUNNING_ONLY}")
+    concurrent = options.get(CONCURRENT_JOBS, "1").strip()
+    if concurrent != "1":
+        problems.append(f"option {CONCURRENT_JOBS}: a query with keyed state runs one batch at a time "
+                        f"(each batch reads the state the one before it committed), got {concurrent!r}")
     return problems
 
 

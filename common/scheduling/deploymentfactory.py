@@ -23,6 +23,7 @@ from funke.common.graph.deployment import (
     available,
     awaiting,
 )
+from funke.common.graph.jobgraph import PartitionerKind
 from funke.common.graph.executiongraph import (
     ConsumedPartitionGroup,
     Execution,
@@ -71,6 +72,8 @@ class TaskDeploymentFactory:
                 partitioner=edge.partitioner,
                 partition_keys=edge.partition_keys,
                 partition_type=edge.result_partition_type,
+                key_groups=(result.consumer.job_vertex.effective_max_parallelism
+                            if self.streaming and edge.partitioner is PartitionerKind.HASH else 0),
             ))
         return TaskDeployment(
             job_id=self.graph.job_id,

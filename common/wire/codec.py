@@ -578,7 +578,7 @@ def _result_partition_from_proto(m: cluster_pb.ResultPartitionDeploymentDescript
         _PARTITION_TYPE.decode(m.partition_type, f"data set {m.data_set_id!r}", "partition_type", problems)
         _raise_if_any(problems)
     return ResultPartitionSpec(m.data_set_id, m.partition_index, m.num_subpartitions, partitioner,  # type: ignore[arg-type]
-                               tuple(m.partition_keys), partition_type)  # type: ignore[arg-type]
+                               tuple(m.partition_keys), partition_type, m.key_groups)  # type: ignore[arg-type]
 
 
 class DeploymentEncoder:
@@ -627,6 +627,7 @@ class DeploymentEncoder:
                 data_set_id=out.data_set_id, partition_index=out.partition_index,
                 num_subpartitions=out.num_subpartitions, partitioner=_PARTITIONER.to_number[out.partitioner],
                 partition_keys=out.partition_keys, partition_type=_PARTITION_TYPE.to_number[out.partition_type],
+                key_groups=out.key_groups,
             )
         return msg
 

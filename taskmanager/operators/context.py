@@ -9,7 +9,7 @@ Spark Connect.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from typing import Any
@@ -65,8 +65,11 @@ class RuntimeContext:
     batch: BatchInput | None = None
     # A streaming query's task: what this batch's sources and inputs bring in.
     meter: InputMeter | None = None
-    # A streaming query's checkpoint location (receivers' blocks are stored in it).
+    # A streaming query's checkpoint location (receivers' blocks and keyed state are stored in it).
     checkpoint: str = ""
+    # The vertex's key groups (its max parallelism) and the job's options.
+    max_parallelism: int = 0
+    options: Mapping[str, str] = dataclass_field(default_factory=dict)
 
     @property
     def cancel_marker(self) -> str | None:

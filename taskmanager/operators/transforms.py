@@ -4,11 +4,13 @@ the vertex's inputs in input order; a chained operator gets one.
 map, flat_map, filter and reduce run the user's Python function per row (`udf`, which tells the
 calling convention); transform calls fn(DataFrame) -> DataFrame once on the driver with the whole
 subtask input; the others are Spark SQL (select, where, aggregate, count, join, union). combine
-is a keyed aggregate's combiner (`funke.common.task.combine`).
+is a keyed aggregate's combiner (`funke.common.aggregates`). running_aggregate keeps its totals
+across a streaming query's batches in the keyed state store (`keyedstate`).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import cloudpickle
@@ -17,7 +19,10 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import DecimalType, StructType
 
 from funke.common.graph.jobgraph import OperatorSpec
-from funke.common.task import combine
+from funke.common.graph.streamingjob import DEFAULT_RETAIN, OUTPUT_MODE, RETAIN
+from funke.common.streaming import state
+from funke.common.streaming.state import OUTPUT_MODES
+from funke.common import aggregates
 from funke.taskmanager.operators.context import (
     RuntimeContext,
     Transform,
@@ -28,6 +33,7 @@ from funke.taskmanager.operators.context import (
     config_value,
     label,
 )
+from funke.taskmanager.operators.keyedstate import MARKER_COLUMN, running_aggregate_batches
 from funke.taskmanager.operators.udf import cancellable, filter_batches, map_batches, reduce_batches
 
 __all__ = ["TRANSFORMS", "python_map", "union_all"]
@@ -103,8 +109,8 @@ def _aggregate(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFrame])
 
 def _finals(schema: StructType) -> list[str]:
     """The final aggregates a combiner left in its partial columns' metadata, in order."""
-    found = {f.metadata[combine.INDEX_KEY]: f.metadata[combine.FINAL_KEY] for f in schema.fields
-             if combine.FINAL_KEY in (f.metadata or {})}
+    found = {f.metadata[aggregates.INDEX_KEY]: f.metadata[aggregates.FINAL_KEY] for f in schema.fields
+             if aggregates.FINAL_KEY in (f.metadata or {})}
     return [found[i] for i in sorted(found)]
 
 
@@ -114,7 +120,7 @@ _COMBINE_PLANS_KEPT = 256
 
 
 def _combine(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFrame]) -> DataFrame:
-    """A keyed aggregate's combiner (`funke.common.task.combine`): per key, the partial aggregates, each
+    """A keyed aggregate's combiner (`funke.common.aggregates`): per key, the partial aggregates, each
     column carrying in its metadata how the aggregate after the exchange merges it. When an
     aggregation does not split, the rows pass unchanged and that aggregate does all the work."""
     df = _single(spec, inputs)
@@ -132,7 +138,7 @@ def _combine(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFrame]) -
 
 
 def _combine_plan(df: DataFrame, keys: list[str], aggregations: list[str]) -> list[tuple[str, str, dict]] | None:
-    calls = [combine.parse_call(a) for a in aggregations]
+    calls = [aggregates.parse_call(a) for a in aggregations]
     if any(c is None for c in calls):
         return None
     # The names and types the whole aggregate has (analysis only: no Spark job runs).
@@ -143,15 +149,65 @@ def _combine_plan(df: DataFrame, keys: list[str], aggregations: list[str]) -> li
         assert call is not None
         if call.function == "avg" and isinstance(field_.dataType, DecimalType):
             return None  # Spark averages decimals at a precision of their own
-        final = combine.final(call, i, field_.name, field_.dataType.simpleString())
-        for j, (name, expr) in enumerate(combine.partials(call, i)):
-            meta = {combine.FINAL_KEY: final, combine.INDEX_KEY: i} if j == 0 else {}
+        final = aggregates.final(call, i, field_.name, field_.dataType.simpleString())
+        for j, (name, expr) in enumerate(aggregates.partials(call, i)):
+            meta = {aggregates.FINAL_KEY: final, aggregates.INDEX_KEY: i} if j == 0 else {}
             plan.append((name, expr, meta))
     return plan
 
 
 def _count(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFrame]) -> DataFrame:
     return _single(spec, inputs).groupBy(*[column_ref(k) for k in config_strings(spec, "keys")]).count()
+
+
+def _running_aggregate(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFrame]) -> DataFrame:
+    """A keyed aggregate over every batch so far (`funke.common.streaming.state`): Spark computes
+    the batch's partial aggregates per key, the state store in the Python workers merges them
+    into the totals of the key's group, and the batch emits per the query's output mode."""
+    df = _single(spec, inputs)
+    keys, aggregations = config_strings(spec, "keys"), config_strings(spec, "aggregations")
+    if ctx.batch is None or not ctx.checkpoint:
+        raise ValueError(f"{label(spec)}: a running aggregate runs in a streaming query, with its checkpoint")
+    mode = ctx.options.get(OUTPUT_MODE, "").strip().lower()
+    if mode not in OUTPUT_MODES:
+        raise ValueError(f"{label(spec)}: the query's output mode ({OUTPUT_MODE}) is {mode!r}, "
+                         f"expected one of {', '.join(OUTPUT_MODES)}")
+    calls = [aggregates.parse_call(a) for a in aggregations]
+    if any(c is None for c in calls):
+        raise ValueError(f"{label(spec)}: {aggregates.RUNNING_ONLY}")
+    # The names and types the totals have: those of the same aggregate over one batch.
+    whole = df.groupBy(*[column_ref(k) for k in keys]).agg(*[F.expr(a) for a in aggregations]).schema
+    partial_columns: list[tuple[str, str]] = []
+    merged: list[tuple[str, tuple[str, ...]]] = []  # per call: its function and partial columns
+    for i, (call, field_) in enumerate(zip(calls, whole.fields[len(keys):])):
+        assert call is not None
+        if call.function == "avg" and isinstance(field_.dataType, DecimalType):
+            raise ValueError(f"{label(spec)}: a running avg() of a decimal column is not supported; "
+                             f"cast it to double")
+        parts = aggregates.partials(call, i)
+        partial_columns += parts
+        merged.append((call.function, tuple(name for name, _ in parts)))
+    key_groups = ctx.max_parallelism
+    owned = state.key_group_range(key_groups, ctx.parallelism, ctx.subtask_index)
+    group_of = F.pmod(F.hash(*[column_ref(k) for k in keys]), F.lit(key_groups)).cast("int")
+    partial = (df.groupBy(*[column_ref(k) for k in keys])
+               .agg(*[F.expr(expr).alias(name) for name, expr in partial_columns])
+               .withColumn(state.KEY_GROUP_COLUMN, group_of)
+               .withColumn(MARKER_COLUMN, F.lit(False)))
+    # One marker row per owned group, so each writes its version even without rows this batch.
+    markers = ctx.spark.range(owned.start, owned.stop).select(
+        *[F.lit(None).cast(f.dataType).alias(f.name) for f in partial.schema.fields[:-2]],
+        F.col("id").cast("int").alias(state.KEY_GROUP_COLUMN), F.lit(True).alias(MARKER_COLUMN))
+    both = partial.unionByName(markers).repartition(min(_local_partitions(ctx), len(owned)),
+                                                     column_ref(state.KEY_GROUP_COLUMN))
+    state_schema = arrow_schema(ctx, StructType(partial.schema.fields[:-2]))
+    out_schema = arrow_schema(ctx, whole)
+    root = os.path.join(ctx.checkpoint, "state", ctx.vertex_id, "op-0")
+    retain = int(ctx.options.get(RETAIN, "") or DEFAULT_RETAIN)
+    assert ctx.batch is not None
+    fn = running_aggregate_batches(root, keys, merged, ctx.batch.batch_id, mode, retain,
+                                              state_schema, out_schema)
+    return both.mapInArrow(cancellable(fn, ctx.cancel_marker), whole)
 
 
 def _join(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFrame]) -> DataFrame:
@@ -200,6 +256,7 @@ TRANSFORMS: dict[str, Transform] = {
     "aggregate": _aggregate,
     "combine": _combine,
     "count": _count,
+    "running_aggregate": _running_aggregate,
     "join": _join,
     "union": _union,
     "transform": _transform,

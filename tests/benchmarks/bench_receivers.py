@@ -130,7 +130,7 @@ def build(query: str, port: int, checkpoint: Path, out: Path):
         lines.discard()
     else:
         (lines.flat_map(split, schema="word string").map(pair, schema="word string, n int")
-            .key_by("word").reduce(add).write_parquet(str(out)))
+            .key_by("word").per_batch().reduce(add).write_parquet(str(out)))
     env.set_trigger("1 s").set_checkpoint_location(str(checkpoint))
     return env.build()
 

@@ -7,7 +7,7 @@ per-batch aggregate by bucket (count, sum) -> Parquet.
   funke:      a local cluster of one TaskManager with --cores slots (Spark local[cores]), at each
               --parallelism (default 1 and --cores: one subtask per vertex, whose Spark work
               spreads over the TaskManager's cores, and one per slot);
-              `map` then `key_by("bucket").aggregate(...)`, `write_parquet`;
+              `map` then `key_by("bucket").per_batch().aggregate(...)`, `write_parquet`;
   Structured: one process, local[cores], `readStream.format("rate")` -> `mapInArrow` with the
               same function -> `foreachBatch` that aggregates the batch and appends Parquet
               (Structured Streaming's way to aggregate per batch).
@@ -105,7 +105,7 @@ def funke_job(rate: int, interval_ms: int, out: Path, checkpoint: Path, parallel
     (env.read_stream.rate(rate)
         .select("value")
         .map(bucketed, schema="value bigint, bucket int, doubled bigint")
-        .key_by("bucket").aggregate("count(1) as n", "sum(doubled) as total")
+        .key_by("bucket").per_batch().aggregate("count(1) as n", "sum(doubled) as total")
         .write_parquet(str(out)))
     env.set_trigger(f"{interval_ms} ms").set_checkpoint_location(str(checkpoint))
     return env.build()

@@ -170,7 +170,7 @@ def test_a_streaming_word_count_counts_each_batch_exactly_as_its_files(stream_cl
     env = ExecutionEnvironment("streaming word count", parallelism=2)
     (env.read_stream.text(str(incoming), max_files_per_trigger=2)
         .flat_map(words, schema="word string")
-        .key_by("word").count()
+        .key_by("word").per_batch().count()
         .write_csv(str(out)))
     env.set_trigger("300 ms").set_checkpoint_location(str(checkpoint))
     client = stream_cluster.client

@@ -1,4 +1,4 @@
-"""A keyed SQL aggregate split into a combiner and a final aggregate (common/task/combine.py and the
+"""A keyed SQL aggregate split into a combiner and a final aggregate (common/aggregates.py and the
 TaskManager's `combine` / `aggregate` operators): which calls split, and — on real PySpark — that
 combining per producer then merging after the exchange gives exactly the rows, names and types
 the aggregate alone gives."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 from pyspark.sql import functions as F
 
-from funke.common.task import combine
-from funke.common.task.combine import AggregateCall, parse_call
+from funke.common import aggregates
+from funke.common.aggregates import AggregateCall, parse_call
 from funke.common.graph.jobgraph import OperatorSpec
 from funke.taskmanager.operators import OPERATORS
 from tests.unit.test_task_runtime import ctx, spark  # noqa: F401  (fixtures)
@@ -37,11 +37,11 @@ def test_calls_that_do_not_split(text):
 
 
 def test_a_final_aggregate_merges_the_partials_into_the_whole_aggregates_name_and_type():
-    assert combine.final(AggregateCall("count", "*", None), 0, "count(1)", "bigint") == \
+    assert aggregates.final(AggregateCall("count", "*", None), 0, "count(1)", "bigint") == \
         "CAST(sum(`__funke_partial_0`) AS bigint) AS `count(1)`"
-    assert combine.final(AggregateCall("avg", "x", "m"), 2, "m", "double") == \
+    assert aggregates.final(AggregateCall("avg", "x", "m"), 2, "m", "double") == \
         "CAST(sum(`__funke_partial_2_sum`) / sum(`__funke_partial_2_count`) AS double) AS `m`"
-    assert combine.partials(AggregateCall("avg", "x", "m"), 2) == [
+    assert aggregates.partials(AggregateCall("avg", "x", "m"), 2) == [
         ("__funke_partial_2_sum", "sum(CAST((x) AS DOUBLE))"), ("__funke_partial_2_count", "count(x)")]
 
 
@@ -68,7 +68,7 @@ def test_combining_each_producers_rows_then_merging_equals_aggregating_them_all(
     # two producers, each combining its share; the exchange unions them
     halves = [df.where(F.col("amount") % 2 == 0), df.where((F.col("amount") % 2 != 0) | F.col("amount").isNull())]
     combined = [OPERATORS["combine"](ctx, combine_spec, [h]) for h in halves]
-    assert all(c.columns[1].startswith(combine.PARTIAL_PREFIX) for c in combined)  # it did combine
+    assert all(c.columns[1].startswith(aggregates.PARTIAL_PREFIX) for c in combined)  # it did combine
     merged = OPERATORS["aggregate"](ctx, spec, [combined[0].unionByName(combined[1])])
     assert merged.schema.simpleString() == whole.schema.simpleString()
     assert merged.columns == whole.columns

@@ -29,7 +29,7 @@ from funke.jobmanager.dispatcher import Dispatcher, DispatcherError
 def word_counts(tmp_path, env: ExecutionEnvironment):
     return (env.read_stream.text(str(tmp_path / "incoming"), max_files_per_trigger=5)
             .flat_map(lambda row: [(w,) for w in row.value.split()], schema="word string")
-            .key_by("word").count()
+            .key_by("word").per_batch().count()
             .write_csv(str(tmp_path / "counts")))
 
 
@@ -161,7 +161,7 @@ def test_the_jobmanager_runs_a_streaming_query_on_long_lived_tasks_restarted_tog
 def test_a_socket_source_is_a_receiver_in_slots_of_its_own_and_its_settings_are_checked():
     env = ExecutionEnvironment("socket", parallelism=3)
     (env.read_stream.socket_text("localhost", 9999, receivers=2, block_interval="100 ms", max_rate=500)
-        .flat_map(lambda line: line.split(), schema="word string").key_by("word").count().print())
+        .flat_map(lambda line: line.split(), schema="word string").key_by("word").per_batch().count().print())
     job = env.build()
     (receiver,) = stream_sources(job)
     assert receiver.parallelism == 2 and receiver.slot_sharing_group == "receivers"

@@ -144,20 +144,22 @@ class InputGateDeploymentDescriptor(_message.Message):
     def __init__(self, input_index: _Optional[int] = ..., data_set_id: _Optional[str] = ..., partition_start: _Optional[int] = ..., partition_end: _Optional[int] = ..., subpartition: _Optional[int] = ..., producer_attempts: _Optional[_Iterable[int]] = ..., uniform_attempt: _Optional[int] = ..., schema: _Optional[str] = ...) -> None: ...
 
 class ResultPartitionDeploymentDescriptor(_message.Message):
-    __slots__ = ("data_set_id", "partition_index", "num_subpartitions", "partitioner", "partition_keys", "partition_type")
+    __slots__ = ("data_set_id", "partition_index", "num_subpartitions", "partitioner", "partition_keys", "partition_type", "key_groups")
     DATA_SET_ID_FIELD_NUMBER: _ClassVar[int]
     PARTITION_INDEX_FIELD_NUMBER: _ClassVar[int]
     NUM_SUBPARTITIONS_FIELD_NUMBER: _ClassVar[int]
     PARTITIONER_FIELD_NUMBER: _ClassVar[int]
     PARTITION_KEYS_FIELD_NUMBER: _ClassVar[int]
     PARTITION_TYPE_FIELD_NUMBER: _ClassVar[int]
+    KEY_GROUPS_FIELD_NUMBER: _ClassVar[int]
     data_set_id: str
     partition_index: int
     num_subpartitions: int
     partitioner: _jobgraph_pb2.Partitioner
     partition_keys: _containers.RepeatedScalarFieldContainer[str]
     partition_type: _jobgraph_pb2.ResultPartitionType
-    def __init__(self, data_set_id: _Optional[str] = ..., partition_index: _Optional[int] = ..., num_subpartitions: _Optional[int] = ..., partitioner: _Optional[_Union[_jobgraph_pb2.Partitioner, str]] = ..., partition_keys: _Optional[_Iterable[str]] = ..., partition_type: _Optional[_Union[_jobgraph_pb2.ResultPartitionType, str]] = ...) -> None: ...
+    key_groups: int
+    def __init__(self, data_set_id: _Optional[str] = ..., partition_index: _Optional[int] = ..., num_subpartitions: _Optional[int] = ..., partitioner: _Optional[_Union[_jobgraph_pb2.Partitioner, str]] = ..., partition_keys: _Optional[_Iterable[str]] = ..., partition_type: _Optional[_Union[_jobgraph_pb2.ResultPartitionType, str]] = ..., key_groups: _Optional[int] = ...) -> None: ...
 
 class TaskDeploymentDescriptor(_message.Message):
     __slots__ = ("job_id", "job_name", "attempt", "task_name", "parallelism", "slot_index", "vertex", "inputs", "outputs", "data_dir", "job_options", "artifacts", "stimulus_id", "streaming")

@@ -6,7 +6,9 @@ Owns the rules, as text: which aggregate calls split (`count`, `sum`, `min`, `ma
 without DISTINCT) and what each becomes on either side. The TaskManager's `combine` operator
 applies them once it knows the input's schema (the output names and types the aggregate would
 have are Spark's to say); a call that does not split keeps the whole aggregate after the
-exchange, as if there were no combiner.
+exchange, as if there were no combiner. A streaming query's running aggregate keeps the same
+partials as its state across batches (`funke.common.streaming.state`), so it takes only calls that
+split.
 
 Pure: strings in, strings out.
 """
@@ -24,6 +26,9 @@ INDEX_KEY = "funke.final.index"
 
 _CALL = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*\(", re.S)
 _ALIAS = re.compile(r"\s*(?:[Aa][Ss]\s+)?(`(?:[^`]|``)+`|[A-Za-z_][A-Za-z0-9_]*)\s*", re.S)
+# What a running aggregate of a streaming query accepts (its state holds the partial aggregates).
+RUNNING_ONLY = ("a running aggregate takes count, sum, min, max and avg (or mean) calls, one per expression, "
+                "each optionally with an alias (\"sum(n) AS total\"); not DISTINCT, nor arithmetic around a call")
 _SPLITTING = {"count": "count", "sum": "sum", "min": "min", "max": "max", "avg": "avg", "mean": "avg"}
 
 

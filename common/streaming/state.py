@@ -1,0 +1,125 @@
+"""Keyed state of a streaming query: key groups, output modes, and the versioned state store's
+files (which to read for a version, which a new version makes obsolete).
+
+Key groups (Flink's): a keyed operator's state is split into `max_parallelism` key groups; a
+key's group is `pmod(hash(keys), max_parallelism)` with Spark's `hash` (Murmur3, the same on
+every host), and subtask i of n owns the contiguous range of groups whose `group * n //
+max_parallelism` is i. The exchange into a keyed operator routes rows the same way, so a
+subtask receives exactly the keys of its groups, and a query restored at another parallelism
+finds each group's state whole. The max parallelism is fixed once a query has state.
+
+The store (one directory per key group under `<checkpoint>/state/<vertex>/<operator>/`): batch b
+reads version b (the state after batches 0..b-1) and writes version b+1 as a *delta* file (the
+keys it changed), every group the subtask owns, even unchanged ones, so that a batch run again
+after a failure rewrites every file its first attempt may have left. Every `SNAPSHOT_EVERY`
+versions a *snapshot* (the group's whole state) is written too, so loading a version reads one
+snapshot and at most SNAPSHOT_EVERY - 1 deltas; versions older than the query's
+min-batches-to-retain are deleted once a newer snapshot covers them. Nothing reads version b+1
+before batch b is committed, so what a failed batch wrote is never seen.
+
+Pure: names and numbers in, names and numbers out. This module is also pickled by value into
+Spark's Python workers (`funke.taskmanager.operators.keyedstate`), so it imports nothing of funke.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+__all__ = ["DELTA", "KEY_GROUP_COLUMN", "OUTPUT_MODES", "SNAPSHOT", "SNAPSHOT_EVERY", "MissingState", "LoadPlan",
+           "files_to_delete", "group_dir_name", "key_group_range", "load_plan", "parse_file_name", "state_file_name",
+           "subtask_of_key_group"]
+
+# Structured Streaming's output modes. `append` (each result row emitted once, final) needs to
+# know when a key's result can no longer change: event time and watermarks, not yet here.
+OUTPUT_MODES = ("update", "complete")
+KEY_GROUP_COLUMN = "__funke_key_group"
+SNAPSHOT_EVERY = 10  # Spark's spark.sql.streaming.stateStore.minDeltasForSnapshot
+DELTA = "delta"
+SNAPSHOT = "snapshot"
+_FILE = re.compile(r"^(\d{1,18})\.(delta|snapshot)$")
+
+
+def key_group_range(max_parallelism: int, parallelism: int, subtask: int) -> range:
+    """The key groups subtask `subtask` of `parallelism` owns (Flink's range assignment)."""
+    if not 1 <= parallelism <= max_parallelism or not 0 <= subtask < parallelism:
+        raise ValueError(f"subtask {subtask} of {parallelism} with {max_parallelism} key groups")
+    return range(-(-subtask * max_parallelism // parallelism), -(-(subtask + 1) * max_parallelism // parallelism))
+
+
+def subtask_of_key_group(key_group: int, max_parallelism: int, parallelism: int) -> int:
+    """The subtask that owns `key_group` (the inverse of key_group_range)."""
+    return key_group * parallelism // max_parallelism
+
+
+def group_dir_name(key_group: int) -> str:
+    return f"kg-{key_group:05d}"
+
+
+def state_file_name(version: int, kind: str) -> str:
+    return f"{version}.{kind}"
+
+
+def parse_file_name(name: str) -> tuple[int, str] | None:
+    """(version, DELTA or SNAPSHOT) of a store file's name; None for anything else (a
+    temporary file of a write in progress, say)."""
+    m = _FILE.match(name)
+    return (int(m.group(1)), m.group(2)) if m else None
+
+
+class MissingState(Exception):
+    """A version cannot be loaded from the files there are (a file was deleted by hand, or
+    retention removed what an old checkpoint needs)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LoadPlan:
+    """How to build a version: start from `snapshot` (None: empty), apply `deltas` in order."""
+    snapshot: int | None
+    deltas: tuple[int, ...]
+
+
+def load_plan(names: list[str], version: int) -> LoadPlan:
+    """Which of a key group's files make `version`. A group with no files at all is empty (its
+    operator had no state yet); otherwise every delta after the snapshot used must be there."""
+    if version < 0:
+        raise ValueError(f"state version {version} is negative")
+    deltas: set[int] = set()
+    snapshots: set[int] = set()
+    for name in names:
+        parsed = parse_file_name(name)
+        if parsed is not None:
+            (deltas if parsed[1] == DELTA else snapshots).add(parsed[0])
+    if version == 0 or not (deltas or snapshots):
+        return LoadPlan(None, ())
+    base = max((s for s in snapshots if s <= version), default=None)
+    if base is None:
+        # No snapshot yet: the deltas from the first one the group has (a query whose operator
+        # started later than its first batch begins there, empty).
+        first = min(deltas)
+        if first > version:
+            raise MissingState(f"version {version} is older than the oldest state kept (version {first})")
+        start = first
+    else:
+        start = base + 1
+    needed = tuple(range(start, version + 1))
+    missing = [v for v in needed if v not in deltas]
+    if missing:
+        raise MissingState(f"version {version} needs the changes of version(s) {_span(missing)}, which are gone")
+    return LoadPlan(base, needed)
+
+
+def files_to_delete(names: list[str], version: int, retain: int) -> list[str]:
+    """The files no longer needed once `version` is written, keeping every version from
+    `version - retain + 1` on loadable: everything older than the newest snapshot at or
+    before that version."""
+    oldest_kept = version - retain + 1
+    snapshots = [p[0] for n in names if (p := parse_file_name(n)) is not None and p[1] == SNAPSHOT]
+    floor = max((s for s in snapshots if s <= oldest_kept), default=None)
+    if floor is None:
+        return []
+    return sorted(n for n in names if (p := parse_file_name(n)) is not None and p[0] < floor)
+
+
+def _span(versions: list[int]) -> str:
+    return str(versions[0]) if len(versions) == 1 else f"{versions[0]}..{versions[-1]}"

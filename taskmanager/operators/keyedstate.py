@@ -1,0 +1,225 @@
+"""Keyed state where the rows are: the state store's reads and writes inside Spark's Python
+workers, and the running aggregate that uses them (`funke.common.streaming.state` has the rules).
+
+A running aggregate's batch reaches `running_aggregate_batches` as one row per key with the
+batch's partial aggregates (Spark computed them: count, sum, min, max, and avg as sum and
+count), the key's group in KEY_GROUP_COLUMN, plus one marker row for every group the subtask
+owns, so that every owned group writes its version even when the batch has no row of it. Per
+group, the function loads the state at the batch's version, merges, writes the next version,
+and emits the changed keys (update mode) or every key (complete mode) with their totals.
+
+Each Python worker keeps the groups it loaded, by version (`_loaded`): Spark reuses its workers
+(spark.python.worker.reuse), so a group is read from disk again only when the worker is new, or
+when what it holds is not the version asked for (a batch re-run after a failure asks for an older
+one). A version's in-memory state changes only after its files are written.
+
+Pickled by value into the workers, like `udf.py`, together with the pure rules module: a worker
+needs pyarrow and cloudpickle, not funke.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+from pyspark import cloudpickle as _spark_cloudpickle
+
+from funke.common.streaming import state as _rules
+from funke.common.streaming.state import (
+    DELTA,
+    KEY_GROUP_COLUMN,
+    SNAPSHOT,
+    SNAPSHOT_EVERY,
+    files_to_delete,
+    group_dir_name,
+    load_plan,
+    state_file_name,
+)
+from funke.taskmanager.operators.udf import ROWS_PER_BATCH
+
+_spark_cloudpickle.register_pickle_by_value(sys.modules[__name__])
+_spark_cloudpickle.register_pickle_by_value(_rules)
+
+__all__ = ["MARKER_COLUMN", "AggregateSpec", "running_aggregate_batches"]
+
+MARKER_COLUMN = "__funke_group_marker"
+_CACHE_MODULE = "_funke_keyed_state"  # where a worker keeps its loaded groups across tasks
+
+# One aggregate of a running aggregate: (function, its partial columns). function is one of
+# count, sum, min, max, avg (avg has two partial columns: the sum as a double, and the count).
+AggregateSpec = tuple[str, tuple[str, ...]]
+
+
+class Group:
+    """One key group's state at one version: frozen key -> (key values, partial values)."""
+
+    __slots__ = ("version", "rows", "stamp")
+
+    def __init__(self, version: int, rows: dict[Any, tuple[list, list]], stamp: tuple[int, int] | None):
+        self.version = version
+        self.rows = rows
+        self.stamp = stamp  # (inode, mtime) of the file that made this version: a wiped store is seen
+
+
+def _loaded() -> dict[tuple[str, int], Group]:
+    holder = sys.modules.get(_CACHE_MODULE)
+    if holder is None:
+        holder = types.ModuleType(_CACHE_MODULE)
+        holder.groups = {}  # type: ignore[attr-defined]
+        sys.modules[_CACHE_MODULE] = holder
+    return holder.groups  # type: ignore[attr-defined,no-any-return]
+
+
+def _freeze(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(_freeze(v) for v in value)
+    if isinstance(value, dict):
+        return tuple((k, _freeze(v)) for k, v in value.items())
+    return value
+
+
+def _stamp(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_mtime_ns
+
+
+def _read_rows(path: str, n_keys: int, into: dict[Any, tuple[list, list]]) -> None:
+    with pa.memory_map(path) as source:
+        table = ipc.open_file(source).read_all()
+    columns = [c.to_pylist() for c in table.columns]
+    for row in zip(*columns):
+        key = list(row[:n_keys])
+        into[_freeze(tuple(key))] = (key, list(row[n_keys:]))
+
+
+def _write_rows(path: str, schema: pa.Schema, rows: list[tuple[list, list]]) -> None:
+    columns: list[list] = [[] for _ in schema]
+    for key, values in rows:
+        for column, v in zip(columns, key + values):
+            column.append(v)
+    table = pa.Table.from_arrays([pa.array(c, type=f.type) for c, f in zip(columns, schema)], schema=schema)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with pa.OSFile(tmp, "wb") as sink, ipc.new_file(sink, schema) as writer:
+        writer.write_table(table)
+    os.replace(tmp, path)
+
+
+def load_group(root: str, key_group: int, version: int, n_keys: int) -> Group:
+    """The group's state at `version`, from this worker's memory when it holds exactly that
+    version of this store, else from the files (MissingState when they cannot make it)."""
+    directory = os.path.join(root, group_dir_name(key_group))
+    held = _loaded().get((root, key_group))
+    if held is not None and held.version == version:
+        if version == 0 or held.stamp == _stamp(os.path.join(directory, state_file_name(version, DELTA))):
+            return held
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        names = []
+    plan = load_plan(names, version)
+    rows: dict[Any, tuple[list, list]] = {}
+    if plan.snapshot is not None:
+        _read_rows(os.path.join(directory, state_file_name(plan.snapshot, SNAPSHOT)), n_keys, rows)
+    for v in plan.deltas:
+        _read_rows(os.path.join(directory, state_file_name(v, DELTA)), n_keys, rows)
+    stamp = _stamp(os.path.join(directory, state_file_name(version, DELTA))) if version else None
+    return Group(version, rows, stamp)
+
+
+def commit_group(root: str, key_group: int, group: Group, changes: dict[Any, tuple[list, list]],
+                 schema: pa.Schema, retain: int) -> Group:
+    """Writes version group.version + 1 (the changes, and every SNAPSHOT_EVERY versions the
+    whole state), deletes what retention no longer needs, and only then makes the new version
+    this worker's."""
+    directory = os.path.join(root, group_dir_name(key_group))
+    os.makedirs(directory, exist_ok=True)
+    version = group.version + 1
+    delta_path = os.path.join(directory, state_file_name(version, DELTA))
+    _write_rows(delta_path, schema, list(changes.values()))
+    rows = group.rows
+    rows.update(changes)  # the old version's dict is not kept: it is this worker's only copy
+    if version % SNAPSHOT_EVERY == 0:
+        _write_rows(os.path.join(directory, state_file_name(version, SNAPSHOT)), schema, list(rows.values()))
+        for name in files_to_delete(os.listdir(directory), version, retain):
+            try:
+                os.remove(os.path.join(directory, name))
+            except FileNotFoundError:
+                pass
+    new = Group(version, rows, _stamp(delta_path))
+    _loaded()[(root, key_group)] = new
+    return new
+
+
+def _merge(function: str, old: list, new: list) -> list:
+    """Two partial aggregates of one key as one (SQL: nulls are ignored; a count is never null)."""
+    if function in ("count", "sum", "avg"):
+        return [n if o is None else o if n is None else o + n for o, n in zip(old, new)]
+    if function == "min":
+        return [n if o is None else o if n is None else min(o, n) for o, n in zip(old, new)]
+    return [n if o is None else o if n is None else max(o, n) for o, n in zip(old, new)]
+
+
+def _final(function: str, partials: list) -> Any:
+    if function == "avg":
+        total, count = partials
+        return None if not count else total / count
+    return partials[0]
+
+
+def running_aggregate_batches(root: str, keys: list[str], aggregates: list[AggregateSpec], version: int,
+                              mode: str, retain: int, state_schema: pa.Schema, out_schema: pa.Schema):
+    """The mapInArrow function of one batch of a running aggregate (see the module docstring)."""
+    n_keys = len(keys)
+    spans = []  # (function, first partial index, count) per aggregate
+    at = 0
+    for function, columns in aggregates:
+        spans.append((function, at, len(columns)))
+        at += len(columns)
+    state_columns = keys + [c for _, columns in aggregates for c in columns]
+
+    def merge_all(old: list | None, new: list) -> list:
+        if old is None:
+            return new
+        merged: list = []
+        for function, first, count in spans:
+            merged += _merge(function, old[first:first + count], new[first:first + count])
+        return merged
+
+    def finals(values: list) -> list:
+        return [_final(function, values[first:first + count]) for function, first, count in spans]
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        per_group: dict[int, list[tuple[list, list]]] = {}
+        for batch in batches:
+            groups = batch.column(KEY_GROUP_COLUMN).to_pylist()
+            markers = batch.column(MARKER_COLUMN).to_pylist()
+            columns = [batch.column(c).to_pylist() for c in state_columns]
+            for i, (group, marker) in enumerate(zip(groups, markers)):
+                rows = per_group.setdefault(group, [])
+                if not marker:
+                    rows.append(([c[i] for c in columns[:n_keys]], [c[i] for c in columns[n_keys:]]))
+        out: list[list] = []
+        for key_group in sorted(per_group):
+            group = load_group(root, key_group, version, n_keys)
+            changes: dict[Any, tuple[list, list]] = {}
+            for key, values in per_group[key_group]:
+                frozen = _freeze(tuple(key))
+                seen = changes.get(frozen) or group.rows.get(frozen)
+                changes[frozen] = (key, merge_all(seen[1] if seen else None, values))
+            group = commit_group(root, key_group, group, changes, state_schema, retain)
+            emitted = group.rows.values() if mode == "complete" else changes.values()
+            out += [key + finals(values) for key, values in emitted]
+        for start in range(0, len(out), ROWS_PER_BATCH):
+            chunk = out[start:start + ROWS_PER_BATCH]
+            yield pa.RecordBatch.from_arrays(
+                [pa.array([row[i] for row in chunk], type=f.type) for i, f in enumerate(out_schema)], schema=out_schema)
+
+    return run

@@ -1,0 +1,149 @@
+"""Running aggregates of streaming queries on a real cluster: keyed state across batches, kept
+in the query's checkpoint by key group, through a stop and a restart at another parallelism,
+and through kill -9 of TaskManagers at every phase of a batch.
+
+The input is the rate source (row i is value i), so what every committed batch must emit is
+known from its offset log entry alone: the totals over values 0 .. end-1."""
+
+from __future__ import annotations
+
+import collections
+import sys
+from pathlib import Path
+
+import cloudpickle
+import pyarrow.parquet as pq
+import pytest
+
+from funke.common.api.dsl import ExecutionEnvironment
+from funke.deploy import localcluster
+from funke.jobmanager.checkpointstore import CheckpointStore
+from tests.integration.test_streaming import (
+    PHASES,
+    Events,
+    _task_managers_of,
+    committed_rows,
+    wait_status,
+)
+
+pytestmark = pytest.mark.cluster
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+KEYS = 7
+
+
+@pytest.fixture(scope="module")
+def cluster(streaming_cluster):
+    streaming_cluster.restore()
+    return streaming_cluster
+
+
+@pytest.fixture
+def stream_cluster(cluster):
+    cluster.restore()
+    yield cluster
+
+
+def running_job(out: Path, checkpoint: Path, mode: str, *, keyed_parallelism: int, rows_per_second: int = 40,
+                trigger: str = "500 ms") -> ExecutionEnvironment:
+    env = ExecutionEnvironment("running totals", parallelism=2)
+    (env.read_stream.rate(rows_per_second)
+        .select(f"value % {KEYS} AS k", "value")
+        .key_by("k")
+        .aggregate("count(1) AS n", "sum(value) AS total", "max(value) AS top", "avg(value) AS mean")
+        .set_parallelism(keyed_parallelism)
+        .write_parquet(str(out)))
+    env.set_output_mode(mode).set_trigger(trigger).set_checkpoint_location(str(checkpoint))
+    env.set_restart_strategy("fixed-delay", attempts=20, delay="500 ms")
+    return env
+
+
+def expected_totals(end: int) -> dict[int, tuple]:
+    """Per key, (n, total, top, mean) over values 0 .. end-1: what a direct computation says."""
+    values: dict[int, list[int]] = collections.defaultdict(list)
+    for v in range(end):
+        values[v % KEYS].append(v)
+    return {k: (len(vs), sum(vs), max(vs), sum(vs) / len(vs)) for k, vs in values.items()}
+
+
+def read_totals(path: Path) -> list[tuple]:
+    return [(r["k"], r["n"], r["total"], r["top"], r["mean"]) for r in pq.read_table(path).to_pylist()]
+
+
+def batch_ends(checkpoint: Path) -> dict[int, int]:
+    """Per committed batch, the rows the rate source had produced by its end."""
+    store = CheckpointStore(str(checkpoint))
+    return {b: int(next(iter(store.read_offsets(b).sources.values())).end["rows"]) for b in store.commit_ids()}
+
+
+def check_every_batch(out: Path, checkpoint: Path, mode: str) -> int:
+    """After every committed batch, the totals the query emitted so far equal the direct ones:
+    in complete mode the batch's own output, in update mode the newest row per key of all
+    batches so far (a key a batch did not change keeps its earlier total). Returns the
+    number of batches checked."""
+    ends = batch_ends(checkpoint)
+    emitted = committed_rows(out, read_totals)
+    assert sorted(emitted) == sorted(ends), f"batches with output {sorted(emitted)}, committed {sorted(ends)}"
+    folded: dict[int, tuple] = {}
+    for batch in sorted(ends):
+        rows = emitted[batch]
+        keys = [r[0] for r in rows]
+        assert len(keys) == len(set(keys)), f"batch {batch}: a key emitted twice: {sorted(keys)}"
+        if mode == "complete":
+            folded = {}
+        for k, n, total, top, mean in rows:
+            folded[k] = (n, total, top, mean)
+        expected = expected_totals(ends[batch])
+        assert folded.keys() == expected.keys(), f"batch {batch}: keys {sorted(folded)} vs {sorted(expected)}"
+        for k in expected:
+            n, total, top, mean = folded[k]
+            e = expected[k]
+            assert (n, total, top) == e[:3] and abs(mean - e[3]) < 1e-9, f"batch {batch}, key {k}: {folded[k]} != {e}"
+    return len(ends)
+
+
+def test_a_running_aggregate_equals_a_direct_computation_after_every_batch_and_through_a_restart_at_another_parallelism(
+        stream_cluster, tmp_path):
+    out, checkpoint = tmp_path / "totals", tmp_path / "checkpoint"
+    client = stream_cluster.client
+    first = client.submit(running_job(out, checkpoint, "update", keyed_parallelism=3).build())
+    events = Events(client, first)
+    events.wait("BatchCompleted", min_batch=3)
+    client.stop(first, timeout_s=60)
+    assert wait_status(client, first, ("FINISHED", "FAILED", "CANCELED")) == "FINISHED"
+    events.drain()
+    before = len(batch_ends(checkpoint))
+    check_every_batch(out, checkpoint, "update")
+    state_dirs = list((checkpoint / "state").glob("*/op-0/kg-*"))
+    assert len(state_dirs) == 128, f"one directory per key group of the default max parallelism: {len(state_dirs)}"
+
+    # the same query restored at parallelism 2: the key groups move to other subtasks, the totals go on
+    second = client.submit(running_job(out, checkpoint, "update", keyed_parallelism=2).build())
+    events = Events(client, second)
+    events.wait("BatchCompleted", min_batch=max(batch_ends(checkpoint)) + 3)
+    client.stop(second, timeout_s=60)
+    assert wait_status(client, second, ("FINISHED", "FAILED", "CANCELED")) == "FINISHED"
+    events.drain()
+    checked = check_every_batch(out, checkpoint, "update")
+    assert checked >= before + 3
+
+
+def test_running_totals_stay_exact_through_taskmanager_kills_at_every_phase_of_a_batch(stream_cluster, tmp_path):
+    out, checkpoint = tmp_path / "totals", tmp_path / "checkpoint"
+    client = stream_cluster.client
+    job_id = client.submit(running_job(out, checkpoint, "complete", keyed_parallelism=2, rows_per_second=100,
+                                       trigger="1 s").build())
+    events = Events(client, job_id)
+    batch = events.wait("BatchCompleted")
+    for kind, _ in PHASES:
+        batch = events.wait(kind, min_batch=batch + 1)
+        victim = sorted(_task_managers_of(client, job_id))[0]
+        localcluster.kill(stream_cluster.dir, victim)
+        batch = events.wait_recovered()
+        stream_cluster.add_taskmanager()
+    client.stop(job_id, timeout_s=60)
+    assert wait_status(client, job_id, ("FINISHED", "FAILED", "CANCELED")) == "FINISHED"
+    events.drain()
+    assert events.statuses.count("RESTARTING") >= len(PHASES), events.statuses
+    assert check_every_batch(out, checkpoint, "complete") >= len(PHASES) + 1

@@ -1,0 +1,222 @@
+"""Keyed state: key groups, the state store's files, and the running aggregate's merge, run the
+way a Spark Python worker runs it (Arrow batches in, Arrow batches out) but without Spark."""
+
+from __future__ import annotations
+
+import collections
+import os
+
+import pyarrow as pa
+import pytest
+
+from funke.common.api.dsl import ExecutionEnvironment
+from funke.common.graph.streamingjob import OUTPUT_MODE, query_problems
+from funke.common.graph.validation import JobGraphInvalid
+from funke.common.streaming import state
+from funke.common.streaming.state import MissingState, files_to_delete, key_group_range, load_plan
+from funke.taskmanager.operators import keyedstate
+
+# ---------------------------------------------------------------------------- key groups
+
+
+@pytest.mark.parametrize("groups,parallelism", [(128, 1), (128, 2), (128, 3), (128, 7), (10, 10), (4096, 100)])
+def test_the_subtasks_key_group_ranges_cover_every_group_once_and_agree_with_the_routing(groups, parallelism):
+    owner = {}
+    for subtask in range(parallelism):
+        for g in key_group_range(groups, parallelism, subtask):
+            assert g not in owner
+            owner[g] = subtask
+    assert sorted(owner) == list(range(groups))
+    # the exchange sends group g to subtask g * n // groups: the same subtask that owns it
+    assert all(state.subtask_of_key_group(g, groups, parallelism) == s for g, s in owner.items())
+
+
+def test_a_parallelism_above_the_key_groups_is_refused():
+    with pytest.raises(ValueError):
+        key_group_range(4, 5, 0)
+
+
+# ---------------------------------------------------------------------------- the store's files
+
+
+def test_a_version_is_the_newest_snapshot_at_or_before_it_and_every_delta_after():
+    names = [f"{v}.delta" for v in range(1, 26)] + ["10.snapshot", "20.snapshot", "7.delta.123.tmp"]
+    assert load_plan(names, 25) == state.LoadPlan(20, (21, 22, 23, 24, 25))
+    assert load_plan(names, 20) == state.LoadPlan(20, ())
+    assert load_plan(names, 9) == state.LoadPlan(None, tuple(range(1, 10)))
+    assert load_plan(names, 0) == state.LoadPlan(None, ())
+    assert load_plan([], 7) == state.LoadPlan(None, ())  # an operator without state yet
+
+
+def test_a_missing_delta_is_an_error_that_names_it_not_an_empty_state():
+    names = ["1.delta", "2.delta", "4.delta"]
+    with pytest.raises(MissingState, match="3"):
+        load_plan(names, 4)
+    with pytest.raises(MissingState, match="older than the oldest"):
+        load_plan(["5.delta", "6.delta"], 3)
+
+
+def test_retention_deletes_only_what_no_kept_version_needs():
+    names = [f"{v}.delta" for v in range(1, 31)] + ["10.snapshot", "20.snapshot", "30.snapshot"]
+    gone = files_to_delete(names, 30, retain=15)  # versions 16..30 stay loadable: snapshot 10 and on
+    assert gone == sorted(f"{v}.delta" for v in range(1, 10))
+    kept = [n for n in names if n not in gone]
+    for v in range(16, 31):
+        load_plan(kept, v)  # raises if something needed went
+    assert files_to_delete(names, 30, retain=100) == []
+
+
+# ---------------------------------------------------------------------------- the running aggregate in a worker
+
+
+STATE = pa.schema([("word", pa.string()), ("p0", pa.int64()), ("p1_sum", pa.float64()), ("p1_count", pa.int64())])
+OUT = pa.schema([("word", pa.string()), ("count", pa.int64()), ("mean", pa.float64())])
+
+
+def batch_of(rows: list[tuple[str, int]], owned: range) -> pa.RecordBatch:
+    """What Spark hands the worker for one batch: per word its partials (count, and n's sum and
+    count for avg), with its key group, then a marker row per owned group."""
+    per_word: dict[str, list[int]] = collections.defaultdict(list)
+    for word, n in rows:
+        per_word[word].append(n)
+    words = sorted(per_word)
+    groups = [hash_group(w) for w in words] + list(owned)
+    n = len(words)
+    return pa.RecordBatch.from_arrays([
+        pa.array(words + [None] * len(owned), pa.string()),
+        pa.array([len(per_word[w]) for w in words] + [None] * len(owned), pa.int64()),
+        pa.array([float(sum(per_word[w])) for w in words] + [None] * len(owned), pa.float64()),
+        pa.array([len(per_word[w]) for w in words] + [None] * len(owned), pa.int64()),
+        pa.array(groups, pa.int32()),
+        pa.array([False] * n + [True] * len(owned)),
+    ], names=[*STATE.names, state.KEY_GROUP_COLUMN, keyedstate.MARKER_COLUMN])
+
+
+def hash_group(word: str) -> int:
+    return sum(word.encode()) % 8
+
+
+def run_batch(root, batch_id, rows, mode="update", retain=100):
+    fn = keyedstate.running_aggregate_batches(str(root), ["word"], [("count", ("p0",)), ("avg", ("p1_sum", "p1_count"))],
+                                              batch_id, mode, retain, STATE, OUT)
+    out = pa.Table.from_batches(list(fn(iter([batch_of(rows, range(8))]))), schema=OUT)
+    return {r["word"]: (r["count"], r["mean"]) for r in out.to_pylist()}
+
+
+def forget_workers_memory():
+    keyedstate._loaded().clear()
+
+
+def test_running_totals_cover_every_batch_so_far_in_update_and_complete_mode(tmp_path):
+    feed = [[("a", 1), ("b", 2), ("a", 3)], [("b", 4)], [], [("c", 5), ("a", 6)]]
+    seen: list[tuple[str, int]] = []
+    for batch_id, rows in enumerate(feed):
+        update = run_batch(tmp_path / "u", batch_id, rows, "update")
+        complete = run_batch(tmp_path / "c", batch_id, rows, "complete")
+        seen += rows
+        totals = {w: (len(ns), sum(ns) / len(ns)) for w in {w for w, _ in seen}
+                  for ns in [[n for x, n in seen if x == w]]}
+        assert complete == totals, f"batch {batch_id}"
+        assert update == {w: totals[w] for w in {w for w, _ in rows}}, f"batch {batch_id}"
+
+
+def test_a_worker_that_starts_fresh_reads_the_same_state_from_the_files(tmp_path):
+    for batch_id in range(23):  # past two snapshots
+        run_batch(tmp_path, batch_id, [("a", batch_id), (f"w{batch_id % 3}", 1)])
+    warm = run_batch(tmp_path, 23, [("a", 1)], "complete")
+    forget_workers_memory()
+    # batch 23 again, as after a failure: from version 23 on disk, not from the memory that has 24
+    cold = run_batch(tmp_path, 23, [("a", 1)], "complete")
+    assert warm == cold and warm["a"] == (24, (sum(range(23)) + 1) / 24)
+
+
+def test_a_batch_run_again_never_sees_what_its_failed_attempt_wrote(tmp_path):
+    run_batch(tmp_path, 0, [("a", 1)])
+    run_batch(tmp_path, 1, [("a", 100), ("b", 1)])  # attempt 1 of batch 1: its version 2 is written ...
+    # ... but the batch failed before its commit; it runs again over the same input, in a worker
+    # that holds version 2 in memory, and reads version 1
+    again = run_batch(tmp_path, 1, [("a", 100), ("b", 1)])
+    assert again == {"a": (2, 50.5), "b": (1, 1.0)}
+
+
+def test_a_wiped_store_is_not_answered_from_a_workers_memory(tmp_path):
+    root = tmp_path / "store"
+    run_batch(root, 0, [("a", 1)])
+    run_batch(root, 1, [("a", 1)])
+    for dirpath, _, files in os.walk(root, topdown=False):
+        for f in files:
+            os.remove(os.path.join(dirpath, f))
+    # a new query with the same checkpoint location starts over at batch 0 ... and batch 1 of it
+    # must not be answered with the old query's version 1 still in memory
+    run_batch(root, 0, [("z", 1)])
+    assert run_batch(root, 1, [("a", 1)], "complete") == {"a": (1, 1.0), "z": (1, 1.0)}
+
+
+def test_snapshots_and_retention_keep_the_store_small(tmp_path):
+    for batch_id in range(40):
+        run_batch(tmp_path, batch_id, [("a", 1)], retain=5)
+    files = sorted(os.listdir(tmp_path / state.group_dir_name(hash_group("a"))))
+    assert "40.snapshot" in files and "30.snapshot" in files and "1.delta" not in files
+    assert len(files) <= 2 * state.SNAPSHOT_EVERY + 2, files
+
+
+# ---------------------------------------------------------------------------- the DSL and the graph's checks
+
+
+def running_query(mode: str | None = "update", per_batch: bool = False, aggregate: str | None = None):
+    env = ExecutionEnvironment("running", parallelism=2)
+    keyed = env.read_stream.rate(10).select("value % 3 AS k", "value").key_by("k")
+    if per_batch:
+        keyed = keyed.per_batch()
+    out = keyed.aggregate(aggregate) if aggregate else keyed.count()
+    out.discard()
+    if mode:
+        env.set_output_mode(mode)
+    return env
+
+
+def test_a_keyed_count_over_a_stream_is_running_and_per_batch_says_so_explicitly():
+    running = running_query().build()
+    kinds = [op.kind for v in running.vertices for op in v.operators]
+    assert "running_aggregate" in kinds and "count" not in kinds
+    per_batch = running_query(None, per_batch=True).build()
+    kinds = [op.kind for v in per_batch.vertices for op in v.operators]
+    assert "running_aggregate" not in kinds and "aggregate" in kinds  # count behind its combiner
+
+
+def test_a_running_aggregate_without_an_output_mode_is_refused_naming_both_ways_out():
+    with pytest.raises(JobGraphInvalid) as caught:
+        running_query(None).build()
+    text = str(caught.value)
+    assert "streaming.output-mode" in text and "per_batch().count()" in text, text
+
+
+def test_a_running_aggregate_that_cannot_keep_partials_is_refused_at_the_call():
+    with pytest.raises(ValueError, match="count, sum, min, max and avg"):
+        running_query(aggregate="percentile(value, 0.5) AS p")
+    running_query(aggregate="avg(value) AS mean").build()
+    running_query(per_batch=True, aggregate="percentile(value, 0.5) AS p", mode=None).build()
+
+
+def test_complete_mode_without_a_running_aggregate_and_concurrent_batches_with_state_are_refused():
+    env = ExecutionEnvironment("stateless", parallelism=1)
+    env.read_stream.rate(10).discard()
+    env.set_output_mode("complete")
+    with pytest.raises(JobGraphInvalid, match="no running aggregate"):
+        env.build()
+    env = running_query()
+    env.set_option("streaming.concurrent-jobs", "2")
+    with pytest.raises(JobGraphInvalid, match="one batch at a time"):
+        env.build()
+
+
+def test_a_wire_graph_with_a_running_aggregate_not_fed_by_its_keys_lists_the_problem():
+    job = running_query().build()
+    (edge,) = [e for e in job.edges if any(op.kind == "running_aggregate" for v in job.vertices
+                                            if v.id == e.consumer for op in v.operators)]
+    import dataclasses
+    bad = dataclasses.replace(job, edges=tuple(dataclasses.replace(e, partition_keys=("value",)) if e is edge else e
+                                               for e in job.edges))
+    problems = query_problems(bad)
+    assert any("must be HASH-partitioned on its keys ['k']" in p for p in problems), problems
+    assert bad.configuration.options[OUTPUT_MODE] == "update"
