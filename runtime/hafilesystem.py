@@ -35,7 +35,7 @@ next, so such a write is what the deposed leader knew when it paused, superseded
 write of its successor.
 
 What to decide lives in `funke.common.leadership`; this module does the I/O. It is meant for the
-JobManagers of one machine (or a file system with working `flock` and rename); several hosts use
+JobManagers of one machine (or a file system with working hard links and rename); several hosts use
 ZooKeeper.
 """
 

@@ -97,8 +97,8 @@ def hash_group(word: str) -> int:
 
 
 def run_batch(root, batch_id, rows, mode="update", retain=100):
-    fn = keyedstate.running_aggregate_batches(str(root), ["word"], [("count", ("p0",)), ("avg", ("p1_sum", "p1_count"))],
-                                              batch_id, mode, retain, STATE, OUT)
+    aggregates = [("count", ("p0",)), ("avg", ("p1_sum", "p1_count"))]
+    fn = keyedstate.running_aggregate_batches(str(root), ["word"], aggregates, batch_id, mode, retain, STATE, OUT)
     out = pa.Table.from_batches(list(fn(iter([batch_of(rows, range(8))]))), schema=OUT)
     return {r["word"]: (r["count"], r["mean"]) for r in out.to_pylist()}
 
@@ -220,3 +220,54 @@ def test_a_wire_graph_with_a_running_aggregate_not_fed_by_its_keys_lists_the_pro
     problems = query_problems(bad)
     assert any("must be HASH-partitioned on its keys ['k']" in p for p in problems), problems
     assert bad.configuration.options[OUTPUT_MODE] == "update"
+
+
+def test_the_running_word_count_example_builds_a_running_query_that_survives_the_wire():
+    from funke.common.wire.codec import job_graph_from_proto, job_graph_to_proto
+    from tests.unit.test_dsl import load_example
+
+    module = load_example("running_wordcount")
+    assert "funke submit examples/running_wordcount.py" in module.__doc__
+    for mode in ("update", "complete"):
+        job = module.build(["--input", "in", "--mode", mode])
+        assert [op.kind for v in job.vertices for op in v.operators] == [
+            "source.stream.text", "flat_map", "running_aggregate", "sink.print"]
+        assert job.configuration.options[OUTPUT_MODE] == mode
+        assert job_graph_from_proto(job_graph_to_proto(job)) == job
+
+
+
+def test_a_streaming_deployment_routes_hash_exchanges_by_the_consumers_key_groups_and_a_bounded_one_does_not(tmp_path):
+    import asyncio
+
+    from funke.common.configuration import ClusterConfiguration
+    from funke.common.graph.executiongraph import SlotId
+    from funke.common.wire.codec import DeploymentEncoder, deployment_from_proto, job_graph_to_proto
+    from funke.jobmanager.dispatcher import Dispatcher
+
+    streaming = running_query()
+    for t in streaming._transformations:
+        if t.kind == "running_aggregate":
+            t.max_parallelism = 60
+    bounded = ExecutionEnvironment("bounded", parallelism=2)
+    bounded.from_collection([(1,)], "k bigint").key_by("k").count().discard()
+
+    async def key_groups_of_the_exchange(env) -> list[int]:
+        dispatcher = Dispatcher(ClusterConfiguration(data_dir=str(tmp_path / "data")))
+        dispatcher.start()
+        try:
+            jm = dispatcher.jobs[await dispatcher.submit(job_graph_to_proto(env.build()))]
+            found = []
+            for ev in jm.graph.execution_vertices():
+                d = jm.scheduler.deployments.deployment(ev, SlotId("tm", 0))
+                for out in d.outputs:
+                    message = DeploymentEncoder("/data", {}, []).encode(d)
+                    decoded = deployment_from_proto(message, "tm", d.vertex)
+                    assert decoded.outputs == d.outputs  # the wire keeps the key groups
+                    found.append(out.key_groups)
+            return found
+        finally:
+            await dispatcher.stop()
+
+    assert asyncio.run(key_groups_of_the_exchange(streaming)) == [60, 60]  # two producer subtasks
+    assert set(asyncio.run(key_groups_of_the_exchange(bounded))) == {0}
