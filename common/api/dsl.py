@@ -210,6 +210,18 @@ class DataStream(_OperatorHandle):
             flat.extend([k] if isinstance(k, str) else k)
         return KeyedStream(self._env, self._t, _keys(flat, "key_by"))
 
+    def drop_duplicates(self, *columns: str | Sequence[str]) -> DataStream:
+        """One record per distinct value of `columns` (Spark's dropDuplicates(cols)): in a bounded
+        job, of the whole input; over a stream, of everything so far: a record whose key any
+        earlier batch had is dropped, the keys seen kept in keyed state (which grows with the
+        distinct keys: there is no watermark to bound it yet). Which record of a key a batch
+        keeps when it has several is not defined, as in Spark."""
+        if not columns:
+            raise ValueError("drop_duplicates() needs the columns that make two records duplicates, "
+                             "e.g. drop_duplicates(\"id\")")
+        keyed = self.key_by(*columns)
+        return keyed._one_input("deduplicate", "Deduplicate", {"keys": list(keyed._keys)})
+
     def rebalance(self) -> DataStream:
         """Round-robin to all downstream subtasks."""
         return DataStream(self._env, self._t, Exchange(ExchangeKind.REBALANCE))

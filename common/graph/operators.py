@@ -137,6 +137,9 @@ CATALOGUE: dict[str, OperatorKind] = {
         # (funke.common.streaming.state); emits per the query's output mode
         _k("running_aggregate", T, 1, "keys", "aggregations",
            keys={"keys": V.COLUMNS, "aggregations": V.SQL_LIST}),
+        # one record per distinct key: per subtask in a bounded job (its input is HASH-partitioned on
+        # the keys), and in a streaming query across every batch so far (keyed state)
+        _k("deduplicate", T, 1, "keys", keys={"keys": V.COLUMNS}),
         _k("join", T, 2, "on", keys={"on": V.COLUMNS, "how": V.JOIN_TYPE}),
         _k("union", T, VARIADIC),
         _k("transform", T, 1, fn=True),

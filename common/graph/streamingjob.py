@@ -50,8 +50,11 @@ BACKPRESSURE = "streaming.backpressure.enabled"
 OUTPUT_MODE = "streaming.output-mode"
 OPTIONS = (TRIGGER, INTERVAL, CHECKPOINT, CONCURRENT_JOBS, RETAIN, BACKPRESSURE, OUTPUT_MODE)
 ALL_OUTPUT_MODES = ("append", "update", "complete")
-# Operators whose results span batches (keyed state, `funke.common.streaming.state`).
-RUNNING_KINDS = frozenset({"running_aggregate"})
+# Operators whose results span batches (keyed state, `funke.common.streaming.state`): running
+# aggregates, whose output mode must be update or complete, and deduplicate (bounded jobs have it
+# too, without state).
+RUNNING_AGGREGATE_KINDS = frozenset({"running_aggregate"})
+RUNNING_KINDS = RUNNING_AGGREGATE_KINDS | {"deduplicate"}
 CHECKPOINTS = "checkpoints"  # under the data directory: default checkpoint locations, by job name
 TRIGGERS = ("processing-time", "available-now", "once")
 DEFAULT_INTERVAL_MS = 1000
@@ -119,7 +122,8 @@ def query_problems(job: JobGraph) -> list[str]:
         if per_batch:
             problems.append(f"vertices {per_batch} end in a sink of streaming queries (foreach_batch, write_redis), "
                             "and this job reads no stream")
-        running = [f"{v.id!r} ({op.kind})" for v in job.vertices for op in v.operators if op.kind in RUNNING_KINDS]
+        running = [f"{v.id!r} ({op.kind})" for v in job.vertices for op in v.operators
+                   if op.kind in RUNNING_AGGREGATE_KINDS]
         if running:
             problems.append(f"vertices {', '.join(running)} keep state across a streaming query's batches, and this "
                             "job reads no stream (a bounded job's keyed aggregate is count/reduce/aggregate)")
@@ -150,14 +154,14 @@ def _state_problems(job: JobGraph) -> list[str]:
         problems.append(f"option {OUTPUT_MODE}: expected one of {', '.join(ALL_OUTPUT_MODES)}, "
                         f"got {options.get(OUTPUT_MODE)!r}")
     running = [(v, i, op) for v in job.vertices for i, op in enumerate(v.operators) if op.kind in RUNNING_KINDS]
+    if mode == "complete" and not any(op.kind in RUNNING_AGGREGATE_KINDS for _, _, op in running):
+        problems.append(f"option {OUTPUT_MODE}: complete mode emits every key's total, and this query has "
+                        "no running aggregate (key_by(...).count()/aggregate(...))")
     if not running:
-        if mode == "complete":
-            problems.append(f"option {OUTPUT_MODE}: complete mode emits every key's total, and this query has "
-                            "no running aggregate (key_by(...).count()/aggregate(...))")
         return problems
     for v, i, op in running:
         subject = f"operator '{op.display_name}' ({op.kind}) of vertex {v.id!r}"
-        if mode not in ("update", "complete"):
+        if op.kind in RUNNING_AGGREGATE_KINDS and mode not in ("update", "complete"):
             problems.append(
                 f"{subject} keeps a total per key across batches, so the query must say what a batch emits: "
                 f"set {OUTPUT_MODE} to update (the keys the batch changed) or complete (every key); "

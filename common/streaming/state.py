@@ -26,8 +26,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["DELTA", "KEY_GROUP_COLUMN", "OUTPUT_MODES", "SNAPSHOT", "SNAPSHOT_EVERY", "MissingState", "LoadPlan",
-           "files_to_delete", "group_dir_name", "key_group_range", "load_plan", "parse_file_name", "state_file_name",
+__all__ = ["DELTA", "KEY_GROUP_COLUMN", "METADATA", "OUTPUT_MODES", "SNAPSHOT", "SNAPSHOT_EVERY", "MissingState", "LoadPlan",
+           "files_to_delete", "group_dir_name", "key_group_range", "key_groups_problem", "load_plan", "metadata_text",
+           "operator_dir", "parse_file_name", "state_file_name",
            "subtask_of_key_group"]
 
 # Structured Streaming's output modes. `append` (each result row emitted once, final) needs to
@@ -50,6 +51,37 @@ def key_group_range(max_parallelism: int, parallelism: int, subtask: int) -> ran
 def subtask_of_key_group(key_group: int, max_parallelism: int, parallelism: int) -> int:
     """The subtask that owns `key_group` (the inverse of key_group_range)."""
     return key_group * parallelism // max_parallelism
+
+
+# In an operator's state directory: how many key groups its state was written in (JSON).
+METADATA = "_metadata.json"
+
+
+def operator_dir(checkpoint: str, vertex_id: str) -> str:
+    """Where the state of the keyed operator heading `vertex_id` lives (one per vertex for now:
+    a keyed operator heads its chain)."""
+    return f"{checkpoint.rstrip('/')}/state/{vertex_id}/op-0"
+
+
+def metadata_text(key_groups: int) -> str:
+    return '{"key_groups": %d}\n' % key_groups
+
+
+def key_groups_problem(recorded: str, vertex_id: str, key_groups: int) -> str | None:
+    """Why an operator with `key_groups` cannot use state recorded (METADATA's text) with
+    another number (None: it can)."""
+    import json
+
+    try:
+        was = int(json.loads(recorded)["key_groups"])
+    except (ValueError, KeyError, TypeError):
+        return f"vertex {vertex_id!r}: its state's {METADATA} cannot be read: {recorded[:200]!r}"
+    if was == key_groups:
+        return None
+    return (f"vertex {vertex_id!r}: the checkpoint holds its keyed state in {was} key groups (its max parallelism "
+            f"when the state was first written), and the job says {key_groups}: every key would look for its "
+            f"state in another group. Keep the max parallelism at {was} (set_max_parallelism({was})), or start "
+            f"the query on a new checkpoint location")
 
 
 def group_dir_name(key_group: int) -> str:

@@ -1,8 +1,8 @@
 """What keeps a streaming query from starting that only the file system shows, checked at
 submit (blocking I/O, for the Dispatcher to run off its event loop, before anything of the job is
 created): a source that watches a directory (`SourcePlugin.watches_directory`) whose directory
-does not exist or is not one, and a checkpoint location that is not a directory or cannot be
-made."""
+does not exist or is not one, a checkpoint location that is not a directory or cannot be
+made, and a keyed operator whose max parallelism is not the one its checkpointed state has."""
 
 from __future__ import annotations
 
@@ -12,7 +12,14 @@ from typing import Mapping
 
 from funke.common import ids
 from funke.common.graph.jobgraph import JobGraph
-from funke.common.graph.streamingjob import CHECKPOINT, checkpoint_location, local_path, stream_sources
+from funke.common.graph.streamingjob import (
+    CHECKPOINT,
+    RUNNING_KINDS,
+    checkpoint_location,
+    local_path,
+    stream_sources,
+)
+from funke.common.streaming import state
 from funke.common.graph.validation import MAX_VERTICES, Problem, ValidationContext, path_problem, q
 from funke.common.streaming.sources import SOURCES
 
@@ -53,6 +60,29 @@ def submit_problems(job: JobGraph, context: ValidationContext) -> list[Problem]:
     if problem is not None:
         problems.append(Problem("streaming query", f"option {CHECKPOINT}: {problem}" if option else
                                 f"{problem} (the default location, under the data directory, by job name)"))
+        return problems
+    problems += _key_group_problems(job, location)
+    return problems
+
+
+def _key_group_problems(job: JobGraph, location: str) -> list[Problem]:
+    """A keyed operator whose max parallelism differs from the key groups its checkpointed state
+    was written in (Flink refuses such a restore too: the key groups are the unit of state)."""
+    problems = []
+    for v in job.vertices:
+        if not v.operators or v.operators[0].kind not in RUNNING_KINDS or not ids.is_path_id(v.id):
+            continue
+        try:
+            with open(os.path.join(state.operator_dir(location, v.id), state.METADATA)) as f:
+                recorded = f.read(4096)
+        except FileNotFoundError:
+            continue  # no state yet
+        except OSError as exc:
+            problems.append(Problem(f"vertex {q(v.id)}", f"its keyed state in the checkpoint cannot be read: {exc}"))
+            continue
+        problem = state.key_groups_problem(recorded, v.id, v.effective_max_parallelism)
+        if problem is not None:
+            problems.append(Problem(f"vertex {q(v.id)}", problem))
     return problems
 
 

@@ -1,5 +1,6 @@
 """Keyed state where the rows are: the state store's reads and writes inside Spark's Python
-workers, and the running aggregate that uses them (`funke.common.streaming.state` has the rules).
+workers, and the operators that use them, the running aggregate and drop_duplicates over a
+stream (`funke.common.streaming.state` has the rules).
 
 A running aggregate's batch reaches `running_aggregate_batches` as one row per key with the
 batch's partial aggregates (Spark computed them: count, sum, min, max, and avg as sum and
@@ -45,7 +46,7 @@ from funke.taskmanager.operators.udf import ROWS_PER_BATCH
 _spark_cloudpickle.register_pickle_by_value(sys.modules[__name__])
 _spark_cloudpickle.register_pickle_by_value(_rules)
 
-__all__ = ["MARKER_COLUMN", "AggregateSpec", "running_aggregate_batches"]
+__all__ = ["MARKER_COLUMN", "AggregateSpec", "deduplicate_batches", "running_aggregate_batches"]
 
 MARKER_COLUMN = "__funke_group_marker"
 _CACHE_MODULE = "_funke_keyed_state"  # where a worker keeps its loaded groups across tasks
@@ -175,7 +176,8 @@ def _final(function: str, partials: list) -> Any:
 
 
 def running_aggregate_batches(root: str, keys: list[str], aggregates: list[AggregateSpec], version: int,
-                              mode: str, retain: int, state_schema: pa.Schema, out_schema: pa.Schema):
+                              mode: str, retain: int, state_schema: pa.Schema, out_schema: pa.Schema,
+                              owned: range):
     """The mapInArrow function of one batch of a running aggregate (see the module docstring)."""
     n_keys = len(keys)
     spans = []  # (function, first partial index, count) per aggregate
@@ -197,29 +199,70 @@ def running_aggregate_batches(root: str, keys: list[str], aggregates: list[Aggre
         return [_final(function, values[first:first + count]) for function, first, count in spans]
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        per_group: dict[int, list[tuple[list, list]]] = {}
-        for batch in batches:
-            groups = batch.column(KEY_GROUP_COLUMN).to_pylist()
-            markers = batch.column(MARKER_COLUMN).to_pylist()
-            columns = [batch.column(c).to_pylist() for c in state_columns]
-            for i, (group, marker) in enumerate(zip(groups, markers)):
-                rows = per_group.setdefault(group, [])
-                if not marker:
-                    rows.append(([c[i] for c in columns[:n_keys]], [c[i] for c in columns[n_keys:]]))
         out: list[list] = []
-        for key_group in sorted(per_group):
+        for key_group, rows in _by_group(batches, state_columns, owned):
             group = load_group(root, key_group, version, n_keys)
             changes: dict[Any, tuple[list, list]] = {}
-            for key, values in per_group[key_group]:
+            for row in rows:
+                key = row[:n_keys]
                 frozen = _freeze(tuple(key))
                 seen = changes.get(frozen) or group.rows.get(frozen)
-                changes[frozen] = (key, merge_all(seen[1] if seen else None, values))
+                changes[frozen] = (key, merge_all(seen[1] if seen else None, row[n_keys:]))
             group = commit_group(root, key_group, group, changes, state_schema, retain)
             emitted = group.rows.values() if mode == "complete" else changes.values()
             out += [key + finals(values) for key, values in emitted]
-        for start in range(0, len(out), ROWS_PER_BATCH):
-            chunk = out[start:start + ROWS_PER_BATCH]
-            yield pa.RecordBatch.from_arrays(
-                [pa.array([row[i] for row in chunk], type=f.type) for i, f in enumerate(out_schema)], schema=out_schema)
+        yield from _batches(out, out_schema)
 
     return run
+
+
+def deduplicate_batches(root: str, keys: list[str], version: int, retain: int, state_schema: pa.Schema,
+                        out_schema: pa.Schema, owned: range):
+    """The mapInArrow function of one batch of drop_duplicates over a stream: the rows whose key
+    no batch before had (the batch's own duplicates were dropped before), each key remembered in
+    its group's state."""
+    n_keys = len(keys)
+    positions = [out_schema.names.index(k) for k in keys]
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        out: list[list] = []
+        for key_group, rows in _by_group(batches, out_schema.names, owned):
+            group = load_group(root, key_group, version, n_keys)
+            changes: dict[Any, tuple[list, list]] = {}
+            for row in rows:
+                key = [row[p] for p in positions]
+                frozen = _freeze(tuple(key))
+                if frozen not in group.rows and frozen not in changes:
+                    changes[frozen] = (key, [])
+                    out.append(row)
+            commit_group(root, key_group, group, changes, state_schema, retain)
+        yield from _batches(out, out_schema)
+
+    return run
+
+
+def _by_group(batches: Iterator[pa.RecordBatch], columns: list[str], owned: range) -> list[tuple[int, list[list]]]:
+    """The rows (values of `columns`) per key group, in group order; a group with only its
+    marker row has no rows, and is there all the same. A row of a group the subtask does not own
+    is an error: its state is another subtask's to write."""
+    per_group: dict[int, list[list]] = {}
+    for batch in batches:
+        groups = batch.column(KEY_GROUP_COLUMN).to_pylist()
+        markers = batch.column(MARKER_COLUMN).to_pylist()
+        values = [batch.column(c).to_pylist() for c in columns]
+        for i, (group, marker) in enumerate(zip(groups, markers)):
+            rows = per_group.setdefault(group, [])
+            if not marker:
+                rows.append([v[i] for v in values])
+    foreign = sorted(g for g in per_group if g not in owned)
+    if foreign:
+        raise RuntimeError(f"rows of key group(s) {foreign[:5]} reached the subtask owning key groups "
+                           f"{owned.start}..{owned.stop - 1}: the exchange did not route them by key group")
+    return sorted(per_group.items())
+
+
+def _batches(rows: list[list], schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    for start in range(0, len(rows), ROWS_PER_BATCH):
+        chunk = rows[start:start + ROWS_PER_BATCH]
+        yield pa.RecordBatch.from_arrays(
+            [pa.array([row[i] for row in chunk], type=f.type) for i, f in enumerate(schema)], schema=schema)

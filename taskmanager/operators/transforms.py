@@ -4,8 +4,9 @@ the vertex's inputs in input order; a chained operator gets one.
 map, flat_map, filter and reduce run the user's Python function per row (`udf`, which tells the
 calling convention); transform calls fn(DataFrame) -> DataFrame once on the driver with the whole
 subtask input; the others are Spark SQL (select, where, aggregate, count, join, union). combine
-is a keyed aggregate's combiner (`funke.common.aggregates`). running_aggregate keeps its totals
-across a streaming query's batches in the keyed state store (`keyedstate`).
+is a keyed aggregate's combiner (`funke.common.aggregates`). running_aggregate keeps its totals,
+and deduplicate the keys it saw, across a streaming query's batches in the keyed state store
+(`keyedstate`).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from funke.taskmanager.operators.context import (
     config_value,
     label,
 )
-from funke.taskmanager.operators.keyedstate import MARKER_COLUMN, running_aggregate_batches
+from funke.taskmanager.operators.keyedstate import MARKER_COLUMN, deduplicate_batches, running_aggregate_batches
 from funke.taskmanager.operators.udf import cancellable, filter_batches, map_batches, reduce_batches
 
 __all__ = ["TRANSFORMS", "python_map", "union_all"]
@@ -187,27 +188,81 @@ def _running_aggregate(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[Dat
         parts = aggregates.partials(call, i)
         partial_columns += parts
         merged.append((call.function, tuple(name for name, _ in parts)))
+    partial = df.groupBy(*[column_ref(k) for k in keys]).agg(
+        *[F.expr(expr).alias(name) for name, expr in partial_columns])
+    both, root, owned = _in_key_groups(ctx, partial, keys)
+    state_schema = arrow_schema(ctx, partial.schema)
+    out_schema = arrow_schema(ctx, whole)
+    retain = int(ctx.options.get(RETAIN, "") or DEFAULT_RETAIN)
+    assert ctx.batch is not None
+    fn = running_aggregate_batches(root, keys, merged, ctx.batch.batch_id, mode, retain, state_schema, out_schema,
+                                   owned)
+    return both.mapInArrow(cancellable(fn, ctx.cancel_marker), whole)
+
+
+def _deduplicate(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFrame]) -> DataFrame:
+    """drop_duplicates: in a bounded job, Spark's dropDuplicates (the input is HASH-partitioned on
+    the keys, so each key's rows are all in this subtask); over a stream, also across batches: a
+    key that any earlier batch had is dropped, the keys seen kept in keyed state."""
+    df = _single(spec, inputs)
+    keys = config_strings(spec, "keys")
+    batch_unique = df.dropDuplicates(keys)
+    if ctx.batch is None:
+        return batch_unique
+    if not ctx.checkpoint:
+        raise ValueError(f"{label(spec)}: drop_duplicates over a stream keeps its keys in the query's checkpoint, "
+                         "and the task has none")
+    rows, root, owned = _in_key_groups(ctx, batch_unique, keys)
+    fn = deduplicate_batches(root, keys, ctx.batch.batch_id, int(ctx.options.get(RETAIN, "") or DEFAULT_RETAIN),
+                             arrow_schema(ctx, StructType([df.schema[k] for k in keys])), arrow_schema(ctx, df.schema),
+                             owned)
+    return rows.mapInArrow(cancellable(fn, ctx.cancel_marker), df.schema)
+
+
+def _in_key_groups(ctx: RuntimeContext, df: DataFrame, keys: list[str]) -> tuple[DataFrame, str, range]:
+    """`df` with each row's key group, plus a marker row for every group this subtask owns (so
+    each writes its version even without rows this batch), in Spark partitions by group; and the
+    operator's state directory, its key groups checked against the ones its state has; and the
+    groups the subtask owns."""
     key_groups = ctx.max_parallelism
     owned = state.key_group_range(key_groups, ctx.parallelism, ctx.subtask_index)
     group_of = F.pmod(F.hash(*[column_ref(k) for k in keys]), F.lit(key_groups)).cast("int")
-    partial = (df.groupBy(*[column_ref(k) for k in keys])
-               .agg(*[F.expr(expr).alias(name) for name, expr in partial_columns])
-               .withColumn(state.KEY_GROUP_COLUMN, group_of)
-               .withColumn(MARKER_COLUMN, F.lit(False)))
-    # One marker row per owned group, so each writes its version even without rows this batch.
+    rows = df.withColumn(state.KEY_GROUP_COLUMN, group_of).withColumn(MARKER_COLUMN, F.lit(False))
     markers = ctx.spark.range(owned.start, owned.stop).select(
-        *[F.lit(None).cast(f.dataType).alias(f.name) for f in partial.schema.fields[:-2]],
+        *[F.lit(None).cast(f.dataType).alias(f.name) for f in df.schema.fields],
         F.col("id").cast("int").alias(state.KEY_GROUP_COLUMN), F.lit(True).alias(MARKER_COLUMN))
-    both = partial.unionByName(markers).repartition(min(_local_partitions(ctx), len(owned)),
-                                                     column_ref(state.KEY_GROUP_COLUMN))
-    state_schema = arrow_schema(ctx, StructType(partial.schema.fields[:-2]))
-    out_schema = arrow_schema(ctx, whole)
-    root = os.path.join(ctx.checkpoint, "state", ctx.vertex_id, "op-0")
-    retain = int(ctx.options.get(RETAIN, "") or DEFAULT_RETAIN)
-    assert ctx.batch is not None
-    fn = running_aggregate_batches(root, keys, merged, ctx.batch.batch_id, mode, retain,
-                                              state_schema, out_schema)
-    return both.mapInArrow(cancellable(fn, ctx.cancel_marker), whole)
+    both = rows.unionByName(markers).repartition(min(_local_partitions(ctx), len(owned)),
+                                                 column_ref(state.KEY_GROUP_COLUMN))
+    root = state.operator_dir(ctx.checkpoint, ctx.vertex_id)
+    _check_key_groups(root, ctx.vertex_id, key_groups)
+    return both, root, owned
+
+
+_KEY_GROUPS_CHECKED: set[tuple[str, int]] = set()
+
+
+def _check_key_groups(root: str, vertex_id: str, key_groups: int) -> None:
+    """Records the operator's number of key groups with its first state, and refuses to run with
+    another (its keys would look for their state in other groups)."""
+    if (root, key_groups) in _KEY_GROUPS_CHECKED:
+        return
+    path = os.path.join(root, state.METADATA)
+    if not os.path.exists(path):
+        os.makedirs(root, exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            f.write(state.metadata_text(key_groups))
+        try:
+            os.link(tmp, path)  # the first writer's stays: two subtasks starting at once agree
+        except FileExistsError:
+            pass
+        finally:
+            os.remove(tmp)
+    with open(path) as f:
+        problem = state.key_groups_problem(f.read(), vertex_id, key_groups)
+    if problem is not None:
+        raise ValueError(problem)
+    _KEY_GROUPS_CHECKED.add((root, key_groups))
 
 
 def _join(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFrame]) -> DataFrame:
@@ -257,6 +312,7 @@ TRANSFORMS: dict[str, Transform] = {
     "combine": _combine,
     "count": _count,
     "running_aggregate": _running_aggregate,
+    "deduplicate": _deduplicate,
     "join": _join,
     "union": _union,
     "transform": _transform,

@@ -17,6 +17,7 @@ import pytest
 
 from funke.common.api.dsl import ExecutionEnvironment
 from funke.deploy import localcluster
+from funke.deploy.client import InvalidJobGraph
 from funke.jobmanager.checkpointstore import CheckpointStore
 from tests.integration.test_streaming import (
     PHASES,
@@ -46,13 +47,14 @@ def stream_cluster(cluster):
 
 
 def running_job(out: Path, checkpoint: Path, mode: str, *, keyed_parallelism: int, rows_per_second: int = 40,
-                trigger: str = "500 ms") -> ExecutionEnvironment:
+                trigger: str = "500 ms", max_parallelism: int = 128) -> ExecutionEnvironment:
     env = ExecutionEnvironment("running totals", parallelism=2)
     (env.read_stream.rate(rows_per_second)
         .select(f"value % {KEYS} AS k", "value")
         .key_by("k")
         .aggregate("count(1) AS n", "sum(value) AS total", "max(value) AS top", "avg(value) AS mean")
         .set_parallelism(keyed_parallelism)
+        .set_max_parallelism(max_parallelism)
         .write_parquet(str(out)))
     env.set_output_mode(mode).set_trigger(trigger).set_checkpoint_location(str(checkpoint))
     env.set_restart_strategy("fixed-delay", attempts=20, delay="500 ms")
@@ -118,6 +120,11 @@ def test_a_running_aggregate_equals_a_direct_computation_after_every_batch_and_t
     state_dirs = list((checkpoint / "state").glob("*/op-0/kg-*"))
     assert len(state_dirs) == 128, f"one directory per key group of the default max parallelism: {len(state_dirs)}"
 
+    # another max parallelism would put the keys in other groups: refused at submit, saying why
+    with pytest.raises(InvalidJobGraph) as refused:
+        client.submit(running_job(out, checkpoint, "update", keyed_parallelism=2, max_parallelism=64).build())
+    assert any("128 key groups" in p for p in refused.value.problems), refused.value.problems
+
     # the same query restored at parallelism 2: the key groups move to other subtasks, the totals go on
     second = client.submit(running_job(out, checkpoint, "update", keyed_parallelism=2).build())
     events = Events(client, second)
@@ -147,3 +154,43 @@ def test_running_totals_stay_exact_through_taskmanager_kills_at_every_phase_of_a
     events.drain()
     assert events.statuses.count("RESTARTING") >= len(PHASES), events.statuses
     assert check_every_batch(out, checkpoint, "complete") >= len(PHASES) + 1
+
+
+DISTINCT = 30
+
+
+def test_drop_duplicates_over_batches_keeps_each_key_once_through_a_taskmanager_kill_and_replayed_batches(
+        stream_cluster, tmp_path):
+    out, checkpoint = tmp_path / "firsts", tmp_path / "checkpoint"
+    client = stream_cluster.client
+    env = ExecutionEnvironment("first of each key", parallelism=2)
+    (env.read_stream.rate(20)
+        .select(f"value % {DISTINCT} AS k", "value")
+        .drop_duplicates("k")
+        .write_parquet(str(out)))
+    env.set_trigger("500 ms").set_checkpoint_location(str(checkpoint))
+    env.set_restart_strategy("fixed-delay", attempts=20, delay="500 ms")
+    job_id = client.submit(env.build())
+    events = Events(client, job_id)
+    batch = events.wait("BatchCompleted")
+    events.wait("OutputOperationStarted", min_batch=batch + 1)  # its sinks are writing: it runs again
+    localcluster.kill(stream_cluster.dir, sorted(_task_managers_of(client, job_id))[0])
+    events.wait_recovered()
+    stream_cluster.add_taskmanager()
+    events.wait("BatchCompleted", min_batch=max(batch_ends(checkpoint)) + 1)
+    client.stop(job_id, timeout_s=60)
+    assert wait_status(client, job_id, ("FINISHED", "FAILED", "CANCELED")) == "FINISHED"
+    events.drain()
+    assert "RESTARTING" in events.statuses
+
+    ends = batch_ends(checkpoint)
+    emitted = committed_rows(out, lambda p: [(r["k"], r["value"]) for r in pq.read_table(p).to_pylist()])
+    start = 0
+    for b in sorted(ends):
+        # the keys first met in this batch's rows, each once, with a value of this batch
+        new = {v % DISTINCT for v in range(start, ends[b])} - {v % DISTINCT for v in range(start)}
+        rows = emitted.get(b, [])
+        assert sorted(k for k, _ in rows) == sorted(new), f"batch {b} [{start}, {ends[b]})"
+        assert all(start <= v < ends[b] and v % DISTINCT == k for k, v in rows), f"batch {b}: {rows}"
+        start = ends[b]
+    assert sum(len(r) for r in emitted.values()) == min(DISTINCT, start)

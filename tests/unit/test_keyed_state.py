@@ -98,7 +98,8 @@ def hash_group(word: str) -> int:
 
 def run_batch(root, batch_id, rows, mode="update", retain=100):
     aggregates = [("count", ("p0",)), ("avg", ("p1_sum", "p1_count"))]
-    fn = keyedstate.running_aggregate_batches(str(root), ["word"], aggregates, batch_id, mode, retain, STATE, OUT)
+    fn = keyedstate.running_aggregate_batches(str(root), ["word"], aggregates, batch_id, mode, retain, STATE, OUT,
+                                              range(8))
     out = pa.Table.from_batches(list(fn(iter([batch_of(rows, range(8))]))), schema=OUT)
     return {r["word"]: (r["count"], r["mean"]) for r in out.to_pylist()}
 
@@ -271,3 +272,79 @@ def test_a_streaming_deployment_routes_hash_exchanges_by_the_consumers_key_group
 
     assert asyncio.run(key_groups_of_the_exchange(streaming)) == [60, 60]  # two producer subtasks
     assert set(asyncio.run(key_groups_of_the_exchange(bounded))) == {0}
+
+
+def test_a_checkpoint_whose_state_has_other_key_groups_is_refused_at_submit_saying_why(tmp_path):
+    from funke.common.graph.validation import ValidationContext
+    from funke.jobmanager.streaming.submit import submit_problems
+
+    checkpoint = tmp_path / "checkpoint"
+    env = running_query()
+    env.set_checkpoint_location(str(checkpoint))
+    for t in env._transformations:
+        if t.kind == "running_aggregate":
+            t.max_parallelism = 64
+    job = env.build()
+    (vertex,) = [v for v in job.vertices if v.operators[0].kind == "running_aggregate"]
+    context = ValidationContext(data_dir=str(tmp_path / "data"))
+    assert submit_problems(job, context) == []  # no state yet
+    root = checkpoint / "state" / vertex.id / "op-0"
+    root.mkdir(parents=True)
+    (root / state.METADATA).write_text(state.metadata_text(64))
+    assert submit_problems(job, context) == []  # the same key groups
+    (root / state.METADATA).write_text(state.metadata_text(128))
+    (problem,) = submit_problems(job, context)
+    assert "128 key groups" in problem.message and "set_max_parallelism(128)" in problem.message, problem
+
+
+# ---------------------------------------------------------------------------- drop_duplicates
+
+
+ROWS = pa.schema([("id", pa.int64()), ("payload", pa.string())])
+KEY = pa.schema([("id", pa.int64())])
+
+
+def dedup_batch(root, batch_id, rows):
+    fn = keyedstate.deduplicate_batches(str(root), ["id"], batch_id, 100, KEY, ROWS, range(4))
+    groups = [i % 4 for i, _ in rows] + list(range(4))
+    batch = pa.RecordBatch.from_arrays([
+        pa.array([i for i, _ in rows] + [None] * 4, pa.int64()),
+        pa.array([p for _, p in rows] + [None] * 4, pa.string()),
+        pa.array(groups, pa.int32()),
+        pa.array([False] * len(rows) + [True] * 4),
+    ], names=["id", "payload", state.KEY_GROUP_COLUMN, keyedstate.MARKER_COLUMN])
+    return pa.Table.from_batches(list(fn(iter([batch]))), schema=ROWS).to_pylist()
+
+
+def test_drop_duplicates_over_a_stream_keeps_a_key_once_across_batches_and_a_rerun_batch_sees_the_same(tmp_path):
+    assert dedup_batch(tmp_path, 0, [(1, "a"), (2, "b")]) == [{"id": 1, "payload": "a"}, {"id": 2, "payload": "b"}]
+    assert dedup_batch(tmp_path, 1, [(2, "again"), (3, "c")]) == [{"id": 3, "payload": "c"}]
+    forget_workers_memory()
+    assert dedup_batch(tmp_path, 1, [(2, "again"), (3, "c")]) == [{"id": 3, "payload": "c"}]  # batch 1 re-run
+    assert dedup_batch(tmp_path, 2, [(3, "c"), (1, "a"), (5, "e")]) == [{"id": 5, "payload": "e"}]
+
+
+def test_drop_duplicates_is_stateful_over_a_stream_and_plain_in_a_bounded_job():
+    env = ExecutionEnvironment("dedup", parallelism=2)
+    env.read_stream.rate(10).select("value % 5 AS id", "value").drop_duplicates("id").discard()
+    job = env.build()  # append mode: a deduplicated stream needs no other output mode
+    (vertex,) = [v for v in job.vertices if v.operators[0].kind == "deduplicate"]
+    assert [(e.partitioner.value, e.partition_keys) for e in job.edges if e.consumer == vertex.id] == [("HASH", ("id",))]
+    bounded = ExecutionEnvironment("dedup", parallelism=2)
+    bounded.from_collection([(1,)], "id bigint").drop_duplicates("id").discard()
+    assert "deduplicate" in [op.kind for v in bounded.build().vertices for op in v.operators]
+    with pytest.raises(ValueError, match="needs the columns"):
+        bounded.from_collection([(1,)], "id bigint").drop_duplicates()
+    env.set_option("streaming.concurrent-jobs", "3")
+    with pytest.raises(JobGraphInvalid, match="one batch at a time"):
+        env.build()
+
+
+def test_rows_of_a_key_group_the_subtask_does_not_own_are_an_error_not_state_written_twice(tmp_path):
+    fn = keyedstate.deduplicate_batches(str(tmp_path), ["id"], 0, 100, KEY, ROWS, range(0, 2))
+    batch = pa.RecordBatch.from_arrays([pa.array([7], pa.int64()), pa.array(["x"]), pa.array([3], pa.int32()),
+                                        pa.array([False])],
+                                       names=["id", "payload", state.KEY_GROUP_COLUMN, keyedstate.MARKER_COLUMN])
+    with pytest.raises(RuntimeError, match=r"key group\(s\) \[3\] reached the subtask owning key groups 0..1"):
+        list(fn(iter([batch])))
+    assert not os.listdir(tmp_path)
