@@ -183,7 +183,8 @@ class JobMaster:
                 self.scheduler.add_batch_io(report.attempt, report.io)
             if self.query is not None:
                 self.query.on_batch_report(report.attempt, report.batch_id,
-                                           {p.data_set_id: p.schema for p in report.produced}, report.input_rows)
+                                           {p.data_set_id: p.schema for p in report.produced}, report.input_rows,
+                                           report.io.state if report.io is not None else None)
             return
         schemas = {(p.data_set_id, p.partition_index): p.schema for p in report.produced}
         stimulus = report.stimulus_id or f"{report.task_manager_id or 'tm'}:report"

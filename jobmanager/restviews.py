@@ -409,5 +409,9 @@ def batches(progress_json: Sequence[str]) -> dict[str, Any]:
             "processedRowsPerSecond": p.get("processedRowsPerSecond", 0.0),
             "durationMs": durations.get("triggerExecution", sum(v for v in durations.values()
                                                                 if isinstance(v, (int, float)))),
+            # per keyed operator: keys held, and the state's bytes on disk
+            "state": [{"operator": o.get("operatorName"), "keys": o.get("numRowsTotal", 0),
+                       "bytesOnDisk": o.get("stateOnDiskBytes", 0)}
+                      for o in p.get("stateOperators") or () if isinstance(o, dict)],
         })
     return {"batches": out}

@@ -30,6 +30,7 @@ from funke.common.states import JobStatus
 from funke.common.streaming import microbatch as mb
 from funke.common.streaming.checkpoint import CommitEntry, OffsetEntry
 from funke.common.streaming.sources import SOURCES
+from funke.common.streaming.state import StateMetrics
 from funke.common.wire import codec
 from funke.jobmanager.checkpointstore import CheckpointStore
 from funke.jobmanager.streaming.sides import SinkSides, SourceSides
@@ -128,10 +129,10 @@ class StreamingQuery:
             self._start_run()
 
     def on_batch_report(self, attempt: ExecutionAttemptId, batch_id: int, schemas: dict[str, str],
-                        input_rows: int | None = None) -> None:
+                        input_rows: int | None = None, state: StateMetrics | None = None) -> None:
         if self._run is not None:
             self._handle(self._run, qr.BatchReported(attempt, batch_id, schemas, input_rows, self._now(),
-                                                     f"report-{attempt}-{batch_id}"))
+                                                     f"report-{attempt}-{batch_id}", state))
 
     def stop(self, drain: bool, timeout_s: float) -> str:
         """A graceful stop: no new batch; the batches in flight finish and commit (with `drain`,

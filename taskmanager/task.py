@@ -51,11 +51,13 @@ from funke.common.graph.jobgraph import JobVertex, OperatorSpec, PartitionerKind
 from funke.common.graph.operators import CATALOGUE, OperatorRole
 from funke.common.states import ExecutionState
 from funke.common.streaming.sources import BatchInput
-from funke.common.graph.streamingjob import CHECKPOINT
+from funke.common.graph.streamingjob import CHECKPOINT, RUNNING_KINDS
+from funke.common.streaming.state import StateMetrics, key_group_range, operator_dir
 from funke.taskmanager import batchexchange, iometrics
 from funke.taskmanager import streaming
 from funke.taskmanager.receiver import SocketReceiver
 from funke.taskmanager.operators import udf
+from funke.taskmanager.operators.keyedstate import measure
 from funke.taskmanager.operators.context import InputMeter, RuntimeContext, column_ref
 from funke.taskmanager.operators.transforms import union_all
 
@@ -633,13 +635,20 @@ class StreamTask(Task):
                 # A batch's exchanges live in memory mostly: rows in are its source's, bytes in
                 # what it read of its inputs; bytes out are not measured.
                 io = TaskIo(input_rows or 0, produced[0].row_count if produced else 0, ctx.meter.bytes, 0,
-                            time.monotonic() - began)
+                            time.monotonic() - began, self._state_after(chain, ctx))
                 self._written.clear()  # a query runs for long: keep no list of every batch's directories
                 self._batch_report(batch.batch_id, produced, input_rows, io)
         finally:
             if receiver is not None:
                 receiver.stop()
         return ()
+
+    def _state_after(self, chain: _Chain, ctx: RuntimeContext) -> StateMetrics | None:
+        """The chain's keyed operator's state after the batch that just ran (None: it has none)."""
+        if chain.vertex.operators[0].kind not in RUNNING_KINDS or not ctx.checkpoint or ctx.batch is None:
+            return None
+        owned = key_group_range(ctx.max_parallelism, ctx.parallelism, ctx.subtask_index)
+        return measure(operator_dir(ctx.checkpoint, ctx.vertex_id), owned, ctx.batch.batch_id + 1)
 
     def _start_receiver(self, chain: _Chain) -> SocketReceiver | None:
         """A receiver source's receiver, started once the task is RUNNING (taskmanager/receiver.py)."""

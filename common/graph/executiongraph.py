@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
+from funke.common.streaming.state import StateMetrics
 from funke.common.graph.jobgraph import (
     DistributionPattern,
     JobEdge,
@@ -95,6 +96,8 @@ class TaskIo:
     bytes_in: int = 0
     bytes_out: int = 0
     seconds: float = 0.0
+    # a streaming task's batch through a keyed operator: its state after the batch
+    state: StateMetrics | None = None
 
 
 

@@ -32,6 +32,7 @@ from funke.common.streaming import microbatch as mb
 from funke.common.streaming.backpressure import RateEstimator
 from funke.common.streaming.checkpoint import OffsetEntry, SourceRange
 from funke.common.streaming.sources import BatchInput, ReceiverSource
+from funke.common.streaming.state import StateMetrics
 
 # The coordinator's events and actions that pass through unchanged (with their stimulus_id)
 from funke.common.streaming.microbatch import (  # noqa: F401
@@ -68,13 +69,15 @@ class BatchInputResolved:
 @dataclass(frozen=True, slots=True)
 class BatchReported:
     """Subtask `attempt` wrote batch `batch_id`; `schemas`: data set -> schema of what it wrote;
-    `input_rows`: the rows its stream sources read (None: not counted)."""
+    `input_rows`: the rows its stream sources read (None: not counted); `state`: its keyed
+    operator's state after the batch (None: it has none)."""
     attempt: ExecutionAttemptId
     batch_id: int
     schemas: dict[str, str]
     input_rows: int | None
     now_ms: int
     stimulus_id: str
+    state: StateMetrics | None = None
 
 
 Event = (RunStarted | Tick | OffsetsAnswered | TargetsCaptured | OffsetsLogged | BatchInputResolved | BatchReported
@@ -181,6 +184,9 @@ class QueryRun:
         # Per TaskManager, the batches through since its last RunTasks: it deletes what its tasks
         # wrote for them when told with the next one (the job's end releases the rest).
         self.released: dict[str, set[int]] = {}
+        # (batch, vertex) -> subtask -> its keyed operator's state after the batch, until the
+        # batch's progress record takes them
+        self.state_reported: dict[tuple[int, str], dict[int, StateMetrics]] = {}
 
     # ------------------------------------------------------------------ views
 
@@ -237,6 +243,9 @@ class QueryRun:
         if isinstance(event, BatchReported):
             if event.batch_id not in self.flow.in_flight:
                 return []
+            if event.state is not None:
+                key = (event.batch_id, event.attempt.vertex_id)
+                self.state_reported.setdefault(key, {})[event.attempt.subtask_index] = event.state
             steps = self.flow.on_report(event.attempt, event.batch_id, event.schemas, event.input_rows)
             return self._steps(event.batch_id, steps, event.now_ms, event.stimulus_id)
         raise TypeError(f"not an event of a query run: {event!r}")
@@ -255,6 +264,7 @@ class QueryRun:
                     out.append(CommitSinks(b, {s: self.flow.sink_attempts(s) for s in self.sinks}, sid))
                 case mb.Publish(kind="QueryProgress"):
                     self._describe_receivers(action.info)
+                    self._describe_state(action.info)
                     out.append(action)
                     out.extend(self._estimate_rates(action.info, sid))
                 case mb.Terminate():
@@ -321,6 +331,21 @@ class QueryRun:
                 source["rateLimitPerReceiver"] = round(self.rate_limits[name], 1)
         for key in [k for k in self.received if k[0] < batch - PROGRESS_KEPT]:  # batches that never got a record
             del self.received[key]
+
+    def _describe_state(self, record: dict[str, Any]) -> None:
+        """The keyed operators' state after the batch (Structured Streaming's `stateOperators`),
+        one entry per vertex, its subtasks' key groups added up."""
+        batch = int(record.get("batchId", -1))
+        entries = []
+        for key in sorted(k for k in self.state_reported if k[0] == batch):
+            total = sum(self.state_reported.pop(key).values(), StateMetrics())
+            ejv = self.flow.graph.vertices.get(key[1])
+            key_groups = ejv.job_vertex.effective_max_parallelism if ejv is not None else 0
+            entries.append(total.progress(key[1], key_groups))
+        if entries:
+            record["stateOperators"] = entries
+        for key in [k for k in self.state_reported if k[0] < batch - PROGRESS_KEPT]:
+            del self.state_reported[key]
 
     def _estimate_rates(self, record: dict[str, Any], sid: str) -> list[Action]:
         """A new backpressure rate goes to the source's receivers at once (as Spark's

@@ -27,6 +27,7 @@ import re
 from dataclasses import dataclass
 
 __all__ = ["DELTA", "KEY_GROUP_COLUMN", "METADATA", "OUTPUT_MODES", "SNAPSHOT", "SNAPSHOT_EVERY", "MissingState", "LoadPlan",
+           "StateMetrics",
            "files_to_delete", "group_dir_name", "key_group_range", "key_groups_problem", "load_plan", "metadata_text",
            "operator_dir", "parse_file_name", "state_file_name",
            "subtask_of_key_group"]
@@ -97,6 +98,34 @@ def parse_file_name(name: str) -> tuple[int, str] | None:
     temporary file of a write in progress, say)."""
     m = _FILE.match(name)
     return (int(m.group(1)), m.group(2)) if m else None
+
+
+@dataclass(frozen=True, slots=True)
+class StateMetrics:
+    """What a keyed operator's state looked like after one batch, over the key groups measured
+    (Structured Streaming's StateOperatorProgress): keys held, keys the batch wrote, keys it
+    removed, bytes of the files the batch wrote, bytes of the state's files on disk, and the
+    time the workers spent loading, merging and writing the state (not counting the rows' own
+    computation)."""
+    rows_total: int = 0
+    rows_updated: int = 0
+    rows_removed: int = 0
+    bytes_written: int = 0
+    bytes_on_disk: int = 0
+    update_ms: float = 0.0
+
+    def __add__(self, other: StateMetrics) -> StateMetrics:
+        return StateMetrics(self.rows_total + other.rows_total, self.rows_updated + other.rows_updated,
+                            self.rows_removed + other.rows_removed, self.bytes_written + other.bytes_written,
+                            self.bytes_on_disk + other.bytes_on_disk, self.update_ms + other.update_ms)
+
+    def progress(self, operator: str, key_groups: int) -> dict:
+        """Its entry in a progress record's `stateOperators` (Structured Streaming's keys, and
+        funke's for the files)."""
+        return {"operatorName": operator, "numRowsTotal": self.rows_total, "numRowsUpdated": self.rows_updated,
+                "numRowsRemoved": self.rows_removed, "allUpdatesTimeMs": round(self.update_ms),
+                "numKeyGroups": key_groups, "checkpointBytesWritten": self.bytes_written,
+                "stateOnDiskBytes": self.bytes_on_disk}
 
 
 class MissingState(Exception):

@@ -77,6 +77,7 @@ from funke.common.ids import echo
 from funke.common.states import ExecutionState, JobStatus, Transition
 from funke.common.streaming.checkpoint import SourceRange
 from funke.common.streaming.sources import BatchInput
+from funke.common.streaming.state import StateMetrics
 from funke.v1 import cluster_pb2 as cluster_pb
 from funke.v1 import job_pb2 as job_pb
 from funke.v1 import jobgraph_pb2 as pb
@@ -657,16 +658,29 @@ def produced_to_proto(p: ProducedPartition) -> cluster_pb.ProducedPartition:
 
 
 def io_to_proto(io: TaskIo) -> job_pb.TaskIo:
-    return job_pb.TaskIo(records_in=io.records_in, records_out=io.records_out, bytes_in=io.bytes_in,
-                         bytes_out=io.bytes_out, seconds=io.seconds)
+    msg = job_pb.TaskIo(records_in=io.records_in, records_out=io.records_out, bytes_in=io.bytes_in,
+                        bytes_out=io.bytes_out, seconds=io.seconds)
+    if io.state is not None:
+        s = io.state
+        msg.state.CopyFrom(job_pb.StateMetrics(rows_total=s.rows_total, rows_updated=s.rows_updated,
+                                               rows_removed=s.rows_removed, bytes_written=s.bytes_written,
+                                               bytes_on_disk=s.bytes_on_disk, update_ms=s.update_ms))
+    return msg
 
 
 def io_from_proto(m: job_pb.TaskIo) -> TaskIo:
     """Counts that cannot be ones (negative, not finite) are read as 0."""
     def count(v: int) -> int:
         return v if v >= 0 else 0
-    seconds = m.seconds if m.seconds == m.seconds and 0 <= m.seconds < float("inf") else 0.0
-    return TaskIo(count(m.records_in), count(m.records_out), count(m.bytes_in), count(m.bytes_out), seconds)
+    def duration(v: float) -> float:
+        return v if v == v and 0 <= v < float("inf") else 0.0
+    state = None
+    if m.HasField("state"):
+        s = m.state
+        state = StateMetrics(count(s.rows_total), count(s.rows_updated), count(s.rows_removed),
+                             count(s.bytes_written), count(s.bytes_on_disk), duration(s.update_ms))
+    return TaskIo(count(m.records_in), count(m.records_out), count(m.bytes_in), count(m.bytes_out),
+                  duration(m.seconds), state)
 
 
 def report_to_proto(r: TaskReport) -> cluster_pb.TaskExecutionState:

@@ -304,7 +304,31 @@ def render_progress(records: list[dict[str, Any]]) -> list[str]:
                      str(p.get("schedulingDelayMs", "")), str(p.get("totalDelayMs", ""))])
     lines += table_lines(["BATCH", "TIMESTAMP", "ROWS", "IN ROWS/S", "DONE ROWS/S", "OFFSETS MS", "WAL MS", "ADD MS",
                      "COMMIT MS", "TOTAL MS", "SCHED DELAY", "TOTAL DELAY"], rows, prefix="")
-    return lines + render_sources(records[-1])
+    return lines + render_sources(records[-1]) + render_state(records[-1])
+
+
+def render_state(p: dict[str, Any]) -> list[str]:
+    """A progress record's keyed operators: keys held and written, the state's files."""
+    operators = p.get("stateOperators") or []
+    if not operators:
+        return []
+    lines = [f"state after batch {p.get('batchId')}:"]
+    for o in operators:
+        lines.append(f"  {o.get('operatorName', '')}: {o.get('numRowsTotal', 0)} keys, {o.get('numRowsUpdated', 0)} "
+                     f"updated, {_bytes(o.get('checkpointBytesWritten'))} written, "
+                     f"{_bytes(o.get('stateOnDiskBytes'))} on disk in {o.get('numKeyGroups', '?')} key groups, "
+                     f"{o.get('allUpdatesTimeMs', 0)} ms in the state store")
+    return lines
+
+
+def _bytes(value: Any) -> str:
+    if not isinstance(value, (int, float)):
+        return "?"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:,.0f} {unit}" if unit == "B" else f"{value:,.1f} {unit}"
+        value /= 1024
+    return ""
 
 
 def render_sources(p: dict[str, Any]) -> list[str]:

@@ -955,13 +955,19 @@ function streamingSection(job, batches) {
   const recent = [...list].sort((a, b) => a.batchId - b.batchId).slice(-120);
   const series = (key) => recent.filter((b) => typeof b[key] === 'number' && Number.isFinite(b[key]))
     .map((b) => ({ x: b.batchId, y: b[key] }));
+  // keyed state, summed over the query's keyed operators
+  const withState = recent.filter((b) => Array.isArray(b.state) && b.state.length);
+  const stateSeries = (key) => withState.map((b) => ({
+    x: b.batchId, y: b.state.reduce((n, o) => n + (Number(o[key]) || 0), 0) }));
   const progress = job['latest-progress'];
   return section('streaming', 'Streaming query',
     batches?.error ? errorPanel(batches.error.message) : null,
     el('div', { class: 'charts' },
       lineChart('chart-input-rate', 'Input rows/s', series('inputRowsPerSecond')),
       lineChart('chart-processing-rate', 'Processed rows/s', series('processedRowsPerSecond')),
-      lineChart('chart-batch-duration', 'Batch duration (ms)', series('durationMs'))),
+      lineChart('chart-batch-duration', 'Batch duration (ms)', series('durationMs')),
+      withState.length ? lineChart('chart-state-keys', 'State: keys held', stateSeries('keys')) : null,
+      withState.length ? lineChart('chart-state-bytes', 'State on disk (bytes)', stateSeries('bytesOnDisk')) : null),
     el('p', { class: 'muted' }, `${list.length} micro-batches`
       + (recent.length ? `, latest #${recent[recent.length - 1].batchId} at ${formatTime(toMs(recent[recent.length - 1].timestamp))}` : '')),
     progress ? el('details', { class: 'progress' }, el('summary', {}, 'Latest progress record'),

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import types
 from collections.abc import Iterator
 from typing import Any
@@ -36,6 +37,7 @@ from funke.common.streaming.state import (
     KEY_GROUP_COLUMN,
     SNAPSHOT,
     SNAPSHOT_EVERY,
+    StateMetrics,
     files_to_delete,
     group_dir_name,
     load_plan,
@@ -46,10 +48,12 @@ from funke.taskmanager.operators.udf import ROWS_PER_BATCH
 _spark_cloudpickle.register_pickle_by_value(sys.modules[__name__])
 _spark_cloudpickle.register_pickle_by_value(_rules)
 
-__all__ = ["MARKER_COLUMN", "AggregateSpec", "deduplicate_batches", "running_aggregate_batches"]
+__all__ = ["MARKER_COLUMN", "AggregateSpec", "deduplicate_batches", "measure", "running_aggregate_batches"]
 
 MARKER_COLUMN = "__funke_group_marker"
 _CACHE_MODULE = "_funke_keyed_state"  # where a worker keeps its loaded groups across tasks
+# a delta file's metadata: the group's keys after the version, the keys it wrote, the time it took
+_ROWS_TOTAL, _ROWS_UPDATED, _UPDATE_MS = "funke.rows_total", "funke.rows_updated", "funke.update_ms"
 
 # One aggregate of a running aggregate: (function, its partial columns). function is one of
 # count, sum, min, max, avg (avg has two partial columns: the sum as a double, and the count).
@@ -101,11 +105,13 @@ def _read_rows(path: str, n_keys: int, into: dict[Any, tuple[list, list]]) -> No
         into[_freeze(tuple(key))] = (key, list(row[n_keys:]))
 
 
-def _write_rows(path: str, schema: pa.Schema, rows: list[tuple[list, list]]) -> None:
+def _write_rows(path: str, schema: pa.Schema, rows: list[tuple[list, list]], metadata: dict | None = None) -> None:
     columns: list[list] = [[] for _ in schema]
     for key, values in rows:
         for column, v in zip(columns, key + values):
             column.append(v)
+    if metadata:
+        schema = schema.with_metadata({k: str(v) for k, v in metadata.items()})
     table = pa.Table.from_arrays([pa.array(c, type=f.type) for c, f in zip(columns, schema)], schema=schema)
     tmp = f"{path}.{os.getpid()}.tmp"
     with pa.OSFile(tmp, "wb") as sink, ipc.new_file(sink, schema) as writer:
@@ -136,15 +142,18 @@ def load_group(root: str, key_group: int, version: int, n_keys: int) -> Group:
 
 
 def commit_group(root: str, key_group: int, group: Group, changes: dict[Any, tuple[list, list]],
-                 schema: pa.Schema, retain: int) -> Group:
+                 schema: pa.Schema, retain: int, began: float) -> Group:
     """Writes version group.version + 1 (the changes, and every SNAPSHOT_EVERY versions the
     whole state), deletes what retention no longer needs, and only then makes the new version
-    this worker's."""
+    this worker's. The delta's metadata says what the version holds (`measure` reads it);
+    `began`: when the group's work started (time.perf_counter())."""
     directory = os.path.join(root, group_dir_name(key_group))
     os.makedirs(directory, exist_ok=True)
     version = group.version + 1
     delta_path = os.path.join(directory, state_file_name(version, DELTA))
-    _write_rows(delta_path, schema, list(changes.values()))
+    total = len(group.rows) + sum(1 for k in changes if k not in group.rows)
+    _write_rows(delta_path, schema, list(changes.values()), {
+        _ROWS_TOTAL: total, _ROWS_UPDATED: len(changes), _UPDATE_MS: round((time.perf_counter() - began) * 1000, 3)})
     rows = group.rows
     rows.update(changes)  # the old version's dict is not kept: it is this worker's only copy
     if version % SNAPSHOT_EVERY == 0:
@@ -157,6 +166,29 @@ def commit_group(root: str, key_group: int, group: Group, changes: dict[Any, tup
     new = Group(version, rows, _stamp(delta_path))
     _loaded()[(root, key_group)] = new
     return new
+
+
+def measure(root: str, owned: range, version: int) -> StateMetrics:
+    """The state of groups `owned` at `version`, from the metadata of the version's delta files
+    and the sizes of the groups' files (on the task's side, once the batch's Spark work ran)."""
+    total = StateMetrics()
+    for key_group in owned:
+        directory = os.path.join(root, group_dir_name(key_group))
+        path = os.path.join(directory, state_file_name(version, DELTA))
+        try:
+            with pa.memory_map(path) as source:
+                meta = ipc.open_file(source).schema.metadata or {}
+            written = os.path.getsize(path)
+            on_disk = sum(e.stat().st_size for e in os.scandir(directory) if e.is_file())
+        except FileNotFoundError:
+            continue
+        try:  # every SNAPSHOT_EVERY versions the group was written whole too
+            written += os.path.getsize(os.path.join(directory, state_file_name(version, SNAPSHOT)))
+        except FileNotFoundError:
+            pass
+        total = total + StateMetrics(int(meta.get(_ROWS_TOTAL.encode(), 0)), int(meta.get(_ROWS_UPDATED.encode(), 0)), 0,
+                                     written, on_disk, float(meta.get(_UPDATE_MS.encode(), 0.0)))
+    return total
 
 
 def _merge(function: str, old: list, new: list) -> list:
@@ -201,6 +233,7 @@ def running_aggregate_batches(root: str, keys: list[str], aggregates: list[Aggre
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         out: list[list] = []
         for key_group, rows in _by_group(batches, state_columns, owned):
+            began = time.perf_counter()
             group = load_group(root, key_group, version, n_keys)
             changes: dict[Any, tuple[list, list]] = {}
             for row in rows:
@@ -208,7 +241,7 @@ def running_aggregate_batches(root: str, keys: list[str], aggregates: list[Aggre
                 frozen = _freeze(tuple(key))
                 seen = changes.get(frozen) or group.rows.get(frozen)
                 changes[frozen] = (key, merge_all(seen[1] if seen else None, row[n_keys:]))
-            group = commit_group(root, key_group, group, changes, state_schema, retain)
+            group = commit_group(root, key_group, group, changes, state_schema, retain, began)
             emitted = group.rows.values() if mode == "complete" else changes.values()
             out += [key + finals(values) for key, values in emitted]
         yield from _batches(out, out_schema)
@@ -227,6 +260,7 @@ def deduplicate_batches(root: str, keys: list[str], version: int, retain: int, s
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         out: list[list] = []
         for key_group, rows in _by_group(batches, out_schema.names, owned):
+            began = time.perf_counter()
             group = load_group(root, key_group, version, n_keys)
             changes: dict[Any, tuple[list, list]] = {}
             for row in rows:
@@ -235,7 +269,7 @@ def deduplicate_batches(root: str, keys: list[str], version: int, retain: int, s
                 if frozen not in group.rows and frozen not in changes:
                     changes[frozen] = (key, [])
                     out.append(row)
-            commit_group(root, key_group, group, changes, state_schema, retain)
+            commit_group(root, key_group, group, changes, state_schema, retain, began)
         yield from _batches(out, out_schema)
 
     return run

@@ -134,6 +134,13 @@ def test_a_running_aggregate_equals_a_direct_computation_after_every_batch_and_t
     events.drain()
     checked = check_every_batch(out, checkpoint, "update")
     assert checked >= before + 3
+    # every progress record says what the state holds: the 7 keys, in 128 key groups
+    records = [r for r in client.progress(second) if r.get("numInputRows")]
+    assert records, client.progress(second)
+    for record in records:
+        (operator,) = record["stateOperators"]
+        assert operator["numRowsTotal"] == KEYS and 1 <= operator["numRowsUpdated"] <= KEYS, operator
+        assert operator["numKeyGroups"] == 128 and operator["stateOnDiskBytes"] > operator["checkpointBytesWritten"] > 0
 
 
 def test_running_totals_stay_exact_through_taskmanager_kills_at_every_phase_of_a_batch(stream_cluster, tmp_path):

@@ -697,6 +697,17 @@ def test_funke_progress_shows_each_receivers_lines_and_rate_and_a_brokers_lag() 
     assert not [line for line in cli.render_progress([_progress_record(8, 40)]) if line.startswith("sources")]
 
 
+def test_funke_progress_shows_what_each_keyed_operators_state_holds() -> None:
+    record = _progress_record(9, 300)
+    record["stateOperators"] = [{"operatorName": "count", "numRowsTotal": 1500, "numRowsUpdated": 40,
+                                 "numRowsRemoved": 0, "allUpdatesTimeMs": 12, "numKeyGroups": 128,
+                                 "checkpointBytesWritten": 2048, "stateOnDiskBytes": 3 * 1024 * 1024}]
+    table = cli.render_progress([record])
+    assert table[table.index("state after batch 9:") + 1] == (
+        "  count: 1500 keys, 40 updated, 2.0 KiB written, 3.0 MiB on disk in 128 key groups, 12 ms in the state store")
+    assert not [line for line in cli.render_progress([_progress_record(8, 40)]) if line.startswith("state")]
+
+
 def test_add_jobmanager_wants_a_jobmanager_name_and_a_high_availability_cluster(tmp_path, capsys):
     assert cli.main(["cluster", "add-jobmanager", "tm-1", "--dir", str(tmp_path)]) == 2
     assert "'tm-1' is no JobManager name" in capsys.readouterr().err

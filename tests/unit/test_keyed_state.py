@@ -348,3 +348,32 @@ def test_rows_of_a_key_group_the_subtask_does_not_own_are_an_error_not_state_wri
     with pytest.raises(RuntimeError, match=r"key group\(s\) \[3\] reached the subtask owning key groups 0..1"):
         list(fn(iter([batch])))
     assert not os.listdir(tmp_path)
+
+
+def test_the_task_measures_the_state_a_batch_left_from_the_files_it_wrote(tmp_path):
+    run_batch(tmp_path, 0, [("a", 1), ("b", 2), ("a", 3)])
+    run_batch(tmp_path, 1, [("c", 1), ("a", 1)])
+    after = keyedstate.measure(str(tmp_path), range(8), 2)
+    assert (after.rows_total, after.rows_updated, after.rows_removed) == (3, 2, 0)
+    written = sum(os.path.getsize(tmp_path / state.group_dir_name(g) / "2.delta") for g in range(8))
+    assert after.bytes_written == written > 0
+    assert after.bytes_on_disk == sum(os.path.getsize(p) for p in tmp_path.glob("kg-*/*")) > written
+    assert after.update_ms > 0
+    assert keyedstate.measure(str(tmp_path), range(8), 5) == state.StateMetrics()  # a version not written
+    for batch_id in range(2, 10):  # version 10 is a snapshot too: written, and counted
+        run_batch(tmp_path, batch_id, [("a", 1)])
+    tenth = keyedstate.measure(str(tmp_path), range(8), 10)
+    assert tenth.bytes_written == sum(os.path.getsize(p) for p in tmp_path.glob("kg-*/10.*"))
+    assert tenth.bytes_written > sum(os.path.getsize(p) for p in tmp_path.glob("kg-*/10.delta"))
+
+
+def test_state_metrics_cross_the_wire_and_hostile_numbers_read_as_zero():
+    from funke.common.graph.executiongraph import TaskIo
+    from funke.common.wire.codec import io_from_proto, io_to_proto
+
+    io = TaskIo(1, 2, 3, 4, 0.5, state.StateMetrics(7, 3, 0, 512, 2048, 4.5))
+    assert io_from_proto(io_to_proto(io)) == io
+    assert io_from_proto(io_to_proto(TaskIo(1, 2, 3, 4, 0.5))).state is None
+    message = io_to_proto(io)
+    message.state.rows_total, message.state.update_ms = -5, float("nan")
+    assert io_from_proto(message).state == state.StateMetrics(0, 3, 0, 512, 2048, 0.0)

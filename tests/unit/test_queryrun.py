@@ -17,6 +17,7 @@ from funke.common.scheduling import queryrun as qr
 from funke.common.streaming import microbatch as mb
 from funke.common.streaming.checkpoint import SourceRange
 from funke.common.streaming.sources import FilesSource, RateSource
+from funke.common.streaming.state import StateMetrics
 from funke.jobmanager import streamsinks
 from funke.jobmanager.checkpointstore import CheckpointInUse, CheckpointStore
 from funke.jobmanager.streaming import FilesPlanner, RatePlanner
@@ -48,8 +49,9 @@ def _of(actions, kind):
     return [a for a in actions if isinstance(a, kind)]
 
 
-def _batch(run: qr.QueryRun, batch_id: int, now: int, rows: int = 10, per_subtask=(4, 6)) -> list:
-    """Plan, log, run and report one batch through every task; the actions of the last report."""
+def _batch(run: qr.QueryRun, batch_id: int, now: int, rows: int = 10, per_subtask=(4, 6), sink_state=None) -> list:
+    """Plan, log, run and report one batch through every task; the actions of the last report.
+    `sink_state`: what the sink's subtask reports of its keyed state."""
     if "src" in run.receivers:  # a block per receiver and batch; the tasks count the rows
         span = SourceRange({"0": batch_id, "1": batch_id} if batch_id else None, {"0": batch_id + 1, "1": batch_id + 1}, 0)
     else:
@@ -68,7 +70,8 @@ def _batch(run: qr.QueryRun, batch_id: int, now: int, rows: int = 10, per_subtas
     for action in list(out):
         if isinstance(action, qr.RunTasks) and action.vertex_id == "sink":
             (task,) = action.tasks
-            out += run.handle(qr.BatchReported(task.attempt, batch_id, {}, None, now + 200, f"report-{task.attempt}-{batch_id}"))
+            out += run.handle(qr.BatchReported(task.attempt, batch_id, {}, None, now + 200, f"report-{task.attempt}-{batch_id}",
+                                               sink_state))
     return out
 
 
@@ -111,6 +114,21 @@ def test_a_batch_goes_to_the_sources_per_taskmanager_then_the_sink_once_both_rep
     recorded = _record(run, 0, 1300)
     (progress,) = [a for a in _of(recorded, qr.Publish) if a.kind == "QueryProgress"]
     assert progress.info["numInputRows"] == 10 and progress.stimulus_id == "commit-logged-0"
+
+
+def test_a_keyed_operators_state_after_the_batch_is_in_the_batchs_progress_record_and_only_there():
+    run = _run()
+    _started(run)
+    run.handle(qr.Tick(1000, "tick-1000"))
+    _batch(run, 0, 1000, sink_state=StateMetrics(7, 3, 0, 512, 2048, 4.4))
+    (progress,) = [a for a in _of(_record(run, 0, 1300), qr.Publish) if a.kind == "QueryProgress"]
+    assert progress.info["stateOperators"] == [{
+        "operatorName": "sink", "numRowsTotal": 7, "numRowsUpdated": 3, "numRowsRemoved": 0, "allUpdatesTimeMs": 4,
+        "numKeyGroups": 128, "checkpointBytesWritten": 512, "stateOnDiskBytes": 2048}]
+    run.handle(qr.Tick(2000, "tick-2000"))
+    _batch(run, 1, 2000)
+    (progress,) = [a for a in _of(_record(run, 1, 2300), qr.Publish) if a.kind == "QueryProgress"]
+    assert "stateOperators" not in progress.info and run.state_reported == {}
 
 
 def test_a_batch_through_every_task_is_released_on_each_taskmanager_with_its_next_batch():

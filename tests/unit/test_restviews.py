@@ -139,8 +139,11 @@ def test_the_cluster_and_batches():
     assert one["timeSinceLastHeartbeat"] == 500 and one["hardware"]["cpuCores"] == 8
     records = [json.dumps({"batchId": 1, "timestamp": "2026-11-26T06:00:00.000Z", "numInputRows": 5,
                            "inputRowsPerSecond": 2.5, "processedRowsPerSecond": 10.0,
-                           "durationMs": {"triggerExecution": 500}}), "not json"]
+                           "durationMs": {"triggerExecution": 500},
+                           "stateOperators": [{"operatorName": "count", "numRowsTotal": 7, "stateOnDiskBytes": 900}]}),
+               "not json"]
     assert restviews.batches(records)["batches"] == [{"batchId": 1, "timestamp": 1795672800000, "numInputRows": 5,
                                                       "inputRowsPerSecond": 2.5, "processedRowsPerSecond": 10.0,
-                                                      "durationMs": 500}]
+                                                      "durationMs": 500,
+                                                      "state": [{"operator": "count", "keys": 7, "bytesOnDisk": 900}]}]
     assert restviews.ms(Timestamp()) == -1

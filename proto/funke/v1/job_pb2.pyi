@@ -110,18 +110,36 @@ class ExecutionStateTransition(_message.Message):
     def __init__(self, from_state: _Optional[_Union[ExecutionState, str]] = ..., to_state: _Optional[_Union[ExecutionState, str]] = ..., timestamp: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cause: _Optional[str] = ..., stimulus_id: _Optional[str] = ...) -> None: ...
 
 class TaskIo(_message.Message):
-    __slots__ = ("records_in", "records_out", "bytes_in", "bytes_out", "seconds")
+    __slots__ = ("records_in", "records_out", "bytes_in", "bytes_out", "seconds", "state")
     RECORDS_IN_FIELD_NUMBER: _ClassVar[int]
     RECORDS_OUT_FIELD_NUMBER: _ClassVar[int]
     BYTES_IN_FIELD_NUMBER: _ClassVar[int]
     BYTES_OUT_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
     records_in: int
     records_out: int
     bytes_in: int
     bytes_out: int
     seconds: float
-    def __init__(self, records_in: _Optional[int] = ..., records_out: _Optional[int] = ..., bytes_in: _Optional[int] = ..., bytes_out: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
+    state: StateMetrics
+    def __init__(self, records_in: _Optional[int] = ..., records_out: _Optional[int] = ..., bytes_in: _Optional[int] = ..., bytes_out: _Optional[int] = ..., seconds: _Optional[float] = ..., state: _Optional[_Union[StateMetrics, _Mapping]] = ...) -> None: ...
+
+class StateMetrics(_message.Message):
+    __slots__ = ("rows_total", "rows_updated", "rows_removed", "bytes_written", "bytes_on_disk", "update_ms")
+    ROWS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    ROWS_UPDATED_FIELD_NUMBER: _ClassVar[int]
+    ROWS_REMOVED_FIELD_NUMBER: _ClassVar[int]
+    BYTES_WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    BYTES_ON_DISK_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_MS_FIELD_NUMBER: _ClassVar[int]
+    rows_total: int
+    rows_updated: int
+    rows_removed: int
+    bytes_written: int
+    bytes_on_disk: int
+    update_ms: float
+    def __init__(self, rows_total: _Optional[int] = ..., rows_updated: _Optional[int] = ..., rows_removed: _Optional[int] = ..., bytes_written: _Optional[int] = ..., bytes_on_disk: _Optional[int] = ..., update_ms: _Optional[float] = ...) -> None: ...
 
 class Execution(_message.Message):
     __slots__ = ("id", "state", "created_at", "history", "task_manager_id", "slot_index", "failure", "io")
