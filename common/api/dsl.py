@@ -347,9 +347,7 @@ class KeyedStream(DataStream):
         """Folds each key's records pairwise with `fn(a, b)`, which returns one record of the
         same schema (see the module docstring for how records are passed)."""
         if self._running():
-            raise NotImplementedError(
-                "reduce(fn) over a stream: a running reduce is not available yet; use aggregate(...) for running "
-                "totals, or per_batch().reduce(fn) to reduce each batch on its own")
+            return self._one_input("running_reduce", "Reduce", {"keys": list(self._keys)}, _pickled(fn, "reduce"))
         return self._one_input("reduce", "Reduce", {"keys": list(self._keys)}, _pickled(fn, "reduce"))
 
     def aggregate(self, *aggregations: str) -> DataStream:

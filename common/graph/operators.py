@@ -137,6 +137,7 @@ CATALOGUE: dict[str, OperatorKind] = {
         # (funke.common.streaming.state); emits per the query's output mode
         _k("running_aggregate", T, 1, "keys", "aggregations",
            keys={"keys": V.COLUMNS, "aggregations": V.SQL_LIST}),
+        _k("running_reduce", T, 1, "keys", fn=True, keys={"keys": V.COLUMNS}),
         # one record per distinct key: per subtask in a bounded job (its input is HASH-partitioned on
         # the keys), and in a streaming query across every batch so far (keyed state)
         _k("deduplicate", T, 1, "keys", keys={"keys": V.COLUMNS}),

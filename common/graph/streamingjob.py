@@ -53,7 +53,7 @@ ALL_OUTPUT_MODES = ("append", "update", "complete")
 # Operators whose results span batches (keyed state, `funke.common.streaming.state`): running
 # aggregates, whose output mode must be update or complete, and deduplicate (bounded jobs have it
 # too, without state).
-RUNNING_AGGREGATE_KINDS = frozenset({"running_aggregate"})
+RUNNING_AGGREGATE_KINDS = frozenset({"running_aggregate", "running_reduce"})
 RUNNING_KINDS = RUNNING_AGGREGATE_KINDS | {"deduplicate"}
 CHECKPOINTS = "checkpoints"  # under the data directory: default checkpoint locations, by job name
 TRIGGERS = ("processing-time", "available-now", "once")

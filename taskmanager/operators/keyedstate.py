@@ -1,6 +1,6 @@
 """Keyed state where the rows are: the state store's reads and writes inside Spark's Python
-workers, and the operators that use them, the running aggregate and drop_duplicates over a
-stream (`funke.common.streaming.state` has the rules).
+workers, and the operators that use them over a stream: the running aggregate, the running
+reduce and drop_duplicates (`funke.common.streaming.state` has the rules).
 
 A running aggregate's batch reaches `running_aggregate_batches` as one row per key with the
 batch's partial aggregates (Spark computed them: count, sum, min, max, and avg as sum and
@@ -27,6 +27,7 @@ import types
 from collections.abc import Iterator
 from typing import Any
 
+import cloudpickle
 import pyarrow as pa
 import pyarrow.ipc as ipc
 from pyspark import cloudpickle as _spark_cloudpickle
@@ -43,12 +44,13 @@ from funke.common.streaming.state import (
     load_plan,
     state_file_name,
 )
-from funke.taskmanager.operators.udf import ROWS_PER_BATCH
+from funke.taskmanager.operators.udf import ROWS_PER_BATCH, RowReader, RowWriter
 
 _spark_cloudpickle.register_pickle_by_value(sys.modules[__name__])
 _spark_cloudpickle.register_pickle_by_value(_rules)
 
-__all__ = ["MARKER_COLUMN", "AggregateSpec", "deduplicate_batches", "measure", "running_aggregate_batches"]
+__all__ = ["MARKER_COLUMN", "AggregateSpec", "deduplicate_batches", "measure", "running_aggregate_batches",
+           "running_reduce_batches"]
 
 MARKER_COLUMN = "__funke_group_marker"
 _CACHE_MODULE = "_funke_keyed_state"  # where a worker keeps its loaded groups across tasks
@@ -270,6 +272,48 @@ def deduplicate_batches(root: str, keys: list[str], version: int, retain: int, s
                     changes[frozen] = (key, [])
                     out.append(row)
             commit_group(root, key_group, group, changes, state_schema, retain, began)
+        yield from _batches(out, out_schema)
+
+    return run
+
+
+def running_reduce_batches(fn_bytes: bytes, root: str, keys: list[str], version: int, mode: str, retain: int,
+                           state_schema: pa.Schema, out_schema: pa.Schema, owned: range, label: str):
+    """The mapInArrow function of one batch of a running reduce: each key's record folded with
+    the user's fn(a, b) over every batch so far (Flink's keyed reduce). The state holds the
+    record as Arrow gives it, converted to what fn receives (udf's convention) on every call, so
+    a worker that loaded it from the files calls fn exactly as one that kept it in memory."""
+    n_keys = len(keys)
+    positions = [out_schema.names.index(k) for k in keys]
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        fn = cloudpickle.loads(fn_bytes)
+        reader, writer = RowReader(out_schema), RowWriter(out_schema, label)
+
+        def to_user(values: list) -> Any:
+            converted = [convert(v) if convert else v for v, convert in zip(values, reader.converters)]
+            return converted[0] if len(converted) == 1 else reader.make(*converted)
+
+        def from_user(result: Any, key: list) -> list:
+            values = [convert(v) if convert else v for v, convert in zip(writer.values(result), writer.converters)]
+            if [values[p] for p in positions] != key:
+                raise ValueError(f"{label}: fn(a, b) returned {result!r}, whose key {[values[p] for p in positions]} "
+                                 f"is not the key {key} of a and b; a keyed reduce keeps the key")
+            return values
+
+        out: list[list] = []
+        for key_group, rows in _by_group(batches, out_schema.names, owned):
+            began = time.perf_counter()
+            group = load_group(root, key_group, version, n_keys)
+            changes: dict[Any, tuple[list, list]] = {}
+            for row in rows:
+                key = [row[p] for p in positions]
+                frozen = _freeze(tuple(key))
+                seen = changes.get(frozen) or group.rows.get(frozen)
+                changes[frozen] = (key, row if seen is None else from_user(fn(to_user(seen[1]), to_user(row)), key))
+            group = commit_group(root, key_group, group, changes, state_schema, retain, began)
+            emitted = group.rows.values() if mode == "complete" else changes.values()
+            out += [values for _, values in emitted]
         yield from _batches(out, out_schema)
 
     return run

@@ -15,6 +15,7 @@ import os
 from collections.abc import Sequence
 
 import cloudpickle
+import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import DecimalType, StructType
@@ -34,7 +35,12 @@ from funke.taskmanager.operators.context import (
     config_value,
     label,
 )
-from funke.taskmanager.operators.keyedstate import MARKER_COLUMN, deduplicate_batches, running_aggregate_batches
+from funke.taskmanager.operators.keyedstate import (
+    MARKER_COLUMN,
+    deduplicate_batches,
+    running_aggregate_batches,
+    running_reduce_batches,
+)
 from funke.taskmanager.operators.udf import cancellable, filter_batches, map_batches, reduce_batches
 
 __all__ = ["TRANSFORMS", "python_map", "union_all"]
@@ -169,10 +175,7 @@ def _running_aggregate(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[Dat
     keys, aggregations = config_strings(spec, "keys"), config_strings(spec, "aggregations")
     if ctx.batch is None or not ctx.checkpoint:
         raise ValueError(f"{label(spec)}: a running aggregate runs in a streaming query, with its checkpoint")
-    mode = ctx.options.get(OUTPUT_MODE, "").strip().lower()
-    if mode not in OUTPUT_MODES:
-        raise ValueError(f"{label(spec)}: the query's output mode ({OUTPUT_MODE}) is {mode!r}, "
-                         f"expected one of {', '.join(OUTPUT_MODES)}")
+    mode = _output_mode(ctx, spec)
     calls = [aggregates.parse_call(a) for a in aggregations]
     if any(c is None for c in calls):
         raise ValueError(f"{label(spec)}: {aggregates.RUNNING_ONLY}")
@@ -198,6 +201,32 @@ def _running_aggregate(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[Dat
     fn = running_aggregate_batches(root, keys, merged, ctx.batch.batch_id, mode, retain, state_schema, out_schema,
                                    owned)
     return both.mapInArrow(cancellable(fn, ctx.cancel_marker), whole)
+
+
+def _running_reduce(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFrame]) -> DataFrame:
+    """A keyed reduce over every batch so far: each key's record folded with the user's fn in the
+    Python workers, the folded record kept in keyed state; emits per the query's output mode."""
+    df = _single(spec, inputs)
+    keys = config_strings(spec, "keys")
+    if ctx.batch is None or not ctx.checkpoint:
+        raise ValueError(f"{label(spec)}: a running reduce runs in a streaming query, with its checkpoint")
+    mode = _output_mode(ctx, spec)
+    rows, root, owned = _in_key_groups(ctx, df, keys)
+    record = arrow_schema(ctx, df.schema)
+    state_schema = pa.schema([pa.field(f"__funke_key_{i}", record.field(k).type) for i, k in enumerate(keys)]
+                             + list(record))
+    fn = running_reduce_batches(spec.function, root, keys, ctx.batch.batch_id, mode,
+                                int(ctx.options.get(RETAIN, "") or DEFAULT_RETAIN), state_schema, record, owned,
+                                label(spec))
+    return rows.mapInArrow(cancellable(fn, ctx.cancel_marker), df.schema)
+
+
+def _output_mode(ctx: RuntimeContext, spec: OperatorSpec) -> str:
+    mode = ctx.options.get(OUTPUT_MODE, "").strip().lower()
+    if mode not in OUTPUT_MODES:
+        raise ValueError(f"{label(spec)}: the query's output mode ({OUTPUT_MODE}) is {mode!r}, "
+                         f"expected one of {', '.join(OUTPUT_MODES)}")
+    return mode
 
 
 def _deduplicate(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFrame]) -> DataFrame:
@@ -312,6 +341,7 @@ TRANSFORMS: dict[str, Transform] = {
     "combine": _combine,
     "count": _count,
     "running_aggregate": _running_aggregate,
+    "running_reduce": _running_reduce,
     "deduplicate": _deduplicate,
     "join": _join,
     "union": _union,

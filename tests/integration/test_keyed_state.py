@@ -201,3 +201,31 @@ def test_drop_duplicates_over_batches_keeps_each_key_once_through_a_taskmanager_
         assert all(start <= v < ends[b] and v % DISTINCT == k for k, v in rows), f"batch {b}: {rows}"
         start = ends[b]
     assert sum(len(r) for r in emitted.values()) == min(DISTINCT, start)
+
+
+def test_a_running_reduce_with_a_python_function_equals_a_direct_fold_after_every_batch(stream_cluster, tmp_path):
+    out, checkpoint = tmp_path / "folded", tmp_path / "checkpoint"
+    client = stream_cluster.client
+
+    def fold(a, b):  # count, sum and max of the values, as the running aggregate's first three
+        return (a.k, a.n + b.n, a.total + b.total, max(a.top, b.top))
+
+    env = ExecutionEnvironment("running fold", parallelism=2)
+    (env.read_stream.rate(40)
+        .select(f"value % {KEYS} AS k", "1L AS n", "value AS total", "value AS top")
+        .key_by("k").reduce(fold)
+        .write_parquet(str(out)))
+    env.set_output_mode("update").set_trigger("500 ms").set_checkpoint_location(str(checkpoint))
+    job_id = client.submit(env.build())
+    events = Events(client, job_id)
+    events.wait("BatchCompleted", min_batch=3)
+    client.stop(job_id, timeout_s=60)
+    assert wait_status(client, job_id, ("FINISHED", "FAILED", "CANCELED")) == "FINISHED"
+    events.drain()
+    ends = batch_ends(checkpoint)
+    emitted = committed_rows(out, lambda p: [(r["k"], r["n"], r["total"], r["top"]) for r in pq.read_table(p).to_pylist()])
+    folded: dict[int, tuple] = {}
+    for b in sorted(ends):
+        folded.update({k: (n, total, top) for k, n, total, top in emitted[b]})
+        assert folded == {k: e[:3] for k, e in expected_totals(ends[b]).items()}, f"batch {b}"
+    assert len(ends) >= 4

@@ -377,3 +377,46 @@ def test_state_metrics_cross_the_wire_and_hostile_numbers_read_as_zero():
     message = io_to_proto(io)
     message.state.rows_total, message.state.update_ms = -5, float("nan")
     assert io_from_proto(message).state == state.StateMetrics(0, 3, 0, 512, 2048, 0.0)
+
+
+# ---------------------------------------------------------------------------- a running reduce
+
+
+PAIRS = pa.schema([("word", pa.string()), ("n", pa.int64())])
+PAIR_STATE = pa.schema([("__funke_key_0", pa.string()), ("word", pa.string()), ("n", pa.int64())])
+
+
+def reduce_batch(root, batch_id, rows, fn, mode="update"):
+    import cloudpickle
+
+    run = keyedstate.running_reduce_batches(cloudpickle.dumps(fn), str(root), ["word"], batch_id, mode, 100,
+                                            PAIR_STATE, PAIRS, range(8), "operator 'Reduce' (running_reduce)")
+    batch = pa.RecordBatch.from_arrays([
+        pa.array([w for w, _ in rows] + [None] * 8, pa.string()),
+        pa.array([n for _, n in rows] + [None] * 8, pa.int64()),
+        pa.array([hash_group(w) for w, _ in rows] + list(range(8)), pa.int32()),
+        pa.array([False] * len(rows) + [True] * 8),
+    ], names=["word", "n", state.KEY_GROUP_COLUMN, keyedstate.MARKER_COLUMN])
+    return {r["word"]: r["n"] for r in pa.Table.from_batches(list(run(iter([batch]))), schema=PAIRS).to_pylist()}
+
+
+def add(a, b):
+    return (a.word, a.n + b.n)
+
+
+def test_a_running_reduce_folds_every_batch_so_far_and_calls_fn_alike_warm_or_cold(tmp_path):
+    def traced(a, b):  # runs unpickled, as in a worker: it tells by raising
+        if (type(a).__name__, type(b).__name__) != ("Row", "Row"):
+            raise TypeError(f"fn got {type(a).__name__}, {type(b).__name__}")
+        return {"word": a.word, "n": a.n + b.n}
+
+    assert reduce_batch(tmp_path, 0, [("a", 1), ("b", 2), ("a", 3)], traced) == {"a": 4, "b": 2}
+    assert reduce_batch(tmp_path, 1, [("a", 10)], traced) == {"a": 14}
+    forget_workers_memory()
+    assert reduce_batch(tmp_path, 2, [("b", 1)], traced, "complete") == {"a": 14, "b": 3}  # b's state from the files
+
+
+def test_a_running_reduce_that_changes_the_key_is_told_so(tmp_path):
+    reduce_batch(tmp_path, 0, [("a", 1)], add)
+    with pytest.raises(ValueError, match="a keyed reduce keeps the key"):
+        reduce_batch(tmp_path, 1, [("a", 1)], lambda a, b: ("z", 0))

@@ -92,3 +92,19 @@ def test_drop_duplicates_in_spark_across_batches_and_in_a_bounded_job(spark, ctx
     out1 = OPERATORS["deduplicate"](streaming(ctx, tmp_path, 1), DEDUP, [second])
     assert [tuple(r) for r in out1.collect()] == [(3, "c")]
     assert os.path.exists(tmp_path / "checkpoint" / "state" / "v" / "op-0" / state.METADATA)
+
+
+def test_a_running_reduce_in_spark_folds_across_batches_with_the_users_function(spark, ctx, tmp_path):
+    import cloudpickle
+
+    def add(a, b):
+        return (a.k, a.v + b.v, max(a.w, b.w))
+
+    spec = OperatorSpec("running_reduce", "sum", {"keys": ["k"]}, cloudpickle.dumps(add))
+    first = spark.createDataFrame([("a", 1, "x"), ("b", 2, "y"), ("a", 3, "b")], "k string, v int, w string")
+    out = OPERATORS["running_reduce"](streaming(ctx, tmp_path, 0), spec, [first])
+    assert out.columns == ["k", "v", "w"]
+    assert sorted(tuple(r) for r in out.collect()) == [("a", 4, "x"), ("b", 2, "y")]
+    second = spark.createDataFrame([("a", 10, "z")], "k string, v int, w string")
+    out = OPERATORS["running_reduce"](streaming(ctx, tmp_path, 1, "complete"), spec, [second])
+    assert sorted(tuple(r) for r in out.collect()) == [("a", 14, "z"), ("b", 2, "y")]
