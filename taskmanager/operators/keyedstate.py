@@ -24,7 +24,7 @@ import os
 import sys
 import time
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import cloudpickle
@@ -44,7 +44,7 @@ from funke.common.streaming.state import (
     load_plan,
     state_file_name,
 )
-from funke.taskmanager.operators.udf import ROWS_PER_BATCH, RowReader, RowWriter
+from funke.taskmanager.operators.udf import ROWS_PER_BATCH, RowReader, RowWriter, _freeze
 
 _spark_cloudpickle.register_pickle_by_value(sys.modules[__name__])
 _spark_cloudpickle.register_pickle_by_value(_rules)
@@ -80,14 +80,6 @@ def _loaded() -> dict[tuple[str, int], Group]:
         holder.groups = {}  # type: ignore[attr-defined]
         sys.modules[_CACHE_MODULE] = holder
     return holder.groups  # type: ignore[attr-defined,no-any-return]
-
-
-def _freeze(value: Any) -> Any:
-    if isinstance(value, list):
-        return tuple(_freeze(v) for v in value)
-    if isinstance(value, dict):
-        return tuple((k, _freeze(v)) for k, v in value.items())
-    return value
 
 
 def _stamp(path: str) -> tuple[int, int] | None:
@@ -233,20 +225,9 @@ def running_aggregate_batches(root: str, keys: list[str], aggregates: list[Aggre
         return [_final(function, values[first:first + count]) for function, first, count in spans]
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        out: list[list] = []
-        for key_group, rows in _by_group(batches, state_columns, owned):
-            began = time.perf_counter()
-            group = load_group(root, key_group, version, n_keys)
-            changes: dict[Any, tuple[list, list]] = {}
-            for row in rows:
-                key = row[:n_keys]
-                frozen = _freeze(tuple(key))
-                seen = changes.get(frozen) or group.rows.get(frozen)
-                changes[frozen] = (key, merge_all(seen[1] if seen else None, row[n_keys:]))
-            group = commit_group(root, key_group, group, changes, state_schema, retain, began)
-            emitted = group.rows.values() if mode == "complete" else changes.values()
-            out += [key + finals(values) for key, values in emitted]
-        yield from _batches(out, out_schema)
+        emitted = _fold(batches, state_columns, owned, list(range(n_keys)), root, version, retain, state_schema,
+                        mode, lambda old, row: merge_all(old, row[n_keys:]))
+        yield from _batches([key + finals(values) for key, values in emitted], out_schema)
 
     return run
 
@@ -256,23 +237,19 @@ def deduplicate_batches(root: str, keys: list[str], version: int, retain: int, s
     """The mapInArrow function of one batch of drop_duplicates over a stream: the rows whose key
     no batch before had (the batch's own duplicates were dropped before), each key remembered in
     its group's state."""
-    n_keys = len(keys)
     positions = [out_schema.names.index(k) for k in keys]
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        out: list[list] = []
-        for key_group, rows in _by_group(batches, out_schema.names, owned):
-            began = time.perf_counter()
-            group = load_group(root, key_group, version, n_keys)
-            changes: dict[Any, tuple[list, list]] = {}
-            for row in rows:
-                key = [row[p] for p in positions]
-                frozen = _freeze(tuple(key))
-                if frozen not in group.rows and frozen not in changes:
-                    changes[frozen] = (key, [])
-                    out.append(row)
-            commit_group(root, key_group, group, changes, state_schema, retain, began)
-        yield from _batches(out, out_schema)
+        firsts: list[list] = []
+
+        def first_only(old: list | None, row: list) -> list | None:
+            if old is not None:
+                return None  # seen before: dropped, the state unchanged
+            firsts.append(row)
+            return []
+
+        _fold(batches, out_schema.names, owned, positions, root, version, retain, state_schema, "update", first_only)
+        yield from _batches(firsts, out_schema)
 
     return run
 
@@ -283,7 +260,6 @@ def running_reduce_batches(fn_bytes: bytes, root: str, keys: list[str], version:
     the user's fn(a, b) over every batch so far (Flink's keyed reduce). The state holds the
     record as Arrow gives it, converted to what fn receives (udf's convention) on every call, so
     a worker that loaded it from the files calls fn exactly as one that kept it in memory."""
-    n_keys = len(keys)
     positions = [out_schema.names.index(k) for k in keys]
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -301,22 +277,37 @@ def running_reduce_batches(fn_bytes: bytes, root: str, keys: list[str], version:
                                  f"is not the key {key} of a and b; a keyed reduce keeps the key")
             return values
 
-        out: list[list] = []
-        for key_group, rows in _by_group(batches, out_schema.names, owned):
-            began = time.perf_counter()
-            group = load_group(root, key_group, version, n_keys)
-            changes: dict[Any, tuple[list, list]] = {}
-            for row in rows:
-                key = [row[p] for p in positions]
-                frozen = _freeze(tuple(key))
-                seen = changes.get(frozen) or group.rows.get(frozen)
-                changes[frozen] = (key, row if seen is None else from_user(fn(to_user(seen[1]), to_user(row)), key))
-            group = commit_group(root, key_group, group, changes, state_schema, retain, began)
-            emitted = group.rows.values() if mode == "complete" else changes.values()
-            out += [values for _, values in emitted]
-        yield from _batches(out, out_schema)
+        def fold(old: list | None, row: list) -> list:
+            return row if old is None else from_user(fn(to_user(old), to_user(row)), [row[p] for p in positions])
+
+        emitted = _fold(batches, out_schema.names, owned, positions, root, version, retain, state_schema, mode, fold)
+        yield from _batches([values for _, values in emitted], out_schema)
 
     return run
+
+
+def _fold(batches: Iterator[pa.RecordBatch], columns: list[str], owned: range, positions: list[int], root: str,
+          version: int, retain: int, state_schema: pa.Schema, mode: str,
+          fold: Callable[[list | None, list], list | None]) -> list[tuple[list, list]]:
+    """Every keyed operator's batch, per key group: load the group at `version`, fold each row
+    into its key's value (`fold(value so far or None, row)`: the new value, or None to leave the
+    key as it is), commit the next version; what the batch emits: (key, value) of the keys it
+    changed, or in complete mode of every key. `positions`: where the key is in a row."""
+    emitted: list[tuple[list, list]] = []
+    for key_group, rows in _by_group(batches, columns, owned):
+        began = time.perf_counter()
+        group = load_group(root, key_group, version, len(positions))
+        changes: dict[Any, tuple[list, list]] = {}
+        for row in rows:
+            key = [row[p] for p in positions]
+            frozen = _freeze(tuple(key))
+            seen = changes.get(frozen) or group.rows.get(frozen)
+            value = fold(seen[1] if seen is not None else None, row)
+            if value is not None:
+                changes[frozen] = (key, value)
+        group = commit_group(root, key_group, group, changes, state_schema, retain, began)
+        emitted += group.rows.values() if mode == "complete" else changes.values()
+    return emitted
 
 
 def _by_group(batches: Iterator[pa.RecordBatch], columns: list[str], owned: range) -> list[tuple[int, list[list]]]:

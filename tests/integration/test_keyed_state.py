@@ -23,7 +23,10 @@ from tests.integration.test_streaming import (
     PHASES,
     Events,
     _task_managers_of,
+    cluster,  # noqa: F401 (fixtures: the shared streaming cluster, restored for each test)
     committed_rows,
+    kill_at_every_phase,
+    stream_cluster,  # noqa: F401
     wait_status,
 )
 
@@ -32,18 +35,6 @@ pytestmark = pytest.mark.cluster
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 KEYS = 7
-
-
-@pytest.fixture(scope="module")
-def cluster(streaming_cluster):
-    streaming_cluster.restore()
-    return streaming_cluster
-
-
-@pytest.fixture
-def stream_cluster(cluster):
-    cluster.restore()
-    yield cluster
 
 
 def running_job(out: Path, checkpoint: Path, mode: str, *, keyed_parallelism: int, rows_per_second: int = 40,
@@ -148,18 +139,7 @@ def test_running_totals_stay_exact_through_taskmanager_kills_at_every_phase_of_a
     client = stream_cluster.client
     job_id = client.submit(running_job(out, checkpoint, "complete", keyed_parallelism=2, rows_per_second=100,
                                        trigger="1 s").build())
-    events = Events(client, job_id)
-    batch = events.wait("BatchCompleted")
-    for kind, _ in PHASES:
-        batch = events.wait(kind, min_batch=batch + 1)
-        victim = sorted(_task_managers_of(client, job_id))[0]
-        localcluster.kill(stream_cluster.dir, victim)
-        batch = events.wait_recovered()
-        stream_cluster.add_taskmanager()
-    client.stop(job_id, timeout_s=60)
-    assert wait_status(client, job_id, ("FINISHED", "FAILED", "CANCELED")) == "FINISHED"
-    events.drain()
-    assert events.statuses.count("RESTARTING") >= len(PHASES), events.statuses
+    kill_at_every_phase(stream_cluster, job_id, Events(client, job_id))
     assert check_every_batch(out, checkpoint, "complete") >= len(PHASES) + 1
 
 

@@ -383,6 +383,15 @@ def test_exactly_once_through_taskmanager_kills_at_every_phase_of_a_batch(stream
     job_id = client.submit(rate_job("kill at every phase", out, checkpoint, rows_per_second=100, slow_marker=slow,
                                     trigger="1 s").build())
     events = Events(client, job_id)
+    kill_at_every_phase(stream_cluster, job_id, events)
+    rows, duplicates, lost = assert_exactly_once(out, checkpoint)
+    assert rows > 0
+
+
+def kill_at_every_phase(stream_cluster, job_id: str, events: Events) -> None:
+    """kill -9 of one of the query's TaskManagers at each of PHASES of a batch (a replacement
+    started after each recovery), then a graceful stop: FINISHED, after a restart per kill."""
+    client = stream_cluster.client
     batch = events.wait("BatchCompleted")
     for kind, _ in PHASES:
         batch = events.wait(kind, min_batch=batch + 1)
@@ -393,8 +402,6 @@ def test_exactly_once_through_taskmanager_kills_at_every_phase_of_a_batch(stream
     client.stop(job_id, timeout_s=60)
     assert wait_status(client, job_id, ("FINISHED", "FAILED", "CANCELED")) == "FINISHED"
     events.drain()
-    rows, duplicates, lost = assert_exactly_once(out, checkpoint)
-    assert rows > 0
     assert events.statuses.count("RESTARTING") >= len(PHASES), events.statuses
 
 
