@@ -449,6 +449,20 @@ class JobManagerClient:
         with pa.ipc.open_stream(response.arrow_ipc_stream) as reader:
             return response.vertex_id, reader.read_all()
 
+    def keyed_state(self, job_id: str, vertex_id: str = "", key: Sequence[str] = (),
+                    limit: int = 0) -> tuple[jobmanager_pb2.KeyedState, pa.Table]:
+        """A streaming query's keyed state after its last committed batch: the reply (vertex,
+        batch, how many keys matched) and the rows as an Arrow table. `key`: the leading key
+        columns' values as text (none: every key); `limit`: rows at most (0: 1000)."""
+        import pyarrow as pa
+
+        response: jobmanager_pb2.KeyedState = self._call("GetKeyedState", jobmanager_pb2.GetKeyedStateRequest(
+            job_id=job_id, vertex_id=vertex_id, key=list(key), limit=limit))
+        if not response.arrow_ipc_stream:
+            return response, pa.table({})
+        with pa.ipc.open_stream(response.arrow_ipc_stream) as reader:
+            return response, reader.read_all()
+
     def result(self, job_id: str, vertex_id: str = "") -> list[dict[str, Any]]:
         """The collected rows as dicts keyed by column name."""
         return self.result_table(job_id, vertex_id)[1].to_pylist()

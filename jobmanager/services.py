@@ -24,7 +24,9 @@ from typing import Callable
 from funke.common import ids
 from funke.common.security import StreamQuota, client_of, token_problem
 from funke.common.states import JobStatus
+from funke.common.graph.streamingjob import RUNNING_KINDS
 from funke.jobmanager import committer, reachability
+from funke.jobmanager.checkpointstore import CheckpointStore
 from funke.common.wire.codec import job_status_to_proto
 from funke.jobmanager.dispatcher import Dispatcher, DispatcherError
 from funke.jobmanager.jobmaster import END_OF_STREAM, RESYNC, JobMaster
@@ -38,6 +40,7 @@ MAX_SLOTS_PER_TASK_MANAGER = 4096
 DEFAULT_STOP_TIMEOUT_S = 60.0
 MAX_STOP_TIMEOUT_S = 86_400.0
 MAX_ADDRESS_LENGTH = 300
+DEFAULT_STATE_ROWS, MAX_STATE_ROWS = 1000, 1_000_000  # GetKeyedState's rows
 MAX_RESOURCES = 100
 _HOST = re.compile(r"\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9][A-Za-z0-9.-]*")
 
@@ -120,6 +123,62 @@ class JobManagerService(jobmanager_pb2_grpc.JobManagerServicer):
             return d.query_progress(request.job_id)
         except DispatcherError as exc:
             await _abort(context, exc)
+
+    async def GetKeyedState(self, request, context):
+        d = await _current(self._current, context)
+        job = await _job(d, request.job_id, context)
+        query = getattr(job, "query", None)
+        if query is None:
+            what = "has ended" if isinstance(job, ArchivedJob) else "is not a streaming query"
+            await _refuse(context, grpc.StatusCode.FAILED_PRECONDITION,
+                          f"job {request.job_id} {what}; keyed state is read from a running query's checkpoint")
+        keyed = [v for v in job.graph.job_graph.vertices if v.operators and v.operators[0].kind in RUNNING_KINDS]
+        if request.vertex_id:
+            chosen = [v for v in keyed if v.id == request.vertex_id]
+            if not chosen:
+                await _refuse(context, grpc.StatusCode.NOT_FOUND, f"job {request.job_id} has no keyed operator "
+                              f"{ids.echo(request.vertex_id)} (it has {', '.join(v.id for v in keyed) or 'none'})")
+        elif len(keyed) != 1:
+            await _refuse(context, grpc.StatusCode.NOT_FOUND if not keyed else grpc.StatusCode.INVALID_ARGUMENT,
+                          f"job {request.job_id} has {len(keyed)} keyed operators "
+                          f"({', '.join(v.id for v in keyed) or 'none'}); name one")
+        vertex = chosen[0] if request.vertex_id else keyed[0]
+        op = vertex.operators[0]
+        n_keys = 1 if isinstance(op.config.get("keys"), str) else len(op.config.get("keys") or ())
+        problems = []
+        if len(request.key) > n_keys:
+            problems.append(f"{len(request.key)} key values given, and operator {vertex.id!r} has {n_keys} key column(s)")
+        if any(len(k) > 4096 for k in request.key):
+            problems.append("a key value is longer than 4096 characters")
+        if not 0 <= request.limit <= MAX_STATE_ROWS:
+            problems.append(f"limit {request.limit} is outside [0, {MAX_STATE_ROWS}] (0: {DEFAULT_STATE_ROWS})")
+        if problems:
+            await _refuse(context, grpc.StatusCode.INVALID_ARGUMENT, "; ".join(problems))
+        limit = request.limit or DEFAULT_STATE_ROWS
+
+        def read() -> tuple[int, bytes, int, int]:
+            import pyarrow as pa  # only this call needs Arrow: the JobManager starts without it
+
+            from funke.jobmanager.streaming.state import keyed_state_table
+
+            commits = CheckpointStore(query.checkpoint_location).commit_ids()
+            if not commits:
+                return -1, b"", 0, 0
+            table, matching = keyed_state_table(vertex, query.checkpoint_location, commits[-1] + 1,
+                                                list(request.key), limit)
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, table.schema) as writer:
+                writer.write_table(table)
+            return commits[-1], sink.getvalue().to_pybytes(), table.num_rows, matching
+
+        try:
+            batch, data, rows, matching = await asyncio.get_running_loop().run_in_executor(None, read)
+        except Exception as exc:  # a file gone or unreadable: the state is there but lost to us
+            log.warning("reading the keyed state of job %s failed", request.job_id, exc_info=True)
+            await _refuse(context, grpc.StatusCode.DATA_LOSS, f"the keyed state of job {request.job_id} "
+                          f"cannot be read: {type(exc).__name__}: {exc}")
+        return jobmanager_pb2.KeyedState(vertex_id=vertex.id, batch_id=batch, arrow_ipc_stream=data, row_count=rows,
+                                         matching_keys=matching)
 
     async def WatchJob(self, request, context):
         d = await _current(self._current, context)

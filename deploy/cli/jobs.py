@@ -261,6 +261,23 @@ def cmd_conformance(args: argparse.Namespace) -> int:
     return EXIT_OK if all(o.passed for o in outcomes) else EXIT_UNSUCCESSFUL
 
 
+def cmd_state(args: argparse.Namespace) -> int:
+    with client_for(args) as client:
+        reply, table = client.keyed_state(args.job, args.operator or "", args.key, args.limit)
+    rows = table.to_pylist()
+    if args.json:
+        print_json({"job_id": args.job, "operator": reply.vertex_id, "batch_id": reply.batch_id,
+                    "matching_keys": reply.matching_keys, "columns": table.column_names, "rows": rows})
+        return EXIT_OK
+    if reply.batch_id < 0:
+        print(f"{reply.vertex_id}: no batch committed yet, so no state")
+        return EXIT_OK
+    print("\n".join(render_rows(table.column_names, rows, prefix="")))
+    more = f" of {reply.matching_keys}" if reply.matching_keys > len(rows) else ""
+    print(f"({len(rows)}{more} key(s) of {reply.vertex_id}, after batch {reply.batch_id})")
+    return EXIT_OK
+
+
 def cmd_result(args: argparse.Namespace) -> int:
     with client_for(args) as client:
         vertex_id, table = client.result_table(args.job, args.vertex or "")

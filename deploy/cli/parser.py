@@ -23,6 +23,7 @@ from funke.deploy.cli.jobs import (
     cmd_list,
     cmd_progress,
     cmd_result,
+    cmd_state,
     cmd_status,
     cmd_stop,
     cmd_submit,
@@ -185,6 +186,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("result", cmd_result, "the rows a job collected (FINISHED, or a streaming query's committed batches)")
     p.add_argument("job", metavar="JOB")
     p.add_argument("--vertex", help="the collect sink's vertex id (needed when the job has several)")
+    p.add_argument("--json", action="store_true")
+    p = command("state", cmd_state, "a streaming query's keyed state after its last committed batch, as rows")
+    p.add_argument("job", metavar="JOB")
+    p.add_argument("--operator", metavar="VERTEX", help="the keyed operator's vertex id (needed when there are several)")
+    p.add_argument("--key", action="append", default=[], metavar="VALUE",
+                   help="only this key (repeat for each key column, in order; compared as text)")
+    p.add_argument("--limit", type=int, default=0, help="rows at most (default 1000)")
     p.add_argument("--json", action="store_true")
     p = command("conformance", cmd_conformance,
                 "run scenario jobs on the cluster and check every job and task moves only along the legal "

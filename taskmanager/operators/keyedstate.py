@@ -14,8 +14,9 @@ Each Python worker keeps the groups it loaded, by version (`_loaded`): Spark reu
 when what it holds is not the version asked for (a batch re-run after a failure asks for an older
 one). A version's in-memory state changes only after its files are written.
 
-Pickled by value into the workers, like `udf.py`, together with the pure rules module: a worker
-needs pyarrow and cloudpickle, not funke.
+Pickled by value into the workers, like `udf.py`, together with the pure rules module and the
+store's file functions (`funke.runtime.statefiles`): a worker needs pyarrow and cloudpickle, not
+funke.
 """
 
 from __future__ import annotations
@@ -41,13 +42,15 @@ from funke.common.streaming.state import (
     StateMetrics,
     files_to_delete,
     group_dir_name,
-    load_plan,
     state_file_name,
 )
+from funke.runtime import statefiles as _files
+from funke.runtime.statefiles import group_tables, write_table
 from funke.taskmanager.operators.udf import ROWS_PER_BATCH, RowReader, RowWriter, _freeze
 
 _spark_cloudpickle.register_pickle_by_value(sys.modules[__name__])
 _spark_cloudpickle.register_pickle_by_value(_rules)
+_spark_cloudpickle.register_pickle_by_value(_files)
 
 __all__ = ["MARKER_COLUMN", "AggregateSpec", "deduplicate_batches", "measure", "running_aggregate_batches",
            "running_reduce_batches"]
@@ -90,9 +93,7 @@ def _stamp(path: str) -> tuple[int, int] | None:
     return st.st_ino, st.st_mtime_ns
 
 
-def _read_rows(path: str, n_keys: int, into: dict[Any, tuple[list, list]]) -> None:
-    with pa.memory_map(path) as source:
-        table = ipc.open_file(source).read_all()
+def _read_rows(table: pa.Table, n_keys: int, into: dict[Any, tuple[list, list]]) -> None:
     columns = [c.to_pylist() for c in table.columns]
     for row in zip(*columns):
         key = list(row[:n_keys])
@@ -106,11 +107,7 @@ def _write_rows(path: str, schema: pa.Schema, rows: list[tuple[list, list]], met
             column.append(v)
     if metadata:
         schema = schema.with_metadata({k: str(v) for k, v in metadata.items()})
-    table = pa.Table.from_arrays([pa.array(c, type=f.type) for c, f in zip(columns, schema)], schema=schema)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with pa.OSFile(tmp, "wb") as sink, ipc.new_file(sink, schema) as writer:
-        writer.write_table(table)
-    os.replace(tmp, path)
+    write_table(path, pa.Table.from_arrays([pa.array(c, type=f.type) for c, f in zip(columns, schema)], schema=schema))
 
 
 def load_group(root: str, key_group: int, version: int, n_keys: int) -> Group:
@@ -121,16 +118,9 @@ def load_group(root: str, key_group: int, version: int, n_keys: int) -> Group:
     if held is not None and held.version == version:
         if version == 0 or held.stamp == _stamp(os.path.join(directory, state_file_name(version, DELTA))):
             return held
-    try:
-        names = os.listdir(directory)
-    except FileNotFoundError:
-        names = []
-    plan = load_plan(names, version)
     rows: dict[Any, tuple[list, list]] = {}
-    if plan.snapshot is not None:
-        _read_rows(os.path.join(directory, state_file_name(plan.snapshot, SNAPSHOT)), n_keys, rows)
-    for v in plan.deltas:
-        _read_rows(os.path.join(directory, state_file_name(v, DELTA)), n_keys, rows)
+    for table in group_tables(root, key_group, version):
+        _read_rows(table, n_keys, rows)
     stamp = _stamp(os.path.join(directory, state_file_name(version, DELTA))) if version else None
     return Group(version, rows, stamp)
 

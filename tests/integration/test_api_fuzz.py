@@ -59,7 +59,7 @@ SUMMARY = REPO / ".funke" / "fuzz" / "api-fuzz.json"
 
 SERVICES = {
     "funke.v1.JobManager": ["SubmitJob", "ListJobs", "GetJob", "CancelJob", "WatchJob", "GetClusterOverview",
-                            "GetJobResult"],
+                            "GetJobResult", "GetKeyedState"],
     "funke.v1.ResourceManager": ["RegisterTaskManager", "Heartbeat"],
     "funke.v1.JobMaster": ["UpdateTaskExecutionState"],
 }
@@ -417,13 +417,17 @@ def test_no_request_hurts_the_jobmanager(fuzz_cluster):
         elif kind == "ids":
             known = caller.accepted[-20:] or ["none"]
             job_id = rng.choice(known + mutator.strings[:30])
-            method = rng.choice(["GetJob", "CancelJob", "WatchJob", "GetJobResult", "ListJobs", "GetClusterOverview"])
+            method = rng.choice(["GetJob", "CancelJob", "WatchJob", "GetJobResult", "ListJobs", "GetClusterOverview",
+                                 "GetKeyedState"])
             request = {
                 "GetJob": lambda: jobmanager_pb2.GetJobRequest(job_id=job_id),
                 "CancelJob": lambda: jobmanager_pb2.CancelJobRequest(job_id=job_id),
                 "WatchJob": lambda: jobmanager_pb2.WatchJobRequest(job_id=job_id),
                 "GetJobResult": lambda: jobmanager_pb2.GetJobResultRequest(job_id=job_id,
                                                                            vertex_id=rng.choice(mutator.strings)),
+                "GetKeyedState": lambda: jobmanager_pb2.GetKeyedStateRequest(
+                    job_id=job_id, vertex_id=rng.choice(mutator.strings), key=rng.sample(mutator.strings, 2),
+                    limit=rng.choice([0, 1, -1, 2**31 - 1])),
                 "ListJobs": lambda: jobmanager_pb2.ListJobsRequest(),
                 "GetClusterOverview": lambda: jobmanager_pb2.GetClusterOverviewRequest(),
             }[method]()

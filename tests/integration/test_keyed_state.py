@@ -8,6 +8,7 @@ known from its offset log entry alone: the totals over values 0 .. end-1."""
 from __future__ import annotations
 
 import collections
+import json
 import sys
 from pathlib import Path
 
@@ -120,6 +121,14 @@ def test_a_running_aggregate_equals_a_direct_computation_after_every_batch_and_t
     second = client.submit(running_job(out, checkpoint, "update", keyed_parallelism=2).build())
     events = Events(client, second)
     events.wait("BatchCompleted", min_batch=max(batch_ends(checkpoint)) + 3)
+    # while it runs: funke state reads the keys' totals after the last committed batch
+    shown = json.loads(stream_cluster.funke("state", second, "--json").stdout)
+    expected = expected_totals(batch_ends(checkpoint)[shown["batch_id"]])
+    assert {r["k"]: (r["n"], r["total"], r["top"]) for r in shown["rows"]} == {k: e[:3] for k, e in expected.items()}
+    one = json.loads(stream_cluster.funke("state", second, "--key", "3", "--json").stdout)
+    assert [r["k"] for r in one["rows"]] == [3] and one["matching_keys"] == 1
+    wrong = stream_cluster.funke("state", second, "--operator", "no-such-vertex", check=False)
+    assert wrong.returncode != 0 and "has no keyed operator" in wrong.stderr, wrong.stderr
     client.stop(second, timeout_s=60)
     assert wait_status(client, second, ("FINISHED", "FAILED", "CANCELED")) == "FINISHED"
     events.drain()

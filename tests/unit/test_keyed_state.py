@@ -420,3 +420,38 @@ def test_a_running_reduce_that_changes_the_key_is_told_so(tmp_path):
     reduce_batch(tmp_path, 0, [("a", 1)], add)
     with pytest.raises(ValueError, match="a keyed reduce keeps the key"):
         reduce_batch(tmp_path, 1, [("a", 1)], lambda a, b: ("z", 0))
+
+
+# ---------------------------------------------------------------------------- funke state
+
+
+def test_the_jobmanager_reads_a_keyed_operators_state_as_the_rows_the_query_emits(tmp_path):
+    from funke.common import aggregates
+    from funke.common.graph.jobgraph import JobVertex, OperatorSpec
+    from funke.jobmanager.streaming.state import keyed_state_table
+
+    p = aggregates.PARTIAL_PREFIX
+    partials = pa.schema([("word", pa.string()), (f"{p}0", pa.int64()), (f"{p}1_sum", pa.float64()),
+                          (f"{p}1_count", pa.int64())])
+    root = tmp_path / "state" / "totals" / "op-0"
+    vertex = JobVertex("totals", "totals", 2, (OperatorSpec("running_aggregate", "Aggregate", {
+        "keys": ["word"], "aggregations": ["count(1) AS n", "avg(v) AS `the mean`"]}),), max_parallelism=8)
+    for batch_id, rows in enumerate([[("a", 1), ("b", 2), ("a", 3)], [("b", 4), ("c", 0)]]):
+        for subtask in range(2):  # each subtask writes its own groups
+            owned = state.key_group_range(8, 2, subtask)
+            fn = keyedstate.running_aggregate_batches(str(root), ["word"], [("count", (f"{p}0",)), (
+                "avg", (f"{p}1_sum", f"{p}1_count"))], batch_id, "update", 100, partials, OUT, owned)
+            mine = [(w, n) for w, n in rows if hash_group(w) in owned]
+            batch = batch_of(mine, owned).rename_columns([*partials.names, state.KEY_GROUP_COLUMN,
+                                                          keyedstate.MARKER_COLUMN])
+            list(fn(iter([batch])))
+    table, matching = keyed_state_table(vertex, str(tmp_path), 2, [], 1000)
+    assert table.column_names == ["word", "n", "the mean"] and matching == 3
+    assert sorted(table.to_pylist(), key=lambda r: r["word"]) == [
+        {"word": "a", "n": 2, "the mean": 2.0}, {"word": "b", "n": 2, "the mean": 3.0}, {"word": "c", "n": 1, "the mean": 0.0}]
+    one, matching = keyed_state_table(vertex, str(tmp_path), 1, ["b"], 1000)  # after batch 0
+    assert one.to_pylist() == [{"word": "b", "n": 1, "the mean": 2.0}] and matching == 1
+    few, matching = keyed_state_table(vertex, str(tmp_path), 2, [], 2)
+    assert few.num_rows == 2 and matching == 3
+    nothing, matching = keyed_state_table(vertex, str(tmp_path / "elsewhere"), 2, [], 1000)
+    assert nothing.num_rows == 0 and matching == 0

@@ -11,6 +11,32 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class GetKeyedStateRequest(_message.Message):
+    __slots__ = ("job_id", "vertex_id", "key", "limit")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    VERTEX_ID_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    vertex_id: str
+    key: _containers.RepeatedScalarFieldContainer[str]
+    limit: int
+    def __init__(self, job_id: _Optional[str] = ..., vertex_id: _Optional[str] = ..., key: _Optional[_Iterable[str]] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class KeyedState(_message.Message):
+    __slots__ = ("vertex_id", "batch_id", "arrow_ipc_stream", "row_count", "matching_keys")
+    VERTEX_ID_FIELD_NUMBER: _ClassVar[int]
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    ARROW_IPC_STREAM_FIELD_NUMBER: _ClassVar[int]
+    ROW_COUNT_FIELD_NUMBER: _ClassVar[int]
+    MATCHING_KEYS_FIELD_NUMBER: _ClassVar[int]
+    vertex_id: str
+    batch_id: int
+    arrow_ipc_stream: bytes
+    row_count: int
+    matching_keys: int
+    def __init__(self, vertex_id: _Optional[str] = ..., batch_id: _Optional[int] = ..., arrow_ipc_stream: _Optional[bytes] = ..., row_count: _Optional[int] = ..., matching_keys: _Optional[int] = ...) -> None: ...
+
 class StopJobRequest(_message.Message):
     __slots__ = ("job_id", "drain", "timeout_seconds")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]

@@ -80,6 +80,11 @@ class JobManagerStub:
                 request_serializer=funke_dot_v1_dot_jobmanager__pb2.GetQueryProgressRequest.SerializeToString,
                 response_deserializer=funke_dot_v1_dot_jobmanager__pb2.QueryProgress.FromString,
                 _registered_method=True)
+        self.GetKeyedState = channel.unary_unary(
+                '/funke.v1.JobManager/GetKeyedState',
+                request_serializer=funke_dot_v1_dot_jobmanager__pb2.GetKeyedStateRequest.SerializeToString,
+                response_deserializer=funke_dot_v1_dot_jobmanager__pb2.KeyedState.FromString,
+                _registered_method=True)
 
 
 class JobManagerServicer:
@@ -146,6 +151,13 @@ class JobManagerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetKeyedState(self, request, context):
+        """A streaming query's keyed state after its last committed batch, as rows (also while it runs).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_JobManagerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -193,6 +205,11 @@ def add_JobManagerServicer_to_server(servicer, server):
                     servicer.GetQueryProgress,
                     request_deserializer=funke_dot_v1_dot_jobmanager__pb2.GetQueryProgressRequest.FromString,
                     response_serializer=funke_dot_v1_dot_jobmanager__pb2.QueryProgress.SerializeToString,
+            ),
+            'GetKeyedState': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetKeyedState,
+                    request_deserializer=funke_dot_v1_dot_jobmanager__pb2.GetKeyedStateRequest.FromString,
+                    response_serializer=funke_dot_v1_dot_jobmanager__pb2.KeyedState.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -438,6 +455,33 @@ class JobManager:
             '/funke.v1.JobManager/GetQueryProgress',
             funke_dot_v1_dot_jobmanager__pb2.GetQueryProgressRequest.SerializeToString,
             funke_dot_v1_dot_jobmanager__pb2.QueryProgress.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetKeyedState(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/funke.v1.JobManager/GetKeyedState',
+            funke_dot_v1_dot_jobmanager__pb2.GetKeyedStateRequest.SerializeToString,
+            funke_dot_v1_dot_jobmanager__pb2.KeyedState.FromString,
             options,
             channel_credentials,
             insecure,
