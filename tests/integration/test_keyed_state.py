@@ -24,9 +24,11 @@ from tests.integration.test_streaming import (
     PHASES,
     Events,
     _task_managers_of,
+    assert_exactly_once,
     cluster,  # noqa: F401 (fixtures: the shared streaming cluster, restored for each test)
     committed_rows,
     kill_at_every_phase,
+    rate_job,
     stream_cluster,  # noqa: F401
     wait_status,
 )
@@ -143,13 +145,19 @@ def test_a_running_aggregate_equals_a_direct_computation_after_every_batch_and_t
         assert operator["numKeyGroups"] == 128 and operator["stateOnDiskBytes"] > operator["checkpointBytesWritten"] > 0
 
 
-def test_running_totals_stay_exact_through_taskmanager_kills_at_every_phase_of_a_batch(stream_cluster, tmp_path):
-    out, checkpoint = tmp_path / "totals", tmp_path / "checkpoint"
+def test_output_and_state_stay_exact_through_taskmanager_kills_at_every_phase_of_a_batch(stream_cluster, tmp_path):
+    """One query, two outputs of one rate source: its rows as they are (a plain sink), and running
+    totals per key (keyed state, complete mode); a TaskManager killed at each phase of a batch."""
+    out, totals, checkpoint = tmp_path / "values", tmp_path / "totals", tmp_path / "checkpoint"
     client = stream_cluster.client
-    job_id = client.submit(running_job(out, checkpoint, "complete", keyed_parallelism=2, rows_per_second=100,
-                                       trigger="1 s").build())
+    slow = tmp_path / "slow"
+    slow.write_text("0.01")  # 10 ms a row on the plain branch: a batch's tasks take about half a second
+    job_id = client.submit(rate_job("kill at every phase", out, checkpoint, rows_per_second=100, slow_marker=slow,
+                                    trigger="1 s", totals=(totals, KEYS)).build())
     kill_at_every_phase(stream_cluster, job_id, Events(client, job_id))
-    assert check_every_batch(out, checkpoint, "complete") >= len(PHASES) + 1
+    rows, duplicates, lost = assert_exactly_once(out, checkpoint)
+    assert rows > 0
+    assert check_every_batch(totals, checkpoint, "complete") >= len(PHASES) + 1
 
 
 DISTINCT = 30

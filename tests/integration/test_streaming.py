@@ -242,7 +242,11 @@ def store_source(store: CheckpointStore) -> str:
 # ---------------------------------------------------------------------------- rate source jobs
 
 def rate_job(name: str, out: Path, checkpoint: Path, *, rows_per_second: int = 40, parallelism: int = 2,
-             slow_marker: Path | None = None, trigger: str = "500 ms") -> ExecutionEnvironment:
+             slow_marker: Path | None = None, trigger: str = "500 ms",
+             totals: tuple[Path, int] | None = None) -> ExecutionEnvironment:
+    """Rate rows -> (slowed by the marker's seconds a row) -> Parquet at `out`. With `totals`
+    (a directory, a number of keys k): also, from the same source, running totals per value % k
+    (count n, sum total, max top, avg mean) in complete mode to that directory."""
     marker = str(slow_marker) if slow_marker else ""
 
     def through(value):
@@ -253,7 +257,14 @@ def rate_job(name: str, out: Path, checkpoint: Path, *, rows_per_second: int = 4
         return value
 
     env = ExecutionEnvironment(name, parallelism=parallelism)
-    env.read_stream.rate(rows_per_second).select("value").map(through, schema="value bigint").write_parquet(str(out))
+    source = env.read_stream.rate(rows_per_second)
+    source.select("value").map(through, schema="value bigint").write_parquet(str(out))
+    if totals is not None:
+        target, keys = totals
+        (source.select(f"value % {keys} AS k", "value").key_by("k")
+            .aggregate("count(1) AS n", "sum(value) AS total", "max(value) AS top", "avg(value) AS mean")
+            .write_parquet(str(target)))
+        env.set_output_mode("complete")
     env.set_trigger(trigger).set_checkpoint_location(str(checkpoint))
     env.set_restart_strategy("fixed-delay", attempts=20, delay="500 ms")
     return env
@@ -375,17 +386,8 @@ def _task_managers_of(client: JobManagerClient, job_id: str) -> set[str]:
             if s.current.task_manager_id}
 
 
-def test_exactly_once_through_taskmanager_kills_at_every_phase_of_a_batch(stream_cluster, tmp_path):
-    out, checkpoint = tmp_path / "values", tmp_path / "checkpoint"
-    client = stream_cluster.client
-    slow = tmp_path / "slow"
-    slow.write_text("0.01")  # 10 ms a row: a batch's tasks take about half a second
-    job_id = client.submit(rate_job("kill at every phase", out, checkpoint, rows_per_second=100, slow_marker=slow,
-                                    trigger="1 s").build())
-    events = Events(client, job_id)
-    kill_at_every_phase(stream_cluster, job_id, events)
-    rows, duplicates, lost = assert_exactly_once(out, checkpoint)
-    assert rows > 0
+# Exactly once through kills at every phase of a batch, for a plain sink and for keyed state at
+# once: tests/integration/test_keyed_state.py::test_output_and_state_stay_exact_through_...
 
 
 def kill_at_every_phase(stream_cluster, job_id: str, events: Events) -> None:
