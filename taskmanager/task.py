@@ -171,7 +171,11 @@ def _unpickle(vertex: JobVertex, op: OperatorSpec) -> object:
             f"vertex {vertex.id!r}: the function of '{op.display_name}' ({op.kind}) cannot be "
             f"unpickled: {type(e).__name__}: {e}"
         ) from e
-    if not callable(fn):
+    if op.kind == "process":  # a keyed process function: an object with process(key, rows, ctx)
+        if not callable(getattr(fn, "process", None)):
+            raise TypeError(f"vertex {vertex.id!r}: the function of '{op.display_name}' is a {type(fn).__name__} "
+                            "without a process(key, rows, ctx) method")
+    elif not callable(fn):
         raise TypeError(f"vertex {vertex.id!r}: the function of '{op.display_name}' is a {type(fn).__name__}, not callable")
     return fn
 

@@ -367,6 +367,48 @@ class KeyedStream(DataStream):
             return self._one_input("running_aggregate", "Aggregate", {"keys": list(self._keys), "aggregations": exprs})
         return self._one_input("aggregate", "Aggregate", {"keys": list(self._keys), "aggregations": exprs})
 
+    def process(self, fn: Any, schema: str | None = None, *, state: Sequence[Any] | None = None,
+                on_timer: Callable[[Any, int, Any], Any] | None = None) -> DataStream:
+        """A keyed process function over a stream (Flink's KeyedStream.process, Structured
+        Streaming's transformWithState): per key and micro-batch, `fn` gets the key, the key's
+        rows of the batch and a context with the key's typed state (`state`: ValueState,
+        ListState, MapState of `funke.common.api.state`, each with an optional TTL) and
+        processing-time timers, and returns or yields rows of `schema` (a Spark DDL string).
+        The state lives in the query's checkpoint, per key group, so the query restores and
+        rescales with it.
+
+        `fn` is a `KeyedProcessFunction` (or any object with process(key, rows, ctx), and
+        optionally open(ctx) and on_timer(key, timestamp, ctx), and its state in `state`), or a
+        plain function process(key, rows, ctx) with `on_timer` and `state` given here."""
+        from funke.common.api import state as state_api
+
+        if not self._running():
+            raise ValueError("process() keeps keyed state across a streaming query's batches; this stream is "
+                             "bounded (read_stream... makes a streaming query)")
+        out = _output_schema(schema, "process")
+        declared = list(state if state is not None else getattr(fn, "state", ()))
+        bad = [d for d in declared if not isinstance(d, state_api._StateDescriptor)]
+        if bad:
+            raise TypeError(f"process(): state takes ValueState, ListState and MapState handles, got {bad[0]!r}")
+        if hasattr(fn, "process") and callable(fn.process):
+            if on_timer is not None:
+                raise TypeError("process(): on_timer= is for a plain function; define on_timer on the object")
+            function: Any = fn
+        elif callable(fn):
+            function = state_api.KeyedProcessFunction()
+            function.process = fn  # type: ignore[method-assign]
+            if on_timer is not None:
+                if not callable(on_timer):
+                    raise TypeError(f"process(): on_timer must be a function, got {type(on_timer).__name__}")
+                function.on_timer = on_timer  # type: ignore[method-assign]
+        else:
+            raise TypeError(f"process() needs a KeyedProcessFunction or a function, got {type(fn).__name__}")
+        import cloudpickle
+
+        cloudpickle.register_pickle_by_value(state_api)  # the workers need not have funke
+        config = {"keys": list(self._keys), "schema": out, "state": [d.spec() for d in declared]}
+        return self._one_input("process", "Process", config, _pickled(function, "process", need_callable=False))
+
     def _running(self) -> bool:
         """Whether this keyed stream's aggregates keep totals across batches: it reads a stream
         and per_batch() was not asked for."""
@@ -805,8 +847,8 @@ def _db(db: object) -> int:
     return db
 
 
-def _pickled(fn: object, operation: str) -> bytes:
-    if not callable(fn):
+def _pickled(fn: object, operation: str, need_callable: bool = True) -> bytes:
+    if need_callable and not callable(fn):
         raise TypeError(f"{operation}() needs a function, got {type(fn).__name__}")
     import cloudpickle
 

@@ -35,6 +35,7 @@ class Value(enum.Enum):
     STREAM_KEY = "a Redis stream key"
     STARTING = "where a query starts reading: earliest or latest"
     REDIS_DB = "a Redis database number (0 or more)"
+    STATE_SPECS = "a list of state handles (name, kind, type, key_type, ttl_ms)"
 
 
 class FunctionUse(enum.Enum):
@@ -141,6 +142,10 @@ CATALOGUE: dict[str, OperatorKind] = {
         # one record per distinct key: per subtask in a bounded job (its input is HASH-partitioned on
         # the keys), and in a streaming query across every batch so far (keyed state)
         _k("deduplicate", T, 1, "keys", keys={"keys": V.COLUMNS}),
+        # a streaming query's keyed process function: the user's function per key and batch with
+        # typed state handles (value, list, map; optional TTL) and processing-time timers
+        _k("process", T, 1, "keys", "schema", fn=True,
+           keys={"keys": V.COLUMNS, "schema": V.DDL, "state": V.STATE_SPECS}),
         _k("join", T, 2, "on", keys={"on": V.COLUMNS, "how": V.JOIN_TYPE}),
         _k("union", T, VARIADIC),
         _k("transform", T, 1, fn=True),

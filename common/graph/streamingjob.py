@@ -51,10 +51,10 @@ OUTPUT_MODE = "streaming.output-mode"
 OPTIONS = (TRIGGER, INTERVAL, CHECKPOINT, CONCURRENT_JOBS, RETAIN, BACKPRESSURE, OUTPUT_MODE)
 ALL_OUTPUT_MODES = ("append", "update", "complete")
 # Operators whose results span batches (keyed state, `funke.common.streaming.state`): running
-# aggregates, whose output mode must be update or complete, and deduplicate (bounded jobs have it
-# too, without state).
+# aggregates, whose output mode must be update or complete, deduplicate (bounded jobs have it
+# too, without state) and keyed process functions (whose output is what the function emits).
 RUNNING_AGGREGATE_KINDS = frozenset({"running_aggregate", "running_reduce"})
-RUNNING_KINDS = RUNNING_AGGREGATE_KINDS | {"deduplicate"}
+RUNNING_KINDS = RUNNING_AGGREGATE_KINDS | {"deduplicate", "process"}
 CHECKPOINTS = "checkpoints"  # under the data directory: default checkpoint locations, by job name
 TRIGGERS = ("processing-time", "available-now", "once")
 DEFAULT_INTERVAL_MS = 1000
@@ -123,7 +123,7 @@ def query_problems(job: JobGraph) -> list[str]:
             problems.append(f"vertices {per_batch} end in a sink of streaming queries (foreach_batch, write_redis), "
                             "and this job reads no stream")
         running = [f"{v.id!r} ({op.kind})" for v in job.vertices for op in v.operators
-                   if op.kind in RUNNING_AGGREGATE_KINDS]
+                   if op.kind in RUNNING_AGGREGATE_KINDS | {"process"}]
         if running:
             problems.append(f"vertices {', '.join(running)} keep state across a streaming query's batches, and this "
                             "job reads no stream (a bounded job's keyed aggregate is count/reduce/aggregate)")

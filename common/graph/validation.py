@@ -32,6 +32,7 @@ from funke.common.graph.jobgraph import (
     PartitionerKind,
 )
 from funke.common.graph.operators import CATALOGUE, JOIN_TYPES, SINK_MODES, VARIADIC, FunctionUse, OperatorRole, Value
+from funke.common.streaming.state import state_specs_problem
 
 # Sizes a job graph may have. They keep one request from holding the JobManager's memory or
 # loop: a JobGraph is decoded, validated and expanded into an ExecutionGraph on submission.
@@ -521,6 +522,8 @@ def _value_problem(expected: Value, value: object, context: ValidationContext | 
         return None
     if expected is Value.OPTIONS:
         return _options_problem(value)
+    if expected is Value.STATE_SPECS:
+        return state_specs_problem(value)
     if expected is Value.ROWS:
         if not isinstance(value, (list, str)):
             return f"must be a list of rows, got {type(value).__name__}"

@@ -26,10 +26,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["DELTA", "KEY_GROUP_COLUMN", "METADATA", "OUTPUT_MODES", "SNAPSHOT", "SNAPSHOT_EVERY", "MissingState", "LoadPlan",
-           "StateMetrics",
-           "files_to_delete", "group_dir_name", "key_group_range", "key_groups_problem", "load_plan", "metadata_text",
-           "operator_dir", "parse_file_name", "state_file_name",
+__all__ = ["DELTA", "KEY_GROUP_COLUMN", "MAX_STATES", "MAX_TTL_MS", "METADATA", "OUTPUT_MODES", "REMOVED_COLUMN",
+           "SNAPSHOT", "SNAPSHOT_EVERY", "STATE_KINDS", "TIMERS_COLUMN", "MissingState", "LoadPlan", "StateMetrics",
+           "expires_column", "files_to_delete", "group_dir_name", "key_group_range", "key_groups_problem", "load_plan",
+           "metadata_text", "operator_dir", "parse_file_name", "state_file_name", "state_specs_problem",
            "subtask_of_key_group"]
 
 # Structured Streaming's output modes. `append` (each result row emitted once, final) needs to
@@ -40,6 +40,60 @@ SNAPSHOT_EVERY = 10  # Spark's spark.sql.streaming.stateStore.minDeltasForSnapsh
 DELTA = "delta"
 SNAPSHOT = "snapshot"
 _FILE = re.compile(r"^(\d{1,18})\.(delta|snapshot)$")
+# A delta file whose last column is this one marks the keys a version removed (True): a
+# keyed process function's key whose states were all cleared, or expired, and has no timer.
+REMOVED_COLUMN = "__funke_removed"
+# A keyed process function's state row: the key, its states, when each state with a TTL
+# expires (epoch ms), its processing-time timers (epoch ms, ascending), REMOVED_COLUMN.
+TIMERS_COLUMN = "__funke_timers"
+
+# A keyed process function's state handles (the operator's config "state": a list of
+# {"name", "kind", "type", "key_type" (map state), "ttl_ms" (optional)}).
+STATE_KINDS = ("value", "list", "map")
+MAX_STATES = 32
+MAX_TTL_MS = 10 * 365 * 86_400_000  # ten years
+_STATE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+_MAX_TYPE_LENGTH = 1000
+
+
+def expires_column(state: str) -> str:
+    return f"__funke_expires_{state}"
+
+
+def state_specs_problem(value: object) -> str | None:
+    """Why `value` is not a keyed process function's list of state handles (None: it is).
+    Names are identifiers, unique; types are Spark DDL type texts (Spark parses them when the
+    task starts); a TTL is whole milliseconds from 1 to MAX_TTL_MS."""
+    if not isinstance(value, list):
+        return f"must be a list of state handles, got {type(value).__name__}"
+    if len(value) > MAX_STATES:
+        return f"has {len(value)} state handles; at most {MAX_STATES}"
+    seen: set[str] = set()
+    for i, spec in enumerate(value):
+        if not isinstance(spec, dict):
+            return f"item {i} must be an object, got {type(spec).__name__}"
+        name = spec.get("name")
+        if not isinstance(name, str) or not _STATE_NAME.match(name):
+            return f"item {i}: name must be an identifier of at most 64 characters, got {str(name)[:80]!r}"
+        if name in seen:
+            return f"item {i}: a state named {name!r} is declared twice"
+        seen.add(name)
+        kind = spec.get("kind")
+        if kind not in STATE_KINDS:
+            return f"state {name!r}: kind must be one of {', '.join(STATE_KINDS)}, got {str(kind)[:80]!r}"
+        allowed = {"name", "kind", "type", "ttl_ms"} | ({"key_type"} if kind == "map" else set())
+        extra = sorted(str(k)[:80] for k in spec if k not in allowed)
+        if extra:
+            return f"state {name!r}: unknown field(s) {extra} (a {kind} state takes {sorted(allowed)})"
+        for field_ in ("type", "key_type") if kind == "map" else ("type",):
+            text = spec.get(field_)
+            if not isinstance(text, str) or not text.strip() or len(text) > _MAX_TYPE_LENGTH or "\x00" in text:
+                return (f"state {name!r}: {field_} must be a Spark type such as 'bigint' (at most "
+                        f"{_MAX_TYPE_LENGTH} characters), got {str(text)[:80]!r}")
+        ttl = spec.get("ttl_ms")
+        if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int) or not 1 <= ttl <= MAX_TTL_MS):
+            return f"state {name!r}: ttl_ms must be whole milliseconds from 1 to {MAX_TTL_MS} (ten years), got {ttl!r}"
+    return None
 
 
 def key_group_range(max_parallelism: int, parallelism: int, subtask: int) -> range:

@@ -4,7 +4,8 @@ state data source, but also while the query runs: a committed version's files ne
 
 A running aggregate's state holds partial aggregates; they are shown as the totals the query
 emits (an average as its sum over its count). A running reduce's holds the folded record; a
-deduplicating operator's the keys it has seen. Blocking I/O, for an executor thread.
+deduplicating operator's the keys it has seen; a keyed process function's its declared states and
+timers. Blocking I/O, for an executor thread.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pyarrow.compute as pc
 
 from funke.common import aggregates
 from funke.common.graph.jobgraph import JobVertex
-from funke.common.streaming.state import key_group_range, operator_dir
+from funke.common.streaming.state import REMOVED_COLUMN, TIMERS_COLUMN, key_group_range, operator_dir
 from funke.runtime.statefiles import group_tables
 
 __all__ = ["keyed_state_table"]
@@ -35,7 +36,11 @@ def keyed_state_table(vertex: JobVertex, checkpoint: str, version: int, key: lis
         for table in group_tables(root, key_group, version):
             schema = table.schema.remove_metadata()
             for row in table.to_pylist():
-                latest[tuple(repr(row[n]) for n in schema.names[:len(keys)])] = row
+                at = tuple(repr(row[n]) for n in schema.names[:len(keys)])
+                if row.get(REMOVED_COLUMN):
+                    latest.pop(at, None)  # a process function's key with nothing left
+                else:
+                    latest[at] = row
     if schema is None:  # no state yet
         return pa.table({k: pa.array([], pa.string()) for k in keys}), 0
     names = schema.names
@@ -46,6 +51,11 @@ def keyed_state_table(vertex: JobVertex, checkpoint: str, version: int, key: lis
         table = _totals(table, keys, op.config["aggregations"])
     elif op.kind == "running_reduce":
         table = table.drop_columns(names[:len(keys)])  # the key rides twice: as the key and in the record
+    elif op.kind == "process":  # the key, each state, the timers (not the TTLs' expiry times)
+        columns = {k: table.column(i) for i, k in enumerate(keys)}
+        columns.update({d["name"]: table.column(d["name"]) for d in op.config.get("state") or []})
+        columns["timers"] = table.column(TIMERS_COLUMN)
+        table = pa.table(columns)
     return table, total
 
 

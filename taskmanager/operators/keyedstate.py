@@ -21,6 +21,7 @@ funke.
 
 from __future__ import annotations
 
+import heapq
 import os
 import sys
 import time
@@ -37,6 +38,7 @@ from funke.common.streaming import state as _rules
 from funke.common.streaming.state import (
     DELTA,
     KEY_GROUP_COLUMN,
+    REMOVED_COLUMN,
     SNAPSHOT,
     SNAPSHOT_EVERY,
     StateMetrics,
@@ -46,19 +48,30 @@ from funke.common.streaming.state import (
 )
 from funke.runtime import statefiles as _files
 from funke.runtime.statefiles import group_tables, write_table
-from funke.taskmanager.operators.udf import ROWS_PER_BATCH, RowReader, RowWriter, _freeze
+from funke.taskmanager.operators.udf import (
+    ROWS_PER_BATCH,
+    RUNTIME_FILES,
+    RowReader,
+    RowWriter,
+    _freeze,
+    _from_arrow,
+    _to_arrow,
+)
 
 _spark_cloudpickle.register_pickle_by_value(sys.modules[__name__])
 _spark_cloudpickle.register_pickle_by_value(_rules)
 _spark_cloudpickle.register_pickle_by_value(_files)
 
-__all__ = ["MARKER_COLUMN", "AggregateSpec", "deduplicate_batches", "measure", "running_aggregate_batches",
-           "running_reduce_batches"]
+__all__ = ["MARKER_COLUMN", "AggregateSpec", "StateValueError", "deduplicate_batches", "measure",
+           "process_batches", "running_aggregate_batches", "running_reduce_batches"]
+
+RUNTIME_FILES.add(__file__)  # a process function's traceback starts at the user's code
 
 MARKER_COLUMN = "__funke_group_marker"
 _CACHE_MODULE = "_funke_keyed_state"  # where a worker keeps its loaded groups across tasks
 # a delta file's metadata: the group's keys after the version, the keys it wrote, the time it took
-_ROWS_TOTAL, _ROWS_UPDATED, _UPDATE_MS = "funke.rows_total", "funke.rows_updated", "funke.update_ms"
+_ROWS_TOTAL, _ROWS_UPDATED, _ROWS_REMOVED, _UPDATE_MS = ("funke.rows_total", "funke.rows_updated", "funke.rows_removed",
+                                                         "funke.update_ms")
 
 # One aggregate of a running aggregate: (function, its partial columns). function is one of
 # count, sum, min, max, avg (avg has two partial columns: the sum as a double, and the count).
@@ -68,12 +81,16 @@ AggregateSpec = tuple[str, tuple[str, ...]]
 class Group:
     """One key group's state at one version: frozen key -> (key values, partial values)."""
 
-    __slots__ = ("version", "rows", "stamp")
+    __slots__ = ("version", "rows", "stamp", "timers")
 
-    def __init__(self, version: int, rows: dict[Any, tuple[list, list]], stamp: tuple[int, int] | None):
+    def __init__(self, version: int, rows: dict[Any, tuple[list, list]], stamp: tuple[int, int] | None,
+                 timers: list | None = None):
         self.version = version
         self.rows = rows
         self.stamp = stamp  # (inode, mtime) of the file that made this version: a wiped store is seen
+        # a process function's timers as a heap of (time, frozen key), built when first needed;
+        # an entry whose key no longer has that timer is skipped when it comes up
+        self.timers = timers
 
 
 def _loaded() -> dict[tuple[str, int], Group]:
@@ -94,20 +111,55 @@ def _stamp(path: str) -> tuple[int, int] | None:
 
 
 def _read_rows(table: pa.Table, n_keys: int, into: dict[Any, tuple[list, list]]) -> None:
-    columns = [c.to_pylist() for c in table.columns]
-    for row in zip(*columns):
+    """A version's rows into `into`; a delta's removed keys (REMOVED_COLUMN true) out of it."""
+    removable = table.schema.names[-1] == REMOVED_COLUMN
+    columns = [c.to_pylist() for c in (table.columns[:-1] if removable else table.columns)]
+    removed = table.column(REMOVED_COLUMN).to_pylist() if removable else [False] * table.num_rows
+    for row, gone in zip(zip(*columns), removed):
         key = list(row[:n_keys])
-        into[_freeze(tuple(key))] = (key, list(row[n_keys:]))
+        if gone:
+            into.pop(_freeze(tuple(key)), None)
+        else:
+            into[_freeze(tuple(key))] = (key, list(row[n_keys:]))
 
 
-def _write_rows(path: str, schema: pa.Schema, rows: list[tuple[list, list]], metadata: dict | None = None) -> None:
+def _write_rows(path: str, schema: pa.Schema, rows: list[tuple[list, list]], metadata: dict | None = None,
+                removed: list[list] = ()) -> None:
+    """`rows` (key, values), and when the schema ends in REMOVED_COLUMN the `removed` keys, as
+    one Arrow file. A value Arrow cannot hold as its column's type is a StateValueError naming
+    the column and the key."""
+    removable = schema.names[-1] == REMOVED_COLUMN
     columns: list[list] = [[] for _ in schema]
     for key, values in rows:
-        for column, v in zip(columns, key + values):
+        for column, v in zip(columns, key + values + ([False] if removable else [])):
+            column.append(v)
+    width = len(schema) - len(removed[0]) - 1 if removed else 0
+    for key in removed:
+        for column, v in zip(columns, key + [None] * width + [True]):
             column.append(v)
     if metadata:
         schema = schema.with_metadata({k: str(v) for k, v in metadata.items()})
-    write_table(path, pa.Table.from_arrays([pa.array(c, type=f.type) for c, f in zip(columns, schema)], schema=schema))
+    arrays = []
+    for i, (column, f) in enumerate(zip(columns, schema)):
+        try:
+            arrays.append(pa.array(column, type=f.type))
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as e:
+            raise _value_error(f, column, [key for key, _ in rows] + list(removed), e) from None
+    write_table(path, pa.Table.from_arrays(arrays, schema=schema))
+
+
+class StateValueError(TypeError):
+    """A state value that cannot be stored as its declared type."""
+
+
+def _value_error(f: pa.Field, column: list, keys: list[list], error: Exception) -> StateValueError:
+    for value, key in zip(column, keys):  # the first value Arrow refuses on its own
+        try:
+            pa.array([value], type=f.type)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as e:
+            return StateValueError(f"state {f.name!r} of key {tuple(key)!r}: {value!r} "
+                                   f"({type(value).__name__}) cannot be stored as {f.type}: {e}")
+    return StateValueError(f"state {f.name!r}: cannot be stored as {f.type}: {error}")
 
 
 def load_group(root: str, key_group: int, version: int, n_keys: int) -> Group:
@@ -126,20 +178,24 @@ def load_group(root: str, key_group: int, version: int, n_keys: int) -> Group:
 
 
 def commit_group(root: str, key_group: int, group: Group, changes: dict[Any, tuple[list, list]],
-                 schema: pa.Schema, retain: int, began: float) -> Group:
-    """Writes version group.version + 1 (the changes, and every SNAPSHOT_EVERY versions the
-    whole state), deletes what retention no longer needs, and only then makes the new version
-    this worker's. The delta's metadata says what the version holds (`measure` reads it);
-    `began`: when the group's work started (time.perf_counter())."""
+                 schema: pa.Schema, retain: int, began: float, removed: dict[Any, list] | None = None) -> Group:
+    """Writes version group.version + 1 (the changes and the `removed` keys, and every
+    SNAPSHOT_EVERY versions the whole state), deletes what retention no longer needs, and only
+    then makes the new version this worker's. The delta's metadata says what the version holds
+    (`measure` reads it); `began`: when the group's work started (time.perf_counter())."""
     directory = os.path.join(root, group_dir_name(key_group))
     os.makedirs(directory, exist_ok=True)
     version = group.version + 1
     delta_path = os.path.join(directory, state_file_name(version, DELTA))
-    total = len(group.rows) + sum(1 for k in changes if k not in group.rows)
+    removed = {k: key for k, key in (removed or {}).items() if k in group.rows and k not in changes}
+    total = len(group.rows) + sum(1 for k in changes if k not in group.rows) - len(removed)
     _write_rows(delta_path, schema, list(changes.values()), {
-        _ROWS_TOTAL: total, _ROWS_UPDATED: len(changes), _UPDATE_MS: round((time.perf_counter() - began) * 1000, 3)})
+        _ROWS_TOTAL: total, _ROWS_UPDATED: len(changes), _ROWS_REMOVED: len(removed),
+        _UPDATE_MS: round((time.perf_counter() - began) * 1000, 3)}, list(removed.values()))
     rows = group.rows
     rows.update(changes)  # the old version's dict is not kept: it is this worker's only copy
+    for k in removed:
+        del rows[k]
     if version % SNAPSHOT_EVERY == 0:
         _write_rows(os.path.join(directory, state_file_name(version, SNAPSHOT)), schema, list(rows.values()))
         for name in files_to_delete(os.listdir(directory), version, retain):
@@ -147,7 +203,7 @@ def commit_group(root: str, key_group: int, group: Group, changes: dict[Any, tup
                 os.remove(os.path.join(directory, name))
             except FileNotFoundError:
                 pass
-    new = Group(version, rows, _stamp(delta_path))
+    new = Group(version, rows, _stamp(delta_path), group.timers)
     _loaded()[(root, key_group)] = new
     return new
 
@@ -170,8 +226,9 @@ def measure(root: str, owned: range, version: int) -> StateMetrics:
             written += os.path.getsize(os.path.join(directory, state_file_name(version, SNAPSHOT)))
         except FileNotFoundError:
             pass
-        total = total + StateMetrics(int(meta.get(_ROWS_TOTAL.encode(), 0)), int(meta.get(_ROWS_UPDATED.encode(), 0)), 0,
-                                     written, on_disk, float(meta.get(_UPDATE_MS.encode(), 0.0)))
+        total = total + StateMetrics(int(meta.get(_ROWS_TOTAL.encode(), 0)), int(meta.get(_ROWS_UPDATED.encode(), 0)),
+                                     int(meta.get(_ROWS_REMOVED.encode(), 0)), written, on_disk,
+                                     float(meta.get(_UPDATE_MS.encode(), 0.0)))
     return total
 
 
@@ -255,10 +312,7 @@ def running_reduce_batches(fn_bytes: bytes, root: str, keys: list[str], version:
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         fn = cloudpickle.loads(fn_bytes)
         reader, writer = RowReader(out_schema), RowWriter(out_schema, label)
-
-        def to_user(values: list) -> Any:
-            converted = [convert(v) if convert else v for v, convert in zip(values, reader.converters)]
-            return converted[0] if len(converted) == 1 else reader.make(*converted)
+        to_user = _records(reader)
 
         def from_user(result: Any, key: list) -> list:
             values = [convert(v) if convert else v for v, convert in zip(writer.values(result), writer.converters)]
@@ -274,6 +328,19 @@ def running_reduce_batches(fn_bytes: bytes, root: str, keys: list[str], version:
         yield from _batches([values for _, values in emitted], out_schema)
 
     return run
+
+
+def _records(reader: RowReader) -> Callable[[list], Any]:
+    """A row's column values -> the record a user function receives (udf's convention)."""
+    converters, make = reader.converters, reader.make
+    if not any(converters):
+        return (lambda values: values[0]) if len(converters) == 1 else (lambda values: make(*values))
+
+    def to_user(values: list) -> Any:
+        converted = [convert(v) if convert else v for v, convert in zip(values, converters)]
+        return converted[0] if len(converted) == 1 else make(*converted)
+
+    return to_user
 
 
 def _fold(batches: Iterator[pa.RecordBatch], columns: list[str], owned: range, positions: list[int], root: str,
@@ -325,3 +392,386 @@ def _batches(rows: list[list], schema: pa.Schema) -> Iterator[pa.RecordBatch]:
         chunk = rows[start:start + ROWS_PER_BATCH]
         yield pa.RecordBatch.from_arrays(
             [pa.array([row[i] for row in chunk], type=f.type) for i, f in enumerate(schema)], schema=schema)
+
+
+# --- the keyed process function ------------------------------------------------------------
+
+class _Runner:
+    """The state of the key being processed, for the handles: `values` is the key's row of
+    state in the store's layout (each state, each TTL state's expiry, the timers), a copy made
+    when the key's turn starts, so a batch that fails leaves the loaded version untouched."""
+
+    __slots__ = ("values", "frozen", "dirty", "now", "timers_at", "pushed")
+
+    def __init__(self, now: int, timers_at: int):
+        self.values: list | None = None
+        self.frozen: Any = None
+        self.dirty = False
+        self.now = now
+        self.timers_at = timers_at  # where the timers are in `values`
+        self.pushed: list[tuple[int, Any]] = []  # timers registered during the key's turn
+
+    def row(self, what: str) -> list:
+        if self.values is None:
+            raise RuntimeError(f"{what}: there is no current key here (state is per key: use it in process() "
+                               "and on_timer())")
+        return self.values
+
+
+class _Handle:
+    __slots__ = ("_runner", "_index", "_expires", "_ttl", "name")
+
+    def __init__(self, runner: _Runner, name: str, index: int, expires: int | None, ttl: int | None):
+        self._runner, self.name, self._index, self._expires, self._ttl = runner, name, index, expires, ttl
+
+    def _get(self) -> Any:
+        values = self._runner.row(f"state {self.name!r}")
+        if self._expires is not None:
+            at = values[self._expires]
+            if at is not None and at <= self._runner.now:
+                return None  # expired: never returned (Flink's NeverReturnExpired)
+        return values[self._index]
+
+    def _set(self, value: Any) -> None:
+        values = self._runner.row(f"state {self.name!r}")
+        values[self._index] = value
+        if self._expires is not None:
+            values[self._expires] = None if value is None else self._runner.now + self._ttl
+        self._runner.dirty = True
+
+    def clear(self) -> None:
+        self._set(None)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r})"
+
+
+class ValueStateHandle(_Handle):
+    __slots__ = ("_read", "_write")
+
+    def __init__(self, runner: _Runner, name: str, index: int, expires: int | None, ttl: int | None,
+                 arrow_type: pa.DataType):
+        super().__init__(runner, name, index, expires, ttl)
+        self._read, self._write = _from_arrow(arrow_type), _to_arrow(arrow_type)
+
+    def value(self) -> Any:
+        v = self._get()
+        return self._read(v) if self._read and v is not None else v
+
+    def update(self, value: Any) -> None:
+        self._set(self._write(value) if self._write and value is not None else value)
+
+
+class ListStateHandle(_Handle):
+    __slots__ = ("_read", "_write")
+
+    def __init__(self, runner: _Runner, name: str, index: int, expires: int | None, ttl: int | None,
+                 element_type: pa.DataType):
+        super().__init__(runner, name, index, expires, ttl)
+        self._read, self._write = _from_arrow(element_type), _to_arrow(element_type)
+
+    def get(self) -> list:
+        items = self._get() or []
+        return [self._read(x) for x in items] if self._read else list(items)
+
+    def add(self, value: Any) -> None:
+        self._set((self._get() or []) + [self._write(value) if self._write else value])
+
+    def add_all(self, values: Any) -> None:
+        self._set((self._get() or []) + [self._write(v) if self._write else v for v in values])
+
+    def update(self, values: Any) -> None:
+        items = [self._write(v) if self._write else v for v in values]
+        self._set(items or None)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.get())
+
+    def __len__(self) -> int:
+        return len(self._get() or [])
+
+
+class MapStateHandle(_Handle):
+    __slots__ = ("_key_read", "_key_write", "_read", "_write")
+
+    def __init__(self, runner: _Runner, name: str, index: int, expires: int | None, ttl: int | None,
+                 key_type: pa.DataType, value_type: pa.DataType):
+        super().__init__(runner, name, index, expires, ttl)
+        self._key_read, self._key_write = _from_arrow(key_type), _to_arrow(key_type)
+        self._read, self._write = _from_arrow(value_type), _to_arrow(value_type)
+
+    def _map(self) -> dict:
+        held = self._get()
+        if held is None:
+            return {}
+        return held if isinstance(held, dict) else dict(held)  # Arrow gives a map as (key, value) pairs
+
+    def _k(self, key: Any) -> Any:
+        return self._key_write(key) if self._key_write else key
+
+    def _out(self, value: Any) -> Any:
+        return self._read(value) if self._read and value is not None else value
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        held = self._map()
+        k = self._k(key)
+        return self._out(held[k]) if k in held else default
+
+    def put(self, key: Any, value: Any) -> None:
+        held = dict(self._map())
+        held[self._k(key)] = self._write(value) if self._write and value is not None else value
+        self._set(held)
+
+    def put_all(self, items: Any) -> None:
+        held = dict(self._map())
+        for key, value in (items.items() if isinstance(items, dict) else items):
+            held[self._k(key)] = self._write(value) if self._write and value is not None else value
+        self._set(held)
+
+    def remove(self, key: Any) -> None:
+        held = dict(self._map())
+        held.pop(self._k(key), None)
+        self._set(held or None)
+
+    def contains(self, key: Any) -> bool:
+        return self._k(key) in self._map()
+
+    def keys(self) -> list:
+        return [self._key_read(k) if self._key_read else k for k in self._map()]
+
+    def values(self) -> list:
+        return [self._out(v) for v in self._map().values()]
+
+    def items(self) -> list:
+        return [(self._key_read(k) if self._key_read else k, self._out(v)) for k, v in self._map().items()]
+
+    def is_empty(self) -> bool:
+        return not self._map()
+
+    def __contains__(self, key: Any) -> bool:
+        return self.contains(key)
+
+    def __len__(self) -> int:
+        return len(self._map())
+
+
+class TimerService:
+    """Processing-time timers of the current key (epoch ms). A timer at t fires in the first
+    batch whose time is t or later, after that batch's rows; one registered for a time already
+    passed fires in the batch it was registered in (from on_timer: in the next one)."""
+
+    __slots__ = ("_runner",)
+
+    def __init__(self, runner: _Runner):
+        self._runner = runner
+
+    def current_processing_time(self) -> int:
+        return self._runner.now
+
+    def register_processing_time_timer(self, timestamp: int) -> None:
+        timestamp = _timer_time(timestamp)
+        values = self._runner.row("register_processing_time_timer")
+        timers = values[self._runner.timers_at] or []
+        if timestamp not in timers:
+            values[self._runner.timers_at] = sorted(timers + [timestamp])
+            self._runner.pushed.append((timestamp, self._runner.frozen))
+            self._runner.dirty = True
+
+    def delete_processing_time_timer(self, timestamp: int) -> None:
+        timestamp = _timer_time(timestamp)
+        values = self._runner.row("delete_processing_time_timer")
+        timers = values[self._runner.timers_at] or []
+        if timestamp in timers:
+            values[self._runner.timers_at] = [t for t in timers if t != timestamp] or None
+            self._runner.dirty = True
+
+    def processing_time_timers(self) -> list[int]:
+        """The current key's registered timers, ascending."""
+        return list(self._runner.row("processing_time_timers")[self._runner.timers_at] or [])
+
+
+def _timer_time(timestamp: Any) -> int:
+    if isinstance(timestamp, bool) or not isinstance(timestamp, int) or not 0 <= timestamp < 2**63:
+        raise ValueError(f"a timer's time is epoch milliseconds (an int from 0), got {timestamp!r}")
+    return timestamp
+
+
+class _States:
+    """`ctx.state.<name>`: the handles by name."""
+
+    def __init__(self, handles: dict[str, _Handle]):
+        self.__dict__.update(handles)
+
+    def __getattr__(self, name: str) -> Any:
+        raise AttributeError(f"no state named {name!r}; the function declares {sorted(self.__dict__)}")
+
+
+class ProcessContext:
+    """What a keyed process function is handed: the current key, its state handles, timers, the
+    batch's id and time."""
+
+    def __init__(self, runner: _Runner, handles: dict[str, _Handle], batch_id: int):
+        self._runner = runner
+        self._handles = handles
+        self._timers = TimerService(runner)
+        self.state = _States(handles)
+        self.batch_id = batch_id
+        self.key: Any = None
+
+    def get_state(self, name: str) -> Any:
+        """The handle of state `name` (PyFlink's runtime_context.get_state in open()): it always
+        reads and writes the key being processed."""
+        name = getattr(name, "name", name)  # a descriptor is taken for its name
+        try:
+            return self._handles[name]
+        except KeyError:
+            raise KeyError(f"no state named {name!r}; the function declares {sorted(self._handles)}") from None
+
+    get_list_state = get_map_state = get_state
+
+    def get_current_key(self) -> Any:
+        return self.key
+
+    def timer_service(self) -> TimerService:
+        return self._timers
+
+    def current_processing_time(self) -> int:
+        return self._runner.now
+
+
+# (name, kind, arrow type of the column, [key type, value type] for a map, ttl ms)
+StateSpec = tuple[str, str, pa.DataType, tuple[pa.DataType, ...], int | None]
+
+
+def process_batches(fn_bytes: bytes, root: str, keys: list[str], version: int, now_ms: int, retain: int,
+                    specs: list[StateSpec], state_schema: pa.Schema, in_schema: pa.Schema, out_schema: pa.Schema,
+                    owned: range, label: str):
+    """The mapInArrow function of one batch of a keyed process function: per key group, load
+    the group at `version`; per key with rows, fn.process(key, rows, ctx); then, for each timer
+    at or before the batch's time `now_ms`, fn.on_timer(key, t, ctx); commit the next version
+    (changed keys, and removed ones: no state left and no timer); emit what the calls returned.
+    Every SNAPSHOT_EVERY versions, keys whose TTL states all expired are removed too."""
+    positions = [in_schema.names.index(k) for k in keys]
+    n_states = len(specs)
+    expires_of = {}
+    for i, (_, _, _, _, ttl) in enumerate(specs):
+        if ttl is not None:
+            expires_of[i] = n_states + len(expires_of)
+    timers_at = n_states + len(expires_of)
+    width = timers_at + 1
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        fn = cloudpickle.loads(fn_bytes)
+        runner = _Runner(now_ms, timers_at)
+        handles: dict[str, _Handle] = {}
+        for i, (name, kind, arrow_type, inner, ttl) in enumerate(specs):
+            exp = expires_of.get(i)
+            if kind == "value":
+                handles[name] = ValueStateHandle(runner, name, i, exp, ttl, arrow_type)
+            elif kind == "list":
+                handles[name] = ListStateHandle(runner, name, i, exp, ttl, inner[0])
+            else:
+                handles[name] = MapStateHandle(runner, name, i, exp, ttl, inner[0], inner[1])
+        ctx = ProcessContext(runner, handles, version)
+        to_user = _records(RowReader(in_schema))
+        writer = RowWriter(out_schema, label)
+        opened = getattr(fn, "open", None)
+        if opened is not None:
+            opened(ctx)
+        results: list[Any] = []
+
+        def alive(values: list) -> bool:
+            """Whether the key keeps a row: a state not empty nor expired, or a timer."""
+            if values[timers_at]:
+                return True
+            for i in range(n_states):
+                v = values[i]
+                if v is None or (isinstance(v, (list, dict)) and not v):
+                    continue
+                exp = expires_of.get(i)
+                if exp is not None and values[exp] is not None and values[exp] <= now_ms:
+                    continue
+                return True
+            return False
+
+        def turn(group: Group, changes: dict, removed: dict, frozen: Any, key: list, call: Callable[[], Any],
+                 heap_now: bool) -> None:
+            held = changes.get(frozen)
+            if held is None and frozen not in removed:
+                held = group.rows.get(frozen)
+            runner.values = list(held[1]) if held is not None else [None] * width
+            runner.frozen, runner.dirty, runner.pushed = frozen, False, []
+            ctx.key = key[0] if len(key) == 1 else tuple(key)
+            try:
+                out = call()
+                if out is not None:
+                    if isinstance(out, (str, bytes, dict)) or not hasattr(out, "__iter__"):
+                        raise TypeError(f"{label}: returned {type(out).__name__}; process() and on_timer() "
+                                        "return or yield rows (an iterable of rows), or None")
+                    results.extend(out)
+            finally:
+                values, runner.values = runner.values, None
+            if not runner.dirty:
+                return
+            if alive(values):
+                changes[frozen] = (key, values)
+                removed.pop(frozen, None)
+            else:
+                changes.pop(frozen, None)
+                if frozen in group.rows:
+                    removed[frozen] = key
+            if group.timers is not None:
+                for entry in runner.pushed:
+                    if heap_now:
+                        heapq.heappush(group.timers, entry)
+                    else:
+                        deferred.append(entry)
+
+        deferred: list[tuple[int, Any]] = []
+        for key_group, rows in _by_group(batches, in_schema.names, owned):
+            began = time.perf_counter()
+            group = load_group(root, key_group, version, len(positions))
+            try:
+                if group.timers is None:
+                    group.timers = [(t, frozen) for frozen, (_, values) in group.rows.items()
+                                    for t in (values[timers_at] or ())]
+                    heapq.heapify(group.timers)
+                changes: dict[Any, tuple[list, list]] = {}
+                removed: dict[Any, list] = {}
+                per_key: dict[Any, tuple[list, list]] = {}
+                for row in rows:
+                    key = [row[p] for p in positions]
+                    per_key.setdefault(_freeze(tuple(key)), (key, []))[1].append(to_user(row))
+                for frozen, (key, key_rows) in per_key.items():
+                    turn(group, changes, removed, frozen, key,
+                         lambda: fn.process(ctx.key, key_rows, ctx), heap_now=True)
+                deferred.clear()
+                heap = group.timers
+                while heap and heap[0][0] <= now_ms:
+                    at, frozen = heapq.heappop(heap)
+                    held = changes.get(frozen) or (None if frozen in removed else group.rows.get(frozen))
+                    if held is None or at not in (held[1][timers_at] or ()):
+                        continue  # deleted, or fired already
+                    fired = list(held[1])
+                    fired[timers_at] = [t for t in fired[timers_at] if t != at] or None
+                    changes[frozen] = (held[0], fired)  # a fired timer is gone, whatever on_timer does
+                    turn(group, changes, removed, frozen, held[0],
+                         lambda: fn.on_timer(ctx.key, at, ctx), heap_now=False)
+                    if frozen in changes and not alive(changes[frozen][1]):
+                        del changes[frozen]
+                        if frozen in group.rows:
+                            removed[frozen] = held[0]
+                for entry in deferred:
+                    heapq.heappush(heap, entry)
+                if expires_of and (version + 1) % SNAPSHOT_EVERY == 0:
+                    for frozen, (key, values) in group.rows.items():
+                        if frozen not in changes and frozen not in removed and not alive(values):
+                            removed[frozen] = key
+                commit_group(root, key_group, group, changes, state_schema, retain, began, removed)
+            except BaseException:
+                _loaded().pop((root, key_group), None)  # what this worker holds may be half-changed
+                raise
+        for start in range(0, len(results), ROWS_PER_BATCH):
+            yield writer.batch_of_results(results[start:start + ROWS_PER_BATCH])
+
+    return run

@@ -34,10 +34,12 @@ from funke.taskmanager.operators.context import (
     config_strings,
     config_value,
     label,
+    parse_schema,
 )
 from funke.taskmanager.operators.keyedstate import (
     MARKER_COLUMN,
     deduplicate_batches,
+    process_batches,
     running_aggregate_batches,
     running_reduce_batches,
 )
@@ -221,6 +223,52 @@ def _running_reduce(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFr
     return rows.mapInArrow(cancellable(fn, ctx.cancel_marker), df.schema)
 
 
+def _process(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFrame]) -> DataFrame:
+    """A keyed process function: the user's function per key and batch in the Python workers,
+    with the key's typed state and timers from the keyed state store; emits what it returns."""
+    df = _single(spec, inputs)
+    keys = config_strings(spec, "keys")
+    if ctx.batch is None or not ctx.checkpoint:
+        raise ValueError(f"{label(spec)}: a keyed process function runs in a streaming query, with its checkpoint")
+    out = config_schema(spec)
+    declared = spec.config.get("state") or []
+    specs = []
+    fields = []
+    for d in declared:
+        name, kind = d["name"], d["kind"]
+        what = f"{label(spec)}: state {name!r}"
+        value_type = _state_type(ctx, d["type"], what)
+        if kind == "value":
+            specs.append((name, kind, value_type, (), d.get("ttl_ms")))
+            fields.append(pa.field(name, value_type))
+        elif kind == "list":
+            specs.append((name, kind, pa.list_(value_type), (value_type,), d.get("ttl_ms")))
+            fields.append(pa.field(name, pa.list_(value_type)))
+        else:
+            key_type = _state_type(ctx, d["key_type"], what + " (its key type)")
+            specs.append((name, kind, pa.map_(key_type, value_type), (key_type, value_type), d.get("ttl_ms")))
+            fields.append(pa.field(name, pa.map_(key_type, value_type)))
+    fields += [pa.field(state.expires_column(d["name"]), pa.int64()) for d in declared if d.get("ttl_ms") is not None]
+    rows, root, owned = _in_key_groups(ctx, df, keys)
+    record = arrow_schema(ctx, df.schema)
+    state_schema = pa.schema([pa.field(f"__funke_key_{i}", record.field(k).type) for i, k in enumerate(keys)]
+                             + fields + [pa.field(state.TIMERS_COLUMN, pa.list_(pa.int64())),
+                                         pa.field(state.REMOVED_COLUMN, pa.bool_())])
+    fn = process_batches(spec.function, root, keys, ctx.batch.batch_id, ctx.batch.batch_time_ms,
+                         int(ctx.options.get(RETAIN, "") or DEFAULT_RETAIN), specs, state_schema, record,
+                         arrow_schema(ctx, out), owned, label(spec))
+    return rows.mapInArrow(cancellable(fn, ctx.cancel_marker), out)
+
+
+def _state_type(ctx: RuntimeContext, text: str, what: str) -> pa.DataType:
+    """A state's Spark type text as the Arrow type its column holds."""
+    try:
+        parsed = parse_schema(f"value {text}", what)
+    except Exception as e:  # Spark's parse error names the text
+        raise ValueError(f"{what}: {text!r} is not a Spark type ({str(e).splitlines()[0][:300]})") from None
+    return arrow_schema(ctx, parsed).field(0).type
+
+
 def _output_mode(ctx: RuntimeContext, spec: OperatorSpec) -> str:
     mode = ctx.options.get(OUTPUT_MODE, "").strip().lower()
     if mode not in OUTPUT_MODES:
@@ -343,6 +391,7 @@ TRANSFORMS: dict[str, Transform] = {
     "running_aggregate": _running_aggregate,
     "running_reduce": _running_reduce,
     "deduplicate": _deduplicate,
+    "process": _process,
     "join": _join,
     "union": _union,
     "transform": _transform,

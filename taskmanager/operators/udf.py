@@ -375,12 +375,17 @@ def user_exception(text: str) -> tuple[str, str, str] | None:
     return exception_type, message, _without_runtime_frames(worker)
 
 
+# The files whose frames a user's traceback does not show (the runtime around the user's call);
+# modules that call user code the same way add theirs.
+RUNTIME_FILES = {__file__}
+
+
 def _without_runtime_frames(worker_traceback: str) -> str:
     kept: list[str] = []
     skipping = False
     for line in worker_traceback.splitlines():
         if line.startswith('  File "'):
-            skipping = line.startswith(f'  File "{__file__}"')
+            skipping = any(line.startswith(f'  File "{f}"') for f in RUNTIME_FILES)
         elif not line.startswith("    "):
             skipping = False
         if not skipping:

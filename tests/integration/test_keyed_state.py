@@ -226,3 +226,103 @@ def test_a_running_reduce_with_a_python_function_equals_a_direct_fold_after_ever
         folded.update({k: (n, total, top) for k, n, total, top in emitted[b]})
         assert folded == {k: e[:3] for k, e in expected_totals(ends[b]).items()}, f"batch {b}"
     assert len(ends) >= 4
+
+
+SESSION_KEYS = 5
+SESSION_GAP_MS = 1_200
+
+
+class RateSessions:
+    """Sessions per key of the rate source: a session opens with a key's first row, and closes
+    (emitting its start, its close, its rows and their first and last value) in the first batch
+    that runs SESSION_GAP_MS after the batch of its last row: a per-key state machine with a
+    timeout, on processing-time timers."""
+    from funke.common.api.state import ValueState
+    state = (ValueState("started", "bigint"), ValueState("rows", "bigint"), ValueState("first", "bigint"),
+             ValueState("last", "bigint"))
+    del ValueState
+
+    def process(self, k, rows, ctx):
+        now = ctx.current_processing_time()
+        s = ctx.state
+        if s.started.value() is None:
+            s.started.update(now)
+            s.first.update(min(r.value for r in rows))
+        s.rows.update((s.rows.value() or 0) + len(rows))
+        s.last.update(max(r.value for r in rows))
+        timers = ctx.timer_service()
+        for t in timers.processing_time_timers():
+            timers.delete_processing_time_timer(t)
+        timers.register_processing_time_timer(now + SESSION_GAP_MS)
+
+    def on_timer(self, k, timestamp, ctx):
+        s = ctx.state
+        yield (k, s.started.value(), timestamp, s.rows.value(), s.first.value(), s.last.value())
+        for handle in (s.started, s.rows, s.first, s.last):
+            handle.clear()
+
+
+def direct_sessions(checkpoint: Path) -> tuple[dict[int, list[tuple]], dict[int, dict[int, tuple]]]:
+    """Per committed batch, the sessions it closes and the ones open after it, computed directly
+    from the offset log (each batch's time and rate rows) with the same rules."""
+    store = CheckpointStore(str(checkpoint))
+    start = 0
+    open_: dict[int, list] = {}
+    closed: dict[int, list[tuple]] = {}
+    after: dict[int, dict[int, tuple]] = {}
+    for b in store.commit_ids():
+        entry = store.read_offsets(b)
+        end = int(next(iter(entry.sources.values())).end["rows"])
+        now = entry.batch_time_ms
+        for v in range(start, end):
+            k = v % SESSION_KEYS
+            if (v // 40) % (k + 2) != 0:
+                continue  # key k is quiet in this stretch of the input
+            s = open_.setdefault(k, [now, 0, v, v, now])
+            s[1] += 1
+            s[3] = max(s[3], v)
+            s[4] = now
+        closed[b] = [(k, s[0], s[4] + SESSION_GAP_MS, s[1], s[2], s[3]) for k, s in sorted(open_.items())
+                     if s[4] + SESSION_GAP_MS <= now]
+        for k, *_ in closed[b]:
+            del open_[k]
+        after[b] = {k: (s[0], s[1], s[2], s[3]) for k, s in open_.items()}
+        start = end
+    return closed, after
+
+
+def test_sessions_with_timeouts_in_a_keyed_process_function_equal_a_direct_computation_through_a_kill(
+        stream_cluster, tmp_path):
+    out, checkpoint = tmp_path / "sessions", tmp_path / "checkpoint"
+    client = stream_cluster.client
+    env = ExecutionEnvironment("sessions", parallelism=2)
+    (env.read_stream.rate(40)
+        .select(f"value % {SESSION_KEYS} AS k", "value")
+        .where("(value DIV 40) % (k + 2) = 0")
+        .key_by("k")
+        .process(RateSessions(), schema="k bigint, started bigint, closed bigint, rows bigint, first bigint, "
+                                        "last bigint")
+        .write_parquet(str(out)))
+    env.set_trigger("400 ms").set_checkpoint_location(str(checkpoint))
+    env.set_restart_strategy("fixed-delay", attempts=20, delay="500 ms")
+    job_id = client.submit(env.build())
+    events = Events(client, job_id)
+    batch = events.wait("BatchCompleted", min_batch=8)
+    events.wait("OutputOperationStarted", min_batch=batch + 1)  # its sinks are writing: it runs again
+    localcluster.kill(stream_cluster.dir, sorted(_task_managers_of(client, job_id))[0])
+    events.wait_recovered()
+    stream_cluster.add_taskmanager()
+    events.wait("BatchCompleted", min_batch=max(batch_ends(checkpoint)) + 6)
+    shown = json.loads(stream_cluster.funke("state", job_id, "--json").stdout)  # while it runs
+    client.stop(job_id, timeout_s=60)
+    assert wait_status(client, job_id, ("FINISHED", "FAILED", "CANCELED")) == "FINISHED"
+    events.drain()
+    assert "RESTARTING" in events.statuses
+
+    closed, after = direct_sessions(checkpoint)
+    emitted = committed_rows(out, lambda p: [tuple(r.values()) for r in pq.read_table(p).to_pylist()])
+    for b in sorted(closed):
+        assert sorted(emitted.get(b, [])) == closed[b], f"batch {b}"
+    assert sum(len(c) for c in closed.values()) >= 3, closed  # sessions did close, more than once
+    assert {r["k"]: (r["started"], r["rows"], r["first"], r["last"]) for r in shown["rows"]} == after[shown["batch_id"]]
+    assert all(len(r["timers"]) == 1 for r in shown["rows"])

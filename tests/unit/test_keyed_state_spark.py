@@ -108,3 +108,64 @@ def test_a_running_reduce_in_spark_folds_across_batches_with_the_users_function(
     second = spark.createDataFrame([("a", 10, "z")], "k string, v int, w string")
     out = OPERATORS["running_reduce"](streaming(ctx, tmp_path, 1, "complete"), spec, [second])
     assert sorted(tuple(r) for r in out.collect()) == [("a", 14, "z"), ("b", 2, "y")]
+
+
+def test_a_keyed_process_function_in_spark_keeps_typed_state_and_fires_timers_at_the_batchs_time(spark, ctx, tmp_path):
+    import cloudpickle
+
+    from funke.common.api.state import KeyedProcessFunction, ListState, MapState, ValueState
+
+    class Tally(KeyedProcessFunction):
+        state = (ValueState("total", "bigint"), ListState("seen", "string"),
+                 MapState("by_tag", "string", "struct<n:int,last:string>"))
+
+        def process(self, key, rows, ctx):
+            ctx.state.total.update((ctx.state.total.value() or 0) + sum(r.v for r in rows))
+            for r in sorted(rows, key=lambda r: r.w):
+                ctx.state.seen.add(r.w)
+                old = ctx.state.by_tag.get(r.w)
+                ctx.state.by_tag.put(r.w, {"n": (old.n if old else 0) + 1, "last": key})
+            ctx.timer_service().register_processing_time_timer(ctx.current_processing_time() + 100)
+            yield (key, "rows", ctx.state.total.value(), len(ctx.state.seen))
+
+        def on_timer(self, key, timestamp, ctx):
+            yield (key, f"timer {timestamp}", ctx.state.total.value(), ctx.state.by_tag.get("x").n)
+
+    spec = OperatorSpec("process", "tally", {"keys": ["k"], "schema": "k string, what string, total bigint, n int",
+                                             "state": [s.spec() for s in Tally.state]}, cloudpickle.dumps(Tally()))
+
+    def run(batch_id, now, rows):
+        c = dataclasses.replace(streaming(ctx, tmp_path, batch_id), batch=BatchInput(batch_id, now))
+        df = spark.createDataFrame(rows, "k string, v int, w string")
+        return sorted(tuple(r) for r in OPERATORS["process"](c, spec, [df]).collect())
+
+    assert run(0, 1_000, [("a", 1, "x"), ("b", 2, "x"), ("a", 3, "y")]) == [("a", "rows", 4, 2), ("b", "rows", 2, 1)]
+    assert run(1, 1_050, [("a", 5, "x")]) == [("a", "rows", 9, 3)]
+    assert run(2, 1_100, []) == [("a", "timer 1100", 9, 2), ("b", "timer 1100", 2, 1)]
+    assert run(3, 1_200, []) == [("a", "timer 1150", 9, 2)]
+
+    bad = OperatorSpec("process", "tally", {**spec.config, "state": [{"name": "t", "kind": "value", "type": "bigintt"}]},
+                       spec.function)
+    with pytest.raises(ValueError, match="state 't': 'bigintt' is not a Spark type"):
+        OPERATORS["process"](streaming(ctx, tmp_path, 4), bad, [spark.createDataFrame([("a", 1, "x")],
+                                                                                        "k string, v int, w string")])
+
+
+def test_a_process_function_that_raises_fails_the_batch_with_the_users_traceback(spark, ctx, tmp_path):
+    import cloudpickle
+
+    from funke.taskmanager.operators.udf import user_exception
+
+    def explode(key, rows, ctx):
+        if key == "b":
+            raise ZeroDivisionError(f"key {key} has {len(rows)} rows")
+        return []
+
+    spec = OperatorSpec("process", "p", {"keys": ["k"], "schema": "k string", "state": []}, cloudpickle.dumps(
+        type("F", (), {"process": staticmethod(explode)})()))
+    df = spark.createDataFrame([("a", 1, "x"), ("b", 2, "y")], "k string, v int, w string")
+    with pytest.raises(Exception) as raised:
+        OPERATORS["process"](streaming(ctx, tmp_path, 0), spec, [df]).collect()
+    found = user_exception(str(raised.value))
+    assert found is not None and found[:2] == ("ZeroDivisionError", "key b has 1 rows")
+    assert "in explode" in found[2] and "keyedstate.py" not in found[2]
