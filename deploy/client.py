@@ -383,6 +383,15 @@ class JobManagerClient:
                                                                        timeout_seconds=timeout_s))
         return job_status_name(response.status), response.message
 
+    def rescale(self, job_id: str, parallelism: int, vertices: Sequence[str] = (),
+                timeout_s: float = 0.0) -> jobmanager_pb2.RescaleJobResponse:
+        """A running streaming query at another parallelism, live: its batch in flight commits,
+        then it runs on under the same id at `parallelism` (every vertex but receivers, or
+        `vertices`). Returns at once (message, vertex -> parallelism, the last batch committed);
+        `rescale_pause` tells, from the progress records, how long batches paused."""
+        return self._call("RescaleJob", jobmanager_pb2.RescaleJobRequest(
+            job_id=job_id, parallelism=parallelism, vertex_id=list(vertices), timeout_seconds=timeout_s))
+
     def progress(self, job_id: str) -> list[dict[str, Any]]:
         """A streaming query's recent progress records (the last 100, oldest first)."""
         response = self._call("GetQueryProgress", jobmanager_pb2.GetQueryProgressRequest(job_id=job_id))
@@ -395,7 +404,7 @@ class JobManagerClient:
         or whose JobManager went away is followed to the next leader, which sends a new
         snapshot (its history continued) and the events after it."""
         if self._leader is None:
-            yield from self._watch_once(job_id)
+            yield from self._watch_rescaled(job_id)
             return
         deadline: float | None = None
         while True:
@@ -418,6 +427,28 @@ class JobManagerClient:
             if not self._follow_leader(deadline) or time.monotonic() >= deadline:
                 raise JobManagerConnectionLost(self.address, job_id, f"no leader took the job over within "
                                                f"{self.failover_timeout:g} s")
+
+    def _watch_rescaled(self, job_id: str) -> Iterator[jobmanager_pb2.JobEvent]:
+        """Without high availability a job is SUSPENDED on a running JobManager only to be rescaled
+        (`rescale`): its next run, under the same id, is followed (a snapshot, then its events)."""
+        deadline: float | None = None
+        while True:
+            last = None
+            for event in self._watch_once(job_id):
+                kind = event.WhichOneof("event")
+                if kind in ("snapshot", "job_status"):
+                    last = event.snapshot.status if kind == "snapshot" else event.job_status.to_status
+                    if last != job_pb2.JOB_STATUS_SUSPENDED or deadline is None:
+                        yield event
+                        deadline = None
+                else:
+                    yield event
+            if last != job_pb2.JOB_STATUS_SUSPENDED:
+                return
+            deadline = deadline or time.monotonic() + self.failover_timeout
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.1)
 
     def _watch_once(self, job_id: str) -> Iterator[jobmanager_pb2.JobEvent]:
         call = self._stub.WatchJob(jobmanager_pb2.WatchJobRequest(job_id=job_id))
@@ -477,3 +508,28 @@ class JobManagerClient:
                 if self._retry(exc.code(), deadline):  # type: ignore[attr-defined]
                     continue
                 raise _translate(exc, self.address, credentials=self.credentials) from None
+
+
+def rescale_pause(progress: list[dict[str, Any]], last_batch_id: int) -> dict[str, Any] | None:
+    """How long a rescaled query's batches paused, from its progress records: the last batch the
+    run that was asked to rescale committed (the run of batch `last_batch_id`) and the first
+    batch a later run committed, each at its commit time (batch time + total delay). None
+    until a later run has committed a batch."""
+    def committed_at(record: dict[str, Any]) -> int:
+        return int(record["batchTime"]) + int(record["totalDelayMs"])
+
+    runs = [r.get("runId") for r in progress if r.get("batchId") == last_batch_id]
+    if last_batch_id >= 0 and not runs:
+        return None
+    old_run = runs[-1] if runs else None
+    before = [r for r in progress if r.get("runId") == old_run] if old_run is not None else []
+    later = [r for r in progress if r.get("runId") != old_run and int(r.get("batchId", -1)) > last_batch_id]
+    if not later:
+        return None
+    first = min(later, key=lambda r: int(r["batchId"]))
+    if not before:
+        return {"last_batch_before": None, "first_batch_after": first["batchId"], "pause_ms": None}
+    last = max(before, key=lambda r: int(r["batchId"]))
+    return {"last_batch_before": last["batchId"], "first_batch_after": first["batchId"],
+            "pause_ms": committed_at(first) - committed_at(last)}
+

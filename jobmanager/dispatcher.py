@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 
 import asyncio
+import dataclasses
 import json
 import logging
 import secrets
@@ -36,7 +37,7 @@ from funke.common.graph.jobgraph import JobGraph
 from funke.common.graph.restart import describe_config, restart_strategy_from_config
 from funke.common.scheduling.scheduler import FinishedSubtask, Scheduler
 from funke.common.states import JobStatus
-from funke.common.graph.streamingjob import CHECKPOINT, checkpoint_location, is_streaming_query
+from funke.common.graph.streamingjob import CHECKPOINT, checkpoint_location, is_streaming_query, rescaled
 from funke.common.graph.validation import Problem, ValidationContext, describe_problems, find_problems
 from funke.common.wire.codec import DeploymentEncoder, WireError, job_graph_from_proto, job_graph_to_proto
 from funke.common.graph.executiongraph import Incarnation
@@ -84,6 +85,7 @@ class Dispatcher:
         self.store = JobStore(config.jobstore_max_capacity, config.jobstore_expiration_s, config.jobstore_cache_bytes)
         self._reserved: set[str] = set()  # ids of jobs being built
         self._deleting: set[str] = set()  # ids of evicted jobs whose data is being deleted
+        self._rescales: dict[str, JobGraph] = {}  # jobs being rescaled -> their graph at the new parallelism
         self._validation = ValidationContext(
             data_dir=config.data_dir, allowed_paths=config.allowed_paths, max_subtasks=config.max_subtasks,
             allowed_hosts=config.allowed_hosts)
@@ -319,9 +321,10 @@ class Dispatcher:
 
     async def start_job(self, job: JobGraph, artifacts=(), *, incarnation: Incarnation | None = None,
                         persist: jobgraph_pb2.JobGraph | None | bool = True,
-                        restore: list[FinishedSubtask] | None = None) -> str:
+                        restore: list[FinishedSubtask] | None = None, replacing: JobMaster | None = None) -> str:
         """Build and start a job that passed validation (the second half of `submit`; `artifacts`
-        are the wire form the TaskManagers get). With HA the job graph is stored first (`persist`:
+        are the wire form the TaskManagers get; `replacing`: the suspended JobMaster of a rescaled
+        job, whose place this run takes). With HA the job graph is stored first (`persist`:
         the message as submitted, True to encode `job`, None for a job recovered from the store)."""
         job_id = job.job_id or uuid.uuid4().hex
         if self.ha is not None and not self.ha.leads():
@@ -333,7 +336,7 @@ class Dispatcher:
                                   f"{recorded.status} at {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(recorded.ended_at))} "
                                   "(recorded in the job result store, so it is never run again); "
                                   "submit it under a new id")
-        if job_id in self.jobs or job_id in self._reserved:
+        if (job_id in self.jobs and self.jobs[job_id] is not replacing) or job_id in self._reserved:
             raise DispatcherError("ALREADY_EXISTS", f"a job with id {job_id} already exists")
         if job_id in self._deleting:
             raise DispatcherError("ALREADY_EXISTS", f"a job with id {job_id} ended and its data is being deleted; "
@@ -440,6 +443,78 @@ class Dispatcher:
         message = self.mailbox.call(lambda: job.stop(drain, timeout_s))
         return job.status, message
 
+    def rescale(self, job_id: str, parallelism: int, vertex_ids: list[str],
+                timeout_s: float) -> jobmanager_pb2.RescaleJobResponse:
+        """A running streaming query at another parallelism (`JobMaster.rescale`, then
+        `_continue_rescaled`): checked whole (the new graph validated, the slots it needs
+        there) before anything changes."""
+        job = self.job(job_id)
+        if isinstance(job, ArchivedJob) or job.query is None:
+            what = f"ended {job.status.value}" if isinstance(job, ArchivedJob) else "is not a streaming query"
+            raise DispatcherError("FAILED_PRECONDITION", f"job {job_id} {what}; rescale takes a running streaming query "
+                                  "(a bounded job or a stopped query is submitted again at the parallelism wanted)")
+        if job_id in self._rescales:
+            raise DispatcherError("FAILED_PRECONDITION", f"job {job_id} is being rescaled already")
+        if job.status is not JobStatus.RUNNING or job.query.ended:
+            raise DispatcherError("FAILED_PRECONDITION", f"job {job_id} is {job.status.value}"
+                                  f"{' and its query is ending' if job.query.ended else ''}; rescale a running query")
+        new_job, problems = rescaled(job.graph.job_graph, parallelism, vertex_ids)
+        if not problems:
+            problems = [p.message for p in find_problems(new_job, self._validation)]
+        if problems:
+            raise DispatcherError("INVALID_ARGUMENT", "cannot rescale job " + job_id + ": " + "; ".join(problems))
+        before = {v.id: v.parallelism for v in job.graph.job_graph.vertices}
+        after = {v.id: v.parallelism for v in new_job.vertices}
+        last = job.query.latest_progress
+        last_batch = int(last["batchId"]) if last else -1
+        if after == before:
+            return jobmanager_pb2.RescaleJobResponse(message=f"job {job_id} already runs at that parallelism; "
+                                                     "nothing changes", parallelism=after, last_batch_id=last_batch)
+        _, scheduler, _ = self._build(new_job, job_id, time.time())
+        needed, held = scheduler.plan.required_slots(), job.scheduler.plan.required_slots()
+        free = self.rm.slots.free_slots
+        if needed > free + held:
+            raise DispatcherError("RESOURCE_EXHAUSTED", f"job {job_id} at the new parallelism needs {needed} slots; it "
+                                  f"holds {held} and the cluster has {free} free: add TaskManagers first")
+        changed = ", ".join(f"{v} {before[v]} -> {after[v]}" for v in after if after[v] != before[v])
+        self._rescales[job_id] = dataclasses.replace(new_job, job_id=job_id)
+        try:
+            stopping = self.mailbox.call(lambda: job.rescale(f"rescaled: {changed}", timeout_s))
+        except BaseException:
+            self._rescales.pop(job_id, None)
+            raise
+        log.info("job %s: rescaling (%s) after batch %d", job_id, changed, last_batch)
+        return jobmanager_pb2.RescaleJobResponse(
+            message=f"rescaling ({changed}): {stopping}; then it runs again at the new parallelism from its "
+                    "checkpoint, under the same id", parallelism=after, last_batch_id=last_batch)
+
+    async def _continue_rescaled(self, jm: JobMaster, new_job: JobGraph) -> None:
+        """The next run of a job suspended for a rescale: the same id, the graph at the new
+        parallelism, the status history and progress records carried on, attempt numbers above
+        the last run's; the query goes on from its checkpoint."""
+        job_id = jm.job_id
+        if jm.query is not None:
+            await jm.query.close()  # its run let go of the checkpoint
+        inc = jm.graph.incarnation
+        highest = max((ev.current_execution.attempt_number for ev in jm.graph.execution_vertices()),
+                      default=inc.first_attempt_number)
+        first_attempt = (highest // hamod.ATTEMPT_STRIDE + 1) * hamod.ATTEMPT_STRIDE  # above every attempt so far
+        incarnation = Incarnation(inc.leader_epoch, inc.job_manager, tuple(jm.graph.status_history()),
+                                  first_attempt, jm.graph.status_machine.created_at)
+        if self.ha is not None:
+            self._runs[job_id] = self._runs.get(job_id, []) + [
+                hamod.run_record(self.ha.epoch, self.ha.job_manager, first_attempt, time.time())]
+        try:
+            await self.start_job(new_job, jm.descriptors.artifacts, incarnation=incarnation,
+                                 persist=True if self.ha is not None else None, replacing=jm)
+        except Exception as exc:
+            log.error("job %s: its run at the new parallelism could not start (%s); it stays SUSPENDED", job_id, exc)
+            self._archive(jm)
+            return
+        carried = self.jobs.get(job_id)
+        if carried is not None and carried.query is not None and jm.query is not None:
+            carried.query.progress.extend(jm.query.progress)
+
     def query_progress(self, job_id: str) -> jobmanager_pb2.QueryProgress:
         job = self.job(job_id)
         if isinstance(job, ArchivedJob):  # kept with the job (recovered archives keep the latest only)
@@ -482,6 +557,12 @@ class Dispatcher:
     def _archive(self, jm: JobMaster) -> None:
         """The job ended: keep its details, let go of its JobMaster (graph, functions, artifacts)."""
         if self.jobs.get(jm.job_id) is not jm:
+            return
+        rescale = self._rescales.pop(jm.job_id, None)
+        if rescale is not None and jm.status is JobStatus.SUSPENDED:
+            # not an end: the job runs again at its new parallelism (this JobMaster answers for
+            # it until the next one replaces it)
+            self._spawn(self._continue_rescaled(jm, rescale))
             return
         progress = tuple(json.dumps(r, sort_keys=True) for r in jm.query.progress) if jm.query is not None else ()
         entry = archive(jm.details(), jm.summary(), jm.status, jm.sequence, jm.collect_vertices, time.time(),

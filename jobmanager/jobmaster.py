@@ -74,6 +74,7 @@ class JobMaster:
         self.pending_cleanup: Callable[[], None] | None = None
         self.waiting_for_resources = ""
         self._internal_error = False
+        self._rescale_cause = ""  # a rescale asked: why the job is to be SUSPENDED
         self._broken = False  # the scheduler could not even fail the job: it gets no more events
         self._loop = asyncio.get_running_loop()
         self._timers: set[asyncio.TimerHandle] = set()
@@ -153,8 +154,28 @@ class JobMaster:
             return f"the job is already {self.status.value}"
         return self.query.stop(drain, timeout_s)
 
+    def rescale(self, cause: str, timeout_s: float) -> str:
+        """Stop the streaming query at a batch boundary and suspend the job, for a new run of it
+        at another parallelism (the dispatcher starts it once this one is SUSPENDED): the
+        batches in flight commit first; if they have not within `timeout_s`, the job is
+        suspended all the same and the new run runs them again from the offset log."""
+        assert self.query is not None
+        self._rescale_cause = cause
+        self.query.on_stopped = lambda: self.mailbox.run(lambda: self._suspend_for_rescale(""))
+        outlook = self.query.stop(False, timeout_s).split("; if it has not ended within")[0]
+        return (outlook.replace("then the query ends FINISHED", "then the job is SUSPENDED")
+                + f" (or after {timeout_s:g} s, the batch in flight then running again after the rescale)")
+
+    def _suspend_for_rescale(self, why: str) -> None:
+        if not self.status.is_terminal:
+            self.suspend(self._rescale_cause + why)
+
     def _stop_timed_out(self, why: str) -> None:
         if self.status.is_terminal:
+            return
+        if self._rescale_cause:
+            log.warning("job %s: %s; suspending it for the rescale all the same", self.job_id, why)
+            self._suspend_for_rescale(" (its batch in flight did not commit in time; the new run runs it again)")
             return
         log.warning("job %s: %s", self.job_id, why)
         self._decide(lambda now: self.scheduler.cancel(now))

@@ -30,6 +30,7 @@ from typing import Any
 
 from aiohttp import web
 
+from funke.common.graph.jobgraph import MAX_PARALLELISM_LIMIT
 from funke.common.security import token_matches
 from funke.runtime import security
 from funke.runtime.metricsserver import serve
@@ -111,6 +112,7 @@ class RestServer:
             app.router.add_get(path, handler, allow_head=False)
         app.router.add_patch("/jobs/{jid}", self.cancel)
         app.router.add_post("/jobs/{jid}/stop", self.stop_job)
+        app.router.add_post("/jobs/{jid}/rescale", self.rescale_job)
         app.router.add_post("/login", self.login)
         return app
 
@@ -285,6 +287,24 @@ class RestServer:
             return _error(400, "mode must be 'cancel' (a streaming query stops with POST /jobs/{jid}/stop)")
         self._dispatcher().cancel(request.match_info["jid"])
         return web.json_response({}, status=202)
+
+    async def rescale_job(self, request: web.Request) -> web.Response:
+        """{"parallelism": N, "vertices": [...] (optional)} -> 202 with what happens (Flink's
+        /jobs/:jobid/rescaling, here live: at a batch boundary, under the same job id)."""
+        try:
+            body = await request.json()
+        except (ValueError, UnicodeDecodeError):
+            body = None
+        parallelism = body.get("parallelism") if isinstance(body, dict) else None
+        vertices = body.get("vertices", []) if isinstance(body, dict) else None
+        if isinstance(parallelism, bool) or not isinstance(parallelism, int) or not 1 <= parallelism <= MAX_PARALLELISM_LIMIT \
+                or not isinstance(vertices, list) or len(vertices) > 1000 \
+                or not all(isinstance(v, str) and 0 < len(v) <= 256 for v in vertices):
+            return _error(400, f'expected {{"parallelism": 1..{MAX_PARALLELISM_LIMIT}, "vertices": [vertex ids] '
+                               '(optional)}')
+        answer = self._dispatcher().rescale(request.match_info["jid"], parallelism, vertices, 60.0)
+        return web.json_response({"message": answer.message, "parallelism": dict(answer.parallelism),
+                                  "lastBatchId": answer.last_batch_id}, status=202)
 
     async def stop_job(self, request: web.Request) -> web.Response:
         drain = False

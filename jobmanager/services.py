@@ -24,6 +24,7 @@ from typing import Callable
 from funke.common import ids
 from funke.common.security import StreamQuota, client_of, token_problem
 from funke.common.states import JobStatus
+from funke.common.graph.jobgraph import MAX_PARALLELISM_LIMIT
 from funke.common.graph.streamingjob import RUNNING_KINDS
 from funke.jobmanager import committer, reachability
 from funke.jobmanager.checkpointstore import CheckpointStore
@@ -116,6 +117,23 @@ class JobManagerService(jobmanager_pb2_grpc.JobManagerServicer):
         except DispatcherError as exc:
             await _abort(context, exc)
         return jobmanager_pb2.StopJobResponse(status=job_status_to_proto(status), message=message)
+
+    async def RescaleJob(self, request, context):
+        d = await _current(self._current, context)
+        timeout = request.timeout_seconds or DEFAULT_STOP_TIMEOUT_S
+        problems = []
+        if not math.isfinite(timeout) or not 0 < timeout <= MAX_STOP_TIMEOUT_S:
+            problems.append(f"timeout_seconds must be in (0, {MAX_STOP_TIMEOUT_S:g}], got {request.timeout_seconds!r}")
+        if not 1 <= request.parallelism <= MAX_PARALLELISM_LIMIT:
+            problems.append(f"parallelism must be from 1 to {MAX_PARALLELISM_LIMIT}, got {request.parallelism}")
+        if len(request.vertex_id) > 1000 or any(not v or len(v) > 256 for v in request.vertex_id):
+            problems.append("vertex_id: at most 1000 vertex ids of 1 to 256 characters")
+        if problems:
+            await _refuse(context, grpc.StatusCode.INVALID_ARGUMENT, "; ".join(problems))
+        try:
+            return d.rescale(request.job_id, request.parallelism, list(request.vertex_id), timeout)
+        except DispatcherError as exc:
+            await _abort(context, exc)
 
     async def GetQueryProgress(self, request, context):
         d = await _current(self._current, context)

@@ -86,6 +86,9 @@ class StreamingQuery:
         self._closing: asyncio.Task | None = None
         self.ended = ""  # why the query ended (a stop, the trigger), once its tasks are told to finish
         self._stop: tuple[bool, float] | None = None  # (drain, timeout s) asked for
+        # Set by a rescale: once the stop has every batch committed, the job is suspended (its
+        # tasks are not finished: a new run of the job takes over at another parallelism).
+        self.on_stopped: Callable[[], None] | None = None
         self._stop_timer: asyncio.TimerHandle | None = None
         # Receiver sources (their receivers each), and what the query carries from run to run:
         # backpressure's estimators and rate limits (streaming.backpressure.enabled), and what
@@ -298,6 +301,8 @@ class StreamingQuery:
                 if gateway is not None:
                     gateway.set_rate_limits(self.job_id, [(codec.attempt_to_proto(a), r) for a, r in action.rates])
             case qr.FinishTasks(task_manager_id=tm):
+                if self.on_stopped is not None:
+                    return  # a rescale: the tasks are cancelled with the suspended job instead
                 gateway = self.rm.gateway(tm)
                 if gateway is not None:
                     gateway.finish_tasks(self.job_id, [codec.attempt_to_proto(a) for a in action.attempts])
@@ -306,6 +311,10 @@ class StreamingQuery:
                 self.ended = reason
                 self._run = None
                 self._closing = asyncio.get_running_loop().create_task(self._let_go(run))
+                if self.on_stopped is not None:
+                    log.info("job %s: streaming query stopped for a rescale (%s)", self.job_id, reason)
+                    self.on_stopped()
+                    return
                 log.info("job %s: streaming query ended (%s); finishing its tasks", self.job_id, reason)
 
     def _tick(self, run: _RunIO, at: int) -> None:

@@ -228,3 +228,38 @@ def _positive(options, key: str, default: int, largest: int) -> int:
     if not text.isascii() or not text.isdigit() or not 1 <= int(text) <= largest:
         raise ValueError(f"option {key}: expected an integer from 1 to {largest}, got {options[key]!r}")
     return int(text)
+
+
+def rescaled(job: JobGraph, parallelism: int, vertex_ids: list[str] | tuple[str, ...] = ()) -> tuple[JobGraph, list[str]]:
+    """The query at another parallelism (`funke rescale`): `vertex_ids` (none: every vertex but
+    receiver sources, whose receivers stay as many as the job says) at `parallelism`, each
+    keeping the number of key groups it had (its max parallelism made explicit, so its keyed
+    state is found whole). Returns the new graph and what keeps it from being one (empty: it
+    is; the whole graph is validated again by the caller)."""
+    import dataclasses
+
+    problems: list[str] = []
+    if isinstance(parallelism, bool) or not isinstance(parallelism, int) or parallelism < 1:
+        return job, [f"parallelism must be a positive integer, got {parallelism!r}"]
+    known = {v.id for v in job.vertices}
+    unknown = [v for v in vertex_ids if v not in known]
+    if unknown:
+        problems.append(f"no vertex {', '.join(repr(v)[:140] for v in unknown[:5])} in the job (it has "
+                        f"{', '.join(sorted(known))})")
+    chosen = set(vertex_ids) if vertex_ids else {
+        v.id for v in job.vertices if not (v.operators and v.operators[0].kind in RECEIVER_KINDS)}
+    receivers = [v.id for v in job.vertices if v.id in chosen and v.operators and v.operators[0].kind in RECEIVER_KINDS]
+    if receivers:
+        problems.append(f"vertices {receivers} are receiver sources: their receivers are as many as the job says "
+                        "(socket_text(receivers=...)); rescale the vertices after them")
+    vertices = []
+    for v in job.vertices:
+        if v.id not in chosen:
+            vertices.append(v)
+            continue
+        most = v.effective_max_parallelism
+        if parallelism > most:
+            problems.append(f"vertex {v.id!r}: parallelism {parallelism} exceeds its max parallelism {most} (the "
+                            "number of key groups its state is kept in, fixed for the life of the query)")
+        vertices.append(dataclasses.replace(v, parallelism=parallelism, max_parallelism=most))
+    return dataclasses.replace(job, vertices=tuple(vertices)), problems

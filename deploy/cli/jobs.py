@@ -33,6 +33,7 @@ from funke.deploy.client import (
     JobManagerConnectionLost,
     JobManagerUnavailable,
     job_status_name,
+    rescale_pause,
 )
 from funke.deploy.jobfile import load_job_file
 from funke.runtime.security import default_cluster_dir
@@ -220,6 +221,40 @@ def cmd_stop(args: argparse.Namespace) -> int:
     else:
         print(f"job {args.job} is {final}")
     return EXIT_OK if final == "FINISHED" else EXIT_UNSUCCESSFUL
+
+
+def cmd_rescale(args: argparse.Namespace) -> int:
+    with client_for(args) as client:
+        answer = client.rescale(args.job, args.parallelism, args.vertex, args.timeout)
+        out: dict = {"job_id": args.job, "message": answer.message, "parallelism": dict(answer.parallelism),
+                     "last_batch_id": answer.last_batch_id}
+        if not args.json:
+            print(f"job {args.job}: {answer.message}", flush=True)
+        if args.detach or "nothing changes" in answer.message:
+            if args.json:
+                print_json(out)
+            return EXIT_OK
+        deadline = time.monotonic() + args.timeout + 120
+        pause = None
+        while pause is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+            pause = rescale_pause(client.progress(args.job), answer.last_batch_id)
+    if pause is None:
+        message = f"no batch committed at the new parallelism within {args.timeout + 120:g} s; see funke status {args.job}"
+        if args.json:
+            print_json({**out, "error": message})
+        else:
+            print(message, file=sys.stderr)
+        return EXIT_UNSUCCESSFUL
+    out.update(pause)
+    if args.json:
+        print_json(out)
+    else:
+        shown = f"{pause['pause_ms'] / 1000:.3f} s" if pause["pause_ms"] is not None else "unknown"
+        print(f"job {args.job} runs at {', '.join(f'{v} {p}' for v, p in sorted(answer.parallelism.items()))}: "
+              f"batch {pause['last_batch_before']} was the last committed before, batch {pause['first_batch_after']} "
+              f"the first after; pause {shown}")
+    return EXIT_OK
 
 
 def cmd_progress(args: argparse.Namespace) -> int:

@@ -22,6 +22,7 @@ from funke.deploy.cli.jobs import (
     cmd_conformance,
     cmd_list,
     cmd_progress,
+    cmd_rescale,
     cmd_result,
     cmd_state,
     cmd_status,
@@ -179,6 +180,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=_positive_float, default=60.0, metavar="SECONDS",
                    help="cancel the job if it has not ended by then: CANCELED, exit 1 (default 60)")
     p.add_argument("--detach", action="store_true", help="return at once instead of following the job to its end")
+    p.add_argument("--json", action="store_true")
+    p = command("rescale", cmd_rescale, "change a running streaming query's parallelism live: its batch in flight "
+                "commits, then it runs on under the same job id at the new parallelism from its checkpoint (keyed "
+                "state moves by key group); prints the pause between the last batch before and the first after")
+    p.add_argument("job", metavar="JOB")
+    p.add_argument("--parallelism", "-p", type=int, required=True, help="the new parallelism")
+    p.add_argument("--vertex", action="append", default=[], metavar="VERTEX",
+                   help="rescale only this vertex (repeat for several; default every vertex but receivers)")
+    p.add_argument("--timeout", type=_positive_float, default=60.0, metavar="SECONDS",
+                   help="how long the batch in flight may take to commit (default 60; later, it runs again after)")
+    p.add_argument("--detach", action="store_true", help="return at once instead of waiting for the first batch after")
     p.add_argument("--json", action="store_true")
     p = command("progress", cmd_progress, "a streaming query's recent micro-batches (the last 100)")
     p.add_argument("job", metavar="JOB")

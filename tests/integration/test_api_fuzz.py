@@ -59,7 +59,7 @@ SUMMARY = REPO / ".funke" / "fuzz" / "api-fuzz.json"
 
 SERVICES = {
     "funke.v1.JobManager": ["SubmitJob", "ListJobs", "GetJob", "CancelJob", "WatchJob", "GetClusterOverview",
-                            "GetJobResult", "GetKeyedState"],
+                            "GetJobResult", "GetKeyedState", "RescaleJob"],
     "funke.v1.ResourceManager": ["RegisterTaskManager", "Heartbeat"],
     "funke.v1.JobMaster": ["UpdateTaskExecutionState"],
 }
@@ -418,7 +418,7 @@ def test_no_request_hurts_the_jobmanager(fuzz_cluster):
             known = caller.accepted[-20:] or ["none"]
             job_id = rng.choice(known + mutator.strings[:30])
             method = rng.choice(["GetJob", "CancelJob", "WatchJob", "GetJobResult", "ListJobs", "GetClusterOverview",
-                                 "GetKeyedState"])
+                                 "GetKeyedState", "RescaleJob"])
             request = {
                 "GetJob": lambda: jobmanager_pb2.GetJobRequest(job_id=job_id),
                 "CancelJob": lambda: jobmanager_pb2.CancelJobRequest(job_id=job_id),
@@ -428,6 +428,9 @@ def test_no_request_hurts_the_jobmanager(fuzz_cluster):
                 "GetKeyedState": lambda: jobmanager_pb2.GetKeyedStateRequest(
                     job_id=job_id, vertex_id=rng.choice(mutator.strings), key=rng.sample(mutator.strings, 2),
                     limit=rng.choice([0, 1, -1, 2**31 - 1])),
+                "RescaleJob": lambda: jobmanager_pb2.RescaleJobRequest(
+                    job_id=job_id, parallelism=rng.choice([0, 1, 3, -5, 2**31 - 1]),
+                    vertex_id=rng.sample(mutator.strings, 2), timeout_seconds=rng.choice([0, -1.0, 1e300, 5.0])),
                 "ListJobs": lambda: jobmanager_pb2.ListJobsRequest(),
                 "GetClusterOverview": lambda: jobmanager_pb2.GetClusterOverviewRequest(),
             }[method]()

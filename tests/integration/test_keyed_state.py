@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import json
 import sys
+import time
 from pathlib import Path
 
 import cloudpickle
@@ -326,3 +327,51 @@ def test_sessions_with_timeouts_in_a_keyed_process_function_equal_a_direct_compu
     assert sum(len(c) for c in closed.values()) >= 3, closed  # sessions did close, more than once
     assert {r["k"]: (r["started"], r["rows"], r["first"], r["last"]) for r in shown["rows"]} == after[shown["batch_id"]]
     assert all(len(r["timers"]) == 1 for r in shown["rows"])
+
+
+def test_a_running_aggregate_rescaled_live_2_4_1_keeps_exact_totals_under_one_job_id(stream_cluster, tmp_path):
+    from funke.deploy.client import FunkeError, rescale_pause
+
+    out, checkpoint = tmp_path / "totals", tmp_path / "checkpoint"
+    client = stream_cluster.client
+    job_id = client.submit(running_job(out, checkpoint, "update", keyed_parallelism=2).build())
+    events = Events(client, job_id)
+    events.wait("BatchCompleted", min_batch=3)
+
+    # 2 -> 4 with the CLI, which waits for the first batch at the new parallelism and tells the pause
+    shown = json.loads(stream_cluster.funke("rescale", job_id, "--parallelism", "4", "--json").stdout)
+    assert set(shown["parallelism"].values()) == {4}, shown
+    assert shown["first_batch_after"] > shown["last_batch_before"] >= shown["last_batch_id"] >= 3
+    assert 0 < shown["pause_ms"] < 60_000, shown
+    details = client.get_job(job_id)
+    assert {v.id: v.parallelism for v in details.vertices} == shown["parallelism"]
+    events.wait("BatchCompleted", min_batch=shown["first_batch_after"] + 2)
+
+    # refused, whole: beyond the key groups, an unknown vertex
+    with pytest.raises(FunkeError, match="exceeds its max parallelism 128"):
+        client.rescale(job_id, 200)
+    with pytest.raises(FunkeError, match="no vertex 'nope'"):
+        client.rescale(job_id, 2, ["nope"])
+
+    # 4 -> 1 through the client
+    answer = client.rescale(job_id, 1)
+    assert set(answer.parallelism.values()) == {1} and "rescaling" in answer.message
+    pause = None
+    for _ in range(600):
+        pause = rescale_pause(client.progress(job_id), answer.last_batch_id)
+        if pause is not None:
+            break
+        time.sleep(0.1)
+    assert pause is not None and pause["pause_ms"] > 0, client.progress(job_id)
+    events = Events(client, job_id)
+    events.wait("BatchCompleted", min_batch=pause["first_batch_after"] + 2)
+    client.stop(job_id, timeout_s=60)
+    assert wait_status(client, job_id, ("FINISHED", "FAILED", "CANCELED")) == "FINISHED"
+    history = [t.to_status for t in client.get_job(job_id).status_history]
+    from funke.deploy.client import job_status_name
+
+    assert [job_status_name(s) for s in history].count("SUSPENDED") == 2, history
+    # every committed batch of the three runs: the totals equal a direct count of every row so far
+    assert check_every_batch(out, checkpoint, "update") >= 9
+    with pytest.raises(FunkeError, match="rescale takes a running streaming query"):
+        client.rescale(job_id, 2)

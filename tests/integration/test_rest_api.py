@@ -175,6 +175,10 @@ def test_a_running_job_its_cancel_and_the_job_metrics(spark_cluster, tmp_path):
     assert rest.call(f"/jobs/{job_id}?mode=cancel", "PATCH", token="w" * 64)[0] == 401
     assert rest.call(f"/jobs/{job_id}?mode=stop", "PATCH")[0] == 400
     assert rest.call(f"/jobs/{job_id}/stop", "POST", body={"drain": False})[0] == 409  # not a streaming query
+    assert rest.call(f"/jobs/{job_id}/rescale", "POST", body={"parallelism": 2})[0] == 409  # nor here
+    assert rest.call(f"/jobs/{job_id}/rescale", "POST", body={"parallelism": 0})[0] == 400
+    assert rest.call(f"/jobs/{job_id}/rescale", "POST", body={"parallelism": 2, "vertices": "v"})[0] == 400
+    assert rest.call("/jobs/no-such-job/rescale", "POST", body={"parallelism": 2})[0] == 404
     assert rest.call(f"/jobs/{job_id}?mode=cancel", "PATCH") == (202, {})
     wait_for("the cancellation", lambda: rest.get(f"/jobs/{job_id}")["state"] == "CANCELED", timeout=120)
 

@@ -11,6 +11,35 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class RescaleJobRequest(_message.Message):
+    __slots__ = ("job_id", "parallelism", "vertex_id", "timeout_seconds")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    PARALLELISM_FIELD_NUMBER: _ClassVar[int]
+    VERTEX_ID_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    parallelism: int
+    vertex_id: _containers.RepeatedScalarFieldContainer[str]
+    timeout_seconds: float
+    def __init__(self, job_id: _Optional[str] = ..., parallelism: _Optional[int] = ..., vertex_id: _Optional[_Iterable[str]] = ..., timeout_seconds: _Optional[float] = ...) -> None: ...
+
+class RescaleJobResponse(_message.Message):
+    __slots__ = ("message", "parallelism", "last_batch_id")
+    class ParallelismEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    PARALLELISM_FIELD_NUMBER: _ClassVar[int]
+    LAST_BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    message: str
+    parallelism: _containers.ScalarMap[str, int]
+    last_batch_id: int
+    def __init__(self, message: _Optional[str] = ..., parallelism: _Optional[_Mapping[str, int]] = ..., last_batch_id: _Optional[int] = ...) -> None: ...
+
 class GetKeyedStateRequest(_message.Message):
     __slots__ = ("job_id", "vertex_id", "key", "limit")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]

@@ -85,6 +85,11 @@ class JobManagerStub:
                 request_serializer=funke_dot_v1_dot_jobmanager__pb2.GetKeyedStateRequest.SerializeToString,
                 response_deserializer=funke_dot_v1_dot_jobmanager__pb2.KeyedState.FromString,
                 _registered_method=True)
+        self.RescaleJob = channel.unary_unary(
+                '/funke.v1.JobManager/RescaleJob',
+                request_serializer=funke_dot_v1_dot_jobmanager__pb2.RescaleJobRequest.SerializeToString,
+                response_deserializer=funke_dot_v1_dot_jobmanager__pb2.RescaleJobResponse.FromString,
+                _registered_method=True)
 
 
 class JobManagerServicer:
@@ -158,6 +163,17 @@ class JobManagerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RescaleJob(self, request, context):
+        """A running streaming query at another parallelism, at a batch boundary: the batch in flight
+        commits, the job is SUSPENDED and goes on as a new run of the same job id at the new
+        parallelism from its checkpoint (key groups move to their new subtasks). INVALID_ARGUMENT
+        for a parallelism the job cannot take (every problem listed), FAILED_PRECONDITION for a job
+        that is not a running streaming query or is rescaling already.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_JobManagerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -210,6 +226,11 @@ def add_JobManagerServicer_to_server(servicer, server):
                     servicer.GetKeyedState,
                     request_deserializer=funke_dot_v1_dot_jobmanager__pb2.GetKeyedStateRequest.FromString,
                     response_serializer=funke_dot_v1_dot_jobmanager__pb2.KeyedState.SerializeToString,
+            ),
+            'RescaleJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.RescaleJob,
+                    request_deserializer=funke_dot_v1_dot_jobmanager__pb2.RescaleJobRequest.FromString,
+                    response_serializer=funke_dot_v1_dot_jobmanager__pb2.RescaleJobResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -482,6 +503,33 @@ class JobManager:
             '/funke.v1.JobManager/GetKeyedState',
             funke_dot_v1_dot_jobmanager__pb2.GetKeyedStateRequest.SerializeToString,
             funke_dot_v1_dot_jobmanager__pb2.KeyedState.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RescaleJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/funke.v1.JobManager/RescaleJob',
+            funke_dot_v1_dot_jobmanager__pb2.RescaleJobRequest.SerializeToString,
+            funke_dot_v1_dot_jobmanager__pb2.RescaleJobResponse.FromString,
             options,
             channel_credentials,
             insecure,
