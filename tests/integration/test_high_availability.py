@@ -426,3 +426,29 @@ def test_funke_submit_follows_the_job_to_the_new_leader_and_prints_its_result(ha
     assert rows == [(n, n * n) for n in range(300)]
     history = _history(ha.client.get_job(job_id))
     assert ("RUNNING", "SUSPENDED", epoch) in history and history[-1][2] > epoch
+
+
+def test_kill_9_of_the_leader_under_a_running_aggregate_the_query_goes_on_with_exact_state(ha, tmp_path):
+    """A stateful streaming query (running totals per key, in keyed state) and kill -9 of the
+    leading JobManager: the new leader recovers the job, the query goes on from its checkpoint,
+    and after every committed batch of both leaders the totals equal a direct count."""
+    from tests.integration.test_keyed_state import batch_ends, check_every_batch, running_job
+
+    out, checkpoint = tmp_path / "totals", tmp_path / "checkpoint"
+    job_id = ha.client.submit(running_job(out, checkpoint, "update", keyed_parallelism=2).build())
+    deadline = time.monotonic() + 180
+    while len(batch_ends(checkpoint) if (checkpoint / "commits").exists() else {}) < 3:
+        assert time.monotonic() < deadline, "three batches did not commit within 180 s"
+        time.sleep(0.2)
+    before = max(batch_ends(checkpoint))
+    name, epoch, killed_at = ha.kill_leader()
+    lease, _ = ha.wait_for_new_leader(epoch)
+    _wait_running_under(ha.client, job_id, lease.epoch)
+    while max(batch_ends(checkpoint)) < before + 3:
+        assert time.monotonic() < deadline + 180, "the recovered query did not commit three more batches"
+        time.sleep(0.2)
+    ha.client.stop(job_id, timeout_s=60)
+    assert _wait_status(ha.client, job_id, "FINISHED", 120)
+    history = _history(ha.client.get_job(job_id))
+    assert ("RUNNING", "SUSPENDED", epoch) in history and history[-1] == ("RUNNING", "FINISHED", lease.epoch), history
+    assert check_every_batch(out, checkpoint, "update") >= before + 4
