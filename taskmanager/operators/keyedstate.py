@@ -53,6 +53,7 @@ from funke.taskmanager.operators.udf import (
     RUNTIME_FILES,
     RowReader,
     RowWriter,
+    _arrow_is_atomic as _udf_atomic,
     _freeze,
     _from_arrow,
     _to_arrow,
@@ -114,6 +115,12 @@ def _read_rows(table: pa.Table, n_keys: int, into: dict[Any, tuple[list, list]])
     """A version's rows into `into`; a delta's removed keys (REMOVED_COLUMN true) out of it."""
     removable = table.schema.names[-1] == REMOVED_COLUMN
     columns = [c.to_pylist() for c in (table.columns[:-1] if removable else table.columns)]
+    atomic = all(_udf_atomic(f.type) for f in list(table.schema)[:n_keys])
+    if not removable and atomic:  # the usual case, at C speed: a plain key's tuple is its frozen form
+        keys = list(zip(*columns[:n_keys]))
+        values = map(list, zip(*columns[n_keys:])) if len(columns) > n_keys else ([] for _ in keys)
+        into.update(zip(keys, zip(map(list, keys), values)))
+        return
     removed = table.column(REMOVED_COLUMN).to_pylist() if removable else [False] * table.num_rows
     for row, gone in zip(zip(*columns), removed):
         key = list(row[:n_keys])
