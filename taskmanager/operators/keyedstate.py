@@ -21,6 +21,9 @@ funke.
 
 from __future__ import annotations
 
+import bisect
+import contextlib
+import gc
 import heapq
 import os
 import sys
@@ -31,6 +34,7 @@ from typing import Any
 
 import cloudpickle
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 from pyspark import cloudpickle as _spark_cloudpickle
 
@@ -267,21 +271,29 @@ def running_aggregate_batches(root: str, keys: list[str], aggregates: list[Aggre
         at += len(columns)
     state_columns = keys + [c for _, columns in aggregates for c in columns]
 
-    def merge_all(old: list | None, new: list) -> list:
+    def merge_all(old: list | None, new: tuple) -> list:
         if old is None:
-            return new
+            return list(new)
         merged: list = []
         for function, first, count in spans:
             merged += _merge(function, old[first:first + count], new[first:first + count])
         return merged
 
+    if all(function in ("count", "sum", "avg") for function, _, _ in spans):  # every partial adds: one loop
+        def merge_all(old: list | None, new: tuple) -> list:  # noqa: F811
+            if old is None:
+                return list(new)
+            return [n if o is None else o if n is None else o + n for o, n in zip(old, new)]
+
     def finals(values: list) -> list:
         return [_final(function, values[first:first + count]) for function, first, count in spans]
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        emitted = _fold(batches, state_columns, owned, list(range(n_keys)), root, version, retain, state_schema,
-                        mode, lambda old, row: merge_all(old, row[n_keys:]))
-        yield from _batches([key + finals(values) for key, values in emitted], out_schema)
+        with _no_gc():
+            emitted = _fold(batches, state_columns, owned, list(range(n_keys)), root, version, retain, state_schema,
+                            mode, lambda old, row: merge_all(old, row[n_keys:]))
+            rows = [key + finals(values) for key, values in emitted]
+        yield from _batches(rows, out_schema)
 
     return run
 
@@ -328,13 +340,28 @@ def running_reduce_batches(fn_bytes: bytes, root: str, keys: list[str], version:
                                  f"is not the key {key} of a and b; a keyed reduce keeps the key")
             return values
 
-        def fold(old: list | None, row: list) -> list:
-            return row if old is None else from_user(fn(to_user(old), to_user(row)), [row[p] for p in positions])
+        def fold(old: list | None, row: tuple) -> list:
+            return list(row) if old is None else from_user(fn(to_user(old), to_user(row)), [row[p] for p in positions])
 
         emitted = _fold(batches, out_schema.names, owned, positions, root, version, retain, state_schema, mode, fold)
         yield from _batches([values for _, values in emitted], out_schema)
 
     return run
+
+
+@contextlib.contextmanager
+def _no_gc() -> Iterator[None]:
+    """Python's cyclic garbage collector off while a batch folds into the state: a group's state is
+    millions of small lists that every collection would walk again (it halves a running count's
+    batch over 1M keys); what a batch allocates has no cycles, and freeing by reference counting
+    goes on."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def _records(reader: RowReader) -> Callable[[list], Any]:
@@ -357,15 +384,30 @@ def _fold(batches: Iterator[pa.RecordBatch], columns: list[str], owned: range, p
     into its key's value (`fold(value so far or None, row)`: the new value, or None to leave the
     key as it is), commit the next version; what the batch emits: (key, value) of the keys it
     changed, or in complete mode of every key. `positions`: where the key is in a row."""
+    with _no_gc():
+        return _fold_groups(batches, columns, owned, positions, root, version, retain, state_schema, mode, fold)
+
+
+def _fold_groups(batches: Iterator[pa.RecordBatch], columns: list[str], owned: range, positions: list[int],
+                 root: str, version: int, retain: int, state_schema: pa.Schema, mode: str,
+                 fold: Callable[[list | None, list], list | None]) -> list[tuple[list, list]]:
     emitted: list[tuple[list, list]] = []
+    # keys of plain types are their own frozen form (arrays and structs need _freeze)
+    atomic = all(_udf_atomic(state_schema.field(i).type) for i in range(len(positions)))
+    prefix = positions == list(range(len(positions)))
     for key_group, rows in _by_group(batches, columns, owned):
         began = time.perf_counter()
         group = load_group(root, key_group, version, len(positions))
         changes: dict[Any, tuple[list, list]] = {}
+        held = group.rows
         for row in rows:
-            key = [row[p] for p in positions]
-            frozen = _freeze(tuple(key))
-            seen = changes.get(frozen) or group.rows.get(frozen)
+            if atomic:
+                frozen = row[:len(positions)] if prefix else tuple([row[p] for p in positions])
+                key = list(frozen)
+            else:
+                key = [row[p] for p in positions]
+                frozen = _freeze(tuple(key))
+            seen = changes.get(frozen) or held.get(frozen)
             value = fold(seen[1] if seen is not None else None, row)
             if value is not None:
                 changes[frozen] = (key, value)
@@ -374,24 +416,31 @@ def _fold(batches: Iterator[pa.RecordBatch], columns: list[str], owned: range, p
     return emitted
 
 
-def _by_group(batches: Iterator[pa.RecordBatch], columns: list[str], owned: range) -> list[tuple[int, list[list]]]:
-    """The rows (values of `columns`) per key group, in group order; a group with only its
-    marker row has no rows, and is there all the same. A row of a group the subtask does not own
-    is an error: its state is another subtask's to write."""
-    per_group: dict[int, list[list]] = {}
-    for batch in batches:
-        groups = batch.column(KEY_GROUP_COLUMN).to_pylist()
-        markers = batch.column(MARKER_COLUMN).to_pylist()
-        values = [batch.column(c).to_pylist() for c in columns]
-        for i, (group, marker) in enumerate(zip(groups, markers)):
-            rows = per_group.setdefault(group, [])
-            if not marker:
-                rows.append([v[i] for v in values])
-    foreign = sorted(g for g in per_group if g not in owned)
+def _by_group(batches: Iterator[pa.RecordBatch], columns: list[str], owned: range) -> list[tuple[int, list[tuple]]]:
+    """The rows (tuples of `columns`' values) per key group, in group order; a group with only
+    its marker row has no rows, and is there all the same. A row of a group the subtask does not
+    own is an error: its state is another subtask's to write. Grouped by Arrow (a sort by group),
+    so the only per-row Python work is making each row's tuple."""
+    received = [b for b in batches if b.num_rows]
+    if not received:
+        return []
+    table = pa.Table.from_batches(received)
+    present = sorted(set(table.column(KEY_GROUP_COLUMN).to_pylist()))
+    foreign = [g for g in present if g not in owned]
     if foreign:
         raise RuntimeError(f"rows of key group(s) {foreign[:5]} reached the subtask owning key groups "
                            f"{owned.start}..{owned.stop - 1}: the exchange did not route them by key group")
-    return sorted(per_group.items())
+    data = table.filter(pc.invert(table.column(MARKER_COLUMN)))
+    data = data.take(pc.sort_indices(data.column(KEY_GROUP_COLUMN)))
+    groups = data.column(KEY_GROUP_COLUMN).to_pylist()
+    rows = list(zip(*[data.column(c).to_pylist() for c in columns])) if columns else [()] * len(groups)
+    out: list[tuple[int, list[tuple]]] = []
+    start = 0
+    for g in present:
+        end = bisect.bisect_right(groups, g, start)
+        out.append((g, rows[start:end]))
+        start = end
+    return out
 
 
 def _batches(rows: list[list], schema: pa.Schema) -> Iterator[pa.RecordBatch]:
@@ -735,49 +784,50 @@ def process_batches(fn_bytes: bytes, root: str, keys: list[str], version: int, n
                         deferred.append(entry)
 
         deferred: list[tuple[int, Any]] = []
-        for key_group, rows in _by_group(batches, in_schema.names, owned):
-            began = time.perf_counter()
-            group = load_group(root, key_group, version, len(positions))
-            try:
-                if group.timers is None:
-                    group.timers = [(t, frozen) for frozen, (_, values) in group.rows.items()
-                                    for t in (values[timers_at] or ())]
-                    heapq.heapify(group.timers)
-                changes: dict[Any, tuple[list, list]] = {}
-                removed: dict[Any, list] = {}
-                per_key: dict[Any, tuple[list, list]] = {}
-                for row in rows:
-                    key = [row[p] for p in positions]
-                    per_key.setdefault(_freeze(tuple(key)), (key, []))[1].append(to_user(row))
-                for frozen, (key, key_rows) in per_key.items():
-                    turn(group, changes, removed, frozen, key,
-                         lambda: fn.process(ctx.key, key_rows, ctx), heap_now=True)
-                deferred.clear()
-                heap = group.timers
-                while heap and heap[0][0] <= now_ms:
-                    at, frozen = heapq.heappop(heap)
-                    held = changes.get(frozen) or (None if frozen in removed else group.rows.get(frozen))
-                    if held is None or at not in (held[1][timers_at] or ()):
-                        continue  # deleted, or fired already
-                    fired = list(held[1])
-                    fired[timers_at] = [t for t in fired[timers_at] if t != at] or None
-                    changes[frozen] = (held[0], fired)  # a fired timer is gone, whatever on_timer does
-                    turn(group, changes, removed, frozen, held[0],
-                         lambda: fn.on_timer(ctx.key, at, ctx), heap_now=False)
-                    if frozen in changes and not alive(changes[frozen][1]):
-                        del changes[frozen]
-                        if frozen in group.rows:
-                            removed[frozen] = held[0]
-                for entry in deferred:
-                    heapq.heappush(heap, entry)
-                if expires_of and (version + 1) % SNAPSHOT_EVERY == 0:
-                    for frozen, (key, values) in group.rows.items():
-                        if frozen not in changes and frozen not in removed and not alive(values):
-                            removed[frozen] = key
-                commit_group(root, key_group, group, changes, state_schema, retain, began, removed)
-            except BaseException:
-                _loaded().pop((root, key_group), None)  # what this worker holds may be half-changed
-                raise
+        with _no_gc():
+            for key_group, rows in _by_group(batches, in_schema.names, owned):
+                began = time.perf_counter()
+                group = load_group(root, key_group, version, len(positions))
+                try:
+                    if group.timers is None:
+                        group.timers = [(t, frozen) for frozen, (_, values) in group.rows.items()
+                                        for t in (values[timers_at] or ())]
+                        heapq.heapify(group.timers)
+                    changes: dict[Any, tuple[list, list]] = {}
+                    removed: dict[Any, list] = {}
+                    per_key: dict[Any, tuple[list, list]] = {}
+                    for row in rows:
+                        key = [row[p] for p in positions]
+                        per_key.setdefault(_freeze(tuple(key)), (key, []))[1].append(to_user(row))
+                    for frozen, (key, key_rows) in per_key.items():
+                        turn(group, changes, removed, frozen, key,
+                             lambda: fn.process(ctx.key, key_rows, ctx), heap_now=True)
+                    deferred.clear()
+                    heap = group.timers
+                    while heap and heap[0][0] <= now_ms:
+                        at, frozen = heapq.heappop(heap)
+                        held = changes.get(frozen) or (None if frozen in removed else group.rows.get(frozen))
+                        if held is None or at not in (held[1][timers_at] or ()):
+                            continue  # deleted, or fired already
+                        fired = list(held[1])
+                        fired[timers_at] = [t for t in fired[timers_at] if t != at] or None
+                        changes[frozen] = (held[0], fired)  # a fired timer is gone, whatever on_timer does
+                        turn(group, changes, removed, frozen, held[0],
+                             lambda: fn.on_timer(ctx.key, at, ctx), heap_now=False)
+                        if frozen in changes and not alive(changes[frozen][1]):
+                            del changes[frozen]
+                            if frozen in group.rows:
+                                removed[frozen] = held[0]
+                    for entry in deferred:
+                        heapq.heappush(heap, entry)
+                    if expires_of and (version + 1) % SNAPSHOT_EVERY == 0:
+                        for frozen, (key, values) in group.rows.items():
+                            if frozen not in changes and frozen not in removed and not alive(values):
+                                removed[frozen] = key
+                    commit_group(root, key_group, group, changes, state_schema, retain, began, removed)
+                except BaseException:
+                    _loaded().pop((root, key_group), None)  # what this worker holds may be half-changed
+                    raise
         for start in range(0, len(results), ROWS_PER_BATCH):
             yield writer.batch_of_results(results[start:start + ROWS_PER_BATCH])
 
