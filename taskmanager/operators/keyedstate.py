@@ -271,7 +271,7 @@ def running_aggregate_batches(root: str, keys: list[str], aggregates: list[Aggre
         at += len(columns)
     state_columns = keys + [c for _, columns in aggregates for c in columns]
 
-    def merge_all(old: list | None, new: tuple) -> list:
+    def merge_each(old: list | None, new: tuple) -> list:
         if old is None:
             return list(new)
         merged: list = []
@@ -279,11 +279,12 @@ def running_aggregate_batches(root: str, keys: list[str], aggregates: list[Aggre
             merged += _merge(function, old[first:first + count], new[first:first + count])
         return merged
 
-    if all(function in ("count", "sum", "avg") for function, _, _ in spans):  # every partial adds: one loop
-        def merge_all(old: list | None, new: tuple) -> list:  # noqa: F811
-            if old is None:
-                return list(new)
-            return [n if o is None else o if n is None else o + n for o, n in zip(old, new)]
+    def merge_adding(old: list | None, new: tuple) -> list:  # every partial adds (count, sum, avg): one loop
+        if old is None:
+            return list(new)
+        return [n if o is None else o if n is None else o + n for o, n in zip(old, new)]
+
+    merge_all = merge_adding if all(function in ("count", "sum", "avg") for function, _, _ in spans) else merge_each
 
     def finals(values: list) -> list:
         return [_final(function, values[first:first + count]) for function, first, count in spans]
