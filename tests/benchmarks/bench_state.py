@@ -23,6 +23,9 @@ Parts:
            rows/s: funke's `key_by(k).process(fn)` (one call per key and batch, Arrow batches of
            many keys into the worker) vs `groupBy(k).applyInPandasWithState` (a pandas DataFrame
            per key); rows/s processed and batch p50, and the ratio.
+  python-sweep  the python part's query at rising offered rates (--sweep, rows/s), --sweep-seconds
+           each, until a side falls behind: the highest rate each keeps up with at the 1 s trigger
+           (median batch duration <= 1 s), and the ratio.
   rescale  the running count's query with 1,000,000 keys at parallelism 2 on 2 TaskManagers x 2
            slots, rescaled live to 4 (`client.rescale`): the pause from the last batch committed
            before to the first committed after, from the progress records, with the first
@@ -286,6 +289,8 @@ def main() -> int:
     p.add_argument("--py-rate", type=int, default=10_000, help="rows/s of the python part")
     p.add_argument("--py-keys", type=int, default=10_000)
     p.add_argument("--seconds", type=float, default=40)
+    p.add_argument("--sweep", default="1000,2000,5000,10000,20000,40000,80000,160000")
+    p.add_argument("--sweep-seconds", type=float, default=25)
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args()
     parts = args.parts.split(",")
@@ -301,8 +306,8 @@ def main() -> int:
         root = Path(tmp)
         if "store" in parts:
             try:
-                import rocksdict  # noqa: F401
-            except ImportError:
+                import rocksdict  # noqa: F401  (a probe)
+            except ImportError:  # installed when missing: only this part needs it
                 subprocess.run([sys.executable, "-m", "pip", "install", "-q", "rocksdict"], check=True)
             results["store"] = s = bench_store(root / "store")
             for side in ("funke", "rocksdb"):
@@ -311,7 +316,7 @@ def main() -> int:
                       f"then {f['version_ms_p50']} ms (mean {f['version_ms_mean']} ms, snapshots included) and "
                       f"{f['bytes_per_version_p50']:,} bytes per version, "
                       f"{f['on_disk_bytes']:,} bytes on disk, all keys loaded again in {f['load_all_ms']} ms")
-        if "count" in parts or "python" in parts:
+        if "count" in parts or "python" in parts or "python-sweep" in parts:
             info = localcluster.start(localcluster.ClusterSpec(root / "cluster", 1, args.cores))
             client = info.client(timeout=600)
             try:
@@ -335,6 +340,31 @@ def main() -> int:
                     fk = figures(records)
                     print(f"python state, funke process(): {fk}", file=sys.stderr)
                     results["python"] = {"rate": args.py_rate, "keys": args.py_keys, "funke": fk, "structured": ss}
+                if "python-sweep" in parts:
+                    sweep = [int(x) for x in args.sweep.split(",")]
+                    kept: dict[str, int] = {}
+                    seen: dict[str, dict] = {"funke": {}, "structured": {}}
+                    for side in ("structured", "funke"):
+                        kept[side] = 0
+                        for n, rate in enumerate(sweep):
+                            if side == "structured":
+                                f = figures(structured("python", args.cores, rate, args.sweep_seconds,
+                                                       root / f"ss-sweep-{rate}", args.py_keys))
+                            else:
+                                job_id, records = run_funke(client, python_job(rate, root / f"funke-sweep-{rate}",
+                                                                               args.cores, args.py_keys),
+                                                            args.sweep_seconds)
+                                stop(client, job_id)
+                                f = figures(records)
+                            seen[side][rate] = f
+                            ok = f.get("batches", 0) >= 3 and f["p50_ms"] <= 1000
+                            print(f"python state at {rate} rows/s, {side}: {'keeps up' if ok else 'falls behind'} {f}",
+                                  file=sys.stderr)
+                            if not ok:
+                                break
+                            kept[side] = rate
+                    results["python_sweep"] = {"keys": args.py_keys, "sustained": kept, "runs": seen,
+                                               "sweep_top": sweep[-1]}
             finally:
                 client.close()
                 localcluster.stop(root / "cluster")
@@ -386,6 +416,13 @@ def main() -> int:
               f"{ss.get('rows_per_s')} rows/s, p50 {ss.get('p50_ms')} ms; rows/s ratio "
               f"{fk['rows_per_s'] / ss['rows_per_s']:.2f}" if fk.get("batches") and ss.get("batches")
               else f"python state: {c}")
+    if "python_sweep" in results:
+        c = results["python_sweep"]
+        fk, ss = c["sustained"]["funke"], c["sustained"]["structured"]
+        print(f"Python state per key ({c['keys']:,} keys), highest rate kept up with at a 1 s trigger: funke process() "
+              f"{fk:,} rows/s, applyInPandasWithState {ss:,} rows/s"
+              + (f", ratio {fk / ss:.1f}" if ss else " (Structured Streaming kept up with none of the sweep)")
+              + (" (funke kept up with the sweep's top: at least that)" if fk == c["sweep_top"] else ""))
     if "rescale" in results:
         r = results["rescale"]
         print(f"rescale 2 -> 4 with {KEYS:,} keys: pause {r['pause_ms']} ms (batch {r['last_batch_before']} committed "
