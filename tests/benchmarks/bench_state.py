@@ -305,9 +305,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="funke-bench-state-") as tmp:
         root = Path(tmp)
         if "store" in parts:
-            try:
-                import rocksdict  # noqa: F401  (a probe)
-            except ImportError:  # installed when missing: only this part needs it
+            import importlib.util
+
+            if importlib.util.find_spec("rocksdict") is None:  # only this part needs it
                 subprocess.run([sys.executable, "-m", "pip", "install", "-q", "rocksdict"], check=True)
             results["store"] = s = bench_store(root / "store")
             for side in ("funke", "rocksdb"):
