@@ -140,10 +140,9 @@ def _write_rows(path: str, schema: pa.Schema, rows: list[tuple[list, list]], met
     one Arrow file. A value Arrow cannot hold as its column's type is a StateValueError naming
     the column and the key."""
     removable = schema.names[-1] == REMOVED_COLUMN
-    columns: list[list] = [[] for _ in schema]
-    for key, values in rows:
-        for column, v in zip(columns, key + values + ([False] if removable else [])):
-            column.append(v)
+    tail = [False] if removable else []
+    columns: list[list] = [list(c) for c in zip(*[key + values + tail for key, values in rows])] if rows else [
+        [] for _ in schema]
     width = len(schema) - len(removed[0]) - 1 if removed else 0
     for key in removed:
         for column, v in zip(columns, key + [None] * width + [True]):
@@ -362,6 +361,10 @@ def _no_gc() -> Iterator[None]:
         yield
     finally:
         if was:
+            # What survives the batch (the state) is moved out of the collector's reach, so that
+            # the first collection after it does not walk it all either (a cycle among those
+            # objects that is garbage already stays; state values and rows make none).
+            gc.freeze()
             gc.enable()
 
 
