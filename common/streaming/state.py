@@ -158,26 +158,31 @@ def parse_file_name(name: str) -> tuple[int, str] | None:
 class StateMetrics:
     """What a keyed operator's state looked like after one batch, over the key groups measured
     (Structured Streaming's StateOperatorProgress): keys held, keys the batch wrote, keys it
-    removed, bytes of the files the batch wrote, bytes of the state's files on disk, and the
-    time the workers spent loading, merging and writing the state (not counting the rows' own
-    computation)."""
+    removed, bytes of the files the batch wrote, bytes of the state's files on disk, the time
+    the workers spent loading, merging and writing the state (not counting the rows' own
+    computation), an estimate of the state's size in the workers' memory, and the time of
+    making the version's delta."""
     rows_total: int = 0
     rows_updated: int = 0
     rows_removed: int = 0
     bytes_written: int = 0
     bytes_on_disk: int = 0
     update_ms: float = 0.0
+    memory_bytes: int = 0  # an estimate of what the workers hold of the state in memory
+    commit_ms: float = 0.0  # making the version's delta (its Arrow data; the file write after it not counted)
 
     def __add__(self, other: StateMetrics) -> StateMetrics:
         return StateMetrics(self.rows_total + other.rows_total, self.rows_updated + other.rows_updated,
                             self.rows_removed + other.rows_removed, self.bytes_written + other.bytes_written,
-                            self.bytes_on_disk + other.bytes_on_disk, self.update_ms + other.update_ms)
+                            self.bytes_on_disk + other.bytes_on_disk, self.update_ms + other.update_ms,
+                            self.memory_bytes + other.memory_bytes, self.commit_ms + other.commit_ms)
 
     def progress(self, operator: str, key_groups: int) -> dict:
         """Its entry in a progress record's `stateOperators` (Structured Streaming's keys, and
         funke's for the files)."""
         return {"operatorName": operator, "numRowsTotal": self.rows_total, "numRowsUpdated": self.rows_updated,
                 "numRowsRemoved": self.rows_removed, "allUpdatesTimeMs": round(self.update_ms),
+                "commitTimeMs": round(self.commit_ms), "memoryUsedBytes": self.memory_bytes,
                 "numKeyGroups": key_groups, "checkpointBytesWritten": self.bytes_written,
                 "stateOnDiskBytes": self.bytes_on_disk}
 

@@ -664,7 +664,8 @@ def io_to_proto(io: TaskIo) -> job_pb.TaskIo:
         s = io.state
         msg.state.CopyFrom(job_pb.StateMetrics(rows_total=s.rows_total, rows_updated=s.rows_updated,
                                                rows_removed=s.rows_removed, bytes_written=s.bytes_written,
-                                               bytes_on_disk=s.bytes_on_disk, update_ms=s.update_ms))
+                                               bytes_on_disk=s.bytes_on_disk, update_ms=s.update_ms,
+                                               memory_bytes=s.memory_bytes, commit_ms=s.commit_ms))
     return msg
 
 
@@ -678,7 +679,8 @@ def io_from_proto(m: job_pb.TaskIo) -> TaskIo:
     if m.HasField("state"):
         s = m.state
         state = StateMetrics(count(s.rows_total), count(s.rows_updated), count(s.rows_removed),
-                             count(s.bytes_written), count(s.bytes_on_disk), duration(s.update_ms))
+                             count(s.bytes_written), count(s.bytes_on_disk), duration(s.update_ms),
+                             count(s.memory_bytes), duration(s.commit_ms))
     return TaskIo(count(m.records_in), count(m.records_out), count(m.bytes_in), count(m.bytes_out),
                   duration(m.seconds), state)
 

@@ -315,9 +315,10 @@ def render_state(p: dict[str, Any]) -> list[str]:
     lines = [f"state after batch {p.get('batchId')}:"]
     for o in operators:
         lines.append(f"  {o.get('operatorName', '')}: {o.get('numRowsTotal', 0)} keys, {o.get('numRowsUpdated', 0)} "
-                     f"updated, {_bytes(o.get('checkpointBytesWritten'))} written, "
-                     f"{_bytes(o.get('stateOnDiskBytes'))} on disk in {o.get('numKeyGroups', '?')} key groups, "
-                     f"{o.get('allUpdatesTimeMs', 0)} ms in the state store")
+                     f"updated, {o.get('numRowsRemoved', 0)} removed, {_bytes(o.get('checkpointBytesWritten'))} "
+                     f"written, {_bytes(o.get('stateOnDiskBytes'))} on disk in {o.get('numKeyGroups', '?')} key "
+                     f"groups, about {_bytes(o.get('memoryUsedBytes'))} in memory, {o.get('allUpdatesTimeMs', 0)} ms "
+                     f"updating and {o.get('commitTimeMs', 0)} ms committing")
     return lines
 
 

@@ -25,6 +25,7 @@ import bisect
 import contextlib
 import gc
 import heapq
+import itertools
 import os
 import sys
 import time
@@ -77,6 +78,8 @@ _CACHE_MODULE = "_funke_keyed_state"  # where a worker keeps its loaded groups a
 # a delta file's metadata: the group's keys after the version, the keys it wrote, the time it took
 _ROWS_TOTAL, _ROWS_UPDATED, _ROWS_REMOVED, _UPDATE_MS = ("funke.rows_total", "funke.rows_updated", "funke.rows_removed",
                                                          "funke.update_ms")
+_MEMORY, _COMMIT_MS = "funke.memory_bytes", "funke.commit_ms"
+_SAMPLED = 32  # entries of a group whose sizes estimate its memory
 
 # One aggregate of a running aggregate: (function, its partial columns). function is one of
 # count, sum, min, max, avg (avg has two partial columns: the sum as a double, and the count).
@@ -137,8 +140,10 @@ def _read_rows(table: pa.Table, n_keys: int, into: dict[Any, tuple[list, list]])
 def _write_rows(path: str, schema: pa.Schema, rows: list[tuple[list, list]], metadata: dict | None = None,
                 removed: list[list] = ()) -> None:
     """`rows` (key, values), and when the schema ends in REMOVED_COLUMN the `removed` keys, as
-    one Arrow file. A value Arrow cannot hold as its column's type is a StateValueError naming
-    the column and the key."""
+    one Arrow file (`metadata` in its schema; a callable is called with the ms the table took to
+    build, and gives it). A value Arrow cannot hold as its column's type is a StateValueError
+    naming the column and the key."""
+    began = time.perf_counter()
     removable = schema.names[-1] == REMOVED_COLUMN
     tail = [False] if removable else []
     columns: list[list] = [list(c) for c in zip(*[key + values + tail for key, values in rows])] if rows else [
@@ -147,14 +152,16 @@ def _write_rows(path: str, schema: pa.Schema, rows: list[tuple[list, list]], met
     for key in removed:
         for column, v in zip(columns, key + [None] * width + [True]):
             column.append(v)
-    if metadata:
-        schema = schema.with_metadata({k: str(v) for k, v in metadata.items()})
     arrays = []
     for i, (column, f) in enumerate(zip(columns, schema)):
         try:
             arrays.append(pa.array(column, type=f.type))
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as e:
             raise _value_error(f, column, [key for key, _ in rows] + list(removed), e) from None
+    if callable(metadata):
+        metadata = metadata(round((time.perf_counter() - began) * 1000, 3))
+    if metadata:
+        schema = schema.with_metadata({k: str(v) for k, v in metadata.items()})
     write_table(path, pa.Table.from_arrays(arrays, schema=schema))
 
 
@@ -198,11 +205,13 @@ def commit_group(root: str, key_group: int, group: Group, changes: dict[Any, tup
     version = group.version + 1
     delta_path = os.path.join(directory, state_file_name(version, DELTA))
     removed = {k: key for k, key in (removed or {}).items() if k in group.rows and k not in changes}
-    total = len(group.rows) + sum(1 for k in changes if k not in group.rows) - len(removed)
-    _write_rows(delta_path, schema, list(changes.values()), {
-        _ROWS_TOTAL: total, _ROWS_UPDATED: len(changes), _ROWS_REMOVED: len(removed),
-        _UPDATE_MS: round((time.perf_counter() - began) * 1000, 3)}, list(removed.values()))
     rows = group.rows
+    total = len(rows) + sum(1 for k in changes if k not in rows) - len(removed)
+    update_ms = round((time.perf_counter() - began) * 1000, 3)
+    memory = _memory_estimate(rows, changes, total)
+    _write_rows(delta_path, schema, list(changes.values()), lambda commit_ms: {
+        _ROWS_TOTAL: total, _ROWS_UPDATED: len(changes), _ROWS_REMOVED: len(removed), _UPDATE_MS: update_ms,
+        _MEMORY: memory, _COMMIT_MS: commit_ms}, list(removed.values()))
     rows.update(changes)  # the old version's dict is not kept: it is this worker's only copy
     for k in removed:
         del rows[k]
@@ -216,6 +225,19 @@ def commit_group(root: str, key_group: int, group: Group, changes: dict[Any, tup
     new = Group(version, rows, _stamp(delta_path), group.timers)
     _loaded()[(root, key_group)] = new
     return new
+
+
+def _memory_estimate(rows: dict, changes: dict, total: int) -> int:
+    """The bytes a group of `total` keys takes in a worker's memory, estimated from the sizes of
+    a few of its entries (Python objects, one level into keys and values) and the dict's own."""
+    sample = list(itertools.islice(changes.items() if changes else rows.items(), _SAMPLED))
+    if not sample:
+        return sys.getsizeof(rows)
+    each = 0
+    for frozen, (key, values) in sample:
+        each += sys.getsizeof(frozen) + sys.getsizeof(key) + sys.getsizeof(values) + 56  # the pair
+        each += sum(sys.getsizeof(v) for v in key) + sum(sys.getsizeof(v) for v in values)
+    return sys.getsizeof(rows) + each * total // len(sample)
 
 
 def measure(root: str, owned: range, version: int) -> StateMetrics:
@@ -238,7 +260,8 @@ def measure(root: str, owned: range, version: int) -> StateMetrics:
             pass
         total = total + StateMetrics(int(meta.get(_ROWS_TOTAL.encode(), 0)), int(meta.get(_ROWS_UPDATED.encode(), 0)),
                                      int(meta.get(_ROWS_REMOVED.encode(), 0)), written, on_disk,
-                                     float(meta.get(_UPDATE_MS.encode(), 0.0)))
+                                     float(meta.get(_UPDATE_MS.encode(), 0.0)), int(meta.get(_MEMORY.encode(), 0)),
+                                     float(meta.get(_COMMIT_MS.encode(), 0.0)))
     return total
 
 

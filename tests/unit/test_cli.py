@@ -700,11 +700,13 @@ def test_funke_progress_shows_each_receivers_lines_and_rate_and_a_brokers_lag() 
 def test_funke_progress_shows_what_each_keyed_operators_state_holds() -> None:
     record = _progress_record(9, 300)
     record["stateOperators"] = [{"operatorName": "count", "numRowsTotal": 1500, "numRowsUpdated": 40,
-                                 "numRowsRemoved": 0, "allUpdatesTimeMs": 12, "numKeyGroups": 128,
-                                 "checkpointBytesWritten": 2048, "stateOnDiskBytes": 3 * 1024 * 1024}]
+                                 "numRowsRemoved": 2, "allUpdatesTimeMs": 12, "numKeyGroups": 128,
+                                 "checkpointBytesWritten": 2048, "stateOnDiskBytes": 3 * 1024 * 1024,
+                                 "memoryUsedBytes": 5 * 1024 * 1024, "commitTimeMs": 3}]
     table = cli.render_progress([record])
     assert table[table.index("state after batch 9:") + 1] == (
-        "  count: 1500 keys, 40 updated, 2.0 KiB written, 3.0 MiB on disk in 128 key groups, 12 ms in the state store")
+        "  count: 1500 keys, 40 updated, 2 removed, 2.0 KiB written, 3.0 MiB on disk in 128 key groups, about "
+        "5.0 MiB in memory, 12 ms updating and 3 ms committing")
     assert not [line for line in cli.render_progress([_progress_record(8, 40)]) if line.startswith("state")]
 
 

@@ -358,7 +358,9 @@ def test_the_task_measures_the_state_a_batch_left_from_the_files_it_wrote(tmp_pa
     written = sum(os.path.getsize(tmp_path / state.group_dir_name(g) / "2.delta") for g in range(8))
     assert after.bytes_written == written > 0
     assert after.bytes_on_disk == sum(os.path.getsize(p) for p in tmp_path.glob("kg-*/*")) > written
-    assert after.update_ms > 0
+    assert after.update_ms > 0 and after.commit_ms > 0
+    # the estimate of the state in memory: three short string keys and their partials, a few hundred bytes each
+    assert 3 * 100 < after.memory_bytes < 8 * 2000
     assert keyedstate.measure(str(tmp_path), range(8), 5) == state.StateMetrics()  # a version not written
     for batch_id in range(2, 10):  # version 10 is a snapshot too: written, and counted
         run_batch(tmp_path, batch_id, [("a", 1)])
@@ -371,12 +373,12 @@ def test_state_metrics_cross_the_wire_and_hostile_numbers_read_as_zero():
     from funke.common.graph.executiongraph import TaskIo
     from funke.common.wire.codec import io_from_proto, io_to_proto
 
-    io = TaskIo(1, 2, 3, 4, 0.5, state.StateMetrics(7, 3, 0, 512, 2048, 4.5))
+    io = TaskIo(1, 2, 3, 4, 0.5, state.StateMetrics(7, 3, 0, 512, 2048, 4.5, 9000, 1.25))
     assert io_from_proto(io_to_proto(io)) == io
     assert io_from_proto(io_to_proto(TaskIo(1, 2, 3, 4, 0.5))).state is None
     message = io_to_proto(io)
-    message.state.rows_total, message.state.update_ms = -5, float("nan")
-    assert io_from_proto(message).state == state.StateMetrics(0, 3, 0, 512, 2048, 0.0)
+    message.state.rows_total, message.state.update_ms, message.state.memory_bytes = -5, float("nan"), -1
+    assert io_from_proto(message).state == state.StateMetrics(0, 3, 0, 512, 2048, 0.0, 0, 1.25)
 
 
 # ---------------------------------------------------------------------------- a running reduce

@@ -120,11 +120,12 @@ def test_a_keyed_operators_state_after_the_batch_is_in_the_batchs_progress_recor
     run = _run()
     _started(run)
     run.handle(qr.Tick(1000, "tick-1000"))
-    _batch(run, 0, 1000, sink_state=StateMetrics(7, 3, 0, 512, 2048, 4.4))
+    _batch(run, 0, 1000, sink_state=StateMetrics(7, 3, 0, 512, 2048, 4.4, 4096, 1.6))
     (progress,) = [a for a in _of(_record(run, 0, 1300), qr.Publish) if a.kind == "QueryProgress"]
     assert progress.info["stateOperators"] == [{
         "operatorName": "sink", "numRowsTotal": 7, "numRowsUpdated": 3, "numRowsRemoved": 0, "allUpdatesTimeMs": 4,
-        "numKeyGroups": 128, "checkpointBytesWritten": 512, "stateOnDiskBytes": 2048}]
+        "commitTimeMs": 2, "memoryUsedBytes": 4096, "numKeyGroups": 128, "checkpointBytesWritten": 512,
+        "stateOnDiskBytes": 2048}]
     run.handle(qr.Tick(2000, "tick-2000"))
     _batch(run, 1, 2000)
     (progress,) = [a for a in _of(_record(run, 1, 2300), qr.Publish) if a.kind == "QueryProgress"]

@@ -126,20 +126,24 @@ class TaskIo(_message.Message):
     def __init__(self, records_in: _Optional[int] = ..., records_out: _Optional[int] = ..., bytes_in: _Optional[int] = ..., bytes_out: _Optional[int] = ..., seconds: _Optional[float] = ..., state: _Optional[_Union[StateMetrics, _Mapping]] = ...) -> None: ...
 
 class StateMetrics(_message.Message):
-    __slots__ = ("rows_total", "rows_updated", "rows_removed", "bytes_written", "bytes_on_disk", "update_ms")
+    __slots__ = ("rows_total", "rows_updated", "rows_removed", "bytes_written", "bytes_on_disk", "update_ms", "memory_bytes", "commit_ms")
     ROWS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     ROWS_UPDATED_FIELD_NUMBER: _ClassVar[int]
     ROWS_REMOVED_FIELD_NUMBER: _ClassVar[int]
     BYTES_WRITTEN_FIELD_NUMBER: _ClassVar[int]
     BYTES_ON_DISK_FIELD_NUMBER: _ClassVar[int]
     UPDATE_MS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_MS_FIELD_NUMBER: _ClassVar[int]
     rows_total: int
     rows_updated: int
     rows_removed: int
     bytes_written: int
     bytes_on_disk: int
     update_ms: float
-    def __init__(self, rows_total: _Optional[int] = ..., rows_updated: _Optional[int] = ..., rows_removed: _Optional[int] = ..., bytes_written: _Optional[int] = ..., bytes_on_disk: _Optional[int] = ..., update_ms: _Optional[float] = ...) -> None: ...
+    memory_bytes: int
+    commit_ms: float
+    def __init__(self, rows_total: _Optional[int] = ..., rows_updated: _Optional[int] = ..., rows_removed: _Optional[int] = ..., bytes_written: _Optional[int] = ..., bytes_on_disk: _Optional[int] = ..., update_ms: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., commit_ms: _Optional[float] = ...) -> None: ...
 
 class Execution(_message.Message):
     __slots__ = ("id", "state", "created_at", "history", "task_manager_id", "slot_index", "failure", "io")
