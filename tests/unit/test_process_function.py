@@ -283,3 +283,42 @@ def test_the_jobmanager_shows_a_process_functions_state_without_removed_keys(tmp
     assert sorted(by_user) == ["ann", "cyd"] and matching == 2  # bob's session closed at 11 200
     assert by_user["ann"]["events"] == 3 and by_user["ann"]["timers"] == [11_500]
     assert dict(by_user["ann"]["per_page"]) == {"home": 1, "cart": 1, "pay": 1}
+
+
+def test_the_sessions_example_builds_a_query_with_a_process_function_whose_state_has_its_ttl(tmp_path):
+    import importlib.util
+
+    from funke.common.wire.codec import job_graph_from_proto, job_graph_to_proto
+
+    spec = importlib.util.spec_from_file_location("sessions_example", "examples/sessions.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    job = job_graph_from_proto(job_graph_to_proto(module.build(["--input", str(tmp_path), "--gap", "5000"])))
+    (op,) = [op for v in job.vertices for op in v.operators if op.kind == "process"]
+    assert [(s["name"], s["kind"], s["ttl_ms"]) for s in op.config["state"]] == [
+        ("started", "value", 3_600_000), ("clicks", "value", 3_600_000), ("pages", "list", 3_600_000),
+        ("per_page", "map", 3_600_000)]
+    fn = cloudpickle.loads(op.function)
+    assert fn.gap_ms == 5000
+    # the function run as a worker runs it: a session of two clicks, closed by its timer
+    events = pa.schema([("user", pa.string()), ("page", pa.string())])
+    out = pa.schema([("user", pa.string()), ("started", pa.int64()), ("closed", pa.int64()), ("clicks", pa.int64()),
+                     ("pages", pa.string()), ("top_page", pa.string())])
+    specs = [("started", "value", pa.int64(), (), 3_600_000), ("clicks", "value", pa.int64(), (), 3_600_000),
+             ("pages", "list", pa.list_(pa.string()), (pa.string(),), 3_600_000),
+             ("per_page", "map", pa.map_(pa.string(), pa.int64()), (pa.string(), pa.int64()), 3_600_000)]
+
+    def batch(batch_id, now, rows):
+        run = keyedstate.process_batches(op.function, str(tmp_path / "state"), ["user"], batch_id, now, 100, specs,
+                                         state_schema(specs), events, out, range(8), "sessions")
+        b = pa.RecordBatch.from_arrays([
+            pa.array([u for u, _ in rows] + [None] * 8, pa.string()), pa.array([p for _, p in rows] + [None] * 8),
+            pa.array([group_of(u) for u, _ in rows] + list(range(8)), pa.int32()),
+            pa.array([False] * len(rows) + [True] * 8)], names=["user", "page", state.KEY_GROUP_COLUMN,
+                                                                 keyedstate.MARKER_COLUMN])
+        return pa.Table.from_batches(list(run(iter([b]))), schema=out).to_pylist()
+
+    assert batch(0, 1_000, [("ann", "/a"), ("ann", "/b")]) == []
+    assert batch(1, 3_000, [("ann", "/b")]) == []
+    assert batch(2, 8_000, []) == [{"user": "ann", "started": 1_000, "closed": 8_000, "clicks": 3,
+                                    "pages": "/a /b", "top_page": "/b"}]
