@@ -158,7 +158,10 @@ def test_output_and_state_stay_exact_through_taskmanager_kills_at_every_phase_of
     kill_at_every_phase(stream_cluster, job_id, Events(client, job_id))
     rows, duplicates, lost = assert_exactly_once(out, checkpoint)
     assert rows > 0
-    assert check_every_batch(totals, checkpoint, "complete") >= len(PHASES) + 1
+    checked = check_every_batch(totals, checkpoint, "complete")
+    assert checked >= len(PHASES) + 1
+    print(f"kills at every phase: {rows} rows, {duplicates} duplicates, {lost} lost; the totals exact after each of "
+          f"{checked} batches")
 
 
 DISTINCT = 30
@@ -325,6 +328,8 @@ def test_sessions_with_timeouts_in_a_keyed_process_function_equal_a_direct_compu
     for b in sorted(closed):
         assert sorted(emitted.get(b, [])) == closed[b], f"batch {b}"
     assert sum(len(c) for c in closed.values()) >= 3, closed  # sessions did close, more than once
+    print(f"sessions: {sum(len(c) for c in closed.values())} closed over {len(closed)} batches, each as computed "
+          f"directly; {len(shown['rows'])} open after batch {shown['batch_id']}")
     assert {r["k"]: (r["started"], r["rows"], r["first"], r["last"]) for r in shown["rows"]} == after[shown["batch_id"]]
     assert all(len(r["timers"]) == 1 for r in shown["rows"])
 
@@ -372,6 +377,9 @@ def test_a_running_aggregate_rescaled_live_2_4_1_keeps_exact_totals_under_one_jo
 
     assert [job_status_name(s) for s in history].count("SUSPENDED") == 2, history
     # every committed batch of the three runs: the totals equal a direct count of every row so far
-    assert check_every_batch(out, checkpoint, "update") >= 9
+    checked = check_every_batch(out, checkpoint, "update")
+    assert checked >= 9
+    print(f"rescale 2 -> 4 -> 1: pauses {shown['pause_ms']} and {pause['pause_ms']} ms; the totals exact after each "
+          f"of {checked} batches")
     with pytest.raises(FunkeError, match="rescale takes a running streaming query"):
         client.rescale(job_id, 2)
