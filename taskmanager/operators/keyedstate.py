@@ -315,7 +315,10 @@ def running_aggregate_batches(root: str, keys: list[str], aggregates: list[Aggre
         with _no_gc():
             emitted = _fold(batches, state_columns, owned, list(range(n_keys)), root, version, retain, state_schema,
                             mode, lambda old, row: merge_all(old, row[n_keys:]))
-            rows = [key + finals(values) for key, values in emitted]
+            if any(function == "avg" for function, _, _ in spans):
+                rows = [key + finals(values) for key, values in emitted]
+            else:  # every total is its one partial as it is
+                rows = [key + values for key, values in emitted]
         yield from _batches(rows, out_schema)
 
     return run
