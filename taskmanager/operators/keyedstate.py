@@ -379,17 +379,18 @@ def running_reduce_batches(fn_bytes: bytes, root: str, keys: list[str], version:
 def _no_gc() -> Iterator[None]:
     """Python's cyclic garbage collector off while a batch folds into the state: a group's state is
     millions of small lists that every collection would walk again (it halves a running count's
-    batch over 1M keys); what a batch allocates has no cycles, and freeing by reference counting
-    goes on."""
+    batch over 1M keys); freeing by reference counting goes on meanwhile."""
     was = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
         if was:
-            # What survives the batch (the state) is moved out of the collector's reach, so that
-            # the first collection after it does not walk it all either (a cycle among those
-            # objects that is garbage already stays; state values and rows make none).
+            # The batch's own cyclic garbage (a user function's, say) is collected: what it
+            # allocated is all in the youngest generation, so this walks the batch's objects, not
+            # the state. What survives is then moved out of the collector's reach, so that later
+            # collections do not walk the state either.
+            gc.collect(0)
             gc.freeze()
             gc.enable()
 

@@ -322,3 +322,29 @@ def test_the_sessions_example_builds_a_query_with_a_process_function_whose_state
     assert batch(1, 3_000, [("ann", "/b")]) == []
     assert batch(2, 8_000, []) == [{"user": "ann", "started": 1_000, "closed": 8_000, "clicks": 3,
                                     "pages": "/a /b", "top_page": "/b"}]
+
+
+def test_a_batchs_cyclic_garbage_is_collected_even_though_the_collector_is_off_during_the_batch(tmp_path):
+    import gc
+    import weakref
+
+    class Node:
+        pass
+
+    import tests.unit.test_process_function as here  # by reference: the function runs unpickled
+
+    made = here.MADE = []
+
+    def cyclic(user, rows, ctx):
+        import tests.unit.test_process_function as here
+
+        a, b = Node(), Node()
+        a.other, b.other = b, a  # a cycle only the cyclic collector frees
+        here.MADE.append(weakref.ref(a))
+        return []
+
+    fn = KeyedProcessFunction()
+    fn.process = cyclic
+    run_batch(tmp_path, 0, 0, [("ann", "x", 1), ("bob", "y", 2)], fn)
+    assert len(made) == 2 and gc.isenabled()
+    assert all(ref() is None for ref in made), "the batch's cycles outlived it"
