@@ -181,17 +181,39 @@ def _value_error(f: pa.Field, column: list, keys: list[list], error: Exception) 
 
 def load_group(root: str, key_group: int, version: int, n_keys: int) -> Group:
     """The group's state at `version`, from this worker's memory when it holds exactly that
-    version of this store, else from the files (MissingState when they cannot make it)."""
+    version of this store; when it holds an older one (another worker ran the group's last
+    batches), that one with the deltas after it applied; else from the files (MissingState when
+    they cannot make it)."""
     directory = os.path.join(root, group_dir_name(key_group))
     held = _loaded().get((root, key_group))
     if held is not None and held.version == version:
         if version == 0 or held.stamp == _stamp(os.path.join(directory, state_file_name(version, DELTA))):
             return held
+    if held is not None and 0 < held.version < version and \
+            held.stamp == _stamp(os.path.join(directory, state_file_name(held.version, DELTA))):
+        caught_up = _catch_up(directory, held, version, n_keys)
+        if caught_up is not None:
+            return caught_up
     rows: dict[Any, tuple[list, list]] = {}
     for table in group_tables(root, key_group, version):
         _read_rows(table, n_keys, rows)
     stamp = _stamp(os.path.join(directory, state_file_name(version, DELTA))) if version else None
     return Group(version, rows, stamp)
+
+
+def _catch_up(directory: str, held: Group, version: int, n_keys: int) -> Group | None:
+    """`held` brought to `version` by the deltas after it (None when one is missing: the files
+    make the version whole instead). The held dict is changed in place (it is this worker's
+    only copy), so it leaves the cache until the version is made."""
+    paths = [os.path.join(directory, state_file_name(v, DELTA)) for v in range(held.version + 1, version + 1)]
+    if not all(os.path.exists(p) for p in paths):
+        return None
+    key = next((k for k, g in _loaded().items() if g is held), None)
+    if key is not None:
+        del _loaded()[key]
+    for path in paths:
+        _read_rows(_files.read_table(path), n_keys, held.rows)
+    return Group(version, held.rows, _stamp(paths[-1]))  # a process function's timers are found again
 
 
 def commit_group(root: str, key_group: int, group: Group, changes: dict[Any, tuple[list, list]],

@@ -131,6 +131,24 @@ def test_a_worker_that_starts_fresh_reads_the_same_state_from_the_files(tmp_path
     assert warm == cold and warm["a"] == (24, (sum(range(23)) + 1) / 24)
 
 
+def test_a_worker_holding_an_older_version_catches_up_by_the_deltas_after_it_not_the_whole_group(
+        tmp_path, monkeypatch):
+    run_batch(tmp_path, 0, [("a", 1), ("b", 2)])
+    run_batch(tmp_path, 1, [("a", 3)])
+    this_worker = dict(keyedstate._loaded())  # holds version 2 of every group
+    forget_workers_memory()  # another worker runs batches 2 and 3 ...
+    run_batch(tmp_path, 2, [("b", 4), ("c", 5)])
+    run_batch(tmp_path, 3, [("a", 6)])
+    keyedstate._loaded().update(this_worker)  # ... and this one gets batch 4: it reads only deltas 3 and 4
+
+    def whole(*args):
+        raise AssertionError("the group was read whole from its files")
+
+    monkeypatch.setattr(keyedstate, "group_tables", whole)
+    assert run_batch(tmp_path, 4, [("c", 1)], "complete") == {
+        "a": (3, 10 / 3), "b": (2, 3.0), "c": (2, 3.0)}
+
+
 def test_a_batch_run_again_never_sees_what_its_failed_attempt_wrote(tmp_path):
     run_batch(tmp_path, 0, [("a", 1)])
     run_batch(tmp_path, 1, [("a", 100), ("b", 1)])  # attempt 1 of batch 1: its version 2 is written ...
