@@ -443,8 +443,8 @@ class Dispatcher:
         message = self.mailbox.call(lambda: job.stop(drain, timeout_s))
         return job.status, message
 
-    def rescale(self, job_id: str, parallelism: int, vertex_ids: list[str],
-                timeout_s: float) -> jobmanager_pb2.RescaleJobResponse:
+    async def rescale(self, job_id: str, parallelism: int, vertex_ids: list[str],
+                      timeout_s: float) -> jobmanager_pb2.RescaleJobResponse:
         """A running streaming query at another parallelism (`JobMaster.rescale`, then
         `_continue_rescaled`): checked whole (the new graph validated, the slots it needs
         there) before anything changes."""
@@ -470,7 +470,12 @@ class Dispatcher:
         if after == before:
             return jobmanager_pb2.RescaleJobResponse(message=f"job {job_id} already runs at that parallelism; "
                                                      "nothing changes", parallelism=after, last_batch_id=last_batch)
-        _, scheduler, _ = self._build(new_job, job_id, time.time())
+        # built off the loop, as at submit: the slots the new graph needs
+        _, scheduler, _ = await asyncio.get_running_loop().run_in_executor(None, self._build, new_job, job_id,
+                                                                            time.time())
+        if self.jobs.get(job_id) is not job or job.status is not JobStatus.RUNNING or job_id in self._rescales:
+            raise DispatcherError("FAILED_PRECONDITION", f"job {job_id} changed while its rescale was checked "
+                                  f"(it is {job.status.value} now); ask again")
         needed, held = scheduler.plan.required_slots(), job.scheduler.plan.required_slots()
         free = self.rm.slots.free_slots
         if needed > free + held:

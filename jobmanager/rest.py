@@ -302,7 +302,7 @@ class RestServer:
                 or not all(isinstance(v, str) and 0 < len(v) <= 256 for v in vertices):
             return _error(400, f'expected {{"parallelism": 1..{MAX_PARALLELISM_LIMIT}, "vertices": [vertex ids] '
                                '(optional)}')
-        answer = self._dispatcher().rescale(request.match_info["jid"], parallelism, vertices, 60.0)
+        answer = await self._dispatcher().rescale(request.match_info["jid"], parallelism, vertices, 60.0)
         return web.json_response({"message": answer.message, "parallelism": dict(answer.parallelism),
                                   "lastBatchId": answer.last_batch_id}, status=202)
 

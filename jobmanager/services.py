@@ -131,7 +131,7 @@ class JobManagerService(jobmanager_pb2_grpc.JobManagerServicer):
         if problems:
             await _refuse(context, grpc.StatusCode.INVALID_ARGUMENT, "; ".join(problems))
         try:
-            return d.rescale(request.job_id, request.parallelism, list(request.vertex_id), timeout)
+            return await d.rescale(request.job_id, request.parallelism, list(request.vertex_id), timeout)
         except DispatcherError as exc:
             await _abort(context, exc)
 
