@@ -518,7 +518,9 @@ class Dispatcher:
             return
         carried = self.jobs.get(job_id)
         if carried is not None and carried.query is not None and jm.query is not None:
-            carried.query.progress.extend(jm.query.progress)
+            both = list(jm.query.progress) + list(carried.query.progress)  # oldest first; the newest kept
+            carried.query.progress.clear()
+            carried.query.progress.extend(both)
 
     def query_progress(self, job_id: str) -> jobmanager_pb2.QueryProgress:
         job = self.job(job_id)
