@@ -382,6 +382,9 @@ class KeyedStream(DataStream):
         plain function process(key, rows, ctx) with `on_timer` and `state` given here."""
         from funke.common.api import state as state_api
 
+        if self._per_batch:
+            raise ValueError("process() keeps keyed state across batches, which per_batch() says this keyed stream "
+                             "does not have: call process() on key_by(...) itself")
         if not self._running():
             raise ValueError("process() keeps keyed state across a streaming query's batches; this stream is "
                              "bounded (read_stream... makes a streaming query)")

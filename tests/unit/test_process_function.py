@@ -262,6 +262,8 @@ def test_process_is_for_streams_and_needs_its_output_schema():
     with pytest.raises(ValueError, match="this stream is bounded"):
         env.from_range(0, 10).key_by("id").process(remember, schema="id bigint")
     _, events = events_query()
+    with pytest.raises(ValueError, match="per_batch"):
+        events.key_by("user").per_batch().process(remember, schema="user string, previous string")
     with pytest.raises(TypeError, match="needs the schema"):
         events.key_by("user").process(remember)
     with pytest.raises(TypeError, match="ValueState, ListState and MapState"):
