@@ -191,7 +191,7 @@ def load_group(root: str, key_group: int, version: int, n_keys: int) -> Group:
             return held
     if held is not None and 0 < held.version < version and \
             held.stamp == _stamp(os.path.join(directory, state_file_name(held.version, DELTA))):
-        caught_up = _catch_up(directory, held, version, n_keys)
+        caught_up = _catch_up((root, key_group), directory, held, version, n_keys)
         if caught_up is not None:
             return caught_up
     rows: dict[Any, tuple[list, list]] = {}
@@ -201,16 +201,14 @@ def load_group(root: str, key_group: int, version: int, n_keys: int) -> Group:
     return Group(version, rows, stamp)
 
 
-def _catch_up(directory: str, held: Group, version: int, n_keys: int) -> Group | None:
+def _catch_up(cached_as: tuple[str, int], directory: str, held: Group, version: int, n_keys: int) -> Group | None:
     """`held` brought to `version` by the deltas after it (None when one is missing: the files
     make the version whole instead). The held dict is changed in place (it is this worker's
     only copy), so it leaves the cache until the version is made."""
     paths = [os.path.join(directory, state_file_name(v, DELTA)) for v in range(held.version + 1, version + 1)]
     if not all(os.path.exists(p) for p in paths):
         return None
-    key = next((k for k, g in _loaded().items() if g is held), None)
-    if key is not None:
-        del _loaded()[key]
+    _loaded().pop(cached_as, None)
     for path in paths:
         _read_rows(_files.read_table(path), n_keys, held.rows)
     return Group(version, held.rows, _stamp(paths[-1]))  # a process function's timers are found again
