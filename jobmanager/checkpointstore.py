@@ -68,6 +68,7 @@ class Resumption:
     plan: RecoveryPlan
     logged: tuple[OffsetEntry, ...]  # the entries of plan.rerun, in order
     last_ends: dict  # per source, where the last logged batch ended ({} if none was logged)
+    last: OffsetEntry | None = None  # the last logged entry (its watermark goes on)
 
 
 class CheckpointStore:
@@ -129,7 +130,7 @@ class CheckpointStore:
             self.read_commit(commits[-1])
         last = self.read_offsets(offsets[-1]) if offsets else None
         last_ends = {name: r.end for name, r in last.sources.items()} if last is not None else {}
-        return Resumption(query_id, plan, logged, last_ends)
+        return Resumption(query_id, plan, logged, last_ends, last)
 
     # -------------------------------------------------------------- the logs
 

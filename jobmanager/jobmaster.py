@@ -205,7 +205,7 @@ class JobMaster:
             if self.query is not None:
                 self.query.on_batch_report(report.attempt, report.batch_id,
                                            {p.data_set_id: p.schema for p in report.produced}, report.input_rows,
-                                           report.io.state if report.io is not None else None)
+                                           report.io)
             return
         schemas = {(p.data_set_id, p.partition_index): p.schema for p in report.produced}
         stimulus = report.stimulus_id or f"{report.task_manager_id or 'tm'}:report"

@@ -23,14 +23,20 @@ import uuid
 from collections import deque
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
-from funke.common.graph.executiongraph import ExecutionAttemptId, ExecutionGraph, FailureInfo
-from funke.common.graph.streamingjob import QuerySettings, checkpoint_location, query_settings, sinks, stream_sources
+from funke.common.graph.executiongraph import ExecutionAttemptId, ExecutionGraph, FailureInfo, TaskIo
+from funke.common.graph.streamingjob import (
+    QuerySettings,
+    checkpoint_location,
+    event_time_settings,
+    query_settings,
+    sinks,
+    stream_sources,
+)
 from funke.common.scheduling import queryrun as qr
 from funke.common.states import JobStatus
 from funke.common.streaming import microbatch as mb
 from funke.common.streaming.checkpoint import CommitEntry, OffsetEntry
 from funke.common.streaming.sources import SOURCES
-from funke.common.streaming.state import StateMetrics
 from funke.common.wire import codec
 from funke.jobmanager.checkpointstore import CheckpointStore
 from funke.jobmanager.streaming.sides import SinkSides, SourceSides
@@ -74,6 +80,7 @@ class StreamingQuery:
         self._all_running = all_running  # every current execution of the job is RUNNING
         self._clock = clock
         self.settings: QuerySettings = query_settings(graph.job_graph)
+        self.event_time = event_time_settings(graph.job_graph)
         self.checkpoint_location = checkpoint_location(graph.job_graph, data_dir)
         self.sinks = [v.id for v in sinks(graph.job_graph)]
         self._sink_sides = SinkSides(graph.job_graph, data_dir, graph.job_id)
@@ -132,10 +139,12 @@ class StreamingQuery:
             self._start_run()
 
     def on_batch_report(self, attempt: ExecutionAttemptId, batch_id: int, schemas: dict[str, str],
-                        input_rows: int | None = None, state: StateMetrics | None = None) -> None:
+                        input_rows: int | None = None, io: TaskIo | None = None) -> None:
         if self._run is not None:
-            self._handle(self._run, qr.BatchReported(attempt, batch_id, schemas, input_rows, self._now(),
-                                                     f"report-{attempt}-{batch_id}", state))
+            self._handle(self._run, qr.BatchReported(
+                attempt, batch_id, schemas, input_rows, self._now(), f"report-{attempt}-{batch_id}",
+                io.state if io is not None else None, dict(io.event_time) if io is not None else {},
+                io.late_rows if io is not None else 0))
 
     def stop(self, drain: bool, timeout_s: float) -> str:
         """A graceful stop: no new batch; the batches in flight finish and commit (with `drain`,
@@ -180,7 +189,9 @@ class StreamingQuery:
         self.runs += 1
         core = qr.QueryRun(self.graph, self.settings.trigger, self.sources, self.sinks, receivers=self._receivers,
                            backpressure=self.settings.backpressure, concurrent_jobs=self.settings.concurrent_jobs,
-                           run_id=str(uuid.uuid4()), name=self.graph.job_graph.name, carried=self._carried)
+                           run_id=str(uuid.uuid4()), name=self.graph.job_graph.name, carried=self._carried,
+                           watermark_delays=self.event_time.delays, watermark_policy=self.event_time.policy,
+                           no_data_batches=self.event_time.stateful)
         run = _RunIO(core, CheckpointStore(self.checkpoint_location))
         self._run = run
         self._spawn(run, "start", self._begin(run, self._closing))
@@ -199,7 +210,8 @@ class StreamingQuery:
                  resumption.query_id, run.core.run_id, plan.next_batch_id,
                  f", running batch(es) {list(plan.rerun)} again" if plan.rerun else "")
         self._handle(run, qr.RunStarted(resumption.query_id, plan.next_batch_id, tuple(resumption.logged),
-                                        dict(resumption.last_ends), self._now(), f"run-started-{self.runs}"))
+                                        dict(resumption.last_ends), self._now(), f"run-started-{self.runs}",
+                                        resumption.last))
         if self._stop is not None:  # asked while no run was there
             self._handle(run, qr.StopRequested(self._stop[0], self._now(), "stop-asked-before-the-run"))
 

@@ -52,6 +52,7 @@ from funke.common.graph.operators import CATALOGUE, OperatorRole
 from funke.common.states import ExecutionState
 from funke.common.streaming.sources import BatchInput
 from funke.common.graph.streamingjob import CHECKPOINT, RUNNING_KINDS
+from funke.common.streaming.eventtime import EventTimeStats
 from funke.common.streaming.state import StateMetrics, key_group_range, operator_dir
 from funke.taskmanager import batchexchange, iometrics
 from funke.taskmanager import streaming
@@ -142,6 +143,8 @@ class _Chain:
             role = CATALOGUE[op.kind].role
             impl = streaming.operator(op.kind)
             assert impl is not None
+            if ctx.meter is not None:
+                ctx.meter.at = i  # which operator of the chain observes what (event time)
             if role is OperatorRole.SOURCE:
                 df = impl(ctx, op)
             elif role is OperatorRole.TRANSFORM:
@@ -638,8 +641,9 @@ class StreamTask(Task):
                 assert ctx.meter is not None
                 # A batch's exchanges live in memory mostly: rows in are its source's, bytes in
                 # what it read of its inputs; bytes out are not measured.
+                event_time, late_rows = self._event_time(chain, ctx)
                 io = TaskIo(input_rows or 0, produced[0].row_count if produced else 0, ctx.meter.bytes, 0,
-                            time.monotonic() - began, self._state_after(chain, ctx))
+                            time.monotonic() - began, self._state_after(chain, ctx), event_time, late_rows)
                 self._written.clear()  # a query runs for long: keep no list of every batch's directories
                 self._batch_report(batch.batch_id, produced, input_rows, io)
         finally:
@@ -671,6 +675,24 @@ class StreamTask(Task):
         receiver.start()
         return receiver
 
+    def _event_time(self, chain: _Chain, ctx: RuntimeContext) -> tuple[dict[str, EventTimeStats], int]:
+        """What the chain's watermark operators saw of the batch's event times, and the rows its
+        window operator found late (nothing when its rows were not all read: a sink that reads
+        only some ends the chain)."""
+        meter = ctx.meter
+        assert meter is not None
+        if not meter.event_time and not meter.late:
+            return {}, 0
+        if chain.ends_in_sink and chain.vertex.operators[-1].kind not in _SINKS_READING_ALL:
+            return {}, 0
+        stats = {}
+        for operator, observation in meter.event_time.items():
+            seen = _observed(observation)
+            if seen.get("count"):
+                stats[operator] = EventTimeStats(int(seen["min"]), int(seen["max"]), float(seen["sum"] or 0.0),
+                                                 int(seen["count"]))
+        return stats, sum(int(_observed(o).get("late") or 0) for o in meter.late)
+
     def _input_rows(self, chain: _Chain, ctx: RuntimeContext) -> int | None:
         """The rows this task's stream source read in the batch (None: it has none, or its chain
         did not run every row)."""
@@ -680,6 +702,16 @@ class StreamTask(Task):
             return None
         assert ctx.meter is not None
         return ctx.meter.counted_rows()
+
+
+def _observed(observation: Observation) -> dict:
+    """An observation's metrics once the batch's action ran; {} when Spark planned the observed
+    rows away (an empty input: its optimizer drops what observes no rows, and the observation
+    ends without metrics)."""
+    try:
+        return observation.get
+    except Exception:  # Py4JJavaError: the metrics row is empty
+        return {}
 
 
 def _arrow_compatible(schema: StructType) -> bool:

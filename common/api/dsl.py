@@ -64,6 +64,8 @@ __all__ = [
     "ExecutionEnvironment",
     "KeyedStream",
     "StreamReader",
+    "WindowedDataStream",
+    "WindowedStream",
 ]
 
 UID_MAX_LENGTH = 128
@@ -221,6 +223,17 @@ class DataStream(_OperatorHandle):
                              "e.g. drop_duplicates(\"id\")")
         keyed = self.key_by(*columns)
         return keyed._one_input("deduplicate", "Deduplicate", {"keys": list(keyed._keys)})
+
+    def with_watermark(self, column: str, delay: str | int) -> DataStream:
+        """Declares `column` (a timestamp) this stream's event time, and a watermark that trails
+        the largest event time seen by `delay` ("10 s", "1 min"; a bare number is ms), as
+        Structured Streaming's withWatermark: a window closes once the watermark passes its end,
+        and a row for a closed window is late (counted, and in the window's `late_data()`).
+        Over several inputs the query's watermark is the smallest of theirs
+        (`env.set_watermark_policy("max")`: the largest). The rows pass unchanged."""
+        column = _column_name(column, "with_watermark")
+        return self._one_input("watermark", f"Watermark {column}"[:200],
+                               {"column": column, "delay_ms": _millis(delay, "with_watermark() delay")})
 
     def rebalance(self) -> DataStream:
         """Round-robin to all downstream subtasks."""
@@ -412,6 +425,29 @@ class KeyedStream(DataStream):
         config = {"keys": list(self._keys), "schema": out, "state": [d.spec() for d in declared]}
         return self._one_input("process", "Process", config, _pickled(function, "process", need_callable=False))
 
+    def window(self, column: str, size: str | int, slide: str | int | None = None) -> WindowedStream:
+        """Windows over event time `column` (a timestamp), per key: tumbling windows of `size`
+        ("1 min"), or with `slide` ("10 s") sliding ones, each row in every window that holds it
+        (Spark's window(column, size, slide); windows aligned to the epoch). Aggregate them with
+        count() or aggregate(...): one row per key and window, with window_start and window_end.
+
+        Over a stream the windows are kept in keyed state until the watermark (with_watermark
+        on `column`, upstream) passes their end; append mode emits each window once, then, and
+        update mode each batch it changed. A row for a window already closed is late: counted in
+        the progress records, and in `late_data()` of the result."""
+        if self._per_batch:
+            raise ValueError("window() keeps each window across batches until the watermark closes it; call it on "
+                             "key_by(...), not on per_batch()")
+        column = _column_name(column, "window")
+        size_ms = _millis(size, "window() size")
+        slide_ms = size_ms if slide is None else _millis(slide, "window() slide")
+        from funke.common.streaming.eventtime import window_problem
+
+        problem = window_problem(size_ms, slide_ms)
+        if problem:
+            raise ValueError(f"window(): {problem}")
+        return WindowedStream(self, column, size_ms, slide_ms, 0)
+
     def _running(self) -> bool:
         """Whether this keyed stream's aggregates keep totals across batches: it reads a stream
         and per_batch() was not asked for."""
@@ -426,6 +462,76 @@ class KeyedStream(DataStream):
                 seen.add(t.seq)
                 stack.extend(i for i, _ in t.inputs)
         return False
+
+
+class WindowedStream:
+    """A keyed stream cut into windows of event time (`KeyedStream.window`): aggregate it with
+    count() or aggregate(...)."""
+
+    __slots__ = ("_keyed", "_column", "_size_ms", "_slide_ms", "_lateness_ms")
+
+    def __init__(self, keyed: KeyedStream, column: str, size_ms: int, slide_ms: int, lateness_ms: int) -> None:
+        self._keyed, self._column = keyed, column
+        self._size_ms, self._slide_ms, self._lateness_ms = size_ms, slide_ms, lateness_ms
+
+    def allowed_lateness(self, delay: str | int) -> WindowedStream:
+        """Keeps each window open `delay` past the watermark passing its end (Flink's
+        allowedLateness): a row that comes meanwhile still counts; update mode emits the window
+        again, append mode emits it once, when it finally closes."""
+        return WindowedStream(self._keyed, self._column, self._size_ms, self._slide_ms,
+                              _millis(delay, "allowed_lateness()"))
+
+    def count(self) -> WindowedDataStream:
+        """Per key and window: the keys, window_start, window_end and `count` (bigint)."""
+        return self._aggregate(["count(1) AS `count`"], "Window count")
+
+    def aggregate(self, *aggregations: str) -> WindowedDataStream:
+        """Per key and window: the keys, window_start, window_end, then one column per SQL
+        aggregate (count, sum, min, max, avg): aggregate("sum(amount) AS total")."""
+        if not aggregations:
+            raise TypeError("aggregate() needs at least one SQL aggregate, e.g. aggregate(\"sum(n) as total\")")
+        from funke.common.aggregates import RUNNING_ONLY, parse_call
+
+        exprs = [_sql(a, "aggregate() expression") for a in aggregations]
+        bad = [e for e in exprs if parse_call(e) is None]
+        if bad:
+            raise ValueError(f"aggregate() over windows: {', '.join(repr(b) for b in bad)}: {RUNNING_ONLY}")
+        return self._aggregate(exprs, "Window aggregate")
+
+    def _config(self) -> dict[str, Any]:
+        return {"column": self._column, "size_ms": self._size_ms, "slide_ms": self._slide_ms,
+                "lateness_ms": self._lateness_ms}
+
+    def _aggregate(self, exprs: list[str], name: str) -> WindowedDataStream:
+        keyed = self._keyed
+        clash = [k for k in keyed._keys if k in ("window_start", "window_end")]
+        if clash:
+            raise ValueError(f"window(): key column {clash[0]!r} has the name of a window column; rename it first")
+        t = keyed._env._add("window_aggregate", name, {"keys": list(keyed._keys), "aggregations": exprs,
+                                                       **self._config()},
+                            inputs=((keyed._t, keyed._exchange),))
+        return WindowedDataStream(keyed._env, t, self)
+
+
+class WindowedDataStream(DataStream):
+    """The result of a window aggregate; `late_data()` is the stream of what its windows missed."""
+
+    __slots__ = ("_windows",)
+
+    def __init__(self, env: ExecutionEnvironment, t: Transformation, windows: WindowedStream) -> None:
+        super().__init__(env, t)
+        self._windows = windows
+
+    def late_data(self) -> DataStream:
+        """The rows that came after their window closed (Flink's side output of late data),
+        once per window they missed: the row's columns, then window_start, window_end and the
+        watermark the batch ran with (window_start and window_end are null for a row without an
+        event time). Write it to any sink; without it late rows are counted (the progress
+        records' numLateRows), never silently dropped from that count."""
+        w = self._windows
+        keyed = w._keyed
+        t = self._env._add("late_rows", "Late data", w._config(), inputs=((keyed._t, keyed._exchange),))
+        return DataStream(self._env, t)
 
 
 class DataStreamSink(_OperatorHandle):
@@ -518,6 +624,17 @@ class ExecutionEnvironment:
         if not isinstance(mode, str) or mode.strip().lower() not in ALL_OUTPUT_MODES:
             raise ValueError(f"output mode must be one of {', '.join(ALL_OUTPUT_MODES)}, got {mode!r}")
         return self.set_option(OUTPUT_MODE, mode.strip().lower())
+
+    def set_watermark_policy(self, policy: str) -> Self:
+        """How the query's watermark follows several watermarked inputs: "min" (default: the
+        slowest input, so no input's rows are late because another ran ahead) or "max" (the
+        fastest; Structured Streaming's spark.sql.streaming.multipleWatermarkPolicy)."""
+        from funke.common.streaming.eventtime import POLICIES, WATERMARK_POLICY
+
+        if not isinstance(policy, str) or policy.strip().lower() not in POLICIES:
+            raise ValueError(f"set_watermark_policy(): expected one of {', '.join(POLICIES)}, got {policy!r}")
+        self._options[WATERMARK_POLICY] = policy.strip().lower()
+        return self
 
     def disable_operator_chaining(self) -> Self:
         """Every operator becomes its own JobVertex (Flink's pipeline.operator-chaining.enabled)."""
@@ -801,6 +918,31 @@ def _non_empty_str(value: object, what: str) -> str:
     if not isinstance(value, str) or not value:
         raise ValueError(f"{what} must be a non-empty string, got {value!r}")
     return value
+
+
+def _column_name(value: object, operation: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{operation}(): the column must be a non-empty name, got {value!r}")
+    return value
+
+
+def _millis(value: object, what: str) -> int:
+    """A duration in whole milliseconds: Flink's syntax ("10 s", "1 min") or an int of ms."""
+    from funke.common.durations import DurationError, parse_duration
+    from funke.common.streaming.eventtime import MAX_DELAY_MS
+
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise TypeError(f"{what}: expected a duration such as \"10 s\" or a number of ms, got {value!r}")
+    if isinstance(value, int):
+        ms = value
+    else:
+        try:
+            ms = round(parse_duration(value) * 1000)
+        except DurationError as e:
+            raise ValueError(f"{what}: {e}") from None
+    if not 0 <= ms <= MAX_DELAY_MS:
+        raise ValueError(f"{what}: must be between 0 and ten years, got {value!r}")
+    return ms
 
 
 def _job_type(value: str | JobType) -> JobType:

@@ -15,9 +15,10 @@ per group. Decisions about *what to do* live in the scheduler.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
+from funke.common.streaming.eventtime import EventTimeStats
 from funke.common.streaming.state import StateMetrics
 from funke.common.graph.jobgraph import (
     DistributionPattern,
@@ -98,6 +99,10 @@ class TaskIo:
     seconds: float = 0.0
     # a streaming task's batch through a keyed operator: its state after the batch
     state: StateMetrics | None = None
+    # a streaming task's batch: per watermark operator of its chain, the event times it saw;
+    # and the rows its window operator found late
+    event_time: dict[str, EventTimeStats] = field(default_factory=dict)
+    late_rows: int = 0
 
 
 

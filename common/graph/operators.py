@@ -36,6 +36,8 @@ class Value(enum.Enum):
     STARTING = "where a query starts reading: earliest or latest"
     REDIS_DB = "a Redis database number (0 or more)"
     STATE_SPECS = "a list of state handles (name, kind, type, key_type, ttl_ms)"
+    COLUMN = "a column name"
+    MILLIS = "a duration in milliseconds (0 to ten years)"
 
 
 class FunctionUse(enum.Enum):
@@ -146,6 +148,14 @@ CATALOGUE: dict[str, OperatorKind] = {
         # typed state handles (value, list, map; optional TTL) and processing-time timers
         _k("process", T, 1, "keys", "schema", fn=True,
            keys={"keys": V.COLUMNS, "schema": V.DDL, "state": V.STATE_SPECS}),
+        # event time (funke.common.streaming.eventtime): a watermark on a timestamp column, each
+        # window's keyed aggregate (its state in keyed state), and the rows its windows found late
+        _k("watermark", T, 1, "column", "delay_ms", keys={"column": V.COLUMN, "delay_ms": V.MILLIS}),
+        _k("window_aggregate", T, 1, "keys", "aggregations", "column", "size_ms", "slide_ms",
+           keys={"keys": V.COLUMNS, "aggregations": V.SQL_LIST, "column": V.COLUMN, "size_ms": V.MILLIS,
+                 "slide_ms": V.MILLIS, "lateness_ms": V.MILLIS}),
+        _k("late_rows", T, 1, "column", "size_ms", "slide_ms",
+           keys={"column": V.COLUMN, "size_ms": V.MILLIS, "slide_ms": V.MILLIS, "lateness_ms": V.MILLIS}),
         _k("join", T, 2, "on", keys={"on": V.COLUMNS, "how": V.JOIN_TYPE}),
         _k("union", T, VARIADIC),
         _k("transform", T, 1, fn=True),

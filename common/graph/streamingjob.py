@@ -15,10 +15,13 @@ options:
     streaming.backpressure.enabled  receivers take records at the rate batches keep up with
                                     (Spark's spark.streaming.backpressure.enabled, false)
     streaming.output-mode           what a batch emits (Structured Streaming's output modes):
-                                    append (default; each row once: stateless queries),
+                                    append (default; each row once: stateless queries, and
+                                    each window's result once, when the watermark closes it),
                                     update (the keys a batch changed, with their new totals) or
                                     complete (every key's total, every batch); a query with a
                                     running aggregate must say update or complete
+    streaming.watermark-policy      how the query's watermark follows its watermark operators:
+                                    min (default: the slowest input) or max (the fastest)
 
 Pure: reads the graph, returns values and problems.
 """
@@ -30,6 +33,7 @@ import re
 from dataclasses import dataclass
 
 from funke.common.streaming import microbatch as mb
+from funke.common.streaming.eventtime import POLICIES, WATERMARK, WATERMARK_POLICY, operator_id
 from funke.common.streaming.sources import RECEIVER_KINDS, SOURCES, STREAM_FILE_KINDS  # noqa: F401 (re-exported)
 from funke.common.streaming.sources.receiver import SOCKET  # noqa: F401
 from funke.common.streaming.sources.rate import RATE  # noqa: F401
@@ -48,17 +52,36 @@ CONCURRENT_JOBS = "streaming.concurrent-jobs"
 RETAIN = "streaming.min-batches-to-retain"
 BACKPRESSURE = "streaming.backpressure.enabled"
 OUTPUT_MODE = "streaming.output-mode"
-OPTIONS = (TRIGGER, INTERVAL, CHECKPOINT, CONCURRENT_JOBS, RETAIN, BACKPRESSURE, OUTPUT_MODE)
+OPTIONS = (TRIGGER, INTERVAL, CHECKPOINT, CONCURRENT_JOBS, RETAIN, BACKPRESSURE, OUTPUT_MODE, WATERMARK_POLICY)
 ALL_OUTPUT_MODES = ("append", "update", "complete")
 # Operators whose results span batches (keyed state, `funke.common.streaming.state`): running
 # aggregates, whose output mode must be update or complete, deduplicate (bounded jobs have it
 # too, without state) and keyed process functions (whose output is what the function emits).
 RUNNING_AGGREGATE_KINDS = frozenset({"running_aggregate", "running_reduce"})
-RUNNING_KINDS = RUNNING_AGGREGATE_KINDS | {"deduplicate", "process"}
+WINDOW_KINDS = frozenset({"window_aggregate"})  # keyed state per window, closed by the watermark
+RUNNING_KINDS = RUNNING_AGGREGATE_KINDS | WINDOW_KINDS | {"deduplicate", "process"}
 CHECKPOINTS = "checkpoints"  # under the data directory: default checkpoint locations, by job name
 TRIGGERS = ("processing-time", "available-now", "once")
 DEFAULT_INTERVAL_MS = 1000
 DEFAULT_RETAIN = 100
+
+
+@dataclass(frozen=True, slots=True)
+class EventTimeSettings:
+    """A query's event time: per watermark operator ("<vertex>/<index>") its delay in ms, the
+    policy over them, and whether a window operator's state waits on the watermark (then a
+    watermark that moved runs a batch even without new data)."""
+    delays: dict[str, int]
+    policy: str = "min"
+    stateful: bool = False
+
+
+def event_time_settings(job: JobGraph) -> EventTimeSettings:
+    delays = {operator_id(v.id, i): int(op.config.get("delay_ms", 0))
+              for v in job.vertices for i, op in enumerate(v.operators) if op.kind == WATERMARK}
+    policy = job.configuration.options.get(WATERMARK_POLICY, "min").strip().lower()
+    stateful = any(op.kind in WINDOW_KINDS for v in job.vertices for op in v.operators)
+    return EventTimeSettings(delays, policy if policy in POLICIES else "min", stateful and bool(delays))
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,8 +188,11 @@ def _state_problems(job: JobGraph) -> list[str]:
             problems.append(
                 f"{subject} keeps a total per key across batches, so the query must say what a batch emits: "
                 f"set {OUTPUT_MODE} to update (the keys the batch changed) or complete (every key); "
-                "append needs event time and watermarks, which funke does not have yet. For a count of "
-                "each batch on its own, use key_by(...).per_batch().count()")
+                "append emits each result once, and a running total is never final: for results that are, "
+                "aggregate per window of event time (with_watermark(...).key_by(...).window(...)). For a count "
+                "of each batch on its own, use key_by(...).per_batch().count()")
+        if op.kind in WINDOW_KINDS:
+            problems += _window_problems(job, v, op, subject, mode)
         if i != 0:
             problems.append(f"{subject} must start its vertex's chain, fed by a HASH exchange on its keys")
             continue
@@ -181,11 +207,50 @@ def _state_problems(job: JobGraph) -> list[str]:
         bad = [a for a in aggregations if isinstance(a, str) and aggregates.parse_call(a) is None]
         if bad:
             problems.append(f"{subject}: {', '.join(repr(a) for a in bad)}: {aggregates.RUNNING_ONLY}")
+    policy = options.get(WATERMARK_POLICY, "min").strip().lower()
+    if policy not in POLICIES:
+        problems.append(f"option {WATERMARK_POLICY}: expected one of {', '.join(POLICIES)}, "
+                        f"got {options.get(WATERMARK_POLICY)!r}")
     concurrent = options.get(CONCURRENT_JOBS, "1").strip()
     if concurrent != "1":
         problems.append(f"option {CONCURRENT_JOBS}: a query with keyed state runs one batch at a time "
                         f"(each batch reads the state the one before it committed), got {concurrent!r}")
     return problems
+
+
+def _window_problems(job: JobGraph, vertex: JobVertex, op, subject: str, mode: str) -> list[str]:
+    """A window operator needs a watermark on its time column upstream (else its windows never
+    close and its state grows for ever) and an output mode that emits a window once (append) or
+    as it changes (update)."""
+    problems = []
+    if mode not in ("append", "update"):
+        problems.append(f"{subject}: a window's result is emitted once when the watermark closes it (append) or "
+                        f"each batch it changes (update); {OUTPUT_MODE} {mode} would keep every window for ever")
+    column = op.config.get("column")
+    if not any(o.kind == WATERMARK and o.config.get("column") == column for o in _upstream_operators(job, vertex)):
+        problems.append(f"{subject}: no watermark on its time column {column!r} upstream, so its windows would never "
+                        f"close and its state would grow for ever: add with_watermark({column!r}, <delay>) before "
+                        "key_by(...)")
+    return problems
+
+
+def _upstream_operators(job: JobGraph, vertex: JobVertex) -> list:
+    """Every operator of the vertices that feed `vertex`, directly or not."""
+    by_id = {v.id: v for v in job.vertices}
+    producer_of = {d.id: d.producer for d in job.data_sets}
+    producers: dict[str, list[str]] = {}
+    for e in job.edges:
+        if e.data_set in producer_of:
+            producers.setdefault(e.consumer, []).append(producer_of[e.data_set])
+    seen, stack, out = {vertex.id}, list(producers.get(vertex.id, ())), []
+    while stack:
+        vid = stack.pop()
+        if vid in seen or vid not in by_id:
+            continue
+        seen.add(vid)
+        out += by_id[vid].operators
+        stack += producers.get(vid, ())
+    return out
 
 
 def query_settings(job: JobGraph) -> QuerySettings:

@@ -32,6 +32,7 @@ from funke.common.graph.jobgraph import (
     PartitionerKind,
 )
 from funke.common.graph.operators import CATALOGUE, JOIN_TYPES, SINK_MODES, VARIADIC, FunctionUse, OperatorRole, Value
+from funke.common.streaming.eventtime import MAX_DELAY_MS
 from funke.common.streaming.state import state_specs_problem
 
 # Sizes a job graph may have. They keep one request from holding the JobManager's memory or
@@ -524,6 +525,12 @@ def _value_problem(expected: Value, value: object, context: ValidationContext | 
         return _options_problem(value)
     if expected is Value.STATE_SPECS:
         return state_specs_problem(value)
+    if expected is Value.COLUMN:
+        return ids.name_problem(value, "column name", ids.MAX_LABEL_LENGTH, empty_ok=False)
+    if expected is Value.MILLIS:
+        if not _is_int(value) or not 0 <= value <= MAX_DELAY_MS:
+            return f"must be a duration in milliseconds from 0 to ten years, got {ids.echo(value)}"
+        return None
     if expected is Value.ROWS:
         if not isinstance(value, (list, str)):
             return f"must be a list of rows, got {type(value).__name__}"

@@ -31,6 +31,7 @@ from funke.common.scheduling.batchflow import BatchFlow, Dispatch, InputRead, Si
 from funke.common.streaming import microbatch as mb
 from funke.common.streaming.backpressure import RateEstimator
 from funke.common.streaming.checkpoint import OffsetEntry, SourceRange
+from funke.common.streaming.eventtime import EventTimeStats, WatermarkTracker
 from funke.common.streaming.sources import BatchInput, ReceiverSource
 from funke.common.streaming.state import StateMetrics
 
@@ -55,6 +56,7 @@ class RunStarted:
     last_ends: dict[str, Any]
     now_ms: int
     stimulus_id: str
+    last: OffsetEntry | None = None  # the last logged entry: the watermark goes on from it
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +72,9 @@ class BatchInputResolved:
 class BatchReported:
     """Subtask `attempt` wrote batch `batch_id`; `schemas`: data set -> schema of what it wrote;
     `input_rows`: the rows its stream sources read (None: not counted); `state`: its keyed
-    operator's state after the batch (None: it has none)."""
+    operator's state after the batch (None: it has none); `event_time`: per watermark operator
+    of its chain, the event times of the batch's rows; `late_rows`: what its window operator
+    found late."""
     attempt: ExecutionAttemptId
     batch_id: int
     schemas: dict[str, str]
@@ -78,6 +82,8 @@ class BatchReported:
     now_ms: int
     stimulus_id: str
     state: StateMetrics | None = None
+    event_time: dict[str, EventTimeStats] = field(default_factory=dict)
+    late_rows: int = 0
 
 
 Event = (RunStarted | Tick | OffsetsAnswered | TargetsCaptured | OffsetsLogged | BatchInputResolved | BatchReported
@@ -168,8 +174,14 @@ class QueryRun:
 
     def __init__(self, graph: ExecutionGraph, trigger: mb.Trigger, sources: Iterable[str], sinks: Iterable[str], *,
                  receivers: Mapping[str, int] | None = None, backpressure: bool = False, concurrent_jobs: int = 1,
-                 run_id: str = "", name: str = "", carried: Carried | None = None):
+                 run_id: str = "", name: str = "", carried: Carried | None = None,
+                 watermark_delays: Mapping[str, int] | None = None, watermark_policy: str = "min",
+                 no_data_batches: bool = False):
         self.trigger, self.run_id, self.name = trigger, run_id, name
+        # event time: watermark operator -> its delay (none: the query has no watermark)
+        self.watermark_delays = dict(watermark_delays or {})
+        self.watermark_policy = watermark_policy
+        self.no_data_batches = no_data_batches
         self.sources, self.sinks = tuple(sources), list(sinks)
         self.concurrent_jobs = concurrent_jobs
         self.flow = BatchFlow(graph, self.sinks)
@@ -225,10 +237,17 @@ class QueryRun:
             if self.coordinator is not None:
                 raise ValueError("the run has started already")
             self.query_id = event.query_id
+            tracker = None
+            if self.watermark_delays:
+                last = event.last
+                tracker = WatermarkTracker(self.watermark_delays, self.watermark_policy,
+                                           dict(last.event_time_max) if last is not None else {},
+                                           last.watermark_ms if last is not None else None)
             self.coordinator = mb.MicroBatchCoordinator(
                 event.query_id, self.run_id, self.trigger, self.sources, self.sinks,
                 next_batch_id=event.next_batch_id, logged=event.logged, last_ends=event.last_ends,
-                concurrent_jobs=self.concurrent_jobs, name=self.name)
+                concurrent_jobs=self.concurrent_jobs, name=self.name, watermarks=tracker,
+                no_data_batches=self.no_data_batches)
             return self._coordinate(mb.Started(event.now_ms, event.stimulus_id))
         if self.coordinator is None or self.coordinator.finished:
             return []  # before the run started, or after it ended: nothing to do
@@ -238,7 +257,8 @@ class QueryRun:
             entry = self._entries.pop(event.batch_id, None)
             if entry is None:
                 return []
-            batch = BatchInput(entry.batch_id, entry.batch_time_ms, dict(entry.sources), dict(event.files))
+            batch = BatchInput(entry.batch_id, entry.batch_time_ms, dict(entry.sources), dict(event.files),
+                               watermark_ms=entry.watermark_ms)
             return self._steps(event.batch_id, self.flow.start(batch), event.now_ms, event.stimulus_id)
         if isinstance(event, BatchReported):
             if event.batch_id not in self.flow.in_flight:
@@ -246,8 +266,12 @@ class QueryRun:
             if event.state is not None:
                 key = (event.batch_id, event.attempt.vertex_id)
                 self.state_reported.setdefault(key, {})[event.attempt.subtask_index] = event.state
+            out: list[Action] = []
+            if event.event_time or event.late_rows:
+                out += self._coordinate(mb.EventTimeObserved(event.batch_id, dict(event.event_time), event.late_rows,
+                                                             event.now_ms, event.stimulus_id))
             steps = self.flow.on_report(event.attempt, event.batch_id, event.schemas, event.input_rows)
-            return self._steps(event.batch_id, steps, event.now_ms, event.stimulus_id)
+            return out + self._steps(event.batch_id, steps, event.now_ms, event.stimulus_id)
         raise TypeError(f"not an event of a query run: {event!r}")
 
     def _coordinate(self, event: mb.Event) -> list[Action]:

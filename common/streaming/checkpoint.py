@@ -47,6 +47,10 @@ class OffsetEntry:
     batch_id: int
     batch_time_ms: int  # the trigger time the batch was generated for
     sources: dict[str, SourceRange] = field(default_factory=dict)
+    # event time (`funke.common.streaming.eventtime`): the watermark the batch runs with (None:
+    # none yet), and per watermark operator the largest event time seen before it
+    watermark_ms: int | None = None
+    event_time_max: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +86,10 @@ def _header_and_body(data: bytes, what: str) -> dict:
 def offset_entry_bytes(entry: OffsetEntry) -> bytes:
     body = {"batchId": entry.batch_id, "batchTimestampMs": entry.batch_time_ms,
             "sources": {name: {"start": r.start, "end": r.end, "rows": r.rows} for name, r in entry.sources.items()}}
+    if entry.watermark_ms is not None:
+        body["watermarkMs"] = entry.watermark_ms
+    if entry.event_time_max:
+        body["eventTimeMaxMs"] = dict(entry.event_time_max)
     return f"{VERSION}\n{json.dumps(body, sort_keys=True)}".encode()
 
 
@@ -103,7 +111,10 @@ def parse_offset_entry(data: bytes, batch_id: int, what: str = "offset log entry
     def read(raw: dict) -> OffsetEntry:
         sources = {str(name): SourceRange(r["start"], r["end"], int(r.get("rows", 0)))
                    for name, r in dict(raw["sources"]).items()}
-        return OffsetEntry(batch_id, int(raw["batchTimestampMs"]), sources)
+        watermark = raw.get("watermarkMs")
+        maxes = {str(op): int(ms) for op, ms in dict(raw.get("eventTimeMaxMs") or {}).items()}
+        return OffsetEntry(batch_id, int(raw["batchTimestampMs"]), sources,
+                           None if watermark is None else int(watermark), maxes)
 
     return _entry(data, batch_id, what, read)
 

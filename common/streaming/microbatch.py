@@ -53,6 +53,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
 from funke.common.streaming.checkpoint import CommitEntry, OffsetEntry, SourceRange
+from funke.common.streaming.eventtime import EventTimeStats, WatermarkTracker
 from funke.common.states import (
     BATCH_PHASE_TRANSITIONS,
     QUERY_MODE_TRANSITIONS,
@@ -209,6 +210,17 @@ class InputCounted:
 
 
 @dataclass(frozen=True, slots=True)
+class EventTimeObserved:
+    """A subtask ran the batch: per watermark operator, the event times its rows had, and the
+    rows its window operators found late."""
+    batch_id: int
+    stats: dict[str, EventTimeStats]
+    late_rows: int
+    now_ms: int
+    stimulus_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class SinksCommitted:
     batch_id: int
     now_ms: int
@@ -232,7 +244,7 @@ class StopRequested:
 
 
 Event = (Started | Tick | OffsetsAnswered | TargetsCaptured | OffsetsLogged | OutputStarted | OutputCompleted
-         | InputCounted | SinksCommitted | CommitLogged | StopRequested)
+         | InputCounted | EventTimeObserved | SinksCommitted | CommitLogged | StopRequested)
 
 
 # ------------------------------------------------------------------------------------ actions out
@@ -376,6 +388,8 @@ class Batch:
     recorded_at_ms: int | None = None
     outputs_done: set[str] = field(default_factory=set)
     counted: dict[str, int] = field(default_factory=dict)  # source -> rows its subtasks read
+    event_time: EventTimeStats = field(default_factory=EventTimeStats)  # every watermark operator's rows
+    late_rows: int = 0  # rows its window operators found late
 
     def source_rows(self, source: str) -> int:
         """A source's rows in this batch: as counted when its subtasks read it, else as its
@@ -421,7 +435,8 @@ class MicroBatchCoordinator:
 
     def __init__(self, query_id: str, run_id: str, trigger: Trigger, sources: Iterable[str], sinks: Iterable[str],
                  *, next_batch_id: int = 0, logged: Iterable[OffsetEntry] = (), last_ends: dict[str, Any] | None = None,
-                 concurrent_jobs: int = 1, name: str = ""):
+                 concurrent_jobs: int = 1, name: str = "", watermarks: WatermarkTracker | None = None,
+                 no_data_batches: bool = False):
         if concurrent_jobs < 1:
             raise ValueError(f"concurrentJobs must be at least 1, got {concurrent_jobs}")
         self.query_id, self.run_id, self.name = query_id, run_id, name
@@ -446,6 +461,11 @@ class MicroBatchCoordinator:
         self._last_trigger_ms: int | None = None
         self.progress: list[dict[str, Any]] = []  # the last PROGRESS_KEPT QueryProgress records
         self.terminated_reason = ""
+        # Event time (funke.common.streaming.eventtime): the query's watermark, and whether a
+        # watermark that moved makes a batch without new data (its windows close, its state goes)
+        self.watermarks = watermarks
+        self.no_data_batches = no_data_batches and watermarks is not None
+        self._logged_watermark = watermarks.watermark_ms if watermarks is not None else None
 
     # -------------------------------------------------------------- queries
 
@@ -508,6 +528,14 @@ class MicroBatchCoordinator:
                 batch = self._running(b)
                 if batch is not None and source in self.sources and rows >= 0:
                     batch.counted[source] = rows
+            case EventTimeObserved(batch_id=b, stats=stats, late_rows=late):
+                batch = self._running(b)
+                if batch is not None:
+                    for operator, seen in stats.items():
+                        batch.event_time = batch.event_time + seen
+                        if self.watermarks is not None:
+                            self.watermarks.observe(operator, seen)
+                    batch.late_rows += max(0, late)
             case SinksCommitted(batch_id=b, now_ms=now):
                 batch = self.batches[b]
                 batch.committed_at_ms = now
@@ -600,7 +628,12 @@ class MicroBatchCoordinator:
             raise ValueError(f"batch {batch.batch_id}: the sources answered for other starts than asked "
                              f"(missing {missing}, other start {wrong})")
         stopping_now = self.state.state is not QueryState.ACTIVE and not self._draining()
-        if not _has_data(ranges) or stopping_now:
+        watermark = self.watermarks.advance() if self.watermarks is not None else None
+        # A watermark that moved runs a batch even without new data (Structured Streaming's
+        # no-data batch): the windows it closes are emitted, their state goes.
+        moved = self.no_data_batches and watermark is not None and (
+            self._logged_watermark is None or watermark > self._logged_watermark)
+        if (not _has_data(ranges) and not moved) or stopping_now:
             batch.phase.transition(BatchPhase.SKIPPED, now / 1000, "a stop came first" if stopping_now else "no new data")
             del self.batches[batch.batch_id]
             self.next_batch_id = batch.batch_id  # the id is not used: ids stay contiguous
@@ -610,7 +643,9 @@ class MicroBatchCoordinator:
             if self.trigger.single_batch:
                 self._targets = {s: self._ends.get(s) for s in self.sources}
             return
-        batch.entry = OffsetEntry(batch.batch_id, batch.batch_time_ms, ranges)
+        batch.entry = OffsetEntry(batch.batch_id, batch.batch_time_ms, ranges, watermark,
+                                  dict(self.watermarks.maxes) if self.watermarks is not None else {})
+        self._logged_watermark = watermark
         for s, r in ranges.items():
             self._ends[s] = r.end
         if self.trigger.single_batch:
@@ -734,7 +769,18 @@ class MicroBatchCoordinator:
             "sources": [_source_progress(s, r, batch.source_rows(s), since_previous, took)
                         for s, r in batch.entry.sources.items()],
             "sink": {"description": ", ".join(sorted(self.sinks))},
+            **self._event_time(batch),
         }
+
+    def _event_time(self, batch: Batch) -> dict[str, Any]:
+        """Structured Streaming's `eventTime` of a progress record (min, max, avg of the batch's
+        event times, the watermark it ran with), and the rows its windows found late."""
+        if self.watermarks is None:
+            return {}
+        assert batch.entry is not None
+        seen = batch.event_time
+        times = {"min": seen.min_ms, "max": seen.max_ms, "avg": seen.avg_ms, "watermark": batch.entry.watermark_ms}
+        return {"eventTime": {k: iso_ms(v) for k, v in times.items() if v is not None}, "numLateRows": batch.late_rows}
 
 
 def _source_progress(source: str, source_range: Any, rows: int, since_previous: float, took: float) -> dict[str, Any]:

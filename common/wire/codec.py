@@ -77,6 +77,7 @@ from funke.common.ids import echo
 from funke.common.states import ExecutionState, JobStatus, Transition
 from funke.common.streaming.checkpoint import SourceRange
 from funke.common.streaming.sources import BatchInput
+from funke.common.streaming.eventtime import EventTimeStats
 from funke.common.streaming.state import StateMetrics
 from funke.v1 import cluster_pb2 as cluster_pb
 from funke.v1 import job_pb2 as job_pb
@@ -666,6 +667,10 @@ def io_to_proto(io: TaskIo) -> job_pb.TaskIo:
                                                rows_removed=s.rows_removed, bytes_written=s.bytes_written,
                                                bytes_on_disk=s.bytes_on_disk, update_ms=s.update_ms,
                                                memory_bytes=s.memory_bytes, commit_ms=s.commit_ms))
+    for operator, e in io.event_time.items():
+        msg.event_time[operator].CopyFrom(job_pb.EventTimeStats(min_ms=e.min_ms, max_ms=e.max_ms, sum_ms=e.sum_ms,
+                                                                count=e.count))
+    msg.late_rows = io.late_rows
     return msg
 
 
@@ -681,8 +686,13 @@ def io_from_proto(m: job_pb.TaskIo) -> TaskIo:
         state = StateMetrics(count(s.rows_total), count(s.rows_updated), count(s.rows_removed),
                              count(s.bytes_written), count(s.bytes_on_disk), duration(s.update_ms),
                              count(s.memory_bytes), duration(s.commit_ms))
+    event_time = {}
+    for operator, e in m.event_time.items():
+        if e.HasField("max_ms") and e.HasField("min_ms") and e.min_ms <= e.max_ms and e.count > 0 \
+                and math.isfinite(e.sum_ms):
+            event_time[operator] = EventTimeStats(e.min_ms, e.max_ms, e.sum_ms, e.count)
     return TaskIo(count(m.records_in), count(m.records_out), count(m.bytes_in), count(m.bytes_out),
-                  duration(m.seconds), state)
+                  duration(m.seconds), state, event_time, count(m.late_rows))
 
 
 def report_to_proto(r: TaskReport) -> cluster_pb.TaskExecutionState:
@@ -731,6 +741,8 @@ def run_batch_to_proto(job_id: str, registration_id: str, batch: BatchInput,
         msg.files[vertex].names.extend(names)
     for vertex, rate in batch.rate_limits.items():
         msg.rate_limits[vertex] = rate
+    if batch.watermark_ms is not None:
+        msg.watermark_ms = batch.watermark_ms
     for attempt, gates in tasks:
         t = msg.tasks.add(attempt=attempt_to_proto(attempt))
         for index, attempts, schema in gates:
@@ -751,7 +763,7 @@ def batch_from_proto(m: cluster_pb.RunBatchesRequest) -> BatchInput:
     if bad:
         raise ValueError(f"rate limits must be positive numbers, got {bad}")
     return BatchInput(m.batch_id, m.batch_time_ms, ranges, {v: tuple(f.names) for v, f in m.files.items()},
-                      dict(m.rate_limits))
+                      dict(m.rate_limits), m.watermark_ms if m.HasField("watermark_ms") else None)
 
 
 def partition_update_to_proto(u: PartitionUpdate) -> cluster_pb.PartitionInfoUpdate:

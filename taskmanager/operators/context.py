@@ -41,6 +41,12 @@ class InputMeter:
     bytes: int = 0
     rows: int = 0
     observed: list[Observation] = dataclass_field(default_factory=list)
+    # event time: the operator of the chain being built (its index), each watermark operator's
+    # observation of its rows' event times (by operator id), and the window operators' of the
+    # rows they found late
+    at: int = 0
+    event_time: dict[str, Observation] = dataclass_field(default_factory=dict)
+    late: list[Observation] = dataclass_field(default_factory=list)
 
     def counted_rows(self) -> int:
         """Blocks until every observation has its count: call once the chain ran every row."""

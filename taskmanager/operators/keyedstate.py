@@ -69,7 +69,7 @@ _spark_cloudpickle.register_pickle_by_value(_rules)
 _spark_cloudpickle.register_pickle_by_value(_files)
 
 __all__ = ["MARKER_COLUMN", "AggregateSpec", "StateValueError", "deduplicate_batches", "measure",
-           "process_batches", "running_aggregate_batches", "running_reduce_batches"]
+           "process_batches", "running_aggregate_batches", "running_reduce_batches", "window_aggregate_batches"]
 
 RUNTIME_FILES.add(__file__)  # a process function's traceback starts at the user's code
 
@@ -340,6 +340,80 @@ def running_aggregate_batches(root: str, keys: list[str], aggregates: list[Aggre
             else:  # every total is its one partial as it is
                 rows = [key + values for key, values in emitted]
         yield from _batches(rows, out_schema)
+
+    return run
+
+
+def window_aggregate_batches(root: str, n_keys: int, aggregates: list[AggregateSpec], version: int, mode: str,
+                             retain: int, state_schema: pa.Schema, out_schema: pa.Schema, owned: range,
+                             watermark_ms: int | None, size_ms: int, lateness_ms: int):
+    """The mapInArrow function of one batch of a window aggregate: like a running aggregate's,
+    with each window's start (epoch ms) the last part of the key. Its rows are the batch's
+    partial aggregates per key and window, the windows already closed left out (they are late:
+    counted and routed before). After merging, the windows the watermark closed (end + allowed
+    lateness <= watermark) leave the state; append mode emits them, final; update mode emits
+    the windows the batch changed. Each group keeps its windows by end in a heap (Flink's
+    event-time timer at a window's end), rebuilt from the state when the group is loaded."""
+    key_width = n_keys + 1
+    spans = []
+    at = 0
+    for function, columns in aggregates:
+        spans.append((function, at, len(columns)))
+        at += len(columns)
+    state_columns = list(state_schema.names[:-1])  # without REMOVED_COLUMN
+    has_avg = any(function == "avg" for function, _, _ in spans)
+
+    def merge(old: list | None, new: list) -> list:
+        if old is None:
+            return new
+        merged: list = []
+        for function, first, count in spans:
+            merged += _merge(function, old[first:first + count], new[first:first + count])
+        return merged
+
+    def out_row(key: list, values: list) -> list:
+        if not has_avg:
+            return key + values
+        return key + [_final(function, values[first:first + count]) for function, first, count in spans]
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        emitted: list[list] = []
+        with _no_gc():
+            for key_group, rows in _by_group(batches, state_columns, owned):
+                began = time.perf_counter()
+                group = load_group(root, key_group, version, key_width)
+                try:
+                    emitted += _window_group(root, key_group, group, rows, began)
+                except BaseException:
+                    group.timers = None  # the heap may have lost entries: rebuilt from the state next time
+                    raise
+        yield from _batches(emitted, out_schema)
+
+    def _window_group(root: str, key_group: int, group: Group, rows: list[tuple], began: float) -> list[list]:
+        held = group.rows
+        if group.timers is None:
+            group.timers = [(key[-1] + size_ms, frozen) for frozen, (key, _) in held.items()]
+            heapq.heapify(group.timers)
+        heap = group.timers
+        changes: dict[Any, tuple[list, list]] = {}
+        for row in rows:
+            frozen = tuple([_freeze(v) for v in row[:key_width]])
+            seen = changes.get(frozen) or held.get(frozen)
+            if seen is None:
+                heapq.heappush(heap, (row[n_keys] + size_ms, frozen))
+            changes[frozen] = (list(row[:key_width]), merge(seen[1] if seen is not None else None,
+                                                              list(row[key_width:])))
+        closed: dict[Any, tuple[list, list]] = {}
+        if watermark_ms is not None:
+            while heap and heap[0][0] + lateness_ms <= watermark_ms:
+                _, frozen = heapq.heappop(heap)
+                entry = changes.pop(frozen, None) or held.get(frozen)
+                if entry is not None:
+                    closed[frozen] = entry
+        out = [out_row(key, values) for key, values in (closed.values() if mode == "append" else changes.values())]
+        removed = {frozen: key for frozen, (key, _) in closed.items() if frozen in held}
+        commit_group(root, key_group, group, changes, state_schema, retain, began, removed)
+        return out
 
     return run
 

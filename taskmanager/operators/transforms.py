@@ -16,13 +16,13 @@ from collections.abc import Sequence
 
 import cloudpickle
 import pyarrow as pa
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame, Observation
 from pyspark.sql import functions as F
-from pyspark.sql.types import DecimalType, StructType
+from pyspark.sql.types import DecimalType, StructType, TimestampNTZType, TimestampType
 
 from funke.common.graph.jobgraph import OperatorSpec
 from funke.common.graph.streamingjob import DEFAULT_RETAIN, OUTPUT_MODE, RETAIN
-from funke.common.streaming import state
+from funke.common.streaming import eventtime, state
 from funke.common.streaming.state import OUTPUT_MODES
 from funke.common import aggregates
 from funke.taskmanager.operators.context import (
@@ -42,6 +42,7 @@ from funke.taskmanager.operators.keyedstate import (
     process_batches,
     running_aggregate_batches,
     running_reduce_batches,
+    window_aggregate_batches,
 )
 from funke.taskmanager.operators.udf import cancellable, filter_batches, map_batches, reduce_batches
 
@@ -342,6 +343,131 @@ def _check_key_groups(root: str, vertex_id: str, key_groups: int) -> None:
     _KEY_GROUPS_CHECKED.add((root, key_groups))
 
 
+# --- event time (funke.common.streaming.eventtime) -------------------------------------------
+
+WINDOW_START_COLUMN = "__funke_window_start"  # a row's window, as its start in epoch ms
+
+
+def _event_time_ms(spec: OperatorSpec, df: DataFrame, column: str) -> Column:
+    """The event time column as epoch ms; a column that is not a timestamp is an error naming it."""
+    if column not in df.columns:
+        raise ValueError(f"{label(spec)}: no column {column!r} for event time (columns: {', '.join(df.columns)})")
+    data_type = df.schema[column].dataType
+    if not isinstance(data_type, (TimestampType, TimestampNTZType)):
+        raise ValueError(f"{label(spec)}: event time column {column!r} is {data_type.simpleString()}, not a timestamp "
+                         f"(cast it first, e.g. select(\"*\", \"timestamp_millis({column}) AS ts\"))")
+    return F.unix_millis(column_ref(column))
+
+
+def _watermark(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFrame]) -> DataFrame:
+    """with_watermark: the rows pass unchanged; in a streaming query the smallest, largest and
+    average event time of the batch's rows are observed for the JobManager, which moves the
+    query's watermark with them."""
+    df = _single(spec, inputs)
+    ms = _event_time_ms(spec, df, str(config_value(spec, "column")))
+    if ctx.batch is None or ctx.meter is None:
+        return df
+    observation = Observation()
+    ctx.meter.event_time[eventtime.operator_id(ctx.vertex_id, ctx.meter.at)] = observation
+    return df.observe(observation, F.min(ms).alias("min"), F.max(ms).alias("max"),
+                      F.sum(ms.cast("double")).alias("sum"), F.count(ms).alias("count"))
+
+
+def _windowed(ctx: RuntimeContext, spec: OperatorSpec, df: DataFrame) -> tuple[DataFrame, Column, int, int]:
+    """`df` with each row's window start (a row of a sliding window once per window; a row
+    without event time once, with a null start), the condition that the row is late for that
+    window, and the window's size and allowed lateness in ms."""
+    size, slide = int(config_value(spec, "size_ms")), int(config_value(spec, "slide_ms"))
+    lateness = int(spec.config.get("lateness_ms") or 0)
+    problem = eventtime.window_problem(size, slide, lateness)
+    if problem:
+        raise ValueError(f"{label(spec)}: {problem}")
+    ms = _event_time_ms(spec, df, str(config_value(spec, "column")))
+    last = ms - F.pmod(ms, F.lit(slide))
+    if slide == size:
+        start = last
+        windowed = df.withColumn(WINDOW_START_COLUMN, start)
+    else:  # the windows whose span holds the row, earliest first (eventtime.windows_of)
+        n = -(-size // slide)
+        starts = F.filter(F.sequence(last - F.lit((n - 1) * slide), last, F.lit(slide)), lambda s: s > ms - F.lit(size))
+        windowed = df.select("*", F.explode_outer(starts).alias(WINDOW_START_COLUMN))
+    start_col = F.col(WINDOW_START_COLUMN)
+    watermark = ctx.batch.watermark_ms if ctx.batch is not None else None
+    late = start_col.isNull()
+    if watermark is not None:
+        late = late | (start_col + F.lit(size + lateness) <= F.lit(watermark))
+    return windowed, late, size, lateness
+
+
+def _window_aggregate(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFrame]) -> DataFrame:
+    """A keyed aggregate per window of event time. In a bounded job, over the whole input. In a
+    streaming query, the rows late for their window are counted and left out (the query's
+    late-data stream has them), Spark computes the batch's partial aggregates per key and
+    window, and the state store merges them into each window's totals, emits and closes windows
+    per the watermark (`keyedstate.window_aggregate_batches`). The output: the keys,
+    window_start and window_end (timestamps), then the aggregates."""
+    df = _single(spec, inputs)
+    keys, aggregations = config_strings(spec, "keys"), config_strings(spec, "aggregations")
+    windowed, late, size, lateness = _windowed(ctx, spec, df)
+    group = [column_ref(k) for k in keys] + [F.col(WINDOW_START_COLUMN)]
+
+    def finish(result: DataFrame) -> DataFrame:
+        start = F.col(WINDOW_START_COLUMN)
+        return result.select(*[column_ref(k) for k in keys],
+                             F.timestamp_millis(start).alias("window_start"),
+                             F.timestamp_millis(start + F.lit(size)).alias("window_end"),
+                             *[column_ref(c) for c in result.columns[len(keys) + 1:]])
+
+    if ctx.batch is None:  # a bounded job: every row is on time
+        return finish(windowed.where(~late).groupBy(*group).agg(*[F.expr(a) for a in aggregations]))
+    if not ctx.checkpoint:
+        raise ValueError(f"{label(spec)}: a window aggregate over a stream keeps its windows in the query's "
+                         "checkpoint, and the task has none")
+    mode = ctx.options.get(OUTPUT_MODE, "append").strip().lower() or "append"
+    if mode not in ("append", "update"):
+        raise ValueError(f"{label(spec)}: a window aggregate emits in append or update mode, not {mode!r}")
+    calls = [aggregates.parse_call(a) for a in aggregations]
+    if any(c is None for c in calls):
+        raise ValueError(f"{label(spec)}: {aggregates.RUNNING_ONLY}")
+    assert ctx.meter is not None
+    counted = Observation()
+    ctx.meter.late.append(counted)
+    on_time = windowed.observe(counted, F.sum(late.cast("long")).alias("late")).where(~late)
+    whole = on_time.groupBy(*group).agg(*[F.expr(a) for a in aggregations]).schema
+    partial_columns: list[tuple[str, str]] = []
+    merged: list[tuple[str, tuple[str, ...]]] = []
+    for i, (call, field_) in enumerate(zip(calls, whole.fields[len(group):])):
+        assert call is not None
+        if call.function == "avg" and isinstance(field_.dataType, DecimalType):
+            raise ValueError(f"{label(spec)}: avg() of a decimal column is not supported in a window; cast it to double")
+        parts = aggregates.partials(call, i)
+        partial_columns += parts
+        merged.append((call.function, tuple(name for name, _ in parts)))
+    partial = on_time.groupBy(*group).agg(*[F.expr(expr).alias(name) for name, expr in partial_columns])
+    both, root, owned = _in_key_groups(ctx, partial, keys)
+    state_schema = pa.schema(list(arrow_schema(ctx, partial.schema)) + [pa.field(state.REMOVED_COLUMN, pa.bool_())])
+    fn = window_aggregate_batches(root, len(keys), merged, ctx.batch.batch_id, mode,
+                                  int(ctx.options.get(RETAIN, "") or DEFAULT_RETAIN), state_schema,
+                                  arrow_schema(ctx, whole), owned, ctx.batch.watermark_ms, size, lateness)
+    return finish(both.mapInArrow(cancellable(fn, ctx.cancel_marker), whole))
+
+
+def _late_rows(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFrame]) -> DataFrame:
+    """The rows a window operator finds late, once per window they missed: the row's columns,
+    then window_start and window_end (null for a row without event time) and the watermark the
+    batch ran with. The same rule as the window operator's (`_windowed`), so that every row
+    and window is in exactly one of the two."""
+    df = _single(spec, inputs)
+    windowed, late, size, _ = _windowed(ctx, spec, df)
+    start = F.col(WINDOW_START_COLUMN)
+    watermark = ctx.batch.watermark_ms if ctx.batch is not None else None
+    return windowed.where(late).select(
+        *[column_ref(c) for c in df.columns], F.timestamp_millis(start).alias("window_start"),
+        F.timestamp_millis(start + F.lit(size)).alias("window_end"),
+        (F.timestamp_millis(F.lit(watermark)) if watermark is not None else F.lit(None).cast("timestamp"))
+        .alias("watermark"))
+
+
 def _join(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFrame]) -> DataFrame:
     if len(inputs) != 2:
         raise ValueError(f"{label(spec)} takes two inputs (left, right), got {len(inputs)}")
@@ -392,6 +518,9 @@ TRANSFORMS: dict[str, Transform] = {
     "running_reduce": _running_reduce,
     "deduplicate": _deduplicate,
     "process": _process,
+    "watermark": _watermark,
+    "window_aggregate": _window_aggregate,
+    "late_rows": _late_rows,
     "join": _join,
     "union": _union,
     "transform": _transform,

@@ -62,3 +62,4 @@ class BatchInput:
     ranges: Mapping[str, SourceRange] = field(default_factory=dict)
     files: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     rate_limits: Mapping[str, float] = field(default_factory=dict)
+    watermark_ms: int | None = None  # the event-time watermark the batch runs with (None: none yet)

@@ -110,20 +110,43 @@ class ExecutionStateTransition(_message.Message):
     def __init__(self, from_state: _Optional[_Union[ExecutionState, str]] = ..., to_state: _Optional[_Union[ExecutionState, str]] = ..., timestamp: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cause: _Optional[str] = ..., stimulus_id: _Optional[str] = ...) -> None: ...
 
 class TaskIo(_message.Message):
-    __slots__ = ("records_in", "records_out", "bytes_in", "bytes_out", "seconds", "state")
+    __slots__ = ("records_in", "records_out", "bytes_in", "bytes_out", "seconds", "state", "event_time", "late_rows")
+    class EventTimeEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: EventTimeStats
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[EventTimeStats, _Mapping]] = ...) -> None: ...
     RECORDS_IN_FIELD_NUMBER: _ClassVar[int]
     RECORDS_OUT_FIELD_NUMBER: _ClassVar[int]
     BYTES_IN_FIELD_NUMBER: _ClassVar[int]
     BYTES_OUT_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
+    EVENT_TIME_FIELD_NUMBER: _ClassVar[int]
+    LATE_ROWS_FIELD_NUMBER: _ClassVar[int]
     records_in: int
     records_out: int
     bytes_in: int
     bytes_out: int
     seconds: float
     state: StateMetrics
-    def __init__(self, records_in: _Optional[int] = ..., records_out: _Optional[int] = ..., bytes_in: _Optional[int] = ..., bytes_out: _Optional[int] = ..., seconds: _Optional[float] = ..., state: _Optional[_Union[StateMetrics, _Mapping]] = ...) -> None: ...
+    event_time: _containers.MessageMap[str, EventTimeStats]
+    late_rows: int
+    def __init__(self, records_in: _Optional[int] = ..., records_out: _Optional[int] = ..., bytes_in: _Optional[int] = ..., bytes_out: _Optional[int] = ..., seconds: _Optional[float] = ..., state: _Optional[_Union[StateMetrics, _Mapping]] = ..., event_time: _Optional[_Mapping[str, EventTimeStats]] = ..., late_rows: _Optional[int] = ...) -> None: ...
+
+class EventTimeStats(_message.Message):
+    __slots__ = ("min_ms", "max_ms", "sum_ms", "count")
+    MIN_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_MS_FIELD_NUMBER: _ClassVar[int]
+    SUM_MS_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    min_ms: int
+    max_ms: int
+    sum_ms: float
+    count: int
+    def __init__(self, min_ms: _Optional[int] = ..., max_ms: _Optional[int] = ..., sum_ms: _Optional[float] = ..., count: _Optional[int] = ...) -> None: ...
 
 class StateMetrics(_message.Message):
     __slots__ = ("rows_total", "rows_updated", "rows_removed", "bytes_written", "bytes_on_disk", "update_ms", "memory_bytes", "commit_ms")

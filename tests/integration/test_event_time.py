@@ -1,0 +1,190 @@
+"""Event time on a real cluster: watermarks logged with each batch, windows over event time with
+out-of-order and late rows, late rows never dropped silently, through kill -9 of TaskManagers at
+every phase of a batch.
+
+The input is the rate source (row i is value i) with an event time made from the value alone:
+25 ms a row, a jitter of up to 480 ms backwards (out of order within the watermark's delay of
+1 s), and every 20th row 4 s behind (late). So what the query must emit is known from the
+offset log: each committed batch's rows (its range) and the watermark it ran with (its entry).
+"""
+
+from __future__ import annotations
+
+import collections
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from funke.common.api.dsl import ExecutionEnvironment
+from funke.common.streaming.eventtime import WindowSpec, is_late, windows_of
+from funke.common.streaming.microbatch import iso_ms
+from funke.jobmanager.checkpointstore import CheckpointStore
+from tests.integration.test_streaming import (
+    PHASES,
+    Events,
+    cluster,  # noqa: F401 (fixtures: the shared streaming cluster, restored for each test)
+    committed_rows,
+    kill_at_every_phase,
+    stream_cluster,  # noqa: F401
+    wait_status,
+)
+
+pytestmark = pytest.mark.cluster
+
+KEYS = 3
+BASE_MS = 1_700_000_000_000
+EVENT_TIME = (f"timestamp_millis({BASE_MS} + value * 25 + ((value * 7919) % 13) * 40 "
+              "- CASE WHEN value % 20 = 7 THEN 4000 ELSE 0 END) AS ts")
+
+
+def event_ms(v: int) -> int:
+    return BASE_MS + v * 25 + (v * 7919 % 13) * 40 - (4000 if v % 20 == 7 else 0)
+
+
+def window_job(name: str, out: Path, late: Path, checkpoint: Path, *, mode: str, size: str, slide: str | None = None,
+               lateness: str | None = None, rows_per_second: int = 40) -> ExecutionEnvironment:
+    env = ExecutionEnvironment(name, parallelism=2)
+    events = env.read_stream.rate(rows_per_second).select(f"value % {KEYS} AS k", "value", EVENT_TIME)
+    windows = events.with_watermark("ts", "1 s").key_by("k").window("ts", size, slide)
+    if lateness is not None:
+        windows = windows.allowed_lateness(lateness)
+    result = windows.aggregate("count(1) AS n", "sum(value) AS total")
+    result.write_parquet(str(out))
+    result.late_data().write_parquet(str(late))
+    env.set_output_mode(mode).set_trigger("500 ms").set_checkpoint_location(str(checkpoint))
+    env.set_restart_strategy("fixed-delay", attempts=20, delay="500 ms")
+    return env
+
+
+def _ms(table: pa.Table, name: str) -> list[int | None]:
+    column = table.column(name)
+    return column.cast(pa.timestamp("ms", tz=getattr(column.type, "tz", None))).cast(pa.int64()).to_pylist()
+
+
+def read_windows(path: Path) -> list[tuple]:
+    t = pq.read_table(path)
+    return list(zip(t.column("k").to_pylist(), _ms(t, "window_start"), _ms(t, "window_end"),
+                    t.column("n").to_pylist(), t.column("total").to_pylist()))
+
+
+def read_late(path: Path) -> list[tuple]:
+    t = pq.read_table(path)
+    return list(zip(t.column("value").to_pylist(), _ms(t, "ts"), _ms(t, "window_start"), _ms(t, "window_end"),
+                    _ms(t, "watermark")))
+
+
+class Direct:
+    """What the committed batches must have emitted, from the offset log alone: per batch its
+    rows and watermark; per (row, window) whether it was late; per window the on-time totals."""
+
+    def __init__(self, checkpoint: Path, window: WindowSpec):
+        store = CheckpointStore(str(checkpoint))
+        self.batches = store.commit_ids()
+        assert self.batches == list(range(self.batches[0], self.batches[-1] + 1))
+        self.watermark: dict[int, int | None] = {}
+        self.late: dict[int, list[tuple]] = collections.defaultdict(list)  # batch -> (value, ts, start, end, wm)
+        self.totals: dict[tuple, list[int]] = {}  # (k, start, end) -> [n, total] of its on-time rows
+        self.changed: dict[int, set[tuple]] = collections.defaultdict(set)  # batch -> windows it changed
+        self.after: dict[int, dict[tuple, tuple]] = {}  # batch -> the windows it changed, their totals after it
+        self.window = window
+        for b in self.batches:
+            entry = store.read_offsets(b)
+            (r,) = entry.sources.values()
+            start = int(r.start["rows"]) if r.start is not None else 0
+            end = int(r.end["rows"]) if r.end is not None else start
+            wm = entry.watermark_ms
+            self.watermark[b] = wm
+            for v in range(start, end):
+                ts = event_ms(v)
+                for ws, we in windows_of(ts, window):
+                    if is_late(we, window.lateness_ms, wm):
+                        self.late[b].append((v, ts, ws, we, wm))
+                    else:
+                        key = (v % KEYS, ws, we)
+                        total = self.totals.setdefault(key, [0, 0])
+                        total[0] += 1
+                        total[1] += v
+                        self.changed[b].add(key)
+            self.after[b] = {key: tuple(self.totals[key]) for key in self.changed[b]}
+
+    def closes_in(self, key: tuple) -> int | None:
+        """The first batch whose watermark closes the window (None: still open)."""
+        for b in self.batches:
+            if is_late(key[2], self.window.lateness_ms, self.watermark[b]):
+                return b
+        return None
+
+
+def check_append(out: Path, late: Path, direct: Direct) -> tuple[int, int]:
+    """Each window emitted once, in the batch whose watermark closed it, with the totals of every
+    on-time row; every late (row, window) in the late-data sink, with the watermark it missed.
+    Returns (windows, late rows)."""
+    emitted = committed_rows(out, read_windows)
+    seen: dict[tuple, int] = {}
+    for batch, rows in emitted.items():
+        for k, ws, we, n, total in rows:
+            key = (k, ws, we)
+            assert key not in seen, f"window {key} emitted in batch {seen[key]} and again in batch {batch}"
+            seen[key] = batch
+            assert direct.totals.get(key) == [n, total], f"batch {batch}, window {key}: {n, total} != {direct.totals.get(key)}"
+            assert direct.closes_in(key) == batch, f"window {key} emitted in batch {batch}, closed in {direct.closes_in(key)}"
+    closed = {key for key in direct.totals if direct.closes_in(key) is not None}
+    assert set(seen) == closed, f"closed windows not emitted: {sorted(closed - set(seen))[:5]}, " \
+                                f"emitted and not closed: {sorted(set(seen) - closed)[:5]}"
+    late_rows = committed_rows(late, read_late)
+    for b in direct.batches:
+        assert sorted(late_rows.get(b, [])) == sorted(direct.late[b]), f"batch {b}: late rows differ"
+    return len(seen), sum(len(v) for v in direct.late.values())
+
+
+def test_tumbling_windows_in_append_mode_emit_each_window_once_and_every_late_row_through_kills_at_every_phase(
+        stream_cluster, tmp_path):
+    out, late, checkpoint = tmp_path / "windows", tmp_path / "late", tmp_path / "checkpoint"
+    client = stream_cluster.client
+    job_id = client.submit(window_job("tumbling windows", out, late, checkpoint, mode="append", size="1 s").build())
+    events = Events(client, job_id)
+    kill_at_every_phase(stream_cluster, job_id, events)
+    direct = Direct(checkpoint, WindowSpec(1000, 1000))
+    windows, late_rows = check_append(out, late, direct)
+    assert windows >= 3 and late_rows >= 1, (windows, late_rows)
+    # the progress records say what each batch saw: its watermark as logged, its late rows
+    records = [r for r in client.progress(job_id) if r["batchId"] in direct.watermark]
+    assert records
+    for r in records:
+        wm = direct.watermark[r["batchId"]]
+        assert r["eventTime"].get("watermark") == (iso_ms(wm) if wm is not None else None), r["eventTime"]
+        assert r["numLateRows"] == len(direct.late[r["batchId"]]), (r["batchId"], r["numLateRows"])
+    print(f"tumbling windows through kills at {len(PHASES)} phases: {len(direct.batches)} batches, {windows} windows "
+          f"emitted once each, {late_rows} late rows all in the late-data sink, 0 lost")
+
+
+def test_sliding_windows_with_allowed_lateness_in_update_mode_emit_each_change_with_exact_totals(
+        stream_cluster, tmp_path):
+    out, late, checkpoint = tmp_path / "windows", tmp_path / "late", tmp_path / "checkpoint"
+    client = stream_cluster.client
+    job_id = client.submit(window_job("sliding windows", out, late, checkpoint, mode="update", size="2 s",
+                                      slide="1 s", lateness="2 s").build())
+    events = Events(client, job_id)
+    events.wait("BatchCompleted", min_batch=10)
+    client.stop(job_id, timeout_s=60)
+    assert wait_status(client, job_id, ("FINISHED", "FAILED", "CANCELED")) == "FINISHED"
+    events.drain()
+    direct = Direct(checkpoint, WindowSpec(2000, 1000, 2000))
+    emitted = committed_rows(out, read_windows)
+    updates = 0
+    for b in direct.batches:
+        rows = emitted.get(b, [])
+        got = {(k, ws, we): (n, total) for k, ws, we, n, total in rows}
+        assert len(got) == len(rows), f"batch {b}: a window emitted twice"
+        # update mode: the windows the batch changed, with their totals over every on-time row so far
+        assert got == direct.after[b], f"batch {b}: emitted {sorted(got.items())[:3]}, expected " \
+                                       f"{sorted(direct.after[b].items())[:3]}"
+        updates += len(rows)
+    late_rows = committed_rows(late, read_late)
+    for b in direct.batches:
+        assert sorted(late_rows.get(b, [])) == sorted(direct.late[b]), f"batch {b}: late rows differ"
+    assert updates > 0
+    print(f"sliding windows, update mode: {len(direct.batches)} batches, {updates} window updates, "
+          f"{sum(len(v) for v in direct.late.values())} late rows in the late-data sink")
