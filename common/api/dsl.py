@@ -224,6 +224,37 @@ class DataStream(_OperatorHandle):
         keyed = self.key_by(*columns)
         return keyed._one_input("deduplicate", "Deduplicate", {"keys": list(keyed._keys)})
 
+    def drop_duplicates_within_watermark(self, *columns: str | Sequence[str]) -> DataStream:
+        """One record per distinct value of `columns` among records whose event times lie within
+        the watermark's delay of each other (Structured Streaming's
+        dropDuplicatesWithinWatermark): a key is remembered until the watermark passes its first
+        record's event time plus the delay of the stream's with_watermark, so the state stays
+        bounded, unlike drop_duplicates(). A record older than the watermark is late: counted in
+        the progress records' numLateRows and left out."""
+        if not columns:
+            raise ValueError("drop_duplicates_within_watermark() needs the columns that make two records "
+                             "duplicates, e.g. drop_duplicates_within_watermark(\"id\")")
+        watermark = self._upstream_watermark()
+        if watermark is None:
+            raise ValueError("drop_duplicates_within_watermark() needs with_watermark(column, delay) upstream: the "
+                             "watermark says when a key can be forgotten")
+        keyed = self.key_by(*columns)
+        return keyed._one_input("deduplicate_within", "Deduplicate within watermark",
+                                {"keys": list(keyed._keys), "column": watermark.config["column"],
+                                 "delay_ms": watermark.config["delay_ms"]})
+
+    def _upstream_watermark(self) -> Transformation | None:
+        """The nearest with_watermark this stream comes from (None: none)."""
+        queue, seen = [self._t], set()
+        while queue:
+            t = queue.pop(0)
+            if t.kind == "watermark":
+                return t
+            if t.seq not in seen:
+                seen.add(t.seq)
+                queue.extend(i for i, _ in t.inputs)
+        return None
+
     def with_watermark(self, column: str, delay: str | int) -> DataStream:
         """Declares `column` (a timestamp) this stream's event time, and a watermark that trails
         the largest event time seen by `delay` ("10 s", "1 min"; a bare number is ms), as

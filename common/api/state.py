@@ -109,11 +109,16 @@ class KeyedProcessFunction:
       key column, else a tuple; `rows`: the key's rows as `udf` passes records, in no particular
       order), returning or yielding output rows;
     - `on_timer(key, timestamp, ctx)` for each processing-time timer the batch's time reached,
-      after the batch's rows, returning or yielding output rows.
+      then each event-time timer its watermark reached, after the batch's rows, returning or
+      yielding output rows (`ctx.time_domain()` says which kind: "PROCESSING_TIME" or
+      "EVENT_TIME").
 
     `ctx.state.<name>` is the current key's handle, `ctx.timer_service()` registers and deletes
-    timers, `ctx.current_processing_time()` is the batch's time (epoch ms), `ctx.batch_id` the
-    batch. A key whose states are all empty and which has no timer is removed from the state."""
+    timers (register_processing_time_timer, register_event_time_timer and their delete_...),
+    `ctx.current_processing_time()` is the batch's time and `ctx.current_watermark()` its
+    event-time watermark (epoch ms; None until the query has one: event-time timers need
+    with_watermark upstream), `ctx.batch_id` the batch. A key whose states are all empty and
+    which has no timer is removed from the state."""
 
     state: tuple[_StateDescriptor, ...] = ()
 

@@ -154,6 +154,8 @@ CATALOGUE: dict[str, OperatorKind] = {
         _k("window_aggregate", T, 1, "keys", "aggregations", "column", "size_ms", "slide_ms",
            keys={"keys": V.COLUMNS, "aggregations": V.SQL_LIST, "column": V.COLUMN, "size_ms": V.MILLIS,
                  "slide_ms": V.MILLIS, "lateness_ms": V.MILLIS}),
+        _k("deduplicate_within", T, 1, "keys", "column", "delay_ms",
+           keys={"keys": V.COLUMNS, "column": V.COLUMN, "delay_ms": V.MILLIS}),
         _k("late_rows", T, 1, "column", "size_ms", "slide_ms",
            keys={"column": V.COLUMN, "size_ms": V.MILLIS, "slide_ms": V.MILLIS, "lateness_ms": V.MILLIS}),
         _k("join", T, 2, "on", keys={"on": V.COLUMNS, "how": V.JOIN_TYPE}),

@@ -59,7 +59,9 @@ ALL_OUTPUT_MODES = ("append", "update", "complete")
 # too, without state) and keyed process functions (whose output is what the function emits).
 RUNNING_AGGREGATE_KINDS = frozenset({"running_aggregate", "running_reduce"})
 WINDOW_KINDS = frozenset({"window_aggregate"})  # keyed state per window, closed by the watermark
-RUNNING_KINDS = RUNNING_AGGREGATE_KINDS | WINDOW_KINDS | {"deduplicate", "process"}
+# operators whose keyed state the watermark bounds (and that need one upstream)
+WATERMARKED_KINDS = WINDOW_KINDS | {"deduplicate_within"}
+RUNNING_KINDS = RUNNING_AGGREGATE_KINDS | WATERMARKED_KINDS | {"deduplicate", "process"}
 CHECKPOINTS = "checkpoints"  # under the data directory: default checkpoint locations, by job name
 TRIGGERS = ("processing-time", "available-now", "once")
 DEFAULT_INTERVAL_MS = 1000
@@ -80,7 +82,8 @@ def event_time_settings(job: JobGraph) -> EventTimeSettings:
     delays = {operator_id(v.id, i): int(op.config.get("delay_ms", 0))
               for v in job.vertices for i, op in enumerate(v.operators) if op.kind == WATERMARK}
     policy = job.configuration.options.get(WATERMARK_POLICY, "min").strip().lower()
-    stateful = any(op.kind in WINDOW_KINDS for v in job.vertices for op in v.operators)
+    # operators whose state waits on the watermark: windows, and process functions (event-time timers)
+    stateful = any(op.kind in WATERMARKED_KINDS | {"process"} for v in job.vertices for op in v.operators)
     return EventTimeSettings(delays, policy if policy in POLICIES else "min", stateful and bool(delays))
 
 
@@ -191,7 +194,7 @@ def _state_problems(job: JobGraph) -> list[str]:
                 "append emits each result once, and a running total is never final: for results that are, "
                 "aggregate per window of event time (with_watermark(...).key_by(...).window(...)). For a count "
                 "of each batch on its own, use key_by(...).per_batch().count()")
-        if op.kind in WINDOW_KINDS:
+        if op.kind in WATERMARKED_KINDS:
             problems += _window_problems(job, v, op, subject, mode)
         if i != 0:
             problems.append(f"{subject} must start its vertex's chain, fed by a HASH exchange on its keys")
@@ -223,13 +226,13 @@ def _window_problems(job: JobGraph, vertex: JobVertex, op, subject: str, mode: s
     close and its state grows for ever) and an output mode that emits a window once (append) or
     as it changes (update)."""
     problems = []
-    if mode not in ("append", "update"):
+    if op.kind in WINDOW_KINDS and mode not in ("append", "update"):
         problems.append(f"{subject}: a window's result is emitted once when the watermark closes it (append) or "
                         f"each batch it changes (update); {OUTPUT_MODE} {mode} would keep every window for ever")
     column = op.config.get("column")
     if not any(o.kind == WATERMARK and o.config.get("column") == column for o in _upstream_operators(job, vertex)):
-        problems.append(f"{subject}: no watermark on its time column {column!r} upstream, so its windows would never "
-                        f"close and its state would grow for ever: add with_watermark({column!r}, <delay>) before "
+        problems.append(f"{subject}: no watermark on its time column {column!r} upstream, so its state would never "
+                        f"be released and would grow for ever: add with_watermark({column!r}, <delay>) before "
                         "key_by(...)")
     return problems
 

@@ -27,7 +27,7 @@ import re
 from dataclasses import dataclass
 
 __all__ = ["DELTA", "KEY_GROUP_COLUMN", "MAX_STATES", "MAX_TTL_MS", "METADATA", "OUTPUT_MODES", "REMOVED_COLUMN",
-           "SNAPSHOT", "SNAPSHOT_EVERY", "STATE_KINDS", "TIMERS_COLUMN", "MissingState", "LoadPlan", "StateMetrics",
+           "SNAPSHOT", "SNAPSHOT_EVERY", "STATE_KINDS", "TIMERS_COLUMN", "EVENT_TIMERS_COLUMN", "MissingState", "LoadPlan", "StateMetrics",
            "expires_column", "files_to_delete", "group_dir_name", "key_group_range", "key_groups_problem", "load_plan",
            "metadata_text", "operator_dir", "parse_file_name", "state_file_name", "state_specs_problem",
            "subtask_of_key_group"]
@@ -44,8 +44,10 @@ _FILE = re.compile(r"^(\d{1,18})\.(delta|snapshot)$")
 # keyed process function's key whose states were all cleared, or expired, and has no timer.
 REMOVED_COLUMN = "__funke_removed"
 # A keyed process function's state row: the key, its states, when each state with a TTL
-# expires (epoch ms), its processing-time timers (epoch ms, ascending), REMOVED_COLUMN.
+# expires (epoch ms), its processing-time timers (epoch ms, ascending), its event-time timers
+# (the same; a state written before event-time timers existed has no such column), REMOVED_COLUMN.
 TIMERS_COLUMN = "__funke_timers"
+EVENT_TIMERS_COLUMN = "__funke_event_timers"
 
 # A keyed process function's state handles (the operator's config "state": a list of
 # {"name", "kind", "type", "key_type" (map state), "ttl_ms" (optional)}).

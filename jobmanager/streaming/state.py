@@ -5,7 +5,8 @@ state data source, but also while the query runs: a committed version's files ne
 A running aggregate's state holds partial aggregates; they are shown as the totals the query
 emits (an average as its sum over its count). A running reduce's holds the folded record; a
 deduplicating operator's the keys it has seen; a keyed process function's its declared states and
-timers. Blocking I/O, for an executor thread.
+timers; a window aggregate's each key's open windows (start and end) with their totals so far.
+Blocking I/O, for an executor thread.
 """
 
 from __future__ import annotations
@@ -17,7 +18,13 @@ import pyarrow.compute as pc
 
 from funke.common import aggregates
 from funke.common.graph.jobgraph import JobVertex
-from funke.common.streaming.state import REMOVED_COLUMN, TIMERS_COLUMN, key_group_range, operator_dir
+from funke.common.streaming.state import (
+    EVENT_TIMERS_COLUMN,
+    REMOVED_COLUMN,
+    TIMERS_COLUMN,
+    key_group_range,
+    operator_dir,
+)
 from funke.runtime.statefiles import group_tables
 
 __all__ = ["keyed_state_table"]
@@ -49,12 +56,23 @@ def keyed_state_table(vertex: JobVertex, checkpoint: str, version: int, key: lis
     table = pa.Table.from_pylist(rows[:limit], schema=schema)
     if op.kind == "running_aggregate":
         table = _totals(table, keys, op.config["aggregations"])
+    elif op.kind == "window_aggregate":  # the window's start (epoch ms) rides after the keys
+        start = table.column(len(keys))
+        size = pa.scalar(int(op.config.get("size_ms") or 0), pa.int64())
+        totals = _totals(table, keys, op.config["aggregations"])
+        columns = {k: totals.column(k) for k in keys}
+        columns["window_start"] = pc.cast(start, pa.timestamp("ms", tz="UTC"))
+        columns["window_end"] = pc.cast(pc.add(start, size), pa.timestamp("ms", tz="UTC"))
+        columns.update({n: totals.column(n) for n in totals.column_names[len(keys):]})
+        table = pa.table(columns)
     elif op.kind == "running_reduce":
         table = table.drop_columns(names[:len(keys)])  # the key rides twice: as the key and in the record
     elif op.kind == "process":  # the key, each state, the timers (not the TTLs' expiry times)
         columns = {k: table.column(i) for i, k in enumerate(keys)}
         columns.update({d["name"]: table.column(d["name"]) for d in op.config.get("state") or []})
         columns["timers"] = table.column(TIMERS_COLUMN)
+        if EVENT_TIMERS_COLUMN in names:  # a state written before event-time timers has none
+            columns["event_timers"] = table.column(EVENT_TIMERS_COLUMN)
         table = pa.table(columns)
     return table, total
 

@@ -68,7 +68,7 @@ _spark_cloudpickle.register_pickle_by_value(sys.modules[__name__])
 _spark_cloudpickle.register_pickle_by_value(_rules)
 _spark_cloudpickle.register_pickle_by_value(_files)
 
-__all__ = ["MARKER_COLUMN", "AggregateSpec", "StateValueError", "deduplicate_batches", "measure",
+__all__ = ["MARKER_COLUMN", "AggregateSpec", "StateValueError", "deduplicate_batches", "deduplicate_within_batches", "measure",
            "process_batches", "running_aggregate_batches", "running_reduce_batches", "window_aggregate_batches"]
 
 RUNTIME_FILES.add(__file__)  # a process function's traceback starts at the user's code
@@ -89,16 +89,17 @@ AggregateSpec = tuple[str, tuple[str, ...]]
 class Group:
     """One key group's state at one version: frozen key -> (key values, partial values)."""
 
-    __slots__ = ("version", "rows", "stamp", "timers")
+    __slots__ = ("version", "rows", "stamp", "timers", "event_timers")
 
     def __init__(self, version: int, rows: dict[Any, tuple[list, list]], stamp: tuple[int, int] | None,
-                 timers: list | None = None):
+                 timers: list | None = None, event_timers: list | None = None):
         self.version = version
         self.rows = rows
         self.stamp = stamp  # (inode, mtime) of the file that made this version: a wiped store is seen
         # a process function's timers as a heap of (time, frozen key), built when first needed;
         # an entry whose key no longer has that timer is skipped when it comes up
         self.timers = timers
+        self.event_timers = event_timers  # the same for event-time timers (a process function's)
 
 
 def _loaded() -> dict[tuple[str, int], Group]:
@@ -242,7 +243,7 @@ def commit_group(root: str, key_group: int, group: Group, changes: dict[Any, tup
                 os.remove(os.path.join(directory, name))
             except FileNotFoundError:
                 pass
-    new = Group(version, rows, _stamp(delta_path), group.timers)
+    new = Group(version, rows, _stamp(delta_path), group.timers, group.event_timers)
     _loaded()[(root, key_group)] = new
     return new
 
@@ -418,6 +419,53 @@ def window_aggregate_batches(root: str, n_keys: int, aggregates: list[AggregateS
     return run
 
 
+def deduplicate_within_batches(root: str, positions: list[int], version: int, retain: int, state_schema: pa.Schema,
+                               out_schema: pa.Schema, owned: range, watermark_ms: int | None):
+    """The mapInArrow function of one batch of drop_duplicates_within_watermark: a row whose key
+    no live state has is emitted, and its key kept until the watermark passes the row's expiry
+    (its event time plus the watermark's delay, in the row's last column); then the key leaves
+    the state. Late rows were left out before (counted)."""
+    n_keys = len(positions)
+    width = len(out_schema)
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        firsts: list[list] = []
+        columns = list(out_schema.names) + ["__expires"]
+        with _no_gc():
+            for key_group, rows in _by_group(batches, columns, owned):
+                began = time.perf_counter()
+                group = load_group(root, key_group, version, n_keys)
+                try:
+                    held = group.rows
+                    if group.timers is None:
+                        group.timers = [(values[0], frozen) for frozen, (_, values) in held.items()]
+                        heapq.heapify(group.timers)
+                    changes: dict[Any, tuple[list, list]] = {}
+                    for row in rows:
+                        key = [row[p] for p in positions]
+                        frozen = tuple([_freeze(v) for v in key])
+                        if frozen in changes or frozen in held:
+                            continue  # seen within the watermark: a duplicate
+                        firsts.append(list(row[:width]))
+                        changes[frozen] = (key, [row[width]])
+                        heapq.heappush(group.timers, (row[width], frozen))
+                    removed: dict[Any, list] = {}
+                    heap = group.timers
+                    while watermark_ms is not None and heap and heap[0][0] <= watermark_ms:
+                        expires, frozen = heapq.heappop(heap)
+                        entry = changes.get(frozen) or held.get(frozen)
+                        if entry is not None and entry[1][0] == expires:
+                            changes.pop(frozen, None)
+                            removed[frozen] = entry[0]
+                    commit_group(root, key_group, group, changes, state_schema, retain, began, removed)
+                except BaseException:
+                    group.timers = None
+                    raise
+        yield from _batches(firsts, out_schema)
+
+    return run
+
+
 def deduplicate_batches(root: str, keys: list[str], version: int, retain: int, state_schema: pa.Schema,
                         out_schema: pa.Schema, owned: range):
     """The mapInArrow function of one batch of drop_duplicates over a stream: the rows whose key
@@ -582,15 +630,19 @@ class _Runner:
     state in the store's layout (each state, each TTL state's expiry, the timers), a copy made
     when the key's turn starts, so a batch that fails leaves the loaded version untouched."""
 
-    __slots__ = ("values", "frozen", "dirty", "now", "timers_at", "pushed")
+    __slots__ = ("values", "frozen", "dirty", "now", "watermark", "timers_at", "pushed", "pushed_event",
+                 "domain")
 
-    def __init__(self, now: int, timers_at: int):
+    def __init__(self, now: int, timers_at: int, watermark: int | None = None):
         self.values: list | None = None
         self.frozen: Any = None
         self.dirty = False
         self.now = now
-        self.timers_at = timers_at  # where the timers are in `values`
+        self.watermark = watermark  # the batch's event-time watermark (None: none yet)
+        self.timers_at = timers_at  # where the timers are in `values` (the event-time ones next)
         self.pushed: list[tuple[int, Any]] = []  # timers registered during the key's turn
+        self.pushed_event: list[tuple[int, Any]] = []  # event-time timers registered during it
+        self.domain: str | None = None  # the time domain of the timer firing (on_timer)
 
     def row(self, what: str) -> list:
         if self.values is None:
@@ -770,6 +822,35 @@ class TimerService:
         """The current key's registered timers, ascending."""
         return list(self._runner.row("processing_time_timers")[self._runner.timers_at] or [])
 
+    def current_watermark(self) -> int | None:
+        """The batch's event-time watermark (epoch ms; None until the query has one)."""
+        return self._runner.watermark
+
+    def register_event_time_timer(self, timestamp: int) -> None:
+        """A timer that fires once the watermark reaches `timestamp` (Flink's event-time timer):
+        in the first batch whose watermark is at or past it, after that batch's rows."""
+        timestamp = _timer_time(timestamp)
+        values = self._runner.row("register_event_time_timer")
+        at = self._runner.timers_at + 1
+        timers = values[at] or []
+        if timestamp not in timers:
+            values[at] = sorted(timers + [timestamp])
+            self._runner.pushed_event.append((timestamp, self._runner.frozen))
+            self._runner.dirty = True
+
+    def delete_event_time_timer(self, timestamp: int) -> None:
+        timestamp = _timer_time(timestamp)
+        values = self._runner.row("delete_event_time_timer")
+        at = self._runner.timers_at + 1
+        timers = values[at] or []
+        if timestamp in timers:
+            values[at] = [t for t in timers if t != timestamp] or None
+            self._runner.dirty = True
+
+    def event_time_timers(self) -> list[int]:
+        """The current key's registered event-time timers, ascending."""
+        return list(self._runner.row("event_time_timers")[self._runner.timers_at + 1] or [])
+
 
 def _timer_time(timestamp: Any) -> int:
     if isinstance(timestamp, bool) or not isinstance(timestamp, int) or not 0 <= timestamp < 2**63:
@@ -819,6 +900,15 @@ class ProcessContext:
     def current_processing_time(self) -> int:
         return self._runner.now
 
+    def current_watermark(self) -> int | None:
+        """The batch's event-time watermark (epoch ms; None until the query has one)."""
+        return self._runner.watermark
+
+    def time_domain(self) -> str | None:
+        """In on_timer: "EVENT_TIME" or "PROCESSING_TIME", the kind of timer firing (PyFlink's
+        ctx.time_domain()); None in process()."""
+        return self._runner.domain
+
 
 # (name, kind, arrow type of the column, [key type, value type] for a map, ttl ms)
 StateSpec = tuple[str, str, pa.DataType, tuple[pa.DataType, ...], int | None]
@@ -826,10 +916,11 @@ StateSpec = tuple[str, str, pa.DataType, tuple[pa.DataType, ...], int | None]
 
 def process_batches(fn_bytes: bytes, root: str, keys: list[str], version: int, now_ms: int, retain: int,
                     specs: list[StateSpec], state_schema: pa.Schema, in_schema: pa.Schema, out_schema: pa.Schema,
-                    owned: range, label: str):
+                    owned: range, label: str, watermark_ms: int | None = None):
     """The mapInArrow function of one batch of a keyed process function: per key group, load
-    the group at `version`; per key with rows, fn.process(key, rows, ctx); then, for each timer
-    at or before the batch's time `now_ms`, fn.on_timer(key, t, ctx); commit the next version
+    the group at `version`; per key with rows, fn.process(key, rows, ctx); then, for each
+    processing-time timer at or before the batch's time `now_ms`, and each event-time timer at
+    or before its watermark `watermark_ms`, fn.on_timer(key, t, ctx); commit the next version
     (changed keys, and removed ones: no state left and no timer); emit what the calls returned.
     Every SNAPSHOT_EVERY versions, keys whose TTL states all expired are removed too."""
     positions = [in_schema.names.index(k) for k in keys]
@@ -839,11 +930,12 @@ def process_batches(fn_bytes: bytes, root: str, keys: list[str], version: int, n
         if ttl is not None:
             expires_of[i] = n_states + len(expires_of)
     timers_at = n_states + len(expires_of)
-    width = timers_at + 1
+    event_at = timers_at + 1
+    width = timers_at + 2
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         fn = cloudpickle.loads(fn_bytes)
-        runner = _Runner(now_ms, timers_at)
+        runner = _Runner(now_ms, timers_at, watermark_ms)
         handles: dict[str, _Handle] = {}
         for i, (name, kind, arrow_type, inner, ttl) in enumerate(specs):
             exp = expires_of.get(i)
@@ -863,7 +955,7 @@ def process_batches(fn_bytes: bytes, root: str, keys: list[str], version: int, n
 
         def alive(values: list) -> bool:
             """Whether the key keeps a row: a state not empty nor expired, or a timer."""
-            if values[timers_at]:
+            if values[timers_at] or values[event_at]:
                 return True
             for i in range(n_states):
                 v = values[i]
@@ -881,7 +973,7 @@ def process_batches(fn_bytes: bytes, root: str, keys: list[str], version: int, n
             if held is None and frozen not in removed:
                 held = group.rows.get(frozen)
             runner.values = list(held[1]) if held is not None else [None] * width
-            runner.frozen, runner.dirty, runner.pushed = frozen, False, []
+            runner.frozen, runner.dirty, runner.pushed, runner.pushed_event = frozen, False, [], []
             ctx.key = key[0] if len(key) == 1 else tuple(key)
             try:
                 out = call()
@@ -901,23 +993,55 @@ def process_batches(fn_bytes: bytes, root: str, keys: list[str], version: int, n
                 changes.pop(frozen, None)
                 if frozen in group.rows:
                     removed[frozen] = key
-            if group.timers is not None:
-                for entry in runner.pushed:
-                    if heap_now:
-                        heapq.heappush(group.timers, entry)
-                    else:
-                        deferred.append(entry)
+            for heap, pushed, later in ((group.timers, runner.pushed, deferred),
+                                        (group.event_timers, runner.pushed_event, deferred_event)):
+                if heap is not None:
+                    for entry in pushed:
+                        if heap_now:
+                            heapq.heappush(heap, entry)
+                        else:
+                            later.append(entry)
+
+        def fire(group: Group, changes: dict, removed: dict, heap: list, due: int, at_index: int,
+                 domain: str) -> None:
+            """on_timer for each timer of `heap` at or before `due` (index `at_index` of a key's
+            values holds that kind of timer)."""
+            while heap and heap[0][0] <= due:
+                at, frozen = heapq.heappop(heap)
+                held = changes.get(frozen) or (None if frozen in removed else group.rows.get(frozen))
+                if held is None or at not in (held[1][at_index] or ()):
+                    continue  # deleted, or fired already
+                fired = list(held[1])
+                fired[at_index] = [t for t in fired[at_index] if t != at] or None
+                changes[frozen] = (held[0], fired)  # a fired timer is gone, whatever on_timer does
+                runner.domain = domain
+                try:
+                    turn(group, changes, removed, frozen, held[0], lambda: fn.on_timer(ctx.key, at, ctx),
+                         heap_now=False)
+                finally:
+                    runner.domain = None
+                if frozen in changes and not alive(changes[frozen][1]):
+                    del changes[frozen]
+                    if frozen in group.rows:
+                        removed[frozen] = held[0]
 
         deferred: list[tuple[int, Any]] = []
+        deferred_event: list[tuple[int, Any]] = []
         with _no_gc():
             for key_group, rows in _by_group(batches, in_schema.names, owned):
                 began = time.perf_counter()
                 group = load_group(root, key_group, version, len(positions))
                 try:
-                    if group.timers is None:
+                    if group.timers is None or group.event_timers is None:
+                        for _, values in group.rows.values():
+                            if len(values) < width:  # written before event-time timers: none
+                                values.extend([None] * (width - len(values)))
                         group.timers = [(t, frozen) for frozen, (_, values) in group.rows.items()
                                         for t in (values[timers_at] or ())]
+                        group.event_timers = [(t, frozen) for frozen, (_, values) in group.rows.items()
+                                              for t in (values[event_at] or ())]
                         heapq.heapify(group.timers)
+                        heapq.heapify(group.event_timers)
                     changes: dict[Any, tuple[list, list]] = {}
                     removed: dict[Any, list] = {}
                     per_key: dict[Any, tuple[list, list]] = {}
@@ -928,23 +1052,14 @@ def process_batches(fn_bytes: bytes, root: str, keys: list[str], version: int, n
                         turn(group, changes, removed, frozen, key,
                              lambda: fn.process(ctx.key, key_rows, ctx), heap_now=True)
                     deferred.clear()
-                    heap = group.timers
-                    while heap and heap[0][0] <= now_ms:
-                        at, frozen = heapq.heappop(heap)
-                        held = changes.get(frozen) or (None if frozen in removed else group.rows.get(frozen))
-                        if held is None or at not in (held[1][timers_at] or ()):
-                            continue  # deleted, or fired already
-                        fired = list(held[1])
-                        fired[timers_at] = [t for t in fired[timers_at] if t != at] or None
-                        changes[frozen] = (held[0], fired)  # a fired timer is gone, whatever on_timer does
-                        turn(group, changes, removed, frozen, held[0],
-                             lambda: fn.on_timer(ctx.key, at, ctx), heap_now=False)
-                        if frozen in changes and not alive(changes[frozen][1]):
-                            del changes[frozen]
-                            if frozen in group.rows:
-                                removed[frozen] = held[0]
+                    deferred_event.clear()
+                    fire(group, changes, removed, group.timers, now_ms, timers_at, "PROCESSING_TIME")
+                    if watermark_ms is not None:
+                        fire(group, changes, removed, group.event_timers, watermark_ms, event_at, "EVENT_TIME")
                     for entry in deferred:
-                        heapq.heappush(heap, entry)
+                        heapq.heappush(group.timers, entry)
+                    for entry in deferred_event:
+                        heapq.heappush(group.event_timers, entry)
                     if expires_of and (version + 1) % SNAPSHOT_EVERY == 0:
                         for frozen, (key, values) in group.rows.items():
                             if frozen not in changes and frozen not in removed and not alive(values):

@@ -39,6 +39,7 @@ from funke.taskmanager.operators.context import (
 from funke.taskmanager.operators.keyedstate import (
     MARKER_COLUMN,
     deduplicate_batches,
+    deduplicate_within_batches,
     process_batches,
     running_aggregate_batches,
     running_reduce_batches,
@@ -254,10 +255,11 @@ def _process(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFrame]) -
     record = arrow_schema(ctx, df.schema)
     state_schema = pa.schema([pa.field(f"__funke_key_{i}", record.field(k).type) for i, k in enumerate(keys)]
                              + fields + [pa.field(state.TIMERS_COLUMN, pa.list_(pa.int64())),
+                                         pa.field(state.EVENT_TIMERS_COLUMN, pa.list_(pa.int64())),
                                          pa.field(state.REMOVED_COLUMN, pa.bool_())])
     fn = process_batches(spec.function, root, keys, ctx.batch.batch_id, ctx.batch.batch_time_ms,
                          int(ctx.options.get(RETAIN, "") or DEFAULT_RETAIN), specs, state_schema, record,
-                         arrow_schema(ctx, out), owned, label(spec))
+                         arrow_schema(ctx, out), owned, label(spec), ctx.batch.watermark_ms)
     return rows.mapInArrow(cancellable(fn, ctx.cancel_marker), out)
 
 
@@ -452,6 +454,37 @@ def _window_aggregate(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[Data
     return finish(both.mapInArrow(cancellable(fn, ctx.cancel_marker), whole))
 
 
+def _deduplicate_within(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFrame]) -> DataFrame:
+    """drop_duplicates_within_watermark: one row per key while the key's first row is within the
+    watermark's delay (Structured Streaming's dropDuplicatesWithinWatermark): each key is kept
+    in keyed state until the watermark passes its first row's event time plus the delay, so the
+    state stays bounded. A row older than the watermark, or without event time, is late: counted
+    (numLateRows) and left out, since its key's state may be gone already."""
+    df = _single(spec, inputs)
+    keys = config_strings(spec, "keys")
+    column, delay = str(config_value(spec, "column")), int(config_value(spec, "delay_ms"))
+    ms = _event_time_ms(spec, df, column)
+    if ctx.batch is None:
+        return df.dropDuplicates(keys)
+    if not ctx.checkpoint:
+        raise ValueError(f"{label(spec)}: drop_duplicates_within_watermark keeps its keys in the query's checkpoint, "
+                         "and the task has none")
+    watermark = ctx.batch.watermark_ms
+    late = ms.isNull() if watermark is None else (ms.isNull() | (ms < F.lit(watermark)))
+    assert ctx.meter is not None
+    counted = Observation()
+    ctx.meter.late.append(counted)
+    on_time = df.observe(counted, F.sum(late.cast("long")).alias("late")).where(~late)
+    expiring = on_time.dropDuplicates(keys).withColumn("__expires", ms + F.lit(delay))
+    rows, root, owned = _in_key_groups(ctx, expiring, keys)
+    state_schema = pa.schema(list(arrow_schema(ctx, StructType([df.schema[k] for k in keys])))
+                             + [pa.field("__expires", pa.int64()), pa.field(state.REMOVED_COLUMN, pa.bool_())])
+    fn = deduplicate_within_batches(root, [df.columns.index(k) for k in keys], ctx.batch.batch_id,
+                                    int(ctx.options.get(RETAIN, "") or DEFAULT_RETAIN), state_schema,
+                                    arrow_schema(ctx, df.schema), owned, watermark)
+    return rows.mapInArrow(cancellable(fn, ctx.cancel_marker), df.schema)
+
+
 def _late_rows(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFrame]) -> DataFrame:
     """The rows a window operator finds late, once per window they missed: the row's columns,
     then window_start and window_end (null for a row without event time) and the watermark the
@@ -521,6 +554,7 @@ TRANSFORMS: dict[str, Transform] = {
     "watermark": _watermark,
     "window_aggregate": _window_aggregate,
     "late_rows": _late_rows,
+    "deduplicate_within": _deduplicate_within,
     "join": _join,
     "union": _union,
     "transform": _transform,

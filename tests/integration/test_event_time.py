@@ -188,3 +188,67 @@ def test_sliding_windows_with_allowed_lateness_in_update_mode_emit_each_change_w
     assert updates > 0
     print(f"sliding windows, update mode: {len(direct.batches)} batches, {updates} window updates, "
           f"{sum(len(v) for v in direct.late.values())} late rows in the late-data sink")
+
+
+DEDUP_TIME = ("timestamp_millis({base} + (CASE WHEN value % 15 = 14 THEN value DIV 3 - 40 ELSE value DIV 3 END) * 75 "
+              "+ pmod((CASE WHEN value % 15 = 14 THEN value DIV 3 - 40 ELSE value DIV 3 END) * 7919, 13) * 40) AS ts")
+
+
+def dedup_id(v: int) -> int:
+    return v // 3 - 40 if v % 15 == 14 else v // 3
+
+
+def dedup_ms(v: int) -> int:
+    i = dedup_id(v)
+    return BASE_MS + i * 75 + (i * 7919 % 13) * 40
+
+
+def test_drop_duplicates_within_watermark_emits_each_id_once_and_forgets_it_once_the_watermark_passes(
+        stream_cluster, tmp_path):
+    """Each id is sent three times with one event time (so within the watermark's delay), and
+    every fifteenth row re-sends an id from 3 s of event time before, by then older than the
+    watermark: late, counted, left out. The state keeps only the ids within the delay."""
+    out, checkpoint = tmp_path / "unique", tmp_path / "checkpoint"
+    client = stream_cluster.client
+    env = ExecutionEnvironment("dedup within watermark", parallelism=2)
+    (env.read_stream.rate(40)
+        .select("value", "CASE WHEN value % 15 = 14 THEN value DIV 3 - 40 ELSE value DIV 3 END AS id",
+                DEDUP_TIME.format(base=BASE_MS))
+        .with_watermark("ts", "1 s")
+        .drop_duplicates_within_watermark("id")
+        .write_parquet(str(out)))
+    env.set_trigger("500 ms").set_checkpoint_location(str(checkpoint))
+    job_id = client.submit(env.build())
+    events = Events(client, job_id)
+    events.wait("BatchCompleted", min_batch=12)
+    client.stop(job_id, timeout_s=60)
+    assert wait_status(client, job_id, ("FINISHED", "FAILED", "CANCELED")) == "FINISHED"
+    events.drain()
+    store = CheckpointStore(str(checkpoint))
+    emitted = committed_rows(out, lambda p: pq.read_table(p).column("id").to_pylist())
+    first: dict[int, int] = {}  # id -> the batch of its first on-time row
+    late = {}
+    for b in store.commit_ids():
+        entry = store.read_offsets(b)
+        (r,) = entry.sources.values()
+        start, end = (int(r.start["rows"]) if r.start is not None else 0), int(r.end["rows"]) if r.end else 0
+        wm = entry.watermark_ms
+        late[b] = 0
+        for v in range(start, end):
+            if wm is not None and dedup_ms(v) < wm:
+                late[b] += 1
+            else:
+                first.setdefault(dedup_id(v), b)
+    got = collections.Counter(i for ids in emitted.values() for i in ids)
+    assert all(n == 1 for n in got.values()), [i for i, n in got.items() if n > 1][:5]
+    assert set(got) == set(first), (sorted(set(first) - set(got))[:5], sorted(set(got) - set(first))[:5])
+    for b, ids in emitted.items():
+        assert all(first[i] == b for i in ids), f"batch {b} emitted an id first seen on time in another batch"
+    assert sum(late.values()) > 0
+    records = {r["batchId"]: r for r in client.progress(job_id)}
+    assert all(records[b]["numLateRows"] == n for b, n in late.items() if b in records)
+    # the state holds the ids within the watermark's delay only, not every id ever seen
+    (operator,) = records[max(records)]["stateOperators"]
+    assert 0 < operator["numRowsTotal"] < len(got) / 2, (operator["numRowsTotal"], len(got))
+    print(f"dedup within watermark: {sum(got.values())} ids emitted once each of {store.commit_ids()[-1] + 1} "
+          f"batches, {sum(late.values())} late rows counted, {operator['numRowsTotal']} ids in state at the end")

@@ -55,12 +55,16 @@ SESSION_OUT = pa.schema([("user", pa.string()), ("started", pa.int64()), ("close
                          ("pages", pa.string()), ("per_page", pa.map_(pa.string(), pa.int64()))])
 
 
-def state_schema(specs) -> pa.Schema:
+def state_schema(specs, event_timers: bool = True) -> pa.Schema:
+    """The store's layout of a process function's state (without the event-time timers' column:
+    as it was before they existed)."""
     fields = [pa.field("__funke_key_0", pa.string())]
     fields += [pa.field(name, arrow) for name, _, arrow, _, _ in specs]
     fields += [pa.field(state.expires_column(name), pa.int64()) for name, _, _, _, ttl in specs if ttl is not None]
-    return pa.schema(fields + [pa.field(state.TIMERS_COLUMN, pa.list_(pa.int64())),
-                               pa.field(state.REMOVED_COLUMN, pa.bool_())])
+    fields.append(pa.field(state.TIMERS_COLUMN, pa.list_(pa.int64())))
+    if event_timers:
+        fields.append(pa.field(state.EVENT_TIMERS_COLUMN, pa.list_(pa.int64())))
+    return pa.schema(fields + [pa.field(state.REMOVED_COLUMN, pa.bool_())])
 
 
 SESSION_SPECS = [("events", "value", pa.int64(), (), None), ("started", "value", pa.int64(), (), None),
@@ -68,9 +72,11 @@ SESSION_SPECS = [("events", "value", pa.int64(), (), None), ("started", "value",
                  ("per_page", "map", pa.map_(pa.string(), pa.int64()), (pa.string(), pa.int64()), None)]
 
 
-def run_batch(root, batch_id, now, rows, fn=None, specs=SESSION_SPECS, out=SESSION_OUT):
+def run_batch(root, batch_id, now, rows, fn=None, specs=SESSION_SPECS, out=SESSION_OUT, watermark=None,
+              layout=None):
     run = keyedstate.process_batches(cloudpickle.dumps(fn or Sessions()), str(root), ["user"], batch_id, now, 100,
-                                     specs, state_schema(specs), EVENTS, out, range(8), "operator 'P' (process)")
+                                     specs, layout or state_schema(specs), EVENTS, out, range(8),
+                                     "operator 'P' (process)", watermark)
     batch = pa.RecordBatch.from_arrays([
         pa.array([u for u, _, _ in rows] + [None] * 8, pa.string()),
         pa.array([p for _, p, _ in rows] + [None] * 8, pa.string()),
@@ -145,6 +151,76 @@ def test_a_batch_that_fails_half_way_leaves_nothing_behind_and_its_rerun_sees_th
         run_batch(tmp_path, 1, 11_200, [("ann", "x", 9), ("bob", "x", 9)], fn=Flaky())
     # the re-run (any worker, this one included) starts from version 1 as committed
     assert emitted(run_batch(tmp_path, 1, 11_200, [("ann", "x", 9)])) == [
+        ("bob", 10_000, 11_000, 1, "home", [("home", 1)])]
+
+
+class EventSessions(KeyedProcessFunction):
+    """Sessions over event time: the rows' `n` is their event time (ms); a session closes when
+    the watermark passes its last event + GAP (an event-time timer), whatever the batches' times."""
+    state = (ValueState("events", "bigint"), ValueState("last", "bigint"))
+
+    def process(self, user, rows, ctx):
+        timers = ctx.timer_service()
+        last = ctx.state.last.value()
+        if last is not None:
+            timers.delete_event_time_timer(last + GAP)
+        last = max([r.n for r in rows] + ([last] if last is not None else []))
+        ctx.state.last.update(last)
+        ctx.state.events.update((ctx.state.events.value() or 0) + len(rows))
+        timers.register_event_time_timer(last + GAP)
+        assert ctx.time_domain() is None
+
+    def on_timer(self, user, timestamp, ctx):
+        yield (user, ctx.state.events.value(), timestamp, ctx.current_watermark(), ctx.time_domain())
+        ctx.state.events.clear()
+        ctx.state.last.clear()
+
+
+EVENT_SPECS = [("events", "value", pa.int64(), (), None), ("last", "value", pa.int64(), (), None)]
+EVENT_OUT = pa.schema([("user", pa.string()), ("events", pa.int64()), ("closed", pa.int64()),
+                       ("watermark", pa.int64()), ("domain", pa.string())])
+
+
+@pytest.mark.parametrize("cold", [False, True])
+def test_event_time_timers_fire_when_the_watermark_passes_them_not_the_batch_time(tmp_path, cold):
+    # (batch time, watermark, rows (user, page, event time)): the batches' times race ahead of
+    # the events' times; only the watermark closes a session
+    feed = [(50_000, None, [("ann", "a", 1_000), ("bob", "a", 1_200)]),
+            (60_000, 1_500, [("ann", "b", 1_900)]),      # ann's timer moves from 2 000 to 2 900
+            (70_000, 2_300, []),                          # bob's timer (2 200) fires: watermark 2 300
+            (80_000, 2_800, [("cyd", "a", 2_850)]),       # ann's (2 900) not yet
+            (90_000, 4_000, [])]                          # ann's (2 900) and cyd's (3 850) fire
+    got = []
+    for batch_id, (now, watermark, rows) in enumerate(feed):
+        if cold:
+            keyedstate._loaded().clear()
+        got.append([tuple(r.values()) for r in run_batch(tmp_path, batch_id, now, rows, EventSessions(), EVENT_SPECS,
+                                                         EVENT_OUT, watermark)])
+    assert [sorted(b) for b in got] == [[], [], [("bob", 1, 2_200, 2_300, "EVENT_TIME")], [],
+                                        [("ann", 2, 2_900, 4_000, "EVENT_TIME"), ("cyd", 1, 3_850, 4_000, "EVENT_TIME")]]
+    keyedstate._loaded().clear()
+    assert all(keyedstate.load_group(str(tmp_path), g, len(feed), 1).rows == {} for g in range(8))
+
+
+def test_state_written_before_event_time_timers_existed_loads_and_gets_them(tmp_path):
+    old = state_schema(SESSION_SPECS, event_timers=False)
+    run_batch(tmp_path, 0, 10_000, FEED[0][1], layout=old)  # ann and bob open, a processing-time timer each
+    keyedstate._loaded().clear()  # a new worker reads the old layout from the files
+
+    class Both(Sessions):
+        def process(self, user, rows, ctx):
+            super().process(user, rows, ctx)
+            ctx.timer_service().register_event_time_timer(5_000)
+
+        def on_timer(self, user, timestamp, ctx):
+            if ctx.time_domain() == "EVENT_TIME":
+                return [(user, None, timestamp, None, "event", {})]
+            return super().on_timer(user, timestamp, ctx)
+
+    out = emitted(run_batch(tmp_path, 1, 10_500, [("ann", "pay", 3)], Both(), watermark=6_000))
+    # ann's new event-time timer fires at the watermark; bob's processing-time one (11 000) waits
+    assert out == [("ann", None, 5_000, None, "event", [])]
+    assert emitted(run_batch(tmp_path, 2, 11_200, [], Both(), watermark=6_000)) == [
         ("bob", 10_000, 11_000, 1, "home", [("home", 1)])]
 
 
