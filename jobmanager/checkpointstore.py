@@ -69,6 +69,7 @@ class Resumption:
     logged: tuple[OffsetEntry, ...]  # the entries of plan.rerun, in order
     last_ends: dict  # per source, where the last logged batch ended ({} if none was logged)
     last: OffsetEntry | None = None  # the last logged entry (its watermark goes on)
+    last_commit: CommitEntry | None = None  # the last commit entry (the event times seen by then)
 
 
 class CheckpointStore:
@@ -126,11 +127,12 @@ class CheckpointStore:
         offsets, commits = self.offset_ids(), self.commit_ids()
         plan = plan_recovery(offsets, commits)
         logged = tuple(self.read_offsets(b) for b in plan.rerun)
+        last_commit = None
         if commits:  # the commit log names batches: their offset entries must be readable
-            self.read_commit(commits[-1])
+            last_commit = self.read_commit(commits[-1])
         last = self.read_offsets(offsets[-1]) if offsets else None
         last_ends = {name: r.end for name, r in last.sources.items()} if last is not None else {}
-        return Resumption(query_id, plan, logged, last_ends, last)
+        return Resumption(query_id, plan, logged, last_ends, last, last_commit)
 
     # -------------------------------------------------------------- the logs
 

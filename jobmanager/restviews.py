@@ -414,4 +414,9 @@ def batches(progress_json: Sequence[str]) -> dict[str, Any]:
                        "bytesOnDisk": o.get("stateOnDiskBytes", 0)}
                       for o in p.get("stateOperators") or () if isinstance(o, dict)],
         })
+        times = p.get("eventTime")
+        if isinstance(times, dict):  # event time: the watermark the batch ran with, its late rows
+            watermark = _epoch_ms(times.get("watermark")) if times.get("watermark") else -1
+            out[-1]["watermark"] = watermark if watermark >= 0 else None
+            out[-1]["lateRows"] = p.get("numLateRows", 0)
     return {"batches": out}

@@ -211,7 +211,7 @@ class StreamingQuery:
                  f", running batch(es) {list(plan.rerun)} again" if plan.rerun else "")
         self._handle(run, qr.RunStarted(resumption.query_id, plan.next_batch_id, tuple(resumption.logged),
                                         dict(resumption.last_ends), self._now(), f"run-started-{self.runs}",
-                                        resumption.last))
+                                        resumption.last, resumption.last_commit))
         if self._stop is not None:  # asked while no run was there
             self._handle(run, qr.StopRequested(self._stop[0], self._now(), "stop-asked-before-the-run"))
 

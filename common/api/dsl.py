@@ -479,6 +479,21 @@ class KeyedStream(DataStream):
             raise ValueError(f"window(): {problem}")
         return WindowedStream(self, column, size_ms, slide_ms, 0)
 
+    def session_window(self, column: str, gap: str | int) -> WindowedStream:
+        """Session windows over event time `column`, per key: a key's events no more than `gap`
+        apart ("30 s") make one session, from its first event to its last plus the gap (Spark's
+        session_window, Flink's EventTimeSessionWindows). Sessions grow and merge as rows come,
+        across batches; the watermark closes them. A row is late when the session it would
+        open on its own, [its time, + gap), is already closed."""
+        if self._per_batch:
+            raise ValueError("session_window() keeps each session across batches until the watermark closes it; "
+                             "call it on key_by(...), not on per_batch()")
+        column = _column_name(column, "session_window")
+        gap_ms = _millis(gap, "session_window() gap")
+        if gap_ms <= 0:
+            raise ValueError(f"session_window(): the gap must be positive, got {gap!r}")
+        return WindowedStream(self, column, gap_ms, gap_ms, 0, session=True)
+
     def _running(self) -> bool:
         """Whether this keyed stream's aggregates keep totals across batches: it reads a stream
         and per_batch() was not asked for."""
@@ -499,18 +514,20 @@ class WindowedStream:
     """A keyed stream cut into windows of event time (`KeyedStream.window`): aggregate it with
     count() or aggregate(...)."""
 
-    __slots__ = ("_keyed", "_column", "_size_ms", "_slide_ms", "_lateness_ms")
+    __slots__ = ("_keyed", "_column", "_size_ms", "_slide_ms", "_lateness_ms", "_session")
 
-    def __init__(self, keyed: KeyedStream, column: str, size_ms: int, slide_ms: int, lateness_ms: int) -> None:
+    def __init__(self, keyed: KeyedStream, column: str, size_ms: int, slide_ms: int, lateness_ms: int,
+                 session: bool = False) -> None:
         self._keyed, self._column = keyed, column
         self._size_ms, self._slide_ms, self._lateness_ms = size_ms, slide_ms, lateness_ms
+        self._session = session  # a session window: size is the gap
 
     def allowed_lateness(self, delay: str | int) -> WindowedStream:
         """Keeps each window open `delay` past the watermark passing its end (Flink's
         allowedLateness): a row that comes meanwhile still counts; update mode emits the window
         again, append mode emits it once, when it finally closes."""
         return WindowedStream(self._keyed, self._column, self._size_ms, self._slide_ms,
-                              _millis(delay, "allowed_lateness()"))
+                              _millis(delay, "allowed_lateness()"), self._session)
 
     def count(self) -> WindowedDataStream:
         """Per key and window: the keys, window_start, window_end and `count` (bigint)."""
@@ -530,6 +547,8 @@ class WindowedStream:
         return self._aggregate(exprs, "Window aggregate")
 
     def _config(self) -> dict[str, Any]:
+        if self._session:
+            return {"column": self._column, "gap_ms": self._size_ms, "lateness_ms": self._lateness_ms}
         return {"column": self._column, "size_ms": self._size_ms, "slide_ms": self._slide_ms,
                 "lateness_ms": self._lateness_ms}
 
@@ -538,8 +557,8 @@ class WindowedStream:
         clash = [k for k in keyed._keys if k in ("window_start", "window_end")]
         if clash:
             raise ValueError(f"window(): key column {clash[0]!r} has the name of a window column; rename it first")
-        t = keyed._env._add("window_aggregate", name, {"keys": list(keyed._keys), "aggregations": exprs,
-                                                       **self._config()},
+        kind = "session_aggregate" if self._session else "window_aggregate"
+        t = keyed._env._add(kind, name, {"keys": list(keyed._keys), "aggregations": exprs, **self._config()},
                             inputs=((keyed._t, keyed._exchange),))
         return WindowedDataStream(keyed._env, t, self)
 

@@ -58,7 +58,7 @@ ALL_OUTPUT_MODES = ("append", "update", "complete")
 # aggregates, whose output mode must be update or complete, deduplicate (bounded jobs have it
 # too, without state) and keyed process functions (whose output is what the function emits).
 RUNNING_AGGREGATE_KINDS = frozenset({"running_aggregate", "running_reduce"})
-WINDOW_KINDS = frozenset({"window_aggregate"})  # keyed state per window, closed by the watermark
+WINDOW_KINDS = frozenset({"window_aggregate", "session_aggregate"})  # keyed state per window, closed by the watermark
 # operators whose keyed state the watermark bounds (and that need one upstream)
 WATERMARKED_KINDS = WINDOW_KINDS | {"deduplicate_within"}
 RUNNING_KINDS = RUNNING_AGGREGATE_KINDS | WATERMARKED_KINDS | {"deduplicate", "process"}

@@ -120,19 +120,26 @@ class BatchFlow:
                 self._dispatch(flight, v, out)
         return out
 
+    def accepts(self, attempt: ExecutionAttemptId, batch_id: int) -> bool:
+        """Whether `on_report` takes this report: the batch is in flight, the attempt is the
+        subtask's current one, was given the batch, and has not reported it yet (anything else
+        is a report from before this run, or a repeat, and counts for nothing)."""
+        flight = self._in_flight.get(batch_id)
+        key = (attempt.vertex_id, attempt.subtask_index)
+        if flight is None or self.attempts.get(key) != attempt.attempt_number:
+            return False
+        if attempt.vertex_id not in flight.dispatched:
+            return False  # a batch it was not given (a report from before this run)
+        return attempt.subtask_index not in flight.reported.get(attempt.vertex_id, ())
+
     def on_report(self, attempt: ExecutionAttemptId, batch_id: int, schemas: dict[str, str],
                   input_rows: int | None = None) -> list[Step]:
         """Subtask `attempt` wrote batch `batch_id`; `schemas`: data set -> schema of what it wrote;
         `input_rows`: the rows its stream sources read (None: not counted)."""
-        flight = self._in_flight.get(batch_id)
-        key = (attempt.vertex_id, attempt.subtask_index)
-        if flight is None or self.attempts.get(key) != attempt.attempt_number:
+        if not self.accepts(attempt, batch_id):
             return []
-        if attempt.vertex_id not in flight.dispatched:
-            return []  # a batch it was not given (a report from before this run)
+        flight = self._in_flight[batch_id]
         done = flight.reported.setdefault(attempt.vertex_id, set())
-        if attempt.subtask_index in done:
-            return []
         done.add(attempt.subtask_index)
         for data_set, schema in schemas.items():
             if schema:

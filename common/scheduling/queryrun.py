@@ -30,7 +30,7 @@ from funke.common.graph.executiongraph import ExecutionAttemptId, ExecutionGraph
 from funke.common.scheduling.batchflow import BatchFlow, Dispatch, InputRead, SinkStarted, SinkWritten, Step
 from funke.common.streaming import microbatch as mb
 from funke.common.streaming.backpressure import RateEstimator
-from funke.common.streaming.checkpoint import OffsetEntry, SourceRange
+from funke.common.streaming.checkpoint import CommitEntry, OffsetEntry, SourceRange
 from funke.common.streaming.eventtime import EventTimeStats, WatermarkTracker
 from funke.common.streaming.sources import BatchInput, ReceiverSource
 from funke.common.streaming.state import StateMetrics
@@ -57,6 +57,7 @@ class RunStarted:
     now_ms: int
     stimulus_id: str
     last: OffsetEntry | None = None  # the last logged entry: the watermark goes on from it
+    last_commit: CommitEntry | None = None  # and the event times seen by the last committed batch
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,8 +241,10 @@ class QueryRun:
             tracker = None
             if self.watermark_delays:
                 last = event.last
-                tracker = WatermarkTracker(self.watermark_delays, self.watermark_policy,
-                                           dict(last.event_time_max) if last is not None else {},
+                maxes = dict(last.event_time_max) if last is not None else {}
+                for op, ms in (event.last_commit.event_time_max if event.last_commit is not None else {}).items():
+                    maxes[op] = max(ms, maxes.get(op, ms))
+                tracker = WatermarkTracker(self.watermark_delays, self.watermark_policy, maxes,
                                            last.watermark_ms if last is not None else None)
             self.coordinator = mb.MicroBatchCoordinator(
                 event.query_id, self.run_id, self.trigger, self.sources, self.sinks,
@@ -263,6 +266,8 @@ class QueryRun:
         if isinstance(event, BatchReported):
             if event.batch_id not in self.flow.in_flight:
                 return []
+            if not self.flow.accepts(event.attempt, event.batch_id):
+                return []  # from before this run, or a repeat: it counts for nothing
             if event.state is not None:
                 key = (event.batch_id, event.attempt.vertex_id)
                 self.state_reported.setdefault(key, {})[event.attempt.subtask_index] = event.state

@@ -57,6 +57,9 @@ class OffsetEntry:
 class CommitEntry:
     batch_id: int
     committed_at_ms: int
+    # event time: per watermark operator the largest event time seen once the batch ran (a run
+    # that starts after it goes on from these, not from the ones logged before the batch)
+    event_time_max: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,11 +123,18 @@ def parse_offset_entry(data: bytes, batch_id: int, what: str = "offset log entry
 
 
 def commit_entry_bytes(entry: CommitEntry) -> bytes:
-    return f"{VERSION}\n{json.dumps({'batchId': entry.batch_id, 'committedAtMs': entry.committed_at_ms})}".encode()
+    body: dict = {'batchId': entry.batch_id, 'committedAtMs': entry.committed_at_ms}
+    if entry.event_time_max:
+        body["eventTimeMaxMs"] = dict(entry.event_time_max)
+    return f"{VERSION}\n{json.dumps(body)}".encode()
 
 
 def parse_commit_entry(data: bytes, batch_id: int, what: str = "commit log entry") -> CommitEntry:
-    return _entry(data, batch_id, what, lambda raw: CommitEntry(batch_id, int(raw["committedAtMs"])))
+    def read(raw: dict) -> CommitEntry:
+        maxes = {str(op): int(ms) for op, ms in dict(raw.get("eventTimeMaxMs") or {}).items()}
+        return CommitEntry(batch_id, int(raw["committedAtMs"]), maxes)
+
+    return _entry(data, batch_id, what, read)
 
 
 def metadata_bytes(query_id: str) -> bytes:

@@ -540,7 +540,8 @@ class MicroBatchCoordinator:
                 batch = self.batches[b]
                 batch.committed_at_ms = now
                 batch.phase.transition(BatchPhase.RECORDING, now / 1000)
-                actions.append(WriteCommitLog(CommitEntry(b, now)))
+                maxes = dict(self.watermarks.maxes) if self.watermarks is not None else {}
+                actions.append(WriteCommitLog(CommitEntry(b, now, maxes)))
             case CommitLogged(batch_id=b, now_ms=now):
                 self._recorded(self.batches[b], now, actions)
             case StopRequested(drain=drain, now_ms=now):

@@ -285,6 +285,11 @@ def render_progress_line(p: dict[str, Any], prefix: str = "") -> list[str]:
         parts.append(f"{rate_done:,.1f} rows/s processed")
     if "triggerExecution" in durations:
         parts.append(f"took {durations['triggerExecution']} ms")
+    watermark = (p.get("eventTime") or {}).get("watermark")
+    if watermark:
+        parts.append(f"watermark {watermark}")
+    if p.get("numLateRows"):
+        parts.append(f"{p['numLateRows']} late rows")
     return [prefix + ", ".join(parts) + f"  ({p.get('timestamp', '')})"]
 
 
@@ -304,7 +309,18 @@ def render_progress(records: list[dict[str, Any]]) -> list[str]:
                      str(p.get("schedulingDelayMs", "")), str(p.get("totalDelayMs", ""))])
     lines += table_lines(["BATCH", "TIMESTAMP", "ROWS", "IN ROWS/S", "DONE ROWS/S", "OFFSETS MS", "WAL MS", "ADD MS",
                      "COMMIT MS", "TOTAL MS", "SCHED DELAY", "TOTAL DELAY"], rows, prefix="")
-    return lines + render_sources(records[-1]) + render_state(records[-1])
+    return lines + render_sources(records[-1]) + render_event_time(records[-1]) + render_state(records[-1])
+
+
+def render_event_time(p: dict[str, Any]) -> list[str]:
+    """A progress record's event time: the batch's earliest, average and latest event times, the
+    watermark it ran with, and the rows its windows found late."""
+    times = p.get("eventTime")
+    if not isinstance(times, dict) or "numLateRows" not in p:
+        return []
+    seen = ", ".join(f"{k} {times[k]}" for k in ("min", "avg", "max") if k in times) or "no event times"
+    return [f"event time of batch {p.get('batchId')}: {seen}; watermark {times.get('watermark', 'none yet')}; "
+            f"{p.get('numLateRows', 0)} late rows"]
 
 
 def render_state(p: dict[str, Any]) -> list[str]:

@@ -56,13 +56,16 @@ def keyed_state_table(vertex: JobVertex, checkpoint: str, version: int, key: lis
     table = pa.Table.from_pylist(rows[:limit], schema=schema)
     if op.kind == "running_aggregate":
         table = _totals(table, keys, op.config["aggregations"])
-    elif op.kind == "window_aggregate":  # the window's start (epoch ms) rides after the keys
+    elif op.kind in ("window_aggregate", "session_aggregate"):  # the window's start (epoch ms) after the keys
         start = table.column(len(keys))
-        size = pa.scalar(int(op.config.get("size_ms") or 0), pa.int64())
+        if op.kind == "session_aggregate":  # then the session's end
+            end = table.column(len(keys) + 1)
+        else:
+            end = pc.add(start, pa.scalar(int(op.config.get("size_ms") or 0), pa.int64()))
         totals = _totals(table, keys, op.config["aggregations"])
         columns = {k: totals.column(k) for k in keys}
         columns["window_start"] = pc.cast(start, pa.timestamp("ms", tz="UTC"))
-        columns["window_end"] = pc.cast(pc.add(start, size), pa.timestamp("ms", tz="UTC"))
+        columns["window_end"] = pc.cast(end, pa.timestamp("ms", tz="UTC"))
         columns.update({n: totals.column(n) for n in totals.column_names[len(keys):]})
         table = pa.table(columns)
     elif op.kind == "running_reduce":

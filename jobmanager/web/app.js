@@ -959,6 +959,7 @@ function streamingSection(job, batches) {
   const withState = recent.filter((b) => Array.isArray(b.state) && b.state.length);
   const stateSeries = (key) => withState.map((b) => ({
     x: b.batchId, y: b.state.reduce((n, o) => n + (Number(o[key]) || 0), 0) }));
+  const latest = recent.length ? recent[recent.length - 1] : null;
   const progress = job['latest-progress'];
   return section('streaming', 'Streaming query',
     batches?.error ? errorPanel(batches.error.message) : null,
@@ -967,9 +968,12 @@ function streamingSection(job, batches) {
       lineChart('chart-processing-rate', 'Processed rows/s', series('processedRowsPerSecond')),
       lineChart('chart-batch-duration', 'Batch duration (ms)', series('durationMs')),
       withState.length ? lineChart('chart-state-keys', 'State: keys held', stateSeries('keys')) : null,
-      withState.length ? lineChart('chart-state-bytes', 'State on disk (bytes)', stateSeries('bytesOnDisk')) : null),
+      withState.length ? lineChart('chart-state-bytes', 'State on disk (bytes)', stateSeries('bytesOnDisk')) : null,
+      series('lateRows').length ? lineChart('chart-late-rows', 'Late rows', series('lateRows')) : null),
     el('p', { class: 'muted' }, `${list.length} micro-batches`
-      + (recent.length ? `, latest #${recent[recent.length - 1].batchId} at ${formatTime(toMs(recent[recent.length - 1].timestamp))}` : '')),
+      + (recent.length ? `, latest #${recent[recent.length - 1].batchId} at ${formatTime(toMs(recent[recent.length - 1].timestamp))}` : '')
+      // event time: the watermark the latest batch ran with (an event time, UTC)
+      + (latest && typeof latest.watermark === 'number' ? `, watermark ${formatTime(latest.watermark)}` : '')),
     progress ? el('details', { class: 'progress' }, el('summary', {}, 'Latest progress record'),
       el('pre', { class: 'progress-json' }, JSON.stringify(progress, null, 2))) : null);
 }

@@ -69,7 +69,7 @@ _spark_cloudpickle.register_pickle_by_value(_rules)
 _spark_cloudpickle.register_pickle_by_value(_files)
 
 __all__ = ["MARKER_COLUMN", "AggregateSpec", "StateValueError", "deduplicate_batches", "deduplicate_within_batches", "measure",
-           "process_batches", "running_aggregate_batches", "running_reduce_batches", "window_aggregate_batches"]
+           "process_batches", "running_aggregate_batches", "running_reduce_batches", "session_aggregate_batches", "window_aggregate_batches"]
 
 RUNTIME_FILES.add(__file__)  # a process function's traceback starts at the user's code
 
@@ -89,10 +89,10 @@ AggregateSpec = tuple[str, tuple[str, ...]]
 class Group:
     """One key group's state at one version: frozen key -> (key values, partial values)."""
 
-    __slots__ = ("version", "rows", "stamp", "timers", "event_timers")
+    __slots__ = ("version", "rows", "stamp", "timers", "event_timers", "index")
 
     def __init__(self, version: int, rows: dict[Any, tuple[list, list]], stamp: tuple[int, int] | None,
-                 timers: list | None = None, event_timers: list | None = None):
+                 timers: list | None = None, event_timers: list | None = None, index: dict | None = None):
         self.version = version
         self.rows = rows
         self.stamp = stamp  # (inode, mtime) of the file that made this version: a wiped store is seen
@@ -100,6 +100,8 @@ class Group:
         # an entry whose key no longer has that timer is skipped when it comes up
         self.timers = timers
         self.event_timers = event_timers  # the same for event-time timers (a process function's)
+        # an operator's lookup built when first needed (session windows: key -> its sessions)
+        self.index = index
 
 
 def _loaded() -> dict[tuple[str, int], Group]:
@@ -243,7 +245,7 @@ def commit_group(root: str, key_group: int, group: Group, changes: dict[Any, tup
                 os.remove(os.path.join(directory, name))
             except FileNotFoundError:
                 pass
-    new = Group(version, rows, _stamp(delta_path), group.timers, group.event_timers)
+    new = Group(version, rows, _stamp(delta_path), group.timers, group.event_timers, group.index)
     _loaded()[(root, key_group)] = new
     return new
 
@@ -413,6 +415,113 @@ def window_aggregate_batches(root: str, n_keys: int, aggregates: list[AggregateS
                     closed[frozen] = entry
         out = [out_row(key, values) for key, values in (closed.values() if mode == "append" else changes.values())]
         removed = {frozen: key for frozen, (key, _) in closed.items() if frozen in held}
+        commit_group(root, key_group, group, changes, state_schema, retain, began, removed)
+        return out
+
+    return run
+
+
+def session_aggregate_batches(root: str, n_keys: int, aggregates: list[AggregateSpec], version: int, mode: str,
+                              retain: int, state_schema: pa.Schema, out_schema: pa.Schema, owned: range,
+                              watermark_ms: int | None, lateness_ms: int):
+    """The mapInArrow function of one batch of a session window aggregate. Its rows are the
+    batch's sessions per key as Spark made them within the batch (keys, start, end, partial
+    aggregates; a session is its events' span plus the gap). Per key, they are merged with the
+    key's open sessions in the state: sessions that overlap become one, their aggregates merged,
+    the sessions it absorbed removed. A session whose end plus the allowed lateness the
+    watermark passed is closed: emitted in append mode, then removed; update mode emits each
+    session a batch created or changed. The state's key is the keys and the session's start; its
+    value the end, then the partial aggregates."""
+    key_width = n_keys + 1
+    spans = []
+    at = 0
+    for function, columns in aggregates:
+        spans.append((function, at, len(columns)))
+        at += len(columns)
+    state_columns = list(state_schema.names[:-1])
+    has_avg = any(function == "avg" for function, _, _ in spans)
+
+    def merge(old: list, new: list) -> list:
+        merged: list = []
+        for function, first, count in spans:
+            merged += _merge(function, old[first:first + count], new[first:first + count])
+        return merged
+
+    def out_row(key: list, values: list) -> list:
+        parts = values[1:]
+        if has_avg:
+            parts = [_final(function, parts[first:first + count]) for function, first, count in spans]
+        return key + [values[0]] + parts
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        emitted: list[list] = []
+        with _no_gc():
+            for key_group, rows in _by_group(batches, state_columns, owned):
+                began = time.perf_counter()
+                group = load_group(root, key_group, version, key_width)
+                try:
+                    emitted += _session_group(root, key_group, group, rows, began)
+                except BaseException:
+                    group.timers = group.index = None  # rebuilt from the state next time
+                    raise
+        yield from _batches(emitted, out_schema)
+
+    def _session_group(root: str, key_group: int, group: Group, rows: list[tuple], began: float) -> list[list]:
+        held = group.rows
+        if group.timers is None or group.index is None:
+            group.timers = [(values[0], frozen) for frozen, (_, values) in held.items()]
+            heapq.heapify(group.timers)
+            group.index = {}
+            for frozen in held:
+                group.index.setdefault(frozen[:n_keys], set()).add(frozen)
+        heap, index = group.timers, group.index
+        changes: dict[Any, tuple[list, list]] = {}
+        removed: dict[Any, list] = {}
+        per_key: dict[Any, list[tuple]] = {}
+        for row in rows:
+            per_key.setdefault(tuple([_freeze(v) for v in row[:n_keys]]), []).append(row)
+        for user, batch_rows in per_key.items():
+            # (start, end, partials, the stored session's frozen key or None)
+            sessions = [(held[f][0][-1], held[f][1][0], held[f][1][1:], f) for f in index.get(user, ())]
+            sessions += [(r[n_keys], r[key_width], list(r[key_width + 1:]), None) for r in batch_rows]
+            sessions.sort(key=lambda s: s[0])
+            merged: list[list] = []  # [start, end, partials, members]
+            for start, end, parts, member in sessions:
+                if merged and start < merged[-1][1]:
+                    last = merged[-1]
+                    last[1] = max(last[1], end)
+                    last[2] = merge(last[2], parts)
+                    last[3].append(member)
+                else:
+                    merged.append([start, end, parts, [member]])
+            key = list(batch_rows[0][:n_keys])
+            for start, end, parts, members in merged:
+                if len(members) == 1 and members[0] is not None:
+                    continue  # a stored session the batch did not touch
+                frozen = user + (start,)
+                for m in members:
+                    if m is not None and m != frozen:
+                        removed[m] = held[m][0]
+                        index[user].discard(m)
+                changes[frozen] = (key + [start], [end] + parts)
+                index.setdefault(user, set()).add(frozen)
+                heapq.heappush(heap, (end, frozen))
+        closed: dict[Any, tuple[list, list]] = {}
+        if watermark_ms is not None:
+            while heap and heap[0][0] + lateness_ms <= watermark_ms:
+                end, frozen = heapq.heappop(heap)
+                entry = changes.get(frozen) or (None if frozen in removed else held.get(frozen))
+                if entry is None or entry[1][0] != end:
+                    continue  # merged away, or extended since
+                changes.pop(frozen, None)
+                closed[frozen] = entry
+                index.get(frozen[:n_keys], set()).discard(frozen)
+                if frozen in held:
+                    removed[frozen] = entry[0]
+        # a session the batch changed is open (its rows were on time), so the two never meet
+        out = [out_row(key, values) for key, values in (closed.values() if mode == "append" else changes.values())]
+        for user in [u for u, members in index.items() if not members]:
+            del index[user]
         commit_group(root, key_group, group, changes, state_schema, retain, began, removed)
         return out
 

@@ -12,7 +12,7 @@ and deduplicate the keys it saw, across a streaming query's batches in the keyed
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import cloudpickle
 import pyarrow as pa
@@ -40,6 +40,7 @@ from funke.taskmanager.operators.keyedstate import (
     MARKER_COLUMN,
     deduplicate_batches,
     deduplicate_within_batches,
+    session_aggregate_batches,
     process_batches,
     running_aggregate_batches,
     running_reduce_batches,
@@ -358,7 +359,24 @@ def _event_time_ms(spec: OperatorSpec, df: DataFrame, column: str) -> Column:
     if not isinstance(data_type, (TimestampType, TimestampNTZType)):
         raise ValueError(f"{label(spec)}: event time column {column!r} is {data_type.simpleString()}, not a timestamp "
                          f"(cast it first, e.g. select(\"*\", \"timestamp_millis({column}) AS ts\"))")
-    return F.unix_millis(column_ref(column))
+    return _millis_of(column_ref(column), isinstance(data_type, TimestampNTZType))
+
+
+def _millis_of(time: Column, ntz: bool) -> Column:
+    """A timestamp as epoch ms; a timestamp_ntz (a wall-clock time) as if in UTC, whatever the
+    session's zone."""
+    if ntz:
+        return F.timestamp_diff("MILLISECOND", F.expr("TIMESTAMP_NTZ '1970-01-01 00:00:00'"), time)
+    return F.unix_millis(time)
+
+
+def _as_event_time(spec: OperatorSpec, df: DataFrame) -> Callable[[Column], Column]:
+    """Epoch ms back to the event time column's type: a timestamp, or for a timestamp_ntz (a
+    wall-clock time, its ms read as if in UTC) a timestamp_ntz, as Spark's window() gives."""
+    if isinstance(df.schema[str(config_value(spec, "column"))].dataType, TimestampNTZType):
+        epoch = F.expr("TIMESTAMP_NTZ '1970-01-01 00:00:00'")
+        return lambda ms: F.timestamp_add("MILLISECOND", ms, epoch)
+    return F.timestamp_millis
 
 
 def _watermark(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFrame]) -> DataFrame:
@@ -379,14 +397,19 @@ def _windowed(ctx: RuntimeContext, spec: OperatorSpec, df: DataFrame) -> tuple[D
     """`df` with each row's window start (a row of a sliding window once per window; a row
     without event time once, with a null start), the condition that the row is late for that
     window, and the window's size and allowed lateness in ms."""
-    size, slide = int(config_value(spec, "size_ms")), int(config_value(spec, "slide_ms"))
     lateness = int(spec.config.get("lateness_ms") or 0)
+    if spec.config.get("gap_ms") is not None:  # a session window: a row's own is [its time, + gap)
+        size = slide = int(config_value(spec, "gap_ms"))
+    else:
+        size, slide = int(config_value(spec, "size_ms")), int(config_value(spec, "slide_ms"))
     problem = eventtime.window_problem(size, slide, lateness)
     if problem:
         raise ValueError(f"{label(spec)}: {problem}")
     ms = _event_time_ms(spec, df, str(config_value(spec, "column")))
     last = ms - F.pmod(ms, F.lit(slide))
-    if slide == size:
+    if spec.config.get("gap_ms") is not None:
+        windowed = df.withColumn(WINDOW_START_COLUMN, ms)
+    elif slide == size:
         start = last
         windowed = df.withColumn(WINDOW_START_COLUMN, start)
     else:  # the windows whose span holds the row, earliest first (eventtime.windows_of)
@@ -412,12 +435,13 @@ def _window_aggregate(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[Data
     keys, aggregations = config_strings(spec, "keys"), config_strings(spec, "aggregations")
     windowed, late, size, lateness = _windowed(ctx, spec, df)
     group = [column_ref(k) for k in keys] + [F.col(WINDOW_START_COLUMN)]
+    as_time = _as_event_time(spec, df)
 
     def finish(result: DataFrame) -> DataFrame:
         start = F.col(WINDOW_START_COLUMN)
         return result.select(*[column_ref(k) for k in keys],
-                             F.timestamp_millis(start).alias("window_start"),
-                             F.timestamp_millis(start + F.lit(size)).alias("window_end"),
+                             as_time(start).alias("window_start"),
+                             as_time(start + F.lit(size)).alias("window_end"),
                              *[column_ref(c) for c in result.columns[len(keys) + 1:]])
 
     if ctx.batch is None:  # a bounded job: every row is on time
@@ -485,6 +509,71 @@ def _deduplicate_within(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[Da
     return rows.mapInArrow(cancellable(fn, ctx.cancel_marker), df.schema)
 
 
+def _session_aggregate(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFrame]) -> DataFrame:
+    """A keyed aggregate per session window of event time (a key's events no more than the gap
+    apart; Spark's session_window): Spark makes the batch's own sessions per key with their
+    partial aggregates, and the state store merges them with the key's open sessions
+    (`keyedstate.session_aggregate_batches`). A row is late when its own session [its time,
+    + gap) is closed. The output: the keys, window_start, window_end, then the aggregates."""
+    df = _single(spec, inputs)
+    keys, aggregations = config_strings(spec, "keys"), config_strings(spec, "aggregations")
+    column = str(config_value(spec, "column"))
+    windowed, late, gap, lateness = _windowed(ctx, spec, df)
+    as_time = _as_event_time(spec, df)
+    session = F.session_window(column_ref(column), f"{gap} milliseconds").alias("__funke_session")
+    by = [column_ref(k) for k in keys]
+
+    ntz = isinstance(df.schema[column].dataType, TimestampNTZType)
+
+    def bounds(frame: DataFrame) -> list[Column]:
+        return [_millis_of(F.col("__funke_session.start"), ntz).alias(WINDOW_START_COLUMN),
+                _millis_of(F.col("__funke_session.end"), ntz).alias("__funke_window_end")]
+
+    def finish(result: DataFrame) -> DataFrame:
+        return result.select(*by, as_time(F.col(WINDOW_START_COLUMN)).alias("window_start"),
+                             as_time(F.col("__funke_window_end")).alias("window_end"),
+                             *[column_ref(c) for c in result.columns[len(keys) + 2:]])
+
+    if ctx.batch is None:
+        grouped = windowed.where(~late).groupBy(*by, session).agg(*[F.expr(a).alias(f"__a{i}")
+                                                                     for i, a in enumerate(aggregations)])
+        named = df.groupBy(*by).agg(*[F.expr(a) for a in aggregations]).columns[len(keys):]
+        return finish(grouped.select(*by, *bounds(grouped),
+                                     *[F.col(f"__a{i}").alias(n) for i, n in enumerate(named)]))
+    if not ctx.checkpoint:
+        raise ValueError(f"{label(spec)}: a session window aggregate over a stream keeps its sessions in the "
+                         "query's checkpoint, and the task has none")
+    mode = ctx.options.get(OUTPUT_MODE, "append").strip().lower() or "append"
+    if mode not in ("append", "update"):
+        raise ValueError(f"{label(spec)}: a window aggregate emits in append or update mode, not {mode!r}")
+    calls = [aggregates.parse_call(a) for a in aggregations]
+    if any(c is None for c in calls):
+        raise ValueError(f"{label(spec)}: {aggregates.RUNNING_ONLY}")
+    assert ctx.meter is not None
+    counted = Observation()
+    ctx.meter.late.append(counted)
+    on_time = windowed.observe(counted, F.sum(late.cast("long")).alias("late")).where(~late)
+    whole = df.groupBy(*by).agg(*[F.expr(a) for a in aggregations]).schema
+    partial_columns: list[tuple[str, str]] = []
+    merged: list[tuple[str, tuple[str, ...]]] = []
+    for i, (call, field_) in enumerate(zip(calls, whole.fields[len(keys):])):
+        assert call is not None
+        if call.function == "avg" and isinstance(field_.dataType, DecimalType):
+            raise ValueError(f"{label(spec)}: avg() of a decimal column is not supported in a window; cast it to double")
+        parts = aggregates.partials(call, i)
+        partial_columns += parts
+        merged.append((call.function, tuple(name for name, _ in parts)))
+    grouped = on_time.groupBy(*by, session).agg(*[F.expr(expr).alias(name) for name, expr in partial_columns])
+    partial = grouped.select(*by, *bounds(grouped), *[F.col(name) for name, _ in partial_columns])
+    both, root, owned = _in_key_groups(ctx, partial, keys)
+    state_schema = pa.schema(list(arrow_schema(ctx, partial.schema)) + [pa.field(state.REMOVED_COLUMN, pa.bool_())])
+    out = StructType(partial.schema.fields[:len(keys) + 2] + whole.fields[len(keys):])
+    fn = session_aggregate_batches(root, len(keys), merged, ctx.batch.batch_id, mode,
+                                   int(ctx.options.get(RETAIN, "") or DEFAULT_RETAIN), state_schema,
+                                   arrow_schema(ctx, out), owned, ctx.batch.watermark_ms, lateness)
+    return finish(both.mapInArrow(cancellable(fn, ctx.cancel_marker), out))
+
+
 def _late_rows(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFrame]) -> DataFrame:
     """The rows a window operator finds late, once per window they missed: the row's columns,
     then window_start and window_end (null for a row without event time) and the watermark the
@@ -492,13 +581,13 @@ def _late_rows(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFrame])
     and window is in exactly one of the two."""
     df = _single(spec, inputs)
     windowed, late, size, _ = _windowed(ctx, spec, df)
+    as_time = _as_event_time(spec, df)
     start = F.col(WINDOW_START_COLUMN)
     watermark = ctx.batch.watermark_ms if ctx.batch is not None else None
+    missed = as_time(F.lit(watermark)) if watermark is not None else as_time(F.lit(None).cast("bigint"))
     return windowed.where(late).select(
-        *[column_ref(c) for c in df.columns], F.timestamp_millis(start).alias("window_start"),
-        F.timestamp_millis(start + F.lit(size)).alias("window_end"),
-        (F.timestamp_millis(F.lit(watermark)) if watermark is not None else F.lit(None).cast("timestamp"))
-        .alias("watermark"))
+        *[column_ref(c) for c in df.columns], as_time(start).alias("window_start"),
+        as_time(start + F.lit(size)).alias("window_end"), missed.alias("watermark"))
 
 
 def _join(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFrame]) -> DataFrame:
@@ -554,6 +643,7 @@ TRANSFORMS: dict[str, Transform] = {
     "watermark": _watermark,
     "window_aggregate": _window_aggregate,
     "late_rows": _late_rows,
+    "session_aggregate": _session_aggregate,
     "deduplicate_within": _deduplicate_within,
     "join": _join,
     "union": _union,

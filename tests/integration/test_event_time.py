@@ -11,6 +11,9 @@ offset log: each committed batch's rows (its range) and the watermark it ran wit
 from __future__ import annotations
 
 import collections
+import datetime
+import json
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -252,3 +255,154 @@ def test_drop_duplicates_within_watermark_emits_each_id_once_and_forgets_it_once
     assert 0 < operator["numRowsTotal"] < len(got) / 2, (operator["numRowsTotal"], len(got))
     print(f"dedup within watermark: {sum(got.values())} ids emitted once each of {store.commit_ids()[-1] + 1} "
           f"batches, {sum(late.values())} late rows counted, {operator['numRowsTotal']} ids in state at the end")
+
+
+SESSION_TIME = (f"timestamp_millis({BASE_MS} + value * 25 + (value DIV 40) * 2000 + ((value * 7919) % 13) * 40 "
+                "- CASE WHEN value % 20 = 7 THEN 4000 ELSE 0 END) AS ts")
+
+
+def session_ms(v: int) -> int:
+    return BASE_MS + v * 25 + (v // 40) * 2000 + (v * 7919 % 13) * 40 - (4000 if v % 20 == 7 else 0)
+
+
+def session_job(out: Path, late: Path, checkpoint: Path) -> ExecutionEnvironment:
+    env = ExecutionEnvironment("session windows", parallelism=2)
+    result = (env.read_stream.rate(40)
+              .select(f"value % {KEYS} AS k", "value", SESSION_TIME)
+              .with_watermark("ts", "1 s")
+              .key_by("k")
+              .session_window("ts", "1 s")
+              .aggregate("count(1) AS n", "sum(value) AS total"))
+    result.write_parquet(str(out))
+    result.late_data().write_parquet(str(late))
+    env.set_output_mode("append").set_trigger("500 ms").set_checkpoint_location(str(checkpoint))
+    env.set_restart_strategy("fixed-delay", attempts=20, delay="500 ms")
+    return env
+
+
+def direct_sessions(checkpoint: Path, gap: int) -> tuple[dict[int, list[tuple]], dict[int, list[tuple]]]:
+    """Per committed batch, the sessions its watermark closed (k, start, end, n, total) and its
+    late rows, computed from the offset log: a key's on-time rows merge into sessions of
+    [time, time + gap) spans that overlap."""
+    store = CheckpointStore(str(checkpoint))
+    open_: dict[int, list[list]] = collections.defaultdict(list)  # k -> [start, end, n, total]
+    closed: dict[int, list[tuple]] = {}
+    late: dict[int, list[tuple]] = {}
+    for b in store.commit_ids():
+        entry = store.read_offsets(b)
+        (r,) = entry.sources.values()
+        start, end = (int(r.start["rows"]) if r.start is not None else 0), int(r.end["rows"]) if r.end else 0
+        wm = entry.watermark_ms
+        late[b] = []
+        for v in range(start, end):
+            ts = session_ms(v)
+            if is_late(ts + gap, 0, wm):
+                late[b].append((v, ts, ts, ts + gap, wm))
+                continue
+            spans = open_[v % KEYS] + [[ts, ts + gap, 1, v]]
+            spans.sort()
+            merged: list[list] = []
+            for s in spans:
+                if merged and s[0] < merged[-1][1]:
+                    m = merged[-1]
+                    m[1], m[2], m[3] = max(m[1], s[1]), m[2] + s[2], m[3] + s[3]
+                else:
+                    merged.append(list(s))
+            open_[v % KEYS] = merged
+        closed[b] = []
+        for k, spans in open_.items():
+            closed[b] += [(k, *s) for s in spans if is_late(s[1], 0, wm)]
+            open_[k] = [s for s in spans if not is_late(s[1], 0, wm)]
+    return closed, late
+
+
+def test_session_windows_merge_across_batches_and_a_restart_and_close_once_when_the_watermark_passes(
+        stream_cluster, tmp_path):
+    out, late, checkpoint = tmp_path / "sessions", tmp_path / "late", tmp_path / "checkpoint"
+    client = stream_cluster.client
+    for run in range(2):  # stopped and started again on its checkpoint: open sessions come back from the state
+        job_id = client.submit(session_job(out, late, checkpoint).build())
+        events = Events(client, job_id)
+        events.wait("BatchCompleted", min_batch=(max(CheckpointStore(str(checkpoint)).commit_ids()) + 8) if run else 8)
+        client.stop(job_id, timeout_s=60)
+        assert wait_status(client, job_id, ("FINISHED", "FAILED", "CANCELED")) == "FINISHED"
+        events.drain()
+    closed, late_rows = direct_sessions(checkpoint, 1000)
+    emitted = committed_rows(out, read_windows)
+    for b in closed:
+        assert sorted(emitted.get(b, [])) == sorted(closed[b]), f"batch {b}: {sorted(emitted.get(b, []))[:3]} vs " \
+                                                                 f"{sorted(closed[b])[:3]}"
+    got_late = committed_rows(late, read_late)
+    for b in late_rows:
+        assert sorted(got_late.get(b, [])) == sorted(late_rows[b]), f"batch {b}: late rows differ"
+    sessions = sum(len(v) for v in closed.values())
+    assert sessions >= 6 and any(n > 1 for rows in closed.values() for *_, n, _ in rows)
+    print(f"session windows over {len(closed)} batches and a restart: {sessions} sessions closed, each once, as "
+          f"computed directly; {sum(len(v) for v in late_rows.values())} late rows in the late-data sink")
+
+
+def _clicks(*rows: tuple[str, str, str]) -> bytes:
+    return b"".join(json.dumps({"user": u, "page": p, "ts": f"2026-11-27T{t}Z"}).encode() + b"\n" for u, p, t in rows)
+
+
+def _at(t: str) -> int:
+    return int(datetime.datetime.fromisoformat(f"2026-11-27T{t}+00:00").timestamp() * 1000)
+
+
+def test_the_clicks_example_writes_views_per_minute_sessions_and_late_clicks_by_event_time(stream_cluster, tmp_path):
+    """examples/clicks_over_event_time.py on files that arrive one batch after another: each
+    minute's views and each session written once its watermark passes, the late click aside."""
+    from tests.unit.test_dsl import load_example
+
+    incoming, out, checkpoint = tmp_path / "in", tmp_path / "out", tmp_path / "checkpoint"
+    incoming.mkdir()
+    module = load_example("clicks_over_event_time")
+    client = stream_cluster.client
+    job_id = client.submit(module.build(["--input", str(incoming), "--output", str(out), "--checkpoint",
+                                         str(checkpoint)]))
+    events = Events(client, job_id)
+    batch = -1
+    files = [_clicks(("ann", "/a", "10:00:05"), ("bob", "/b", "10:00:20"), ("ann", "/a", "10:00:50")),
+             _clicks(("ann", "/c", "10:01:10"), ("bob", "/a", "10:01:40")),   # watermark 10:00:40 then 10:01:30
+             _clicks(("cyd", "/a", "10:00:30"), ("dan", "/d", "10:03:00"))]  # cyd's minute is written: late
+    for i, data in enumerate(files):
+        (tmp_path / f"{i}.tmp").write_bytes(data)
+        (tmp_path / f"{i}.tmp").rename(incoming / f"clicks-{i}.jsonl")
+        batch = events.wait("BatchCompleted", min_batch=batch + 1)
+        while CheckpointStore(str(checkpoint)).read_offsets(batch).sources and not any(
+                r.start != r.end for r in CheckpointStore(str(checkpoint)).read_offsets(batch).sources.values()):
+            batch = events.wait("BatchCompleted", min_batch=batch + 1)  # a batch without data: the next one
+    # the watermark moves to 10:02:50 with dan's click: a batch without new data closes what it passes
+    deadline = time.time() + 60
+    while not any(r[1] == _at("10:01:00") for rows in committed_rows(out / "views", _views).values() for r in rows):
+        assert time.time() < deadline, "the minute 10:01 was never written"
+        time.sleep(0.5)
+    client.stop(job_id, timeout_s=60)
+    assert wait_status(client, job_id, ("FINISHED", "FAILED", "CANCELED")) == "FINISHED"
+    events.drain()
+    views = sorted(r for rows in committed_rows(out / "views", _views).values() for r in rows)
+    assert views == [("/a", _at("10:00:00"), 2), ("/a", _at("10:01:00"), 1), ("/b", _at("10:00:00"), 1),
+                     ("/c", _at("10:01:00"), 1)]
+    sessions = sorted(r for rows in committed_rows(out / "sessions", _sessions).values() for r in rows)
+    # ann's clicks at 10:00:05 and 10:00:50 are 45 s apart: two sessions, the second joined by 10:01:10
+    assert sessions == [("ann", _at("10:00:05"), _at("10:00:35"), 1), ("ann", _at("10:00:50"), _at("10:01:40"), 2),
+                        ("bob", _at("10:00:20"), _at("10:00:50"), 1), ("bob", _at("10:01:40"), _at("10:02:10"), 1)]
+    late = [r for rows in committed_rows(out / "late", read_late_clicks).values() for r in rows]
+    assert late == [("cyd", _at("10:00:00"), _at("10:01:00"), _at("10:01:30"))]
+    print(f"clicks example: views {views}, sessions {sessions}, late {late}")
+
+
+def _views(path: Path) -> list[tuple]:
+    t = pq.read_table(path)
+    return list(zip(t.column("page").to_pylist(), _ms(t, "window_start"), t.column("count").to_pylist()))
+
+
+def _sessions(path: Path) -> list[tuple]:
+    t = pq.read_table(path)
+    return list(zip(t.column("user").to_pylist(), _ms(t, "window_start"), _ms(t, "window_end"),
+                    t.column("clicks").to_pylist()))
+
+
+def read_late_clicks(path: Path) -> list[tuple]:
+    t = pq.read_table(path)
+    return list(zip(t.column("user").to_pylist(), _ms(t, "window_start"), _ms(t, "window_end"), _ms(t, "watermark")))

@@ -356,10 +356,11 @@ def test_the_jobmanager_shows_a_process_functions_state_without_removed_keys(tmp
     vertex = JobVertex("sessions", "sessions", 1, (OperatorSpec("process", "P", {
         "keys": ["user"], "schema": "x int", "state": [s.spec() for s in Sessions.state]}),), max_parallelism=8)
     table, matching = keyed_state_table(vertex, str(tmp_path), 3, [], 100)
-    assert table.column_names == ["user", "events", "started", "pages", "per_page", "timers"]
+    assert table.column_names == ["user", "events", "started", "pages", "per_page", "timers", "event_timers"]
     by_user = {r["user"]: r for r in table.to_pylist()}
     assert sorted(by_user) == ["ann", "cyd"] and matching == 2  # bob's session closed at 11 200
     assert by_user["ann"]["events"] == 3 and by_user["ann"]["timers"] == [11_500]
+    assert by_user["ann"]["event_timers"] is None
     assert dict(by_user["ann"]["per_page"]) == {"home": 1, "cart": 1, "pay": 1}
 
 

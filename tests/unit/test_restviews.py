@@ -146,4 +146,11 @@ def test_the_cluster_and_batches():
                                                       "inputRowsPerSecond": 2.5, "processedRowsPerSecond": 10.0,
                                                       "durationMs": 500,
                                                       "state": [{"operator": "count", "keys": 7, "bytesOnDisk": 900}]}]
+    # a query with event time: the watermark the batch ran with (epoch ms), its late rows
+    timed = json.dumps({"batchId": 2, "timestamp": "2026-11-26T06:00:01.000Z", "durationMs": {},
+                        "eventTime": {"watermark": "2023-11-14T22:13:20.000Z"}, "numLateRows": 3})
+    [batch] = restviews.batches([timed])["batches"]
+    assert (batch["watermark"], batch["lateRows"]) == (1_700_000_000_000, 3)
+    [first] = restviews.batches([json.dumps({"batchId": 0, "eventTime": {}, "numLateRows": 0})])["batches"]
+    assert (first["watermark"], first["lateRows"]) == (None, 0)  # no watermark yet
     assert restviews.ms(Timestamp()) == -1
