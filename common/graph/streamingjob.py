@@ -156,16 +156,70 @@ def query_problems(job: JobGraph) -> list[str]:
         return problems
     if job.job_type is not JobType.STREAMING:
         problems.append("a job that reads a stream must be a STREAMING job")
-    bounded = [v.id for v in job.vertices if v.operators and v.operators[0].kind not in STREAM_SOURCE_KINDS
-               and (k := CATALOGUE.get(v.operators[0].kind)) is not None and k.role is OperatorRole.SOURCE]
-    if bounded:
-        problems.append(f"vertices {bounded} read bounded sources in a streaming query; joining a stream with a "
-                        "static data set is not supported yet")
+    problems += _static_problems(job)
     try:
         query_settings(job)
     except ValueError as exc:
         problems.append(str(exc))
     problems += _state_problems(job)
+    return problems
+
+
+# The joins of a stream with a static data set (read again for every batch, as Structured
+# Streaming's stream-static join): the stream's rows are each joined once, so an outer join keeps
+# the stream's side only.
+STREAM_LEFT_JOINS = frozenset({"inner", "left", "leftouter", "left_outer", "semi", "leftsemi", "left_semi", "anti",
+                               "leftanti", "left_anti"})
+STREAM_RIGHT_JOINS = frozenset({"inner", "right", "rightouter", "right_outer"})
+
+
+def _static_problems(job: JobGraph) -> list[str]:
+    """A bounded source in a streaming query is a static data set: read again for every batch,
+    it may only meet the stream in a join that emits each stream row's matches once (inner, or
+    outer on the stream's side); a static branch that reaches a sink or a union with the stream
+    would emit its rows again every batch."""
+    producer_of = {d.id: d.producer for d in job.data_sets}
+    inputs: dict[str, list[tuple[int, str]]] = {}
+    for e in job.edges:
+        if e.data_set in producer_of:
+            inputs.setdefault(e.consumer, []).append((e.input_index, producer_of[e.data_set]))
+    by_id = {v.id: v for v in job.vertices}
+    streaming: dict[str, bool] = {}
+
+    def is_streaming(vid: str, seen: frozenset = frozenset()) -> bool:
+        if vid not in streaming:
+            v = by_id.get(vid)
+            if v is None or vid in seen:
+                return False
+            head = v.operators[0].kind if v.operators else ""
+            streaming[vid] = head in STREAM_SOURCE_KINDS or any(
+                is_streaming(p, seen | {vid}) for _, p in inputs.get(vid, ()))
+        return streaming[vid]
+
+    problems: list[str] = []
+    writers = {v.id for v in sinks(job)}
+    for v in job.vertices:
+        if not is_streaming(v.id):
+            if v.id in writers:
+                problems.append(f"vertex {v.id!r} writes a static data set in a streaming query: it would be written "
+                                "again every batch; join it with the stream instead")
+            continue
+        sides = [(i, is_streaming(p)) for i, p in sorted(inputs.get(v.id, ()))]
+        if not v.operators or all(s for _, s in sides):
+            continue
+        head = v.operators[0]
+        if head.kind != "join":
+            problems.append(f"vertex {v.id!r} ({head.kind}) mixes the stream with a static data set: only a join may "
+                            "(a union would emit the static rows again every batch)")
+            continue
+        how = str(head.config.get("how", "inner")).lower()
+        stream_left = dict(sides).get(0, False)
+        allowed = STREAM_LEFT_JOINS if stream_left else STREAM_RIGHT_JOINS
+        if how not in allowed:
+            side = "left" if stream_left else "right"
+            problems.append(f"vertex {v.id!r}: a {how} join of a stream ({side}) with a static data set would emit "
+                            f"the static side's unmatched rows again every batch; use one of "
+                            f"{', '.join(sorted(allowed))}")
     return problems
 
 

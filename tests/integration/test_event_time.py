@@ -406,3 +406,36 @@ def _sessions(path: Path) -> list[tuple]:
 def read_late_clicks(path: Path) -> list[tuple]:
     t = pq.read_table(path)
     return list(zip(t.column("user").to_pylist(), _ms(t, "window_start"), _ms(t, "window_end"), _ms(t, "watermark")))
+
+
+def test_a_stream_joined_with_a_static_table_joins_every_batch_once_and_left_outer_keeps_unmatched_stream_rows(
+        stream_cluster, tmp_path):
+    out, checkpoint = tmp_path / "joined", tmp_path / "checkpoint"
+    client = stream_cluster.client
+    env = ExecutionEnvironment("stream static join", parallelism=2)
+    names = env.from_collection([(0, "zero"), (1, "one"), (2, "two"), (2, "deux")], "k bigint, name string")
+    (env.read_stream.rate(40).select("value % 4 AS k", "value")
+        .join(names, on="k", how="left")
+        .write_parquet(str(out)))
+    env.set_trigger("500 ms").set_checkpoint_location(str(checkpoint))
+    job_id = client.submit(env.build())
+    events = Events(client, job_id)
+    events.wait("BatchCompleted", min_batch=5)
+    client.stop(job_id, timeout_s=60)
+    assert wait_status(client, job_id, ("FINISHED", "FAILED", "CANCELED")) == "FINISHED"
+    events.drain()
+    store = CheckpointStore(str(checkpoint))
+    got = committed_rows(out, lambda p: list(zip(*(pq.read_table(p).column(c).to_pylist()
+                                                    for c in ("value", "k", "name")))))
+    lookup = {0: ["zero"], 1: ["one"], 2: ["two", "deux"], 3: [None]}
+    for b in store.commit_ids():
+        (r,) = store.read_offsets(b).sources.values()
+        start, end = (int(r.start["rows"]) if r.start is not None else 0), int(r.end["rows"]) if r.end else 0
+        expected = sorted((v, v % 4, n) for v in range(start, end) for n in lookup[v % 4])
+        assert sorted(got.get(b, []), key=str) == sorted(expected, key=str), f"batch {b}"
+    # a static branch written on its own, or a full outer join, would repeat the table every batch: refused
+    bad = ExecutionEnvironment("static sink", parallelism=1)
+    bad.read_stream.rate(1).write_parquet(str(tmp_path / "a"))
+    bad.from_collection([(0, "zero")], "k bigint, name string").write_parquet(str(tmp_path / "b"))
+    with pytest.raises(Exception, match="writes a static data set"):
+        client.submit(bad.build())

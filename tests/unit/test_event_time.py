@@ -677,3 +677,37 @@ def test_window_and_watermark_mistakes_fail_at_the_call_that_made_them(call, err
     env = ExecutionEnvironment("mistakes", parallelism=1)
     with pytest.raises(error, match=message):
         call(events(env))
+
+
+# ---- a stream joined with a static data set --------------------------------------------------
+
+def stream_static(how: str, stream_left: bool = True, extra=None) -> ExecutionEnvironment:
+    env = ExecutionEnvironment("stream static", parallelism=2)
+    stream = env.read_stream.rate(10).select("value % 4 AS k", "value")
+    table = env.from_collection([(0, "zero")], "k bigint, name string")
+    joined = stream.join(table, on="k", how=how) if stream_left else table.join(stream, on="k", how=how)
+    joined.write_parquet("/tmp/out")
+    if extra is not None:
+        extra(env, stream, table)
+    return env
+
+
+@pytest.mark.parametrize("how,stream_left", [("inner", True), ("left", True), ("left_anti", True), ("semi", True),
+                                             ("inner", False), ("right", False)])
+def test_a_stream_may_join_a_static_data_set_when_each_stream_row_is_joined_once(how, stream_left):
+    job = stream_static(how, stream_left).build()
+    assert "join" in [op.kind for v in job.vertices for op in v.operators]
+
+
+@pytest.mark.parametrize("how,stream_left", [("full", True), ("right", True), ("left", False), ("outer", False)])
+def test_an_outer_join_on_the_static_side_is_refused_saying_why(how, stream_left):
+    problems = problems_of(stream_static(how, stream_left))
+    assert "with a static data set would emit the static side's unmatched rows again every batch" in problems
+
+
+def test_a_static_branch_written_or_unioned_with_the_stream_is_refused():
+    written = problems_of(stream_static("inner", extra=lambda env, s, t: t.write_parquet("/tmp/static")))
+    assert "writes a static data set in a streaming query" in written
+    unioned = problems_of(stream_static("inner", extra=lambda env, s, t: s.select("k", "value AS name")
+                                        .union(t).write_parquet("/tmp/both")))
+    assert "mixes the stream with a static data set: only a join may" in unioned
