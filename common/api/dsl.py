@@ -195,6 +195,35 @@ class DataStream(_OperatorHandle):
                            inputs=((self._t, hashed), (other._t, hashed)))
         return DataStream(self._env, t)
 
+    def interval_join(self, other: DataStream, on: str | Sequence[str], lower: str | int, upper: str | int, *,
+                      time: str | tuple[str, str] = "ts", how: str = "inner") -> DataStream:
+        """Joins two streams on equal keys within a time bound (Flink's intervalJoin; Structured
+        Streaming's stream-stream join with a time condition): each row a of this stream joins
+        the rows b of `other` whose event time lies in [a.time + lower, a.time + upper]
+        (`lower`/`upper`: durations such as "-5 min" and "5 min", or ms). `time`: the event time
+        column of both streams, or (this one's, other's). Both need with_watermark on it: the
+        watermark says when a row can no longer find a match, and leaves the state.
+
+        `how`: "inner", or "left": a row of this stream that found no match is emitted once,
+        with nulls for `other`'s columns, when its match can no longer arrive. The output has
+        the keys, this stream's other columns, then `other`'s (a name both have gets `_right`
+        on `other`'s side)."""
+        self._env._check_same_env(other, "interval_join")
+        keys = _keys(on, "interval_join")
+        left_time, right_time = (time, time) if isinstance(time, str) else tuple(time)
+        if not isinstance(how, str) or how.lower() not in ("inner", "left", "leftouter", "left_outer"):
+            raise ValueError(f"interval_join(): how must be 'inner' or 'left', got {how!r}")
+        lower_ms, upper_ms = _signed_millis(lower, "interval_join() lower"), _signed_millis(upper, "interval_join() upper")
+        if lower_ms > upper_ms:
+            raise ValueError(f"interval_join(): lower ({lower!r}) must not be after upper ({upper!r})")
+        hashed = Exchange(ExchangeKind.HASH, keys)
+        t = self._env._add("interval_join", "Interval join",
+                           {"keys": list(keys), "how": how.lower(), "left_time": _column_name(left_time, "interval_join"),
+                            "right_time": _column_name(right_time, "interval_join"), "lower_ms": lower_ms,
+                            "upper_ms": upper_ms},
+                           inputs=((self._t, hashed), (other._t, hashed)))
+        return DataStream(self._env, t)
+
     def union(self, *others: DataStream) -> DataStream:
         """All records of this stream and of `others` (which must have the same schema). The
         union's inputs are numbered in call order: this stream first."""
@@ -993,6 +1022,15 @@ def _millis(value: object, what: str) -> int:
     if not 0 <= ms <= MAX_DELAY_MS:
         raise ValueError(f"{what}: must be between 0 and ten years, got {value!r}")
     return ms
+
+
+def _signed_millis(value: object, what: str) -> int:
+    """A duration that may be negative ("-5 min", or an int of ms)."""
+    if isinstance(value, str) and value.strip().startswith("-"):
+        return -_millis(value.strip()[1:], what)
+    if isinstance(value, int) and not isinstance(value, bool) and value < 0:
+        return -_millis(-value, what)
+    return _millis(value, what)
 
 
 def _job_type(value: str | JobType) -> JobType:

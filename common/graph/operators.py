@@ -159,6 +159,10 @@ CATALOGUE: dict[str, OperatorKind] = {
         _k("session_aggregate", T, 1, "keys", "aggregations", "column", "gap_ms",
            keys={"keys": V.COLUMNS, "aggregations": V.SQL_LIST, "column": V.COLUMN, "gap_ms": V.MILLIS,
                  "lateness_ms": V.MILLIS}),
+        # an interval join of two streams: a left row at a joins right rows at b in [a + lower, a + upper]
+        _k("interval_join", T, 2, "keys", "left_time", "right_time", "lower_ms", "upper_ms",
+           keys={"keys": V.COLUMNS, "how": V.JOIN_TYPE, "left_time": V.COLUMN, "right_time": V.COLUMN,
+                 "lower_ms": V.INT64, "upper_ms": V.INT64}),
         # a window operator's late rows: its windows (size_ms and slide_ms, or a session's gap_ms)
         _k("late_rows", T, 1, "column",
            keys={"column": V.COLUMN, "size_ms": V.MILLIS, "slide_ms": V.MILLIS, "gap_ms": V.MILLIS,

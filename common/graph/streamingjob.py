@@ -60,7 +60,8 @@ ALL_OUTPUT_MODES = ("append", "update", "complete")
 RUNNING_AGGREGATE_KINDS = frozenset({"running_aggregate", "running_reduce"})
 WINDOW_KINDS = frozenset({"window_aggregate", "session_aggregate"})  # keyed state per window, closed by the watermark
 # operators whose keyed state the watermark bounds (and that need one upstream)
-WATERMARKED_KINDS = WINDOW_KINDS | {"deduplicate_within"}
+WATERMARKED_KINDS = WINDOW_KINDS | {"deduplicate_within", "interval_join"}
+INTERVAL_JOINS = frozenset({"inner", "left", "leftouter", "left_outer"})
 RUNNING_KINDS = RUNNING_AGGREGATE_KINDS | WATERMARKED_KINDS | {"deduplicate", "process"}
 CHECKPOINTS = "checkpoints"  # under the data directory: default checkpoint locations, by job name
 TRIGGERS = ("processing-time", "available-now", "once")
@@ -205,7 +206,13 @@ def _static_problems(job: JobGraph) -> list[str]:
                                 "again every batch; join it with the stream instead")
             continue
         sides = [(i, is_streaming(p)) for i, p in sorted(inputs.get(v.id, ()))]
-        if not v.operators or all(s for _, s in sides):
+        if not v.operators:
+            continue
+        if all(s for _, s in sides):
+            if v.operators[0].kind == "join" and len(sides) > 1:
+                problems.append(f"vertex {v.id!r}: join() of two streams would join only rows that arrive in the "
+                                "same batch; use interval_join(other, on, lower, upper) with a time bound (both "
+                                "streams with a watermark), whose state the watermarks bound")
             continue
         head = v.operators[0]
         if head.kind != "join":
@@ -280,6 +287,8 @@ def _window_problems(job: JobGraph, vertex: JobVertex, op, subject: str, mode: s
     close and its state grows for ever) and an output mode that emits a window once (append) or
     as it changes (update)."""
     problems = []
+    if op.kind == "interval_join":
+        return _interval_join_problems(job, vertex, op, subject)
     if op.kind in WINDOW_KINDS and mode not in ("append", "update"):
         problems.append(f"{subject}: a window's result is emitted once when the watermark closes it (append) or "
                         f"each batch it changes (update); {OUTPUT_MODE} {mode} would keep every window for ever")
@@ -288,6 +297,34 @@ def _window_problems(job: JobGraph, vertex: JobVertex, op, subject: str, mode: s
         problems.append(f"{subject}: no watermark on its time column {column!r} upstream, so its state would never "
                         f"be released and would grow for ever: add with_watermark({column!r}, <delay>) before "
                         "key_by(...)")
+    return problems
+
+
+def _interval_join_problems(job: JobGraph, vertex: JobVertex, op, subject: str) -> list[str]:
+    """Both streams need a watermark on their time column (it bounds what each side keeps), the
+    bounds an order, and the join a kind whose rows can be emitted once."""
+    problems = []
+    how = str(op.config.get("how", "inner")).lower()
+    if how not in INTERVAL_JOINS:
+        problems.append(f"{subject}: a {how} interval join is not supported: inner or left (the left stream's rows "
+                        "without a match emitted once their match can no longer arrive)")
+    lower, upper = op.config.get("lower_ms"), op.config.get("upper_ms")
+    if isinstance(lower, int) and isinstance(upper, int) and lower > upper:
+        problems.append(f"{subject}: its lower bound ({lower} ms) is after its upper bound ({upper} ms)")
+    producer_of = {d.id: d.producer for d in job.data_sets}
+    by_id = {v.id: v for v in job.vertices}
+    for e in job.edges:
+        if e.consumer != vertex.id or e.data_set not in producer_of or e.input_index not in (0, 1):
+            continue
+        side, column = ("left", op.config.get("left_time")) if e.input_index == 0 else (
+            "right", op.config.get("right_time"))
+        producer = by_id.get(producer_of[e.data_set])
+        if producer is None:
+            continue
+        upstream = list(producer.operators) + _upstream_operators(job, producer)
+        if not any(o.kind == WATERMARK and o.config.get("column") == column for o in upstream):
+            problems.append(f"{subject}: its {side} stream has no watermark on {column!r}, so the rows it keeps would "
+                            f"never be released: add with_watermark({column!r}, <delay>) to it")
     return problems
 
 

@@ -68,7 +68,7 @@ _spark_cloudpickle.register_pickle_by_value(sys.modules[__name__])
 _spark_cloudpickle.register_pickle_by_value(_rules)
 _spark_cloudpickle.register_pickle_by_value(_files)
 
-__all__ = ["MARKER_COLUMN", "AggregateSpec", "StateValueError", "deduplicate_batches", "deduplicate_within_batches", "measure",
+__all__ = ["MARKER_COLUMN", "AggregateSpec", "StateValueError", "deduplicate_batches", "deduplicate_within_batches", "interval_join_batches", "measure",
            "process_batches", "running_aggregate_batches", "running_reduce_batches", "session_aggregate_batches", "window_aggregate_batches"]
 
 RUNTIME_FILES.add(__file__)  # a process function's traceback starts at the user's code
@@ -520,6 +520,105 @@ def session_aggregate_batches(root: str, n_keys: int, aggregates: list[Aggregate
                     removed[frozen] = entry[0]
         # a session the batch changed is open (its rows were on time), so the two never meet
         out = [out_row(key, values) for key, values in (closed.values() if mode == "append" else changes.values())]
+        for user in [u for u, members in index.items() if not members]:
+            del index[user]
+        commit_group(root, key_group, group, changes, state_schema, retain, began, removed)
+        return out
+
+    return run
+
+
+def interval_join_batches(root: str, n_keys: int, version: int, retain: int, state_schema: pa.Schema,
+                          in_columns: list[str], n_left: int, out_schema: pa.Schema, owned: range,
+                          watermark_ms: int | None, lower_ms: int, upper_ms: int, left_outer: bool):
+    """The mapInArrow function of one batch of an interval join of two streams (Flink's interval
+    join; Structured Streaming's stream-stream join with a time bound): a left row at time a
+    joins each right row of its key at b with a + lower <= b <= a + upper. Each input row comes
+    as (keys, side: 0 left 1 right, time ms, the left's columns, the right's columns); each
+    row of the batch is joined with the other side's rows kept so far and of the batch, then
+    kept itself, until the watermark says no row it could join can come any more (a left row
+    once the watermark passes a + upper, a right row once it passes b - lower). A left row that
+    leaves unmatched is emitted with nulls for the right's columns when `left_outer`: once, when
+    its match can no longer arrive. The state's key is (keys, side, a row id), its value (time,
+    matched, the side's columns)."""
+    n_right = len(in_columns) - n_keys - 2 - n_left
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        out: list[list] = []
+        with _no_gc():
+            for key_group, rows in _by_group(batches, in_columns, owned):
+                began = time.perf_counter()
+                group = load_group(root, key_group, version, n_keys + 2)
+                try:
+                    out += _join_group(root, key_group, group, rows, began)
+                except BaseException:
+                    group.timers = group.index = None
+                    raise
+        yield from _batches(out, out_schema)
+
+    def expires(side: int, at: int) -> int:
+        """The first watermark at which a kept row can no longer be joined."""
+        return at + upper_ms + 1 if side == 0 else at - lower_ms + 1
+
+    def pair(key: list, left: list, right: list) -> list:
+        """An output row from a left row's and a right row's kept values (time, matched, then
+        the left's columns and the right's)."""
+        return key + left[2:2 + n_left] + right[2 + n_left:]
+
+    def _join_group(root: str, key_group: int, group: Group, rows: list[tuple], began: float) -> list[list]:
+        held = group.rows
+        if group.timers is None or group.index is None:
+            group.timers = [(expires(f[n_keys], v[0]), f) for f, (_, v) in held.items()]
+            heapq.heapify(group.timers)
+            group.index = {}
+            for f in held:
+                group.index.setdefault(f[:n_keys], set()).add(f)
+        heap, index = group.timers, group.index
+        changes: dict[Any, tuple[list, list]] = {}
+        out: list[list] = []
+        seq = itertools.count()
+        per_key: dict[Any, list[tuple]] = {}
+        for row in rows:
+            per_key.setdefault(tuple([_freeze(v) for v in row[:n_keys]]), []).append(row)
+        for user, batch_rows in per_key.items():
+            key = list(batch_rows[0][:n_keys])
+            kept = [(f, held[f]) for f in index.get(user, ())]
+            lefts = [(f, v) for f, (_, v) in kept if f[n_keys] == 0]
+            rights = [(f, v) for f, (_, v) in kept if f[n_keys] == 1]
+            new_lefts, new_rights = [], []
+            for row in batch_rows:
+                side, at = row[n_keys], row[n_keys + 1]
+                frozen = user + (side, f"{version}-{next(seq)}")
+                (new_lefts if side == 0 else new_rights).append((frozen, [at, False] + list(row[n_keys + 2:])))
+            # the batch's left rows against every right row (kept and new), the batch's right rows
+            # against the kept left rows
+            for frozen, lv in new_lefts:
+                for _, rv in rights + new_rights:
+                    if lv[0] + lower_ms <= rv[0] <= lv[0] + upper_ms:
+                        out.append(pair(key, lv, rv))
+                        lv[1] = True
+            for _, rv in new_rights:
+                for f, lv in lefts:
+                    if lv[0] + lower_ms <= rv[0] <= lv[0] + upper_ms:
+                        out.append(pair(key, lv, rv))
+                        if not lv[1] and f not in changes:  # now matched (the kept version stays as it was)
+                            changes[f] = (list(held[f][0]), [lv[0], True] + lv[2:])
+            for frozen, values in new_lefts + new_rights:
+                changes[frozen] = (key + [frozen[n_keys], frozen[n_keys + 1]], values)
+                index.setdefault(user, set()).add(frozen)
+                heapq.heappush(heap, (expires(frozen[n_keys], values[0]), frozen))
+        removed: dict[Any, list] = {}
+        while watermark_ms is not None and heap and heap[0][0] <= watermark_ms:
+            _, frozen = heapq.heappop(heap)
+            entry = changes.pop(frozen, None) or held.get(frozen)
+            if entry is None:
+                continue
+            if frozen in held:
+                removed[frozen] = entry[0]
+            index.get(frozen[:n_keys], set()).discard(frozen)
+            values = entry[1]
+            if left_outer and frozen[n_keys] == 0 and not values[1]:
+                out.append(pair(list(entry[0][:n_keys]), values, [None] * (2 + n_left + n_right)))
         for user in [u for u, members in index.items() if not members]:
             del index[user]
         commit_group(root, key_group, group, changes, state_schema, retain, began, removed)

@@ -11,6 +11,7 @@ and deduplicate the keys it saw, across a streaming query's batches in the keyed
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Sequence
 
@@ -40,6 +41,7 @@ from funke.taskmanager.operators.keyedstate import (
     MARKER_COLUMN,
     deduplicate_batches,
     deduplicate_within_batches,
+    interval_join_batches,
     session_aggregate_batches,
     process_batches,
     running_aggregate_batches,
@@ -574,6 +576,77 @@ def _session_aggregate(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[Dat
     return finish(both.mapInArrow(cancellable(fn, ctx.cancel_marker), out))
 
 
+def _interval_join(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFrame]) -> DataFrame:
+    """An interval join of two streams on equal keys (Flink's intervalJoin): a left row at time a
+    joins the right rows at b with a + lower <= b <= a + upper. Over a stream each side's rows
+    are kept in keyed state until the watermark says nothing they could join can come any more
+    (`keyedstate.interval_join_batches`); a left outer join emits a left row without a match
+    then, once. A row older than the watermark is late: counted and left out. In a bounded job,
+    Spark's join with the same condition. The output: the keys, the left's other columns, the
+    right's (one named as a left column gets `_right` appended)."""
+    if len(inputs) != 2:
+        raise ValueError(f"{label(spec)} takes two inputs, got {len(inputs)}")
+    left, right = inputs
+    keys = config_strings(spec, "keys")
+    how = str(spec.config.get("how", "inner")).lower()
+    lower, upper = int(config_value(spec, "lower_ms")), int(config_value(spec, "upper_ms"))
+    left_ms = _event_time_ms(spec, left, str(config_value(spec, "left_time")))
+    right_ms = _event_time_ms(spec, right, str(config_value(spec, "right_time")))
+    for k in keys:
+        if k not in left.columns or k not in right.columns:
+            raise ValueError(f"{label(spec)}: key {k!r} is not a column of both inputs (left: {', '.join(left.columns)}; "
+                             f"right: {', '.join(right.columns)})")
+    left_cols = [c for c in left.columns if c not in keys]
+    right_cols = [c for c in right.columns if c not in keys]
+    right_names = [f"{c}_right" if c in left_cols else c for c in right_cols]
+    if ctx.batch is None:  # a bounded job: Spark's join with the time condition
+        l, r = left.alias("__left"), right.alias("__right")
+        condition = [F.col(f"__left.`{k}`") == F.col(f"__right.`{k}`") for k in keys]
+        l_ms = _millis_of(F.col(f"__left.`{config_value(spec, 'left_time')}`"),
+                          isinstance(left.schema[str(config_value(spec, "left_time"))].dataType, TimestampNTZType))
+        r_ms = _millis_of(F.col(f"__right.`{config_value(spec, 'right_time')}`"),
+                          isinstance(right.schema[str(config_value(spec, "right_time"))].dataType, TimestampNTZType))
+        condition += [r_ms >= l_ms + F.lit(lower), r_ms <= l_ms + F.lit(upper)]
+        joined = l.join(r, on=functools.reduce(lambda a, b: a & b, condition), how="left" if how == "left" else "inner")
+        return joined.select(*[F.col(f"__left.`{k}`").alias(k) for k in keys],
+                             *[F.col(f"__left.`{c}`").alias(c) for c in left_cols],
+                             *[F.col(f"__right.`{c}`").alias(n) for c, n in zip(right_cols, right_names)])
+    if not ctx.checkpoint:
+        raise ValueError(f"{label(spec)}: an interval join of streams keeps its rows in the query's checkpoint, and "
+                         "the task has none")
+    left_tagged = [F.col(f"`{c}`").alias(f"__l{i}") for i, c in enumerate(left_cols)]
+    right_tagged = [F.col(f"`{c}`").alias(f"__r{i}") for i, c in enumerate(right_cols)]
+    left_nulls = [F.lit(None).cast(left.schema[c].dataType).alias(f"__l{i}") for i, c in enumerate(left_cols)]
+    right_nulls = [F.lit(None).cast(right.schema[c].dataType).alias(f"__r{i}") for i, c in enumerate(right_cols)]
+    key_types = {k: left.schema[k].dataType for k in keys}
+    both = left.select(*[column_ref(k) for k in keys], F.lit(0).cast("tinyint").alias("__side"),
+                       left_ms.alias("__ts"), *left_tagged, *right_nulls).unionByName(
+        right.select(*[column_ref(k).cast(key_types[k]).alias(k) for k in keys], F.lit(1).cast("tinyint").alias("__side"),
+                     right_ms.alias("__ts"), *left_nulls, *right_tagged))
+    watermark = ctx.batch.watermark_ms
+    late = F.col("__ts").isNull()
+    if watermark is not None:
+        late = late | (F.col("__ts") < F.lit(watermark))
+    assert ctx.meter is not None
+    counted = Observation()
+    ctx.meter.late.append(counted)
+    on_time = both.observe(counted, F.sum(late.cast("long")).alias("late")).where(~late)
+    rows, root, owned = _in_key_groups(ctx, on_time, keys)
+    arrow = arrow_schema(ctx, on_time.schema)
+    n_keys = len(keys)
+    state_schema = pa.schema(list(arrow)[:n_keys] + [pa.field("__side", pa.int8()), pa.field("__row", pa.string()),
+                                                     pa.field("__ts", pa.int64()), pa.field("__matched", pa.bool_())]
+                             + list(arrow)[n_keys + 2:] + [pa.field(state.REMOVED_COLUMN, pa.bool_())])
+    out = StructType([on_time.schema[k] for k in keys] + [f for f in on_time.schema.fields[n_keys + 2:]])
+    fn = interval_join_batches(root, n_keys, ctx.batch.batch_id, int(ctx.options.get(RETAIN, "") or DEFAULT_RETAIN),
+                               state_schema, on_time.columns, len(left_cols), arrow_schema(ctx, out), owned,
+                               watermark, lower, upper, how == "left")
+    joined = rows.mapInArrow(cancellable(fn, ctx.cancel_marker), out)
+    return joined.select(*[column_ref(k) for k in keys],
+                         *[F.col(f"__l{i}").alias(c) for i, c in enumerate(left_cols)],
+                         *[F.col(f"__r{i}").alias(n) for i, n in enumerate(right_names)])
+
+
 def _late_rows(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFrame]) -> DataFrame:
     """The rows a window operator finds late, once per window they missed: the row's columns,
     then window_start and window_end (null for a row without event time) and the watermark the
@@ -644,6 +717,7 @@ TRANSFORMS: dict[str, Transform] = {
     "window_aggregate": _window_aggregate,
     "late_rows": _late_rows,
     "session_aggregate": _session_aggregate,
+    "interval_join": _interval_join,
     "deduplicate_within": _deduplicate_within,
     "join": _join,
     "union": _union,

@@ -439,3 +439,62 @@ def test_a_stream_joined_with_a_static_table_joins_every_batch_once_and_left_out
     bad.from_collection([(0, "zero")], "k bigint, name string").write_parquet(str(tmp_path / "b"))
     with pytest.raises(Exception, match="writes a static data set"):
         client.submit(bad.build())
+
+
+LEFT_TIME = (f"timestamp_millis({BASE_MS} + value * 50 + ((value * 7919) % 13) * 20 "
+             "- CASE WHEN value % 20 = 7 THEN 4000 ELSE 0 END) AS ts")
+RIGHT_TIME = f"timestamp_millis({BASE_MS} + value * 60 + ((value * 31) % 7) * 30) AS ts"
+
+
+def left_ms(v: int) -> int:
+    return BASE_MS + v * 50 + (v * 7919 % 13) * 20 - (4000 if v % 20 == 7 else 0)
+
+
+def right_ms(w: int) -> int:
+    return BASE_MS + w * 60 + (w * 31 % 7) * 30
+
+
+def test_an_interval_join_of_two_streams_emits_each_pair_once_and_each_unmatched_left_row_once_its_match_cannot_come(
+        stream_cluster, tmp_path):
+    out, checkpoint = tmp_path / "joined", tmp_path / "checkpoint"
+    client = stream_cluster.client
+    env = ExecutionEnvironment("interval join", parallelism=2)
+    clicks = env.read_stream.rate(20).select("value % 5 AS k", "value AS a", LEFT_TIME).with_watermark("ts", "1 s")
+    views = env.read_stream.rate(20).select("value % 5 AS k", "value AS b", RIGHT_TIME).with_watermark("ts", "1 s")
+    clicks.interval_join(views, "k", "-300 ms", "300 ms", how="left").write_parquet(str(out))
+    env.set_trigger("500 ms").set_checkpoint_location(str(checkpoint))
+    job = env.build()
+    left_source = next(v.id for v in job.vertices if any("value AS a" in str(op.config) for op in v.operators))
+    job_id = client.submit(job)
+    events = Events(client, job_id)
+    events.wait("BatchCompleted", min_batch=12)
+    client.stop(job_id, timeout_s=60)
+    assert wait_status(client, job_id, ("FINISHED", "FAILED", "CANCELED")) == "FINISHED"
+    events.drain()
+    store = CheckpointStore(str(checkpoint))
+    lefts, rights, last_wm = {}, {}, None
+    late = 0
+    for b in store.commit_ids():
+        entry = store.read_offsets(b)
+        wm = entry.watermark_ms
+        last_wm = wm
+        for source, r in entry.sources.items():
+            start, end = (int(r.start["rows"]) if r.start is not None else 0), int(r.end["rows"]) if r.end else 0
+            for v in range(start, end):
+                ts = left_ms(v) if source == left_source else right_ms(v)
+                if wm is not None and ts < wm:
+                    late += 1
+                    continue
+                (lefts if source == left_source else rights)[v] = ts
+    pairs = {(a, b) for a, ta in lefts.items() for b, tb in rights.items()
+             if a % 5 == b % 5 and ta - 300 <= tb <= ta + 300}
+    matched = {a for a, _ in pairs}
+    outer = {(a, None) for a, ta in lefts.items() if a not in matched and last_wm is not None and ta + 301 <= last_wm}
+    rows = [r for rs in committed_rows(out, lambda p: list(zip(pq.read_table(p).column("a").to_pylist(),
+                                                                pq.read_table(p).column("b").to_pylist()))).values()
+            for r in rs]
+    counted = collections.Counter(rows)
+    assert all(n == 1 for n in counted.values()), [r for r, n in counted.items() if n > 1][:5]
+    assert set(counted) == pairs | outer, (sorted((pairs | outer) - set(counted))[:5], sorted(set(counted) - pairs - outer)[:5])
+    assert len(pairs) > 20 and outer and late
+    print(f"interval join: {len(pairs)} pairs and {len(outer)} unmatched left rows, each once; {late} late rows")

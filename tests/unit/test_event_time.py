@@ -711,3 +711,43 @@ def test_a_static_branch_written_or_unioned_with_the_stream_is_refused():
     unioned = problems_of(stream_static("inner", extra=lambda env, s, t: s.select("k", "value AS name")
                                         .union(t).write_parquet("/tmp/both")))
     assert "mixes the stream with a static data set: only a join may" in unioned
+
+
+# ---- joins of two streams ---------------------------------------------------------------------
+
+def two_streams(watermarks=("ts", "ts"), how="left", lower="-5 min", upper="5 min", plain=False):
+    env = ExecutionEnvironment("two streams", parallelism=2)
+    a = env.read_stream.rate(10).select("value % 4 AS k", "value AS a", "timestamp AS ts")
+    b = env.read_stream.rate(10).select("value % 4 AS k", "value AS b", "timestamp AS ts")
+    if watermarks[0]:
+        a = a.with_watermark(watermarks[0], "10 s")
+    if watermarks[1]:
+        b = b.with_watermark(watermarks[1], "10 s")
+    (a.join(b, on="k") if plain else a.interval_join(b, "k", lower, upper, how=how)).write_parquet("/tmp/out")
+    return env
+
+
+def test_an_interval_join_builds_with_its_bounds_and_both_watermarks():
+    job = two_streams().build()
+    [op] = [op for v in job.vertices for op in v.operators if op.kind == "interval_join"]
+    assert op.config == {"keys": ["k"], "how": "left", "left_time": "ts", "right_time": "ts",
+                         "lower_ms": -300_000, "upper_ms": 300_000}
+    assert event_time_settings(job).stateful
+
+
+@pytest.mark.parametrize("watermarks,side", [((None, "ts"), "left"), (("ts", None), "right")])
+def test_an_interval_join_without_a_watermark_on_a_side_is_refused_naming_the_side(watermarks, side):
+    assert f"its {side} stream has no watermark on 'ts'" in problems_of(two_streams(watermarks))
+
+
+def test_a_plain_join_of_two_streams_is_refused_pointing_at_interval_join():
+    assert "would join only rows that arrive in the same batch; use interval_join" in problems_of(two_streams(plain=True))
+
+
+@pytest.mark.parametrize("kwargs,message", [({"how": "full"}, "how must be 'inner' or 'left'"),
+                                            ({"lower": "5 min", "upper": "-5 min"}, "must not be after upper"),
+                                            ({"lower": "soon"}, "interval_join() lower")])
+def test_interval_join_mistakes_fail_at_the_call(kwargs, message):
+    with pytest.raises(ValueError) as caught:
+        two_streams(**kwargs)
+    assert message in str(caught.value)
