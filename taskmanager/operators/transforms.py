@@ -471,13 +471,20 @@ def _window_aggregate(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[Data
         parts = aggregates.partials(call, i)
         partial_columns += parts
         merged.append((call.function, tuple(name for name, _ in parts)))
-    partial = on_time.groupBy(*group).agg(*[F.expr(expr).alias(name) for name, expr in partial_columns])
-    both, root, owned = _in_key_groups(ctx, partial, keys)
-    state_schema = pa.schema(list(arrow_schema(ctx, partial.schema)) + [pa.field(state.REMOVED_COLUMN, pa.bool_())])
+    # One exchange: the rows (and each owned group's marker) go to their key group's Spark
+    # partition first, and the partial aggregation then needs no exchange of its own (grouping by
+    # the key group first, it is already clustered by it)
+    both, root, owned = _in_key_groups(ctx, on_time, keys)
+    partial = both.groupBy(F.col(state.KEY_GROUP_COLUMN), F.col(MARKER_COLUMN), *group).agg(
+        *[F.expr(expr).alias(name) for name, expr in partial_columns])
+    state_fields = [partial.schema[k] for k in keys] + [partial.schema[WINDOW_START_COLUMN]] + [
+        partial.schema[name] for name, _ in partial_columns]
+    state_schema = pa.schema(list(arrow_schema(ctx, StructType(state_fields)))
+                             + [pa.field(state.REMOVED_COLUMN, pa.bool_())])
     fn = window_aggregate_batches(root, len(keys), merged, ctx.batch.batch_id, mode,
                                   int(ctx.options.get(RETAIN, "") or DEFAULT_RETAIN), state_schema,
                                   arrow_schema(ctx, whole), owned, ctx.batch.watermark_ms, size, lateness)
-    return finish(both.mapInArrow(cancellable(fn, ctx.cancel_marker), whole))
+    return finish(partial.mapInArrow(cancellable(fn, ctx.cancel_marker), whole))
 
 
 def _deduplicate_within(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFrame]) -> DataFrame:

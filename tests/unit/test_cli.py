@@ -710,6 +710,23 @@ def test_funke_progress_shows_what_each_keyed_operators_state_holds() -> None:
     assert not [line for line in cli.render_progress([_progress_record(8, 40)]) if line.startswith("state")]
 
 
+def test_funke_progress_shows_each_batchs_event_times_watermark_and_late_rows() -> None:
+    from funke.deploy.cli import render
+
+    record = _progress_record(9, 300)
+    record["eventTime"] = {"min": "2026-11-27T10:00:00.000Z", "avg": "2026-11-27T10:00:30.000Z",
+                           "max": "2026-11-27T10:01:00.000Z", "watermark": "2026-11-27T10:00:50.000Z"}
+    record["numLateRows"] = 4
+    table = cli.render_progress([record])
+    assert ("event time of batch 9: min 2026-11-27T10:00:00.000Z, avg 2026-11-27T10:00:30.000Z, max "
+            "2026-11-27T10:01:00.000Z; watermark 2026-11-27T10:00:50.000Z; 4 late rows") in table
+    (line,) = render.render_progress_line(record)
+    assert "took 307 ms, watermark 2026-11-27T10:00:50.000Z, 4 late rows" in line
+    first = {**_progress_record(0, 10), "eventTime": {}, "numLateRows": 0}  # before any watermark
+    assert "event time of batch 0: no event times; watermark none yet; 0 late rows" in cli.render_progress([first])
+    assert not [line for line in cli.render_progress([_progress_record(8, 40)]) if line.startswith("event time")]
+
+
 def test_add_jobmanager_wants_a_jobmanager_name_and_a_high_availability_cluster(tmp_path, capsys):
     assert cli.main(["cluster", "add-jobmanager", "tm-1", "--dir", str(tmp_path)]) == 2
     assert "'tm-1' is no JobManager name" in capsys.readouterr().err
