@@ -33,7 +33,7 @@ import re
 from dataclasses import dataclass
 
 from funke.common.streaming import microbatch as mb
-from funke.common.streaming.eventtime import POLICIES, WATERMARK, WATERMARK_POLICY, operator_id
+from funke.common.streaming.eventtime import POLICIES, WATERMARK, WATERMARK_POLICY, operator_id, window_problem
 from funke.common.streaming.sources import RECEIVER_KINDS, SOURCES, STREAM_FILE_KINDS  # noqa: F401 (re-exported)
 from funke.common.streaming.sources.receiver import SOCKET  # noqa: F401
 from funke.common.streaming.sources.rate import RATE  # noqa: F401
@@ -271,6 +271,7 @@ def _state_problems(job: JobGraph) -> list[str]:
         bad = [a for a in aggregations if isinstance(a, str) and aggregates.parse_call(a) is None]
         if bad:
             problems.append(f"{subject}: {', '.join(repr(a) for a in bad)}: {aggregates.RUNNING_ONLY}")
+    problems += _window_numbers_problems(job)
     policy = options.get(WATERMARK_POLICY, "min").strip().lower()
     if policy not in POLICIES:
         problems.append(f"option {WATERMARK_POLICY}: expected one of {', '.join(POLICIES)}, "
@@ -279,6 +280,30 @@ def _state_problems(job: JobGraph) -> list[str]:
     if concurrent != "1":
         problems.append(f"option {CONCURRENT_JOBS}: a query with keyed state runs one batch at a time "
                         f"(each batch reads the state the one before it committed), got {concurrent!r}")
+    return problems
+
+
+def _window_numbers_problems(job: JobGraph) -> list[str]:
+    """Windows whose numbers cannot be (a slide longer than the size, a size of 0, a row in more
+    windows than allowed), in the window operators and their late-data operators alike."""
+    problems = []
+    for v in job.vertices:
+        for op in v.operators:
+            if op.kind not in ("window_aggregate", "session_aggregate", "late_rows"):
+                continue
+            c = op.config
+            if op.kind == "session_aggregate" or (op.kind == "late_rows" and "gap_ms" in c):
+                size = slide = c.get("gap_ms")
+            else:
+                size, slide = c.get("size_ms"), c.get("slide_ms")
+            if not all(isinstance(x, int) for x in (size, slide)):
+                if op.kind == "late_rows":
+                    problems.append(f"operator '{op.display_name}' (late_rows) of vertex {v.id!r}: needs size_ms and "
+                                    "slide_ms, or gap_ms")
+                continue  # the config check names a missing or mistyped number
+            problem = window_problem(size, slide, c.get("lateness_ms") or 0)
+            if problem:
+                problems.append(f"operator '{op.display_name}' ({op.kind}) of vertex {v.id!r}: {problem}")
     return problems
 
 

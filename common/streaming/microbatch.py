@@ -44,6 +44,11 @@ The rules:
   says beforehand which batches a stop finishes and which it leaves.
 - Recovery: a run starts with what `funke.common.streaming.checkpoint.plan_recovery` found: the logged,
   uncommitted batches run again first, with exactly their logged ranges.
+- Event time (`funke.common.streaming.eventtime`): the subtasks' event times (`EventTimeObserved`)
+  move the watermark tracker; each batch's offset entry logs the watermark computed when it was
+  planned (a re-run batch runs with it again), each commit entry the event times seen by then.
+  With `no_data_batches`, a watermark that moved past the last logged one makes a batch even
+  without new data, so that windows it passes close.
 """
 
 from __future__ import annotations

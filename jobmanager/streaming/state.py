@@ -70,6 +70,19 @@ def keyed_state_table(vertex: JobVertex, checkpoint: str, version: int, key: lis
         table = pa.table(columns)
     elif op.kind == "running_reduce":
         table = table.drop_columns(names[:len(keys)])  # the key rides twice: as the key and in the record
+    elif op.kind == "deduplicate_within":  # each key kept, and when the watermark lets it go
+        columns = {k: table.column(i) for i, k in enumerate(keys)}
+        columns["expires"] = pc.cast(table.column(len(keys)), pa.timestamp("ms", tz="UTC"))
+        table = pa.table(columns)
+    elif op.kind == "interval_join":  # each row kept: its side, event time, whether it matched, its columns
+        columns = {k: table.column(i) for i, k in enumerate(keys)}
+        columns["side"] = pc.if_else(pc.equal(table.column("__side"), 0), "left", "right")
+        columns["time"] = pc.cast(table.column("__ts"), pa.timestamp("ms", tz="UTC"))
+        columns["matched"] = table.column("__matched")
+        # each side's other columns by position (the state holds no names for them)
+        columns.update({("left_" if n.startswith("__l") else "right_") + n[3:]: table.column(n) for n in names
+                        if n[:3] in ("__l", "__r") and n[3:].isdigit()})
+        table = pa.table(columns)
     elif op.kind == "process":  # the key, each state, the timers (not the TTLs' expiry times)
         columns = {k: table.column(i) for i, k in enumerate(keys)}
         columns.update({d["name"]: table.column(d["name"]) for d in op.config.get("state") or []})

@@ -1,6 +1,9 @@
 """Keyed state where the rows are: the state store's reads and writes inside Spark's Python
 workers, and the operators that use them over a stream: the running aggregate, the running
-reduce and drop_duplicates (`funke.common.streaming.state` has the rules).
+reduce, drop_duplicates, the keyed process function, and the event-time operators — window and
+session window aggregates, drop_duplicates_within_watermark and the interval join, whose state
+the batch's watermark bounds (`funke.common.streaming.state` and `funke.common.streaming.eventtime`
+have the rules).
 
 A running aggregate's batch reaches `running_aggregate_batches` as one row per key with the
 batch's partial aggregates (Spark computed them: count, sum, min, max, and avg as sum and

@@ -6,7 +6,10 @@ calling convention); transform calls fn(DataFrame) -> DataFrame once on the driv
 subtask input; the others are Spark SQL (select, where, aggregate, count, join, union). combine
 is a keyed aggregate's combiner (`funke.common.aggregates`). running_aggregate keeps its totals,
 and deduplicate the keys it saw, across a streaming query's batches in the keyed state store
-(`keyedstate`).
+(`keyedstate`). The event-time operators (`funke.common.streaming.eventtime`): watermark observes
+the batch's event times; window_aggregate, session_aggregate, deduplicate_within and
+interval_join keep state the watermark closes, and count the rows it finds late; late_rows is
+what a window operator left out.
 """
 
 from __future__ import annotations

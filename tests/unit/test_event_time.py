@@ -751,3 +751,21 @@ def test_interval_join_mistakes_fail_at_the_call(kwargs, message):
     with pytest.raises(ValueError) as caught:
         two_streams(**kwargs)
     assert message in str(caught.value)
+
+
+def test_window_numbers_that_cannot_be_are_refused_at_submit_in_a_hand_made_graph():
+    """A job graph from any client (not only the DSL, which checks them at the call) is refused
+    before it runs when a window's numbers cannot be."""
+    import dataclasses
+
+    job = windowed_query("append").build()
+    bad = []
+    for v in job.vertices:
+        ops = tuple(dataclasses.replace(op, config={**op.config, "slide_ms": 120_000})
+                    if op.kind in ("window_aggregate", "late_rows") else op for op in v.operators)
+        bad.append(dataclasses.replace(v, operators=ops))
+    from funke.common.graph.validation import validate
+
+    with pytest.raises(JobGraphInvalid) as caught:
+        validate(dataclasses.replace(job, vertices=tuple(bad)))
+    assert str(caught.value).count("must not be longer than its size") == 2, str(caught.value)

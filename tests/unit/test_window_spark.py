@@ -231,6 +231,16 @@ def test_a_stream_in_update_mode_emits_the_windows_each_batch_changed_and_closed
     assert late_counts == [0, 1, 2, 0]
     # windows held after each batch: the watermark's closed ones removed
     assert held == [(3, 3, 0), (3, 2, 1), (1, 1, 2), (1, 1, 1)]
+    # funke state: each key's open windows with their totals so far, as the JobManager reads them
+    from funke.common.graph.jobgraph import JobVertex
+    from funke.jobmanager.streaming.state import keyed_state_table
+
+    vertex = JobVertex("v", "windows", 1, (spec,), max_parallelism=8)
+    table, matching = keyed_state_table(vertex, str(checkpoint), len(FEED), [], 10)
+    assert table.column_names == ["k", "window_start", "window_end", "n", "s", "m"] and matching == 1
+    [open_window] = table.to_pylist()
+    assert (open_window["k"], open_window["window_start"].timestamp(), open_window["window_end"].timestamp(),
+            open_window["n"], open_window["m"]) == ("c", 40.0, 50.0, 1, 1.0)
 
 
 def test_allowed_lateness_keeps_a_window_open_until_its_end_plus_lateness_passes(spark, ctx, tmp_path):
