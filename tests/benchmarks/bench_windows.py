@@ -129,9 +129,13 @@ base = f"http://127.0.0.1:{port}/jobs/{jid}"
 
 
 def rows_out():
-    # the source's numRecordsOut, summed over its subtasks (its chain pre-aggregates what it sends on)
+    # the source's numRecordsOut, summed over its subtasks (its chain pre-aggregates what it sends
+    # on). The REST API answers with what it fetched at the request before (then fetches anew):
+    # asked twice, a second apart, the second answer is fresh.
     vertex = next(v["id"] for v in json.load(urllib.request.urlopen(base))["vertices"] if v["name"].startswith("Source"))
     names = ",".join(f"{i}.Source__src[1].numRecordsOut" for i in range(cores))
+    urllib.request.urlopen(f"{base}/vertices/{vertex}/metrics?get={names}").read()
+    time.sleep(1.0)
     got = json.load(urllib.request.urlopen(f"{base}/vertices/{vertex}/metrics?get={names}"))
     return sum(int(float(m["value"])) for m in got)
 
