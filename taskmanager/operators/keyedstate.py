@@ -350,6 +350,30 @@ def running_aggregate_batches(root: str, keys: list[str], aggregates: list[Aggre
     return run
 
 
+def _partials_of(aggregates: list[AggregateSpec]) -> tuple[Callable[[list, list], list], Callable[[list], list]]:
+    """For a window's partial aggregates: how two lists of them merge into one, and the totals
+    they stand for (an avg's sum over its count; every other total is its one partial)."""
+    spans = []
+    at = 0
+    for function, columns in aggregates:
+        spans.append((function, at, len(columns)))
+        at += len(columns)
+    has_avg = any(function == "avg" for function, _, _ in spans)
+
+    def merge(old: list, new: list) -> list:
+        merged: list = []
+        for function, first, count in spans:
+            merged += _merge(function, old[first:first + count], new[first:first + count])
+        return merged
+
+    def totals(values: list) -> list:
+        if not has_avg:
+            return values
+        return [_final(function, values[first:first + count]) for function, first, count in spans]
+
+    return merge, totals
+
+
 def window_aggregate_batches(root: str, n_keys: int, aggregates: list[AggregateSpec], version: int, mode: str,
                              retain: int, state_schema: pa.Schema, out_schema: pa.Schema, owned: range,
                              watermark_ms: int | None, size_ms: int, lateness_ms: int):
@@ -361,26 +385,14 @@ def window_aggregate_batches(root: str, n_keys: int, aggregates: list[AggregateS
     the windows the batch changed. Each group keeps its windows by end in a heap (Flink's
     event-time timer at a window's end), rebuilt from the state when the group is loaded."""
     key_width = n_keys + 1
-    spans = []
-    at = 0
-    for function, columns in aggregates:
-        spans.append((function, at, len(columns)))
-        at += len(columns)
     state_columns = list(state_schema.names[:-1])  # without REMOVED_COLUMN
-    has_avg = any(function == "avg" for function, _, _ in spans)
+    merge_partials, totals = _partials_of(aggregates)
 
     def merge(old: list | None, new: list) -> list:
-        if old is None:
-            return new
-        merged: list = []
-        for function, first, count in spans:
-            merged += _merge(function, old[first:first + count], new[first:first + count])
-        return merged
+        return new if old is None else merge_partials(old, new)
 
     def out_row(key: list, values: list) -> list:
-        if not has_avg:
-            return key + values
-        return key + [_final(function, values[first:first + count]) for function, first, count in spans]
+        return key + totals(values)
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         emitted: list[list] = []
@@ -436,25 +448,11 @@ def session_aggregate_batches(root: str, n_keys: int, aggregates: list[Aggregate
     session a batch created or changed. The state's key is the keys and the session's start; its
     value the end, then the partial aggregates."""
     key_width = n_keys + 1
-    spans = []
-    at = 0
-    for function, columns in aggregates:
-        spans.append((function, at, len(columns)))
-        at += len(columns)
     state_columns = list(state_schema.names[:-1])
-    has_avg = any(function == "avg" for function, _, _ in spans)
-
-    def merge(old: list, new: list) -> list:
-        merged: list = []
-        for function, first, count in spans:
-            merged += _merge(function, old[first:first + count], new[first:first + count])
-        return merged
+    merge, totals = _partials_of(aggregates)
 
     def out_row(key: list, values: list) -> list:
-        parts = values[1:]
-        if has_avg:
-            parts = [_final(function, parts[first:first + count]) for function, first, count in spans]
-        return key + [values[0]] + parts
+        return key + [values[0]] + totals(values[1:])
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         emitted: list[list] = []

@@ -22,7 +22,7 @@ import cloudpickle
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame, Observation
 from pyspark.sql import functions as F
-from pyspark.sql.types import DecimalType, StructType, TimestampNTZType, TimestampType
+from pyspark.sql.types import DecimalType, LongType, StructField, StructType, TimestampNTZType, TimestampType
 
 from funke.common.graph.jobgraph import OperatorSpec
 from funke.common.graph.streamingjob import DEFAULT_RETAIN, OUTPUT_MODE, RETAIN
@@ -429,6 +429,39 @@ def _windowed(ctx: RuntimeContext, spec: OperatorSpec, df: DataFrame) -> tuple[D
     return windowed, late, size, lateness
 
 
+def _windows_over_a_stream(ctx: RuntimeContext, spec: OperatorSpec, df: DataFrame, windowed: DataFrame,
+                           late: Column, keys: list[str], aggregations: list[str], what: str
+                           ) -> tuple[str, DataFrame, list[StructField], list[tuple[str, str]], list]:
+    """What every window operator over a stream does first: its output mode, its on-time rows
+    (the late ones counted for the progress records), the fields of its totals (as the same
+    aggregates over the input would have them), their partial columns, and per aggregate its
+    function and partial columns (`keyedstate.AggregateSpec`)."""
+    if not ctx.checkpoint:
+        raise ValueError(f"{label(spec)}: a window aggregate over a stream keeps its {what} in the query's "
+                         "checkpoint, and the task has none")
+    mode = ctx.options.get(OUTPUT_MODE, "append").strip().lower() or "append"
+    if mode not in ("append", "update"):
+        raise ValueError(f"{label(spec)}: a window aggregate emits in append or update mode, not {mode!r}")
+    calls = [aggregates.parse_call(a) for a in aggregations]
+    if any(c is None for c in calls):
+        raise ValueError(f"{label(spec)}: {aggregates.RUNNING_ONLY}")
+    assert ctx.meter is not None
+    counted = Observation()
+    ctx.meter.late.append(counted)
+    on_time = windowed.observe(counted, F.sum(late.cast("long")).alias("late")).where(~late)
+    totals = df.groupBy(*[column_ref(k) for k in keys]).agg(*[F.expr(a) for a in aggregations]).schema.fields[len(keys):]
+    partial_columns: list[tuple[str, str]] = []
+    merged: list[tuple[str, tuple[str, ...]]] = []
+    for i, (call, field_) in enumerate(zip(calls, totals)):
+        assert call is not None
+        if call.function == "avg" and isinstance(field_.dataType, DecimalType):
+            raise ValueError(f"{label(spec)}: avg() of a decimal column is not supported in a window; cast it to double")
+        parts = aggregates.partials(call, i)
+        partial_columns += parts
+        merged.append((call.function, tuple(name for name, _ in parts)))
+    return mode, on_time, list(totals), partial_columns, merged
+
+
 def _window_aggregate(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFrame]) -> DataFrame:
     """A keyed aggregate per window of event time. In a bounded job, over the whole input. In a
     streaming query, the rows late for their window are counted and left out (the query's
@@ -451,29 +484,9 @@ def _window_aggregate(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[Data
 
     if ctx.batch is None:  # a bounded job: every row is on time
         return finish(windowed.where(~late).groupBy(*group).agg(*[F.expr(a) for a in aggregations]))
-    if not ctx.checkpoint:
-        raise ValueError(f"{label(spec)}: a window aggregate over a stream keeps its windows in the query's "
-                         "checkpoint, and the task has none")
-    mode = ctx.options.get(OUTPUT_MODE, "append").strip().lower() or "append"
-    if mode not in ("append", "update"):
-        raise ValueError(f"{label(spec)}: a window aggregate emits in append or update mode, not {mode!r}")
-    calls = [aggregates.parse_call(a) for a in aggregations]
-    if any(c is None for c in calls):
-        raise ValueError(f"{label(spec)}: {aggregates.RUNNING_ONLY}")
-    assert ctx.meter is not None
-    counted = Observation()
-    ctx.meter.late.append(counted)
-    on_time = windowed.observe(counted, F.sum(late.cast("long")).alias("late")).where(~late)
-    whole = on_time.groupBy(*group).agg(*[F.expr(a) for a in aggregations]).schema
-    partial_columns: list[tuple[str, str]] = []
-    merged: list[tuple[str, tuple[str, ...]]] = []
-    for i, (call, field_) in enumerate(zip(calls, whole.fields[len(group):])):
-        assert call is not None
-        if call.function == "avg" and isinstance(field_.dataType, DecimalType):
-            raise ValueError(f"{label(spec)}: avg() of a decimal column is not supported in a window; cast it to double")
-        parts = aggregates.partials(call, i)
-        partial_columns += parts
-        merged.append((call.function, tuple(name for name, _ in parts)))
+    mode, on_time, totals, partial_columns, merged = _windows_over_a_stream(ctx, spec, df, windowed, late, keys,
+                                                                             aggregations, "windows")
+    whole = StructType([df.schema[k] for k in keys] + [StructField(WINDOW_START_COLUMN, LongType())] + totals)
     # One exchange: the rows (and each owned group's marker) go to their key group's Spark
     # partition first, and the partial aggregation then needs no exchange of its own (grouping by
     # the key group first, it is already clustered by it)
@@ -552,34 +565,13 @@ def _session_aggregate(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[Dat
         named = df.groupBy(*by).agg(*[F.expr(a) for a in aggregations]).columns[len(keys):]
         return finish(grouped.select(*by, *bounds(grouped),
                                      *[F.col(f"__a{i}").alias(n) for i, n in enumerate(named)]))
-    if not ctx.checkpoint:
-        raise ValueError(f"{label(spec)}: a session window aggregate over a stream keeps its sessions in the "
-                         "query's checkpoint, and the task has none")
-    mode = ctx.options.get(OUTPUT_MODE, "append").strip().lower() or "append"
-    if mode not in ("append", "update"):
-        raise ValueError(f"{label(spec)}: a window aggregate emits in append or update mode, not {mode!r}")
-    calls = [aggregates.parse_call(a) for a in aggregations]
-    if any(c is None for c in calls):
-        raise ValueError(f"{label(spec)}: {aggregates.RUNNING_ONLY}")
-    assert ctx.meter is not None
-    counted = Observation()
-    ctx.meter.late.append(counted)
-    on_time = windowed.observe(counted, F.sum(late.cast("long")).alias("late")).where(~late)
-    whole = df.groupBy(*by).agg(*[F.expr(a) for a in aggregations]).schema
-    partial_columns: list[tuple[str, str]] = []
-    merged: list[tuple[str, tuple[str, ...]]] = []
-    for i, (call, field_) in enumerate(zip(calls, whole.fields[len(keys):])):
-        assert call is not None
-        if call.function == "avg" and isinstance(field_.dataType, DecimalType):
-            raise ValueError(f"{label(spec)}: avg() of a decimal column is not supported in a window; cast it to double")
-        parts = aggregates.partials(call, i)
-        partial_columns += parts
-        merged.append((call.function, tuple(name for name, _ in parts)))
+    mode, on_time, totals, partial_columns, merged = _windows_over_a_stream(ctx, spec, df, windowed, late, keys,
+                                                                             aggregations, "sessions")
     grouped = on_time.groupBy(*by, session).agg(*[F.expr(expr).alias(name) for name, expr in partial_columns])
     partial = grouped.select(*by, *bounds(grouped), *[F.col(name) for name, _ in partial_columns])
     both, root, owned = _in_key_groups(ctx, partial, keys)
     state_schema = pa.schema(list(arrow_schema(ctx, partial.schema)) + [pa.field(state.REMOVED_COLUMN, pa.bool_())])
-    out = StructType(partial.schema.fields[:len(keys) + 2] + whole.fields[len(keys):])
+    out = StructType(partial.schema.fields[:len(keys) + 2] + totals)
     fn = session_aggregate_batches(root, len(keys), merged, ctx.batch.batch_id, mode,
                                    int(ctx.options.get(RETAIN, "") or DEFAULT_RETAIN), state_schema,
                                    arrow_schema(ctx, out), owned, ctx.batch.watermark_ms, lateness)

@@ -46,6 +46,12 @@ def event_ms(v: int) -> int:
     return BASE_MS + v * 25 + (v * 7919 % 13) * 40 - (4000 if v % 20 == 7 else 0)
 
 
+def rows_of(r) -> tuple[int, int]:
+    """The rate source's rows a batch read: its logged range as (first, end)."""
+    start = int(r.start["rows"]) if r.start is not None else 0
+    return start, int(r.end["rows"]) if r.end is not None else start
+
+
 def window_job(name: str, out: Path, late: Path, checkpoint: Path, *, mode: str, size: str, slide: str | None = None,
                lateness: str | None = None, rows_per_second: int = 40) -> ExecutionEnvironment:
     env = ExecutionEnvironment(name, parallelism=2)
@@ -95,8 +101,7 @@ class Direct:
         for b in self.batches:
             entry = store.read_offsets(b)
             (r,) = entry.sources.values()
-            start = int(r.start["rows"]) if r.start is not None else 0
-            end = int(r.end["rows"]) if r.end is not None else start
+            start, end = rows_of(r)
             wm = entry.watermark_ms
             self.watermark[b] = wm
             for v in range(start, end):
@@ -234,7 +239,7 @@ def test_drop_duplicates_within_watermark_emits_each_id_once_and_forgets_it_once
     for b in store.commit_ids():
         entry = store.read_offsets(b)
         (r,) = entry.sources.values()
-        start, end = (int(r.start["rows"]) if r.start is not None else 0), int(r.end["rows"]) if r.end else 0
+        start, end = rows_of(r)
         wm = entry.watermark_ms
         late[b] = 0
         for v in range(start, end):
@@ -291,7 +296,7 @@ def direct_sessions(checkpoint: Path, gap: int) -> tuple[dict[int, list[tuple]],
     for b in store.commit_ids():
         entry = store.read_offsets(b)
         (r,) = entry.sources.values()
-        start, end = (int(r.start["rows"]) if r.start is not None else 0), int(r.end["rows"]) if r.end else 0
+        start, end = rows_of(r)
         wm = entry.watermark_ms
         late[b] = []
         for v in range(start, end):
@@ -430,7 +435,7 @@ def test_a_stream_joined_with_a_static_table_joins_every_batch_once_and_left_out
     lookup = {0: ["zero"], 1: ["one"], 2: ["two", "deux"], 3: [None]}
     for b in store.commit_ids():
         (r,) = store.read_offsets(b).sources.values()
-        start, end = (int(r.start["rows"]) if r.start is not None else 0), int(r.end["rows"]) if r.end else 0
+        start, end = rows_of(r)
         expected = sorted((v, v % 4, n) for v in range(start, end) for n in lookup[v % 4])
         assert sorted(got.get(b, []), key=str) == sorted(expected, key=str), f"batch {b}"
     # a static branch written on its own, or a full outer join, would repeat the table every batch: refused
@@ -479,7 +484,7 @@ def test_an_interval_join_of_two_streams_emits_each_pair_once_and_each_unmatched
         wm = entry.watermark_ms
         last_wm = wm
         for source, r in entry.sources.items():
-            start, end = (int(r.start["rows"]) if r.start is not None else 0), int(r.end["rows"]) if r.end else 0
+            start, end = rows_of(r)
             for v in range(start, end):
                 ts = left_ms(v) if source == left_source else right_ms(v)
                 if wm is not None and ts < wm:

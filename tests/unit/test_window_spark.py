@@ -308,3 +308,35 @@ def test_a_bad_event_time_column_or_window_is_refused_naming_it(spark, ctx, tmp_
                 OPERATORS[kind](context, OperatorSpec(kind, "op", {**window_config(10, 20), **more}), [timed])
         with pytest.raises(ValueError, match="positive size"):
             OPERATORS[kind](ctx, OperatorSpec(kind, "op", {**window_config(0), **more}), [timed])
+
+
+# ---- session windows --------------------------------------------------------------------------
+
+SESSION = OperatorSpec("session_aggregate", "s", {"keys": ["k"], "aggregations": ["count(1) AS n", "sum(v) AS s"],
+                                                  "column": "ts", "gap_ms": 1_000, "lateness_ms": 0})
+
+
+def sessions(out: DataFrame) -> list[tuple]:
+    assert out.columns == ["k", "window_start", "window_end", "n", "s"]
+    return sorted(tuple(r) for r in out.select("k", F.unix_millis("window_start"), F.unix_millis("window_end"), "n",
+                                                "s").collect())
+
+
+def test_sessions_grow_and_merge_across_batches_and_close_once_when_the_watermark_passes_their_end(
+        spark, ctx, tmp_path):
+    checkpoint = tmp_path / "checkpoint"
+    feed = [([("a", 1, 1_000), ("a", 2, 1_500), ("b", 3, 1_000)], None),   # a [1000, 2500), b [1000, 2000)
+            ([("a", 4, 2_800), ("a", 5, 2_400)], 1_200),                    # a's session grows to [1000, 3800)
+            ([("b", 6, 5_000)], 3_000),                                     # b's first closes at 3000
+            ([("a", 7, 100), ("c", 8, 9_500)], 9_000)]                      # a@100 late; a's closes
+    got, late_counts = [], []
+    for batch_id, (rows, watermark) in enumerate(feed):
+        batch = streaming(ctx, checkpoint, batch_id, watermark)
+        got.append(sessions(OPERATORS["session_aggregate"](batch, SESSION, [events(spark, rows)])))
+        late_counts.append(batch.meter.late[0].get["late"])
+    assert got == [[], [], [("b", 1_000, 2_000, 1, 3)], [("a", 1_000, 3_800, 4, 12), ("b", 5_000, 6_000, 1, 6)]]
+    assert late_counts == [0, 0, 0, 1]
+    # a bounded job: Spark's session_window over the whole input
+    whole = events(spark, [r for rows, _ in feed for r in rows])
+    assert sessions(OPERATORS["session_aggregate"](ctx, SESSION, [whole])) == [  # a@100 on time: it joins a's session
+        ("a", 100, 3_800, 5, 19), ("b", 1_000, 2_000, 1, 3), ("b", 5_000, 6_000, 1, 6), ("c", 9_500, 10_500, 1, 8)]
