@@ -455,6 +455,10 @@ def left_ms(v: int) -> int:
     return BASE_MS + v * 50 + (v * 7919 % 13) * 20 - (4000 if v % 20 == 7 else 0)
 
 
+def left_key(v: int) -> int:
+    return 9 if v % 20 == 3 else v % 5
+
+
 def right_ms(w: int) -> int:
     return BASE_MS + w * 60 + (w * 31 % 7) * 30
 
@@ -464,7 +468,9 @@ def test_an_interval_join_of_two_streams_emits_each_pair_once_and_each_unmatched
     out, checkpoint = tmp_path / "joined", tmp_path / "checkpoint"
     client = stream_cluster.client
     env = ExecutionEnvironment("interval join", parallelism=2)
-    clicks = env.read_stream.rate(20).select("value % 5 AS k", "value AS a", LEFT_TIME).with_watermark("ts", "1 s")
+    # every 20th left row has a key the right stream never has: it is emitted unmatched, once
+    clicks = env.read_stream.rate(20).select("CASE WHEN value % 20 = 3 THEN 9 ELSE value % 5 END AS k", "value AS a",
+                                             LEFT_TIME).with_watermark("ts", "1 s")
     views = env.read_stream.rate(20).select("value % 5 AS k", "value AS b", RIGHT_TIME).with_watermark("ts", "1 s")
     clicks.interval_join(views, "k", "-300 ms", "300 ms", how="left").write_parquet(str(out))
     env.set_trigger("500 ms").set_checkpoint_location(str(checkpoint))
@@ -492,7 +498,7 @@ def test_an_interval_join_of_two_streams_emits_each_pair_once_and_each_unmatched
                     continue
                 (lefts if source == left_source else rights)[v] = ts
     pairs = {(a, b) for a, ta in lefts.items() for b, tb in rights.items()
-             if a % 5 == b % 5 and ta - 300 <= tb <= ta + 300}
+             if left_key(a) == b % 5 and ta - 300 <= tb <= ta + 300}
     matched = {a for a, _ in pairs}
     outer = {(a, None) for a, ta in lefts.items() if a not in matched and last_wm is not None and ta + 301 <= last_wm}
     rows = [r for rs in committed_rows(out, lambda p: list(zip(pq.read_table(p).column("a").to_pylist(),
