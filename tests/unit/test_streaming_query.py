@@ -79,7 +79,7 @@ def test_every_problem_of_a_streaming_query_is_named(tmp_path):
     with pytest.raises(JobGraphInvalid) as info:
         env.build()
     text = str(info.value)
-    assert "read bounded sources in a streaming query" in text
+    assert "mixes the stream with a static data set: only a join may" in text  # a union would repeat it
     assert "streaming.trigger: expected one of processing-time, available-now, once" in text
     assert "streaming.checkpoint-location" in text
     batch = ExecutionEnvironment("batch")
