@@ -350,6 +350,25 @@ def running_aggregate_batches(root: str, keys: list[str], aggregates: list[Aggre
     return run
 
 
+def _each_group(batches: Iterator[pa.RecordBatch], columns: list[str], owned: range, root: str, version: int,
+                key_width: int, handle: Callable[[int, Group, list[tuple], float], list[list]]) -> list[list]:
+    """An event-time operator's batch, group by group: load the group at `version`, and
+    `handle(key group, group, its rows, when its work began)` merges, closes what the watermark
+    passed, commits and returns the rows to emit. A failure drops the group's lookups (heaps of
+    ends or timers, the index of keys), rebuilt from the state when it is next loaded."""
+    out: list[list] = []
+    with _no_gc():
+        for key_group, rows in _by_group(batches, columns, owned):
+            began = time.perf_counter()
+            group = load_group(root, key_group, version, key_width)
+            try:
+                out += handle(key_group, group, rows, began)
+            except BaseException:
+                group.timers = group.event_timers = group.index = None
+                raise
+    return out
+
+
 def _partials_of(aggregates: list[AggregateSpec]) -> tuple[Callable[[list, list], list], Callable[[list], list]]:
     """For a window's partial aggregates: how two lists of them merge into one, and the totals
     they stand for (an avg's sum over its count; every other total is its one partial)."""
@@ -395,19 +414,10 @@ def window_aggregate_batches(root: str, n_keys: int, aggregates: list[AggregateS
         return key + totals(values)
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        emitted: list[list] = []
-        with _no_gc():
-            for key_group, rows in _by_group(batches, state_columns, owned):
-                began = time.perf_counter()
-                group = load_group(root, key_group, version, key_width)
-                try:
-                    emitted += _window_group(root, key_group, group, rows, began)
-                except BaseException:
-                    group.timers = None  # the heap may have lost entries: rebuilt from the state next time
-                    raise
-        yield from _batches(emitted, out_schema)
+        yield from _batches(_each_group(batches, state_columns, owned, root, version, key_width, _window_group),
+                            out_schema)
 
-    def _window_group(root: str, key_group: int, group: Group, rows: list[tuple], began: float) -> list[list]:
+    def _window_group(key_group: int, group: Group, rows: list[tuple], began: float) -> list[list]:
         held = group.rows
         if group.timers is None:
             group.timers = [(key[-1] + size_ms, frozen) for frozen, (key, _) in held.items()]
@@ -455,19 +465,10 @@ def session_aggregate_batches(root: str, n_keys: int, aggregates: list[Aggregate
         return key + [values[0]] + totals(values[1:])
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        emitted: list[list] = []
-        with _no_gc():
-            for key_group, rows in _by_group(batches, state_columns, owned):
-                began = time.perf_counter()
-                group = load_group(root, key_group, version, key_width)
-                try:
-                    emitted += _session_group(root, key_group, group, rows, began)
-                except BaseException:
-                    group.timers = group.index = None  # rebuilt from the state next time
-                    raise
-        yield from _batches(emitted, out_schema)
+        yield from _batches(_each_group(batches, state_columns, owned, root, version, key_width, _session_group),
+                            out_schema)
 
-    def _session_group(root: str, key_group: int, group: Group, rows: list[tuple], began: float) -> list[list]:
+    def _session_group(key_group: int, group: Group, rows: list[tuple], began: float) -> list[list]:
         held = group.rows
         if group.timers is None or group.index is None:
             group.timers = [(values[0], frozen) for frozen, (_, values) in held.items()]
@@ -545,17 +546,7 @@ def interval_join_batches(root: str, n_keys: int, version: int, retain: int, sta
     n_right = len(in_columns) - n_keys - 2 - n_left
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        out: list[list] = []
-        with _no_gc():
-            for key_group, rows in _by_group(batches, in_columns, owned):
-                began = time.perf_counter()
-                group = load_group(root, key_group, version, n_keys + 2)
-                try:
-                    out += _join_group(root, key_group, group, rows, began)
-                except BaseException:
-                    group.timers = group.index = None
-                    raise
-        yield from _batches(out, out_schema)
+        yield from _batches(_each_group(batches, in_columns, owned, root, version, n_keys + 2, _join_group), out_schema)
 
     def expires(side: int, at: int) -> int:
         """The first watermark at which a kept row can no longer be joined."""
@@ -566,7 +557,7 @@ def interval_join_batches(root: str, n_keys: int, version: int, retain: int, sta
         the left's columns and the right's)."""
         return key + left[2:2 + n_left] + right[2 + n_left:]
 
-    def _join_group(root: str, key_group: int, group: Group, rows: list[tuple], began: float) -> list[list]:
+    def _join_group(key_group: int, group: Group, rows: list[tuple], began: float) -> list[list]:
         held = group.rows
         if group.timers is None or group.index is None:
             group.timers = [(expires(f[n_keys], v[0]), f) for f, (_, v) in held.items()]
@@ -637,40 +628,35 @@ def deduplicate_within_batches(root: str, positions: list[int], version: int, re
     n_keys = len(positions)
     width = len(out_schema)
 
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def first_rows(key_group: int, group: Group, rows: list[tuple], began: float) -> list[list]:
+        held = group.rows
+        if group.timers is None:
+            group.timers = [(values[0], frozen) for frozen, (_, values) in held.items()]
+            heapq.heapify(group.timers)
         firsts: list[list] = []
+        changes: dict[Any, tuple[list, list]] = {}
+        for row in rows:
+            key = [row[p] for p in positions]
+            frozen = tuple([_freeze(v) for v in key])
+            if frozen in changes or frozen in held:
+                continue  # seen within the watermark: a duplicate
+            firsts.append(list(row[:width]))
+            changes[frozen] = (key, [row[width]])
+            heapq.heappush(group.timers, (row[width], frozen))
+        removed: dict[Any, list] = {}
+        heap = group.timers
+        while watermark_ms is not None and heap and heap[0][0] <= watermark_ms:
+            expires, frozen = heapq.heappop(heap)
+            entry = changes.get(frozen) or held.get(frozen)
+            if entry is not None and entry[1][0] == expires:
+                changes.pop(frozen, None)
+                removed[frozen] = entry[0]
+        commit_group(root, key_group, group, changes, state_schema, retain, began, removed)
+        return firsts
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         columns = list(out_schema.names) + ["__expires"]
-        with _no_gc():
-            for key_group, rows in _by_group(batches, columns, owned):
-                began = time.perf_counter()
-                group = load_group(root, key_group, version, n_keys)
-                try:
-                    held = group.rows
-                    if group.timers is None:
-                        group.timers = [(values[0], frozen) for frozen, (_, values) in held.items()]
-                        heapq.heapify(group.timers)
-                    changes: dict[Any, tuple[list, list]] = {}
-                    for row in rows:
-                        key = [row[p] for p in positions]
-                        frozen = tuple([_freeze(v) for v in key])
-                        if frozen in changes or frozen in held:
-                            continue  # seen within the watermark: a duplicate
-                        firsts.append(list(row[:width]))
-                        changes[frozen] = (key, [row[width]])
-                        heapq.heappush(group.timers, (row[width], frozen))
-                    removed: dict[Any, list] = {}
-                    heap = group.timers
-                    while watermark_ms is not None and heap and heap[0][0] <= watermark_ms:
-                        expires, frozen = heapq.heappop(heap)
-                        entry = changes.get(frozen) or held.get(frozen)
-                        if entry is not None and entry[1][0] == expires:
-                            changes.pop(frozen, None)
-                            removed[frozen] = entry[0]
-                    commit_group(root, key_group, group, changes, state_schema, retain, began, removed)
-                except BaseException:
-                    group.timers = None
-                    raise
-        yield from _batches(firsts, out_schema)
+        yield from _batches(_each_group(batches, columns, owned, root, version, n_keys, first_rows), out_schema)
 
     return run
 

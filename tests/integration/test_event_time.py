@@ -52,6 +52,17 @@ def rows_of(r) -> tuple[int, int]:
     return start, int(r.end["rows"]) if r.end is not None else start
 
 
+def run_then_stop(client, job, batches: int) -> str:
+    """Submits `job`, lets its batches up to `batches` complete, stops it gracefully: FINISHED."""
+    job_id = client.submit(job)
+    events = Events(client, job_id)
+    events.wait("BatchCompleted", min_batch=batches)
+    client.stop(job_id, timeout_s=60)
+    assert wait_status(client, job_id, ("FINISHED", "FAILED", "CANCELED")) == "FINISHED"
+    events.drain()
+    return job_id
+
+
 def window_job(name: str, out: Path, late: Path, checkpoint: Path, *, mode: str, size: str, slide: str | None = None,
                lateness: str | None = None, rows_per_second: int = 40) -> ExecutionEnvironment:
     env = ExecutionEnvironment(name, parallelism=2)
@@ -172,13 +183,8 @@ def test_sliding_windows_with_allowed_lateness_in_update_mode_emit_each_change_w
         stream_cluster, tmp_path):
     out, late, checkpoint = tmp_path / "windows", tmp_path / "late", tmp_path / "checkpoint"
     client = stream_cluster.client
-    job_id = client.submit(window_job("sliding windows", out, late, checkpoint, mode="update", size="2 s",
-                                      slide="1 s", lateness="2 s").build())
-    events = Events(client, job_id)
-    events.wait("BatchCompleted", min_batch=10)
-    client.stop(job_id, timeout_s=60)
-    assert wait_status(client, job_id, ("FINISHED", "FAILED", "CANCELED")) == "FINISHED"
-    events.drain()
+    run_then_stop(client, window_job("sliding windows", out, late, checkpoint, mode="update", size="2 s",
+                                      slide="1 s", lateness="2 s").build(), 10)
     direct = Direct(checkpoint, WindowSpec(2000, 1000, 2000))
     emitted = committed_rows(out, read_windows)
     updates = 0
@@ -226,12 +232,7 @@ def test_drop_duplicates_within_watermark_emits_each_id_once_and_forgets_it_once
         .drop_duplicates_within_watermark("id")
         .write_parquet(str(out)))
     env.set_trigger("500 ms").set_checkpoint_location(str(checkpoint))
-    job_id = client.submit(env.build())
-    events = Events(client, job_id)
-    events.wait("BatchCompleted", min_batch=12)
-    client.stop(job_id, timeout_s=60)
-    assert wait_status(client, job_id, ("FINISHED", "FAILED", "CANCELED")) == "FINISHED"
-    events.drain()
+    job_id = run_then_stop(client, env.build(), 12)
     store = CheckpointStore(str(checkpoint))
     emitted = committed_rows(out, lambda p: pq.read_table(p).column("id").to_pylist())
     first: dict[int, int] = {}  # id -> the batch of its first on-time row
@@ -326,12 +327,8 @@ def test_session_windows_merge_across_batches_and_a_restart_and_close_once_when_
     out, late, checkpoint = tmp_path / "sessions", tmp_path / "late", tmp_path / "checkpoint"
     client = stream_cluster.client
     for run in range(2):  # stopped and started again on its checkpoint: open sessions come back from the state
-        job_id = client.submit(session_job(out, late, checkpoint).build())
-        events = Events(client, job_id)
-        events.wait("BatchCompleted", min_batch=(max(CheckpointStore(str(checkpoint)).commit_ids()) + 8) if run else 8)
-        client.stop(job_id, timeout_s=60)
-        assert wait_status(client, job_id, ("FINISHED", "FAILED", "CANCELED")) == "FINISHED"
-        events.drain()
+        done = max(CheckpointStore(str(checkpoint)).commit_ids()) if run else 0
+        run_then_stop(client, session_job(out, late, checkpoint).build(), done + 8)
     closed, late_rows = direct_sessions(checkpoint, 1000)
     emitted = committed_rows(out, read_windows)
     for b in closed:
@@ -423,12 +420,7 @@ def test_a_stream_joined_with_a_static_table_joins_every_batch_once_and_left_out
         .join(names, on="k", how="left")
         .write_parquet(str(out)))
     env.set_trigger("500 ms").set_checkpoint_location(str(checkpoint))
-    job_id = client.submit(env.build())
-    events = Events(client, job_id)
-    events.wait("BatchCompleted", min_batch=5)
-    client.stop(job_id, timeout_s=60)
-    assert wait_status(client, job_id, ("FINISHED", "FAILED", "CANCELED")) == "FINISHED"
-    events.drain()
+    run_then_stop(client, env.build(), 5)
     store = CheckpointStore(str(checkpoint))
     got = committed_rows(out, lambda p: list(zip(*(pq.read_table(p).column(c).to_pylist()
                                                     for c in ("value", "k", "name")))))
@@ -476,12 +468,7 @@ def test_an_interval_join_of_two_streams_emits_each_pair_once_and_each_unmatched
     env.set_trigger("500 ms").set_checkpoint_location(str(checkpoint))
     job = env.build()
     left_source = next(v.id for v in job.vertices if any("value AS a" in str(op.config) for op in v.operators))
-    job_id = client.submit(job)
-    events = Events(client, job_id)
-    events.wait("BatchCompleted", min_batch=12)
-    client.stop(job_id, timeout_s=60)
-    assert wait_status(client, job_id, ("FINISHED", "FAILED", "CANCELED")) == "FINISHED"
-    events.drain()
+    run_then_stop(client, job, 12)
     store = CheckpointStore(str(checkpoint))
     lefts, rights, last_wm = {}, {}, None
     late = 0
