@@ -480,6 +480,21 @@ class JobManagerClient:
         with pa.ipc.open_stream(response.arrow_ipc_stream) as reader:
             return response.vertex_id, reader.read_all()
 
+    def result_batches(self, job_id: str, vertex_id: str = "", from_batch: int = 0,
+                       max_batches: int = 0) -> tuple[str, list[tuple[int, pa.Table]]]:
+        """A streaming query's collect sink batch by batch: the sink's vertex id and, oldest first,
+        (batch id, its rows) of the committed batches with an id >= `from_batch` (at most
+        `max_batches`; 0: the JobManager's default, 100)."""
+        import pyarrow as pa
+
+        response: jobmanager_pb2.JobResult = self._call("GetJobResult", jobmanager_pb2.GetJobResultRequest(
+            job_id=job_id, vertex_id=vertex_id, from_batch=from_batch, max_batches=max_batches))
+        batches = []
+        for b in response.batches:
+            with pa.ipc.open_stream(b.arrow_ipc_stream) as reader:
+                batches.append((b.batch_id, reader.read_all()))
+        return response.vertex_id, batches
+
     def keyed_state(self, job_id: str, vertex_id: str = "", key: Sequence[str] = (),
                     limit: int = 0) -> tuple[jobmanager_pb2.KeyedState, pa.Table]:
         """A streaming query's keyed state after its last committed batch: the reply (vertex,

@@ -18,6 +18,7 @@ import types
 from collections.abc import Sequence
 from pathlib import Path
 
+from funke.common.api.execution import JobCaptured, capturing
 from funke.common.graph.jobgraph import JobGraph
 from funke.deploy.client import FunkeError, InvalidJobGraph
 
@@ -41,7 +42,9 @@ def load_job_file(path: str | os.PathLike[str], args: Sequence[str] = ()) -> Job
     The file runs as the module `__funke_job__` (so its `if __name__ == "__main__"` block does
     not run), with its own directory on sys.path (so it can import its neighbours) and sys.argv
     set to `[path, *args]` as if it ran alone. It must define `build(args)`, called with `args`, or a
-    module-level `job`; either may be a JobGraph or an ExecutionEnvironment (then built).
+    module-level `job`; either may be a JobGraph or an ExecutionEnvironment (then built). Or it
+    calls `env.execute()` / `execute_async()` as it would run alone (`python job.py`): that job is
+    taken there, and the rest of the file does not run (Flink's plan extraction).
     A job file's own argument parser may exit (`--help`); that SystemExit is not caught."""
     from funke.common.api.dsl import ExecutionEnvironment
 
@@ -58,7 +61,10 @@ def load_job_file(path: str | os.PathLike[str], args: Sequence[str] = ()) -> Job
     sys.argv = [str(path), *args]
     try:
         try:
-            namespace = runpy.run_path(str(file), run_name=JOB_MODULE)
+            with capturing():  # a script that calls env.execute() itself: its job is taken there
+                namespace = runpy.run_path(str(file), run_name=JOB_MODULE)
+        except JobCaptured as captured:
+            return captured.job
         except Exception as exc:  # SystemExit and KeyboardInterrupt pass: they are not errors of the file
             raise JobFileError(f"job file {str(path)!r} raised {_describe(exc)} while loading",
                                _user_traceback(exc, file)) from exc
@@ -66,7 +72,10 @@ def load_job_file(path: str | os.PathLike[str], args: Sequence[str] = ()) -> Job
         if callable(build):
             origin = "build(args)"
             try:
-                job = build(list(args))
+                with capturing():
+                    job = build(list(args))
+            except JobCaptured as captured:
+                job = captured.job
             except Exception as exc:
                 raise _build_error(path, origin, exc, file) from exc
         elif "job" in namespace:

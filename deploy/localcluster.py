@@ -184,7 +184,8 @@ class ClusterSpec:
     certificate authority and certificates for this machine and serves every gRPC port with
     TLS (mutual: every caller shows a certificate too); the processes' certificate names this
     machine and `tls_hosts` (other machines whose TaskManagers use it). Off loopback (`host`
-    0.0.0.0, say) plaintext is refused unless `insecure`."""
+    0.0.0.0, say) plaintext is refused unless `insecure`. `owner`: the processes stop on their own
+    once that process has ended (an embedded mini cluster's owner; `funke.runtime.owner`)."""
 
     dir: str | os.PathLike[str]
     taskmanagers: int
@@ -204,6 +205,7 @@ class ClusterSpec:
     tls: str = "none"
     insecure: bool = False
     tls_hosts: Sequence[str] = ()
+    owner: str = ""  # `PID:START` (funke.runtime.owner): every process stops once that process ended
 
 
 def start(spec: ClusterSpec) -> ClusterInfo:
@@ -232,7 +234,8 @@ def start(spec: ClusterSpec) -> ClusterInfo:
     ha_conf = root / HA_CONF
     ha_conf.unlink(missing_ok=True)
     host_args = ["--host", spec.host, *(["--insecure"] if spec.insecure else [])] if spec.host else []
-    tm_options = [*host_args, *spec.taskmanager_options, *(["--no-spark"] if spec.no_spark else [])]
+    owned = ["--owner", spec.owner] if spec.owner else []
+    tm_options = [*host_args, *spec.taskmanager_options, *(["--no-spark"] if spec.no_spark else []), *owned]
     data = spec.data_dir or str(root / "data")
     if "://" not in data:
         # The processes run in the cluster dir; a relative path meant the caller's cwd.
@@ -258,7 +261,7 @@ def start(spec: ClusterSpec) -> ClusterInfo:
             _write_ha_conf(root, spec.ha, quorum, spec.ha_options)
             (root / JOBMANAGERS_DIR).mkdir(exist_ok=True)
         ha_args = ["--config", str(ha_conf)] if spec.ha != "none" else []
-        jm_options = ["--data-dir", data, *host_args]
+        jm_options = ["--data-dir", data, *host_args, *owned]
         for entry in spec.dynamic:
             jm_options += ["-D", entry]
         (root / JOBMANAGER_OPTIONS).write_text(json.dumps(jm_options))

@@ -1,6 +1,11 @@
 """Word count: the classic first job, over the small corpus in examples/data/.
 
-Run it on a cluster with:
+Run it as a script (on the cluster $FUNKE_JOBMANAGER or `funke cluster start` names, else on an
+embedded mini cluster it starts and stops itself):
+
+    python examples/wordcount.py
+
+or submit it to a cluster:
 
     funke submit examples/wordcount.py
     funke submit examples/wordcount.py --parallelism 4 --output out/wordcount
@@ -22,7 +27,6 @@ import re
 from pathlib import Path
 
 from funke.common.api.dsl import ExecutionEnvironment
-from funke.common.graph.jobgraph import JobGraph
 
 DEFAULT_INPUT = str(Path(__file__).resolve().parent / "data" / "*.txt")
 
@@ -30,7 +34,7 @@ DEFAULT_INPUT = str(Path(__file__).resolve().parent / "data" / "*.txt")
 NON_LETTERS = re.compile(r"[\W\d_]+")
 
 
-def build(args: list[str]) -> JobGraph:
+def build(args: list[str]) -> ExecutionEnvironment:
     parser = argparse.ArgumentParser(prog="wordcount", description="Counts the words of text files.")
     parser.add_argument("--input", default=DEFAULT_INPUT, help="text files to read (a path or glob)")
     parser.add_argument("--output", help="directory for the counts as CSV; collected when absent")
@@ -53,4 +57,14 @@ def build(args: list[str]) -> JobGraph:
         counts.write_csv(opts.output, mode="overwrite")
     else:
         counts.collect()
-    return env.build()
+    return env
+
+
+if __name__ == "__main__":
+    import sys
+
+    result = build(sys.argv[1:]).execute()
+    if result.sinks:
+        top = result.to_pandas().sort_values(["count", "word"], ascending=[False, True])
+        print(top.head(20).to_string(index=False))
+    print(f"{result.status} in {result.duration_s:.2f} s ({result.job_id})")

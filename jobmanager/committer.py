@@ -224,6 +224,28 @@ def read_collected(data_dir: str, job_id: str, vertex_id: str, *, none_committed
     return sink.getvalue(), table.num_rows
 
 
+def read_collected_batches(data_dir: str, job_id: str, vertex_id: str, from_batch: int,
+                           max_batches: int) -> list[tuple[int, bytes, int]]:
+    """A streaming query's collect sink batch by batch: (batch id, its rows as an Arrow IPC
+    stream, their number) for the committed batches with an id >= `from_batch`, at most
+    `max_batches`, oldest first. Only what a manifest names is read (a batch being committed is
+    not there yet); no directory yet is no batch yet."""
+    from funke.common.graph.streamingjob import local_path
+    from funke.jobmanager import streamsinks
+
+    target = local_path(layout.collect_dir(data_dir, job_id, vertex_id))
+    out = []
+    for batch_id in [b for b in streamsinks.committed_batches(target) if b >= from_batch][:max_batches]:
+        tables = [pq.read_table(f"{target}/{name}") for name in streamsinks.committed_files(target, batch_id)]
+        tables = [t for t in tables if t.num_columns]
+        table = pa.concat_tables(tables, promote_options="default") if tables else pa.table({})
+        sink = io.BytesIO()
+        with pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+        out.append((batch_id, sink.getvalue(), table.num_rows))
+    return out
+
+
 class CleanupIncomplete(OSError):
     """Some step of a job's clean-up failed (the others ran): the clean-up is to be run again."""
 

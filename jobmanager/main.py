@@ -25,7 +25,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from funke.common.configuration import ClusterConfiguration, ConfigurationError, parse_configuration
-from funke.runtime import datafs
+from funke.runtime import datafs, owner
 from funke.runtime.configfile import load_configuration
 from funke.common.security import Realm, StreamQuota
 from funke.runtime import security
@@ -62,8 +62,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--insecure", action="store_true",
                    help="serve on an address other machines can reach without TLS (security.insecure); "
                    "tokens, jobs and data then cross the network in the clear")
+    p.add_argument("--owner", metavar="PID:START", type=_owner,
+                   help="stop once this process has ended (an embedded mini cluster's owner: funke.runtime.owner)")
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
+
+
+def _owner(text: str) -> str:
+    try:
+        owner.parse_owner(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def _version() -> str:
@@ -246,7 +256,10 @@ async def serve(args: argparse.Namespace, config: ClusterConfiguration, secrets:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    watching = asyncio.create_task(owner.watch_owner(args.owner, stop.set)) if args.owner else None
     await stop.wait()
+    if watching is not None:
+        watching.cancel()
     log.info("JobManager shutting down")
     await health_servicer.enter_graceful_shutdown()
     if role.election is not None:

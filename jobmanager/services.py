@@ -32,7 +32,7 @@ from funke.common.wire.codec import job_status_to_proto
 from funke.jobmanager.dispatcher import Dispatcher, DispatcherError
 from funke.jobmanager.jobmaster import END_OF_STREAM, RESYNC, JobMaster
 from funke.jobmanager.jobstore import ArchivedJob
-from funke.v1 import cluster_pb2, cluster_pb2_grpc, jobmanager_pb2, jobmanager_pb2_grpc
+from funke.v1 import cluster_pb2, cluster_pb2_grpc, jobgraph_pb2, jobmanager_pb2, jobmanager_pb2_grpc
 
 log = logging.getLogger("funke.jobmanager")
 
@@ -41,6 +41,8 @@ MAX_SLOTS_PER_TASK_MANAGER = 4096
 DEFAULT_STOP_TIMEOUT_S = 60.0
 MAX_STOP_TIMEOUT_S = 86_400.0
 MAX_ADDRESS_LENGTH = 300
+DEFAULT_RESULT_BATCHES = 100  # a streaming collect sink's batches per GetJobResult(from_batch)
+MAX_RESULT_BATCHES = 10_000
 DEFAULT_STATE_ROWS, MAX_STATE_ROWS = 1000, 1_000_000  # GetKeyedState's rows
 MAX_RESOURCES = 100
 _HOST = re.compile(r"\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9][A-Za-z0-9.-]*")
@@ -247,13 +249,15 @@ class JobManagerService(jobmanager_pb2_grpc.JobManagerServicer):
             listed = ", ".join(collects[:10]) + (f" and {len(collects) - 10} more" if len(collects) > 10 else "")
             await _refuse(context, grpc.StatusCode.NOT_FOUND if not collects else grpc.StatusCode.INVALID_ARGUMENT,
                           f"job {request.job_id} has {len(collects)} collect sinks ({listed}); name one")
+        query = getattr(job, "query", None)
+        if request.HasField("from_batch"):
+            return await self._result_batches(d, job, request, vertex_id, context)
         # A streaming query's committed batches can be read while it runs.
-        if job.status is not JobStatus.FINISHED and getattr(job, "query", None) is None:
+        if job.status is not JobStatus.FINISHED and query is None:
             await _refuse(context, grpc.StatusCode.FAILED_PRECONDITION,
                                 f"job {request.job_id} is {job.status.value}; results exist once it FINISHED")
         # A streaming query that has not ended and has no batch committed yet: its collect
         # directory may not be made yet, and that is zero rows, not rows gone.
-        query = getattr(job, "query", None)
         none_committed = query is not None and not query.progress
         try:
             data, rows = await asyncio.get_running_loop().run_in_executor(
@@ -266,6 +270,36 @@ class JobManagerService(jobmanager_pb2_grpc.JobManagerServicer):
             await _refuse(context, grpc.StatusCode.DATA_LOSS, f"the collected rows of job {request.job_id} "
                           f"cannot be read: {type(exc).__name__}: {exc}")
         return jobmanager_pb2.JobResult(vertex_id=vertex_id, arrow_ipc_stream=data, row_count=rows)
+
+    async def _result_batches(self, d, job, request, vertex_id: str, context) -> jobmanager_pb2.JobResult:
+        """A streaming query's collect sink from batch `from_batch` on (GetJobResultRequest)."""
+        problems = []
+        if not _is_streaming(job):
+            problems.append(f"job {request.job_id} is a batch job: from_batch is for a streaming query's batches")
+        if request.from_batch < 0:
+            problems.append(f"from_batch must be >= 0, got {request.from_batch}")
+        if not 0 <= request.max_batches <= MAX_RESULT_BATCHES:
+            problems.append(f"max_batches must be 0 (the default, {DEFAULT_RESULT_BATCHES}) to "
+                            f"{MAX_RESULT_BATCHES}, got {request.max_batches}")
+        if problems:
+            await _refuse(context, grpc.StatusCode.INVALID_ARGUMENT, "; ".join(problems))
+        try:
+            batches = await asyncio.get_running_loop().run_in_executor(
+                None, functools.partial(committer.read_collected_batches, d.config.data_dir, request.job_id, vertex_id,
+                                        request.from_batch, request.max_batches or DEFAULT_RESULT_BATCHES))
+        except Exception as exc:  # unreadable (corrupt, no permission): the rows are there but lost to us
+            log.warning("reading the collected batches of job %s failed", request.job_id, exc_info=True)
+            await _refuse(context, grpc.StatusCode.DATA_LOSS, f"the collected rows of job {request.job_id} "
+                          f"cannot be read: {type(exc).__name__}: {exc}")
+        return jobmanager_pb2.JobResult(vertex_id=vertex_id, batches=[
+            jobmanager_pb2.BatchRows(batch_id=b, arrow_ipc_stream=data, row_count=n) for b, data, n in batches])
+
+
+def _is_streaming(job: JobMaster | ArchivedJob) -> bool:
+    """A streaming job (a running query, or one in the job history)."""
+    if isinstance(job, JobMaster):
+        return job.query is not None
+    return bool(job.progress) or job.summary.job_type == jobgraph_pb2.JOB_TYPE_STREAMING
 
 
 def registration_problem(request: cluster_pb2.RegisterTaskManagerRequest) -> str | None:

@@ -16,7 +16,7 @@ import socket
 import sys
 
 from funke.common.configuration import ConfigurationError
-from funke.runtime import datafs, security
+from funke.runtime import datafs, owner, security
 from funke.runtime.configfile import load_configuration
 from funke.taskmanager.sparksession import DEFAULT_EXECUTOR_TIMEOUT_S
 from funke.taskmanager.taskexecutor import StartupError, TaskExecutor, TaskExecutorConfig
@@ -61,6 +61,14 @@ def _spark_conf(text: str) -> tuple[str, str]:
     return key.strip(), value
 
 
+def _owner(text: str) -> str:
+    try:
+        owner.parse_owner(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="funke taskmanager",
@@ -103,6 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a configuration entry, e.g. -D high-availability.type=filesystem")
     parser.add_argument("--insecure", action="store_true",
                         help="serve on an address other machines can reach without TLS (security.insecure)")
+    parser.add_argument("--owner", metavar="PID:START", type=_owner,
+                        help="stop once this process has ended (an embedded mini cluster's owner: "
+                        "funke.runtime.owner)")
     parser.add_argument("--log-level", default="INFO", type=str.upper,
                         choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
                         help="log level (default: %(default)s)")
@@ -146,7 +157,7 @@ def config_from_args(args: argparse.Namespace) -> TaskExecutorConfig:
     )
 
 
-async def serve(config: TaskExecutorConfig) -> str:
+async def serve(config: TaskExecutorConfig, owned_by: str = "") -> str:
     """Run a TaskExecutor on the current loop until SIGTERM or SIGINT; returns why it stopped on
     its own ("" when it was asked to)."""
 
@@ -161,7 +172,12 @@ async def serve(config: TaskExecutorConfig) -> str:
             loop.add_signal_handler(signum, executor.stop)
         except (NotImplementedError, RuntimeError):  # not the main thread, or Windows
             pass
-    await executor.run()
+    watching = asyncio.create_task(owner.watch_owner(owned_by, executor.stop)) if owned_by else None
+    try:
+        await executor.run()
+    finally:
+        if watching is not None:
+            watching.cancel()
     return executor.failure
 
 
@@ -189,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"--data-dir: {exc}", file=sys.stderr)
             return 2
     try:
-        failure = asyncio.run(serve(config))
+        failure = asyncio.run(serve(config, args.owner or ""))
     except KeyboardInterrupt:  # a second Ctrl-C while shutting down
         return 130
     except StartupError as e:

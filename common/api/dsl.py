@@ -813,6 +813,30 @@ class ExecutionEnvironment:
         self._built_vertex_ids = vertex_ids
         return job
 
+    def execute(self, job_name: str | None = None, **options: Any) -> Any:
+        """Build the job, run it and wait until it ends (PyFlink's `env.execute()`). Returns a
+        JobExecutionResult (status, duration, metrics, and the rows of `collect()` sinks through
+        `.collect()`, `.to_arrow()`, `.to_pandas()`); raises JobFailed if the job did not finish.
+
+        Where it runs: `jobmanager="HOST:PORT"`, else $FUNKE_JOBMANAGER, else the local cluster
+        (`funke cluster start`), else an embedded mini cluster that this process starts on first
+        use and that ends with it. Under `funke submit`, the cluster that command names."""
+        from funke.common.api.execution import current_executor
+
+        if job_name is not None:
+            self.name = _non_empty_str(job_name, "job name")
+        return current_executor().execute(self.build(), wait=True, **options)
+
+    def execute_async(self, job_name: str | None = None, **options: Any) -> Any:
+        """Submit the job and return at once with a JobClient (PyFlink's shape: `get_job_id()`,
+        `get_job_status()`, `cancel()`, `get_job_execution_result()`; for a streaming query also
+        `stop(drain=...)`, `progress()` and `batches()`). Runs where `execute` would."""
+        from funke.common.api.execution import current_executor
+
+        if job_name is not None:
+            self.name = _non_empty_str(job_name, "job name")
+        return current_executor().execute(self.build(), wait=False, **options)
+
     def logical_plan(self) -> Plan:
         """The operators and the configuration as they stand: what `build` translates."""
         return Plan(self.name, self.job_type, self.parallelism, tuple(self._transformations), tuple(self._sinks),

@@ -265,19 +265,35 @@ class LeaderInfo(_message.Message):
     def __init__(self, high_availability: _Optional[str] = ..., epoch: _Optional[int] = ..., address: _Optional[str] = ..., job_manager: _Optional[str] = ..., since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class GetJobResultRequest(_message.Message):
-    __slots__ = ("job_id", "vertex_id")
+    __slots__ = ("job_id", "vertex_id", "from_batch", "max_batches")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     VERTEX_ID_FIELD_NUMBER: _ClassVar[int]
+    FROM_BATCH_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCHES_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     vertex_id: str
-    def __init__(self, job_id: _Optional[str] = ..., vertex_id: _Optional[str] = ...) -> None: ...
+    from_batch: int
+    max_batches: int
+    def __init__(self, job_id: _Optional[str] = ..., vertex_id: _Optional[str] = ..., from_batch: _Optional[int] = ..., max_batches: _Optional[int] = ...) -> None: ...
 
 class JobResult(_message.Message):
-    __slots__ = ("vertex_id", "arrow_ipc_stream", "row_count")
+    __slots__ = ("vertex_id", "arrow_ipc_stream", "row_count", "batches")
     VERTEX_ID_FIELD_NUMBER: _ClassVar[int]
     ARROW_IPC_STREAM_FIELD_NUMBER: _ClassVar[int]
     ROW_COUNT_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
     vertex_id: str
     arrow_ipc_stream: bytes
     row_count: int
-    def __init__(self, vertex_id: _Optional[str] = ..., arrow_ipc_stream: _Optional[bytes] = ..., row_count: _Optional[int] = ...) -> None: ...
+    batches: _containers.RepeatedCompositeFieldContainer[BatchRows]
+    def __init__(self, vertex_id: _Optional[str] = ..., arrow_ipc_stream: _Optional[bytes] = ..., row_count: _Optional[int] = ..., batches: _Optional[_Iterable[_Union[BatchRows, _Mapping]]] = ...) -> None: ...
+
+class BatchRows(_message.Message):
+    __slots__ = ("batch_id", "arrow_ipc_stream", "row_count")
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    ARROW_IPC_STREAM_FIELD_NUMBER: _ClassVar[int]
+    ROW_COUNT_FIELD_NUMBER: _ClassVar[int]
+    batch_id: int
+    arrow_ipc_stream: bytes
+    row_count: int
+    def __init__(self, batch_id: _Optional[int] = ..., arrow_ipc_stream: _Optional[bytes] = ..., row_count: _Optional[int] = ...) -> None: ...

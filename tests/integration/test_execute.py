@@ -1,0 +1,197 @@
+"""env.execute() and execute_async() for real: a script run alone starts an embedded mini
+cluster (and takes it along when it ends, or when it is killed -9); on a running cluster a
+JobClient follows the job, its rows come back as Rows, Arrow and pandas, a failure raises with
+its traceback; a streaming query's committed batches are read as they come, then it is stopped."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from funke.common.api.dsl import ExecutionEnvironment
+from funke.deploy.client import FunkeError
+from funke.deploy.execution import JobClient, JobFailed
+from tests.integration.conftest import REPO, _alive, wait_for
+
+pytestmark = pytest.mark.cluster
+
+
+def alone_env(tmp_path: Path) -> dict[str, str]:
+    """A shell with no cluster anywhere: no $FUNKE_JOBMANAGER, an empty cluster directory."""
+    env = {k: v for k, v in os.environ.items() if k != "FUNKE_JOBMANAGER"}
+    env["FUNKE_CLUSTER_DIR"] = str(tmp_path / "no-cluster")
+    return env
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def reference_counts() -> collections.Counter:
+    counts: collections.Counter = collections.Counter()
+    for f in sorted((REPO / "examples" / "data").glob("*.txt")):
+        for line in f.read_text().splitlines():
+            counts.update(w for w in re.split(r"[\W\d_]+", line.lower()) if w)
+    return counts
+
+
+def test_examples_wordcount_runs_alone_on_a_mini_cluster_that_ends_with_it(tmp_path):
+    run = subprocess.run([sys.executable, str(REPO / "examples" / "wordcount.py")], cwd=tmp_path,
+                         env=alone_env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "started an embedded mini cluster" in run.stderr
+    printed = dict(re.findall(r"^\s*([a-z]+)\s+(\d+)$", run.stdout, re.M))
+    expected = reference_counts()
+    assert len(printed) == 20 and all(int(n) == expected[w] for w, n in printed.items()), printed
+    assert sorted(expected.values(), reverse=True)[:20] == sorted(map(int, printed.values()), reverse=True)
+    assert re.search(r"^FINISHED in [\d.]+ s", run.stdout, re.M)
+
+
+SCRIPT = """
+import json, os, sys, time
+from funke.common.api.dsl import ExecutionEnvironment
+from funke.deploy.execution import MiniCluster
+
+env = ExecutionEnvironment("squares", parallelism=2)
+env.from_range(100).map(lambda x: x * x, schema="sq bigint").collect()
+result = env.execute()
+mini = MiniCluster._current
+processes = [mini.info.jobmanager.pid, *(tm.pid for tm in mini.info.taskmanagers)]
+print(json.dumps({{"sum": int(result.to_pandas()["sq"].sum()), "rows": len(result.collect()),
+                  "pids": processes, "dir": str(mini.dir)}}), flush=True)
+{then}
+"""
+
+
+def test_the_mini_cluster_stops_when_its_script_ends(tmp_path):
+    script = tmp_path / "squares.py"
+    script.write_text(textwrap.dedent(SCRIPT.format(then="")))
+    run = subprocess.run([sys.executable, str(script)], env=alone_env(tmp_path), capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert (out["sum"], out["rows"]) == (sum(x * x for x in range(100)), 100)
+    # atexit stopped it: every process and its group (a TaskManager's Spark JVM) gone (once the
+    # exited ones are reaped: they were the script's children), its directory too
+    assert not any(_alive(p) for p in out["pids"]), "a mini cluster process outlived the script"
+    wait_for("the mini cluster's process groups to be reaped", lambda: not any(group_alive(p) for p in out["pids"]),
+             timeout=15)
+    assert not Path(out["dir"]).exists()
+
+
+def test_a_killed_script_takes_its_mini_cluster_along(tmp_path):
+    script = tmp_path / "killed.py"
+    script.write_text(textwrap.dedent(SCRIPT.format(then="time.sleep(600)")))
+    owner = subprocess.Popen([sys.executable, str(script)], env=alone_env(tmp_path), stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True)
+    try:
+        out = json.loads(owner.stdout.readline())
+    finally:
+        owner.kill()  # -9: no atexit, no clean-up of its own
+        owner.wait()
+    killed_at = time.monotonic()
+    wait_for("the mini cluster's processes and their groups to stop after their owner was killed",
+             lambda: not any(_alive(p) or group_alive(p) for p in out["pids"]), timeout=60)
+    print(f"mini cluster gone {time.monotonic() - killed_at:.1f} s after its owner's kill -9")
+
+
+@pytest.fixture
+def local_cluster(spark_cluster, monkeypatch):
+    """The shell of a user who ran `funke cluster start`: execute() finds it by itself."""
+    monkeypatch.delenv("FUNKE_JOBMANAGER", raising=False)
+    monkeypatch.setenv("FUNKE_CLUSTER_DIR", str(spark_cluster.dir))
+    return spark_cluster
+
+
+def test_execute_async_returns_a_job_client_and_the_rows(local_cluster):
+    env = ExecutionEnvironment("async squares", parallelism=2)
+    sink = env.from_range(50).rebalance().map(lambda x: x * x, schema="sq bigint").collect()
+    with env.execute_async() as client:
+        assert isinstance(client, JobClient) and client.client.address == local_cluster.address
+        assert client.get_job_status() in ("CREATED", "RUNNING", "FINISHED")
+        result = client.get_job_execution_result(timeout=120)
+        assert result.get_job_id() == client.get_job_id() and result.status == "FINISHED"
+        assert sorted(r.sq for r in result.collect(sink)) == [x * x for x in range(50)]
+        assert result.to_arrow().num_rows == 50 and result.to_pandas()["sq"].sum() == sum(x * x for x in range(50))
+        source, squares = sorted(result.metrics.values(), key=lambda m: m.records_in)  # 50 rows over the exchange
+        assert (source.records_out, squares.records_in, squares.parallelism) == (50, 50, 2), result.metrics
+        assert client.to_pandas()["sq"].sum() == result.to_pandas()["sq"].sum()
+        with pytest.raises(FunkeError, match="is a batch job: from_batch is for a streaming query") as refused:
+            client.client.result_batches(client.job_id, from_batch=0)
+        assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_a_failing_job_raises_with_the_users_traceback(local_cluster):
+    def broken(x):
+        return x // (x - x)  # ZeroDivisionError in the user's own line
+
+    env = ExecutionEnvironment("broken", parallelism=1)
+    env.set_restart_strategy("none")
+    env.from_range(5).map(broken, schema="y bigint").collect()
+    with pytest.raises(JobFailed) as failed:
+        env.execute()
+    assert failed.value.result.status == "FAILED"
+    # the user's function and line (its file name and source line do not travel with cloudpickle)
+    line = broken.__code__.co_firstlineno + 1
+    assert "ZeroDivisionError" in str(failed.value) and f"line {line}, in broken" in str(failed.value)
+
+
+def test_a_cancelled_job_raises_cancelled(local_cluster):
+    def slow(x):
+        time.sleep(2)
+        return x
+
+    env = ExecutionEnvironment("cancel me", parallelism=1)
+    env.from_range(100).map(slow, schema="id bigint").discard()
+    with env.execute_async() as client:
+        wait_for("the job to run", lambda: client.get_job_status() == "RUNNING", timeout=60)
+        client.cancel()
+        with pytest.raises(JobFailed) as cancelled:
+            client.get_job_execution_result(timeout=60)
+    assert cancelled.value.result.status == "CANCELED"
+
+
+def test_a_streaming_querys_batches_are_read_as_they_commit_then_it_stops(local_cluster, tmp_path):
+    env = ExecutionEnvironment("rate to python", job_type="streaming", parallelism=1)
+    env.read_stream.rate(50).select("value").map(lambda v: v * 10, schema="tens bigint").collect()
+    env.set_trigger("300 ms").set_checkpoint_location(str(tmp_path / "checkpoint"))
+    with env.execute_async() as client:
+        seen = []
+        for batch in client.batches():
+            seen.append(batch)
+            if len(seen) == 3:
+                break
+        assert [b.batch_id for b in seen] == sorted(b.batch_id for b in seen)
+        assert len({b.batch_id for b in seen}) == 3
+        assert all(v % 10 == 0 for b in seen for v in b.to_pandas()["tens"])
+        assert client.progress(), "progress records of the running query"
+        for bad, problem in ((dict(from_batch=-1), "from_batch must be >= 0"),
+                             (dict(max_batches=-5), "max_batches must be 0"),
+                             (dict(max_batches=10**6), "max_batches must be 0")):
+            with pytest.raises(FunkeError, match=problem) as refused:
+                client.client.result_batches(client.job_id, **bad)
+            assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        client.stop()
+        result = client.get_job_execution_result(timeout=120)
+        assert result.status == "FINISHED"
+        every = list(client.batches(follow=False))
+        rows = [v for b in every for v in b.to_arrow().column("tens").to_pylist()]
+        assert sorted(rows) == sorted(result.to_arrow().column("tens").to_pylist())
+        assert len(rows) == len(set(rows)), "a row in two batches"
+        assert [b.batch_id for b in every][:3] == [b.batch_id for b in seen]
