@@ -32,6 +32,16 @@ from funke.deploy.cli.jobs import (
 )
 
 
+def _version() -> str:
+    """The installed distribution's version (CHANGELOG.md says what each brought)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("funke")
+    except PackageNotFoundError:
+        return "(not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="funke",
@@ -40,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
                "address file, else 127.0.0.1:6123. Exit codes: 0 success, 1 the job or cluster did not "
                "succeed, 2 usage error, bad job, unknown job or unreachable JobManager.",
     )
+    parser.add_argument("--version", action="version", version=f"funke {_version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     def command(name: str, handler: Callable[[argparse.Namespace], int], help: str,
