@@ -27,6 +27,7 @@ import re
 from pathlib import Path
 
 from funke.common.api.dsl import ExecutionEnvironment
+from funke.common.graph.jobgraph import JobGraph
 
 DEFAULT_INPUT = str(Path(__file__).resolve().parent / "data" / "*.txt")
 
@@ -34,7 +35,7 @@ DEFAULT_INPUT = str(Path(__file__).resolve().parent / "data" / "*.txt")
 NON_LETTERS = re.compile(r"[\W\d_]+")
 
 
-def build(args: list[str]) -> ExecutionEnvironment:
+def environment(args: list[str]) -> ExecutionEnvironment:
     parser = argparse.ArgumentParser(prog="wordcount", description="Counts the words of text files.")
     parser.add_argument("--input", default=DEFAULT_INPUT, help="text files to read (a path or glob)")
     parser.add_argument("--output", help="directory for the counts as CSV; collected when absent")
@@ -60,10 +61,14 @@ def build(args: list[str]) -> ExecutionEnvironment:
     return env
 
 
+def build(args: list[str]) -> JobGraph:
+    return environment(args).build()
+
+
 if __name__ == "__main__":
     import sys
 
-    result = build(sys.argv[1:]).execute()
+    result = environment(sys.argv[1:]).execute()
     if result.sinks:
         top = result.to_pandas().sort_values(["count", "word"], ascending=[False, True])
         print(top.head(20).to_string(index=False))

@@ -1109,8 +1109,11 @@ def _pickled(fn: object, operation: str, need_callable: bool = True) -> bytes:
         raise TypeError(f"{operation}() needs a function, got {type(fn).__name__}")
     import cloudpickle
 
+    from funke.common.api import sourcemap
+
+    cloudpickle.register_pickle_by_value(sourcemap)  # the workers need not have funke
     try:
-        return cloudpickle.dumps(fn)
+        return cloudpickle.dumps(sourcemap.attach(fn))
     except Exception as exc:  # anything the function captures may refuse to pickle
         raise TypeError(
             f"{operation}(): the function cannot be serialised for the TaskManagers ({exc}); "

@@ -275,3 +275,38 @@ def test_a_killed_owners_mini_cluster_directory_goes_once_its_processes_stopped(
             (d / ex._OWNER_FILE).write_text(token + "\n")
     ex._remove_orphans()
     assert (orphan.exists(), owned.exists(), foreign.exists()) == (False, True, True)
+
+
+# ---------------------------------------------------------------- tracebacks name the user's file
+
+
+def test_a_shipped_function_raises_in_a_worker_with_its_file_and_source_lines(tmp_path):
+    """In a fresh interpreter without funke on its path (as a worker of a Spark cluster may be),
+    the function's traceback names its file and shows its lines, nested functions included."""
+    import cloudpickle
+
+    from funke.common.api.dsl import _pickled
+
+    (tmp_path / "userjob.py").write_text("def parse(x):\n    def inner(z):\n        return z // (x - x)\n"
+                                         "    return inner(x + 1)\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import userjob
+
+        cloudpickle.register_pickle_by_value(userjob)  # as jobfile does for a job file's modules
+        payload = _pickled(userjob.parse, "map")
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("userjob", None)
+    (tmp_path / "userjob.py").unlink()  # the worker has no such file
+    worker = ("import cloudpickle, sys, traceback\nfn = cloudpickle.loads(sys.stdin.buffer.read())\n"
+              "print(type(fn).__name__, fn.__name__)\ntry:\n    fn(3)\nexcept Exception:\n    traceback.print_exc()\n")
+    site = os.path.dirname(os.path.dirname(cloudpickle.__file__))
+    run = subprocess.run([sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {site!r})\n" + worker],
+                         input=payload, capture_output=True, cwd="/", timeout=60)
+    out, err = run.stdout.decode(), run.stderr.decode()
+    assert out.strip() == "function parse", out + err
+    path = tmp_path / "userjob.py"
+    assert f'File "{path}", line 4, in parse\n    return inner(x + 1)' in err, err
+    assert f'File "{path}", line 3, in inner\n    return z // (x - x)' in err, err
+    assert "<dynamic-code>" not in err
