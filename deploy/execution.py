@@ -398,4 +398,14 @@ class Executor:
         if not wait:
             return job_client
         with job_client:
-            return job_client.get_job_execution_result(timeout)
+            try:
+                return job_client.get_job_execution_result(timeout)
+            except KeyboardInterrupt:
+                # Ctrl-C (a notebook's interrupt) while waiting stops the job, as PySpark cancels
+                # its running jobs; execute_async() is there to leave one running.
+                try:
+                    job_client.cancel()
+                    print(f"funke: interrupted: job {job_id} cancelled", file=sys.stderr, flush=True)
+                except FunkeError as exc:
+                    print(f"funke: interrupted: cancelling job {job_id} failed: {exc}", file=sys.stderr, flush=True)
+                raise

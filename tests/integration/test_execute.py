@@ -19,7 +19,7 @@ import grpc
 import pytest
 
 from funke.common.api.dsl import ExecutionEnvironment
-from funke.deploy.client import FunkeError
+from funke.deploy.client import FunkeError, job_status_name
 from funke.deploy.execution import JobClient, JobFailed
 from tests.integration.conftest import REPO, _alive, wait_for
 
@@ -196,3 +196,39 @@ def test_a_streaming_querys_batches_are_read_as_they_commit_then_it_stops(local_
         assert sorted(rows) == sorted(result.to_arrow().column("tens").to_pylist())
         assert len(rows) == len(set(rows)), "a row in two batches"
         assert [b.batch_id for b in every][:3] == [b.batch_id for b in seen]
+
+
+def test_interrupting_execute_cancels_the_job(local_cluster, tmp_path):
+    """Ctrl-C while execute() waits (a notebook's interrupt) cancels the job, as PySpark does."""
+    import signal
+    import uuid
+
+    name = f"interrupted {uuid.uuid4().hex[:8]}"
+    script = tmp_path / "interrupted.py"
+    script.write_text(textwrap.dedent(f"""
+        import time
+        from funke.common.api.dsl import ExecutionEnvironment
+        def slow(x):
+            time.sleep(5)
+            return x
+        env = ExecutionEnvironment({name!r}, parallelism=1)
+        env.from_range(100).map(slow, schema="id bigint").discard()
+        env.execute()
+    """))
+    env = dict(os.environ, FUNKE_CLUSTER_DIR=str(local_cluster.dir))
+    env.pop("FUNKE_JOBMANAGER", None)
+    run = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
+    try:
+        client = local_cluster.client
+        job = wait_for("the job to run", lambda: next((j for j in client.list_jobs() if j.name == name
+                                                       and job_status_name(j.status) == "RUNNING"), None), timeout=120)
+        run.send_signal(signal.SIGINT)
+        _, err = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    assert run.returncode != 0 and "KeyboardInterrupt" in err and f"job {job.job_id} cancelled" in err, err
+    wait_for("the job to be CANCELED", lambda: job_status_name(client.get_job(job.job_id).status) == "CANCELED",
+             timeout=60)
