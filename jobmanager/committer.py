@@ -31,6 +31,8 @@ from funke.common import layout
 from funke.common.graph.jobgraph import JobGraph
 from funke.common.graph.operators import CATALOGUE
 from funke.common.scheduling.scheduler import SinkCommit
+from funke.common.streaming.sources.delta import DELTA_SINK
+from funke.jobmanager import deltatables
 from funke.runtime import datafs
 
 
@@ -88,7 +90,14 @@ def commit_outputs(data_dir: str, job_id: str, sinks: Sequence[SinkCommit]) -> N
     staging directory, then publish each with a rename (mode 'overwrite' first renames the old
     output aside, so a reader sees the old output, then for a moment none, then the new one,
     never a mix). If a publishing rename fails, the sinks published so far are rolled back
-    (old outputs renamed back) before the error is raised."""
+    (old outputs renamed back) before the error is raised. Delta sinks are checked with the
+    others and committed last, one Delta transaction each (`funke.jobmanager.deltatables`); a
+    failed one rolls the published file sinks back too."""
+    deltas: dict[str, list[SinkCommit]] = defaultdict(list)
+    for sink in sinks:
+        if sink.kind == DELTA_SINK:
+            deltas[sink.vertex_id].append(sink)
+    sinks = [s for s in sinks if s.kind != DELTA_SINK]
     by_vertex: dict[str, list[SinkCommit]] = defaultdict(list)
     for sink in sinks:
         by_vertex[sink.vertex_id].append(sink)
@@ -102,6 +111,7 @@ def commit_outputs(data_dir: str, job_id: str, sinks: Sequence[SinkCommit]) -> N
                 for i, a in enumerate(commits) for b in commits[i + 1:] if _overlap(a.path, b.path)]
     problems += [f"sink target {c.target} already exists (use mode='overwrite' to replace it, or write somewhere else)"
                  for c in commits if c.refused()]
+    problems += [p for vertex_id, subtasks in sorted(deltas.items()) if (p := _delta_problem(vertex_id, subtasks))]
     if problems:
         raise FileExistsError("; ".join(problems) + "; no sink output was published")
     for c in commits:
@@ -111,6 +121,10 @@ def commit_outputs(data_dir: str, job_id: str, sinks: Sequence[SinkCommit]) -> N
         for c in commits:
             c.publish()
             published.append(c)
+        for vertex_id, subtasks in sorted(deltas.items()):
+            config = dict(subtasks[0].config)
+            deltatables.commit_job(str(config["path"]), job_id, {s.subtask_index: s.attempt_number for s in subtasks},
+                                   str(config.get("mode", "append")))
     except BaseException:
         for c in reversed(published):
             c.unpublish()
@@ -122,6 +136,16 @@ def commit_outputs(data_dir: str, job_id: str, sinks: Sequence[SinkCommit]) -> N
                     _remove(c.fs, info.path)
         except OSError:  # the output is in place; clean-up at the job's end tries again
             pass
+
+
+def _delta_problem(vertex_id: str, subtasks: list[SinkCommit]) -> str | None:
+    """What keeps a Delta sink from committing, checked before any sink output moves."""
+    config = dict(subtasks[0].config)
+    try:
+        problem = deltatables.job_commit_problem(str(config["path"]), config.get("mode", "append"))
+    except (ValueError, OSError) as exc:
+        problem = str(exc)
+    return None if problem is None else f"sink '{vertex_id}': {problem}"
 
 
 def _overlap(a: str, b: str) -> bool:

@@ -43,7 +43,7 @@ from funke.common.wire.codec import DeploymentEncoder, WireError, job_graph_from
 from funke.common.graph.executiongraph import Incarnation
 from funke.runtime.hafilesystem import Fenced, JobResult
 from funke.runtime.security import Tls
-from funke.jobmanager import committer, datadir, streamquery
+from funke.jobmanager import committer, datadir, deltatables, streamquery
 from funke.jobmanager import highavailability as hamod
 from funke.jobmanager.highavailability import HaContext
 from funke.jobmanager.jobmaster import JobMaster
@@ -309,15 +309,29 @@ class Dispatcher:
         problems += await self._storage_problems(job)
         if problems:
             raise DispatcherError("INVALID_ARGUMENT", describe_problems(problems))
-        return await self.start_job(job, message.artifacts, persist=message)
+        pinned = await self._pin_delta_versions(job)
+        return await self.start_job(pinned, message.artifacts, persist=message if pinned is job else True)
 
     async def _storage_problems(self, job: JobGraph) -> list[Problem]:
         """What only the file system shows about a streaming query (its stream directories and
-        checkpoint location), looked at in an executor thread, before anything of the job exists."""
+        checkpoint location) and about the Delta tables a job reads and writes, looked at in an
+        executor thread, before anything of the job exists."""
+        loop = asyncio.get_running_loop()
+        problems = []
+        if deltatables.uses_delta(job):
+            problems += await loop.run_in_executor(None, deltatables.submit_problems, job, self._validation)
         if not is_streaming_query(job):
-            return []
-        return await asyncio.get_running_loop().run_in_executor(None, streamquery.submit_problems, job,
-                                                                self._validation)
+            return problems
+        return problems + await loop.run_in_executor(None, streamquery.submit_problems, job, self._validation)
+
+    async def _pin_delta_versions(self, job: JobGraph) -> JobGraph:
+        """The job with its bounded Delta reads pinned to a table version (`deltatables.pin_versions`)."""
+        if not deltatables.uses_delta(job):
+            return job
+        try:
+            return await asyncio.get_running_loop().run_in_executor(None, deltatables.pin_versions, job)
+        except (ValueError, OSError) as exc:
+            raise DispatcherError("INVALID_ARGUMENT", describe_problems([Problem("Delta source", str(exc))])) from None
 
     async def start_job(self, job: JobGraph, artifacts=(), *, incarnation: Incarnation | None = None,
                         persist: jobgraph_pb2.JobGraph | None | bool = True,

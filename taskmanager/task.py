@@ -518,7 +518,8 @@ BatchReport = Callable[[int, tuple[ProducedPartition, ...], int | None, TaskIo |
 # Sinks that run every row of the batch: a chain ending in one of them (or in its outputs) has
 # its source's count once it ran. print takes the first rows only, and what foreach_batch's
 # function reads is the user's.
-_SINKS_READING_ALL = frozenset({"sink.parquet", "sink.csv", "sink.json", "sink.text", "sink.collect", "sink.discard"})
+_SINKS_READING_ALL = frozenset({"sink.parquet", "sink.csv", "sink.json", "sink.text", "sink.collect", "sink.discard",
+                                "sink.delta"})
 
 
 class StreamTask(Task):

@@ -54,6 +54,7 @@ from funke.common.graph.jobgraph import (
 )
 from funke.common.graph.operators import JOIN_TYPES, SINK_MODES
 from funke.common.graph.streamingjob import ALL_OUTPUT_MODES, OUTPUT_MODE, REDIS, SOCKET, STREAM_SOURCE_KINDS
+from funke.common.streaming.sources.delta import DELTA_MODES
 
 __all__ = [
     "BATCH_SHUFFLE_MODE",
@@ -328,6 +329,16 @@ class DataStream(_OperatorHandle):
     def write_text(self, path: str, mode: str = "error", **options: Any) -> DataStreamSink:
         """Text files, one line per record; the stream must have a single string column."""
         return self._write("sink.text", "Sink: Text", path, mode, options)
+
+    def write_delta(self, path: str, mode: str = "append") -> DataStreamSink:
+        """Into the Delta table at `path` (created when there is none; a local path or file://
+        URI), as one Delta transaction: in a bounded job once it FINISHED, in a streaming query
+        once per batch, recording the query's id and the batch id so that a batch run again is
+        not written twice. `mode`: "append" or "overwrite" (replace the table's rows: in a
+        streaming query each batch does, as complete output mode emits every key)."""
+        if mode not in DELTA_MODES:
+            raise ValueError(f"write_delta: unknown mode {mode!r} (accepted: {', '.join(DELTA_MODES)})")
+        return self._sink("sink.delta", "Sink: Delta", {"path": _location(path), "mode": mode}, DataStreamSink)
 
     def print(self) -> DataStreamSink:
         """Prints the records to the TaskManagers' standard output."""
@@ -746,6 +757,23 @@ class ExecutionEnvironment:
         """JSON Lines files; without a schema Spark infers one."""
         return self._file_source("source.json", "Source: JSON", path, schema, options)
 
+    def read_delta(self, path: str, version: int | None = None,
+                   timestamp: str | datetime.datetime | None = None) -> DataStream:
+        """A Delta table (a local path or file:// URI) at `version`, or as of `timestamp` (the
+        newest version committed at or before it; ISO 8601, UTC when it names no offset), or as
+        it is when the job is submitted; its data files are split across the subtasks."""
+        config: dict[str, Any] = {"path": _location(path)}
+        if version is not None and timestamp is not None:
+            raise ValueError("read_delta: give version or timestamp, not both")
+        if version is not None:
+            if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+                raise ValueError(f"read_delta: version must be an integer from 0, got {version!r}")
+            config["version"] = version
+        if timestamp is not None:
+            config["timestamp"] = timestamp.isoformat() if isinstance(timestamp, datetime.datetime) else \
+                _non_empty_str(timestamp, "read_delta: timestamp")
+        return self._source("source.delta", "Source: Delta", config)
+
     def from_range(self, start: int, end: int | None = None, step: int = 1) -> DataStream:
         """The numbers [start, end) by `step` in a bigint column `id`; `from_range(n)` is 0..n-1."""
         if end is None:
@@ -947,6 +975,17 @@ class StreamReader:
         if max_files_per_trigger is not None:
             config["max_files_per_trigger"] = _positive_int(max_files_per_trigger, "max_files_per_trigger")
         return self._stream(kind, "Source: JSON lines", config)
+
+    def delta(self, path: str, max_versions_per_trigger: int | None = None) -> DataStream:
+        """A Delta table's versions as a stream (a local path or file:// URI): the first batch
+        reads the table as it is, each later one the files the commits since the last batch
+        added (at most `max_versions_per_trigger` versions a batch). Offsets are table versions,
+        so a batch run again reads the same files. Appends only: a commit that deletes or
+        rewrites data, or changes the schema, fails the query naming its version."""
+        config: dict[str, Any] = {"path": _location(path)}
+        if max_versions_per_trigger is not None:
+            config["max_versions_per_trigger"] = _positive_int(max_versions_per_trigger, "max_versions_per_trigger")
+        return self._stream("source.stream.delta", "Source: Delta stream", config)
 
     def redis(self, keys: str | Sequence[str], *, host: str = "127.0.0.1", port: int = 6379, db: int = 0,
               starting: str = "latest", max_entries_per_trigger: int | None = None) -> DataStream:

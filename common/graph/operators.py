@@ -38,6 +38,9 @@ class Value(enum.Enum):
     STATE_SPECS = "a list of state handles (name, kind, type, key_type, ttl_ms)"
     COLUMN = "a column name"
     MILLIS = "a duration in milliseconds (0 to ten years)"
+    DELTA_MODE = "a Delta write mode: append or overwrite"
+    VERSION = "a table version (0 or more)"
+    TIMESTAMP = "an ISO 8601 date and time"
 
 
 class FunctionUse(enum.Enum):
@@ -104,6 +107,8 @@ CATALOGUE: dict[str, OperatorKind] = {
         _k("source.range", S, 0, "end", keys={"start": V.INT64, "end": V.INT64, "step": V.INT64, "schema": V.DDL},
            function=FunctionUse.OPTIONAL),
         _k("source.collection", S, 0, "rows", "schema", keys={"rows": V.ROWS, "schema": V.DDL}),
+        # a Delta table at a version (or as of a time): its data files split across the subtasks
+        _k("source.delta", S, 0, "path", keys={"path": V.SOURCE_PATH, "version": V.VERSION, "timestamp": V.TIMESTAMP}),
         # stream sources (streaming queries, `funke.common.graph.streamingjob`): each micro-batch reads
         # exactly the offset range its offset log entry names
         _k("source.rate", S, 0, "rows_per_second",
@@ -114,6 +119,9 @@ CATALOGUE: dict[str, OperatorKind] = {
         _k("source.stream.parquet", S, 0, "path", "schema", keys=_STREAM_FILE_SOURCE),
         _k("source.stream.jsonlines", S, 0, "path", "schema",
            keys={"path": V.SOURCE_PATH, "schema": V.DDL, "max_files_per_trigger": V.POSITIVE_INT}),
+        # a Delta table's versions: each batch reads the files the commits after its start version add
+        _k("source.stream.delta", S, 0, "path",
+           keys={"path": V.SOURCE_PATH, "max_versions_per_trigger": V.POSITIVE_INT}),
         # receiver sources: long-running receivers store blocks in the checkpoint; each batch reads
         # the blocks allocated to it (Spark Streaming's socketTextStream)
         _k("source.socket", S, 0, "host", "port",
@@ -183,6 +191,8 @@ CATALOGUE: dict[str, OperatorKind] = {
         # a streaming query's per-batch sink: the user's fn(df, batch_id) (Structured Streaming's
         # foreachBatch)
         _k("sink.foreach_batch", K, 1, fn=True),
+        # a Delta table: one transaction when the job finishes; in a streaming query one per batch
+        _k("sink.delta", K, 1, "path", commit=True, keys={"path": V.SINK_PATH, "mode": V.DELTA_MODE}),
         # a streaming query's Redis Streams sink: each batch appended once, in one transaction
         _k("sink.redis", K, 1, "key", keys={"key": V.STREAM_KEY, "host": V.HOST, "port": V.PORT, "db": V.REDIS_DB}),
     )

@@ -33,6 +33,8 @@ from funke.common.graph.jobgraph import (
 )
 from funke.common.graph.operators import CATALOGUE, JOIN_TYPES, SINK_MODES, VARIADIC, FunctionUse, OperatorRole, Value
 from funke.common.streaming.eventtime import MAX_DELAY_MS
+from funke.common.streaming.sources.delta import DELTA_KINDS, DELTA_MODES, parse_timestamp
+from funke.common.streaming.sources.delta import config_problems as delta_config_problems
 from funke.common.streaming.state import state_specs_problem
 
 # Sizes a job graph may have. They keep one request from holding the JobManager's memory or
@@ -440,6 +442,9 @@ def _check_operator(v, index: int, op, context: ValidationContext | None, add) -
         problem = _value_problem(expected, value, context)
         if problem is not None:
             add(subject, f"{where} ({op.kind}): config {key!r} {problem}")
+    if op.kind in DELTA_KINDS:
+        for problem in delta_config_problems(op.kind, config):
+            add(subject, f"{where} ({op.kind}): {problem}")
     if op.kind == "source.range" and isinstance(config.get("step"), int) and config.get("step") == 0:
         add(subject, f"{where} ({op.kind}): config 'step' must not be 0")
     if kind.function is FunctionUse.OPTIONAL and op.function and "schema" not in config:
@@ -530,6 +535,20 @@ def _value_problem(expected: Value, value: object, context: ValidationContext | 
     if expected is Value.MILLIS:
         if not _is_int(value) or not 0 <= value <= MAX_DELAY_MS:
             return f"must be a duration in milliseconds from 0 to ten years, got {ids.echo(value)}"
+        return None
+    if expected is Value.DELTA_MODE:
+        if value not in DELTA_MODES:
+            return f"must be one of {', '.join(repr(m) for m in DELTA_MODES)}, got {ids.echo(value)}"
+        return None
+    if expected is Value.VERSION:
+        if not _is_int(value) or not 0 <= value <= INT64_MAX:
+            return f"must be a table version (an integer from 0), got {ids.echo(value)}"
+        return None
+    if expected is Value.TIMESTAMP:
+        try:
+            parse_timestamp(value)
+        except ValueError as exc:
+            return str(exc)
         return None
     if expected is Value.ROWS:
         if not isinstance(value, (list, str)):

@@ -7,12 +7,13 @@ from __future__ import annotations
 from typing import Callable
 
 from funke.jobmanager.streaming.base import SinkContext, SinkSide, SourceContext, SourceSide
+from funke.jobmanager.streaming.delta import DeltaPlanner
 from funke.jobmanager.streaming.files import FilesPlanner
 from funke.jobmanager.streaming.jsonlines import JsonLinesPlanner
 from funke.jobmanager.streaming.rate import RatePlanner
 from funke.jobmanager.streaming.receiver import ReceiverPlanner
 from funke.jobmanager.streaming.redis import RedisPlanner
-from funke.jobmanager.streaming.sinks import CollectSink, FileSink, RedisSink
+from funke.jobmanager.streaming.sinks import CollectSink, DeltaSink, FileSink, RedisSink
 
 SOURCES: dict[str, Callable[[SourceContext], SourceSide]] = {
     "source.rate": RatePlanner.open,
@@ -23,6 +24,7 @@ SOURCES: dict[str, Callable[[SourceContext], SourceSide]] = {
     "source.socket": ReceiverPlanner.open,
     "source.redis": RedisPlanner.open,
     "source.stream.jsonlines": JsonLinesPlanner.open,
+    "source.stream.delta": DeltaPlanner.open,
 }
 
 SINKS: dict[str, Callable[[SinkContext], SinkSide]] = {
@@ -32,6 +34,7 @@ SINKS: dict[str, Callable[[SinkContext], SinkSide]] = {
     "sink.text": FileSink,
     "sink.collect": CollectSink,
     "sink.redis": RedisSink,
+    "sink.delta": DeltaSink,
 }
 
 
@@ -42,4 +45,4 @@ def sink_side(kind: str, context: SinkContext) -> SinkSide:
 
 
 __all__ = ["SINKS", "SOURCES", "FilesPlanner", "JsonLinesPlanner", "RatePlanner", "ReceiverPlanner",
-           "RedisPlanner", "SinkContext", "SinkSide", "SourceContext", "SourceSide", "sink_side"]
+           "DeltaPlanner", "RedisPlanner", "SinkContext", "SinkSide", "SourceContext", "SourceSide", "sink_side"]

@@ -1,7 +1,8 @@
 """The JobManager side of the streaming sinks that commit: file sinks (a manifest per batch,
 `funke.jobmanager.streamsinks`), the collect sink (the same, under the data directory, whose
-directory exists from the query's start) and Redis (one transaction per batch,
-`funke.jobmanager.redissink`)."""
+directory exists from the query's start), Redis (one transaction per batch,
+`funke.jobmanager.redissink`) and Delta (one Delta transaction per batch, recording the query's
+id and the batch id, `funke.jobmanager.deltatables`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import functools
 
 from funke.common import layout
 from funke.common.graph.streamingjob import local_path
-from funke.jobmanager import committer, redissink, streamsinks
+from funke.jobmanager import committer, deltatables, redissink, streamsinks
 from funke.jobmanager.streaming.base import SinkSide
 
 
@@ -40,3 +41,10 @@ class RedisSink(SinkSide):
         redissink.commit_batch(functools.partial(redissink.connect, config), str(config["key"]), query_id,
                                c.vertex_id, layout.redis_sink_dir(c.data_dir, c.job_id, c.vertex_id), batch_id,
                                attempts)
+
+
+class DeltaSink(SinkSide):
+    def commit(self, batch_id: int, attempts: dict[int, int], query_id: str) -> None:
+        config = self.context.config
+        deltatables.commit_stream_batch(str(config["path"]), query_id, batch_id, attempts,
+                                        str(config.get("mode", "append")))

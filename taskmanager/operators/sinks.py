@@ -28,6 +28,7 @@ from funke.common import layout
 from funke.common.graph.jobgraph import OperatorSpec
 from funke.common.graph.operators import SINK_MODES
 from funke.runtime import datafs
+from funke.taskmanager.operators.delta import write as _delta_sink
 from funke.taskmanager.operators.context import (
     RuntimeContext,
     Sink,
@@ -161,6 +162,7 @@ SINKS: dict[str, Callable[..., None]] = {
     "sink.collect": _collect,
     "sink.print": _print,
     "sink.redis": _redis_sink,
+    "sink.delta": _delta_sink,
     # Called with the user's function as well: (ctx, spec, df, fn).
     "sink.foreach_batch": _foreach_batch,
     "sink.discard": _discard,

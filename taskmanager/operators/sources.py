@@ -43,6 +43,7 @@ from funke.common.graph.jobgraph import OperatorSpec
 from funke.common.streaming.checkpoint import SourceRange
 from funke.common.streaming.sources import BatchInput, RateSource, RedisStreamsSource, receiver_blocks_dir
 from funke.taskmanager import batchexchange
+from funke.taskmanager.operators.delta import read_table as _delta_table
 from funke.taskmanager.operators.context import (
     RuntimeContext,
     Source,
@@ -314,6 +315,7 @@ SOURCES: dict[str, Source] = {
     "source.json": _file_source("json"),
     "source.range": _range,
     "source.collection": _collection,
+    "source.delta": _delta_table,
     "source.noop": _source_noop,
     "source.rate": _rate,
     "source.socket": _socket,

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from funke.taskmanager.operators import OPERATORS
-from funke.taskmanager.streaming import jsonlines
+from funke.taskmanager.streaming import delta, jsonlines
 from funke.taskmanager.streaming.receiver import socket_receiver
 
 
@@ -28,6 +28,7 @@ SOURCES: dict[str, TaskSource] = {
     "source.socket": TaskSource(OPERATORS["source.socket"], socket_receiver),
     "source.redis": TaskSource(OPERATORS["source.redis"]),
     "source.stream.jsonlines": TaskSource(jsonlines.read),
+    "source.stream.delta": TaskSource(delta.read),
 }
 
 

@@ -1,8 +1,8 @@
 """Chaos for the sources that are not files: kill -9 TaskManagers under a receiver (the seed's
-socket word count) and under a Redis Streams query, run after run, and count what was lost or
-repeated.
+socket word count), under a Redis Streams query and under a Delta table stream, run after run,
+and count what was lost or repeated.
 
-    python tests/chaos/chaos_sources.py [--runs 3] [--source socket,redis] [--rate 100]
+    python tests/chaos/chaos_sources.py [--runs 3] [--source socket,redis,delta] [--rate 100]
 
 socket: the word count (socket_text -> flat_map -> key_by(word).count() -> CSV, 2 s batches) fed
         by a line server; the TaskManager running the receiver is killed, then one running the
@@ -14,6 +14,10 @@ redis:  two stream keys XADD'ed to, read into a Parquet sink and a Redis sink (2
         TaskManager killed at every phase of a batch (tests/integration/test_redis_streams.py:
         redis_kill_run). Tallied per sink: entries of the committed id ranges, found, duplicates,
         lost.
+delta:  versions appended to a Delta table (--rate / 20 a second, 10 rows each) streamed into
+        another Delta table (2 s batches), a TaskManager killed at every phase of a batch
+        (tests/integration/test_delta.py: delta_kill_run). Tallied: rows of the committed version
+        ranges, found in the sink table, duplicates, lost.
 
 Each run uses a fresh query on one cluster of three TaskManagers (a replacement is started after
 each kill, as a supervisor would) and, for redis, a redis-server of its own on loopback. Not part
@@ -32,6 +36,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from funke.deploy import localcluster  # noqa: E402
+from tests.integration.test_delta import delta_kill_run  # noqa: E402
 from tests.integration.test_receivers import socket_kill_run  # noqa: E402
 from tests.integration.test_redis_streams import redis_kill_run  # noqa: E402
 from tests.integration.test_streaming import StreamCluster  # noqa: E402
@@ -41,19 +46,20 @@ SOCKET_SUMS = ("sent", "stored", "counted", "duplicates", "stored_not_counted", 
                "lost_in_flight", "batches_miscounted")
 REDIS_SUMS = ("kills", "added", "committed", "file_rows", "file_duplicates", "file_lost", "file_beyond",
               "redis_rows", "redis_duplicates", "redis_lost", "redis_beyond")
+DELTA_SUMS = ("kills", "added", "committed", "rows", "duplicates", "lost", "beyond")
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--source", default="socket,redis", help="socket, redis or both (comma-separated)")
+    p.add_argument("--source", default="socket,redis", help="socket, redis, delta (comma-separated)")
     p.add_argument("--rate", type=float, default=100, help="lines (socket) or entries (redis) a second")
-    p.add_argument("--kills-per-phase", type=int, default=1, help="redis: kills at each phase of a batch per run")
+    p.add_argument("--kills-per-phase", type=int, default=1, help="redis, delta: kills at each phase of a batch per run")
     p.add_argument("--json", help="also write the figures here")
     args = p.parse_args()
     sources = [s.strip() for s in args.source.split(",") if s.strip()]
-    if not set(sources) <= {"socket", "redis"}:
-        p.error(f"--source: socket and/or redis, got {args.source!r}")
+    if not set(sources) <= {"socket", "redis", "delta"}:
+        p.error(f"--source: socket, redis and/or delta, got {args.source!r}")
     results: dict[str, list[dict]] = {s: [] for s in sources}
     ok = True
     with tempfile.TemporaryDirectory(prefix="funke-chaos-sources-") as tmp:
@@ -70,6 +76,12 @@ def main() -> int:
                         figures = socket_kill_run(cluster, run_dir, rate=args.rate)
                         ok &= (figures["duplicates"] == figures["stored_not_counted"] == figures["counted_not_stored"]
                                == figures["batches_miscounted"] == 0 and figures["in_order"])
+                    elif source == "delta":
+                        figures = delta_kill_run(cluster, run_dir, rate=max(1.0, args.rate / 20),
+                                                 kills_per_phase=args.kills_per_phase)
+                        ok &= (figures["committed"] == figures["committed_distinct"] == figures["added"]
+                               == figures["rows"] and figures["duplicates"] == figures["lost"] == 0
+                               and figures["recorded_batch"] == figures["last_batch"])
                     else:
                         assert redis is not None
                         figures = redis_kill_run(cluster, redis.port, run_dir, rate=args.rate,
@@ -99,6 +111,11 @@ def main() -> int:
               f"added {t['added']}, in committed ranges {t['committed']}; file sink found {t['file_rows']}, "
               f"duplicates {t['file_duplicates']}, lost {t['file_lost']}; redis sink found {t['redis_rows']}, "
               f"duplicates {t['redis_duplicates']}, lost {t['redis_lost']}")
+    if results.get("delta"):
+        t = {k: sum(r[k] for r in results["delta"]) for k in DELTA_SUMS}
+        print(f"delta: {len(results['delta'])} runs, {t['kills']} kills (every phase of a batch); rows added "
+              f"{t['added']}, in committed version ranges {t['committed']}; sink table found {t['rows']}, duplicates "
+              f"{t['duplicates']}, lost {t['lost']}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 0 if ok else 1

@@ -5,7 +5,7 @@ and the TaskManager's parts are registered in `funke.jobmanager.streaming` and
 
 from __future__ import annotations
 
-from funke.common.streaming.sources import files, jsonlines, rate, receiver, redis
+from funke.common.streaming.sources import delta, files, jsonlines, rate, receiver, redis
 from funke.common.streaming.sources.base import BatchInput, SourcePlanning, SourcePlugin
 from funke.common.streaming.sources.files import STREAM_FILE_KINDS, FilesSource, ListedFile
 from funke.common.streaming.sources.rate import RateSource
@@ -25,6 +25,7 @@ PLUGINS: tuple[SourcePlugin, ...] = (
     receiver.PLUGIN,
     redis.PLUGIN,
     jsonlines.PLUGIN,
+    delta.PLUGIN,
 )
 SOURCES: dict[str, SourcePlugin] = {kind: p for p in PLUGINS for kind in p.kinds}
 RECEIVER_KINDS = frozenset(k for k, p in SOURCES.items() if p.receiver)
