@@ -67,9 +67,12 @@ def build(args: list[str]) -> JobGraph:
 
 if __name__ == "__main__":
     import sys
+    import time
 
+    started = time.perf_counter()
     result = environment(sys.argv[1:]).execute()
+    took = time.perf_counter() - started
     if result.sinks:
         top = result.to_pandas().sort_values(["count", "word"], ascending=[False, True])
         print(top.head(20).to_string(index=False))
-    print(f"{result.status} in {result.duration_s:.2f} s ({result.job_id})")
+    print(f"{result.status} in {result.duration_s:.2f} s ({result.job_id}); {took:.2f} s from execute() to the rows")
