@@ -14,7 +14,7 @@ that entity's story: every transition with its time, cause and the id of the eve
 it (its stimulus). A rejected transition raises `IllegalTransition`, which names the entity, the
 two states, the cause and the whole story, and changes nothing.
 
-The tables follow Flink ("Jobs and Scheduling"; ExecutionState): see the README for the diagrams,
+The tables follow Flink ("Jobs and Scheduling"; ExecutionState): see docs/concepts/state-machines.md for the diagrams,
 which `render_mermaid` generates from these same tables.
 """
 
@@ -369,7 +369,7 @@ def is_legal_path(table: Mapping[S, frozenset[S]], path: list[S]) -> bool:
 
 
 def render_mermaid(table: Mapping[S, frozenset[S]]) -> str:
-    """A Mermaid state diagram of a transition table, for the README."""
+    """A Mermaid state diagram of a transition table, for the documentation site (docs/, funke.deploy.sitedocs)."""
     states = list(table)
     lines = ["stateDiagram-v2", f"    [*] --> {states[0].value}"]
     for src in states:

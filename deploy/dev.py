@@ -6,7 +6,7 @@
     python3 deploy/dev.py stream  # the streaming word count, fed file by file, checked batch by batch
     python3 deploy/dev.py socket  # the seed's socket word count, fed by a line server, checked batch by batch
     python3 deploy/dev.py bench   # the benchmark suite: a table and a JSON file (about 20 minutes)
-    python3 deploy/dev.py docs    # regenerate the README's state diagrams from the tables
+    python3 deploy/dev.py docs    # build the documentation site (docs/, mkdocs build --strict) into site/
 
 Needs only Python >= 3.11 and Java 17. Creates `.venv` beside the checkout (override with
 FUNKE_VENV) and installs funke into it, once per change of pyproject.toml, and makes the
@@ -134,7 +134,14 @@ def main(argv: list[str]) -> int:
         ensure_redis()  # the Redis Streams kill runs
         return subprocess.call([str(python), str(ROOT / "tests" / "benchmarks" / "run_all.py"), *rest], cwd=ROOT, env=env)
     if command == "docs":
-        return subprocess.call([str(python), "-m", "funke.deploy.docs", str(ROOT / "README.md")], cwd=ROOT, env=env)
+        site = ROOT / "site"
+        env["NO_MKDOCS_2_WARNING"] = "1"
+        code = subprocess.call([str(python), "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"),
+                                "-d", str(site), *rest], cwd=ROOT, env=env)
+        if code == 0:
+            _say(f"documentation built: {site / 'index.html'} (to read it while editing: "
+                 f"{python.parent / 'mkdocs'} serve)")
+        return code
     # The demos are scripts beside the example jobs they run (examples/demo.py, streamdemo.py,
     # socketdemo.py), run as modules of the checkout: they are not part of the installed package.
     module = {"stream": "examples.streamdemo", "socket": "examples.socketdemo"}.get(command, "examples.demo")

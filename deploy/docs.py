@@ -1,11 +1,9 @@
-"""Regenerates the README's state diagrams from the transition tables in `funke.common.states`,
-so the documentation cannot drift from the code (a conformance test checks it)."""
+"""The state machines the documentation draws: each section name a page asks for
+(`<!-- generated: diagram:<section> -->`, rendered by `funke.deploy.sitedocs`) and the
+transition table of `funke.common.states` it is drawn from, so the documentation cannot drift
+from the code (a conformance test checks it)."""
 
 from __future__ import annotations
-
-import re
-import sys
-from pathlib import Path
 
 from funke.common.states import (
     BATCH_PHASE_TRANSITIONS,
@@ -14,7 +12,6 @@ from funke.common.states import (
     JOB_STATUS_TRANSITIONS,
     QUERY_MODE_TRANSITIONS,
     QUERY_STATE_TRANSITIONS,
-    render_mermaid,
 )
 
 SECTIONS = {
@@ -25,27 +22,3 @@ SECTIONS = {
     "query-state-diagram": QUERY_STATE_TRANSITIONS,
     "batch-phase-diagram": BATCH_PHASE_TRANSITIONS,
 }
-
-
-def regenerate(text: str) -> str:
-    for name, table in SECTIONS.items():
-        block = f"<!-- {name}:begin -->\n```mermaid\n{render_mermaid(table)}\n```\n<!-- {name}:end -->"
-        pattern = re.compile(rf"<!-- {name}:begin -->.*?<!-- {name}:end -->", re.S)
-        if not pattern.search(text):
-            raise SystemExit(f"README has no <!-- {name}:begin/end --> markers")
-        text = pattern.sub(lambda _: block, text)
-    return text
-
-
-def main(argv: list[str]) -> int:
-    path = Path(argv[0]) if argv else Path("README.md")
-    old = path.read_text()
-    new = regenerate(old)
-    if new != old:
-        path.write_text(new)
-        print(f"updated {path}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

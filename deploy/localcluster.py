@@ -143,7 +143,7 @@ def prepare_security(dir: str | os.PathLike[str], tls: str = "none", host: str |
     """The cluster's tokens (kept across restarts; generated the first time) and, with TLS, a
     fresh certificate authority and certificates for this machine's names and addresses and
     `tls_hosts`. Returns the security directory (what a process on another host needs of it:
-    see the README's Security section)."""
+    see docs/operations/security.md)."""
     root = Path(dir).expanduser().resolve()
     root.mkdir(parents=True, exist_ok=True)
     if tls not in TLS_MODES:

@@ -5,7 +5,7 @@ A page asks for a part with a marker line, `<!-- generated: NAME -->`; `docs/hoo
 each marker with `render(NAME)` when the site is built. The parts:
 
     diagram:<section>     a state machine of `funke.common.states` (the sections of
-                          `funke.deploy.docs`, which draws the README's): Mermaid and a table
+                          `funke.deploy.docs`): Mermaid and a table
     cluster-options       the cluster configuration keys (`funke.common.configuration`)
     restart-options       the restart strategies' keys and defaults (`funke.common.graph.restart`)
     job-options           the job options (`streamingjob.OPTIONS`, the translator's keys)
@@ -83,7 +83,7 @@ def _code(text: str) -> str:
 
 
 def state_diagram(section: str) -> str:
-    """The Mermaid diagram the README shows for `section`, and the same table as text."""
+    """The Mermaid diagram of `section`'s transition table, and the same table as text."""
     from funke.common.states import render_mermaid
     from funke.deploy.docs import SECTIONS
 

@@ -17,7 +17,7 @@ Three kinds of Spark target, three sets of rules (`plan` is pure, so they are un
 
 The Python of Spark's workers: the user's `spark.pyspark.python` or `PYSPARK_PYTHON` wins;
 only when neither is set do the workers run this TaskManager's interpreter (right for local
-mode; on a cluster the workers need funke's packages, see the README). Either way it reaches
+mode; on a cluster the workers need funke's packages, see docs/operations/multi-host.md). Either way it reaches
 the workers through this process's PYSPARK_PYTHON, which PySpark sends with every function.
 """
 

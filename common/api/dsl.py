@@ -357,7 +357,7 @@ class DataStream(_OperatorHandle):
         """A streaming query's sink into Redis stream `key`: each row one entry (one field per
         column, its value as text; nulls left out), each batch appended once, in one
         transaction with a marker key, so a batch run again after a failure is not appended
-        twice (see README, Streaming queries)."""
+        twice (see docs/streaming/sources-sinks.md)."""
         if not isinstance(key, str) or not key:
             raise ValueError(f"write_redis: key must be a non-empty string, got {key!r}")
         return self._sink("sink.redis", f"Sink: redis {key}"[:200],

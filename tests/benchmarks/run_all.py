@@ -1,6 +1,6 @@
 """The benchmark suite: one command, one table, one JSON file.
 
-    python3 deploy/dev.py bench [--quick] [--update-readme]
+    python3 deploy/dev.py bench [--quick] [--update-docs]
 
 Runs, each in its own process, on this machine:
   bench_scheduler.py   scheduler scale (sans-IO core), source -> sink ALL_TO_ALL, P = 4 000 and 10 000
@@ -18,7 +18,7 @@ Runs, each in its own process, on this machine:
                        on ZooKeeper too, and a paused leader (SIGSTOP, kept paused until the job
                        ended, then woken) replaced by session expiry
 then prints the figures beside the goals and Flink's published scheduler figures, and writes all
-of it to .funke/bench/results-<time>.json. --update-readme puts the table into README.md.
+of it to .funke/bench/results-<time>.json. --update-docs puts the table into docs/benchmarks.md.
 --quick: fewer runs and a smaller corpus, to try the suite out (figures not comparable).
 """
 
@@ -38,6 +38,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 OUT = REPO / ".funke" / "bench"
+DOCS_PAGE = REPO / "docs" / "benchmarks.md"  # the table goes between its <!-- benchmarks:begin/end --> markers
 
 # Flink's published figures for source -> sink ALL_TO_ALL at P = 10 000
 # ("Scheduler Performance Improvements in Flink 1.14", flink.apache.org).
@@ -236,7 +237,7 @@ def leader_rows(leader: dict, backend: str, fault: str, goal: str, how: str = ""
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="fewer runs, smaller inputs (to try the suite)")
-    p.add_argument("--update-readme", action="store_true")
+    p.add_argument("--update-docs", action="store_true", help=f"put the table into {DOCS_PAGE.relative_to(REPO)}")
     args = p.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -275,17 +276,21 @@ def main() -> int:
     print(f"\nfunke benchmarks on {results['machine']}\n")
     print(results["table"])
     print(f"\nall figures: {path}")
-    if args.update_readme:
-        readme = REPO / "README.md"
-        text = readme.read_text()
-        block = (f"<!-- benchmarks:begin -->\nMeasured on {results['machine']}, "
-                 f"{time.strftime('%Y-%m-%d')}, with `python3 deploy/dev.py bench`:\n\n{results['table']}\n<!-- benchmarks:end -->")
-        text, n = re.subn(r"<!-- benchmarks:begin -->.*?<!-- benchmarks:end -->", lambda _: block, text, flags=re.S)
-        if n != 1:
-            raise SystemExit("README.md has no <!-- benchmarks:begin/end --> markers")
-        readme.write_text(text)
-        print("README.md updated")
+    if args.update_docs:
+        update_docs(DOCS_PAGE, results["machine"], time.strftime("%Y-%m-%d"), results["table"])
+        print(f"{DOCS_PAGE} updated")
     return 0
+
+
+def update_docs(page: Path, machine: str, date: str, table: str) -> None:
+    """Put the suite's table between the page's <!-- benchmarks:begin/end --> markers."""
+    text = page.read_text()
+    block = (f"<!-- benchmarks:begin -->\nMeasured on {machine}, {date}, with `python3 deploy/dev.py bench`:\n\n"
+             f"{table}\n<!-- benchmarks:end -->")
+    text, n = re.subn(r"<!-- benchmarks:begin -->.*?<!-- benchmarks:end -->", lambda _: block, text, flags=re.S)
+    if n != 1:
+        raise SystemExit(f"{page} has no <!-- benchmarks:begin/end --> markers")
+    page.write_text(text)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from funke.common.states import (
     QUERY_MODE_TRANSITIONS,
     QUERY_STATE_TRANSITIONS,
     BATCH_PHASE_TRANSITIONS,
+    CONNECTION_STATE_TRANSITIONS,
     resolve_report,
 )
 from funke.common.conformance import (
@@ -134,26 +135,27 @@ def test_mermaid_diagram_is_generated_from_the_table():
     assert edges == expected
 
 
-def test_readme_diagrams_match_the_tables():
+def test_the_docs_draw_every_table_from_the_code():
+    # Each state table has a page that asks for its diagram, and the diagram the site is built
+    # with is the one drawn from that very table (not from another, not from a stale copy).
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    assert render_mermaid(JOB_STATUS_TRANSITIONS) in readme
-    assert render_mermaid(EXECUTION_STATE_TRANSITIONS) in readme
-    assert render_mermaid(QUERY_MODE_TRANSITIONS) in readme
-    assert render_mermaid(QUERY_STATE_TRANSITIONS) in readme
-    assert render_mermaid(BATCH_PHASE_TRANSITIONS) in readme
+    from funke.deploy import docs, sitedocs
 
-
-def test_the_readme_is_what_the_diagram_generator_makes_of_it():
-    # Every table the generator draws has its marked block in the README, and each block is current.
-    from pathlib import Path
-
-    from funke.deploy import docs
-
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    assert {"query-state-diagram", "batch-phase-diagram"} <= set(docs.SECTIONS)
-    assert docs.regenerate(readme) == readme
+    drawn = {
+        "job-status-diagram": JOB_STATUS_TRANSITIONS,
+        "execution-state-diagram": EXECUTION_STATE_TRANSITIONS,
+        "connection-state-diagram": CONNECTION_STATE_TRANSITIONS,
+        "query-mode-diagram": QUERY_MODE_TRANSITIONS,
+        "query-state-diagram": QUERY_STATE_TRANSITIONS,
+        "batch-phase-diagram": BATCH_PHASE_TRANSITIONS,
+    }
+    assert set(docs.SECTIONS) == set(drawn)
+    lines = {line for page in (Path(__file__).resolve().parents[2] / "docs").rglob("*.md")
+             for line in page.read_text().splitlines()}
+    for section, table in drawn.items():
+        assert f"<!-- generated: diagram:{section} -->" in lines, f"no page draws {section}"
+        assert render_mermaid(table) in sitedocs.render(f"diagram:{section}"), section
 
 
 # -- property-based: random event sequences --

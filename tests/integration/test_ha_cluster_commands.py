@@ -159,7 +159,7 @@ def test_after_every_jobmanager_died_add_jobmanager_brings_the_cluster_back_with
 def test_a_jobmanager_started_by_hand_is_shown_by_status_and_stopped_by_stop(cluster, tmp_path):
     d = cluster
     log = open(tmp_path / "by-hand.log", "wb")
-    # As the README says to join one by hand: the cluster's ha.conf and its tokens.
+    # As docs/operations/high-availability.md says to join one by hand: the cluster's ha.conf and its tokens.
     by_hand = subprocess.Popen(
         [sys.executable, "-m", "funke.jobmanager.main", "--port", "0", "--data-dir", str(d / "data"),
          "--config", str(d / "ha.conf"), *localcluster.security_options(d)],

@@ -133,3 +133,65 @@ def test_proto_comments_are_read_per_rpc_and_per_field() -> None:
         ("x", "repeated string", "the x"), ("y", "int32", "")]
     assert parsed.messages["Empty"].fields == []
     assert [(f.name, f.type) for f in parsed.messages["C"].fields] == [("z", "map<string, int32>")]
+
+
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def _slug(heading: str) -> str:
+    """A heading's anchor as GitHub and MkDocs' toc make it: lower case, punctuation dropped,
+    spaces as hyphens."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def broken_links(markdown: str, base: Path) -> list[str]:
+    """The relative links of `markdown` whose file does not exist under `base`, or whose anchor
+    no heading of that Markdown file makes."""
+    broken = []
+    for target in LINK.findall(markdown):
+        if re.match(r"[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
+            continue  # a URL (https:, mailto:) or an anchor of the same page
+        path, _, anchor = target.partition("#")
+        file = (base / path).resolve()
+        if not file.exists():
+            broken.append(target)
+        elif anchor and file.suffix == ".md":
+            headings = re.findall(r"^#{1,6} (.+)$", re.sub(r"```.*?```", "", file.read_text(), flags=re.S), re.M)
+            if anchor not in {_slug(h) for h in headings}:
+                broken.append(target)
+    return broken
+
+
+def test_the_readmes_links_resolve() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert len(LINK.findall(readme)) > 20
+    assert broken_links(readme, ROOT) == []
+    # the check itself sees a missing file and a missing anchor
+    planted = "[a](docs/nowhere.md) [b](docs/limits.md#no-such-heading) [c](docs/limits.md) [d](https://x.org/y)"
+    assert broken_links(planted, ROOT) == ["docs/nowhere.md", "docs/limits.md#no-such-heading"]
+
+
+def test_the_readme_links_every_page_of_the_site() -> None:
+    readme = (ROOT / "README.md").read_text()
+    linked = {target.partition("#")[0] for target in LINK.findall(readme)}
+    pages = {p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").rglob("*.md")}
+    assert sorted(pages - linked) == []
+
+
+def test_the_benchmark_table_goes_between_the_markers_of_the_benchmarks_page(tmp_path: Path) -> None:
+    from tests.benchmarks.run_all import DOCS_PAGE, update_docs
+
+    assert DOCS_PAGE == ROOT / "docs" / "benchmarks.md"
+    page = tmp_path / "benchmarks.md"
+    page.write_text(DOCS_PAGE.read_text())
+    before, _, rest = page.read_text().partition("<!-- benchmarks:begin -->")
+    after = rest.partition("<!-- benchmarks:end -->")[2]
+    update_docs(page, "2 cores", "2030-01-02", "| measurement | funke |\n| --- | --- |\n| x | 1 ms |")
+    assert page.read_text() == (f"{before}<!-- benchmarks:begin -->\nMeasured on 2 cores, 2030-01-02, with "
+                                f"`python3 deploy/dev.py bench`:\n\n| measurement | funke |\n| --- | --- |\n| x | 1 ms |"
+                                f"\n<!-- benchmarks:end -->{after}")
+    unmarked = tmp_path / "unmarked.md"
+    unmarked.write_text("# Benchmarks\n")
+    with pytest.raises(SystemExit, match="no <!-- benchmarks:begin/end --> markers"):
+        update_docs(unmarked, "2 cores", "2030-01-02", "| x |")

@@ -100,14 +100,19 @@ def test_a_status_message_is_cut_to_what_grpc_metadata_carries_once_percent_enco
     assert ids.status_message("short and plain") == "short and plain"
 
 
-def test_the_readme_states_the_id_limits_the_code_applies():
+def test_the_python_api_page_states_the_id_limits_the_code_applies():
     import re
     from pathlib import Path
 
-    text = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
-    stated = re.search(r"artifact names are 1–(\d+) characters \(job ids: (\d+)\).*?at most (\d+) characters", text)
-    assert stated is not None, "the README's paragraph on ids is gone"
-    assert tuple(map(int, stated.groups())) == (ids.MAX_PATH_ID_LENGTH, ids.MAX_JOB_ID_LENGTH, ids.MAX_LABEL_LENGTH)
+    from funke.common.api.dsl import UID_MAX_LENGTH
+
+    page = Path(__file__).resolve().parents[2] / "docs" / "api" / "python.md"
+    text = " ".join(page.read_text().split())
+    stated = re.search(r"artifact names are 1–(\d+) characters \(job ids: (\d+); a `uid` in the DSL: (\d+),"
+                       r".*?at most (\d+) characters", text)
+    assert stated is not None, "the paragraph on ids of docs/api/python.md is gone"
+    assert tuple(map(int, stated.groups())) == (ids.MAX_PATH_ID_LENGTH, ids.MAX_JOB_ID_LENGTH, UID_MAX_LENGTH,
+                                                ids.MAX_LABEL_LENGTH)
     assert ids.is_path_id("a" * ids.MAX_PATH_ID_LENGTH) and not ids.is_path_id("a" * (ids.MAX_PATH_ID_LENGTH + 1))
     assert ids.label_problem("g" * ids.MAX_LABEL_LENGTH, "group") is None
     assert ids.label_problem("g" * (ids.MAX_LABEL_LENGTH + 1), "group") is not None

@@ -275,10 +275,12 @@ def test_a_transition_the_table_does_not_hold_is_refused_with_the_story(from_sta
     assert m.state is from_state
 
 
-def test_the_readme_draws_the_connection_table():
+def test_the_docs_draw_the_connection_table():
     from pathlib import Path
 
     from funke.common.states import render_mermaid
+    from funke.deploy import sitedocs
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    assert render_mermaid(CONNECTION_STATE_TRANSITIONS) in readme
+    page = (Path(__file__).resolve().parents[2] / "docs" / "concepts" / "state-machines.md").read_text()
+    assert "<!-- generated: diagram:connection-state-diagram -->" in page.splitlines()
+    assert render_mermaid(CONNECTION_STATE_TRANSITIONS) in sitedocs.render("diagram:connection-state-diagram")
