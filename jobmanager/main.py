@@ -62,18 +62,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--insecure", action="store_true",
                    help="serve on an address other machines can reach without TLS (security.insecure); "
                    "tokens, jobs and data then cross the network in the clear")
-    p.add_argument("--owner", metavar="PID:START", type=_owner,
+    p.add_argument("--owner", metavar="PID:START", type=owner.owner_argument,
                    help="stop once this process has ended (an embedded mini cluster's owner: funke.runtime.owner)")
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
-
-
-def _owner(text: str) -> str:
-    try:
-        owner.parse_owner(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
 
 
 def _version() -> str:

@@ -10,6 +10,7 @@ SIGTERM would: gracefully, taking its Spark JVM along.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 from collections.abc import Callable
@@ -32,6 +33,15 @@ def parse_owner(token: str) -> tuple[int, int]:
     if not sep or not pid.isdigit() or not start.isdigit() or int(pid) <= 0:
         raise ValueError(f"--owner: expected PID:START (as owner_token makes it), got {token!r}")
     return int(pid), int(start)
+
+
+def owner_argument(text: str) -> str:
+    """`--owner`'s argparse type: the text, if it is a `PID:START`."""
+    try:
+        parse_owner(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def owner_alive(pid: int, start: int) -> bool:

@@ -61,14 +61,6 @@ def _spark_conf(text: str) -> tuple[str, str]:
     return key.strip(), value
 
 
-def _owner(text: str) -> str:
-    try:
-        owner.parse_owner(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="funke taskmanager",
@@ -111,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a configuration entry, e.g. -D high-availability.type=filesystem")
     parser.add_argument("--insecure", action="store_true",
                         help="serve on an address other machines can reach without TLS (security.insecure)")
-    parser.add_argument("--owner", metavar="PID:START", type=_owner,
+    parser.add_argument("--owner", metavar="PID:START", type=owner.owner_argument,
                         help="stop once this process has ended (an embedded mini cluster's owner: "
                         "funke.runtime.owner)")
     parser.add_argument("--log-level", default="INFO", type=str.upper,

@@ -21,13 +21,12 @@ from deltalake import DeltaTable, write_deltalake
 
 from funke.common.api.dsl import ExecutionEnvironment
 from funke.common.streaming.checkpoint import parse_metadata
-from funke.deploy import localcluster
 from funke.deploy.client import job_status_name
 from funke.jobmanager import deltatables
 from funke.jobmanager.checkpointstore import CheckpointStore
 from funke.runtime import deltalog
 from tests.integration.conftest import wait_for_end
-from tests.integration.test_streaming import PHASES, Events, StreamCluster, wait_status
+from tests.integration.test_streaming import PHASES, Events, StreamCluster, kills_in_every_phase, wait_status
 
 pytestmark = pytest.mark.cluster
 
@@ -194,22 +193,11 @@ def delta_kill_run(cluster: StreamCluster, tmp_path: Path, rate: float = 5, kill
     env.set_restart_strategy("fixed-delay", attempts=100, delay="500 ms")
     producer = Producer(source, rate)
     client = cluster.client
-    kills = 0
     replacements: list[threading.Thread] = []
     try:
         job_id = client.submit(env.build())
         events = Events(client, job_id)
-        batch = events.wait("BatchCompleted", timeout=180)
-        for _ in range(kills_per_phase):
-            for kind, _ in PHASES:
-                batch = events.wait(kind, min_batch=batch + 1, timeout=180)
-                victim = sorted({s.current.task_manager_id for v in client.get_job(job_id).vertices
-                                 for s in v.subtasks if s.current.task_manager_id})[0]
-                localcluster.kill(cluster.dir, victim)
-                kills += 1
-                batch = events.wait_recovered(timeout=300)
-                replacements.append(threading.Thread(target=cluster.add_taskmanager))
-                replacements[-1].start()
+        kills = kills_in_every_phase(cluster, job_id, events, kills_per_phase, replacements)
         producer.stop()
         vertex = next(v.id for v in client.get_job(job_id).vertices if v.name.startswith("Source: Delta"))
         deadline = time.time() + 120

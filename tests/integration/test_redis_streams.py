@@ -17,10 +17,9 @@ import pytest
 import redis
 
 from funke.common.api.dsl import ExecutionEnvironment
-from funke.deploy import localcluster
 from funke.jobmanager import streamsinks
 from funke.jobmanager.checkpointstore import CheckpointStore
-from tests.integration.test_streaming import PHASES, Events, StreamCluster
+from tests.integration.test_streaming import PHASES, Events, StreamCluster, kills_in_every_phase
 
 pytestmark = pytest.mark.cluster
 
@@ -96,22 +95,11 @@ def redis_kill_run(cluster: StreamCluster, port: int, tmp_path: Path, rate: floa
     env.set_restart_strategy("fixed-delay", attempts=100, delay="500 ms")
     producer = Producer(port, rate=rate)
     client = cluster.client
-    kills = 0
     try:
         replacements: list[threading.Thread] = []
         job_id = client.submit(env.build())
         events = Events(client, job_id)
-        batch = events.wait("BatchCompleted", timeout=180)
-        for _ in range(kills_per_phase):
-            for kind, _ in PHASES:
-                batch = events.wait(kind, min_batch=batch + 1, timeout=180)
-                victim = sorted({s.current.task_manager_id for v in client.get_job(job_id).vertices
-                                 for s in v.subtasks if s.current.task_manager_id})[0]
-                localcluster.kill(cluster.dir, victim)
-                kills += 1
-                batch = events.wait_recovered(timeout=300)
-                replacements.append(threading.Thread(target=cluster.add_taskmanager))  # as a supervisor would,
-                replacements[-1].start()  # while the query goes on
+        kills = kills_in_every_phase(cluster, job_id, events, kills_per_phase, replacements)
         producer.stop()
         source = next(v.id for v in client.get_job(job_id).vertices if v.name.startswith("Source: redis"))
         deadline = time.time() + 120

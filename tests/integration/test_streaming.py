@@ -390,6 +390,26 @@ def _task_managers_of(client: JobManagerClient, job_id: str) -> set[str]:
 # once: tests/integration/test_keyed_state.py::test_output_and_state_stay_exact_through_...
 
 
+def kills_in_every_phase(cluster, job_id: str, events: Events, rounds: int,
+                         replacements: list[threading.Thread]) -> int:
+    """`rounds` times, kill -9 one of the query's TaskManagers at each of PHASES of a batch and
+    wait for the query to recover; after each kill a replacement TaskManager starts in the
+    background (appended to `replacements`), as a supervisor would, while the query goes on.
+    Returns the number of kills. (`cluster`: a StreamCluster.)"""
+    client = cluster.client
+    kills = 0
+    batch = events.wait("BatchCompleted", timeout=180)
+    for _ in range(rounds):
+        for kind, _ in PHASES:
+            batch = events.wait(kind, min_batch=batch + 1, timeout=180)
+            localcluster.kill(cluster.dir, sorted(_task_managers_of(client, job_id))[0])
+            kills += 1
+            batch = events.wait_recovered(timeout=300)
+            replacements.append(threading.Thread(target=cluster.add_taskmanager))
+            replacements[-1].start()
+    return kills
+
+
 def kill_at_every_phase(stream_cluster, job_id: str, events: Events) -> None:
     """kill -9 of one of the query's TaskManagers at each of PHASES of a batch (a replacement
     started after each recovery), then a graceful stop: FINISHED, after a restart per kill."""
