@@ -137,7 +137,20 @@ def keeps_up(records: list[dict], interval_ms: int) -> bool:
 def side_figures(records: list[dict]) -> dict:
     d = durations(records)
     return {"batches": len(d), "p50_ms": statistics.median(d) if d else None,
-            "p99_ms": percentile(d, 0.99) if d else None}
+            "p99_ms": percentile(d, 0.99) if d else None, "phases_p50_ms": phases(records)}
+
+
+def phases(records: list[dict]) -> dict[str, float]:
+    """Where a batch's time goes: the p50 of each part of durationMs (both engines name theirs as
+    Structured Streaming does: latestOffset, walCommit, addBatch, commitOffsets, ...), with what
+    the parts leave out of triggerExecution as `other`."""
+    batches = measured(records)
+    names = sorted({k for r in batches for k in r["durationMs"] if k != "triggerExecution"})
+    out = {k: statistics.median(r["durationMs"].get(k, 0) for r in batches) for k in names} if batches else {}
+    if batches:
+        out["other"] = statistics.median(r["durationMs"]["triggerExecution"]
+                                         - sum(r["durationMs"].get(k, 0) for k in names) for r in batches)
+    return out
 
 
 def sustained(run, name: str, sweep_from: int = 0) -> tuple[int, dict]:
@@ -158,6 +171,10 @@ def sustained(run, name: str, sweep_from: int = 0) -> tuple[int, dict]:
     return best, sweep
 
 
+def _phase_text(parts: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:.0f}" for k, v in parts.items() if v) or "-"
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cores", type=int, default=2)
@@ -167,6 +184,7 @@ def main() -> int:
     p.add_argument("--sweep-from", type=int, default=0,
                    help="start the throughput sweep at this rate (rows/s); lower rates are not measured")
     p.add_argument("--no-latency", action="store_true", help="measure the sustained rates only")
+    p.add_argument("--no-sustained", action="store_true", help="measure the batch durations only")
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args()
     parallelisms = [int(x) for x in args.parallelism.split(",")] if args.parallelism else sorted({1, args.cores})
@@ -217,10 +235,14 @@ def main() -> int:
                     figures["p50_ratio"] = figures["p50_ms"] / results["structured"]["latency"][key]["p50_ms"]
                     results["funke"].setdefault(str(par), {}).setdefault("latency", {})[key] = figures
                     print(f"1000 rows/s, {interval_ms} ms trigger, funke p={par}: {figures}", file=sys.stderr)
-            best, sweep = sustained(lambda rate: structured.run(rate, 1000, args.seconds), "structured",
-                                    args.sweep_from)
-            results["structured"].update(sustained_rows_per_s=best, sweep=sweep)
-            for par in parallelisms:
+            if args.no_sustained:
+                parallelisms_swept: list[int] = []
+            else:
+                parallelisms_swept = parallelisms
+                best, sweep = sustained(lambda rate: structured.run(rate, 1000, args.seconds), "structured",
+                                        args.sweep_from)
+                results["structured"].update(sustained_rows_per_s=best, sweep=sweep)
+            for par in parallelisms_swept:
                 best, sweep = sustained(lambda rate: run_funke(rate, 1000, par), f"funke p={par}", args.sweep_from)
                 side = results["funke"].setdefault(str(par), {})
                 side.update(sustained_rows_per_s=best, sweep=sweep)
@@ -237,6 +259,10 @@ def main() -> int:
             print(f"batch duration at 1000 rows/s, {key} trigger: funke (parallelism {par}) p50 {f['p50_ms']} ms / "
                   f"p99 {f['p99_ms']} ms; Structured Streaming p50 {st['p50_ms']} ms / p99 {st['p99_ms']} ms; "
                   f"p50 ratio {f['p50_ratio']:.2f}")
+            print(f"  where a batch's time goes (p50 ms): funke {_phase_text(f['phases_p50_ms'])}; "
+                  f"Structured Streaming {_phase_text(st['phases_p50_ms'])}")
+        if "sustained_rows_per_s" not in side:
+            continue
         ratio = side["throughput_ratio"]
         capped = [name for name, best in (("funke", side["sustained_rows_per_s"]),
                                           ("Structured Streaming", s["sustained_rows_per_s"])) if best == SWEEP[-1]]
