@@ -326,7 +326,7 @@ class MiniCluster:
                 atexit.register(cls.shutdown)
                 print(f"funke: no cluster configured: started an embedded mini cluster (1 TaskManager, "
                       f"{mini.slots} slots) in {mini.start_s:.1f} s; it stops when this process ends "
-                      f"(dashboard: {mini.info.dashboard_url})", file=sys.stderr, flush=True)
+                      f"(dashboard: {mini.info.dashboard_url}, logs: {mini.dir / 'log'})", file=sys.stderr, flush=True)
             elif slots_needed > mini.slots:
                 raise FunkeError(f"the job needs {slots_needed} slots at once and the embedded mini cluster has "
                                  f"{mini.slots}: lower its parallelism, or call MiniCluster.shutdown() first "

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import grpc
+import psutil
 import pytest
 
 from funke.common.api.dsl import ExecutionEnvironment
@@ -51,11 +52,28 @@ def reference_counts() -> collections.Counter:
     return counts
 
 
+def processes_in(directory: str) -> list[int]:
+    """Live processes that run in `directory` or name it on their command line: a mini cluster's
+    JobManager and TaskManager run in its directory, and so do their children (Spark's JVM)."""
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline", "status", "cwd"]):
+        if p.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        if (p.info["cwd"] or "").startswith(directory) or any(directory in a for a in p.info["cmdline"] or ()):
+            found.append(p.info["pid"])
+    return found
+
+
 def test_examples_wordcount_runs_alone_on_a_mini_cluster_that_ends_with_it(tmp_path):
     run = subprocess.run([sys.executable, str(REPO / "examples" / "wordcount.py")], cwd=tmp_path,
                          env=alone_env(tmp_path), capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "started an embedded mini cluster" in run.stderr
+    started = re.search(r"started an embedded mini cluster .* logs: (\S+)/log\)", run.stderr)
+    assert started is not None, run.stderr
+    # atexit stopped it: its processes are gone (once the exited ones are reaped), its directory too
+    mini = started.group(1)
+    wait_for("the mini cluster's processes to be gone", lambda: not processes_in(mini), timeout=15)
+    assert not Path(mini).exists()
     printed = dict(re.findall(r"^\s*([a-z]+)\s+(\d+)$", run.stdout, re.M))
     expected = reference_counts()
     assert len(printed) == 20 and all(int(n) == expected[w] for w, n in printed.items()), printed
@@ -77,22 +95,6 @@ print(json.dumps({{"sum": int(result.to_pandas()["sq"].sum()), "rows": len(resul
                   "pids": processes, "dir": str(mini.dir)}}), flush=True)
 {then}
 """
-
-
-def test_the_mini_cluster_stops_when_its_script_ends(tmp_path):
-    script = tmp_path / "squares.py"
-    script.write_text(textwrap.dedent(SCRIPT.format(then="")))
-    run = subprocess.run([sys.executable, str(script)], env=alone_env(tmp_path), capture_output=True, text=True,
-                         timeout=300)
-    assert run.returncode == 0, run.stdout + run.stderr
-    out = json.loads(run.stdout.strip().splitlines()[-1])
-    assert (out["sum"], out["rows"]) == (sum(x * x for x in range(100)), 100)
-    # atexit stopped it: every process and its group (a TaskManager's Spark JVM) gone (once the
-    # exited ones are reaped: they were the script's children), its directory too
-    assert not any(_alive(p) for p in out["pids"]), "a mini cluster process outlived the script"
-    wait_for("the mini cluster's process groups to be reaped", lambda: not any(group_alive(p) for p in out["pids"]),
-             timeout=15)
-    assert not Path(out["dir"]).exists()
 
 
 def test_a_killed_script_takes_its_mini_cluster_along(tmp_path):
