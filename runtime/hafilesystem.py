@@ -47,6 +47,7 @@ import json
 import os
 import secrets
 import socket
+import threading
 import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Iterator
@@ -127,7 +128,8 @@ def _fsync_dir(path: str) -> None:
 
 def write_atomically(path: str, data: bytes) -> None:
     directory = os.path.dirname(path)
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    # one name per writer: a process's executor threads may write the same file at once
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.{threading.get_ident()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     try:
         view = memoryview(data)

@@ -8,6 +8,7 @@ reads them to show a query's state (`funke state`).
 from __future__ import annotations
 
 import os
+import threading
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
@@ -28,7 +29,7 @@ def read_table(path: str) -> pa.Table:
 
 def write_table(path: str, table: pa.Table) -> None:
     """Whole or not at all: written under a temporary name, then renamed over `path`."""
-    tmp = f"{path}.{os.getpid()}.tmp"
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"  # one name per writer thread
     with pa.OSFile(tmp, "wb") as sink, ipc.new_file(sink, table.schema, options=ipc.IpcWriteOptions(compression=_COMPRESSION)) as writer:
         writer.write_table(table)
     os.replace(tmp, path)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 from collections.abc import Callable, Sequence
 
 import cloudpickle
@@ -335,7 +336,8 @@ def _check_key_groups(root: str, vertex_id: str, key_groups: int) -> None:
     path = os.path.join(root, state.METADATA)
     if not os.path.exists(path):
         os.makedirs(root, exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
+        # One name per writer: the subtasks of one TaskManager are threads of one process.
+        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
         with open(tmp, "w") as f:
             f.write(state.metadata_text(key_groups))
         try:

@@ -341,3 +341,34 @@ def test_a_cancelled_warm_up_runs_no_spark_job_and_leaves_nothing_behind(spark, 
     assert job.run() >= 0 and job.cancelled
     assert list(tracker.getJobIdsForTag(warmup.TAG)) == before
     assert list(tmp_path.iterdir()) == []
+
+
+def test_subtasks_of_one_taskmanager_record_the_key_groups_at_once_without_tripping_on_each_other(tmp_path):
+    """The subtasks of a keyed operator on one TaskManager are threads of one process: each
+    records the operator's key groups with its first state at the same moment. A temporary file
+    named after the process alone was shared by them: one renamed or removed it under the other
+    (FileNotFoundError failed an interval join's first batch in a full run)."""
+    import threading
+
+    from funke.taskmanager.operators import transforms
+
+    errors: list[BaseException] = []
+    for round_ in range(30):
+        root = str(tmp_path / f"op-{round_}")
+        barrier = threading.Barrier(8)
+
+        def record() -> None:
+            barrier.wait()
+            try:
+                transforms._check_key_groups(root, "join", 128)
+            except BaseException as exc:  # noqa: BLE001 - any of them is the defect
+                errors.append(exc)
+
+        threads = [threading.Thread(target=record) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        transforms._KEY_GROUPS_CHECKED.discard((root, 128))
+    assert not errors, errors[:3]
+    assert all(not name.endswith(".tmp") for d in tmp_path.iterdir() for name in os.listdir(d))
