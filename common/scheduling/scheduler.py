@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 import itertools
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence, TypeVar
+from typing import Callable, Iterable, NamedTuple, Sequence, TypeVar
 
 from funke.common.graph.deployment import PartitionRef, PartitionUpdate, TaskDeployment
 from funke.common.scheduling.deploymentfactory import TaskDeploymentFactory
@@ -218,8 +218,10 @@ class JobStatusChanged:
     transition: Transition
 
 
-@dataclass(frozen=True, slots=True)
-class ExecutionStateChanged:
+class ExecutionStateChanged(NamedTuple):
+    """Made on every transition of every execution (a named tuple: a frozen dataclass takes four
+    times as long to build)."""
+
     attempt: ExecutionAttemptId
     task_name: str
     transition: Transition
@@ -1074,7 +1076,12 @@ class Scheduler:
         # and attempt): each fact is looked up once, the slot-sharing group only when needed.
         machine = execution.machine
         before = machine.state
-        t = machine.transition(to, now, cause, self._stimulus)
+        if to in machine.table[before]:  # StateMachine.transition, inlined
+            t = Transition(before, to, now, cause, self._stimulus)
+            machine.history.append(t)
+            machine.state = to
+        else:
+            t = machine.transition(to, now, cause, self._stimulus)  # raises IllegalTransition
         vertex = execution.vertex
         if vertex.current_execution is execution:
             counts = self.state_counts

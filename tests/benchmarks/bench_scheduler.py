@@ -14,7 +14,10 @@ started after the step's set-up, in a separate pass so tracing does not distort 
                              the restart and redeploying all 2P subtasks (restart delay 0)
 
 Run alone: python tests/benchmarks/bench_scheduler.py [--p 4000 10000 100000] [--runs 5]
-    [--types BLOCKING PIPELINED] [--steps 'global failover' ...] [--no-memory] [--json FILE]
+    [--types BLOCKING PIPELINED] [--steps 'global failover' ...] [--no-memory] [--gc-defaults] [--json FILE]
+
+The garbage collector runs with the JobManager's thresholds (runtime/gcpolicy.py), as the
+scheduler does in the JobManager process; --gc-defaults measures with CPython's.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from funke.common.graph.executiongraph import ExecutionAttemptId, ExecutionGraph
 from funke.common.graph.jobgraph import FailoverStrategyKind, JobGraph, ResultPartitionType  # noqa: E402
 from funke.common.graph.restart import FixedDelayRestartBackoffTimeStrategy  # noqa: E402
 from funke.common.states import ExecutionState  # noqa: E402
+from funke.runtime import gcpolicy  # noqa: E402
 from tests.conformance.graphs import source_sink_all_to_all  # noqa: E402
 
 E = ExecutionState
@@ -241,10 +245,15 @@ def main() -> int:
     p.add_argument("--steps", nargs="+", choices=STEPS, default=list(STEPS), metavar="STEP",
                    help=f"steps to measure, of: {', '.join(repr(s) for s in STEPS)}")
     p.add_argument("--no-memory", action="store_true", help="skip the peak memory pass")
+    p.add_argument("--gc-defaults", action="store_true",
+                   help="CPython's collector thresholds instead of the JobManager's (runtime/gcpolicy.py)")
     p.add_argument("--json", help="also write the rows here")
     args = p.parse_args()
     if any(n < 1 for n in args.p) or args.runs < 1:
         p.error("--p and --runs must be positive")
+    thresholds = gc.get_threshold() if args.gc_defaults else gcpolicy.apply_jobmanager_thresholds()
+    print(f"garbage collector thresholds {thresholds} "
+          f"({'CPython defaults' if args.gc_defaults else 'as the JobManager runs, runtime/gcpolicy.py'})")
     kinds = [ResultPartitionType(v) for v in args.types]
     rows = run(args.p, kinds, [s for s in STEPS if s in args.steps], args.runs, not args.no_memory)
     print_table(rows)

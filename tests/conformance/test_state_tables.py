@@ -128,6 +128,17 @@ def test_state_timestamps_and_path():
     assert [s.value for s in m.path()] == ["CREATED", "SCHEDULED", "DEPLOYING", "INITIALIZING", "RUNNING", "FINISHED"]
 
 
+def test_a_recorded_transition_cannot_be_rewritten():
+    m = StateMachine("x", EXECUTION_STATE_TRANSITIONS, E.CREATED, now=10.0)
+    t = m.transition(E.SCHEDULED, 11.0, "scheduled", "jm:start-1")
+    with pytest.raises(AttributeError):
+        t.to_state = E.FAILED  # type: ignore[misc]
+    assert (t.from_state, t.to_state, t.timestamp, t.cause, t.stimulus_id) == (
+        E.CREATED, E.SCHEDULED, 11.0, "scheduled", "jm:start-1")
+    assert str(t) == "CREATED -> SCHEDULED at 11.000 (scheduled) [jm:start-1]"
+    assert m.history == [t]
+
+
 def test_mermaid_diagram_is_generated_from_the_table():
     text = render_mermaid(JOB_STATUS_TRANSITIONS)
     edges = {line.strip() for line in text.splitlines() if "-->" in line and "[*]" not in line}
