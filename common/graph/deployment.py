@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping
 
+from funke.common.records import quick_init
 from funke.common.graph.executiongraph import ExecutionAttemptId, FailureInfo, SlotId, TaskIo
 from funke.common.graph.jobgraph import Artifact, JobVertex, PartitionerKind, ResultPartitionType
 from funke.common.states import ExecutionState
@@ -57,6 +58,7 @@ def awaiting(attempt: int) -> Awaiting:
     return _AWAITING[attempt] if 0 <= attempt < 32 else Awaiting(attempt)
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class InputGateDeployment:
     """What a consumer reads from one input: partitions `partitions` of a data set, subpartition
@@ -82,6 +84,7 @@ class InputGateDeployment:
         return f"input {self.input_index} (data set {self.data_set_id!r})"
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ResultPartitionSpec:
     data_set_id: str
@@ -96,6 +99,7 @@ class ResultPartitionSpec:
     key_groups: int = 0
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class TaskDeployment:
     """One execution attempt, as deployed into a slot. The scheduler fills the job's part; the
@@ -147,6 +151,7 @@ class TaskReport:
     io: TaskIo | None = None  # with FINISHED or a batch: what it read and wrote
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class PartitionUpdate:
     """Partition `partition_index` of a data set is available from `producer_attempt`."""
@@ -157,6 +162,7 @@ class PartitionUpdate:
     schema: str
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class PartitionRef:
     """One producer attempt's result partition, to be released."""

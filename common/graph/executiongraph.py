@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
+from funke.common.records import quick_init
 from funke.common.streaming.eventtime import EventTimeStats
 from funke.common.streaming.state import StateMetrics
 from funke.common.graph.jobgraph import (
@@ -51,6 +52,7 @@ class ExecutionVertexId:
         return f"{self.vertex_id}[{self.subtask_index}]"
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, order=True)
 class ExecutionAttemptId:
     vertex_id: str
@@ -65,6 +67,7 @@ class ExecutionAttemptId:
         return f"{self.vertex_id}[{self.subtask_index}]#{self.attempt_number}"
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, order=True)
 class SlotId:
     task_manager_id: str
@@ -247,6 +250,7 @@ class IntermediateResult:
         return f"IntermediateResult({self.id}: {self.producer.id} -> {self.consumer.id})"
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class PartitionLocation:
     """Where a finished partition lives: the attempt that wrote it, on which TaskManager,

@@ -30,6 +30,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Callable, Iterable, NamedTuple, Sequence, TypeVar
 
+from funke.common.records import quick_init
 from funke.common.graph.deployment import PartitionRef, PartitionUpdate, TaskDeployment
 from funke.common.scheduling.deploymentfactory import TaskDeploymentFactory
 from funke.common.graph.executiongraph import (
@@ -116,28 +117,33 @@ def _event(method: _F) -> _F:
 # ----------------------------------------------------------------------------------------------
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class RequestSlots:
     requests: tuple[SlotRequest, ...]
     timeout_s: float
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class CancelSlotRequest:
     request_id: int
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ReleaseSlot:
     slot: SlotId
     cause: str
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class DeployTask:
     deployment: TaskDeployment
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class CancelTask:
     task_manager_id: str
@@ -145,6 +151,7 @@ class CancelTask:
     stimulus_id: str = ""
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class UpdatePartitionInfo:
     """A partition that deployed consumers on `task_manager_id` were waiting for is ready."""
@@ -153,6 +160,7 @@ class UpdatePartitionInfo:
     update: PartitionUpdate
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ReleasePartitions:
     task_manager_id: str

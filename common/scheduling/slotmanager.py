@@ -16,6 +16,7 @@ import heapq
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
+from funke.common.records import quick_init
 from funke.common.graph.executiongraph import SlotId
 from funke.common.scheduling.slotsharing import SlotDiagnosis, SlotRequest, TaskManagerSlots, diagnose
 
@@ -25,6 +26,7 @@ DEFAULT_HEARTBEAT_INTERVAL_S = 1.0
 DEFAULT_HEARTBEAT_TIMEOUT_S = 5.0
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class SlotsAllocated:
     job_id: str
@@ -49,6 +51,7 @@ class WaitingForResources:
     message: str
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class FreeSlot:
     task_manager_id: str

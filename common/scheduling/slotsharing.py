@@ -23,6 +23,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Mapping, cast
 
+from funke.common.records import quick_init
 from funke.common.graph.executiongraph import (
     ConsumedPartitionGroup,
     ExecutionGraph,
@@ -179,6 +180,7 @@ def _producer_group(
     return None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class SlotRequest:
     """A bulk request: all `count` slots or none (so two jobs never hold half of what they need)."""
