@@ -144,7 +144,7 @@ class StreamingQuery:
             self._handle(self._run, qr.BatchReported(
                 attempt, batch_id, schemas, input_rows, self._now(), f"report-{attempt}-{batch_id}",
                 io.state if io is not None else None, dict(io.event_time) if io is not None else {},
-                io.late_rows if io is not None else 0))
+                io.late_rows if io is not None else 0, io.seconds if io is not None else None))
 
     def stop(self, drain: bool, timeout_s: float) -> str:
         """A graceful stop: no new batch; the batches in flight finish and commit (with `drain`,

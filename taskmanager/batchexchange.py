@@ -32,6 +32,11 @@ from funke.runtime import datafs
 IN_MEMORY_LIMIT_BYTES = 64 * 1024 * 1024
 # What the rate source's rows weigh in that estimate (a bigint and a timestamp).
 RATE_ROW_BYTES = 16
+# A batch whose input is at most this runs in one Spark partition inside its task: its keyed
+# operators then need no shuffle (a stage, its files and a second round of Spark tasks: 50-100 ms
+# however few rows), its Python functions one worker call. Above it, the task's Spark work
+# spreads over the session's cores as a bounded job's does.
+ONE_PARTITION_LIMIT_BYTES = 1024 * 1024
 
 _PREFIX, _SUFFIX = "sub-", ".parquet"
 

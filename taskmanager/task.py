@@ -146,7 +146,7 @@ class _Chain:
             if ctx.meter is not None:
                 ctx.meter.at = i  # which operator of the chain observes what (event time)
             if role is OperatorRole.SOURCE:
-                df = impl(ctx, op)
+                df = _small_batch(ctx, impl(ctx, op))
             elif role is OperatorRole.TRANSFORM:
                 df = impl(ctx, op, inputs if i == 0 else [df])
             else:
@@ -417,9 +417,12 @@ class Task:
             options=d.job_options,
         )
 
+    def _read_inputs(self, ctx: RuntimeContext, gates: tuple[GateSnapshot, ...]) -> list[DataFrame]:
+        return [self._read_gate(ctx, gate) for gate in gates]
+
     def _run_chain(self, chain: _Chain, ctx: RuntimeContext, gates: tuple[GateSnapshot, ...]
                    ) -> tuple[ProducedPartition, ...]:
-        inputs = [self._read_gate(ctx, gate) for gate in gates]
+        inputs = self._read_inputs(ctx, gates)
         self._check_cancelled()
         tail = chain.run(ctx, inputs)
         if chain.ends_in_sink:
@@ -578,6 +581,10 @@ class StreamTask(Task):
 
     # ---- a batch's exchanges (funke.taskmanager.batchexchange) ----
 
+    def _read_inputs(self, ctx: RuntimeContext, gates: tuple[GateSnapshot, ...]) -> list[DataFrame]:
+        inputs = [self._read_gate(ctx, gate) for gate in gates]
+        return [_small_batch(ctx, df) for df in inputs]  # once every gate's bytes are known
+
     def _read_gate(self, ctx: RuntimeContext, gate: GateSnapshot) -> DataFrame:
         schema = self._gate_schema(gate)
         files: list[str] = []
@@ -703,6 +710,15 @@ class StreamTask(Task):
             return None
         assert ctx.meter is not None
         return ctx.meter.counted_rows()
+
+
+def _small_batch(ctx: RuntimeContext, df: DataFrame) -> DataFrame:
+    """A micro-batch's input in one Spark partition when the batch is small
+    (`batchexchange.ONE_PARTITION_LIMIT_BYTES`): an aggregate or join over a single partition
+    plans no shuffle. A bounded job's input, and a large batch's, stay as Spark reads them."""
+    if ctx.meter is None or ctx.meter.bytes > batchexchange.ONE_PARTITION_LIMIT_BYTES:
+        return df
+    return df.coalesce(1)
 
 
 def _observed(observation: Observation) -> dict:

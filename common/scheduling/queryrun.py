@@ -75,7 +75,8 @@ class BatchReported:
     `input_rows`: the rows its stream sources read (None: not counted); `state`: its keyed
     operator's state after the batch (None: it has none); `event_time`: per watermark operator
     of its chain, the event times of the batch's rows; `late_rows`: what its window operator
-    found late."""
+    found late; `seconds`: how long the subtask ran the batch, as its TaskManager measured it
+    (None: not said)."""
     attempt: ExecutionAttemptId
     batch_id: int
     schemas: dict[str, str]
@@ -85,6 +86,7 @@ class BatchReported:
     state: StateMetrics | None = None
     event_time: dict[str, EventTimeStats] = field(default_factory=dict)
     late_rows: int = 0
+    seconds: float | None = None
 
 
 Event = (RunStarted | Tick | OffsetsAnswered | TargetsCaptured | OffsetsLogged | BatchInputResolved | BatchReported
@@ -145,6 +147,24 @@ Action = (QueryOffsets | CaptureTargets | WriteOffsetLog | ResolveBatchInput | R
 
 
 @dataclass
+class VertexTimes:
+    """One vertex's part of a batch, in ms of the run's clock: when its tasks were sent the
+    batch, when the last of its subtasks' reports arrived, and the longest any subtask said it
+    ran the batch (the rest of dispatched..reported is the hops there and back and the wait
+    for a Spark task thread)."""
+    dispatched_ms: int
+    reported_ms: int | None = None
+    task_ms: float = 0.0
+
+    def progress(self, first_dispatch_ms: int) -> dict[str, float]:
+        out = {"dispatchedMs": self.dispatched_ms - first_dispatch_ms, "taskMs": round(self.task_ms, 1)}
+        if self.reported_ms is not None:
+            out["reportedMs"] = self.reported_ms - first_dispatch_ms
+            out["overheadMs"] = round(max(0.0, self.reported_ms - self.dispatched_ms - self.task_ms), 1)
+        return out
+
+
+@dataclass
 class Carried:
     """What a query keeps from one run to the next: the receivers' rate estimators, their rate
     limits, and what each receiver read of batches not recorded yet."""
@@ -200,6 +220,9 @@ class QueryRun:
         # (batch, vertex) -> subtask -> its keyed operator's state after the batch, until the
         # batch's progress record takes them
         self.state_reported: dict[tuple[int, str], dict[int, StateMetrics]] = {}
+        # batch -> vertex -> where its part of the batch's time went, until the batch's progress
+        # record takes them
+        self.vertex_times: dict[int, dict[str, VertexTimes]] = {}
 
     # ------------------------------------------------------------------ views
 
@@ -271,6 +294,10 @@ class QueryRun:
             if event.state is not None:
                 key = (event.batch_id, event.attempt.vertex_id)
                 self.state_reported.setdefault(key, {})[event.attempt.subtask_index] = event.state
+            times = self.vertex_times.get(event.batch_id, {}).get(event.attempt.vertex_id)
+            if times is not None:
+                times.reported_ms = max(times.reported_ms or event.now_ms, event.now_ms)
+                times.task_ms = max(times.task_ms, (event.seconds or 0.0) * 1000)
             out: list[Action] = []
             if event.event_time or event.late_rows:
                 out += self._coordinate(mb.EventTimeObserved(event.batch_id, dict(event.event_time), event.late_rows,
@@ -294,6 +321,7 @@ class QueryRun:
                 case mb.Publish(kind="QueryProgress"):
                     self._describe_receivers(action.info)
                     self._describe_state(action.info)
+                    self._describe_vertices(action.info)
                     out.append(action)
                     out.extend(self._estimate_rates(action.info, sid))
                 case mb.Terminate():
@@ -310,6 +338,7 @@ class QueryRun:
         for step in steps:
             match step:
                 case Dispatch():
+                    self.vertex_times.setdefault(batch_id, {}).setdefault(step.vertex_id, VertexTimes(now))
                     released = tuple(sorted(self.released.pop(step.task_manager_id, ())))
                     batch = dataclasses.replace(step.batch, rate_limits=dict(self.rate_limits))  # as they are now
                     out.append(RunTasks(step.task_manager_id, step.vertex_id, batch, step.tasks, released, sid))
@@ -375,6 +404,18 @@ class QueryRun:
             record["stateOperators"] = entries
         for key in [k for k in self.state_reported if k[0] < batch - PROGRESS_KEPT]:
             del self.state_reported[key]
+
+    def _describe_vertices(self, record: dict[str, Any]) -> None:
+        """Where the batch's addBatch went, vertex by vertex (`vertexDurationsMs`): when each
+        vertex's tasks were sent the batch and when its last report arrived (both in ms from the
+        batch's first dispatch), how long its slowest subtask ran it, and the rest (hops, waits)."""
+        batch = int(record.get("batchId", -1))
+        times = self.vertex_times.pop(batch, None)
+        if times:
+            first = min(t.dispatched_ms for t in times.values())
+            record["vertexDurationsMs"] = {v: t.progress(first) for v, t in times.items()}
+        for key in [k for k in self.vertex_times if k < batch - PROGRESS_KEPT]:  # batches that never got a record
+            del self.vertex_times[key]
 
     def _estimate_rates(self, record: dict[str, Any], sid: str) -> list[Action]:
         """A new backpressure rate goes to the source's receivers at once (as Spark's

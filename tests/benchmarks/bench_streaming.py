@@ -15,6 +15,11 @@ Each configuration runs for --seconds, one side after the other (never both at o
 3 batches are warm-up and not counted. Printed per side:
   - batch duration p50/p99 (durationMs.triggerExecution of the progress records) at 1 000 rows/s
     with a 100 ms and a 1 s trigger, and the ratio funke / Structured;
+  - where a batch's time goes (p50 of each part of durationMs), and for funke where its addBatch
+    goes, vertex by vertex (the records' vertexDurationsMs): when the vertex's tasks were sent the
+    batch and when its last report came back (ms from the batch's first dispatch), how long its
+    slowest subtask ran the batch (TaskIo.seconds: planning, Spark jobs, exchange files), and the
+    rest (RPC hops, the wait for a task thread);
   - sustained throughput: the highest rate of the sweep each keeps up with at a 1 s trigger
     (median batch duration <= the interval, and for funke no batch waiting longer than one
     interval behind another), and the ratio funke / Structured.
@@ -136,8 +141,25 @@ def keeps_up(records: list[dict], interval_ms: int) -> bool:
 
 def side_figures(records: list[dict]) -> dict:
     d = durations(records)
-    return {"batches": len(d), "p50_ms": statistics.median(d) if d else None,
-            "p99_ms": percentile(d, 0.99) if d else None, "phases_p50_ms": phases(records)}
+    figures = {"batches": len(d), "p50_ms": statistics.median(d) if d else None,
+               "p99_ms": percentile(d, 0.99) if d else None, "phases_p50_ms": phases(records)}
+    per_vertex = vertices(records)
+    if per_vertex:
+        figures["vertices_p50_ms"] = per_vertex
+    return figures
+
+
+def vertices(records: list[dict]) -> dict[str, dict[str, float]]:
+    """funke's addBatch vertex by vertex: the p50 of each part of vertexDurationsMs."""
+    batches = [r["vertexDurationsMs"] for r in measured(records) if r.get("vertexDurationsMs")]
+    names = sorted({v for b in batches for v in b}, key=lambda v: statistics.median(
+        b[v].get("dispatchedMs", 0) for b in batches if v in b))
+    out = {}
+    for v in names:
+        parts = [b[v] for b in batches if v in b]
+        out[v] = {k: statistics.median(p[k] for p in parts if k in p)
+                  for k in ("dispatchedMs", "taskMs", "overheadMs", "reportedMs") if any(k in p for p in parts)}
+    return out
 
 
 def phases(records: list[dict]) -> dict[str, float]:
@@ -261,6 +283,13 @@ def main() -> int:
                   f"p50 ratio {f['p50_ratio']:.2f}")
             print(f"  where a batch's time goes (p50 ms): funke {_phase_text(f['phases_p50_ms'])}; "
                   f"Structured Streaming {_phase_text(st['phases_p50_ms'])}")
+            if f.get("vertices_p50_ms"):
+                print("  funke's addBatch by vertex (p50 ms; sent/done: from the batch's first dispatch):")
+                print(f"    {'vertex':<24} {'sent':>6} {'task':>7} {'hops':>6} {'done':>6}")
+                for vertex, part in f["vertices_p50_ms"].items():
+                    cells = [f"{part[k]:.0f}" if k in part else "-" for k in ("dispatchedMs", "taskMs", "overheadMs",
+                                                                               "reportedMs")]
+                    print(f"    {vertex:<24} {cells[0]:>6} {cells[1]:>7} {cells[2]:>6} {cells[3]:>6}")
         if "sustained_rows_per_s" not in side:
             continue
         ratio = side["throughput_ratio"]

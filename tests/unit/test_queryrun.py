@@ -49,9 +49,11 @@ def _of(actions, kind):
     return [a for a in actions if isinstance(a, kind)]
 
 
-def _batch(run: qr.QueryRun, batch_id: int, now: int, rows: int = 10, per_subtask=(4, 6), sink_state=None) -> list:
+def _batch(run: qr.QueryRun, batch_id: int, now: int, rows: int = 10, per_subtask=(4, 6), sink_state=None,
+           seconds: dict[str, float] | None = None) -> list:
     """Plan, log, run and report one batch through every task; the actions of the last report.
-    `sink_state`: what the sink's subtask reports of its keyed state."""
+    `sink_state`: what the sink's subtask reports of its keyed state; `seconds`: per vertex, how
+    long its subtasks say they ran the batch."""
     if "src" in run.receivers:  # a block per receiver and batch; the tasks count the rows
         span = SourceRange({"0": batch_id, "1": batch_id} if batch_id else None, {"0": batch_id + 1, "1": batch_id + 1}, 0)
     else:
@@ -66,12 +68,13 @@ def _batch(run: qr.QueryRun, batch_id: int, now: int, rows: int = 10, per_subtas
     for action in sent:
         for task in action.tasks:
             out += run.handle(qr.BatchReported(task.attempt, batch_id, {}, per_subtask[task.attempt.subtask_index],
-                                               now + 100, f"report-{task.attempt}-{batch_id}"))
+                                               now + 100, f"report-{task.attempt}-{batch_id}",
+                                               seconds=(seconds or {}).get("src")))
     for action in list(out):
         if isinstance(action, qr.RunTasks) and action.vertex_id == "sink":
             (task,) = action.tasks
             out += run.handle(qr.BatchReported(task.attempt, batch_id, {}, None, now + 200, f"report-{task.attempt}-{batch_id}",
-                                               sink_state))
+                                               sink_state, seconds=(seconds or {}).get("sink")))
     return out
 
 
@@ -130,6 +133,24 @@ def test_a_keyed_operators_state_after_the_batch_is_in_the_batchs_progress_recor
     _batch(run, 1, 2000)
     (progress,) = [a for a in _of(_record(run, 1, 2300), qr.Publish) if a.kind == "QueryProgress"]
     assert "stateOperators" not in progress.info and run.state_reported == {}
+
+
+def test_a_batchs_progress_record_says_where_its_addbatch_went_vertex_by_vertex():
+    run = _run()
+    _started(run)
+    run.handle(qr.Tick(1000, "tick-1000"))
+    # sources sent the batch at 1000, reported at 1100; the sink sent it then, reported at 1200
+    _batch(run, 0, 1000, seconds={"src": 0.08, "sink": 0.0625})
+    (progress,) = [a for a in _of(_record(run, 0, 1300), qr.Publish) if a.kind == "QueryProgress"]
+    assert progress.info["vertexDurationsMs"] == {
+        "src": {"dispatchedMs": 0, "taskMs": 80.0, "reportedMs": 100, "overheadMs": 20.0},
+        "sink": {"dispatchedMs": 100, "taskMs": 62.5, "reportedMs": 200, "overheadMs": 37.5}}
+    assert run.vertex_times == {}  # the record took them
+    run.handle(qr.Tick(2000, "tick-2000"))
+    _batch(run, 1, 2000)  # tasks that say nothing of their time
+    (progress,) = [a for a in _of(_record(run, 1, 2300), qr.Publish) if a.kind == "QueryProgress"]
+    assert progress.info["vertexDurationsMs"]["sink"] == {"dispatchedMs": 100, "taskMs": 0.0, "reportedMs": 200,
+                                                          "overheadMs": 100.0}
 
 
 def test_a_batch_through_every_task_is_released_on_each_taskmanager_with_its_next_batch():

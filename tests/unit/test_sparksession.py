@@ -24,6 +24,14 @@ def test_local_mode_gets_funkes_defaults_and_the_users_settings_on_top():
     assert p.environ == {"PYSPARK_PYTHON": "/venv/bin/python"}
 
 
+@pytest.mark.parametrize("master", [None, "spark://m:7077"])
+def test_executors_reach_their_python_workers_over_unix_sockets_unless_the_user_says(master):
+    # over TCP a micro-batch's few rows wait for the delayed ACK at every Python stage
+    assert plan(master=master).conf["spark.python.unix.domain.socket.enabled"] == "true"
+    off = plan(master=master, conf=[("spark.python.unix.domain.socket.enabled", "false")])
+    assert off.conf["spark.python.unix.domain.socket.enabled"] == "false"
+
+
 @pytest.mark.parametrize("conf, environ, exported, shown", [
     # the setting becomes the variable PySpark sends with every function
     ([("spark.pyspark.python", "/opt/py/bin/python3")], {"PYSPARK_PYTHON": "/x"}, "/opt/py/bin/python3",

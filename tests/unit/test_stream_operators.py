@@ -372,3 +372,55 @@ def test_subtasks_of_one_taskmanager_record_the_key_groups_at_once_without_tripp
         transforms._KEY_GROUPS_CHECKED.discard((root, 128))
     assert not errors, errors[:3]
     assert all(not name.endswith(".tmp") for d in tmp_path.iterdir() for name in os.listdir(d))
+
+
+# ------------------------------------------------------------------------- a small batch's partitions
+
+
+def test_a_small_batch_runs_in_one_spark_partition_so_its_keyed_aggregates_plan_no_shuffle(spark, tmp_path,
+                                                                                          monkeypatch):
+    """Source and input alike: up to batchexchange.ONE_PARTITION_LIMIT_BYTES a batch is one Spark
+    partition inside its task (a groupBy over it needs no Exchange); a larger one stays spread."""
+    import json
+
+    from tests.unit.test_task_runtime import Reports, deploy, gate, op, output
+
+    seen = tmp_path / "seen.jsonl"
+
+    def look(df, batch_id):
+        plan = df.groupBy("k").count()._jdf.queryExecution().executedPlan().toString()
+        with open(seen, "a") as f:
+            f.write(json.dumps([batch_id, df.rdd.getNumPartitions(), "Exchange" in plan]) + "\n")
+
+    keyed = op("select", exprs=["value", "value % 3 AS k"])
+    rows = {"rate": SourceRange(None, {"rows": 12, "baseMs": 0}, 12)}  # 12 rows: 192 bytes by the rate's weight
+
+    def source_batch(batch_id: int) -> None:
+        d, _ = deploy(tmp_path, [op("source.rate", rows_per_second=1000), keyed, op("sink.foreach_batch", look)],
+                      vertex="rate", attempt=batch_id)
+        task = StreamTask(d, spark, Reports(), BatchReports())
+        task.give_batch(BatchInput(batch_id, 0, rows))
+        task.finish()
+        task.run()
+
+    def input_batch(batch_id: int) -> None:
+        producer, _ = deploy(tmp_path, [op("source.rate", rows_per_second=1000), keyed], vertex="rate",
+                             outputs=[output("ds", 0)], attempt=batch_id)
+        done = BatchReports()
+        p_task = StreamTask(producer, spark, Reports(), done)
+        p_task.give_batch(BatchInput(batch_id, 0, rows))
+        p_task.finish()
+        p_task.run()
+        (produced,) = done.done[0][1]
+        consumer, _ = deploy(tmp_path, [op("sink.foreach_batch", look)], vertex="agg", attempt=batch_id)
+        task = StreamTask(consumer, spark, Reports(), BatchReports())
+        task.give_batch(BatchInput(batch_id, 0), (gate("ds", range(0, 1), attempts=[batch_id], schema=produced.schema),))
+        task.finish()
+        task.run()
+
+    source_batch(0)
+    input_batch(1)
+    monkeypatch.setattr("funke.taskmanager.batchexchange.ONE_PARTITION_LIMIT_BYTES", 12 * 16 - 1)
+    source_batch(2)
+    assert [json.loads(line) for line in seen.read_text().splitlines()] == [
+        [0, 1, False], [1, 1, False], [2, 2, True]]
