@@ -41,6 +41,7 @@ from funke.common.graph.streamingjob import CHECKPOINT, checkpoint_location, is_
 from funke.common.graph.validation import Problem, ValidationContext, describe_problems, find_problems
 from funke.common.wire.codec import DeploymentEncoder, WireError, job_graph_from_proto, job_graph_to_proto
 from funke.common.graph.executiongraph import Incarnation
+from funke.runtime import gcpolicy
 from funke.runtime.hafilesystem import Fenced, JobResult
 from funke.runtime.security import Tls
 from funke.jobmanager import committer, datadir, deltatables, streamquery
@@ -416,15 +417,16 @@ class Dispatcher:
                incarnation: Incarnation = Incarnation()) -> tuple[ExecutionGraph, Scheduler, str]:
         cfg = job.configuration
         restart_cfg = cfg.restart_strategy if cfg.restart_strategy is not None else self.config.restart_strategy
-        graph = ExecutionGraph(job, job_id, now, incarnation)
-        scheduler = Scheduler(
-            graph,
-            restart_strategy=restart_strategy_from_config(restart_cfg),
-            failover_strategy=cfg.failover_strategy or self.config.failover_strategy,
-            slot_request_timeout_s=cfg.slot_request_timeout_s or self.config.slot_request_timeout_s,
-            cancellation_timeout_s=self.config.cancellation_timeout_s,
-            testing_mutant=self.config.testing_mutant,
-        )
+        with gcpolicy.paused():  # all of it lives as long as the job: nothing for the collector to find
+            graph = ExecutionGraph(job, job_id, now, incarnation)
+            scheduler = Scheduler(
+                graph,
+                restart_strategy=restart_strategy_from_config(restart_cfg),
+                failover_strategy=cfg.failover_strategy or self.config.failover_strategy,
+                slot_request_timeout_s=cfg.slot_request_timeout_s or self.config.slot_request_timeout_s,
+                cancellation_timeout_s=self.config.cancellation_timeout_s,
+                testing_mutant=self.config.testing_mutant,
+            )
         return graph, scheduler, describe_config(restart_cfg)
 
     def job(self, job_id: str) -> Job:

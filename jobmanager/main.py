@@ -25,7 +25,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from funke.common.configuration import ClusterConfiguration, ConfigurationError, parse_configuration
-from funke.runtime import datafs, gcpolicy, owner
+from funke.runtime import datafs, owner
 from funke.runtime.configfile import load_configuration
 from funke.common.security import Realm, StreamQuota
 from funke.runtime import security
@@ -233,7 +233,6 @@ async def serve(args: argparse.Namespace, config: ClusterConfiguration, secrets:
     # Everything loaded so far lives as long as the process: keep the collector from rescanning
     # it in every full collection (which a job of 20 000 tasks would otherwise trigger often).
     gc.freeze()
-    gcpolicy.apply_jobmanager_thresholds()
     for path, text in ((args.rest_url_file, rest_url), (args.address_file, address)):  # the address last:
         if path:  # launchers wait for it
             tmp = f"{path}.tmp"

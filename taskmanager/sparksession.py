@@ -23,6 +23,7 @@ the workers through this process's PYSPARK_PYTHON, which PySpark sends with ever
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -34,6 +35,11 @@ PYTHON_CONF = "spark.pyspark.python"
 PYTHON_ENV = "PYSPARK_PYTHON"
 CORES_MAX = "spark.cores.max"
 UNIX_SOCKETS = "spark.python.unix.domain.socket.enabled"
+UNIX_SOCKET_DIR = "spark.python.unix.domain.socket.dir"
+# A Unix socket's path holds at most 107 bytes; Spark names its sockets ".<uuid4>.sock" in their
+# directory (java.io.tmpdir unless UNIX_SOCKET_DIR says otherwise): 43 bytes with the slash.
+MAX_UNIX_SOCKET_PATH = 107
+UNIX_SOCKET_NAME_BYTES = 43
 # Spark Connect calls retry an absent server every 2 s (PySpark's default backs off to 60 s),
 # for about as long as PySpark's default allows (10 minutes).
 CONNECT_RETRY_MAX_BACKOFF_MS = 2000
@@ -138,6 +144,14 @@ def plan(*, master: str | None, remote: str | None, slots: int, cores: int, user
         java_options.append(jvm_archive)
         notes.append(f"Spark's JVM maps its classes from the class-data archive ({jvm_archive})")
     conf[DRIVER_JAVA_OPTIONS] = " ".join(java_options)
+    socket_dir = user.get(UNIX_SOCKET_DIR) or (f"{scratch}/jvm" if scratch is not None else None)
+    if socket_dir is not None and len(os.fsencode(socket_dir)) + UNIX_SOCKET_NAME_BYTES > MAX_UNIX_SOCKET_PATH:
+        # A socket there could not be bound (OSError: AF_UNIX path too long, the session would
+        # not start): TCP, as Spark's default.
+        conf[UNIX_SOCKETS] = "false"
+        if user.get(UNIX_SOCKETS, "true").lower() == "true":
+            notes.append(f"Spark's Python workers talk over TCP, not Unix sockets: {socket_dir} is too long a "
+                         f"directory for a socket's path (at most {MAX_UNIX_SOCKET_PATH - UNIX_SOCKET_NAME_BYTES} bytes)")
     for key, value in user.items():
         if key == DRIVER_JAVA_OPTIONS and DRIVER_JAVA_OPTIONS in conf:
             conf[key] += f" {value}"

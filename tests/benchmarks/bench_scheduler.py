@@ -14,10 +14,10 @@ started after the step's set-up, in a separate pass so tracing does not distort 
                              the restart and redeploying all 2P subtasks (restart delay 0)
 
 Run alone: python tests/benchmarks/bench_scheduler.py [--p 4000 10000 100000] [--runs 5]
-    [--types BLOCKING PIPELINED] [--steps 'global failover' ...] [--no-memory] [--gc-defaults] [--json FILE]
+    [--types BLOCKING PIPELINED] [--steps 'global failover' ...] [--no-memory] [--json FILE]
 
-The garbage collector runs with the JobManager's thresholds (runtime/gcpolicy.py), as the
-scheduler does in the JobManager process; --gc-defaults measures with CPython's.
+As in the JobManager, the ExecutionGraph and the Scheduler are built with Python's cycle collector
+paused (runtime/gcpolicy.py: all of it lives as long as the job); the other steps run with it.
 """
 
 from __future__ import annotations
@@ -107,8 +107,14 @@ class Driver:
 
 
 def new_scheduler(job: JobGraph, failover=FailoverStrategyKind.REGION) -> s.Scheduler:
-    return s.Scheduler(ExecutionGraph(job, JOB, 0.0), restart_strategy=FixedDelayRestartBackoffTimeStrategy(1000, 0.0),
-                       failover_strategy=failover)
+    with gcpolicy.paused():  # as the JobManager's dispatcher builds a job
+        return s.Scheduler(ExecutionGraph(job, JOB, 0.0), restart_strategy=FixedDelayRestartBackoffTimeStrategy(1000, 0.0),
+                           failover_strategy=failover)
+
+
+def new_graph(job: JobGraph) -> ExecutionGraph:
+    with gcpolicy.paused():
+        return ExecutionGraph(job, JOB, 0.0)
 
 
 def schedule_all(scheduler: s.Scheduler, p: int) -> Driver:
@@ -147,7 +153,7 @@ def measure(p: int, kind: ResultPartitionType, step: str, timer: Callable[[Calla
     """Carry out one step under `timer`; the set-up (a running job for the last two) is outside it."""
     job = source_sink_all_to_all(p, kind)
     if step == "build ExecutionGraph":
-        return timer(lambda: ExecutionGraph(job, JOB, 0.0))
+        return timer(lambda: new_graph(job))
     if step == "job initialization":
         return timer(lambda: new_scheduler(job))
     if step == "schedule all subtasks":
@@ -245,15 +251,12 @@ def main() -> int:
     p.add_argument("--steps", nargs="+", choices=STEPS, default=list(STEPS), metavar="STEP",
                    help=f"steps to measure, of: {', '.join(repr(s) for s in STEPS)}")
     p.add_argument("--no-memory", action="store_true", help="skip the peak memory pass")
-    p.add_argument("--gc-defaults", action="store_true",
-                   help="CPython's collector thresholds instead of the JobManager's (runtime/gcpolicy.py)")
     p.add_argument("--json", help="also write the rows here")
     args = p.parse_args()
     if any(n < 1 for n in args.p) or args.runs < 1:
         p.error("--p and --runs must be positive")
-    thresholds = gc.get_threshold() if args.gc_defaults else gcpolicy.apply_jobmanager_thresholds()
-    print(f"garbage collector thresholds {thresholds} "
-          f"({'CPython defaults' if args.gc_defaults else 'as the JobManager runs, runtime/gcpolicy.py'})")
+    print(f"garbage collector thresholds {gc.get_threshold()}; the graph and the scheduler are built with it paused, "
+          f"as the JobManager builds a job (runtime/gcpolicy.py)")
     kinds = [ResultPartitionType(v) for v in args.types]
     rows = run(args.p, kinds, [s for s in STEPS if s in args.steps], args.runs, not args.no_memory)
     print_table(rows)

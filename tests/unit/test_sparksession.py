@@ -32,6 +32,23 @@ def test_executors_reach_their_python_workers_over_unix_sockets_unless_the_user_
     assert off.conf["spark.python.unix.domain.socket.enabled"] == "false"
 
 
+def test_a_scratch_directory_too_long_for_a_socket_path_keeps_tcp():
+    # A socket's path holds 107 bytes: in a deep scratch directory binding it failed and the
+    # session did not start (OSError: AF_UNIX path too long).
+    deep = "/tmp/" + "d" * 56  # + "/jvm/.<uuid4>.sock" = 108 bytes
+    p = ss.plan(master=None, remote=None, slots=2, cores=2, user_conf=(), scratch=deep, environ={},
+                python="/venv/bin/python")
+    assert p.conf["spark.python.unix.domain.socket.enabled"] == "false"
+    assert any("TCP" in note and deep in note for note in p.notes)
+    fits = ss.plan(master=None, remote=None, slots=2, cores=2, user_conf=(), scratch=deep[:-1], environ={},
+                   python="/venv/bin/python")
+    assert fits.conf["spark.python.unix.domain.socket.enabled"] == "true" and not fits.notes
+    # a socket directory of the user's own decides instead of the scratch directory
+    short = ss.plan(master=None, remote=None, slots=2, cores=2, environ={}, python="/venv/bin/python",
+                    user_conf=(("spark.python.unix.domain.socket.dir", "/run/funke"),), scratch=deep)
+    assert short.conf["spark.python.unix.domain.socket.enabled"] == "true"
+
+
 @pytest.mark.parametrize("conf, environ, exported, shown", [
     # the setting becomes the variable PySpark sends with every function
     ([("spark.pyspark.python", "/opt/py/bin/python3")], {"PYSPARK_PYTHON": "/x"}, "/opt/py/bin/python3",

@@ -1,0 +1,51 @@
+"""runtime/gcpolicy.py: the collector is paused while a job is built, and comes back as it was."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+
+from funke.runtime import gcpolicy
+
+
+def test_paused_stops_the_collector_inside_and_restores_it_after():
+    assert gc.isenabled()
+    with gcpolicy.paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError):
+        with gcpolicy.paused():
+            raise RuntimeError("building the graph failed")
+    assert gc.isenabled()  # also after a failure
+
+
+def test_paused_leaves_a_disabled_collector_disabled():
+    gc.disable()
+    try:
+        with gcpolicy.paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_the_dispatcher_builds_a_job_with_the_collector_paused(monkeypatch):
+    from funke.common.configuration import ClusterConfiguration
+    from funke.common.graph.jobgraph import ResultPartitionType
+    from funke.jobmanager import dispatcher as d
+    from tests.conformance.graphs import source_sink_all_to_all
+
+    seen = []
+    real = d.ExecutionGraph
+
+    def graph(*args, **kwargs):
+        seen.append(gc.isenabled())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(d, "ExecutionGraph", graph)
+    dispatcher = d.Dispatcher.__new__(d.Dispatcher)
+    dispatcher.config = ClusterConfiguration()
+    built, scheduler, _ = dispatcher._build(source_sink_all_to_all(4, ResultPartitionType.BLOCKING), "j", 0.0)
+    assert seen == [False] and gc.isenabled()
+    assert scheduler.graph is built and len(built.vertices["sink"].task_vertices) == 4
