@@ -391,6 +391,7 @@ class Dispatcher:
             on_progress=self._on_progress,
         )
         self.jobs[job_id] = jm
+        self._count_subtasks()
         if restore:
             self.mailbox.call(lambda: jm.restore(restore, "finished under an earlier leader; its output is taken over"))
         self.mailbox.call(jm.start)
@@ -591,6 +592,7 @@ class Dispatcher:
         entry = archive(jm.details(), jm.summary(), jm.status, jm.sequence, jm.collect_vertices, time.time(),
                         progress)
         del self.jobs[jm.job_id]
+        self._count_subtasks()
         self._progress_at.pop(jm.job_id, None)
         if self.ha is not None and jm.status.is_globally_terminal:
             self.results[jm.job_id] = JobResult(jm.job_id, jm.status.value, time.time(), self.ha.epoch)
@@ -598,6 +600,9 @@ class Dispatcher:
         elif jm.pending_cleanup is not None:
             self._spawn(self._clean_up(jm.job_id, jm.pending_cleanup))
         self._forget(self.store.put(entry, time.time()))
+
+    def _count_subtasks(self) -> None:
+        gcpolicy.running_subtasks(sum(j.graph.number_of_vertices() for j in self.jobs.values()))
 
     def _expire(self) -> None:
         self._forget(self.store.expire(time.time()))

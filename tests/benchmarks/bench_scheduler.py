@@ -16,8 +16,9 @@ started after the step's set-up, in a separate pass so tracing does not distort 
 Run alone: python tests/benchmarks/bench_scheduler.py [--p 4000 10000 100000] [--runs 5]
     [--types BLOCKING PIPELINED] [--steps 'global failover' ...] [--no-memory] [--json FILE]
 
-As in the JobManager, the ExecutionGraph and the Scheduler are built with Python's cycle collector
-paused (runtime/gcpolicy.py: all of it lives as long as the job); the other steps run with it.
+As in the JobManager (runtime/gcpolicy.py), the ExecutionGraph and the Scheduler are built with
+Python's cycle collector paused, and the other steps run with the collector's thresholds the
+JobManager sets for a running job of 2 x P subtasks (rarer collections from 10 000 subtasks on).
 """
 
 from __future__ import annotations
@@ -151,6 +152,7 @@ def global_failover(scheduler: s.Scheduler, driver: Driver, p: int) -> None:
 
 def measure(p: int, kind: ResultPartitionType, step: str, timer: Callable[[Callable[[], object]], object]) -> object:
     """Carry out one step under `timer`; the set-up (a running job for the last two) is outside it."""
+    gcpolicy.running_subtasks(2 * p)  # the collector's thresholds as the JobManager sets them for this job
     job = source_sink_all_to_all(p, kind)
     if step == "build ExecutionGraph":
         return timer(lambda: new_graph(job))
@@ -255,8 +257,9 @@ def main() -> int:
     args = p.parse_args()
     if any(n < 1 for n in args.p) or args.runs < 1:
         p.error("--p and --runs must be positive")
-    print(f"garbage collector thresholds {gc.get_threshold()}; the graph and the scheduler are built with it paused, "
-          f"as the JobManager builds a job (runtime/gcpolicy.py)")
+    print("the cycle collector as in the JobManager (runtime/gcpolicy.py): paused while the graph and the scheduler "
+          f"are built; thresholds {gcpolicy.LARGE_JOBS_THRESHOLDS} from {gcpolicy.LARGE_JOBS_SUBTASKS} subtasks on, "
+          f"else {gcpolicy.DEFAULT_THRESHOLDS}")
     kinds = [ResultPartitionType(v) for v in args.types]
     rows = run(args.p, kinds, [s for s in STEPS if s in args.steps], args.runs, not args.no_memory)
     print_table(rows)

@@ -49,3 +49,29 @@ def test_the_dispatcher_builds_a_job_with_the_collector_paused(monkeypatch):
     built, scheduler, _ = dispatcher._build(source_sink_all_to_all(4, ResultPartitionType.BLOCKING), "j", 0.0)
     assert seen == [False] and gc.isenabled()
     assert scheduler.graph is built and len(built.vertices["sink"].task_vertices) == 4
+
+
+def test_large_running_jobs_get_rarer_collections_and_small_ones_cpythons():
+    before = gc.get_threshold()
+    try:
+        assert gcpolicy.running_subtasks(20_000) == gcpolicy.LARGE_JOBS_THRESHOLDS
+        assert gcpolicy.running_subtasks(gcpolicy.LARGE_JOBS_SUBTASKS - 1) == gcpolicy.DEFAULT_THRESHOLDS == (700, 10, 10)
+        assert gcpolicy.running_subtasks(0) == gcpolicy.DEFAULT_THRESHOLDS
+    finally:
+        gc.set_threshold(*before)
+
+
+def test_the_dispatcher_counts_the_running_jobs_subtasks(monkeypatch):
+    from types import SimpleNamespace
+
+    from funke.jobmanager import dispatcher as d
+
+    counted = []
+    monkeypatch.setattr(d.gcpolicy, "running_subtasks", counted.append)
+    dispatcher = d.Dispatcher.__new__(d.Dispatcher)
+    dispatcher.jobs = {"a": SimpleNamespace(graph=SimpleNamespace(number_of_vertices=lambda: 12_000)),
+                       "b": SimpleNamespace(graph=SimpleNamespace(number_of_vertices=lambda: 8))}
+    dispatcher._count_subtasks()
+    del dispatcher.jobs["a"]
+    dispatcher._count_subtasks()
+    assert counted == [12_008, 8]
