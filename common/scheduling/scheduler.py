@@ -1084,12 +1084,7 @@ class Scheduler:
         # and attempt): each fact is looked up once, the slot-sharing group only when needed.
         machine = execution.machine
         before = machine.state
-        if to in machine.table[before]:  # StateMachine.transition, inlined
-            t = Transition(before, to, now, cause, self._stimulus)
-            machine.history.append(t)
-            machine.state = to
-        else:
-            t = machine.transition(to, now, cause, self._stimulus)  # raises IllegalTransition
+        t = machine.transition(to, now, cause, self._stimulus)
         vertex = execution.vertex
         if vertex.current_execution is execution:
             counts = self.state_counts
