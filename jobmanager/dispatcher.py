@@ -627,14 +627,19 @@ class Dispatcher:
 
     def on_task_states(self, updates: list[cluster_pb2.TaskExecutionState]) -> None:
         def deliver() -> None:
+            # each job's reports as one event (a TaskManager's call carries hundreds under load),
+            # in the order they came
+            by_job: dict[str, list[cluster_pb2.TaskExecutionState]] = {}
             for update in updates:
-                jm = self.jobs.get(update.job_id)
+                by_job.setdefault(update.job_id, []).append(update)
+            for job_id, reports in by_job.items():
+                jm = self.jobs.get(job_id)
                 if jm is None:
                     continue
                 try:
-                    jm.on_task_state(update)
-                except Exception:  # one bad report must not keep the rest of the batch from their jobs
-                    log.exception("job %s: a task report could not be applied", jm.job_id)
+                    jm.on_task_states(reports)
+                except Exception:  # one job's bad reports must not keep the rest of the batch from their jobs
+                    log.exception("job %s: task reports could not be applied", jm.job_id)
 
         self.mailbox.call(deliver)
 

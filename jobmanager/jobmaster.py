@@ -15,13 +15,14 @@ import logging
 import os
 import time
 import traceback
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from funke.common.wire import codec, jobviews
 from funke.common.streaming import microbatch as mb
 from funke.common.scheduling import scheduler as s
 from funke.common.wire.codec import DeploymentEncoder
-from funke.common.graph.executiongraph import ExecutionGraph, FailureInfo
+from funke.common.graph.deployment import TaskReport
+from funke.common.graph.executiongraph import ExecutionGraph, FailureInfo, SlotId
 from funke.common.scheduling.scheduler import Scheduler
 from funke.common.states import ExecutionState, JobStatus
 from funke.jobmanager import committer
@@ -192,32 +193,45 @@ class JobMaster:
             self._publish(message)
 
     def on_task_state(self, update: cluster_pb2.TaskExecutionState) -> None:
-        """A TaskManager's report. One that does not decode (an unknown state number from a
-        newer or broken TaskManager) is logged and dropped: it says nothing the job can use."""
-        try:
-            report = codec.report_from_proto(update)
-        except ValueError as exc:
-            log.warning("job %s: ignoring a task report that does not decode: %s", self.job_id, exc)
-            return
-        if report.batch_id is not None:  # a streaming task wrote a micro-batch; it stays RUNNING
+        self.on_task_states([update])
+
+    def on_task_states(self, updates: Sequence[cluster_pb2.TaskExecutionState]) -> None:
+        """A TaskManager's reports, in the order it sent them: state changes go to the scheduler
+        as one event (a call from a TaskManager carries hundreds under load), a streaming task's
+        micro-batch reports to the query. A report that does not decode (an unknown state number
+        from a newer or broken TaskManager) is logged and dropped: it says nothing the job can use."""
+        changes: list[TaskReport] = []
+        for update in updates:
+            try:
+                report = codec.report_from_proto(update)
+            except ValueError as exc:
+                log.warning("job %s: ignoring a task report that does not decode: %s", self.job_id, exc)
+                continue
+            if report.batch_id is None:
+                changes.append(report)
+                continue
+            if changes:  # what came before the batch's report is applied before it
+                self._task_states(changes)
+                changes = []
+            # a streaming task wrote a micro-batch; it stays RUNNING
             if report.io is not None:
                 self.scheduler.add_batch_io(report.attempt, report.io)
             if self.query is not None:
                 self.query.on_batch_report(report.attempt, report.batch_id,
                                            {p.data_set_id: p.schema for p in report.produced}, report.input_rows,
                                            report.io)
-            return
-        schemas = {(p.data_set_id, p.partition_index): p.schema for p in report.produced}
-        stimulus = report.stimulus_id or f"{report.task_manager_id or 'tm'}:report"
-        self._decide(lambda now: self.scheduler.on_task_state(
-            report.attempt, report.state, now, failure=report.failure, produced_schemas=schemas,
-            io=report.io, stimulus_id=stimulus))
+        if changes:
+            self._task_states(changes)
+
+    def _task_states(self, reports: list[TaskReport]) -> None:
+        self._decide(lambda now: self.scheduler.on_task_states(reports, now))
+
+    def on_allocations(self, allocations: Sequence[tuple[int, Sequence[SlotId]]]) -> None:
+        """Slot requests the ResourceManager served in one pass."""
+        self._decide(lambda now: self.scheduler.on_allocations(allocations, now))
 
     def on_deploy_failed(self, attempt: job_pb2.ExecutionAttemptId, failure: FailureInfo) -> None:
         self._decide(lambda now: self.scheduler.on_deploy_failed(codec.attempt_from_proto(attempt), failure, now))
-
-    def on_slots_allocated(self, request_id: int, slots) -> None:
-        self._decide(lambda now: self.scheduler.on_slots_allocated(request_id, slots, now))
 
     def on_slot_request_failed(self, request_id: int, message: str) -> None:
         self._decide(lambda now: self.scheduler.on_slot_request_failed(request_id, message, now))

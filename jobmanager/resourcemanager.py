@@ -148,14 +148,23 @@ class ResourceManager:
             self.mailbox.run(lambda: self._apply(self.slots.check(time.time())))
 
     def _apply(self, actions: Iterable[sm.SlotManagerAction]) -> None:
-        for a in list(actions):
+        actions = list(actions)
+        # The requests one pass served reach each job as one event, in the order they were served.
+        served: dict[str, list[tuple[int, tuple]]] = {}
+        for a in actions:
             if isinstance(a, sm.SlotsAllocated):
-                jm = self._job_master(a.job_id)
-                if jm is None:  # the job is gone: give the slots back
-                    for slot in a.slots:
-                        self.mailbox.run(lambda slot=slot, a=a: self.release_slot(slot, a.job_id, "job is gone"))
-                else:
-                    self.mailbox.run(lambda jm=jm, a=a: jm.on_slots_allocated(a.request_id, a.slots))
+                served.setdefault(a.job_id, []).append((a.request_id, a.slots))
+        for job_id, allocations in served.items():
+            jm = self._job_master(job_id)
+            if jm is None:  # the job is gone: give the slots back
+                for _, slots in allocations:
+                    for slot in slots:
+                        self.mailbox.run(lambda slot=slot, job_id=job_id: self.release_slot(slot, job_id, "job is gone"))
+            else:
+                self.mailbox.run(lambda jm=jm, allocations=allocations: jm.on_allocations(allocations))
+        for a in actions:
+            if isinstance(a, sm.SlotsAllocated):
+                continue
             elif isinstance(a, sm.SlotRequestFailed):
                 jm = self._job_master(a.job_id)
                 if jm is not None:

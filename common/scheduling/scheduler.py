@@ -16,7 +16,8 @@ and the id of the stimulus that caused it) and returns a list of actions (datacl
 the JobManager shell to carry out. Nothing here touches a socket, a thread or a clock. Every
 transition records the stimulus id, so an execution's story says which event moved it.
 
-Events:   start, on_slots_allocated, on_slot_request_failed, on_task_state, on_deploy_failed,
+Events:   start, on_slots_allocated (on_allocations: several), on_slot_request_failed, on_task_state
+          (on_task_states: several), on_deploy_failed,
           on_task_manager_lost, on_timer, on_outputs_committed, on_internal_error, cancel, suspend
 Actions:  RequestSlots, CancelSlotRequest, ReleaseSlot, DeployTask, CancelTask,
           UpdatePartitionInfo, ReleasePartitions, StartTimer, CommitOutputs, JobCleanup,
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, NamedTuple, Sequence, TypeVar
 
 from funke.common.records import quick_init
-from funke.common.graph.deployment import PartitionRef, PartitionUpdate, TaskDeployment
+from funke.common.graph.deployment import PartitionRef, PartitionUpdate, TaskDeployment, TaskReport
 from funke.common.scheduling.deploymentfactory import TaskDeploymentFactory
 from funke.common.graph.executiongraph import (
     Execution,
@@ -86,6 +87,27 @@ _LIVE = LIVE_EXECUTION_STATES
 _DEPLOYED = DEPLOYED_EXECUTION_STATES
 _DEPLOYED_OR_CANCELING = DEPLOYED_EXECUTION_STATES | {E.CANCELING}
 _TERMINAL = frozenset(state for state in E if state.is_terminal)
+
+
+class _Effects(NamedTuple):
+    """What an execution's move from one state to another changes besides its state, worked out
+    once per pair of states: `_transition` runs six times per subtask and attempt."""
+
+    deployed: int  # +1 it now runs on its TaskManager (consumers there are told of partitions), -1 no longer
+    live: int  # +1 it now needs its slot-sharing group's slot, -1 no longer
+    terminal: bool
+    finished: bool
+    garbage: bool  # it ended without finishing after it could have written partitions: release them
+
+
+def _effects(before: ExecutionState, to: ExecutionState) -> _Effects:
+    step = lambda a, b: (b and not a) - (a and not b)  # noqa: E731
+    terminal = to in _TERMINAL
+    return _Effects(step(before in _DEPLOYED, to in _DEPLOYED), step(before in _LIVE, to in _LIVE), terminal,
+                    to is E.FINISHED, terminal and to is not E.FINISHED and before in _DEPLOYED_OR_CANCELING)
+
+
+_EFFECTS = {(a, b): _effects(a, b) for a in E for b in E}
 
 # Flink's task.cancellation.timeout: after this, a job stuck in CANCELLING goes FAILED.
 DEFAULT_CANCELLATION_TIMEOUT_S = 180.0
@@ -311,7 +333,7 @@ class Scheduler:
         self.failure: FailureInfo | None = None  # why the job FAILED
         self.num_restarts = 0  # failovers carried out (regions or the whole job restarted: Flink's numRestarts)
 
-        total = graph.number_of_vertices()
+        self._total = total = graph.number_of_vertices()  # the graph's shape never changes
         self.state_counts: dict[ExecutionState, int] = {E.CREATED: total}  # of current executions
         self._non_terminal = total  # current executions not in a terminal state
         self._finished = 0  # current executions FINISHED
@@ -403,7 +425,7 @@ class Scheduler:
         if self.status is not J.CREATED:
             raise ValueError(f"cannot start a job in {self.status.value}")
         self._schedule_regions(self.strategy.initial_regions(), now)
-        if self.status is J.CREATED and self._finished == self.graph.number_of_vertices():
+        if self.status is J.CREATED and self._finished == self._total:
             # Every subtask finished under an earlier leader: only the commit is left.
             self._job_transition(J.RUNNING, now, "every task finished before the job was recovered")
             self._check_progress(now)
@@ -470,25 +492,45 @@ class Scheduler:
 
     @_event
     def on_slots_allocated(self, request_id: int, slots: Sequence[SlotId], now: float) -> list[Action]:
-        groups = self._requests.pop(request_id, None)
-        if groups is None or self.status not in SCHEDULING_JOB_STATUSES:
-            for slot in slots:
-                self._out.append(ReleaseSlot(slot, "slot request no longer needed"))
-            if groups:
-                for g in groups:
-                    self._requested.pop(g, None)
-            return self._drain()
-        if len(slots) != len(groups):
-            raise ValueError(f"request {request_id}: got {len(slots)} slots for {len(groups)} groups")
-        for group, slot in zip(groups, slots):
-            self._requested.pop(group, None)
-            self._slot_of[group] = slot
-        self._deploy_ready_batches(now, self._batches_needing(groups))
-        # groups whose vertices were cancelled while the request was pending
-        for group in groups:
-            if self._usage.get(group, 0) == 0 and group in self._slot_of:
-                self._release_group_slot(group, "no task needs the slot any more")
+        self._allocated(((request_id, slots),), now)
         return self._drain()
+
+    @_event
+    def on_allocations(self, allocations: Sequence[tuple[int, Sequence[SlotId]]], now: float) -> list[Action]:
+        """Several slot requests served at once (the SlotManager serves its queue in one pass): as
+        `on_slots_allocated` for each in turn, with the batches they complete deployed in one pass."""
+        self._allocated(allocations, now)
+        return self._drain()
+
+    def _allocated(self, allocations: Sequence[tuple[int, Sequence[SlotId]]], now: float) -> None:
+        for request_id, slots in allocations:  # checked before anything changes
+            groups = self._requests.get(request_id)
+            if groups is not None and len(slots) != len(groups):
+                raise ValueError(f"request {request_id}: got {len(slots)} slots for {len(groups)} groups")
+        scheduling = self.status in SCHEDULING_JOB_STATUSES
+        served: list[ExecutionSlotSharingGroup] = []
+        requests, requested, slot_of = self._requests, self._requested, self._slot_of
+        for request_id, slots in allocations:
+            groups = requests.pop(request_id, None)
+            if groups is None or not scheduling:
+                for slot in slots:
+                    self._out.append(ReleaseSlot(slot, "slot request no longer needed"))
+                if groups:
+                    for g in groups:
+                        requested.pop(g, None)
+                continue
+            for group, slot in zip(groups, slots):
+                requested.pop(group, None)
+                slot_of[group] = slot
+            served.extend(groups)
+        if not served:
+            return
+        self._deploy_ready_batches(now, self._batches_needing(served))
+        # groups whose vertices were cancelled while the request was pending
+        usage = self._usage
+        for group in served:
+            if usage.get(group, 0) == 0 and group in slot_of:
+                self._release_group_slot(group, "no task needs the slot any more")
 
     @_event
     def on_slot_request_failed(self, request_id: int, message: str, now: float) -> list[Action]:
@@ -525,17 +567,36 @@ class Scheduler:
         partitions it produced and what it read and wrote). Reports about attempts that are not
         current (a restart replaced them) and reports the table does not allow from the current
         state (e.g. RUNNING after cancellation was requested) change nothing."""
+        self._task_state(attempt, reported, now, failure, produced_schemas, io)
+        return self._drain()
+
+    @_event
+    def on_task_states(self, reports: Sequence[TaskReport], now: float) -> list[Action]:
+        """Several reports at once, as a TaskManager sends what its tasks did since its last call:
+        each as `on_task_state`, in order, under its own stimulus id (else its TaskManager's
+        "<tm>:report", else one made up for the call). Micro-batch reports (`batch_id`) are not
+        state changes: the JobMaster hands those to its streaming query."""
+        shared = self._stimulus
+        for r in reports:
+            self._stimulus = r.stimulus_id or (f"{r.task_manager_id}:report" if r.task_manager_id else shared)
+            schemas = {(p.data_set_id, p.partition_index): p.schema for p in r.produced} if r.produced else None
+            self._task_state(r.attempt, r.state, now, r.failure, schemas, r.io)
+        return self._drain()
+
+    def _task_state(self, attempt: ExecutionAttemptId, reported: ExecutionState, now: float,
+                    failure: FailureInfo | None, produced_schemas: dict[tuple[str, int], str] | None,
+                    io: TaskIo | None) -> None:
         execution = self._current(attempt)
         if execution is None or execution.state.is_terminal:
-            return []
+            return
         target = resolve_report(execution.state, reported)
         if self.testing_mutant == SKIP_INITIALIZING:
             if target is E.INITIALIZING:
-                return []  # the defect: INITIALIZING is dropped ...
+                return  # the defect: INITIALIZING is dropped ...
             if target is E.RUNNING and execution.state is E.DEPLOYING:
                 execution.machine.table = SKIP_INITIALIZING_EXECUTION_TRANSITIONS  # ... and DEPLOYING -> RUNNING taken
         if target is execution.state or not execution.machine.can_transition(target):
-            return []
+            return
         if target is E.FINISHED:
             execution.io = io
             self._transition(execution, E.FINISHED, now, "task finished")
@@ -550,7 +611,6 @@ class Scheduler:
         else:
             self._transition(execution, target, now, f"reported by {execution.task_manager_id}")
         self._check_progress(now)
-        return self._drain()
 
     def on_deploy_failed(self, attempt: ExecutionAttemptId, failure: FailureInfo, now: float, *,
                          stimulus_id: str = "") -> list[Action]:
@@ -723,23 +783,31 @@ class Scheduler:
                 batches.append(vertices)
         requests: list[SlotRequest] = []
         new_batches: list[_Batch] = []
+        group_of, slot_of, requested = self.plan.group_of, self._slot_of, self._requested
+        waiting, with_group = self._batches, self._batches_with_group
+        transition = self._transition
         for vertices in batches:
-            vertices.sort(key=lambda ev: (ev.job_vertex.topological_index, ev.subtask_index))
+            if len(vertices) > 1:
+                vertices.sort(key=_vertex_order)
             groups: list[ExecutionSlotSharingGroup] = []
-            seen: set[int] = set()
+            seen: set[ExecutionSlotSharingGroup] = set()
             for ev in vertices:
-                self._transition(ev.current_execution, E.SCHEDULED, now, "scheduled")
-                group = self.plan.group_of(ev)
-                if group.index not in seen:
-                    seen.add(group.index)
+                transition(ev.current_execution, E.SCHEDULED, now, "scheduled")
+                group = group_of(ev)
+                if group not in seen:
+                    seen.add(group)
                     groups.append(group)
-            missing = [g for g in groups if g not in self._slot_of and g not in self._requested]
+            missing = [g for g in groups if g not in slot_of and g not in requested]
             if missing:
                 requests.append(self._new_request(missing))
             batch = _Batch([ev.current_execution for ev in vertices], groups)
-            self._batches[batch] = None
+            waiting[batch] = None
             for g in groups:
-                self._batches_with_group.setdefault(g, []).append(batch)
+                listed = with_group.get(g)
+                if listed is None:
+                    with_group[g] = [batch]
+                else:
+                    listed.append(batch)
             new_batches.append(batch)
         if requests:
             self._out.append(RequestSlots(tuple(requests), self.slot_request_timeout_s))
@@ -781,9 +849,16 @@ class Scheduler:
     def _deploy_ready_batches(self, now: float, batches: Iterable[_Batch]) -> None:
         if self.status not in SCHEDULING_JOB_STATUSES:
             return
+        waiting, slot_of = self._batches, self._slot_of
         for batch in batches:
-            if batch in self._batches and all(g in self._slot_of for g in batch.groups):
-                del self._batches[batch]
+            if batch in waiting:
+                groups = batch.groups
+                if len(groups) == 1:
+                    if groups[0] not in slot_of:
+                        continue
+                elif not all(g in slot_of for g in groups):
+                    continue
+                del waiting[batch]
                 self._unindex(batch)
                 for ex in batch.waiting():
                     self._deploy(ex.vertex, now)
@@ -837,7 +912,7 @@ class Scheduler:
     def _check_progress(self, now: float) -> None:
         """Move the job on once its executions say so (`JOB_STATUS_WHEN_EXECUTIONS_END`)."""
         status = self.status
-        if status is J.RUNNING and self._finished == self.graph.number_of_vertices() and not self._committing:
+        if status is J.RUNNING and self._finished == self._total and not self._committing:
             self._finish(now)
         elif status in (J.FAILING, J.CANCELLING) and self._non_terminal == 0:
             gf = self._global_failure
@@ -1081,7 +1156,8 @@ class Scheduler:
         self, execution: Execution, to: ExecutionState, now: float, cause: str, failure: FailureInfo | None = None
     ) -> None:
         # The hot path of every schedule, deployment, report and failover (six calls per subtask
-        # and attempt): each fact is looked up once, the slot-sharing group only when needed.
+        # and attempt): what the move changes is looked up once (`_EFFECTS`), the slot-sharing
+        # group only when needed.
         machine = execution.machine
         before = machine.state
         t = machine.transition(to, now, cause, self._stimulus)
@@ -1094,29 +1170,27 @@ class Scheduler:
             execution.failure = failure
         slot = execution.slot
         tm = slot.task_manager_id if slot is not None else None
-        was_deployed, is_deployed = before in _DEPLOYED, to in _DEPLOYED
-        if was_deployed is not is_deployed and tm:
-            self.deployments.consumer_moved(execution, tm, 1 if is_deployed else -1)
-        was_live, is_live = before in _LIVE, to in _LIVE
+        effects = _EFFECTS[before, to]
+        if effects.deployed and tm:
+            self.deployments.consumer_moved(execution, tm, effects.deployed)
         group = None
-        if was_live is not is_live:
+        if effects.live:
             group = self.plan.group_of(vertex)
             usage = self._usage
-            usage[group] = usage.get(group, 0) + (1 if is_live else -1)
-        terminal = to in _TERMINAL
-        if terminal:
+            usage[group] = usage.get(group, 0) + effects.live
+        if effects.terminal:
             self._non_terminal -= 1
-            if to is E.FINISHED:
+            if effects.finished:
                 self._finished += 1
         self._out.append(ExecutionStateChanged(
             execution.attempt_id, vertex.name, t, tm, execution.failure if to is E.FAILED else None))
-        if terminal and to is not E.FINISHED and before in _DEPLOYED_OR_CANCELING and tm:
+        if effects.garbage and tm:
             # whatever this attempt wrote is garbage: nobody will ever be told to read it
             refs = tuple(PartitionRef(p.result.id, p.partition_index, execution.attempt_number)
                          for p in vertex.produced_partitions)
             if refs:
                 self._out.append(ReleasePartitions(tm, refs))
-        if group is not None and not is_live and self._usage[group] == 0 and group in self._slot_of:
+        if effects.live < 0 and self._usage[group] == 0 and group in self._slot_of:
             self._release_group_slot(group, f"{vertex.name} {to.value}")
 
     def _release_group_slot(self, group: ExecutionSlotSharingGroup, cause: str) -> None:

@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, f
 
 from funke.common.scheduling import scheduler as s  # noqa: E402
 from funke.common.scheduling import slotmanager as sm  # noqa: E402
+from funke.common.graph.deployment import TaskReport  # noqa: E402
 from funke.common.graph.executiongraph import ExecutionAttemptId, ExecutionGraph, FailureInfo  # noqa: E402
 from funke.common.graph.jobgraph import FailoverStrategyKind, JobGraph, ResultPartitionType  # noqa: E402
 from funke.common.graph.restart import FixedDelayRestartBackoffTimeStrategy  # noqa: E402
@@ -49,6 +50,7 @@ E = ExecutionState
 PARTITION_TYPES = (ResultPartitionType.BLOCKING, ResultPartitionType.PIPELINED)
 STEPS = ("build ExecutionGraph", "job initialization", "schedule all subtasks", "regions to restart", "global failover")
 JOB = "bench"
+REPORTS_PER_CALL = 100
 
 
 class Driver:
@@ -96,15 +98,17 @@ class Driver:
         self.timers.append(a)
 
     def _slot_actions(self, actions: list) -> list:
-        out = []
-        for a in actions:
-            if isinstance(a, sm.SlotsAllocated):
-                out.extend(self.scheduler.on_slots_allocated(a.request_id, a.slots, 0.0))
-        return out
+        # what the SlotManager served in one pass reaches the job as one event, as the
+        # ResourceManager hands it over
+        served = [(a.request_id, a.slots) for a in actions if isinstance(a, sm.SlotsAllocated)]
+        return self.scheduler.on_allocations(served, 0.0) if served else []
 
     def report(self, attempts: list[ExecutionAttemptId], state: ExecutionState) -> None:
-        for attempt in attempts:
-            self.apply(self.scheduler.on_task_state(attempt, state, 0.0, failure=None))
+        """Reports in calls of REPORTS_PER_CALL, as a TaskManager sends what its tasks did since its
+        last call (one task a call would be the worst case; under load a call carries hundreds)."""
+        for start in range(0, len(attempts), REPORTS_PER_CALL):
+            self.apply(self.scheduler.on_task_states(
+                [TaskReport(JOB, a, state) for a in attempts[start:start + REPORTS_PER_CALL]], 0.0))
 
 
 def new_scheduler(job: JobGraph, failover=FailoverStrategyKind.REGION) -> s.Scheduler:

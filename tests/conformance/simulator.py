@@ -197,10 +197,13 @@ class SimulatedCluster:
 
     def _slot_actions(self, actions: list) -> None:
         """The ResourceManager: SlotManager answers reach the job through the mailbox."""
+        allocations = [(a.request_id, a.slots) for a in actions if isinstance(a, sm.SlotsAllocated)]
+        if allocations:  # what one pass served reaches the job as one event, as the ResourceManager hands it over
+            self._post(lambda: self.apply(self.scheduler.on_allocations(allocations, self.now)))
         for a in actions:
             self.observe(a)
             if isinstance(a, sm.SlotsAllocated):
-                self._post(lambda a=a: self.apply(self.scheduler.on_slots_allocated(a.request_id, a.slots, self.now)))
+                continue
             elif isinstance(a, sm.SlotRequestFailed):
                 self._post(lambda a=a: self.apply(self.scheduler.on_slot_request_failed(a.request_id, a.message, self.now)))
             elif isinstance(a, sm.WaitingForResources):
@@ -245,16 +248,17 @@ class SimulatedCluster:
         """Deliver the TaskManager's next `n` reports to the JobManager."""
         tm = self.tms.get(task_manager_id)
         delivered = 0
+        reports = []
         while tm is not None and delivered < n and tm.to_jobmanager:
             generation, instruction = tm.to_jobmanager.popleft()
             delivered += 1
             if generation != tm.core.generation:
                 continue  # for a registration the JobManager wrote off: the shell drops it
-            r = instruction.report
-            schemas = {(p.data_set_id, p.partition_index): p.schema for p in r.produced}
-            self._post(lambda r=r, schemas=schemas: self.apply(self.scheduler.on_task_state(
-                r.attempt, r.state, self.now, failure=r.failure, produced_schemas=schemas, stimulus_id=r.stimulus_id)))
-            self._post(lambda tm=tm, r=r: self._handle(tm, core.ReportsDelivered((r,))))
+            reports.append(instruction.report)
+        if reports:  # one call's reports reach the job as one event, as the JobMaster hands them over
+            self._post(lambda: self.apply(self.scheduler.on_task_states(reports, self.now)))
+            for r in reports:
+                self._post(lambda tm=tm, r=r: self._handle(tm, core.ReportsDelivered((r,))))
         self._drain()
         return delivered
 

@@ -61,11 +61,11 @@ def _raise(*args, **kwargs):
 
 
 def test_a_scheduler_that_raises_fails_its_job_and_frees_the_slots(tmp_path, monkeypatch):
-    """A bug inside the core (here: on_slots_allocated raising) is an internal error like any
+    """A bug inside the core (here: on_allocations raising) is an internal error like any
     other: the job fails at once, the slots it was given go back."""
     from funke.common.scheduling import scheduler
 
-    monkeypatch.setattr(scheduler.Scheduler, "on_slots_allocated", scheduler._event(_raise))
+    monkeypatch.setattr(scheduler.Scheduler, "on_allocations", scheduler._event(_raise))
 
     async def scenario() -> None:
         dispatcher = Dispatcher(ClusterConfiguration(data_dir=str(tmp_path)))
@@ -92,7 +92,7 @@ def test_a_scheduler_that_cannot_even_fail_its_job_does_not_take_the_jobmanager_
     back, leaves that job, and serves the next one."""
     from funke.common.scheduling import scheduler
 
-    real_allocated, real_internal = scheduler.Scheduler.on_slots_allocated, scheduler.Scheduler.on_internal_error
+    real_allocated, real_internal = scheduler.Scheduler.on_allocations, scheduler.Scheduler.on_internal_error
     calls = {"on_internal_error": 0}
 
     def allocated(self, *args, **kwargs):
@@ -106,7 +106,7 @@ def test_a_scheduler_that_cannot_even_fail_its_job_does_not_take_the_jobmanager_
             raise RuntimeError("and another one")
         return real_internal(self, *args, **kwargs)
 
-    monkeypatch.setattr(scheduler.Scheduler, "on_slots_allocated", allocated)
+    monkeypatch.setattr(scheduler.Scheduler, "on_allocations", allocated)
     monkeypatch.setattr(scheduler.Scheduler, "on_internal_error", internal_error)
 
     async def scenario() -> None:

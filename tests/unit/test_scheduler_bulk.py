@@ -1,0 +1,142 @@
+"""Several slot allocations or task reports as one event do what they do one event at a time."""
+
+from __future__ import annotations
+
+import pytest
+
+from funke.common.graph.deployment import ProducedPartition, TaskReport
+from funke.common.graph.executiongraph import ExecutionAttemptId, ExecutionGraph, FailureInfo, SlotId
+from funke.common.graph.jobgraph import ResultPartitionType
+from funke.common.graph.restart import FixedDelayRestartBackoffTimeStrategy
+from funke.common.scheduling import scheduler as s
+from funke.common.scheduling import slotmanager as sm
+from funke.common.states import ExecutionState
+from tests.conformance.graphs import source_sink_all_to_all
+
+E = ExecutionState
+P = 6
+
+
+def _scheduler(kind: ResultPartitionType = ResultPartitionType.BLOCKING) -> s.Scheduler:
+    graph = ExecutionGraph(source_sink_all_to_all(P, kind), "job", 0.0)
+    return s.Scheduler(graph, restart_strategy=FixedDelayRestartBackoffTimeStrategy(3, 0.0))
+
+
+def _plain(actions: list) -> list:
+    """Actions without the stimulus ids (which name the event that made them)."""
+    out = []
+    for a in actions:
+        if isinstance(a, s.ExecutionStateChanged):
+            out.append(a._replace(transition=a.transition._replace(stimulus_id="")))
+        elif isinstance(a, s.JobStatusChanged):
+            out.append(s.JobStatusChanged(a.transition._replace(stimulus_id="")))
+        elif isinstance(a, s.DeployTask):
+            out.append(("deploy", a.deployment.attempt, a.deployment.slot))
+        elif isinstance(a, s.CancelTask):
+            out.append(("cancel", a.task_manager_id, a.attempt))
+        else:
+            out.append(a)
+    return out
+
+
+def _states(scheduler: s.Scheduler) -> list:
+    return [(ev.name, ev.current_execution.attempt_number, ev.state, ev.current_execution.slot)
+            for ev in scheduler.graph.execution_vertices()]
+
+
+def _requests(actions: list) -> list[sm.SlotRequest]:
+    return [r for a in actions if isinstance(a, s.RequestSlots) for r in a.requests]
+
+
+def _allocate(requests: list[sm.SlotRequest], first: int = 0) -> list[tuple[int, tuple[SlotId, ...]]]:
+    allocations, n = [], first
+    for r in requests:
+        allocations.append((r.request_id, tuple(SlotId("tm-1", n + i) for i in range(r.count))))
+        n += r.count
+    return allocations
+
+
+def test_allocations_in_one_event_deploy_as_one_at_a_time():
+    one, bulk = _scheduler(), _scheduler()
+    requests = _requests(one.start(0.0))
+    assert _requests(bulk.start(0.0)) == requests and len(requests) == P  # a BLOCKING source is its own region
+    allocations = _allocate(requests)
+    singly = [a for rid, slots in allocations for a in one.on_slots_allocated(rid, slots, 1.0)]
+    together = bulk.on_allocations(allocations, 1.0)
+    assert sum(isinstance(a, s.DeployTask) for a in together) == P
+    assert sorted(map(repr, _plain(together))) == sorted(map(repr, _plain(singly)))
+    assert _states(bulk) == _states(one)
+    bulk.validate_state()
+
+
+def test_allocations_for_a_request_nobody_waits_for_go_back():
+    scheduler = _scheduler()
+    (first, *rest) = _requests(scheduler.start(0.0))
+    stale = (999, (SlotId("tm-1", 50),))
+    actions = scheduler.on_allocations([stale] + _allocate([first]), 1.0)
+    assert s.ReleaseSlot(SlotId("tm-1", 50), "slot request no longer needed") in actions
+    assert sum(isinstance(a, s.DeployTask) for a in actions) == 1
+    scheduler.validate_state()
+
+
+def test_allocations_that_do_not_fit_their_request_change_nothing():
+    scheduler = _scheduler()
+    requests = _requests(scheduler.start(0.0))
+    before = _states(scheduler)
+    good = _allocate(requests[:1])
+    bad = (requests[1].request_id, (SlotId("tm-1", 7), SlotId("tm-1", 8)))  # two slots for one group
+    with pytest.raises(ValueError, match="got 2 slots for 1 groups"):
+        scheduler.on_allocations(good + [bad], 1.0)
+    assert _states(scheduler) == before  # the good one before it was not applied either
+    assert sorted(scheduler._requests) == sorted(r.request_id for r in requests)
+
+
+def _deployed(scheduler: s.Scheduler) -> list[ExecutionAttemptId]:
+    deployed = [a.deployment.attempt for a in scheduler.on_allocations(_allocate(_requests(scheduler.start(0.0))), 0.0)
+                if isinstance(a, s.DeployTask)]
+    assert len(deployed) == P
+    return deployed
+
+
+def test_reports_in_one_event_act_as_one_at_a_time():
+    """Finished sources (the last one releases the sinks), a failure (a region restart: its
+    cancellation), a report the table does not allow and one for an attempt that is not current."""
+    one, bulk = _scheduler(), _scheduler()
+    sources = _deployed(one)
+    assert _deployed(bulk) == sources
+    (data_set,) = one.graph.vertices["source"].produced
+    produced = (ProducedPartition(data_set.id, 0, "schema"),)
+    reports = [TaskReport("job", a, E.INITIALIZING, task_manager_id="tm-1") for a in sources]
+    reports += [TaskReport("job", sources[0], E.FINISHED, produced=produced, task_manager_id="tm-1",
+                           stimulus_id="tm-1:report-1")]
+    reports += [TaskReport("job", a, E.FINISHED, task_manager_id="tm-1") for a in sources[1:4]]
+    reports += [TaskReport("job", sources[4], E.FAILED, FailureInfo("Boom", "a source failed"), task_manager_id="tm-1"),
+                TaskReport("job", sources[5], E.CREATED, task_manager_id="tm-1"),  # not a legal report: ignored
+                TaskReport("job", ExecutionAttemptId("source", 5, 7), E.FINISHED)]  # no such attempt: ignored
+    singly = []
+    for r in reports:
+        schemas = {(p.data_set_id, p.partition_index): p.schema for p in r.produced}
+        singly += one.on_task_state(r.attempt, r.state, 2.0, failure=r.failure, produced_schemas=schemas, io=r.io,
+                                    stimulus_id=r.stimulus_id or "tm-1:report")
+    together = bulk.on_task_states(reports, 2.0)
+    assert _plain(together) == _plain(singly)
+    assert any(isinstance(a, s.StartTimer) for a in together)  # the failed source's region restarts
+    assert _states(bulk) == _states(one)
+    bulk.validate_state()
+    # each transition names its own report, or the TaskManager that sent it
+    finished = bulk.graph.vertices["source"].task_vertices[0].current_execution.machine.history[-1]
+    assert finished.to_state is E.FINISHED and finished.stimulus_id == "tm-1:report-1"
+    running = bulk.graph.vertices["source"].task_vertices[1].current_execution.machine.history[-2]
+    assert running.to_state is E.INITIALIZING and running.stimulus_id == "tm-1:report"
+    assert bulk.graph.vertices["source"].task_vertices[0].produced_partitions[0].location.schema == "schema"
+
+
+def test_the_last_report_of_a_call_releases_the_consumers():
+    scheduler = _scheduler()
+    sources = _deployed(scheduler)
+    actions = scheduler.on_task_states([TaskReport("job", a, E.FINISHED) for a in sources], 3.0)
+    sinks = _requests(actions)
+    assert len(sinks) == P and all(r.count == 1 for r in sinks)
+    deploys = [a for a in scheduler.on_allocations(_allocate(sinks), 4.0) if isinstance(a, s.DeployTask)]
+    assert sorted(d.deployment.attempt.vertex_id for d in deploys) == ["sink"] * P
+    scheduler.validate_state()
