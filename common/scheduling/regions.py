@@ -44,13 +44,18 @@ from funke.common.graph.jobgraph import DistributionPattern
 class PipelinedRegion:
     """Subtasks connected by pipelined results, in topological order. Equal only to itself."""
 
-    __slots__ = ("index", "vertices", "blocking_inputs")
+    __slots__ = ("index", "vertices", "blocking_inputs", "downstream")
 
     def __init__(self, index: int):
         self.index = index
         self.vertices: list[ExecutionVertex] = []
         # consumed groups produced in other regions, each once: the scheduling preconditions
         self.blocking_inputs: list[ConsumedPartitionGroup] = []
+        # consumer groups of what it produces that have consumers in other regions, each once
+        # (what a restart of it restarts downstream); None for a region of one subtask, whose
+        # consumer groups are read off the subtask (a batch job at P = 100 000 has 200 000 such
+        # regions, and a tuple each would cost memory)
+        self.downstream: tuple[ConsumerVertexGroup, ...] | None = None
 
     def __len__(self) -> int:
         return len(self.vertices)
@@ -123,29 +128,31 @@ class PipelinedRegions:
         seen_consumed: set[ConsumedPartitionGroup] = set()
         seen_consumers: set[ConsumerVertexGroup] = set()
         region_of = self.region_of
+        # Only a region's boundary matters: what it reads from other regions and who reads it in
+        # other regions. A partition made inside the region is remade by its restart anyway, and
+        # a consumer inside it restarts with it (a streaming job at P = 100 000 is one region of
+        # 200 000 subtasks: walking them took 100 ms, the boundary is empty).
         while queue:
             region = queue.popleft()
-            for ev in region.vertices:
-                for consumed in ev.consumed_partition_groups:
-                    if consumed in seen_consumed:
-                        continue
-                    seen_consumed.add(consumed)
-                    for partition in consumed.partitions:
-                        if not available(partition):
-                            producer_region = region_of(partition.producer)
-                            if producer_region not in restart:
-                                restart.add(producer_region)
-                                queue.append(producer_region)
-                for partition in ev.produced_partitions:
-                    for consumers in partition.consumer_vertex_groups:
-                        if consumers in seen_consumers:
-                            continue
-                        seen_consumers.add(consumers)
-                        for consumer in consumers.vertices:
-                            consumer_region = region_of(consumer)
-                            if consumer_region not in restart:
-                                restart.add(consumer_region)
-                                queue.append(consumer_region)
+            for consumed in region.blocking_inputs:
+                if consumed in seen_consumed:
+                    continue
+                seen_consumed.add(consumed)
+                for partition in consumed.partitions:
+                    if not available(partition):
+                        producer_region = region_of(partition.producer)
+                        if producer_region not in restart:
+                            restart.add(producer_region)
+                            queue.append(producer_region)
+            for consumers in _downstream(region):
+                if consumers in seen_consumers:
+                    continue
+                seen_consumers.add(consumers)
+                for consumer in consumers.vertices:
+                    consumer_region = region_of(consumer)
+                    if consumer_region not in restart:
+                        restart.add(consumer_region)
+                        queue.append(consumer_region)
         return restart
 
     def __repr__(self) -> str:
@@ -154,6 +161,13 @@ class PipelinedRegions:
 
 def _partition_is_available(partition: IntermediateResultPartition) -> bool:
     return partition.is_available
+
+
+def _downstream(region: PipelinedRegion) -> Iterable[ConsumerVertexGroup]:
+    if region.downstream is not None:
+        return region.downstream
+    (ev,) = region.vertices
+    return [consumers for partition in ev.produced_partitions for consumers in partition.consumer_vertex_groups]
 
 
 def _distinct(regions: Iterable[PipelinedRegion]) -> list[PipelinedRegion]:
@@ -249,6 +263,8 @@ def compute_pipelined_regions(graph: ExecutionGraph) -> PipelinedRegions:
 
     for region in regions:
         _collect_blocking_inputs(region, by_job_vertex)
+        if len(region.vertices) > 1:
+            _collect_downstream(region, by_job_vertex)
     ordered = _topological_order(regions, by_job_vertex)
     for index, region in enumerate(ordered):
         region.index = index
@@ -302,6 +318,21 @@ def _collect_blocking_inputs(region: PipelinedRegion,
             first = consumed.partitions[0]
             if by_job_vertex[consumed.result.producer][first.partition_index] is not region:
                 region.blocking_inputs.append(consumed)
+
+
+def _collect_downstream(region: PipelinedRegion, by_job_vertex: dict[ExecutionJobVertex, list[PipelinedRegion]]) -> None:
+    seen: set[ConsumerVertexGroup] = set()
+    downstream: list[ConsumerVertexGroup] = []
+    for ev in region.vertices:
+        for partition in ev.produced_partitions:
+            for consumers in partition.consumer_vertex_groups:
+                if consumers in seen:
+                    continue
+                seen.add(consumers)
+                regions = by_job_vertex[consumers.result.consumer]
+                if any(regions[consumer.subtask_index] is not region for consumer in consumers.vertices):
+                    downstream.append(consumers)
+    region.downstream = tuple(downstream)
 
 
 def _topological_order(regions: list[PipelinedRegion],

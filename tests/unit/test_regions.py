@@ -328,6 +328,18 @@ def assert_region_invariants(graph: ExecutionGraph, regions: PipelinedRegions) -
                     external.append(group)
                     assert all(p.index < index for p in producers), "regions are not topologically sorted"
         assert region.blocking_inputs == external
+        # what it restarts downstream: consumer groups with a consumer in another region
+        leaving = []
+        for v in region.vertices:
+            for partition in v.produced_partitions:
+                for consumers in partition.consumer_vertex_groups:
+                    if (any(regions.region_of(c) is not region for c in consumers.vertices)
+                            and all(consumers is not g for g in leaving)):
+                        leaving.append(consumers)
+        if len(region.vertices) > 1:
+            assert list(region.downstream) == leaving
+        else:
+            assert region.downstream is None  # read off its one subtask
     # no cycle between regions through any result
     region_graph = nx.DiGraph()
     region_graph.add_nodes_from(r.index for r in regions.regions)
