@@ -116,6 +116,9 @@ class Dispatcher:
                 await asyncio.wait(list(self._writes), timeout=STOP_WRITES_TIMEOUT_S)
             await self.ha.flush()
         await self.rm.stop()
+        # Its jobs leave with it, archived or not (a leader that lost leadership drops them
+        # suspended): the collector's thresholds go back to those of no running job.
+        gcpolicy.running_subtasks(0)
 
     # ------------------------------------------------------------------ high availability
 

@@ -75,3 +75,25 @@ def test_the_dispatcher_counts_the_running_jobs_subtasks(monkeypatch):
     del dispatcher.jobs["a"]
     dispatcher._count_subtasks()
     assert counted == [12_008, 8]
+
+
+def test_a_stopped_dispatcher_leaves_cpythons_thresholds(tmp_path):
+    """A leader that loses leadership while a large job runs drops the job without archiving
+    it: the rare collections for large jobs must not outlive its dispatcher."""
+    import asyncio
+
+    from funke.common.configuration import ClusterConfiguration
+    from funke.jobmanager.dispatcher import Dispatcher
+
+    before = gc.get_threshold()
+    try:
+        gcpolicy.running_subtasks(200_000)
+
+        async def scenario() -> None:
+            dispatcher = Dispatcher(ClusterConfiguration(data_dir=str(tmp_path)))
+            await dispatcher.stop("the JobManager lost leadership")
+
+        asyncio.run(scenario())
+        assert gc.get_threshold() == gcpolicy.DEFAULT_THRESHOLDS
+    finally:
+        gc.set_threshold(*before)
