@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
-from funke.deploy.client import FunkeError, JobManagerClient, job_status_name
+from funke.deploy.client import FunkeError, JobManagerClient, execution_state_name, job_status_name
 from funke.deploy.jobfile import load_job_file
 from funke.common.graph.jobgraph import JobGraph, OperatorSpec
 from funke.deploy import localcluster
@@ -146,6 +146,14 @@ def timing_lines(started: float, cluster_ready: float, overview: jobmanager_pb2.
     steps.append(f"result checked {at(finished)}")
     took = f" ({finished - submitted:.2f} s from submission to result)" if submitted is not None else ""
     lines.append(f"  job: {', '.join(steps)}{took}")
+    # each subtask: where it ran, when it entered each state, and how long its TaskManager says it worked
+    for vertex in details.vertices if details is not None else ():
+        for subtask in vertex.subtasks:
+            ex = subtask.current
+            moves = [f"{execution_state_name(t.to_state)} {at(_epoch(t.timestamp))}" for t in ex.history
+                     if execution_state_name(t.to_state) in ("DEPLOYING", "RUNNING", "FINISHED")]
+            work = f" (its work {ex.io.seconds:.2f} s)" if ex.HasField("io") and ex.io.seconds else ""
+            lines.append(f"    {subtask.name} on {ex.task_manager_id or '-'}: {', '.join(moves) or 'not deployed'}{work}")
     return lines
 
 

@@ -65,3 +65,21 @@ def test_the_cold_start_benchmark_reads_the_demos_account() -> None:
                         "wall time: 9.25 s in all (cluster start 5.75 s, job 3.50 s)"])
     assert bench_coldstart.parse(output) == {"cluster_start_s": 5.75, "spark_ready_s": 5.0, "job_s": 3.25,
                                              "demo_s": 9.25}
+
+
+def test_each_subtask_says_where_it_ran_when_it_moved_and_how_long_it_worked() -> None:
+    def move(to: int, at: float) -> job_pb2.ExecutionStateTransition:
+        return job_pb2.ExecutionStateTransition(to_state=to, timestamp=_at(at))
+
+    ex = job_pb2.Execution(task_manager_id="tm-2", io=job_pb2.TaskIo(seconds=2.345), history=[
+        move(job_pb2.EXECUTION_STATE_SCHEDULED, 5.01), move(job_pb2.EXECUTION_STATE_DEPLOYING, 5.02),
+        move(job_pb2.EXECUTION_STATE_INITIALIZING, 5.1), move(job_pb2.EXECUTION_STATE_RUNNING, 5.2),
+        move(job_pb2.EXECUTION_STATE_FINISHED, 7.5)])
+    waiting = job_pb2.Execution(history=[move(job_pb2.EXECUTION_STATE_SCHEDULED, 5.01)])
+    details = job_pb2.JobDetails(vertices=[job_pb2.Vertex(subtasks=[
+        job_pb2.Subtask(name="Source: words (1/2)", current=ex), job_pb2.Subtask(name="Source: words (2/2)", current=waiting)])])
+    lines = timing_lines(T0, T0 + 4.75, None, T0 + 5.0, details, T0 + 8.75)
+    assert lines[-2:] == [
+        "    Source: words (1/2) on tm-2: DEPLOYING 5.02 s, RUNNING 5.20 s, FINISHED 7.50 s (its work 2.35 s)",
+        "    Source: words (2/2) on -: not deployed",
+    ]
