@@ -148,24 +148,27 @@ class ResourceManager:
             self.mailbox.run(lambda: self._apply(self.slots.check(time.time())))
 
     def _apply(self, actions: Iterable[sm.SlotManagerAction]) -> None:
-        actions = list(actions)
-        # The requests one pass served reach each job as one event, in the order they were served.
+        # Consecutive allocations (one pass of the SlotManager serves many requests) reach each
+        # job as one event, where they stand among the other letters.
         served: dict[str, list[tuple[int, tuple]]] = {}
-        for a in actions:
+
+        def flush() -> None:
+            for job_id, allocations in served.items():
+                jm = self._job_master(job_id)
+                if jm is None:  # the job is gone: give the slots back
+                    for _, slots in allocations:
+                        for slot in slots:
+                            self.mailbox.run(lambda slot=slot, job_id=job_id: self.release_slot(slot, job_id, "job is gone"))
+                else:
+                    self.mailbox.run(lambda jm=jm, allocations=allocations: jm.on_allocations(allocations))
+            served.clear()
+
+        for a in list(actions):
             if isinstance(a, sm.SlotsAllocated):
                 served.setdefault(a.job_id, []).append((a.request_id, a.slots))
-        for job_id, allocations in served.items():
-            jm = self._job_master(job_id)
-            if jm is None:  # the job is gone: give the slots back
-                for _, slots in allocations:
-                    for slot in slots:
-                        self.mailbox.run(lambda slot=slot, job_id=job_id: self.release_slot(slot, job_id, "job is gone"))
-            else:
-                self.mailbox.run(lambda jm=jm, allocations=allocations: jm.on_allocations(allocations))
-        for a in actions:
-            if isinstance(a, sm.SlotsAllocated):
                 continue
-            elif isinstance(a, sm.SlotRequestFailed):
+            flush()
+            if isinstance(a, sm.SlotRequestFailed):
                 jm = self._job_master(a.job_id)
                 if jm is not None:
                     self.mailbox.run(lambda jm=jm, a=a: jm.on_slot_request_failed(a.request_id, a.message))
@@ -185,6 +188,7 @@ class ResourceManager:
                 # every running job: its tasks there fail, its partitions there are gone
                 for jm in list(self._running()):
                     self.mailbox.run(lambda jm=jm, a=a: jm.on_task_manager_lost(a.task_manager_id, a.cause))
+        flush()
 
     def _unreachable(self, task_manager_id: str, registration_id: str, cause: str) -> None:
         self.mailbox.run(lambda: self.connection_lost(task_manager_id, registration_id, cause))

@@ -197,14 +197,23 @@ class SimulatedCluster:
 
     def _slot_actions(self, actions: list) -> None:
         """The ResourceManager: SlotManager answers reach the job through the mailbox."""
-        allocations = [(a.request_id, a.slots) for a in actions if isinstance(a, sm.SlotsAllocated)]
-        if allocations:  # what one pass served reaches the job as one event, as the ResourceManager hands it over
-            self._post(lambda: self.apply(self.scheduler.on_allocations(allocations, self.now)))
+        # Consecutive allocations reach the job as one event, where they stand among the other
+        # letters, as the ResourceManager hands them over.
+        allocations: list[tuple[int, tuple]] = []
+
+        def flush() -> None:
+            if allocations:
+                served = list(allocations)
+                allocations.clear()
+                self._post(lambda: self.apply(self.scheduler.on_allocations(served, self.now)))
+
         for a in actions:
             self.observe(a)
             if isinstance(a, sm.SlotsAllocated):
+                allocations.append((a.request_id, a.slots))
                 continue
-            elif isinstance(a, sm.SlotRequestFailed):
+            flush()
+            if isinstance(a, sm.SlotRequestFailed):
                 self._post(lambda a=a: self.apply(self.scheduler.on_slot_request_failed(a.request_id, a.message, self.now)))
             elif isinstance(a, sm.WaitingForResources):
                 self.waiting_messages.append(a.message)
@@ -214,6 +223,7 @@ class SimulatedCluster:
             elif isinstance(a, sm.TaskManagerLost):
                 self._post(lambda a=a: self.apply(self.scheduler.on_task_manager_lost(a.task_manager_id, a.cause,
                                                                                       self.now)))
+        flush()
 
     # ------------------------------------------------------------------ the network
 

@@ -331,3 +331,21 @@ def test_any_interleaving_of_progress_faults_and_messages_keeps_the_books_of_bot
         max_examples=250, stateful_step_count=40, deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
     ))
+
+
+def test_a_taskmanager_back_under_its_id_gets_its_new_slot_used_after_its_old_process_is_written_off():
+    """Found by the fuzz: a TaskManager process that starts again under a known id is written off
+    and its new slot served in one SlotManager pass. Handed over out of order (the allocations
+    first, as one event), the job took the new slot, then forgot it with the old process's, and
+    the slot stayed held for a job that no longer knew it."""
+    for cannot_deploy in (False, True):
+        state = ClusterFuzz()
+        state.start(scenario="batch-shared-slot", failover=FailoverStrategyKind.REGION, restarts=1000, delay=2.0,
+                    auto_deliver=False, undisturbed_rounds=0)
+        state.books_agree()
+        if cannot_deploy:
+            state.the_next_deployments_cannot_be_carried_out(how_many=1)
+            state.books_agree()
+        state.a_task_manager_process_starts(slots=1, task_manager="tm-1")
+        state.books_agree()
+        state.teardown()
