@@ -98,7 +98,10 @@ def test_a_running_job_updates_live_and_its_cancel_button_cancels_it(browser, sp
     running = wait_for("a vertex drawn RUNNING", lambda: [v for v in dag(b).values() if v["state"] == "RUNNING"],
                        timeout=120)
     assert all(v["fill"] == colours["RUNNING"] for v in running)
-    assert b.evaluate("document.querySelectorAll('tr[data-subtask][data-state=RUNNING]').length") >= 1
+    # A vertex is drawn RUNNING while its subtasks still initialize (Flink's aggregate state); its
+    # rows say RUNNING once a subtask's TaskManager reports so (a cold one: seconds later).
+    b.wait_for("document.querySelectorAll('tr[data-subtask][data-state=RUNNING]').length >= 1", timeout=60,
+               what="a subtask row RUNNING")
     assert b.evaluate("document.querySelectorAll('#timeline-svg g.timeline-row').length") >= 2
     before = b.evaluate("window.funkeDashboard.renders")
     b.wait_for(f"window.funkeDashboard.renders > {before}", timeout=30, what="a live redraw while the job runs")
