@@ -173,6 +173,16 @@ async def serve(config: TaskExecutorConfig, owned_by: str = "") -> str:
     return executor.failure
 
 
+_PY4J_DIR = f"{os.sep}py4j{os.sep}"
+
+
+def quiet_py4j_retries(record: logging.LogRecord) -> bool:
+    """Drops py4j's INFO records about a command it sends again: py4j logs them on the root logger
+    (`logging.info`, not its own), with a traceback, e.g. when the JVM went away at shutdown
+    just before `SparkSession.stop` (the TaskManager says so itself, in one line)."""
+    return not (record.name == "root" and record.levelno < logging.WARNING and _PY4J_DIR in record.pathname)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
@@ -182,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     # gRPC and py4j are chatty at INFO; their problems surface through our own logs.
     for noisy in ("py4j", "grpc"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLevelName(args.log_level)))
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(quiet_py4j_retries)
     try:
         config = config_from_args(args)
     except ConfigurationError as exc:

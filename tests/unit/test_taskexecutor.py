@@ -715,3 +715,22 @@ def test_the_process_imports_the_task_runtime_and_the_metrics_server_only_after_
              "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=REPO)
     assert out.stdout.strip() == "[]"
+
+
+def test_py4j_retry_chatter_on_the_root_logger_is_dropped_and_nothing_else():
+    """py4j logs a command it sends again with logging.info (the root logger) and a traceback;
+    the TaskManager's handlers drop exactly that, not py4j's errors nor anyone else's INFO."""
+    import logging
+
+    import py4j.java_gateway
+
+    from funke.taskmanager.main import quiet_py4j_retries
+
+    def record(name: str, level: int, path: str) -> logging.LogRecord:
+        return logging.LogRecord(name, level, path, 1, "Exception while sending command.", None, None)
+
+    py4j_file = py4j.java_gateway.__file__
+    assert not quiet_py4j_retries(record("root", logging.INFO, py4j_file))
+    assert quiet_py4j_retries(record("root", logging.ERROR, py4j_file))  # its errors still show
+    assert quiet_py4j_retries(record("root", logging.INFO, __file__))  # anyone else's root INFO too
+    assert quiet_py4j_retries(record("funke.taskmanager", logging.INFO, __file__))
