@@ -215,7 +215,8 @@ class SparkRuntime:
     async def warm_up_when_idle(self) -> None:
         """Spark's first jobs (taskmanager/warmup.py), in a daemon thread while the TaskManager
         serves, once it has run no task yet and the machine's CPUs are idle enough; the first
-        task that comes meanwhile interrupts it (`task_starting`)."""
+        task that comes meanwhile interrupts it (`task_starting`), and so does other processes'
+        work that takes the CPUs (`_yield_to_others`)."""
         from funke.taskmanager import warmup
 
         loop = asyncio.get_running_loop()
@@ -237,14 +238,47 @@ class SparkRuntime:
                          100 * (idle or 0), warmup.PATIENCE_S)
         job = warmup.WarmUp(self.session, self.scratch or self.scratch_dir())
         self._warm_up_job = job
+        # Started on idle CPUs, it gives them back to other processes' work that comes; started
+        # after its patience on a machine that is never idle, it runs to its end.
+        patient = idle is not None and idle < warmup.IDLE_CPU_FRACTION
+        yielding = None if patient else asyncio.create_task(self._yield_to_others(job), name="spark-warm-up-yield")
         try:
             took = await in_daemon_thread(job.run, "spark-warm-up")
         finally:
             self._warm_up_job = None
+            if yielding is not None:
+                yielding.cancel()
         if job.cancelled:
-            log.info("TaskManager %s: Spark warm-up gave way to the first task after %.1f s", self.id, took)
+            log.info("TaskManager %s: Spark warm-up gave way to %s after %.1f s", self.id,
+                     "other processes' work" if self.tasks_started == 0 else "the first task", took)
         else:
             log.info("TaskManager %s: Spark warmed up in %.1f s", self.id, took)
+
+    async def _yield_to_others(self, job: Any) -> None:
+        """Cancel the running warm-up once other processes take the CPUs (see warmup.py)."""
+        from funke.taskmanager import warmup
+
+        loop = asyncio.get_running_loop()
+
+        def reading() -> tuple[tuple[float, float] | None, float | None]:
+            return warmup.cpu_times(), warmup.own_cpu_seconds()
+
+        try:
+            before = await loop.run_in_executor(None, reading)
+            while not job.cancelled:
+                await asyncio.sleep(warmup.YIELD_CHECK_INTERVAL_S)
+                after = await loop.run_in_executor(None, reading)
+                others = warmup.others_busy_fraction(before[0], after[0], before[1], after[1])
+                before = after
+                if others is not None and others >= warmup.OTHERS_BUSY_FRACTION:
+                    log.info("TaskManager %s: other processes took %.0f%% of the CPUs; the Spark warm-up stops",
+                             self.id, 100 * others)
+                    await loop.run_in_executor(None, job.cancel)
+                    return
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # no readings: the warm-up runs on, as it did before it could tell
+            log.debug("watching the CPUs during the warm-up failed", exc_info=True)
 
     def task_starting(self) -> None:
         """A task is starting: the warm-up, if it runs, stops at once (its Spark jobs are

@@ -13,7 +13,9 @@ The warm-up yields to real work. It is CPU for later, so it takes what is spare:
 the TaskManager has run no task yet and the machine's CPUs have been idle enough for a moment,
 or, on a machine that is never idle, after waiting PATIENCE_S (a spare TaskManager should not
 take over a query cold for ever) (`due`); a task that arrives meanwhile interrupts it
-(`WarmUp.cancel`): that task's own first Spark job warms the session as well, and sooner.
+(`WarmUp.cancel`): that task's own first Spark job warms the session as well, and sooner. So
+does work of other processes that takes the CPUs while it runs (`others_busy_fraction`): a job
+that started on another TaskManager of the machine just after the warm-up did.
 Without that, on a small machine the warm-ups of idle TaskManagers ran at the same time as the
 first job of the cluster, on the same cores, and made it slower instead of faster.
 """
@@ -44,6 +46,12 @@ CHECK_INTERVAL_S = 1.0
 IDLE_CPU_FRACTION = 0.3
 # ... or once it has waited this long for idle CPUs, on a machine busy with other work.
 PATIENCE_S = 15.0
+# While it runs it looks this often whether other processes want the CPUs ...
+YIELD_CHECK_INTERVAL_S = 0.25
+# ... and stops once they took at least this share of the machine's CPU time over such an
+# interval (a job on another TaskManager of this machine: the warm-up would slow it, as the one
+# of an idle TaskManager slowed the demo's word count on its neighbour from 6.3 to 8.0 s).
+OTHERS_BUSY_FRACTION = 0.4
 # Spark job tag of the warm-up's jobs, so that cancel() interrupts exactly those.
 TAG = "funke-warm-up"
 # A cancelled warm-up's jobs are interrupted again this often until it returned: a job it submits
@@ -69,6 +77,36 @@ def idle_fraction(before: tuple[float, float] | None, after: tuple[float, float]
     if before is None or after is None or after[1] <= before[1]:
         return None
     return (after[0] - before[0]) / (after[1] - before[1])
+
+
+def own_cpu_seconds() -> float | None:
+    """CPU seconds this process and its descendants (Spark's JVM, its Python workers) used so far,
+    None if they cannot be read."""
+    try:
+        me = psutil.Process()
+        times = me.cpu_times()
+        total = times.user + times.system
+        for child in me.children(recursive=True):
+            try:
+                times = child.cpu_times()
+            except psutil.Error:  # it ended meanwhile
+                continue
+            total += times.user + times.system
+    except (OSError, psutil.Error):
+        return None
+    return total
+
+
+def others_busy_fraction(before: tuple[float, float] | None, after: tuple[float, float] | None,
+                         own_before: float | None, own_after: float | None) -> float | None:
+    """The share of the machine's CPU time between two readings (`cpu_times()`) that processes
+    other than this one and its descendants used (`own_cpu_seconds()`); None: unknown."""
+    if before is None or after is None or own_before is None or own_after is None or after[1] <= before[1]:
+        return None
+    total = after[1] - before[1]
+    busy = total - (after[0] - before[0])
+    own = max(0.0, own_after - own_before)  # a worker that ended takes its seconds with it
+    return max(0.0, busy - own) / total
 
 
 def due(*, session_ready: bool, tasks_started: int, cpu_idle: float | None, waited_s: float = 0.0,

@@ -22,6 +22,38 @@ def test_idle_fraction_is_the_idle_share_of_the_cpu_time_between_two_readings() 
     assert warmup.idle_fraction((100, 1000), (100, 1000)) is None
 
 
+def test_others_busy_fraction_is_the_busy_share_not_spent_by_this_process_and_its_children() -> None:
+    # 200 s of CPU time, 50 idle: 150 busy, of which 30 this process's -> 120 / 200 others'
+    assert warmup.others_busy_fraction((100, 1000), (150, 1200), 10.0, 40.0) == pytest.approx(0.6)
+    assert warmup.others_busy_fraction((100, 1000), (150, 1200), 10.0, 160.0) == 0.0  # all its own
+    assert warmup.others_busy_fraction((100, 1000), (150, 1200), 40.0, 10.0) == pytest.approx(0.75)  # a child ended
+    for unknown in [(None, (1, 2), 0.0, 1.0), ((1, 2), (1, 2), 0.0, 1.0), ((1, 2), (2, 4), None, 1.0)]:
+        assert warmup.others_busy_fraction(*unknown) is None
+
+
+def test_own_cpu_seconds_counts_this_process_and_its_children() -> None:
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    child = subprocess.Popen([sys.executable, "-c", "import time\nt = time.process_time()\n"
+                              "while time.process_time() - t < 0.5: pass\ntime.sleep(30)"])
+    try:
+        start = warmup.own_cpu_seconds()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:  # until the child burnt its 0.5 s, however loaded the machine
+            times = psutil.Process(child.pid).cpu_times()
+            if times.user + times.system >= 0.5:
+                break
+            time.sleep(0.05)
+        assert start is not None and warmup.own_cpu_seconds() - start >= 0.3  # what it burnt after `start`
+    finally:
+        child.kill()
+        child.wait()
+
+
 def test_cpu_times_reads_the_machines_cpus() -> None:
     reading = warmup.cpu_times()
     assert reading is not None and 0 <= reading[0] <= reading[1]
@@ -73,6 +105,8 @@ def executor(monkeypatch, tmp_path):
     FakeWarmUp.made = []
     readings = iter([])
     monkeypatch.setattr(warmup, "CHECK_INTERVAL_S", 0.01)
+    monkeypatch.setattr(warmup, "YIELD_CHECK_INTERVAL_S", 0.01)
+    own = iter([])
     monkeypatch.setattr(warmup, "WarmUp", FakeWarmUp)
     executor = TaskExecutor(TaskExecutorConfig("tm-warm", jobmanager_address="127.0.0.1:1", number_of_slots=1,
                                                use_spark=False))
@@ -84,7 +118,14 @@ def executor(monkeypatch, tmp_path):
         readings = iter(sequence)
         monkeypatch.setattr(warmup, "cpu_times", lambda: next(readings))
 
+    def cpu_of_own(sequence):  # this process and its descendants; unset: all the busy time is its own
+        nonlocal own
+        own = iter(sequence)
+        monkeypatch.setattr(warmup, "own_cpu_seconds", lambda: next(own))
+
+    monkeypatch.setattr(warmup, "own_cpu_seconds", lambda: None)
     executor.cpu = cpu
+    executor.cpu_of_own = cpu_of_own
     return executor
 
 
@@ -188,3 +229,60 @@ def test_a_job_the_warm_up_submits_just_after_the_cancel_is_interrupted_too(tmp_
     runner.join(30)
     assert ran == [True]  # interrupted, and the read after it skipped
     assert context.cancels >= 2
+
+
+def test_a_running_warm_up_gives_way_when_other_processes_take_the_cpus(executor) -> None:
+    """A job that starts on another TaskManager of the machine just after the warm-up did: the
+    warm-up stops instead of slowing it (its own busy time does not count)."""
+    # idle until it starts, then 90% busy; of the busy time 20 units a reading are its own
+    executor.cpu([(100 * i, 100 * i) for i in range(1, 3)] + [(200 + 10 * i, 200 + 100 * i) for i in range(1, 1000)])
+    executor.cpu_of_own([20.0 * i for i in range(1000)])
+
+    async def scenario() -> None:
+        executor._loop = asyncio.get_running_loop()
+        watch = asyncio.create_task(executor.sparks.warm_up_when_idle())
+        await asyncio.wait_for(watch, 5)  # it returns: the warm-up was cancelled
+
+    asyncio.run(scenario())
+    assert len(FakeWarmUp.made) == 1 and FakeWarmUp.made[0].cancelled
+
+
+def test_a_warm_up_busy_with_its_own_work_runs_to_its_end(executor) -> None:
+    executor.cpu([(100 * i, 100 * i) for i in range(1, 3)] + [(200 + 10 * i, 200 + 100 * i) for i in range(1, 1000)])
+    executor.cpu_of_own([90.0 * i for i in range(1000)])  # all the busy time is its own
+
+    async def scenario() -> None:
+        executor._loop = asyncio.get_running_loop()
+        watch = asyncio.create_task(executor.sparks.warm_up_when_idle())
+        while not FakeWarmUp.made:
+            await asyncio.sleep(0.005)
+        assert FakeWarmUp.made[0].running.wait(5)
+        await asyncio.sleep(0.2)  # 20 readings
+        assert not FakeWarmUp.made[0].cancelled
+        FakeWarmUp.made[0].finish.set()
+        await asyncio.wait_for(watch, 5)
+
+    asyncio.run(scenario())
+    assert not FakeWarmUp.made[0].cancelled
+
+
+def test_a_warm_up_started_after_its_patience_does_not_give_way(executor, monkeypatch) -> None:
+    """On a machine that is never idle, the warm-up that finally starts runs to its end: giving way
+    to the same busy machine would leave the TaskManager cold for ever."""
+    monkeypatch.setattr(warmup, "PATIENCE_S", 0.05)
+    executor.cpu([(10 * i, 100 * i) for i in range(10_000)])  # always 10% idle
+    executor.cpu_of_own([0.0] * 10_000)  # and none of the busy time its own
+
+    async def scenario() -> None:
+        executor._loop = asyncio.get_running_loop()
+        watch = asyncio.create_task(executor.sparks.warm_up_when_idle())
+        while not FakeWarmUp.made:
+            await asyncio.sleep(0.005)
+        assert FakeWarmUp.made[0].running.wait(5)
+        await asyncio.sleep(0.2)
+        assert not FakeWarmUp.made[0].cancelled
+        FakeWarmUp.made[0].finish.set()
+        await asyncio.wait_for(watch, 5)
+
+    asyncio.run(scenario())
+    assert not FakeWarmUp.made[0].cancelled
