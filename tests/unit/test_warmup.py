@@ -129,6 +129,16 @@ def executor(monkeypatch, tmp_path):
     return executor
 
 
+async def _started(executor) -> asyncio.Task:
+    """The TaskManager's warm-up watch, once the warm-up it started is running."""
+    executor._loop = asyncio.get_running_loop()
+    watch = asyncio.create_task(executor.sparks.warm_up_when_idle())
+    while not FakeWarmUp.made:
+        await asyncio.sleep(0.005)
+    assert FakeWarmUp.made[0].running.wait(5)
+    return watch
+
+
 def test_on_a_machine_that_stays_busy_the_warm_up_starts_after_its_patience(executor, monkeypatch) -> None:
     monkeypatch.setattr(warmup, "PATIENCE_S", 0.2)
     executor.cpu([(10 * i, 100 * i) for i in range(10_000)])  # always 10% idle
@@ -150,29 +160,14 @@ def test_on_a_machine_that_stays_busy_the_warm_up_starts_after_its_patience(exec
 def test_with_busy_cpus_the_warm_up_waits_and_starts_once_they_are_idle(executor) -> None:
     # (idle, total) jiffies: 10% idle, 10% idle, then 90% idle
     executor.cpu([(0, 0), (10, 100), (20, 200), (110, 300)] + [(110 + 90 * i, 300 + 100 * i) for i in range(1, 100)])
-
-    async def scenario() -> None:
-        executor._loop = asyncio.get_running_loop()
-        watch = asyncio.create_task(executor.sparks.warm_up_when_idle())
-        while not FakeWarmUp.made:
-            await asyncio.sleep(0.005)
-        assert FakeWarmUp.made[0].running.wait(5)
-        FakeWarmUp.made[0].finish.set()
-        await asyncio.wait_for(watch, 5)
-
-    asyncio.run(scenario())
-    assert len(FakeWarmUp.made) == 1 and not FakeWarmUp.made[0].cancelled
+    _runs_to_its_end(executor)
 
 
 def test_a_task_that_starts_interrupts_the_warm_up_and_one_that_came_first_prevents_it(executor) -> None:
     executor.cpu([(100 * i, 100 * i) for i in range(1000)])  # always idle
 
     async def scenario() -> None:
-        executor._loop = asyncio.get_running_loop()
-        watch = asyncio.create_task(executor.sparks.warm_up_when_idle())
-        while not FakeWarmUp.made:
-            await asyncio.sleep(0.005)
-        assert FakeWarmUp.made[0].running.wait(5)
+        watch = await _started(executor)
         # what _start_task does first for every task
         executor.sparks.task_starting()
         await asyncio.wait_for(watch, 5)
@@ -247,23 +242,24 @@ def test_a_running_warm_up_gives_way_when_other_processes_take_the_cpus(executor
     assert len(FakeWarmUp.made) == 1 and FakeWarmUp.made[0].cancelled
 
 
-def test_a_warm_up_busy_with_its_own_work_runs_to_its_end(executor) -> None:
-    executor.cpu([(100 * i, 100 * i) for i in range(1, 3)] + [(200 + 10 * i, 200 + 100 * i) for i in range(1, 1000)])
-    executor.cpu_of_own([90.0 * i for i in range(1000)])  # all the busy time is its own
+def _runs_to_its_end(executor) -> None:
+    """The warm-up starts, is still running 20 CPU readings later, and ends when it is done."""
 
     async def scenario() -> None:
-        executor._loop = asyncio.get_running_loop()
-        watch = asyncio.create_task(executor.sparks.warm_up_when_idle())
-        while not FakeWarmUp.made:
-            await asyncio.sleep(0.005)
-        assert FakeWarmUp.made[0].running.wait(5)
-        await asyncio.sleep(0.2)  # 20 readings
+        watch = await _started(executor)
+        await asyncio.sleep(0.2)
         assert not FakeWarmUp.made[0].cancelled
         FakeWarmUp.made[0].finish.set()
         await asyncio.wait_for(watch, 5)
 
     asyncio.run(scenario())
-    assert not FakeWarmUp.made[0].cancelled
+    assert len(FakeWarmUp.made) == 1 and not FakeWarmUp.made[0].cancelled
+
+
+def test_a_warm_up_busy_with_its_own_work_runs_to_its_end(executor) -> None:
+    executor.cpu([(100 * i, 100 * i) for i in range(1, 3)] + [(200 + 10 * i, 200 + 100 * i) for i in range(1, 1000)])
+    executor.cpu_of_own([90.0 * i for i in range(1000)])  # all the busy time is its own
+    _runs_to_its_end(executor)
 
 
 def test_a_warm_up_started_after_its_patience_does_not_give_way(executor, monkeypatch) -> None:
@@ -272,17 +268,4 @@ def test_a_warm_up_started_after_its_patience_does_not_give_way(executor, monkey
     monkeypatch.setattr(warmup, "PATIENCE_S", 0.05)
     executor.cpu([(10 * i, 100 * i) for i in range(10_000)])  # always 10% idle
     executor.cpu_of_own([0.0] * 10_000)  # and none of the busy time its own
-
-    async def scenario() -> None:
-        executor._loop = asyncio.get_running_loop()
-        watch = asyncio.create_task(executor.sparks.warm_up_when_idle())
-        while not FakeWarmUp.made:
-            await asyncio.sleep(0.005)
-        assert FakeWarmUp.made[0].running.wait(5)
-        await asyncio.sleep(0.2)
-        assert not FakeWarmUp.made[0].cancelled
-        FakeWarmUp.made[0].finish.set()
-        await asyncio.wait_for(watch, 5)
-
-    asyncio.run(scenario())
-    assert not FakeWarmUp.made[0].cancelled
+    _runs_to_its_end(executor)
