@@ -192,9 +192,6 @@ class JobMaster:
             message.streaming.at.FromDatetime(at)
             self._publish(message)
 
-    def on_task_state(self, update: cluster_pb2.TaskExecutionState) -> None:
-        self.on_task_states([update])
-
     def on_task_states(self, updates: Sequence[cluster_pb2.TaskExecutionState]) -> None:
         """A TaskManager's reports, in the order it sent them: state changes go to the scheduler
         as one event (a call from a TaskManager carries hundreds under load), a streaming task's
