@@ -17,8 +17,12 @@ there is an error, never an empty input.
 
 from __future__ import annotations
 
+import collections
+import os
 import posixpath
+import threading
 import uuid
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -63,6 +67,100 @@ def write_in_memory(directory: str, table: pa.Table, subpartitions: pa.ChunkedAr
         with fs.open_output_stream(temporary) as out:
             pq.write_table(part, out)
         fs.move(temporary, final)
+        if isinstance(fs, pafs.LocalFileSystem):
+            _LOCAL.keep(final, part)
+
+
+class _LocalPartitions:
+    """The subpartitions this process wrote in memory lately, kept as Arrow tables for a consumer
+    in the same TaskManager (Flink's local input channel): it reads them from here instead of
+    the file. An entry counts only while its file is the very file written (same inode, mtime
+    and size: a file written again is a new inode); the file stays the truth. Least recently
+    used entries go beyond LOCAL_BYTES in all; a table larger than LOCAL_TABLE_BYTES is not kept.
+    Thread-safe: a TaskManager's tasks run in threads of their own."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tables: collections.OrderedDict[str, tuple[tuple[int, int, int], pa.Table]] = collections.OrderedDict()
+        self._bytes = 0
+
+    def keep(self, path: str, table: pa.Table) -> None:
+        if table.nbytes > LOCAL_TABLE_BYTES:
+            return
+        try:
+            signature = _signature(path)
+        except OSError:
+            return
+        with self._lock:
+            self._drop(path)
+            self._tables[path] = (signature, table)
+            self._bytes += table.nbytes
+            while self._bytes > LOCAL_BYTES:
+                self._drop(next(iter(self._tables)))
+
+    def tables(self, paths: list[str]) -> list[pa.Table] | None:
+        """The tables of these files (local paths), or None unless every one is kept and current."""
+        with self._lock:
+            found = [self._tables.get(p) for p in paths]
+        if any(f is None for f in found):
+            return None
+        for path, (signature, _) in zip(paths, found):  # type: ignore[misc]
+            try:
+                if _signature(path) != signature:
+                    return None
+            except OSError:
+                return None
+        with self._lock:
+            for path in paths:
+                if path in self._tables:
+                    self._tables.move_to_end(path)
+        return [table for _, table in found]  # type: ignore[misc]
+
+    def _drop(self, path: str) -> None:
+        gone = self._tables.pop(path, None)
+        if gone is not None:
+            self._bytes -= gone[1].nbytes
+
+
+def _signature(path: str) -> tuple[int, int, int]:
+    st = os.stat(path)
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
+# What a TaskManager keeps of the partitions it wrote in memory, for its own consumers.
+LOCAL_BYTES = 64 * 1024 * 1024
+LOCAL_TABLE_BYTES = 8 * 1024 * 1024
+_LOCAL = _LocalPartitions()
+
+
+def local_table(files: list[str]) -> pa.Table | None:
+    """The rows of subpartition files (`in_memory_files`' paths) as one Arrow table, when this
+    process wrote every one and still keeps it unchanged; None otherwise (read the files then)."""
+    inner = []
+    for path in files:
+        fs, p = _filesystem(path)
+        if not isinstance(fs, pafs.LocalFileSystem):
+            return None
+        inner.append(p)
+    tables = _LOCAL.tables(inner)
+    if tables is None:
+        return None
+    try:
+        return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+    except pa.ArrowInvalid:  # producers whose Arrow schemas differ: Spark's reader reconciles them
+        return None
+
+
+def write_table_file(directory: str, table: pa.Table, name: str, **parquet: Any) -> None:
+    """`table` as the one Parquet file `name` of `directory` (`parquet`: pq.write_table's options),
+    whatever the directory held before (written under a hidden temporary name, then renamed)."""
+    fs, inner = _filesystem(directory)
+    fs.create_dir(inner, recursive=True)
+    fs.delete_dir_contents(inner, missing_dir_ok=True)
+    temporary = posixpath.join(inner, f".{uuid.uuid4().hex}.tmp")
+    with fs.open_output_stream(temporary) as out:
+        pq.write_table(table, out, **parquet)
+    fs.move(temporary, posixpath.join(inner, name))
 
 
 def in_memory_files(directory: str, subpartition: int | None) -> list[str] | None:

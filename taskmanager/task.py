@@ -34,13 +34,13 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import cloudpickle
 from pyspark import SparkContext
 from pyspark.errors import PySparkNotImplementedError
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import IntegerType, StructField, StructType
 
 from funke.common import layout
@@ -59,7 +59,7 @@ from funke.taskmanager import streaming
 from funke.taskmanager.receiver import SocketReceiver
 from funke.taskmanager.operators import udf
 from funke.taskmanager.operators.keyedstate import measure
-from funke.taskmanager.operators.context import InputMeter, RuntimeContext, column_ref
+from funke.taskmanager.operators.context import InputMeter, RuntimeContext, arrow_compatible, column_ref
 from funke.taskmanager.operators.transforms import union_all
 
 __all__ = ["BatchReport", "StreamTask", "Task", "TaskCancelled", "Report", "check_vertex", "failure_of"]
@@ -232,6 +232,7 @@ class Task:
         # (with the subpartition read) and the directories written.
         self._read: list[tuple[str, int | None]] = []
         self._written: list[str] = []
+        self._memo: dict[Any, Any] | None = None  # a StreamTask's (RuntimeContext.memo)
 
     @property
     def name(self) -> str:
@@ -415,6 +416,7 @@ class Task:
             checkpoint=d.job_options.get(CHECKPOINT, ""),
             max_parallelism=d.vertex.effective_max_parallelism,
             options=d.job_options,
+            memo=self._memo,
         )
 
     def _read_inputs(self, ctx: RuntimeContext, gates: tuple[GateSnapshot, ...]) -> list[DataFrame]:
@@ -542,6 +544,7 @@ class StreamTask(Task):
         self._finishing = False
         self._receiver: SocketReceiver | None = None  # a receiver source's, while the task runs
         self._rate_limit: float | None = None  # backpressure's latest, for the receiver
+        self._memo = {}  # what its operators build once for all its batches
 
     def give_batch(self, batch: BatchInput, gates: tuple[GateSnapshot, ...] = ()) -> None:
         """Run batch `batch` next (with `gates`: what to read of each input for this batch)."""
@@ -598,6 +601,9 @@ class StreamTask(Task):
                 files += found
         assert ctx.meter is not None
         ctx.meter.bytes += batchexchange.file_bytes(files + by_spark)
+        local = batchexchange.local_table(files) if files and not by_spark else None
+        if local is not None:  # written by tasks of this TaskManager: read from its memory
+            return ctx.spark.createDataFrame(local, schema=schema)
         parts = [ctx.spark.read.schema(schema).parquet(*files)] if files else []
         if by_spark or not parts:
             parts.append(_read_partitions(ctx.spark, schema, by_spark, gate.subpartition))
@@ -608,7 +614,7 @@ class StreamTask(Task):
         if not outputs or df is None:
             return ()
         assert ctx.meter is not None
-        if ctx.meter.bytes > batchexchange.IN_MEMORY_LIMIT_BYTES or not _arrow_compatible(df.schema):
+        if ctx.meter.bytes > batchexchange.IN_MEMORY_LIMIT_BYTES or not arrow_compatible(df.schema):
             return super()._write_outputs(ctx, df)
         schema = df.schema.json()
         if layout.SUBPARTITION_COLUMN in df.columns:
@@ -729,15 +735,6 @@ def _observed(observation: Observation) -> dict:
         return observation.get
     except Exception:  # Py4JJavaError: the metrics row is empty
         return {}
-
-
-def _arrow_compatible(schema: StructType) -> bool:
-    """Whether Spark hands these columns over as Arrow (user-defined types do not)."""
-    try:
-        to_arrow_schema(schema, timezone="UTC")  # the zone only matters for the types, not the check
-    except Exception:
-        return False
-    return True
 
 
 def _route(df: DataFrame, out: ResultPartitionSpec) -> tuple[DataFrame, bool]:

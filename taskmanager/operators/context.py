@@ -8,6 +8,8 @@ Spark Connect.
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -26,7 +28,7 @@ from funke.common.graph.jobgraph import OperatorSpec
 from funke.common.streaming.sources import BatchInput
 from funke.runtime import datafs
 
-__all__ = ["InputMeter", "RuntimeContext", "Sink", "Source", "Transform", "arrow_schema", "column_ref",
+__all__ = ["InputMeter", "RuntimeContext", "Sink", "Source", "Transform", "arrow_compatible", "arrow_schema", "column_ref",
            "config_options", "config_schema", "config_strings", "config_value", "file_info", "label",
            "parse_schema", "subtask_share"]
 
@@ -76,6 +78,9 @@ class RuntimeContext:
     # The vertex's key groups (its max parallelism) and the job's options.
     max_parallelism: int = 0
     options: Mapping[str, str] = dataclass_field(default_factory=dict)
+    # A streaming task's memo, the same dict for all its batches: what its operators build the
+    # same way batch after batch (their Python UDFs); None: everything is built afresh.
+    memo: dict[Any, Any] | None = None
 
     @property
     def cancel_marker(self) -> str | None:
@@ -121,10 +126,17 @@ def parse_schema(ddl: str, what: str = "schema") -> StructType:
     """A DDL string as a StructType; a bare type ("string") becomes one column named "value"."""
     if not isinstance(ddl, str) or not ddl.strip():
         raise ValueError(f"{what} must be a non-empty DDL string, got {ddl!r}")
+    return StructType.fromJson(json.loads(_schema_json(ddl)))
+
+
+@functools.lru_cache(maxsize=512)
+def _schema_json(ddl: str) -> str:
+    # Spark's parser runs in the JVM (a round trip, 3-4 ms); a micro-batch plans the same schemas
+    # batch after batch. Kept as JSON, so that every caller gets a StructType of its own.
     parsed = DataType.fromDDL(ddl)
-    if isinstance(parsed, StructType):
-        return parsed
-    return StructType([StructField("value", parsed)])
+    if not isinstance(parsed, StructType):
+        parsed = StructType([StructField("value", parsed)])
+    return parsed.json()
 
 
 def config_schema(spec: OperatorSpec) -> StructType:
@@ -142,6 +154,17 @@ def arrow_schema(ctx: RuntimeContext, schema: StructType) -> pa.Schema:
         timezone=conf.get("spark.sql.session.timeZone"),
         prefers_large_types=conf.get("spark.sql.execution.arrow.useLargeVarTypes") == "true",
     )
+
+
+def arrow_compatible(schema: StructType) -> bool:
+    """Whether Spark hands these columns over as Arrow (user-defined types do not)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    try:
+        to_arrow_schema(schema, timezone="UTC")  # the zone only matters for the types, not the check
+    except Exception:
+        return False
+    return True
 
 
 def subtask_share(n: int, subtask: int, parallelism: int) -> tuple[int, int]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
+import uuid
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlparse
@@ -28,10 +29,12 @@ from funke.common import layout
 from funke.common.graph.jobgraph import OperatorSpec
 from funke.common.graph.operators import SINK_MODES
 from funke.runtime import datafs
+from funke.taskmanager import batchexchange
 from funke.taskmanager.operators.delta import write as _delta_sink
 from funke.taskmanager.operators.context import (
     RuntimeContext,
     Sink,
+    arrow_compatible,
     column_ref,
     config_options,
     config_value,
@@ -72,13 +75,16 @@ def _file_sink(fmt: str, defaults: dict[str, str] | None = None,
     def write(ctx: RuntimeContext, spec: OperatorSpec, df: DataFrame) -> None:
         target = str(config_value(spec, "path"))
         out = prepare(df) if prepare else df
-        writer = out.write.format(fmt).options(**config_options(spec, defaults)).mode("overwrite")
+        options = config_options(spec, defaults)
         if ctx.batch is not None:
             # A streaming query: the target collects batch after batch; each batch is staged inside
             # it and committed once by the JobMaster (funke.jobmanager.streamsinks).
-            writer.save(layout.stream_sink_staging_dir(target, ctx.batch.batch_id, ctx.subtask_index,
-                                                       ctx.attempt_number))
+            staging = layout.stream_sink_staging_dir(target, ctx.batch.batch_id, ctx.subtask_index,
+                                                     ctx.attempt_number)
+            if fmt != "parquet" or not _staged_in_memory(ctx, out, staging, options):
+                out.write.format(fmt).options(**options).mode("overwrite").save(staging)
             return
+        writer = out.write.format(fmt).options(**options).mode("overwrite")
         mode = str(spec.config.get("mode", "error"))
         if mode not in SINK_MODES:
             raise ValueError(f"{label(spec)}: mode {mode!r} is not one of {', '.join(SINK_MODES)}")
@@ -90,6 +96,55 @@ def _file_sink(fmt: str, defaults: dict[str, str] | None = None,
         writer.save(staging)
 
     return write
+
+
+def _staged_in_memory(ctx: RuntimeContext, df: DataFrame, staging: str, options: dict[str, Any]) -> bool:
+    """A small micro-batch's Parquet output, collected as Arrow on the TaskManager and written as
+    one file into `staging` (Spark's writer, its job and commit protocol, costs 50-100 ms however
+    few rows); False, having written nothing, when the batch is not small
+    (`batchexchange.ONE_PARTITION_LIMIT_BYTES` read) or Spark's writer is needed: options other
+    than the compression, a codec pyarrow lacks, Spark's legacy (Hive) layout, columns Arrow
+    cannot carry or that pyarrow would store otherwise than Spark (timestamps without a time
+    zone). The file is what Spark's writer would store: timestamps as
+    `spark.sql.parquet.outputTimestampType` says (INT96 or TIMESTAMP_MICROS), no Arrow schema of
+    its own."""
+    if ctx.meter is None or ctx.meter.bytes > batchexchange.ONE_PARTITION_LIMIT_BYTES:
+        return False
+    if set(options) - {"compression"}:
+        return False
+    conf = _writer_conf(ctx)
+    codec = str(options.get("compression") or conf["codec"]).strip().lower()
+    compression = _ARROW_CODECS.get(codec)
+    timestamps = conf["timestamps"].strip().upper()
+    if compression is None or timestamps not in ("INT96", "TIMESTAMP_MICROS") or conf["legacy"].strip().lower() == "true":
+        return False
+    if "timestamp_ntz" in df.schema.simpleString() or not arrow_compatible(df.schema):
+        return False
+    int96 = timestamps == "INT96"
+    name = f"part-00000-{uuid.uuid4()}{'' if compression == 'none' else '.' + codec}.parquet"  # as Spark names it
+    batchexchange.write_table_file(staging, df.toArrow(), name,
+                                   compression=compression, store_schema=False,
+                                   use_deprecated_int96_timestamps=int96, coerce_timestamps=None if int96 else "us")
+    return True
+
+
+def _writer_conf(ctx: RuntimeContext) -> dict[str, str]:
+    """The session's Parquet writer settings the in-memory write follows (read once per task)."""
+    memo = ctx.memo if ctx.memo is not None else {}
+    conf = memo.get("parquet writer conf")
+    if conf is None:
+        get = ctx.spark.conf.get
+        conf = memo["parquet writer conf"] = {
+            "codec": str(get("spark.sql.parquet.compression.codec", "snappy")),
+            "timestamps": str(get("spark.sql.parquet.outputTimestampType", "INT96")),
+            "legacy": str(get("spark.sql.parquet.writeLegacyFormat", "false")),  # Hive's layout: Spark writes it
+        }
+    return conf
+
+
+# Spark's Parquet codec names -> pyarrow's (lzo has no pyarrow writer: Spark's writer gets it).
+_ARROW_CODECS = {"none": "none", "uncompressed": "none", "snappy": "snappy", "gzip": "gzip", "zstd": "zstd",
+                 "brotli": "brotli", "lz4": "lz4", "lz4_raw": "lz4"}
 
 
 def _as_text(df: DataFrame) -> DataFrame:
@@ -107,7 +162,8 @@ def _collect(ctx: RuntimeContext, spec: OperatorSpec, df: DataFrame) -> None:
         staging = layout.stream_sink_staging_dir(target, ctx.batch.batch_id, ctx.subtask_index, ctx.attempt_number)
     else:
         staging = layout.sink_staging_dir(target, ctx.job_id, ctx.subtask_index, ctx.attempt_number)
-    df.write.mode("overwrite").parquet(staging)
+    if ctx.batch is None or not _staged_in_memory(ctx, df, staging, {}):
+        df.write.mode("overwrite").parquet(staging)
 
 
 def _print(ctx: RuntimeContext, spec: OperatorSpec, df: DataFrame) -> None:
@@ -134,8 +190,9 @@ def _redis_sink(ctx: RuntimeContext, spec: OperatorSpec, df: DataFrame) -> None:
     if ctx.batch is None:
         raise ValueError(f"{label(spec)} is a sink of streaming queries: it runs in their micro-batches")
     target = layout.redis_sink_dir(ctx.data_dir, ctx.job_id, ctx.vertex_id)
-    df.write.mode("overwrite").parquet(layout.stream_sink_staging_dir(target, ctx.batch.batch_id, ctx.subtask_index,
-                                                                      ctx.attempt_number))
+    staging = layout.stream_sink_staging_dir(target, ctx.batch.batch_id, ctx.subtask_index, ctx.attempt_number)
+    if not _staged_in_memory(ctx, df, staging, {}):
+        df.write.mode("overwrite").parquet(staging)
 
 
 def _foreach_batch(ctx: RuntimeContext, spec: OperatorSpec, df: DataFrame, fn: Callable[[DataFrame, int], Any]) -> None:

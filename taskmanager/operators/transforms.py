@@ -17,12 +17,15 @@ from __future__ import annotations
 import functools
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import cloudpickle
 import pyarrow as pa
+from py4j.protocol import Py4JError
+from pyspark.rdd import PythonEvalType
 from pyspark.sql import Column, DataFrame, Observation
 from pyspark.sql import functions as F
+from pyspark.sql.pandas.functions import pandas_udf
 from pyspark.sql.types import DecimalType, LongType, StructField, StructType, TimestampNTZType, TimestampType
 
 from funke.common.graph.jobgraph import OperatorSpec
@@ -30,6 +33,7 @@ from funke.common.graph.streamingjob import DEFAULT_RETAIN, OUTPUT_MODE, RETAIN
 from funke.common.streaming import eventtime, state
 from funke.common.streaming.state import OUTPUT_MODES
 from funke.common import aggregates
+from funke.taskmanager import batchexchange
 from funke.taskmanager.operators.context import (
     RuntimeContext,
     Transform,
@@ -67,8 +71,37 @@ def python_map(ctx: RuntimeContext, spec: OperatorSpec, df: DataFrame, flat: boo
     """The user's function per row of `df` (map, flat_map, a generating source.range), giving rows of
     config "schema"."""
     schema = config_schema(spec)
-    fn = map_batches(spec.function, arrow_schema(ctx, schema), label(spec), flat)
-    return df.mapInArrow(cancellable(fn, ctx.cancel_marker), schema)
+    return map_in_arrow(ctx, spec, df, schema, lambda: cancellable(
+        map_batches(spec.function, arrow_schema(ctx, schema), label(spec), flat), ctx.cancel_marker))
+
+
+def map_in_arrow(ctx: RuntimeContext, spec: OperatorSpec, df: DataFrame, schema: StructType,
+                 build: Callable[[], Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]]) -> DataFrame:
+    """`df.mapInArrow(build(), schema)`; in a streaming task on classic Spark, with the UDF that
+    wraps the function built once for the task (`ctx.memo`) rather than for every batch: pickling
+    the function and registering it with the JVM costs 10-15 ms, a tenth of a small batch. Spark
+    Connect, or a PySpark whose internals differ, builds it every time."""
+    memo = ctx.memo
+    if memo is None or not hasattr(df, "_jdf"):
+        return df.mapInArrow(build(), schema)
+    key = ("mapInArrow", id(spec))
+    kept = memo.get(key)
+    returns = schema.json()
+    # The spec is kept too, so that its id stays its own; a schema that changed makes a new UDF.
+    if kept is None or kept[0] is not spec or kept[1] != returns:
+        udf = pandas_udf(build(), returnType=schema,  # type: ignore[call-overload]
+                         functionType=PythonEvalType.SQL_MAP_ARROW_ITER_UDF)
+        kept = memo[key] = (spec, returns, udf)
+    udf = kept[2]
+    if udf is None:
+        return df.mapInArrow(build(), schema)
+    try:
+        # What DataFrame.mapInArrow does with the UDF it makes (pyspark/sql/pandas/map_ops.py).
+        column = udf(*[df[c] for c in df.columns])
+        return DataFrame(df._jdf.mapInArrow(column._jc, False, None), df.sparkSession)
+    except (AttributeError, TypeError, Py4JError):
+        memo[key] = (spec, returns, None)
+        return df.mapInArrow(build(), schema)
 
 
 def _map(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFrame]) -> DataFrame:
@@ -81,7 +114,7 @@ def _flat_map(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFrame]) 
 
 def _filter(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFrame]) -> DataFrame:
     df = _single(spec, inputs)
-    return df.mapInArrow(cancellable(filter_batches(spec.function), ctx.cancel_marker), df.schema)
+    return map_in_arrow(ctx, spec, df, df.schema, lambda: cancellable(filter_batches(spec.function), ctx.cancel_marker))
 
 
 def _select(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFrame]) -> DataFrame:
@@ -142,6 +175,12 @@ def _combine(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFrame]) -
     column carrying in its metadata how the aggregate after the exchange merges it. When an
     aggregation does not split, the rows pass unchanged and that aggregate does all the work."""
     df = _single(spec, inputs)
+    if ctx.parallelism == 1 and ctx.meter is not None and ctx.meter.bytes <= batchexchange.ONE_PARTITION_LIMIT_BYTES:
+        # A small micro-batch of the only producer subtask: combining would save the exchange a
+        # few KiB and cost 10-20 ms of planning and a partial aggregate. Its rows pass as they
+        # are, as for a call that does not split; each consumer's rows come from this subtask
+        # alone, so no consumer mixes combined and uncombined rows.
+        return df
     keys, aggregations = config_strings(spec, "keys"), config_strings(spec, "aggregations")
     cache_key = (df.schema.json(), tuple(keys), tuple(aggregations))
     if cache_key not in _COMBINE_PLANS:

@@ -83,3 +83,28 @@ def test_an_aggregate_that_does_not_split_passes_the_rows_through_to_the_whole_a
         assert passed.columns == ["k", "v"] and passed.count() == 3
         spec = OperatorSpec("aggregate", "agg", {"keys": ["k"], "aggregations": aggregations})
         assert by_key(OPERATORS["aggregate"](ctx, spec, [passed])) == by_key(OPERATORS["aggregate"](ctx, spec, [df]))
+
+
+def test_the_only_producer_subtask_passes_a_small_micro_batch_uncombined_and_the_aggregate_is_the_same(spark, ctx):
+    import dataclasses
+
+    from funke.taskmanager import batchexchange
+    from funke.taskmanager.operators.context import InputMeter
+
+    df = spark.createDataFrame([("a", 1), ("a", 2), ("b", 5)], "k string, v int")
+    aggregations = ["count(*) as n", "sum(v) as s"]
+    combine_spec = OperatorSpec("combine", "combine", {"keys": ["k"], "aggregations": aggregations})
+    spec = OperatorSpec("aggregate", "agg", {"keys": ["k"], "aggregations": aggregations})
+    small = InputMeter(bytes=batchexchange.ONE_PARTITION_LIMIT_BYTES)
+    large = InputMeter(bytes=batchexchange.ONE_PARTITION_LIMIT_BYTES + 1)
+    cases = [  # (parallelism, meter, whether it combines)
+        (1, small, False),  # a micro-batch of the only producer: its rows pass
+        (1, large, True),
+        (2, small, True),  # two producers: a consumer must not get combined and uncombined rows
+        (1, None, True),  # a bounded job
+    ]
+    for parallelism, meter, combines in cases:
+        run = dataclasses.replace(ctx, parallelism=parallelism, meter=meter)
+        out = OPERATORS["combine"](run, combine_spec, [df])
+        assert out.columns[1].startswith(aggregates.PARTIAL_PREFIX) is combines, (parallelism, meter)
+        assert by_key(OPERATORS["aggregate"](ctx, spec, [out])) == {"a": ("a", 2, 3), "b": ("b", 1, 5)}

@@ -424,3 +424,132 @@ def test_a_small_batch_runs_in_one_spark_partition_so_its_keyed_aggregates_plan_
     source_batch(2)
     assert [json.loads(line) for line in seen.read_text().splitlines()] == [
         [0, 1, False], [1, 1, False], [2, 2, True]]
+
+
+# ------------------------------------------------------------------- a small batch's fixed costs
+
+
+def staged_batch(spark, tmp_path, source, rows: int, batch_id: int, target_name: str = "out", **sink_options):
+    """Batch `batch_id` of a rate source (`rows` rows) through the operators `source` into a
+    Parquet sink (its `options`) on one StreamTask; the names the batch staged, and what the
+    sink's target holds once the batch is committed."""
+    from tests.unit.test_task_runtime import Reports, deploy
+
+    target = tmp_path / target_name
+    sink = OperatorSpec("sink.parquet", "out", {"path": str(target), **({"options": sink_options} if sink_options else {})})
+    d, _ = deploy(tmp_path, [*source, sink], vertex="rate", attempt=batch_id)
+    reports = Reports()
+    task = StreamTask(d, spark, reports, BatchReports())
+    end = {"rows": rows, "baseMs": 0} if rows else None
+    task.give_batch(BatchInput(batch_id, 0, {"rate": SourceRange(None, end, rows)}))
+    task.finish()
+    task.run()
+    assert reports.last[0] is ExecutionState.FINISHED, reports.last
+    staged = sorted(os.listdir(target / ".funke-staging" / str(batch_id) / f"0-{batch_id}"))
+    streamsinks.commit_batch(str(target), batch_id, {0: batch_id})
+    return staged, spark.read.parquet(str(target))
+
+
+RATE = OperatorSpec("source.rate", "rate", {"rows_per_second": 1000})
+
+
+def test_a_small_batchs_parquet_sink_stages_one_file_written_on_the_taskmanager_with_every_type_intact(
+        spark, tmp_path, monkeypatch):
+    import pyarrow.parquet as pq
+
+    source = [RATE, OperatorSpec("select", "typed", {"exprs": TYPED})]
+    staged, read = staged_batch(spark, tmp_path, source, 50, 0)
+    assert len(staged) == 1 and staged[0].startswith("part-00000-") and staged[0].endswith(".snappy.parquet"), staged
+    rows = sorted(read.collect(), key=lambda r: r.value)
+    assert [r.value for r in rows] == list(range(50))
+    row = rows[7]
+    assert row.timestamp == dt.datetime(1970, 1, 1, 0, 0, 0, 7000)
+    assert (row.arr, row.m, row.s.a, row.s.b, row.n, str(row.d), row.day) == \
+        ([7, 8], {"v": 7}, 7, "x7", None, "7.00", dt.date(2026, 11, 25))
+    assert read.schema.simpleString() == ("struct<value:bigint,k:bigint,timestamp:timestamp,arr:array<bigint>,"
+                                          "m:map<string,bigint>,s:struct<a:bigint,b:string>,n:string,"
+                                          "d:decimal(10,2),day:date>")
+    staged, read = staged_batch(spark, tmp_path, source, 0, 1)  # an empty batch: a file with the schema only
+    assert len(staged) == 1 and read.count() == 50
+    # What other readers (pyarrow, pandas, the JobMaster's collect and Redis sinks) see of the file
+    # is what they see of Spark's: the same Arrow types (INT96 timestamps) and values.
+    monkeypatch.setattr("funke.taskmanager.batchexchange.ONE_PARTITION_LIMIT_BYTES", 0)
+    staged_by_spark, _ = staged_batch(spark, tmp_path, source, 50, 0, target_name="by-spark")
+    assert "_SUCCESS" in staged_by_spark
+    ours, sparks = (pq.read_table(tmp_path / name, partitioning=None) for name in ("out", "by-spark"))
+    # (nullability aside: Spark's writer marks a column its optimizer folded to a constant required)
+    assert [(f.name, f.type) for f in ours.schema] == [(f.name, f.type) for f in sparks.schema]
+    assert ours.sort_by("value").to_pylist() == sparks.sort_by("value").to_pylist()
+
+
+def test_a_sink_with_writer_options_or_a_large_batch_stages_through_sparks_writer(spark, tmp_path, monkeypatch):
+    staged, read = staged_batch(spark, tmp_path, [RATE], 20, 0, compression="gzip")  # pyarrow writes gzip too
+    assert len(staged) == 1 and staged[0].endswith(".gzip.parquet") and read.count() == 20
+    staged, read = staged_batch(spark, tmp_path, [RATE], 20, 1, **{"parquet.page.size": "65536"})  # Spark's option
+    assert "_SUCCESS" in staged and read.count() == 40
+    ntz = OperatorSpec("select", "ntz", {"exprs": ["value", "CAST(timestamp AS TIMESTAMP_NTZ) AS local"]})
+    staged, read = staged_batch(spark, tmp_path, [RATE, ntz], 20, 0, target_name="ntz")  # stored as Spark does
+    assert "_SUCCESS" in staged and read.schema["local"].dataType.simpleString() == "timestamp_ntz"
+    monkeypatch.setattr("funke.taskmanager.batchexchange.ONE_PARTITION_LIMIT_BYTES", 20 * 16 - 1)
+    staged, read = staged_batch(spark, tmp_path, [RATE], 20, 2)
+    assert "_SUCCESS" in staged and read.count() == 60
+
+
+def test_a_partition_written_in_memory_is_read_from_memory_in_its_process_only_while_its_file_is_the_one_written(
+        tmp_path, monkeypatch):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from funke.taskmanager import batchexchange
+
+    def write(name: str, values: list[int]) -> list[str]:
+        directory = str(tmp_path / name)
+        batchexchange.write_in_memory(directory, pa.table({"v": values}), pa.chunked_array([[i % 2 for i in values]]), 2)
+        return batchexchange.in_memory_files(directory, 1)
+
+    files = write("p0", [1, 2, 3])
+    assert batchexchange.local_table(files).column("v").to_pylist() == [1, 3]
+    pq.write_table(pa.table({"v": [9]}), files[0] + ".other")
+    os.replace(files[0] + ".other", files[0])  # the file written anew (not by this process's exchange)
+    assert batchexchange.local_table(files) is None
+    other = tmp_path / "elsewhere.parquet"
+    pq.write_table(pa.table({"v": [1]}), other)  # a file this process never wrote as a partition
+    assert batchexchange.local_table([str(other)]) is None
+    monkeypatch.setattr(batchexchange, "LOCAL_BYTES", 2 * pa.table({"v": [1, 3]}).nbytes)
+    first, second, third = write("p1", [1, 3]), write("p2", [5, 7]), write("p3", [9, 11])
+    assert batchexchange.local_table(first) is None  # least recently used, gone beyond LOCAL_BYTES
+    assert [batchexchange.local_table(f).column("v").to_pylist() for f in (second, third)] == [[5, 7], [9, 11]]
+    assert batchexchange.local_table(second + third).column("v").to_pylist() == [5, 7, 9, 11]
+
+
+def test_a_stream_tasks_python_map_builds_its_udf_once_for_all_its_batches(spark, tmp_path, monkeypatch):
+    from tests.unit.test_task_runtime import Reports, deploy, op
+
+    mapped = op("map", lambda v: (v, v * 10), schema="value bigint, tenfold bigint")
+    kept = op("filter", lambda row: row.value % 2 == 0)
+    target = tmp_path / "out"
+    d, _ = deploy(tmp_path, [RATE, op("select", exprs=["value"]), mapped, kept, op("sink.parquet", path=str(target))],
+                  vertex="rate")
+    reports = Reports()
+    task = StreamTask(d, spark, reports, BatchReports())
+    udfs = []
+    for batch_id in range(3):
+        start = {"rows": 10 * batch_id, "baseMs": 0} if batch_id else None
+        task.give_batch(BatchInput(batch_id, 0, {"rate": SourceRange(start, {"rows": 10 * batch_id + 10, "baseMs": 0}, 10)}))
+    task.finish()
+    original = StreamTask._run_chain
+
+    def run_chain(self, chain, ctx, gates):  # what the memo holds after each batch
+        produced = original(self, chain, ctx, gates)
+        udfs.append({key: entry[2] for key, entry in ctx.memo.items() if isinstance(key, tuple) and key[0] == "mapInArrow"})
+        return produced
+
+    monkeypatch.setattr(StreamTask, "_run_chain", run_chain)
+    task.run()
+    assert reports.last[0] is ExecutionState.FINISHED, reports.last
+    assert len(udfs) == 3 and len(udfs[0]) == 2 and all(u is not None for u in udfs[0].values())
+    # the same UDF objects, batch after batch (map's and filter's)
+    assert all(later[key] is udf for later in udfs[1:] for key, udf in udfs[0].items())
+    for batch_id in range(3):
+        streamsinks.commit_batch(str(target), batch_id, {0: 0})
+    assert sorted(tuple(r) for r in spark.read.parquet(str(target)).collect()) == [(v, v * 10) for v in range(0, 30, 2)]
