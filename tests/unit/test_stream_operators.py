@@ -553,3 +553,31 @@ def test_a_stream_tasks_python_map_builds_its_udf_once_for_all_its_batches(spark
     for batch_id in range(3):
         streamsinks.commit_batch(str(target), batch_id, {0: 0})
     assert sorted(tuple(r) for r in spark.read.parquet(str(target)).collect()) == [(v, v * 10) for v in range(0, 30, 2)]
+
+
+def test_a_small_micro_batchs_rate_rows_built_as_arrow_are_the_rows_of_the_rule(spark, tmp_path, monkeypatch):
+    import dataclasses
+
+    from funke.taskmanager.operators.context import InputMeter
+
+    r = SourceRange({"rows": 5, "baseMs": 1_000}, {"rows": 40, "baseMs": 1_000}, 35)
+    batch = BatchInput(3, 2_000, {"rate": r})
+    spec = OperatorSpec("source.rate", "rate", {"rows_per_second": 7})
+    rule = RateSource(7, partitions=3)
+
+    def read(subtask: int):
+        ctx = dataclasses.replace(context(spark, tmp_path, "rate", subtask, 3, batch), meter=InputMeter())
+        df = OPERATORS["source.rate"](ctx, spec)
+        return df, [(row.value, row.timestamp.replace(tzinfo=dt.timezone.utc)) for row in df.collect()]
+
+    for subtask in range(3):
+        df, got = read(subtask)
+        want = [(v, dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc)) for v, ms in rule.rows(r, subtask)]
+        assert got == want and got
+        assert [(f.name, f.dataType.simpleString(), f.nullable) for f in df.schema.fields] == \
+            [("value", "bigint", False), ("timestamp", "timestamp", False)]  # as a range's rows are
+        assert df._jdf.queryExecution().executedPlan().toString().startswith("LocalTableScan")  # data, no range
+    monkeypatch.setattr("funke.taskmanager.batchexchange.ONE_PARTITION_LIMIT_BYTES", 16 * 5)  # too large: a range
+    df, got = read(0)
+    assert "Range" in df._jdf.queryExecution().executedPlan().toString()
+    assert got == [(v, dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc)) for v, ms in rule.rows(r, 0)]
