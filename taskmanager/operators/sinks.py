@@ -162,7 +162,7 @@ def _collect(ctx: RuntimeContext, spec: OperatorSpec, df: DataFrame) -> None:
         staging = layout.stream_sink_staging_dir(target, ctx.batch.batch_id, ctx.subtask_index, ctx.attempt_number)
     else:
         staging = layout.sink_staging_dir(target, ctx.job_id, ctx.subtask_index, ctx.attempt_number)
-    if ctx.batch is None or not _staged_in_memory(ctx, df, staging, {}):
+    if not _staged_in_memory(ctx, df, staging, {}):  # a bounded job's (no meter) goes to Spark's writer
         df.write.mode("overwrite").parquet(staging)
 
 
