@@ -63,10 +63,7 @@ def write_in_memory(directory: str, table: pa.Table, subpartitions: pa.ChunkedAr
     for k in range(count):
         part = table if subpartitions is None else table.filter(pc.equal(subpartitions, k))
         final = subpartition_file(inner, k)
-        temporary = posixpath.join(inner, f".{uuid.uuid4().hex}.tmp")
-        with fs.open_output_stream(temporary) as out:
-            pq.write_table(part, out)
-        fs.move(temporary, final)
+        _write_file(fs, final, part)
         if isinstance(fs, pafs.LocalFileSystem):
             _LOCAL.keep(final, part)
 
@@ -157,10 +154,16 @@ def write_table_file(directory: str, table: pa.Table, name: str, **parquet: Any)
     fs, inner = _filesystem(directory)
     fs.create_dir(inner, recursive=True)
     fs.delete_dir_contents(inner, missing_dir_ok=True)
-    temporary = posixpath.join(inner, f".{uuid.uuid4().hex}.tmp")
+    _write_file(fs, posixpath.join(inner, name), table, **parquet)
+
+
+def _write_file(fs: pafs.FileSystem, final: str, table: pa.Table, **parquet: Any) -> None:
+    """`table` as the Parquet file `final`, written under a hidden temporary name beside it and
+    renamed, so that a reader never sees half a file."""
+    temporary = posixpath.join(posixpath.dirname(final), f".{uuid.uuid4().hex}.tmp")
     with fs.open_output_stream(temporary) as out:
         pq.write_table(table, out, **parquet)
-    fs.move(temporary, posixpath.join(inner, name))
+    fs.move(temporary, final)
 
 
 def in_memory_files(directory: str, subpartition: int | None) -> list[str] | None:
