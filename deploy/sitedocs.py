@@ -282,6 +282,7 @@ class JobOption:
 def _job_options() -> tuple[JobOption, ...]:
     from funke.common.api import translate
     from funke.common.durations import format_duration
+    from funke.common.graph import jobgraph
     from funke.common.graph import streamingjob as sj
     from funke.common.streaming.eventtime import POLICIES, WATERMARK_POLICY
 
@@ -312,6 +313,10 @@ def _job_options() -> tuple[JobOption, ...]:
                   "(`disable_operator_chaining`)"),
         JobOption(translate.COMBINERS, "true", "`false`: no partial aggregate at the end of a keyed aggregate's "
                   "producer chain"),
+        JobOption(jobgraph.EXCHANGE_IN_MEMORY_MAX_BYTES, str(jobgraph.DEFAULT_EXCHANGE_IN_MEMORY_MAX_BYTES),
+                  "a bounded job's producer whose output Spark estimates at no more bytes collects it as Arrow and "
+                  "writes one Parquet file per consumer itself, as a micro-batch's does; above it (or `0`), Spark's "
+                  "distributed writer"),
     )
 
 

@@ -1,4 +1,4 @@
-"""A streaming query's exchanges: how a micro-batch's result partitions are written and found.
+"""Small exchanges: how a micro-batch's (or a small bounded job's) result partitions are written and found.
 
 A micro-batch is small next to a bounded job's data (one trigger's worth, bounded by the
 sources' per-trigger limits), and its exchanges are on the batch's critical path: Spark's
@@ -10,6 +10,10 @@ subpartition, `sub-<k>.parquet` (every subpartition, empty ones too, each writte
 temporary name and renamed); a larger batch goes through Spark's writer as bounded jobs do
 (`_sub=<k>/` directories). Consumers read with Spark either way: the exact files of their
 subpartition, or the directory filtered by subpartition.
+
+A bounded job's producer does the same when Spark estimates its output at most the job's
+`batch.exchange.in-memory.max-bytes` (8 MiB unless set; `estimated_bytes`): a small job's
+exchanges then cost what its rows cost, not a distributed write and a partition discovery each.
 
 A partition counts as written only once its producer reported it; a file of it that is not
 there is an error, never an empty input.
@@ -47,6 +51,25 @@ _PREFIX, _SUFFIX = "sub-", ".parquet"
 
 def subpartition_file(directory: str, subpartition: int) -> str:
     return posixpath.join(directory, f"{_PREFIX}{subpartition}{_SUFFIX}")
+
+
+def subpartition_of_file(name: str) -> int | None:
+    """The subpartition a file written in memory holds (`sub-<k>.parquet`), None for another name."""
+    if not (name.startswith(_PREFIX) and name.endswith(_SUFFIX)):
+        return None
+    number = name[len(_PREFIX):-len(_SUFFIX)]
+    return int(number) if number.isdigit() and number.isascii() else None
+
+
+def estimated_bytes(df: Any) -> int | None:
+    """Spark's own estimate of a DataFrame's size (its optimizer's statistics: files by their
+    size, a range by its rows, an unknown source as huge), None where Spark cannot be asked (Spark
+    Connect). The plan optimized here is the one the DataFrame's next action runs."""
+    try:
+        size = df._jdf.queryExecution().optimizedPlan().stats().sizeInBytes()
+        return size if isinstance(size, int) else int(size.toString())  # Py4J hands a BigInt over as int
+    except Exception:  # Spark Connect has no _jdf; a plan that does not analyse fails its action anyway
+        return None
 
 
 def _filesystem(path: str) -> tuple[pafs.FileSystem, str]:
@@ -148,6 +171,29 @@ def local_table(files: list[str]) -> pa.Table | None:
         return None
 
 
+def read_table(files: list[str]) -> pa.Table | None:
+    """The rows of subpartition files (`in_memory_files`' paths) as one Arrow table of one chunk,
+    in the files' order: from this process's memory when it wrote them all (`local_table`), else
+    read with pyarrow. A consumer thus gets the same rows in the same order whether its producer
+    ran beside it or not, and a restarted consumer the order the first one got (Spark's reader
+    orders files by size). One chunk: PySpark's createDataFrame drops the rows that follow an
+    empty record batch, and the subpartition of a producer that had none for it is one. None when
+    pyarrow cannot read the files or they do not concatenate (producers whose Arrow schemas
+    differ): Spark's reader takes them then."""
+    table = local_table(files)
+    if table is None:
+        tables = []
+        try:
+            for path in files:
+                fs, inner = _filesystem(path)
+                with fs.open_input_file(inner) as f:
+                    tables.append(pq.read_table(f))
+            table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+        except (pa.ArrowInvalid, NotImplementedError):
+            return None
+    return table.combine_chunks()
+
+
 def write_table_file(directory: str, table: pa.Table, name: str, **parquet: Any) -> None:
     """`table` as the one Parquet file `name` of `directory` (`parquet`: pq.write_table's options),
     whatever the directory held before (written under a hidden temporary name, then renamed)."""
@@ -174,7 +220,7 @@ def in_memory_files(directory: str, subpartition: int | None) -> list[str] | Non
     try:
         names = [posixpath.basename(i.path) for i in fs.get_file_info(pafs.FileSelector(inner, recursive=False))]
     except FileNotFoundError:
-        raise FileNotFoundError(f"batch partition {directory} is missing (its producer reported it written)") from None
+        raise FileNotFoundError(f"result partition {directory} is missing (its producer reported it written)") from None
     written = sorted(n for n in names if n.startswith(_PREFIX) and n.endswith(_SUFFIX))
     if not written:
         return None
@@ -183,7 +229,7 @@ def in_memory_files(directory: str, subpartition: int | None) -> list[str] | Non
         return [posixpath.join(base, n) for n in written]
     wanted = f"{_PREFIX}{subpartition}{_SUFFIX}"
     if wanted not in written:
-        raise FileNotFoundError(f"batch partition {directory} has no subpartition {subpartition} "
+        raise FileNotFoundError(f"result partition {directory} has no subpartition {subpartition} "
                                 f"(it holds {', '.join(written)})")
     return [posixpath.join(base, wanted)]
 

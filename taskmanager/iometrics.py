@@ -14,13 +14,15 @@ import pyarrow.parquet as pq
 
 from funke.common import layout
 from funke.runtime import datafs
+from funke.taskmanager import batchexchange
 
 log = logging.getLogger("funke.taskmanager")
 
 
 def _parquet_files(root: str, subpartition: int | None) -> list[tuple[pafs.FileSystem, pafs.FileInfo]]:
     """The Parquet files of a partition directory; with `subpartition`, only that one's (a
-    partition written unsplit is subpartition 0 of itself)."""
+    partition written unsplit is subpartition 0 of itself): under `_sub=<k>/` as Spark's writer
+    splits a partition, or `sub-<k>.parquet` as one written in memory is."""
     fs, path = datafs.filesystem(root)
     infos = fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
     prefix = f"{layout.SUBPARTITION_COLUMN}="
@@ -30,6 +32,8 @@ def _parquet_files(root: str, subpartition: int | None) -> list[tuple[pafs.FileS
             continue
         parents = info.path[len(path):].strip("/").split("/")[:-1]
         sub = next((int(p[len(prefix):]) for p in parents if p.startswith(prefix) and p[len(prefix):].isdigit()), None)
+        if sub is None and not parents:  # written in memory: one file per subpartition
+            sub = batchexchange.subpartition_of_file(info.base_name)
         if subpartition is None or sub == subpartition or (sub is None and subpartition == 0):
             found.append((fs, info))
     return found

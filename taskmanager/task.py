@@ -13,9 +13,12 @@ jobs; it keeps re-sending the interrupt until `run` returns, which also catches 
 just after the cancel.
 
 Exchanges follow `common/graph/executiongraph.py` and the path scheme of `common/layout.py`: a producer
-writes its partition of each output as Parquet under `partition_dir(.., attempt)`, split into
-`_sub=N/` directories when it feeds several consumers (HASH: by key hash, otherwise round robin);
-a consumer reads subpartition k of each partition in its gate's range.
+writes its partition of each output as Parquet under `partition_dir(.., attempt)`, split by
+subpartition when it feeds several consumers (HASH: by key hash, otherwise round robin): a small
+output (Spark's estimate, the job's `batch.exchange.in-memory.max-bytes`) collected as Arrow and
+written as one `sub-<k>.parquet` file per subpartition (`batchexchange.py`), a larger one by
+Spark's writer into `_sub=N/` directories; a consumer reads subpartition k of each partition in
+its gate's range, whichever way it was written.
 
 A streaming query's task is a `StreamTask`: it stays RUNNING and runs micro-batches as they are
 given, each over its own batch-scoped partitions (`layout.batch_partition_dir`).
@@ -47,7 +50,7 @@ from funke.common import layout
 from funke.common.graph.deployment import ProducedPartition, ResultPartitionSpec, TaskDeployment
 from funke.common.graph.executiongraph import FailureInfo, TaskIo
 from funke.common.task.inputgates import GateSnapshot
-from funke.common.graph.jobgraph import JobVertex, OperatorSpec, PartitionerKind
+from funke.common.graph.jobgraph import JobVertex, OperatorSpec, PartitionerKind, exchange_in_memory_max_bytes
 from funke.common.graph.operators import CATALOGUE, OperatorRole
 from funke.common.states import ExecutionState
 from funke.common.streaming.sources import BatchInput
@@ -447,10 +450,31 @@ class Task:
             return self._inputs
 
     def _read_gate(self, ctx: RuntimeContext, gate: GateSnapshot) -> DataFrame:
+        """Subpartition `gate.subpartition` of each partition of the gate: the exact files of one
+        written in memory (`batchexchange.read_table`: from this TaskManager's memory when it wrote
+        them all), Spark's read of one Spark's writer wrote."""
         schema = self._gate_schema(gate)
         paths = [_partition_path(ctx, gate.data_set_id, p, a) for p, a in zip(gate.partitions, gate.attempts)]
-        self._read += [(path, gate.subpartition) for path in paths]
-        return _read_partitions(ctx.spark, schema, paths, gate.subpartition)
+        if ctx.meter is None:
+            self._read += [(path, gate.subpartition) for path in paths]
+        files: list[str] = []
+        by_spark: list[str] = []
+        for path in paths:
+            found = batchexchange.in_memory_files(path, gate.subpartition)
+            if found is None:
+                by_spark.append(path)
+            else:
+                files += found
+        if ctx.meter is not None:
+            ctx.meter.bytes += batchexchange.file_bytes(files + by_spark)
+        parts = []
+        if files:  # from this TaskManager's memory when its tasks wrote them, else from the files
+            table = batchexchange.read_table(files)
+            parts.append(ctx.spark.createDataFrame(table, schema=schema) if table is not None
+                         else ctx.spark.read.schema(schema).parquet(*files))
+        if by_spark or not parts:
+            parts.append(_read_partitions(ctx.spark, schema, by_spark, gate.subpartition))
+        return union_all(parts)
 
     def _gate_schema(self, gate: GateSnapshot) -> StructType:
         if not gate.schema:
@@ -464,9 +488,43 @@ class Task:
         outputs = list(self.deployment.outputs)
         if not outputs or df is None:
             return ()
-        schema = df.schema.json()
         if layout.SUBPARTITION_COLUMN in df.columns:
             raise ValueError(f"{self.name}: column {layout.SUBPARTITION_COLUMN!r} is reserved for routing rows to consumers")
+        if arrow_compatible(df.schema):
+            routed, routing = _routed(df, outputs)
+            if self._small_output(ctx, routed):
+                return self._write_in_memory(ctx, df.schema.json(), routed, routing, outputs)
+        return self._write_by_spark(ctx, df, outputs)
+
+    def _small_output(self, ctx: RuntimeContext, routed: DataFrame) -> bool:
+        """Whether the output goes through memory (batchexchange): a bounded job's when Spark
+        estimates it at most the job's EXCHANGE_IN_MEMORY_MAX_BYTES."""
+        limit = exchange_in_memory_max_bytes(self.deployment.job_options)
+        if limit == 0:
+            return False
+        estimate = batchexchange.estimated_bytes(routed)
+        return estimate is not None and estimate <= limit
+
+    def _write_in_memory(self, ctx: RuntimeContext, schema: str, routed: DataFrame, routing: list[str | None],
+                         outputs: list[ResultPartitionSpec]) -> tuple[ProducedPartition, ...]:
+        """One collect as Arrow, however many outputs; each output's rows split by their
+        subpartition column (`routing`) and written one Parquet file per subpartition."""
+        table = routed.toArrow()
+        data = table.drop_columns([c for c in routing if c is not None])
+        for out, column in zip(outputs, routing):
+            self._check_cancelled()
+            path = _partition_path(ctx, out.data_set_id, out.partition_index, ctx.attempt_number)
+            if ctx.meter is None:
+                self._written.append(path)
+            if column is None:
+                batchexchange.write_in_memory(path, data, None, 1)
+            else:
+                batchexchange.write_in_memory(path, data, table.column(column), out.num_subpartitions)
+        return tuple(ProducedPartition(o.data_set_id, o.partition_index, schema, data.num_rows) for o in outputs)
+
+    def _write_by_spark(self, ctx: RuntimeContext, df: DataFrame, outputs: list[ResultPartitionSpec]
+                        ) -> tuple[ProducedPartition, ...]:
+        schema = df.schema.json()
         # The row count rides along with the first write instead of costing a job of its own.
         rows = Observation()
         observed = df.observe(rows, F.count(F.lit(1)).alias("rows"))
@@ -588,55 +646,10 @@ class StreamTask(Task):
         inputs = [self._read_gate(ctx, gate) for gate in gates]
         return [_small_batch(ctx, df) for df in inputs]  # once every gate's bytes are known
 
-    def _read_gate(self, ctx: RuntimeContext, gate: GateSnapshot) -> DataFrame:
-        schema = self._gate_schema(gate)
-        files: list[str] = []
-        by_spark: list[str] = []
-        for p, a in zip(gate.partitions, gate.attempts):
-            path = _partition_path(ctx, gate.data_set_id, p, a)
-            found = batchexchange.in_memory_files(path, gate.subpartition)
-            if found is None:
-                by_spark.append(path)
-            else:
-                files += found
+    def _small_output(self, ctx: RuntimeContext, routed: DataFrame) -> bool:
+        """A micro-batch's output goes through memory when what the batch read is small."""
         assert ctx.meter is not None
-        ctx.meter.bytes += batchexchange.file_bytes(files + by_spark)
-        local = batchexchange.local_table(files) if files and not by_spark else None
-        if local is not None:  # written by tasks of this TaskManager: read from its memory
-            return ctx.spark.createDataFrame(local, schema=schema)
-        parts = [ctx.spark.read.schema(schema).parquet(*files)] if files else []
-        if by_spark or not parts:
-            parts.append(_read_partitions(ctx.spark, schema, by_spark, gate.subpartition))
-        return union_all(parts)
-
-    def _write_outputs(self, ctx: RuntimeContext, df: DataFrame | None) -> tuple[ProducedPartition, ...]:
-        outputs = list(self.deployment.outputs)
-        if not outputs or df is None:
-            return ()
-        assert ctx.meter is not None
-        if ctx.meter.bytes > batchexchange.IN_MEMORY_LIMIT_BYTES or not arrow_compatible(df.schema):
-            return super()._write_outputs(ctx, df)
-        schema = df.schema.json()
-        if layout.SUBPARTITION_COLUMN in df.columns:
-            raise ValueError(f"{self.name}: column {layout.SUBPARTITION_COLUMN!r} is reserved for routing rows to consumers")
-        # One collect, however many outputs: each gets a column with its rows' subpartitions.
-        routed, routing = df, []
-        for i, out in enumerate(outputs):
-            target = _subpartition_of(out)
-            column = f"__funke_sub_{i}" if target is not None else None
-            if column is not None:
-                routed = routed.withColumn(column, target)
-            routing.append(column)
-        table = routed.toArrow()
-        data = table.drop_columns([c for c in routing if c is not None])
-        for out, column in zip(outputs, routing):
-            self._check_cancelled()
-            path = _partition_path(ctx, out.data_set_id, out.partition_index, ctx.attempt_number)
-            if column is None:
-                batchexchange.write_in_memory(path, data, None, 1)
-            else:
-                batchexchange.write_in_memory(path, data, table.column(column), out.num_subpartitions)
-        return tuple(ProducedPartition(o.data_set_id, o.partition_index, schema, data.num_rows) for o in outputs)
+        return ctx.meter.bytes <= batchexchange.IN_MEMORY_LIMIT_BYTES
 
     def _run(self) -> tuple[ProducedPartition, ...]:
         chain = self._start_chain()
@@ -735,6 +748,19 @@ def _observed(observation: Observation) -> dict:
         return observation.get
     except Exception:  # Py4JJavaError: the metrics row is empty
         return {}
+
+
+def _routed(df: DataFrame, outputs: list[ResultPartitionSpec]) -> tuple[DataFrame, list[str | None]]:
+    """`df` with a column per output that feeds several consumers: each row's subpartition
+    of it (None for an output written unsplit), for one collect that serves every output."""
+    routed, routing = df, []
+    for i, out in enumerate(outputs):
+        target = _subpartition_of(out)
+        column = f"__funke_sub_{i}" if target is not None else None
+        if column is not None:
+            routed = routed.withColumn(column, target)
+        routing.append(column)
+    return routed, routing
 
 
 def _route(df: DataFrame, out: ResultPartitionSpec) -> tuple[DataFrame, bool]:

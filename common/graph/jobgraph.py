@@ -135,6 +135,27 @@ class RestartStrategyConfig:
     options: Mapping[str, str] = field(default_factory=dict)
 
 
+# A bounded job's exchange: a producer whose output Spark estimates at no more than this many bytes
+# collects it as Arrow and writes one Parquet file per subpartition itself, as a micro-batch's
+# producer does (taskmanager/batchexchange.py); above it (or 0), Spark's distributed writer.
+EXCHANGE_IN_MEMORY_MAX_BYTES = "batch.exchange.in-memory.max-bytes"
+DEFAULT_EXCHANGE_IN_MEMORY_MAX_BYTES = 8 * 1024 * 1024
+MAX_EXCHANGE_IN_MEMORY_MAX_BYTES = 1024 * 1024 * 1024
+
+
+def exchange_in_memory_max_bytes(options: Mapping[str, str]) -> int:
+    """The job's `EXCHANGE_IN_MEMORY_MAX_BYTES` (its default when unset); ValueError if it is no
+    whole number of bytes from 0 to MAX_EXCHANGE_IN_MEMORY_MAX_BYTES."""
+    raw = options.get(EXCHANGE_IN_MEMORY_MAX_BYTES)
+    if raw is None:
+        return DEFAULT_EXCHANGE_IN_MEMORY_MAX_BYTES
+    text = str(raw).strip()
+    if not text.isdigit() or not text.isascii() or int(text) > MAX_EXCHANGE_IN_MEMORY_MAX_BYTES:
+        raise ValueError(f"option {EXCHANGE_IN_MEMORY_MAX_BYTES} must be a whole number of bytes from 0 to "
+                         f"{MAX_EXCHANGE_IN_MEMORY_MAX_BYTES} (0: always Spark's writer), got {text[:40]!r}")
+    return int(text)
+
+
 @dataclass(frozen=True, slots=True)
 class JobConfiguration:
     restart_strategy: RestartStrategyConfig | None = None  # None: the cluster default

@@ -30,6 +30,7 @@ from funke.common.graph.jobgraph import (
     DistributionPattern,
     JobGraph,
     PartitionerKind,
+    exchange_in_memory_max_bytes,
 )
 from funke.common.graph.operators import CATALOGUE, JOIN_TYPES, SINK_MODES, VARIADIC, FunctionUse, OperatorRole, Value
 from funke.common.streaming.eventtime import MAX_DELAY_MS
@@ -749,6 +750,10 @@ def _check_configuration(job: JobGraph, add) -> None:
                            f"{MAX_OPTION_VALUE_LENGTH} characters")
             if problem is not None:
                 add(subject, problem)
+        try:
+            exchange_in_memory_max_bytes(options)
+        except ValueError as e:
+            add(subject, str(e))
 
 
 def _check_artifacts(job: JobGraph, add) -> None:

@@ -33,7 +33,13 @@ from funke.common import layout
 from funke.common.graph.deployment import Awaiting, InputGateDeployment, ResultPartitionSpec, TaskDeployment
 from funke.common.graph.executiongraph import ExecutionAttemptId, SlotId
 from funke.common.task.inputgates import GateSnapshot
-from funke.common.graph.jobgraph import JobVertex, OperatorSpec, PartitionerKind, ResultPartitionType
+from funke.common.graph.jobgraph import (
+    EXCHANGE_IN_MEMORY_MAX_BYTES,
+    JobVertex,
+    OperatorSpec,
+    PartitionerKind,
+    ResultPartitionType,
+)
 from funke.common.graph.operators import CATALOGUE
 from funke.common.states import ExecutionState
 from funke.taskmanager import streaming
@@ -86,7 +92,7 @@ def output(data_set: str, index: int, n: int = 1, partitioner=REBALANCE, keys=()
 
 
 def deploy(data_dir, ops, *, vertex: str = "v", subtask: int = 0, parallelism: int = 1, attempt: int = 0,
-           inputs=(), outputs=(), job: str = "job1") -> tuple[TaskDeployment, tuple[GateSnapshot, ...]]:
+           inputs=(), outputs=(), job: str = "job1", options=None) -> tuple[TaskDeployment, tuple[GateSnapshot, ...]]:
     """A deployment, and the inputs the core would hand it once they are complete."""
     jv = JobVertex(id=vertex, name=vertex, parallelism=parallelism, operators=tuple(ops))
     gates = tuple(InputGateDeployment(g.input_index, g.data_set_id, g.partitions, g.subpartition, Awaiting(0), None,
@@ -94,7 +100,7 @@ def deploy(data_dir, ops, *, vertex: str = "v", subtask: int = 0, parallelism: i
     d = TaskDeployment(
         job_id=job, job_name="test", attempt=ExecutionAttemptId(vertex, subtask, attempt),
         task_name=f"{vertex} ({subtask + 1}/{parallelism})", parallelism=parallelism, slot=SlotId("tm", 0),
-        vertex=jv, inputs=gates, outputs=tuple(outputs), data_dir=str(data_dir))
+        vertex=jv, inputs=gates, outputs=tuple(outputs), data_dir=str(data_dir), job_options=dict(options or {}))
     return d, tuple(inputs)
 
 
@@ -156,10 +162,29 @@ def collected(data_dir, vertex: str, subtask: int, job: str = "job1", attempt: i
 
 
 def partition_rows(data_dir, data_set: str, index: int, attempt: int = 0, job: str = "job1") -> list[dict]:
+    """A result partition's rows, each with its subpartition as `_sub` when the partition is split,
+    whichever way it was written (`written_by`)."""
     path = layout.partition_dir(str(data_dir), job, data_set, index, attempt)
+    if written_by(path) == "memory":
+        rows = []
+        names = sorted(os.listdir(path))
+        for name in names:
+            part = pq.read_table(os.path.join(path, name)).to_pylist()
+            rows += [dict(r, _sub=int(name[len("sub-"):-len(".parquet")])) for r in part] if len(names) > 1 else part
+        return rows
     # pyarrow hides names starting with "_" by default, Hadoop only those without "=".
     dataset = pads.dataset(path, format="parquet", partitioning="hive", ignore_prefixes=[".", "_SUCCESS"])
     return dataset.to_table().to_pylist()
+
+
+def written_by(partition_dir) -> str:
+    """"memory" for a partition its task collected and wrote itself (one sub-<k>.parquet file per
+    subpartition, nothing else), "spark" for one Spark's writer wrote (its _SUCCESS marker)."""
+    names = set(os.listdir(partition_dir))
+    if "_SUCCESS" in names:
+        return "spark"
+    assert names and all(n.startswith("sub-") and n.endswith(".parquet") for n in names), names
+    return "memory"
 
 
 # ---- (a) a two-stage word count ----
@@ -184,7 +209,7 @@ def write_corpus(directory: Path, files: int, lines: int, seed: int) -> collecti
     return counts
 
 
-def run_word_count(spark, data_dir: Path, corpus: Path, sources: int = 2, counters: int = 2):
+def run_word_count(spark, data_dir: Path, corpus: Path, sources: int = 2, counters: int = 2, options=None):
     """source.text + flat_map --HASH(word)--> count + sink.collect; returns word -> count per
     counter subtask."""
     source_ops = [op("source.text", path=str(corpus)), op("flat_map", split_words, schema="word string")]
@@ -192,7 +217,7 @@ def run_word_count(spark, data_dir: Path, corpus: Path, sources: int = 2, counte
     total_rows = 0
     for i in range(sources):
         reports = run(deploy(data_dir, source_ops, vertex="tokenize", subtask=i, parallelism=sources,
-                             outputs=[output("words", i, counters, HASH, ["word"])]), spark)
+                             outputs=[output("words", i, counters, HASH, ["word"])], options=options), spark)
         produced = finished(reports)
         assert [(p.data_set_id, p.partition_index) for p in produced] == [("words", i)]
         schemas.add(produced[0].schema)
@@ -207,7 +232,8 @@ def run_word_count(spark, data_dir: Path, corpus: Path, sources: int = 2, counte
     records_in = 0
     for i in range(counters):
         reports = run(deploy(data_dir, count_ops, vertex="count", subtask=i, parallelism=counters,
-                             inputs=[gate("words", range(sources), subpartition=i, schema=schema)]), spark)
+                             inputs=[gate("words", range(sources), subpartition=i, schema=schema)], options=options),
+                      spark)
         finished(reports)
         per_subtask.append({r["word"]: r["count"] for r in collected(data_dir, "count", i)})
         # rows read: its own subpartition of every producer's partition, from the Parquet footers
@@ -217,9 +243,15 @@ def run_word_count(spark, data_dir: Path, corpus: Path, sources: int = 2, counte
     return per_subtask, total_rows
 
 
-def test_two_stage_word_count_matches_counter_exactly(spark, tmp_path):
+@pytest.mark.parametrize("limit, writer", [(None, "memory"), ("0", "spark")])
+def test_two_stage_word_count_matches_counter_exactly(spark, tmp_path, limit, writer):
+    # A small output (Spark's estimate: the files' size) is collected and written by the task
+    # itself, unless the job's limit is 0; either way the counts and the metrics are the same.
     expected = write_corpus(tmp_path / "corpus", files=3, lines=400, seed=7)
-    per_subtask, total_rows = run_word_count(spark, tmp_path / "data", tmp_path / "corpus")
+    options = {EXCHANGE_IN_MEMORY_MAX_BYTES: limit} if limit is not None else None
+    per_subtask, total_rows = run_word_count(spark, tmp_path / "data", tmp_path / "corpus", options=options)
+    for i in range(2):
+        assert written_by(layout.partition_dir(str(tmp_path / "data"), "job1", "words", i, 0)) == writer
     # HASH routing: every word is counted by exactly one subtask, and both got some.
     assert all(per_subtask) and not set(per_subtask[0]) & set(per_subtask[1])
     merged = collections.Counter()
@@ -253,8 +285,18 @@ def test_a_partition_written_unsplit_is_subpartition_zero(spark, tmp_path):
     assert sorted(r["n"] for r in collected(tmp_path, "c", 2)) == [3, 4]
 
 
-def test_several_outputs_are_routed_by_their_own_partitioner(spark, tmp_path):
-    rows = op("source.collection", rows=[[k % 3, k] for k in range(12)], schema="k int, v int")
+def k_and_v(n):
+    return (n % 3, n)
+
+
+@pytest.mark.parametrize("source, writer", [
+    # rows from the driver: Spark cannot tell their size, so its writer takes them
+    (op("source.collection", rows=[[k % 3, k] for k in range(12)], schema="k int, v int"), "spark"),
+    # a range of 12: Spark knows it is small, so the task collects and writes it
+    (op("source.range", k_and_v, end=12, schema="k bigint, v bigint"), "memory"),
+])
+def test_several_outputs_are_routed_by_their_own_partitioner(spark, tmp_path, source, writer):
+    rows = source
     produced = finished(run(deploy(tmp_path, [rows], outputs=[
         output("hashed", 0, 2, HASH, ["k"]), output("spread", 0, 2, REBALANCE), output("everyone", 0, 1, BROADCAST),
     ]), spark))
@@ -270,6 +312,33 @@ def test_several_outputs_are_routed_by_their_own_partitioner(spark, tmp_path):
     assert {r["_sub"] for r in spread} == {0, 1}
     assert sorted(r["v"] for r in partition_rows(tmp_path, "everyone", 0)) == list(range(12))
     assert "_sub" not in partition_rows(tmp_path, "everyone", 0)[0]
+    for data_set in ("hashed", "spread", "everyone"):
+        assert written_by(layout.partition_dir(str(tmp_path), "job1", data_set, 0, 0)) == writer
+
+
+def test_a_consumer_reads_partitions_written_either_way_together(spark, tmp_path):
+    # producer 0's output is small by Spark's estimate (a range), producer 1's is not (rows from
+    # the driver): its consumers read the one's files and the other's directories as one input
+    small = op("source.range", k_and_v, end=40, schema="k bigint, v bigint")
+    unknown = op("source.collection", rows=[[k % 3, k] for k in range(40, 60)], schema="k bigint, v bigint")
+    schemas = set()
+    for i, source in enumerate((small, unknown)):
+        produced = finished(run(deploy(tmp_path, [source], vertex=f"p{i}",  # each source's whole share
+                                       outputs=[output("ds", i, 2, HASH, ["k"])]), spark))
+        schemas.add(produced[0].schema)
+    assert [written_by(layout.partition_dir(str(tmp_path), "job1", "ds", i, 0)) for i in range(2)] == ["memory", "spark"]
+    (schema,) = schemas
+    seen, keys = [], []
+    for c in range(2):
+        reports = run(deploy(tmp_path, [op("sink.collect")], vertex="c", subtask=c, parallelism=2,
+                             inputs=[gate("ds", range(2), subpartition=c, schema=schema)]), spark)
+        finished(reports)
+        rows = collected(tmp_path, "c", c)
+        assert reports.io[-1].records_in == len(rows)  # its subpartition of both, from the footers
+        seen += [(r["k"], r["v"]) for r in rows]
+        keys.append({r["k"] for r in rows})
+    assert sorted(seen) == sorted((k % 3, k) for k in range(60))  # every row once
+    assert not keys[0] & keys[1]  # both producers route a key to the same consumer
 
 
 # ---- (c) failures ----
@@ -617,3 +686,44 @@ def test_collect_print_and_discard_sinks(spark, ctx, capsys):
     OPERATORS["sink.print"](RuntimeContext(spark, "j", "v", 2, 3, 0, ctx.data_dir), op("sink.print"), df)
     assert capsys.readouterr().out == "3> Row(n=1, s='a')\n"
     OPERATORS["sink.discard"](ctx, op("sink.discard"), df)
+
+
+def test_a_consumer_reads_the_same_rows_in_the_same_order_from_memory_and_from_the_files(spark, tmp_path, monkeypatch):
+    # A restarted consumer (another TaskManager, or this one after a restart) reads the files its
+    # first attempt read from memory: what it computes, and so a sink's bytes, must not change.
+    from funke.taskmanager import batchexchange
+
+    sizes = (5, 300, 40)  # Spark's reader would take the files largest first
+    for i, n in enumerate(sizes):
+        produced = finished(run(deploy(tmp_path, [op("source.range", k_and_v, end=n, schema="k bigint, v bigint")],
+                                       vertex=f"p{i}", outputs=[output("ds", i, 1)]), spark))
+        assert written_by(layout.partition_dir(str(tmp_path), "job1", "ds", i, 0)) == "memory"
+
+    def consume(attempt: int) -> list[tuple[int, int]]:
+        finished(run(deploy(tmp_path, [op("sink.collect")], vertex="c", attempt=attempt,
+                            inputs=[gate("ds", range(3), subpartition=0, schema=produced[0].schema)]), spark))
+        return [(r["k"], r["v"]) for r in collected(tmp_path, "c", 0, attempt=attempt)]
+
+    from_memory = consume(0)
+    monkeypatch.setattr(batchexchange, "_LOCAL", batchexchange._LocalPartitions())  # a process that wrote none
+    assert batchexchange.local_table([layout.partition_dir(str(tmp_path), "job1", "ds", 0, 0) + "/sub-0.parquet"]) is None
+    from_files = consume(1)
+    assert from_files == from_memory
+    assert sorted(from_memory) == sorted(k_and_v(n) for size in sizes for n in range(size))
+
+
+def test_rows_after_producers_that_had_none_for_a_consumer_are_not_lost(spark, tmp_path, monkeypatch):
+    # PySpark's createDataFrame drops the rows that follow empty Arrow record batches: the
+    # subpartitions of producers that had no rows for this consumer must not hide the others'.
+    from funke.taskmanager import batchexchange
+
+    for i, n in enumerate((0, 0, 3, 0, 2)):
+        produced = finished(run(deploy(tmp_path, [op("source.range", k_and_v, end=n, schema="k bigint, v bigint")],
+                                       vertex=f"p{i}", outputs=[output("ds", i, 1)]), spark))
+    for attempt, local in enumerate((True, False)):
+        if not local:
+            monkeypatch.setattr(batchexchange, "_LOCAL", batchexchange._LocalPartitions())
+        finished(run(deploy(tmp_path, [op("sink.collect")], vertex="c", attempt=attempt,
+                            inputs=[gate("ds", range(5), subpartition=0, schema=produced[0].schema)]), spark))
+        assert sorted((r["k"], r["v"]) for r in collected(tmp_path, "c", 0, attempt=attempt)) == \
+            sorted([k_and_v(n) for n in range(3)] + [k_and_v(n) for n in range(2)]), f"local: {local}"

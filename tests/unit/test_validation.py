@@ -343,3 +343,20 @@ def test_a_source_may_not_read_the_data_directory():
     context = ValidationContext(data_dir="/srv/funke/data")
     src = v("src", ops=(OperatorSpec("source.parquet", config={"path": "/srv/funke/data/jobs/other/collect/sink"}),))
     assert any("holds other jobs' data" in m for m in messages_in(chain(src, v("sink", ops=SINK)), context))
+
+
+@pytest.mark.parametrize("value, ok", [("0", True), ("8388608", True), (str(1 << 30), True), ("", False),
+                                       ("-1", False), ("1e6", False), ("8 MiB", False), (str((1 << 30) + 1), False),
+                                       ("٣", False)])
+def test_the_in_memory_exchange_limit_is_a_whole_number_of_bytes(value, ok):
+    from funke.common.graph.jobgraph import EXCHANGE_IN_MEMORY_MAX_BYTES, exchange_in_memory_max_bytes
+
+    base = chain(v("src", ops=SRC), v("sink", ops=SINK))
+    job = JobGraph("j", base.vertices, base.data_sets, base.edges,
+                   configuration=JobConfiguration(options={EXCHANGE_IN_MEMORY_MAX_BYTES: value}))
+    problems = [m for m in messages(job) if EXCHANGE_IN_MEMORY_MAX_BYTES in m]
+    if ok:
+        assert problems == [] and exchange_in_memory_max_bytes({EXCHANGE_IN_MEMORY_MAX_BYTES: value}) == int(value)
+    else:
+        assert len(problems) == 1 and "whole number of bytes from 0 to 1073741824" in problems[0], problems
+    assert exchange_in_memory_max_bytes({}) == 8 * 1024 * 1024  # unset: the default
