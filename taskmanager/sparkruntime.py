@@ -107,6 +107,25 @@ def in_daemon_thread(fn: Callable[[], T], name: str) -> asyncio.Future[T]:
     return future
 
 
+# Spark loggers whose warnings say nothing to a funke user: Spark's file reader looks for a
+# streaming sink's `_spark_metadata` under the path it is given, and for a glob (a file source's
+# `path` such as `data/*.txt`) it warns with a page of Java stack trace that no such file exists.
+QUIET_LOGGERS = ("org.apache.spark.sql.execution.streaming.sinks.FileStreamSink",  # Spark 4
+                 "org.apache.spark.sql.execution.streaming.FileStreamSink")  # Spark 3
+
+
+def quiet_loggers(spark: Any) -> None:
+    """Only errors from QUIET_LOGGERS in this session's JVM (log4j 2); a JVM without log4j's
+    Configurator keeps its warnings."""
+    try:
+        jvm = spark.sparkContext._jvm
+        level = jvm.org.apache.logging.log4j.Level.ERROR
+        for name in QUIET_LOGGERS:
+            jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(name, level)
+    except Exception:
+        log.debug("could not quiet Spark's loggers", exc_info=True)
+
+
 class SparkRuntime:
     def __init__(self, config: TaskExecutorConfig):
         self.config = config
@@ -190,6 +209,7 @@ class SparkRuntime:
             builder = builder.config(key, value)
         spark = builder.getOrCreate()
         spark.sparkContext.setLogLevel("WARN")
+        quiet_loggers(spark)
         if plan.cluster:
             jsc = spark.sparkContext._jsc.sc()
             try:

@@ -727,3 +727,20 @@ def test_rows_after_producers_that_had_none_for_a_consumer_are_not_lost(spark, t
                             inputs=[gate("ds", range(5), subpartition=0, schema=produced[0].schema)]), spark))
         assert sorted((r["k"], r["v"]) for r in collected(tmp_path, "c", 0, attempt=attempt)) == \
             sorted([k_and_v(n) for n in range(3)] + [k_and_v(n) for n in range(2)]), f"local: {local}"
+
+
+def test_a_glob_path_leaves_no_java_stack_trace_in_the_taskmanagers_log(spark):
+    # Spark's reader warns, with a page of stack trace, that a glob has no `_spark_metadata`:
+    # a TaskManager's session logs only that logger's errors.
+    from funke.taskmanager.sparkruntime import QUIET_LOGGERS, quiet_loggers
+
+    jvm = spark.sparkContext._jvm
+    logger = jvm.org.apache.logging.log4j.LogManager.getLogger(QUIET_LOGGERS[0])
+    spark.sparkContext.setLogLevel("WARN")  # as a TaskManager's session logs
+    try:
+        assert logger.isWarnEnabled()
+        quiet_loggers(spark)
+        assert not logger.isWarnEnabled() and logger.isErrorEnabled()
+        assert jvm.org.apache.logging.log4j.LogManager.getLogger("org.apache.spark.scheduler.TaskSetManager").isWarnEnabled()
+    finally:
+        spark.sparkContext.setLogLevel("ERROR")
