@@ -42,7 +42,8 @@ from funke.common.graph.jobgraph import DistributionPattern
 
 
 class PipelinedRegion:
-    """Subtasks connected by pipelined results, in topological order. Equal only to itself."""
+    """Subtasks connected by pipelined results, in topological order (by job vertex, then subtask
+    index: the scheduler deploys a region in this order without sorting it). Equal only to itself."""
 
     __slots__ = ("index", "vertices", "blocking_inputs", "downstream")
 

@@ -315,6 +315,9 @@ def assert_region_invariants(graph: ExecutionGraph, regions: PipelinedRegions) -
     for index, region in enumerate(regions.regions):
         assert region.index == index
         assert all(regions.region_of(v) is region for v in region.vertices)
+        # the order the scheduler deploys a region in, without sorting it
+        order = [(v.job_vertex.topological_index, v.subtask_index) for v in region.vertices]
+        assert order == sorted(order)
         external = []
         for v in region.vertices:
             for group in v.consumed_partition_groups:
