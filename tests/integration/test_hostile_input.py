@@ -265,10 +265,13 @@ def test_terminal_jobs_are_evicted_beyond_the_jobstore_capacity_with_their_data(
         with client_of(d) as client:
             ids = []
             for i in range(5):
+                # rows it leaves, there before it ends as a collect sink's are: made after the end,
+                # the job's own clean-up (which keeps a FINISHED job's collected rows, else removes
+                # its directory) could list the directory before and remove it after
+                (data / "jobs" / f"kept-{i}" / "collect").mkdir(parents=True, exist_ok=True)
                 job_id = client.submit(noop_job(job_id=f"kept-{i}"))
                 wait_for_end(client, job_id)
                 ids.append(job_id)
-                (data / "jobs" / job_id / "collect").mkdir(parents=True, exist_ok=True)  # rows it left
             deadline = time.time() + 10
             while len(client.list_jobs()) > 3 and time.time() < deadline:
                 time.sleep(0.05)
