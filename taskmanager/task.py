@@ -455,7 +455,7 @@ class Task:
         them all), Spark's read of one Spark's writer wrote."""
         schema = self._gate_schema(gate)
         paths = [_partition_path(ctx, gate.data_set_id, p, a) for p, a in zip(gate.partitions, gate.attempts)]
-        if ctx.meter is None:
+        if ctx.batch is None:  # a bounded task's reads are measured once it finished (a query's never end)
             self._read += [(path, gate.subpartition) for path in paths]
         files: list[str] = []
         by_spark: list[str] = []
@@ -514,7 +514,7 @@ class Task:
         for out, column in zip(outputs, routing):
             self._check_cancelled()
             path = _partition_path(ctx, out.data_set_id, out.partition_index, ctx.attempt_number)
-            if ctx.meter is None:
+            if ctx.batch is None:  # as `_read`
                 self._written.append(path)
             if column is None:
                 batchexchange.write_in_memory(path, data, None, 1)
