@@ -74,7 +74,7 @@ class SinkSide:
         self.context = context
 
     def prepare(self) -> None:
-        """Before the query's first batch (blocking)."""
+        """Before the first batch of each run of the query (blocking)."""
 
     def commit(self, batch_id: int, attempts: dict[int, int], query_id: str) -> None:
         """Commits the batch the chosen attempt of every subtask wrote (blocking, idempotent)."""

@@ -11,15 +11,31 @@ import functools
 from funke.common import layout
 from funke.common.graph.streamingjob import local_path
 from funke.jobmanager import committer, deltatables, redissink, streamsinks
-from funke.jobmanager.streaming.base import SinkSide
+from funke.jobmanager.streaming.base import SinkContext, SinkSide
 
 
 class FileSink(SinkSide):
+    """Batches committed with a manifest each (`streamsinks`). The target is listed for an
+    interrupted commit's files only by the first commit of each run and by the commit after one
+    that failed: any other commit follows a successful one."""
+
+    def __init__(self, context: SinkContext):
+        super().__init__(context)
+        self._leftovers = True
+
+    def _target(self) -> str:
+        return local_path(str(self.context.config["path"]))
+
+    def prepare(self) -> None:
+        self._leftovers = True
+
     def commit(self, batch_id: int, attempts: dict[int, int], query_id: str) -> None:
-        streamsinks.commit_batch(local_path(str(self.context.config["path"])), batch_id, attempts)
+        leftovers, self._leftovers = self._leftovers, True  # until this commit succeeded
+        streamsinks.commit_batch(self._target(), batch_id, attempts, leftovers=leftovers)
+        self._leftovers = False
 
 
-class CollectSink(SinkSide):
+class CollectSink(FileSink):
     def _target(self) -> str:
         return layout.collect_dir(self.context.data_dir, self.context.job_id, self.context.vertex_id)
 
@@ -27,11 +43,9 @@ class CollectSink(SinkSide):
         """The directory exists before the first batch: a query that committed no batch has
         zero rows there (also once FINISHED), and a missing directory means rows that are gone
         (`committer.read_collected`)."""
+        super().prepare()
         fs, path = committer.filesystem(self._target())
         fs.create_dir(path, recursive=True)
-
-    def commit(self, batch_id: int, attempts: dict[int, int], query_id: str) -> None:
-        streamsinks.commit_batch(self._target(), batch_id, attempts)
 
 
 class RedisSink(SinkSide):

@@ -79,3 +79,35 @@ def test_a_discarded_batch_leaves_nothing(tmp_path):
     stage(target, 4, 0, 0, {"part-0.parquet": b"x"})
     discard_batch(str(target), 4)
     assert not (target / ".funke-staging" / "4").exists() and not is_committed(str(target), 4)
+
+
+def test_a_query_run_lists_its_target_for_an_interrupted_commit_once(tmp_path, monkeypatch):
+    """The target holds every batch's files: only the first commit of a run (and the first after
+    a failed one) lists it; a new run's first commit removes what an interrupted commit left."""
+    from funke.jobmanager import streamsinks
+    from funke.jobmanager.streaming import SinkContext, sink_side
+
+    target = tmp_path / "out"
+    side = sink_side("sink.parquet", SinkContext("sink", {"path": str(target)}, str(tmp_path / "data"), "job"))
+    listed = []
+    names = streamsinks._names
+    monkeypatch.setattr(streamsinks, "_names", lambda d: listed.append(d) or names(d))
+
+    def commits_listing_target(batch: int) -> int:
+        stage(target, batch, 0, 0, {f"part-{batch}.parquet": b"%d" % batch})
+        before = listed.count(str(target))
+        side.commit(batch, {0: 0}, "query")
+        return listed.count(str(target)) - before
+
+    side.prepare()
+    target.mkdir()
+    (target / "batch-0-0-part-old.parquet").write_bytes(b"an interrupted commit's")
+    assert [commits_listing_target(b) for b in range(4)] == [1, 0, 0, 0]
+    assert "batch-0-0-part-old.parquet" not in visible(target)
+    with pytest.raises(SinkCommitError):  # a failed commit: the next one looks again
+        side.commit(4, {0: 0}, "query")
+    assert commits_listing_target(4) == 1
+    side.prepare()  # a new run
+    (target / "batch-5-0-part-old.parquet").write_bytes(b"an interrupted commit's")
+    assert commits_listing_target(5) == 1
+    assert sorted(visible(target)) == [f"batch-{b}-0-part-{b}.parquet" for b in range(6)]
