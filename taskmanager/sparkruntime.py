@@ -37,6 +37,7 @@ SCRATCH_PREFIX = "funke-taskmanager-"
 # How often a TaskManager on Spark Connect asks the server whether it still knows our session.
 CONNECT_PING_S = 2.0
 SPARK_STOP_TIMEOUT_S = 10.0
+JVM_EXIT_WAIT_S = 2.0  # how long a failed stop waits to tell whether the JVM got the same signal
 
 
 class StartupError(Exception):
@@ -382,9 +383,24 @@ class SparkRuntime:
                 await asyncio.wait_for(in_daemon_thread(spark.stop, "spark-stop"), SPARK_STOP_TIMEOUT_S)
             except TimeoutError:
                 log.warning("Spark did not stop within %g s", SPARK_STOP_TIMEOUT_S)
-            except Exception as exc:  # e.g. its JVM got the same SIGTERM and is gone already
-                log.warning("stopping Spark failed: %s: %s", type(exc).__name__, exc)
+            except Exception as exc:
+                # A signal to our process group (`funke cluster stop`) stops Spark's JVM as well
+                if await in_daemon_thread(lambda: _jvm_exited(spark, JVM_EXIT_WAIT_S), "spark-jvm-exit"):
+                    log.info("Spark's JVM had stopped already (it got the same signal)")
+                else:
+                    log.warning("stopping Spark failed: %s: %s", type(exc).__name__, exc)
                 log.debug("stopping Spark failed", exc_info=True)
         if self.scratch is not None:  # shuffle files can be many: off the loop
             scratch, self.scratch = self.scratch, None
             await in_daemon_thread(lambda: shutil.rmtree(scratch, ignore_errors=True), "scratch-removal")
+
+
+def _jvm_exited(spark: Any, wait_s: float) -> bool:
+    """Whether the JVM that classic PySpark started for `spark` exits within `wait_s` seconds
+    (False for Spark Connect, which has none of its own, and when it cannot be told)."""
+    try:
+        proc = spark.sparkContext._gateway.proc
+        proc.wait(timeout=wait_s)
+    except Exception:  # Spark Connect has no SparkContext; TimeoutExpired: the JVM still runs
+        return False
+    return True

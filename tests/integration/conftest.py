@@ -92,6 +92,9 @@ def _stop(cluster: Cluster) -> None:
     for name, pid in pids.items():  # and took its Spark scratch directory with it
         scratch = scratch_dir_of(tempfile.gettempdir(), pid)
         assert not os.path.exists(scratch), f"{name} (pid {pid}) left {scratch} behind"
+    for log in sorted((cluster.dir / "log").glob("tm-*.log")):  # a plain stop warns of nothing
+        warned = [line for line in log.read_text(errors="replace").splitlines() if "stopping Spark failed" in line]
+        assert not warned, f"{log.name}: {warned}"
 
 
 def _alive(pid: int) -> bool:
