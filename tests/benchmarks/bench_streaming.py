@@ -1,6 +1,6 @@
 """Streaming: funke's micro-batches vs. plain Structured Streaming, the same query on the same cores.
 
-    python tests/benchmarks/bench_streaming.py [--cores 2] [--seconds 12] [--json FILE]
+    python tests/benchmarks/bench_streaming.py [--cores 2] [--seconds 12] [--settle 50] [--json FILE]
 
 The query: a rate source -> a Python function per row (value -> value, bucket, doubled) -> a
 per-batch aggregate by bucket (count, sum) -> Parquet.
@@ -15,6 +15,11 @@ Each configuration runs for --seconds, one side after the other (never both at o
 3 batches are warm-up and not counted. Printed per side:
   - batch duration p50/p99 (durationMs.triggerExecution of the progress records) at 1 000 rows/s
     with a 100 ms and a 1 s trigger, and the ratio funke / Structured;
+  - the same at the 100 ms trigger once the query has run for --settle seconds ("settled"; 0: not
+    measured): a query's first seconds run on a JVM that is still compiling the code they use
+    (the TaskManager's JVM puts off its optimizing compiler to start faster), so its first
+    batches are slower than the query's steady state; the batches counted are those that begin
+    after the settling time, on both sides;
   - where a batch's time goes (p50 of each part of durationMs), and for funke where its addBatch
     goes, vertex by vertex (the records' vertexDurationsMs): when the vertex's tasks were sent the
     batch and when its last report came back (ms from the batch's first dispatch), how long its
@@ -38,6 +43,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 WARM_UP_BATCHES = 3
+SETTLED = "100ms settled"  # the latency key of the 100 ms trigger measured after --settle seconds
 SWEEP = (10_000, 50_000, 100_000, 200_000, 400_000, 600_000, 800_000, 1_000_000, 1_250_000, 1_600_000, 2_000_000,
          2_500_000, 3_200_000, 4_000_000)
 
@@ -67,7 +73,7 @@ def per_row(batches):
         yield pa.RecordBatch.from_pylist([dict(zip(("value", "bucket", "doubled"), r)) for r in rows], schema=SCHEMA)
 print("READY", flush=True)
 for n, line in enumerate(sys.stdin):
-    rate, interval_ms, seconds = (int(x) for x in line.split())
+    rate, interval_ms, seconds, settle = (int(x) for x in line.split())
     out, ck = f"{root}/out-{n}", f"{root}/ck-{n}"
     def write(df, batch_id):
         (df.groupBy("bucket").agg(F.count(F.lit(1)).alias("n"), F.sum("doubled").alias("total"))
@@ -76,8 +82,12 @@ for n, line in enumerate(sys.stdin):
          .select("value").mapInArrow(per_row, "value long, bucket int, doubled long")
          .writeStream.trigger(processingTime=f"{interval_ms} milliseconds").option("checkpointLocation", ck)
          .foreachBatch(write).start())
+    mark = -1
+    if settle:
+        time.sleep(settle)
+        mark = q.lastProgress["batchId"] if q.lastProgress else -1
     time.sleep(seconds)
-    records = [json.loads(p.json) for p in q.recentProgress]
+    records = [r for r in (json.loads(p.json) for p in q.recentProgress) if r["batchId"] > mark]
     q.stop()
     print("DONE " + json.dumps(records), flush=True)
 """
@@ -91,8 +101,9 @@ class Structured:
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         assert self.proc.stdout.readline().strip() == "READY"
 
-    def run(self, rate: int, interval_ms: int, seconds: float) -> list[dict]:
-        self.proc.stdin.write(f"{rate} {interval_ms} {int(seconds)}\n")
+    def run(self, rate: int, interval_ms: int, seconds: float, settle: float = 0) -> list[dict]:
+        """The progress records of the batches with rows that began after `settle` seconds."""
+        self.proc.stdin.write(f"{rate} {interval_ms} {int(seconds)} {int(settle)}\n")
         self.proc.stdin.flush()
         line = self.proc.stdout.readline()
         assert line.startswith("DONE "), line
@@ -114,6 +125,13 @@ def funke_job(rate: int, interval_ms: int, out: Path, checkpoint: Path, parallel
         .write_parquet(str(out)))
     env.set_trigger(f"{interval_ms} ms").set_checkpoint_location(str(checkpoint))
     return env.build()
+
+
+def trigger_text(key: str, settle_s: float | None) -> str:
+    """"100ms trigger", or for the settled measurement "100ms trigger, after 50 s"."""
+    if key == SETTLED:
+        return f"100ms trigger, after {settle_s:g} s" if settle_s else "100ms trigger, settled"
+    return f"{key} trigger"
 
 
 def measured(records: list[dict]) -> list[dict]:
@@ -201,6 +219,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cores", type=int, default=2)
     p.add_argument("--seconds", type=float, default=12)
+    p.add_argument("--settle", type=float, default=50,
+                   help="also measure the 100 ms trigger after the query ran this long (0: do not)")
     p.add_argument("--parallelism", default="",
                    help="funke's parallelisms to measure, comma-separated (default: 1 and --cores)")
     p.add_argument("--sweep-from", type=int, default=0,
@@ -225,7 +245,7 @@ def main() -> int:
         structured = Structured(args.cores, root / "structured")
         runs = 0
 
-        def run_funke(rate: int, interval_ms: int, parallelism: int) -> list[dict]:
+        def run_funke(rate: int, interval_ms: int, parallelism: int, settle: float = 0) -> list[dict]:
             nonlocal runs
             runs += 1
             job_id = client.submit(funke_job(rate, interval_ms, root / f"funke-out-{runs}", root / f"funke-ck-{runs}",
@@ -235,8 +255,12 @@ def main() -> int:
                 if time.time() > deadline:
                     raise SystemExit(f"funke job {job_id} did not run a batch: {client.get_job(job_id)}")
                 time.sleep(0.1)
+            mark = -1
+            if settle:
+                time.sleep(settle)
+                mark = max((r["batchId"] for r in client.progress(job_id)), default=-1)
             time.sleep(args.seconds)
-            records = client.progress(job_id)
+            records = [r for r in client.progress(job_id) if r["batchId"] > mark]
             client.cancel(job_id)  # as Structured Streaming's stop(): the batch in flight is dropped
             while job_status_name(client.get_job(job_id).status) not in ("CANCELED", "FAILED", "FINISHED"):
                 time.sleep(0.1)
@@ -257,6 +281,18 @@ def main() -> int:
                     figures["p50_ratio"] = figures["p50_ms"] / results["structured"]["latency"][key]["p50_ms"]
                     results["funke"].setdefault(str(par), {}).setdefault("latency", {})[key] = figures
                     print(f"1000 rows/s, {interval_ms} ms trigger, funke p={par}: {figures}", file=sys.stderr)
+            if args.settle and not args.no_latency:
+                key = SETTLED
+                results["structured"]["latency"][key] = side_figures(structured.run(1000, 100, args.seconds, args.settle))
+                print(f"1000 rows/s, 100 ms trigger after {args.settle:g} s, structured: "
+                      f"{results['structured']['latency'][key]}", file=sys.stderr)
+                for par in parallelisms:
+                    figures = side_figures(run_funke(1000, 100, par, args.settle))
+                    figures["p50_ratio"] = figures["p50_ms"] / results["structured"]["latency"][key]["p50_ms"]
+                    results["funke"][str(par)]["latency"][key] = figures
+                    print(f"1000 rows/s, 100 ms trigger after {args.settle:g} s, funke p={par}: {figures}",
+                          file=sys.stderr)
+                results["settle_s"] = args.settle
             if args.no_sustained:
                 parallelisms_swept: list[int] = []
             else:
@@ -278,7 +314,8 @@ def main() -> int:
     for par, side in results["funke"].items():
         for key, f in side.get("latency", {}).items():
             st = s["latency"][key]
-            print(f"batch duration at 1000 rows/s, {key} trigger: funke (parallelism {par}) p50 {f['p50_ms']} ms / "
+            print(f"batch duration at 1000 rows/s, {trigger_text(key, results.get('settle_s'))}: funke (parallelism {par}) "
+                  f"p50 {f['p50_ms']} ms / "
                   f"p99 {f['p99_ms']} ms; Structured Streaming p50 {st['p50_ms']} ms / p99 {st['p99_ms']} ms; "
                   f"p50 ratio {f['p50_ratio']:.2f}")
             print(f"  where a batch's time goes (p50 ms): funke {_phase_text(f['phases_p50_ms'])}; "
