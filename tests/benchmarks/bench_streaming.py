@@ -16,10 +16,10 @@ Each configuration runs for --seconds, one side after the other (never both at o
   - batch duration p50/p99 (durationMs.triggerExecution of the progress records) at 1 000 rows/s
     with a 100 ms and a 1 s trigger, and the ratio funke / Structured;
   - the same at the 100 ms trigger once the query has run for --settle seconds ("settled"; 0: not
-    measured): a query's first seconds run on a JVM that is still compiling the code they use
-    (the TaskManager's JVM puts off its optimizing compiler to start faster), so its first
-    batches are slower than the query's steady state; the batches counted are those that begin
-    after the settling time, on both sides;
+    measured): a new query's batches get faster over its first 30-50 s, as the JVM compiles
+    what they run (the same with HotSpot's default compiler thresholds instead of the
+    TaskManager's), so the first seconds do not show the query's steady state; the batches
+    counted are those that begin after the settling time, on both sides;
   - where a batch's time goes (p50 of each part of durationMs), and for funke where its addBatch
     goes, vertex by vertex (the records' vertexDurationsMs): when the vertex's tasks were sent the
     batch and when its last report came back (ms from the batch's first dispatch), how long its
