@@ -29,13 +29,19 @@ from pyspark.sql import DataFrame, Observation
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
     ArrayType,
+    BinaryType,
+    BooleanType,
+    ByteType,
     DataType,
     DateType,
     DecimalType,
     DoubleType,
     FloatType,
+    IntegerType,
     LongType,
     MapType,
+    ShortType,
+    StringType,
     StructField,
     StructType,
     TimestampNTZType,
@@ -50,6 +56,7 @@ from funke.taskmanager.operators.delta import read_table as _delta_table
 from funke.taskmanager.operators.context import (
     RuntimeContext,
     Source,
+    arrow_schema,
     config_options,
     config_schema,
     config_strings,
@@ -164,7 +171,45 @@ def _collection(ctx: RuntimeContext, spec: OperatorSpec) -> DataFrame:
         share = [_coerce_row(r, schema) for r in rows[lo:hi]]
     except ValueError as e:
         raise ValueError(f"{label(spec)}: {e}") from None
+    table = _plain_table(ctx, share, schema)
+    if table is not None:
+        return ctx.spark.createDataFrame(table, schema=schema)
     return ctx.spark.createDataFrame(share, schema)
+
+
+# Types whose Python values Arrow and Spark's own conversion store alike (no time zones, no
+# precision rules of their own), with the Python types Spark's verification accepts for each.
+_PLAIN_TYPES: dict[type, tuple[type, ...]] = {
+    BooleanType: (bool,), ByteType: (int,), ShortType: (int,), IntegerType: (int,), LongType: (int,),
+    FloatType: (float,), DoubleType: (float,), StringType: (str,), BinaryType: (bytes, bytearray),
+}
+
+
+def _plain_table(ctx: RuntimeContext, rows: list[tuple[Any, ...]], schema: StructType) -> pa.Table | None:
+    """The rows as one Arrow table when every column has a plain type and every value is one
+    Spark takes for it, else None. Spark sizes rows handed over as Arrow (a local relation), so
+    a small collection's exchange can go through memory (`Task._small_output`); rows handed over
+    as Python objects are an RDD that Spark cannot size. What Spark would refuse (a value of
+    another type, a null in a non-nullable column, a number out of its type's range, which
+    Arrow refuses too) takes Spark's way, and gets its error."""
+    fields = schema.fields
+    accepted = [_PLAIN_TYPES.get(type(f.dataType)) for f in fields]
+    if any(a is None for a in accepted) or len({f.name for f in fields}) < len(fields):
+        return None
+    for i, (f, types) in enumerate(zip(fields, accepted)):
+        for row in rows:
+            value = row[i]
+            if value is None:
+                if not f.nullable:
+                    return None
+            elif type(value) not in types:
+                return None
+    target = arrow_schema(ctx, schema)
+    try:
+        columns = [pa.array([row[i] for row in rows], type=target.field(i).type) for i in range(len(fields))]
+        return pa.Table.from_arrays(columns, schema=target)
+    except (pa.ArrowException, OverflowError):
+        return None
 
 
 def _source_noop(ctx: RuntimeContext, spec: OperatorSpec) -> DataFrame:

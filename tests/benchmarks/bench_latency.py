@@ -5,6 +5,8 @@
 Starts a local cluster (JobManager + TaskManagers with PySpark), warms it with one word count,
 then measures, as medians over --runs runs:
   - a one-vertex no-op job: submit -> RUNNING, submit -> FINISHED (scheduling and deployment only);
+  - a count per key of 1 000 rows from the job itself (from_collection -> key_by -> count ->
+    collect, p=2): one exchange of rows the driver handed over;
   - the word-count example over examples/data: submit -> RUNNING, submit -> FINISHED.
 Times are taken by the client from the job's own status history (JobManager clock) and from the
 moment SubmitJob was sent. Not a test: timing assertions do not belong in the suite.
@@ -47,6 +49,12 @@ def one_vertex_job():
     return env.build()
 
 
+def collection_count_job():
+    env = ExecutionEnvironment("collection count", parallelism=2)
+    env.from_collection([[f"key-{i % 50}", i] for i in range(1000)], "k string, v bigint").key_by("k").count().collect()
+    return env.build()
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=5)
@@ -64,6 +72,7 @@ def main() -> int:
                 _running_and_end(client, client.submit(wordcount), time.time())  # warm-up
                 rows = []
                 for name, job in (("one-vertex job (range -> discard, p=1)", one_vertex_job()),
+                                  ("collection -> count per key (p=2)", collection_count_job()),
                                   ("word count example (p=2)", wordcount)):
                     running, finished = [], []
                     for _ in range(args.runs):

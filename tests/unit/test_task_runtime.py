@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import Row, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 from funke.common import layout
 from funke.common.graph.deployment import Awaiting, InputGateDeployment, ResultPartitionSpec, TaskDeployment
@@ -290,8 +291,11 @@ def k_and_v(n):
 
 
 @pytest.mark.parametrize("source, writer", [
-    # rows from the driver: Spark cannot tell their size, so its writer takes them
-    (op("source.collection", rows=[[k % 3, k] for k in range(12)], schema="k int, v int"), "spark"),
+    # rows from the driver of plain types: handed to Spark as Arrow, which Spark sizes: small
+    (op("source.collection", rows=[[k % 3, k] for k in range(12)], schema="k int, v int"), "memory"),
+    # with a date column: handed over as Python objects, which Spark cannot size: its writer
+    (op("source.collection", rows=[[k % 3, k, "2024-01-02"] for k in range(12)], schema="k int, v int, d date"),
+     "spark"),
     # a range of 12: Spark knows it is small, so the task collects and writes it
     (op("source.range", k_and_v, end=12, schema="k bigint, v bigint"), "memory"),
 ])
@@ -316,11 +320,17 @@ def test_several_outputs_are_routed_by_their_own_partitioner(spark, tmp_path, so
         assert written_by(layout.partition_dir(str(tmp_path), "job1", data_set, 0, 0)) == writer
 
 
+def k_v_and_day(n):
+    return (n % 3, n, datetime.date(2024, 1, 2))
+
+
 def test_a_consumer_reads_partitions_written_either_way_together(spark, tmp_path):
     # producer 0's output is small by Spark's estimate (a range), producer 1's is not (rows from
-    # the driver): its consumers read the one's files and the other's directories as one input
-    small = op("source.range", k_and_v, end=40, schema="k bigint, v bigint")
-    unknown = op("source.collection", rows=[[k % 3, k] for k in range(40, 60)], schema="k bigint, v bigint")
+    # the driver with a date column): its consumers read the one's files and the other's
+    # directories as one input
+    small = op("source.range", k_v_and_day, end=40, schema="k bigint, v bigint, d date")
+    unknown = op("source.collection", rows=[[k % 3, k, "2024-01-02"] for k in range(40, 60)],
+                 schema="k bigint, v bigint, d date")
     schemas = set()
     for i, source in enumerate((small, unknown)):
         produced = finished(run(deploy(tmp_path, [source], vertex=f"p{i}",  # each source's whole share
@@ -624,6 +634,44 @@ def test_collection_shares_and_json_coercion(spark):
     assert [len(s) for s in shares] == [1, 2]
     empty = OPERATORS["source.collection"](RuntimeContext(spark, "j", "v", 0, 5, 0, "/unused"), spec)
     assert empty.count() == 0 and empty.schema.names == ["x", "d", "tags"]
+
+
+@pytest.mark.parametrize("schema, rows", [
+    ("n bigint", [[2.0]]),                  # a float for a bigint
+    ("n bigint", [[True]]),                 # a bool for a bigint
+    ("s string", [[1]]),                    # a number for a string
+    ("b binary", [["x"]]),                  # a string for binary
+    ("n tinyint", [[300]]),                 # out of the type's range
+    ("n bigint", [[2**63]]),                # out of bigint's
+    ("x float", [[1.1]]),                   # rounded to a float
+    ("n bigint not null", [[1], [None]]),   # a null where none may be
+    ("n int, s string", [[1, "a"], {"s": "b"}, [None, None]]),
+])
+def test_a_collection_gives_what_spark_gives_for_the_same_rows(spark, schema, rows):
+    """Plain columns reach Spark as Arrow: the rows, or the failure, are those of Spark's own
+    conversion of the same rows."""
+    from funke.taskmanager.operators.sources import _coerce_row
+
+    def outcome(make):
+        try:
+            return [tuple(r) for r in make().collect()]
+        except Exception as e:  # PySparkTypeError, PySparkValueError, ...
+            return f"fails: {type(e).__name__}"
+
+    parsed = StructType.fromDDL(schema)
+    ours = outcome(lambda: OPERATORS["source.collection"](RuntimeContext(spark, "j", "v", 0, 1, 0, "/unused"),
+                                                          op("source.collection", rows=rows, schema=schema)))
+    sparks = outcome(lambda: spark.createDataFrame([_coerce_row(r, parsed) for r in rows], parsed))
+    assert ours == sparks
+
+
+def test_a_plain_collection_reaches_spark_as_data_spark_can_size(spark):
+    from funke.taskmanager import batchexchange
+
+    spec = op("source.collection", rows=[[1, "a", 0.5, True], {"n": None, "s": None}], schema="n int, s string, x double, b boolean")
+    df = OPERATORS["source.collection"](RuntimeContext(spark, "j", "v", 0, 1, 0, "/unused"), spec)
+    assert [tuple(r) for r in df.collect()] == [(1, "a", 0.5, True), (None, None, None, None)]
+    assert batchexchange.estimated_bytes(df) is not None
 
 
 def test_file_sources_split_by_file_and_keep_the_schema_for_empty_shares(spark, tmp_path):
