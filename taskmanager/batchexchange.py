@@ -24,6 +24,7 @@ from __future__ import annotations
 import collections
 import os
 import posixpath
+import re
 import threading
 import uuid
 from typing import Any
@@ -61,15 +62,24 @@ def subpartition_of_file(name: str) -> int | None:
     return int(number) if number.isdigit() and number.isascii() else None
 
 
-def estimated_bytes(df: Any) -> int | None:
+def estimated_bytes(df: Any, *, trust_generators: bool = True) -> int | None:
     """Spark's own estimate of a DataFrame's size (its optimizer's statistics: files by their
     size, a range by its rows, an unknown source as huge), None where Spark cannot be asked (Spark
-    Connect). The plan optimized here is the one the DataFrame's next action runs."""
+    Connect), and with `trust_generators` False also when the plan has a generator (explode,
+    inline, stack...), whose rows Spark estimates at its input's size however many it makes.
+    The plan optimized here is the one the DataFrame's next action runs."""
     try:
-        size = df._jdf.queryExecution().optimizedPlan().stats().sizeInBytes()
+        plan = df._jdf.queryExecution().optimizedPlan()
+        if not trust_generators and _GENERATE.search(plan.toString()):
+            return None
+        size = plan.stats().sizeInBytes()
         return size if isinstance(size, int) else int(size.toString())  # Py4J hands a BigInt over as int
     except Exception:  # Spark Connect has no _jdf; a plan that does not analyse fails its action anyway
         return None
+
+
+# A Generate node in a plan's text: one per line, after the tree's drawing characters.
+_GENERATE = re.compile(r"^[\s:+|-]*Generate ", re.MULTILINE)
 
 
 def _filesystem(path: str) -> tuple[pafs.FileSystem, str]:

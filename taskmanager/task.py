@@ -496,13 +496,18 @@ class Task:
                 return self._write_in_memory(ctx, df.schema.json(), routed, routing, outputs)
         return self._write_by_spark(ctx, df, outputs)
 
+
+
     def _small_output(self, ctx: RuntimeContext, routed: DataFrame) -> bool:
         """Whether the output goes through memory (batchexchange): a bounded job's when Spark
-        estimates it at most the job's EXCHANGE_IN_MEMORY_MAX_BYTES."""
+        estimates it at most the job's EXCHANGE_IN_MEMORY_MAX_BYTES, and nothing in it may have
+        made rows Spark cannot foresee (`_may_multiply_rows`; a generator such as explode, which
+        Spark also estimates at its input's size): collecting such an output could exhaust the
+        TaskManager, where Spark's writer streams it to files."""
         limit = exchange_in_memory_max_bytes(self.deployment.job_options)
-        if limit == 0:
+        if limit == 0 or _may_multiply_rows(self.deployment.vertex.operators):
             return False
-        estimate = batchexchange.estimated_bytes(routed)
+        estimate = batchexchange.estimated_bytes(routed, trust_generators=False)
         return estimate is not None and estimate <= limit
 
     def _write_in_memory(self, ctx: RuntimeContext, schema: str, routed: DataFrame, routing: list[str | None],
@@ -581,6 +586,27 @@ BatchReport = Callable[[int, tuple[ProducedPartition, ...], int | None, TaskIo |
 # Sinks that run every row of the batch: a chain ending in one of them (or in its outputs) has
 # its source's count once it ran. print takes the first rows only, and what foreach_batch's
 # function reads is the user's.
+# Operators that may return more rows than they read (flat_map's function, a keyed process
+# function, a user's DataFrame function): Spark estimates their output at their input's size.
+_MAY_MULTIPLY_ROWS = frozenset({"flat_map", "process", "transform"})
+# Operators that make at most one row per key (a combiner, an aggregate): what comes before them
+# in a chain does not make their output larger.
+_ONE_ROW_PER_KEY = frozenset({"combine", "aggregate", "reduce", "count"})
+
+
+def _may_multiply_rows(operators: Any) -> bool:
+    """Whether a chain's output may hold rows that Spark's estimate does not foresee: an operator
+    that may multiply its rows, not followed by one that makes a row per key (the word count's
+    flat_map followed by its combiner has a row per distinct word, however many words)."""
+    multiplied = False
+    for op in operators:
+        if op.kind in _MAY_MULTIPLY_ROWS:
+            multiplied = True
+        elif op.kind in _ONE_ROW_PER_KEY:
+            multiplied = False
+    return multiplied
+
+
 _SINKS_READING_ALL = frozenset({"sink.parquet", "sink.csv", "sink.json", "sink.text", "sink.collect", "sink.discard",
                                 "sink.delta"})
 
