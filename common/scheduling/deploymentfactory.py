@@ -23,11 +23,12 @@ from funke.common.graph.deployment import (
     available,
     awaiting,
 )
-from funke.common.graph.jobgraph import PartitionerKind
+from funke.common.graph.jobgraph import DistributionPattern, PartitionerKind
 from funke.common.graph.executiongraph import (
     ConsumedPartitionGroup,
     Execution,
     ExecutionGraph,
+    ExecutionJobVertex,
     ExecutionVertex,
     IntermediateResultPartition,
     PartitionLocation,
@@ -45,49 +46,59 @@ class TaskDeploymentFactory:
         self._gate_cache: dict[int, tuple[int, tuple]] = {}
         # id(ConsumerVertexGroup) -> TaskManager -> how many of its consumers are deployed there
         self._deployed_on: dict[int, dict[str, int]] = {}
+        # job vertex id -> what its subtasks' deployments share (`_plan`)
+        self._plans: dict[str, tuple[tuple, tuple]] = {}
 
     def deployment(self, ev: ExecutionVertex, slot: SlotId, stimulus_id: str = "") -> TaskDeployment:
         ejv = ev.job_vertex
+        plan = self._plans.get(ejv.id)
+        if plan is None:
+            plan = self._plans[ejv.id] = self._plan(ejv)
+        index = ev.subtask_index
         inputs = []
-        for index, (result, group) in enumerate(zip(ejv.inputs, ev.consumed_partition_groups)):
-            split = input_split(result.edge, ev.subtask_index, result.producer.parallelism, ejv.parallelism)
+        for (input_index, data_set_id, whole, edge, upstream, subpartitioned), group in zip(
+                plan[0], ev.consumed_partition_groups):
+            if whole is not None:  # ALL_TO_ALL: every partition, the same split for every consumer
+                partitions, subpartition = whole, index if subpartitioned else None
+            else:
+                split = input_split(edge, index, upstream, ejv.parallelism)
+                partitions, subpartition = split.partitions, split.subpartition
             uniform, producers, schema = self._gate_state(group)
-            inputs.append(InputGateDeployment(
-                input_index=index,
-                data_set_id=result.id,
-                partitions=split.partitions,
-                subpartition=split.subpartition,
-                uniform=uniform,
-                producers=producers if uniform is None else None,
-                schema=schema,
-            ))
+            inputs.append(InputGateDeployment(input_index, data_set_id, partitions, subpartition, uniform,
+                                              producers if uniform is None else None, schema))
         outputs = []
-        for result, partition in zip(ejv.produced, ev.produced_partitions):
+        for (data_set_id, count, edge, downstream, partitioner, keys, kind, key_groups), partition in zip(
+                plan[1], ev.produced_partitions):
+            if count is None:
+                count = subpartition_count(edge, partition.partition_index, ejv.parallelism, downstream)
+            outputs.append(ResultPartitionSpec(data_set_id, partition.partition_index, count, partitioner, keys, kind,
+                                               key_groups))
+        return TaskDeployment(self.graph.job_id, self.graph.job_graph.name, ev.current_execution.attempt_id, ev.name,
+                              ejv.parallelism, slot, ejv.job_vertex, tuple(inputs), tuple(outputs),
+                              stimulus_id=stimulus_id, streaming=self.streaming)
+
+    def _plan(self, ejv: ExecutionJobVertex) -> tuple[tuple, tuple]:
+        """What every subtask's deployment of a job vertex shares, worked out once per vertex: per
+        input, its data set and (ALL_TO_ALL) the partition range every subtask reads and whether
+        it reads one subpartition of each; per output, everything but the partition index (and
+        the subpartition count when it depends on the index: POINTWISE)."""
+        inputs = []
+        for index, result in enumerate(ejv.inputs):
             edge = result.edge
-            outputs.append(ResultPartitionSpec(
-                data_set_id=result.id,
-                partition_index=partition.partition_index,
-                num_subpartitions=subpartition_count(edge, partition.partition_index, ejv.parallelism,
-                                                     result.consumer.parallelism),
-                partitioner=edge.partitioner,
-                partition_keys=edge.partition_keys,
-                partition_type=edge.result_partition_type,
-                key_groups=(result.consumer.job_vertex.effective_max_parallelism
-                            if self.streaming and edge.partitioner is PartitionerKind.HASH else 0),
-            ))
-        return TaskDeployment(
-            job_id=self.graph.job_id,
-            job_name=self.graph.job_graph.name,
-            attempt=ev.current_execution.attempt_id,
-            task_name=ev.name,
-            parallelism=ejv.parallelism,
-            slot=slot,
-            vertex=ejv.job_vertex,
-            inputs=tuple(inputs),
-            outputs=tuple(outputs),
-            stimulus_id=stimulus_id,
-            streaming=self.streaming,
-        )
+            upstream = result.producer.parallelism
+            whole = range(upstream) if edge.distribution_pattern is DistributionPattern.ALL_TO_ALL else None
+            inputs.append((index, result.id, whole, edge, upstream, edge.partitioner is not PartitionerKind.BROADCAST))
+        outputs = []
+        for result in ejv.produced:
+            edge = result.edge
+            downstream = result.consumer.parallelism
+            count = (subpartition_count(edge, 0, ejv.parallelism, downstream)
+                     if edge.distribution_pattern is DistributionPattern.ALL_TO_ALL else None)
+            key_groups = (result.consumer.job_vertex.effective_max_parallelism
+                          if self.streaming and edge.partitioner is PartitionerKind.HASH else 0)
+            outputs.append((result.id, count, edge, downstream, edge.partitioner, edge.partition_keys,
+                            edge.result_partition_type, key_groups))
+        return tuple(inputs), tuple(outputs)
 
     def _gate_state(self, group: ConsumedPartitionGroup) -> tuple[ProducerAttempt | None, tuple[ProducerAttempt, ...],
                                                                    str]:

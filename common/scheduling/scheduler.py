@@ -788,14 +788,14 @@ class Scheduler:
         new_batches: list[_Batch] = []
         group_of, slot_of, requested = self.plan.group_of, self._slot_of, self._requested
         waiting, with_group = self._batches, self._batches_with_group
-        transition = self._transition
         if merged:
             batches[0].sort(key=_vertex_order)
+        self._transition_all([ev.current_execution for vertices in batches for ev in vertices], E.CREATED, E.SCHEDULED,
+                             now, "scheduled")
         for vertices in batches:
             groups: list[ExecutionSlotSharingGroup] = []
             seen: set[ExecutionSlotSharingGroup] = set()
             for ev in vertices:
-                transition(ev.current_execution, E.SCHEDULED, now, "scheduled")
                 group = group_of(ev)
                 if group not in seen:
                     seen.add(group)
@@ -858,6 +858,7 @@ class Scheduler:
         if self.status not in SCHEDULING_JOB_STATUSES:
             return
         waiting, slot_of = self._batches, self._slot_of
+        ready: list[Execution] = []
         for batch in batches:
             if batch in waiting:
                 groups = batch.groups
@@ -868,8 +869,9 @@ class Scheduler:
                     continue
                 del waiting[batch]
                 self._unindex(batch)
-                for ex in batch.waiting():
-                    self._deploy(ex.vertex, now)
+                ready.extend(batch.waiting())
+        if ready:
+            self._deploy_all(ready, now)
 
     def _unindex(self, batch: _Batch) -> None:
         """Forget a deployed batch in `_batches_with_group` at once: a batch job at P = 100 000
@@ -886,15 +888,36 @@ class Scheduler:
                     if not listed:
                         del index[g]
 
-    def _deploy(self, ev: ExecutionVertex, now: float) -> None:
+    def _deploy_all(self, executions: list[Execution], now: float) -> None:
+        """Deploy `executions` (current, SCHEDULED, their groups hold slots), in order: each
+        moves to DEPLOYING in its group's slot and gets its deployment."""
         if self.status is J.CREATED:
             self._job_transition(J.RUNNING, now, "tasks deploying")
-        execution = ev.current_execution
-        slot = self._slot_of[self.plan.group_of(ev)]
-        execution.slot = slot
-        self._task_managers_used.add(slot.task_manager_id)
-        self._transition(execution, E.DEPLOYING, now, f"deploying to {slot}")
-        self._out.append(DeployTask(self.deployments.deployment(ev, slot, self._stimulus)))
+        deployed, live, terminal, _, _ = _EFFECTS[E.SCHEDULED, E.DEPLOYING]
+        assert deployed == 1 and not live and not terminal
+        slot_of, group_of = self._slot_of, self.plan.group_of
+        used = self._task_managers_used
+        out = self._out.append
+        moved, deployment = self.deployments.consumer_moved, self.deployments.deployment
+        stimulus = self._stimulus
+        counts = self.state_counts
+        for ex in executions:
+            ev = ex.vertex
+            slot = slot_of[group_of(ev)]
+            tm = slot.task_manager_id
+            machine = ex.machine
+            if machine.state is not E.SCHEDULED or E.DEPLOYING not in machine.table[E.SCHEDULED]:
+                machine.transition(E.DEPLOYING, now, "", stimulus)  # raises IllegalTransition with the story
+            ex.slot = slot
+            used.add(tm)
+            t = _new_tuple(Transition, (E.SCHEDULED, E.DEPLOYING, now, f"deploying to {slot}", stimulus))
+            machine.history.append(t)
+            machine.state = E.DEPLOYING
+            counts[E.SCHEDULED] -= 1
+            counts[E.DEPLOYING] = counts.get(E.DEPLOYING, 0) + 1
+            moved(ex, tm, 1)
+            out(_new_tuple(ExecutionStateChanged, (ex.attempt_id, ev.name, t, tm, None)))
+            out(DeployTask(deployment(ev, slot, stimulus)))
 
     # ------------------------------------------------------------------ progress
 
@@ -1201,6 +1224,45 @@ class Scheduler:
                 self._out.append(ReleasePartitions(tm, refs))
         if live < 0 and self._usage[group] == 0 and group in self._slot_of:
             self._release_group_slot(group, f"{vertex.name} {to.value}")
+
+    def _transition_all(self, executions: list[Execution], before: ExecutionState, to: ExecutionState, now: float,
+                        cause: str) -> None:
+        """`_transition` of every one of `executions`, current attempts all in `before`, for one
+        cause: what scheduling a region or cancelling a job does to thousands at once. They share
+        one transition record, the move's effects are looked up once, and the state counts change
+        once. A move that ends executions or takes them off a TaskManager goes one at a time."""
+        deployed, live, terminal, _, _ = _EFFECTS[before, to]
+        if terminal or deployed < 0:
+            for ex in executions:
+                self._transition(ex, to, now, cause)
+            return
+        t = _new_tuple(Transition, (before, to, now, cause, self._stimulus))
+        out = self._out.append
+        group_of = self.plan.group_of
+        usage = self._usage
+        moved = self.deployments.consumer_moved
+        done = 0
+        try:
+            for ex in executions:
+                machine = ex.machine
+                if machine.state is not before or to not in machine.table[before]:
+                    machine.transition(to, now, cause, self._stimulus)  # raises IllegalTransition with the story
+                machine.history.append(t)
+                machine.state = to
+                done += 1
+                vertex = ex.vertex
+                slot = ex.slot
+                tm = slot.task_manager_id if slot is not None else None
+                if deployed and tm:
+                    moved(ex, tm, deployed)
+                if live:
+                    group = group_of(vertex)
+                    usage[group] = usage.get(group, 0) + live
+                out(_new_tuple(ExecutionStateChanged, (ex.attempt_id, vertex.name, t, tm, None)))
+        finally:
+            counts = self.state_counts
+            counts[before] -= done
+            counts[to] = counts.get(to, 0) + done
 
     def _release_group_slot(self, group: ExecutionSlotSharingGroup, cause: str) -> None:
         slot = self._slot_of.pop(group)
