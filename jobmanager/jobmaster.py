@@ -333,7 +333,7 @@ class JobMaster:
                 log.exception("job %s: carrying out %s failed", self.job_id, type(action).__name__)
                 error = error or exc
                 if isinstance(action, s.DeployTask):
-                    undelivered.append(action.deployment.attempt)
+                    undelivered.append(action.attempt)
                 elif isinstance(action, s.CancelTask):
                     undelivered.append(action.attempt)
         if error is not None:
@@ -374,13 +374,13 @@ class JobMaster:
         self.rm.release_slot(a.slot, self.job_id, a.cause)
 
     def _on_deploy(self, a: s.DeployTask) -> None:
-        descriptor = self.descriptors.encode(a.deployment)
-        gateway = self.rm.gateway(a.deployment.slot.task_manager_id)
+        descriptor = self.descriptors.encode_task(a.vertex, a.attempt, a.task_name, a.slot, a.gates, a.stimulus_id)
+        gateway = self.rm.gateway(a.slot.task_manager_id)
         if gateway is None:
-            failure = FailureInfo("DeploymentFailed", f"TaskManager {a.deployment.slot.task_manager_id} is gone")
+            failure = FailureInfo("DeploymentFailed", f"TaskManager {a.slot.task_manager_id} is gone")
             self.mailbox.run(lambda: self.on_deploy_failed(descriptor.attempt, failure))
         else:
-            gateway.submit(descriptor, self.descriptors.size_of(a.deployment.vertex.id))
+            gateway.submit(descriptor, self.descriptors.size_of(a.vertex.vertex.id))
 
     def _on_cancel_task(self, a: s.CancelTask) -> None:
         gateway = self.rm.gateway(a.task_manager_id)

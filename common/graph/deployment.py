@@ -18,11 +18,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Mapping
+from typing import Mapping, NamedTuple
 
 from funke.common.records import quick_init
-from funke.common.graph.executiongraph import ExecutionAttemptId, FailureInfo, SlotId, TaskIo
-from funke.common.graph.jobgraph import Artifact, JobVertex, PartitionerKind, ResultPartitionType
+from funke.common.graph.executiongraph import (
+    ExecutionAttemptId,
+    FailureInfo,
+    SlotId,
+    TaskIo,
+    input_split,
+    subpartition_count,
+)
+from funke.common.graph.jobgraph import Artifact, JobEdge, JobVertex, PartitionerKind, ResultPartitionType
 from funke.common.states import ExecutionState
 
 
@@ -122,6 +129,76 @@ class TaskDeployment:
     # A streaming query's task: long-lived, it runs the micro-batches it is given (its inputs
     # are named per batch, not awaited at deployment)
     streaming: bool = False
+
+
+class GateLayout(NamedTuple):
+    """How the subtasks of one job vertex read one input, up to their own index."""
+
+    input_index: int
+    data_set_id: str
+    edge: JobEdge
+    upstream: int  # the producer's parallelism
+    every_partition: range | None  # ALL_TO_ALL: what every subtask reads; None: per subtask (POINTWISE)
+    one_subpartition: bool  # ALL_TO_ALL: each subtask reads its own subpartition (not BROADCAST)
+
+
+class OutputLayout(NamedTuple):
+    """How the subtasks of one job vertex write one result; a subtask's partition index is its
+    own index."""
+
+    data_set_id: str
+    edge: JobEdge
+    downstream: int  # the consumer's parallelism
+    subpartitions: int | None  # the same for every subtask (ALL_TO_ALL); None: per subtask (POINTWISE)
+    key_groups: int
+
+
+# What one input reads at a deployment, as the JobManager's deployment factory caches it per
+# consumed partition group: (the attempt of every partition if they are all the same, the
+# attempt per partition, the schema).
+GateState = tuple[ProducerAttempt | None, tuple[ProducerAttempt, ...], str]
+
+
+@dataclass(frozen=True, slots=True)
+class VertexDeployment:
+    """What the deployments of one job vertex's subtasks share, made once per vertex: a
+    deployment is this plus the subtask's attempt, slot and what its inputs read (`GateState`).
+    The JobManager encodes deployments from it without building a TaskDeployment each
+    (`wire/codec.py`); `task` builds one, as a TaskManager sees it."""
+
+    job_id: str
+    job_name: str
+    vertex: JobVertex
+    parallelism: int
+    streaming: bool
+    inputs: tuple[GateLayout, ...]
+    outputs: tuple[OutputLayout, ...]
+
+    def split(self, gate: GateLayout, subtask_index: int) -> tuple[range, int | None]:
+        """The partitions subtask `subtask_index` reads of an input, and which subpartition of each."""
+        if gate.every_partition is not None:
+            return gate.every_partition, subtask_index if gate.one_subpartition else None
+        split = input_split(gate.edge, subtask_index, gate.upstream, self.parallelism)
+        return split.partitions, split.subpartition
+
+    def subpartitions(self, output: OutputLayout, subtask_index: int) -> int:
+        if output.subpartitions is not None:
+            return output.subpartitions
+        return subpartition_count(output.edge, subtask_index, self.parallelism, output.downstream)
+
+    def task(self, attempt: ExecutionAttemptId, task_name: str, slot: SlotId, gates: tuple[GateState, ...],
+             stimulus_id: str = "") -> TaskDeployment:
+        index = attempt.subtask_index
+        inputs = []
+        for layout, (uniform, producers, schema) in zip(self.inputs, gates):
+            partitions, subpartition = self.split(layout, index)
+            inputs.append(InputGateDeployment(layout.input_index, layout.data_set_id, partitions, subpartition, uniform,
+                                              producers if uniform is None else None, schema))
+        outputs = tuple(ResultPartitionSpec(o.data_set_id, index, self.subpartitions(o, index), o.edge.partitioner,
+                                            o.edge.partition_keys, o.edge.result_partition_type, o.key_groups)
+                        for o in self.outputs)
+        return TaskDeployment(self.job_id, self.job_name, attempt, task_name, self.parallelism, slot, self.vertex,
+                              tuple(inputs), outputs, stimulus_id=stimulus_id, streaming=self.streaming)
 
 
 @dataclass(frozen=True, slots=True)

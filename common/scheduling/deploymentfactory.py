@@ -1,10 +1,11 @@
 """Deployments and partition updates built from the ExecutionGraph (Flink's
 TaskDeploymentDescriptorFactory).
 
-Owns how the scheduler's decision "deploy this execution into this slot" becomes a
-`TaskDeployment` (`graph/deployment.py`): what each input gate reads (its partition range and
-subpartition, and per partition the producer attempt to read or to wait for) and what each
-result partition is split into. It also owns which TaskManagers run deployed consumers of a
+Owns how the scheduler's decision "deploy this execution into this slot" becomes a deployment
+(`graph/deployment.py`): what each input gate reads (its partition range and subpartition, and
+per partition the producer attempt to read or to wait for) and what each result partition is
+split into. What a job vertex's subtasks share is one `VertexDeployment`; a deployment adds the
+attempt, the slot and what its inputs read now. It also owns which TaskManagers run deployed consumers of a
 result, so that a partition that finishes after its consumers were deployed is announced once per
 TaskManager, not once per consumer.
 
@@ -15,11 +16,12 @@ once per change of that result (cached by the group's version) and shared.
 from __future__ import annotations
 
 from funke.common.graph.deployment import (
-    InputGateDeployment,
+    GateLayout,
+    GateState,
+    OutputLayout,
     PartitionUpdate,
-    ProducerAttempt,
-    ResultPartitionSpec,
     TaskDeployment,
+    VertexDeployment,
     available,
     awaiting,
 )
@@ -33,7 +35,6 @@ from funke.common.graph.executiongraph import (
     IntermediateResultPartition,
     PartitionLocation,
     SlotId,
-    input_split,
     subpartition_count,
 )
 
@@ -46,48 +47,21 @@ class TaskDeploymentFactory:
         self._gate_cache: dict[int, tuple[int, tuple]] = {}
         # id(ConsumerVertexGroup) -> TaskManager -> how many of its consumers are deployed there
         self._deployed_on: dict[int, dict[str, int]] = {}
-        # job vertex id -> what its subtasks' deployments share (`_plan`)
-        self._plans: dict[str, tuple[tuple, tuple]] = {}
+        # job vertex id -> what its subtasks' deployments share
+        self._vertices: dict[str, VertexDeployment] = {}
 
-    def deployment(self, ev: ExecutionVertex, slot: SlotId, stimulus_id: str = "") -> TaskDeployment:
-        ejv = ev.job_vertex
-        plan = self._plans.get(ejv.id)
-        if plan is None:
-            plan = self._plans[ejv.id] = self._plan(ejv)
-        index = ev.subtask_index
-        inputs = []
-        for (input_index, data_set_id, whole, edge, upstream, subpartitioned), group in zip(
-                plan[0], ev.consumed_partition_groups):
-            if whole is not None:  # ALL_TO_ALL: every partition, the same split for every consumer
-                partitions, subpartition = whole, index if subpartitioned else None
-            else:
-                split = input_split(edge, index, upstream, ejv.parallelism)
-                partitions, subpartition = split.partitions, split.subpartition
-            uniform, producers, schema = self._gate_state(group)
-            inputs.append(InputGateDeployment(input_index, data_set_id, partitions, subpartition, uniform,
-                                              producers if uniform is None else None, schema))
-        outputs = []
-        for (data_set_id, count, edge, downstream, partitioner, keys, kind, key_groups), partition in zip(
-                plan[1], ev.produced_partitions):
-            if count is None:
-                count = subpartition_count(edge, partition.partition_index, ejv.parallelism, downstream)
-            outputs.append(ResultPartitionSpec(data_set_id, partition.partition_index, count, partitioner, keys, kind,
-                                               key_groups))
-        return TaskDeployment(self.graph.job_id, self.graph.job_graph.name, ev.current_execution.attempt_id, ev.name,
-                              ejv.parallelism, slot, ejv.job_vertex, tuple(inputs), tuple(outputs),
-                              stimulus_id=stimulus_id, streaming=self.streaming)
-
-    def _plan(self, ejv: ExecutionJobVertex) -> tuple[tuple, tuple]:
-        """What every subtask's deployment of a job vertex shares, worked out once per vertex: per
-        input, its data set and (ALL_TO_ALL) the partition range every subtask reads and whether
-        it reads one subpartition of each; per output, everything but the partition index (and
-        the subpartition count when it depends on the index: POINTWISE)."""
+    def vertex_deployment(self, ejv: ExecutionJobVertex) -> VertexDeployment:
+        """What every deployment of `ejv`'s subtasks shares, made on first use."""
+        made = self._vertices.get(ejv.id)
+        if made is not None:
+            return made
         inputs = []
         for index, result in enumerate(ejv.inputs):
             edge = result.edge
             upstream = result.producer.parallelism
-            whole = range(upstream) if edge.distribution_pattern is DistributionPattern.ALL_TO_ALL else None
-            inputs.append((index, result.id, whole, edge, upstream, edge.partitioner is not PartitionerKind.BROADCAST))
+            all_to_all = edge.distribution_pattern is DistributionPattern.ALL_TO_ALL
+            inputs.append(GateLayout(index, result.id, edge, upstream, range(upstream) if all_to_all else None,
+                                     edge.partitioner is not PartitionerKind.BROADCAST))
         outputs = []
         for result in ejv.produced:
             edge = result.edge
@@ -96,12 +70,26 @@ class TaskDeploymentFactory:
                      if edge.distribution_pattern is DistributionPattern.ALL_TO_ALL else None)
             key_groups = (result.consumer.job_vertex.effective_max_parallelism
                           if self.streaming and edge.partitioner is PartitionerKind.HASH else 0)
-            outputs.append((result.id, count, edge, downstream, edge.partitioner, edge.partition_keys,
-                            edge.result_partition_type, key_groups))
-        return tuple(inputs), tuple(outputs)
+            outputs.append(OutputLayout(result.id, edge, downstream, count, key_groups))
+        made = self._vertices[ejv.id] = VertexDeployment(
+            self.graph.job_id, self.graph.job_graph.name, ejv.job_vertex, ejv.parallelism, self.streaming,
+            tuple(inputs), tuple(outputs))
+        return made
 
-    def _gate_state(self, group: ConsumedPartitionGroup) -> tuple[ProducerAttempt | None, tuple[ProducerAttempt, ...],
-                                                                   str]:
+    def gates(self, ev: ExecutionVertex) -> tuple[GateState, ...]:
+        """What each input of `ev` reads if it is deployed now."""
+        groups = ev.consumed_partition_groups
+        if not groups:
+            return ()
+        gate_state = self._gate_state
+        return tuple([gate_state(group) for group in groups])
+
+    def deployment(self, ev: ExecutionVertex, slot: SlotId, stimulus_id: str = "") -> TaskDeployment:
+        """The deployment of `ev`'s current attempt into `slot`, whole."""
+        return self.vertex_deployment(ev.job_vertex).task(ev.current_execution.attempt_id, ev.name, slot,
+                                                          self.gates(ev), stimulus_id)
+
+    def _gate_state(self, group: ConsumedPartitionGroup) -> GateState:
         """(the producer attempt if all partitions have the same, the attempt per partition,
         schema) of a consumed group. Cached per group version: the P consumers of an ALL_TO_ALL
         result share one group, and building its P attempts for each of them would make

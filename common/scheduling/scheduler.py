@@ -32,7 +32,14 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, NamedTuple, Sequence, TypeVar
 
 from funke.common.records import quick_init
-from funke.common.graph.deployment import PartitionRef, PartitionUpdate, TaskDeployment, TaskReport
+from funke.common.graph.deployment import (
+    GateState,
+    PartitionRef,
+    PartitionUpdate,
+    TaskDeployment,
+    TaskReport,
+    VertexDeployment,
+)
 from funke.common.scheduling.deploymentfactory import TaskDeploymentFactory
 from funke.common.graph.executiongraph import (
     Execution,
@@ -163,7 +170,20 @@ class ReleaseSlot:
 @quick_init
 @dataclass(frozen=True, slots=True)
 class DeployTask:
-    deployment: TaskDeployment
+    """Deploy an execution attempt into its slot. What it shares with its job vertex's other
+    subtasks is one `VertexDeployment`; `gates` is what each of its inputs reads (shared too,
+    per consumed partition group). `deployment` is the whole TaskDeployment."""
+
+    vertex: VertexDeployment
+    attempt: ExecutionAttemptId
+    task_name: str
+    slot: SlotId
+    gates: tuple[GateState, ...]
+    stimulus_id: str
+
+    @property
+    def deployment(self) -> TaskDeployment:
+        return self.vertex.task(self.attempt, self.task_name, self.slot, self.gates, self.stimulus_id)
 
 
 @quick_init
@@ -898,7 +918,8 @@ class Scheduler:
         slot_of, group_of = self._slot_of, self.plan.group_of
         used = self._task_managers_used
         out = self._out.append
-        moved, deployment = self.deployments.consumer_moved, self.deployments.deployment
+        moved, vertex_deployment, gates = (self.deployments.consumer_moved, self.deployments.vertex_deployment,
+                                           self.deployments.gates)
         stimulus = self._stimulus
         counts = self.state_counts
         for ex in executions:
@@ -916,8 +937,9 @@ class Scheduler:
             counts[E.SCHEDULED] -= 1
             counts[E.DEPLOYING] = counts.get(E.DEPLOYING, 0) + 1
             moved(ex, tm, 1)
-            out(_new_tuple(ExecutionStateChanged, (ex.attempt_id, ev.name, t, tm, None)))
-            out(DeployTask(deployment(ev, slot, stimulus)))
+            name = ev.name
+            out(_new_tuple(ExecutionStateChanged, (ex.attempt_id, name, t, tm, None)))
+            out(DeployTask(vertex_deployment(ev.job_vertex), ex.attempt_id, name, slot, gates(ev), stimulus))
 
     # ------------------------------------------------------------------ progress
 

@@ -39,6 +39,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from funke.common.graph.deployment import (
     NO_OPTIONS,
     Available,
+    GateState,
     InputGateDeployment,
     PartitionRef,
     PartitionUpdate,
@@ -47,6 +48,7 @@ from funke.common.graph.deployment import (
     ResultPartitionSpec,
     TaskDeployment,
     TaskReport,
+    VertexDeployment,
     available,
     awaiting,
 )
@@ -595,43 +597,84 @@ class DeploymentEncoder:
         self._artifact_bytes = sum(a.ByteSize() for a in self.artifacts)
         self._vertices: dict[str, pb.JobVertex] = {}
         self._sizes: dict[str, int] = {}
+        self._templates: dict[str, cluster_pb.TaskDeploymentDescriptor] = {}  # per job vertex: `encode_task`
 
     def size_of(self, vertex_id: str) -> int:
         """About how many bytes a descriptor of this vertex has (after `encode` made one)."""
         return self._sizes.get(vertex_id, 0)
 
     def encode(self, d: TaskDeployment) -> cluster_pb.TaskDeploymentDescriptor:
-        vertex = self._vertices.get(d.vertex.id)
-        if vertex is None:
-            vertex = self._vertices[d.vertex.id] = vertex_to_proto(d.vertex)
-            self._sizes[d.vertex.id] = vertex.ByteSize() + self._artifact_bytes + 1024
+        """A whole TaskDeployment, as a descriptor (a deployment the scheduler made goes through
+        `encode_task`, which needs no TaskDeployment)."""
         msg = cluster_pb.TaskDeploymentDescriptor(
             job_id=d.job_id, job_name=d.job_name, attempt=attempt_to_proto(d.attempt), task_name=d.task_name,
-            parallelism=d.parallelism, slot_index=d.slot.slot_index, vertex=vertex, data_dir=d.data_dir or self.data_dir,
-            artifacts=self.artifacts, stimulus_id=d.stimulus_id, streaming=d.streaming,
+            parallelism=d.parallelism, slot_index=d.slot.slot_index, vertex=self._vertex(d.vertex),
+            data_dir=d.data_dir or self.data_dir, artifacts=self.artifacts, stimulus_id=d.stimulus_id,
+            streaming=d.streaming,
         )
         msg.job_options.update(self.options)
         for gate in d.inputs:
-            g = msg.inputs.add(
-                input_index=gate.input_index, data_set_id=gate.data_set_id,
-                partition_start=gate.partitions.start, partition_end=gate.partitions.stop, schema=gate.schema,
-            )
-            if gate.subpartition is not None:
-                g.subpartition = gate.subpartition
-            if gate.uniform is not None:
-                g.uniform_attempt = producer_attempt_to_int(gate.uniform)
-            else:
-                assert gate.producers is not None
-                g.uniform_attempt = -1
-                g.producer_attempts.extend(producer_attempt_to_int(p) for p in gate.producers)
+            _add_gate(msg, gate.input_index, gate.data_set_id, gate.partitions, gate.subpartition, gate.uniform,
+                      gate.producers, gate.schema)
         for out in d.outputs:
-            msg.outputs.add(
-                data_set_id=out.data_set_id, partition_index=out.partition_index,
-                num_subpartitions=out.num_subpartitions, partitioner=_PARTITIONER.to_number[out.partitioner],
-                partition_keys=out.partition_keys, partition_type=_PARTITION_TYPE.to_number[out.partition_type],
-                key_groups=out.key_groups,
-            )
+            _add_output(msg, out.data_set_id, out.partition_index, out.num_subpartitions, out.partitioner,
+                        out.partition_keys, out.partition_type, out.key_groups)
         return msg
+
+    def encode_task(self, vertex: VertexDeployment, attempt: ExecutionAttemptId, task_name: str, slot: SlotId,
+                    gates: Sequence[GateState], stimulus_id: str) -> cluster_pb.TaskDeploymentDescriptor:
+        """The descriptor of `vertex.task(attempt, task_name, slot, gates, stimulus_id)`, made
+        from a copy of what the vertex's descriptors share, without building the TaskDeployment."""
+        template = self._templates.get(vertex.vertex.id)
+        if template is None:
+            template = self._templates[vertex.vertex.id] = cluster_pb.TaskDeploymentDescriptor(
+                job_id=vertex.job_id, job_name=vertex.job_name, parallelism=vertex.parallelism,
+                vertex=self._vertex(vertex.vertex), data_dir=self.data_dir, artifacts=self.artifacts,
+                streaming=vertex.streaming)
+            template.job_options.update(self.options)
+        msg = cluster_pb.TaskDeploymentDescriptor()
+        msg.CopyFrom(template)
+        a = msg.attempt
+        a.vertex_id, a.subtask_index, a.attempt_number = attempt.vertex_id, attempt.subtask_index, attempt.attempt_number
+        msg.task_name, msg.slot_index, msg.stimulus_id = task_name, slot.slot_index, stimulus_id
+        index = attempt.subtask_index
+        for layout, (uniform, producers, schema) in zip(vertex.inputs, gates):
+            partitions, subpartition = vertex.split(layout, index)
+            _add_gate(msg, layout.input_index, layout.data_set_id, partitions, subpartition, uniform, producers, schema)
+        for out in vertex.outputs:
+            edge = out.edge
+            _add_output(msg, out.data_set_id, index, vertex.subpartitions(out, index), edge.partitioner,
+                        edge.partition_keys, edge.result_partition_type, out.key_groups)
+        return msg
+
+    def _vertex(self, v: JobVertex) -> pb.JobVertex:
+        vertex = self._vertices.get(v.id)
+        if vertex is None:
+            vertex = self._vertices[v.id] = vertex_to_proto(v)
+            self._sizes[v.id] = vertex.ByteSize() + self._artifact_bytes + 1024
+        return vertex
+
+
+def _add_gate(msg: cluster_pb.TaskDeploymentDescriptor, input_index: int, data_set_id: str, partitions: range,
+              subpartition: int | None, uniform: ProducerAttempt | None, producers: Sequence[ProducerAttempt] | None,
+              schema: str) -> None:
+    g = msg.inputs.add(input_index=input_index, data_set_id=data_set_id, partition_start=partitions.start,
+                       partition_end=partitions.stop, schema=schema)
+    if subpartition is not None:
+        g.subpartition = subpartition
+    if uniform is not None:
+        g.uniform_attempt = producer_attempt_to_int(uniform)
+    else:
+        assert producers is not None
+        g.uniform_attempt = -1
+        g.producer_attempts.extend(producer_attempt_to_int(p) for p in producers)
+
+
+def _add_output(msg: cluster_pb.TaskDeploymentDescriptor, data_set_id: str, partition_index: int, subpartitions: int,
+                partitioner: PartitionerKind, keys: tuple[str, ...], kind: ResultPartitionType, key_groups: int) -> None:
+    msg.outputs.add(data_set_id=data_set_id, partition_index=partition_index, num_subpartitions=subpartitions,
+                    partitioner=_PARTITIONER.to_number[partitioner], partition_keys=keys,
+                    partition_type=_PARTITION_TYPE.to_number[kind], key_groups=key_groups)
 
 
 def deployment_from_proto(m: cluster_pb.TaskDeploymentDescriptor, task_manager_id: str,

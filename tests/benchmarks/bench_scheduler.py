@@ -89,7 +89,7 @@ class Driver:
         self.slots.cancel_request(JOB, a.request_id)
 
     def _deploy(self, a: s.DeployTask, queue: deque) -> None:
-        self.deploying.append(a.deployment.attempt)
+        self.deploying.append(a.attempt)
 
     def _cancel(self, a: s.CancelTask, queue: deque) -> None:
         self.cancelled.append(a.attempt)
