@@ -304,6 +304,19 @@ class _Batch:
 
 
 @dataclass(eq=False, slots=True)
+class _Asked:
+    """A slot request sent for `groups`: all at once, or (independent) in parts, in order, of
+    which the first `served` have their slots."""
+
+    groups: list[ExecutionSlotSharingGroup]
+    independent: bool = False
+    served: int = 0
+
+    def unserved(self) -> list[ExecutionSlotSharingGroup]:
+        return self.groups[self.served:] if self.served else self.groups
+
+
+@dataclass(eq=False, slots=True)
 class _PendingRestart:
     """Vertices of a region failover: cancelled, then reset and rescheduled at `restart_at`."""
 
@@ -361,7 +374,7 @@ class Scheduler:
         self._usage: dict[ExecutionSlotSharingGroup, int] = {}  # live executions per group
         self._slot_of: dict[ExecutionSlotSharingGroup, SlotId] = {}
         self._requested: dict[ExecutionSlotSharingGroup, int] = {}  # group -> pending request id
-        self._requests: dict[int, list[ExecutionSlotSharingGroup]] = {}
+        self._requests: dict[int, _Asked] = {}  # pending slot requests by id
         self._batches: dict[_Batch, None] = {}  # waiting batches, in order (an ordered set)
         self._batches_with_group: dict[ExecutionSlotSharingGroup, list[_Batch]] = {}  # deployed batches leave at once, others lazily
         self._next_request_id = 1
@@ -524,22 +537,34 @@ class Scheduler:
         return self._drain()
 
     def _allocated(self, allocations: Sequence[tuple[int, Sequence[SlotId]]], now: float) -> None:
+        expected: dict[int, int] = {}
         for request_id, slots in allocations:  # checked before anything changes
-            groups = self._requests.get(request_id)
-            if groups is not None and len(slots) != len(groups):
-                raise ValueError(f"request {request_id}: got {len(slots)} slots for {len(groups)} groups")
+            asked = self._requests.get(request_id)
+            if asked is not None:
+                left = expected.get(request_id, len(asked.groups) - asked.served)
+                if len(slots) > left or (len(slots) < left and not asked.independent):
+                    raise ValueError(f"request {request_id}: got {len(slots)} slots for {left} groups")
+                expected[request_id] = left - len(slots)
         scheduling = self.status in SCHEDULING_JOB_STATUSES
         served: list[ExecutionSlotSharingGroup] = []
         requests, requested, slot_of = self._requests, self._requested, self._slot_of
         for request_id, slots in allocations:
-            groups = requests.pop(request_id, None)
-            if groups is None or not scheduling:
+            asked = requests.get(request_id)
+            if asked is None or not scheduling:
                 for slot in slots:
                     self._out.append(ReleaseSlot(slot, "slot request no longer needed"))
-                if groups:
-                    for g in groups:
+                if asked is not None:
+                    del requests[request_id]
+                    for g in asked.unserved():
                         requested.pop(g, None)
+                    if asked.served + len(slots) < len(asked.groups):  # an independent one: the rest too
+                        self._out.append(CancelSlotRequest(request_id))
                 continue
+            start = asked.served
+            groups = asked.groups[start:start + len(slots)] if start or len(slots) < len(asked.groups) else asked.groups
+            asked.served = start + len(slots)
+            if asked.served == len(asked.groups):
+                del requests[request_id]
             for group, slot in zip(groups, slots):
                 requested.pop(group, None)
                 slot_of[group] = slot
@@ -555,9 +580,10 @@ class Scheduler:
 
     @_event
     def on_slot_request_failed(self, request_id: int, message: str, now: float) -> list[Action]:
-        groups = self._requests.pop(request_id, None)
-        if groups is None:
+        asked = self._requests.pop(request_id, None)
+        if asked is None:
             return []
+        groups = asked.unserved()
         for g in groups:
             self._requested.pop(g, None)
         starved = self._batches_needing(groups)
@@ -805,6 +831,11 @@ class Scheduler:
             else:
                 batches.append(vertices)
         requests: list[SlotRequest] = []
+        # batches that lack one slot each (regions in one slot-sharing group, as a batch job's
+        # one-subtask regions): one independent request for all of them
+        lacking_one: list[ExecutionSlotSharingGroup] = []
+        lacking: set[ExecutionSlotSharingGroup] = set()
+        lacking_at = 0
         new_batches: list[_Batch] = []
         group_of, slot_of, requested = self.plan.group_of, self._slot_of, self._requested
         waiting, with_group = self._batches, self._batches_with_group
@@ -813,15 +844,17 @@ class Scheduler:
         self._transition_all([ev.current_execution for vertices in batches for ev in vertices], E.CREATED, E.SCHEDULED,
                              now, "scheduled")
         for vertices in batches:
-            groups: list[ExecutionSlotSharingGroup] = []
-            seen: set[ExecutionSlotSharingGroup] = set()
-            for ev in vertices:
-                group = group_of(ev)
-                if group not in seen:
-                    seen.add(group)
-                    groups.append(group)
-            missing = [g for g in groups if g not in slot_of and g not in requested]
-            if missing:
+            if len(vertices) == 1:
+                groups = [group_of(vertices[0])]
+            else:
+                groups = list(dict.fromkeys([group_of(ev) for ev in vertices]))
+            missing = [g for g in groups if g not in slot_of and g not in requested and g not in lacking]
+            if len(missing) == 1 and not one_batch:
+                if not lacking_one:
+                    lacking_at = len(requests)  # asked for in the order of the regions
+                lacking_one.append(missing[0])
+                lacking.add(missing[0])
+            elif missing:
                 requests.append(self._new_request(missing))
             batch = _Batch([ev.current_execution for ev in vertices], groups)
             waiting[batch] = None
@@ -832,16 +865,19 @@ class Scheduler:
                 else:
                     listed.append(batch)
             new_batches.append(batch)
+        if lacking_one:
+            requests.insert(lacking_at, self._new_request(lacking_one, independent=True))
         if requests:
             self._out.append(RequestSlots(tuple(requests), self.slot_request_timeout_s))
         self._deploy_ready_batches(now, new_batches)
 
-    def _new_request(self, groups: list[ExecutionSlotSharingGroup]) -> SlotRequest:
+    def _new_request(self, groups: list[ExecutionSlotSharingGroup], independent: bool = False) -> SlotRequest:
+        """A slot request for `groups`: all at once, or (`independent`) each as a slot is free."""
         request_id = self._next_request_id
         self._next_request_id += 1
-        self._requests[request_id] = groups
+        self._requests[request_id] = _Asked(groups, independent)
         requested = self._requested
-        if len(groups) == 1:  # a region of one subtask (a batch job's): P of them at once
+        if len(groups) == 1:
             group = groups[0]
             requested[group] = request_id
             return SlotRequest(request_id, 1, ((group.slot_sharing_group, 1),))
@@ -849,7 +885,7 @@ class Scheduler:
         for g in groups:
             requested[g] = request_id
             per_group[g.slot_sharing_group] = per_group.get(g.slot_sharing_group, 0) + 1
-        return SlotRequest(request_id, len(groups), tuple(sorted(per_group.items())))
+        return SlotRequest(request_id, len(groups), tuple(sorted(per_group.items())), independent)
 
     def _request_missing_slots(self) -> None:
         """Waiting batches whose groups have neither a slot nor a pending request (their slot
@@ -1184,7 +1220,8 @@ class Scheduler:
         for batch in [b for b in self._batches if not b.waiting()]:
             del self._batches[batch]
         needed = {g for b in self._batches for g in b.groups}
-        for request_id, groups in list(self._requests.items()):
+        for request_id, asked in list(self._requests.items()):
+            groups = asked.unserved()
             if not any(g in needed for g in groups):
                 del self._requests[request_id]
                 for g in groups:

@@ -3,7 +3,8 @@ deadlines, and the bulk slot requests of jobs.
 
 Sans-IO: methods take events (with `now` passed in) and return actions for the JobManager shell.
 A request is all-or-nothing (`count` slots at once), so two jobs never each hold half of what they
-need. Requests are served first-fit in arrival order. A request may wait as long as the cluster
+need, unless it is independent (slots each useful alone: served in parts, each part its own
+SlotsAllocated). Requests are served first-fit in arrival order. A request may wait as long as the cluster
 *could* serve it (its slots are merely busy); it fails after the slot-request timeout only while
 it is unfulfillable — more slots than all registered TaskManagers have — which is what "waiting
 for TaskManagers" means. Slots are picked packed (fill one TaskManager first) or evenly spread
@@ -97,6 +98,7 @@ class _Pending:
     timeout_s: float
     requested_at: float
     unfulfillable_since: float | None = None
+    served: int = 0  # an independent request's slots allocated so far
 
 
 @dataclass(slots=True)
@@ -198,7 +200,7 @@ class SlotManager:
         actions = self._serve(now)
         newly_unfulfillable = False
         for p in fresh:
-            if (p.job_id, p.request.request_id) in self._pending and p.request.count > self._total:
+            if (p.job_id, p.request.request_id) in self._pending and p.request.least > self._total:
                 p.unfulfillable_since = now
                 self._unfulfillable[(p.job_id, p.request.request_id)] = p
                 newly_unfulfillable = True
@@ -261,6 +263,8 @@ class SlotManager:
     # ------------------------------------------------------------------ internals
 
     def _diagnosis(self, request: SlotRequest) -> SlotDiagnosis:
+        if request.independent:  # what it needs to make progress: one slot
+            return diagnose({request.per_slot_sharing_group[0][0]: 1}, self.slot_overview())
         return diagnose(dict(request.per_slot_sharing_group), self.slot_overview())
 
     def _forget(self, p: _Pending) -> None:
@@ -281,22 +285,27 @@ class SlotManager:
         actions: list[SlotManagerAction] = []
         served: set[str] = set()
         if self._free and self._pending:
-            chosen: list[_Pending] = []
+            chosen: list[tuple[_Pending, int]] = []
             free = self._free
             for p in self._pending.values():
-                if p.request.count <= free:
-                    chosen.append(p)
-                    free -= p.request.count
+                request = p.request
+                need = request.count - p.served
+                if need <= free or request.independent:
+                    take = min(need, free)
+                    chosen.append((p, take))
+                    free -= take
                     if not free:
                         break
-            for p in chosen:
-                self._forget(p)
+            for p, take in chosen:
+                p.served += take
+                if p.served == p.request.count:
+                    self._forget(p)
                 served.add(p.job_id)
-                actions.append(SlotsAllocated(p.job_id, p.request.request_id, tuple(self._take(p.job_id, p.request.count))))
+                actions.append(SlotsAllocated(p.job_id, p.request.request_id, tuple(self._take(p.job_id, take))))
         changed = set(served)
         if capacity_changed:
             for key, p in self._pending.items():
-                unfulfillable = p.request.count > self._total
+                unfulfillable = p.request.least > self._total
                 if unfulfillable and p.unfulfillable_since is None:
                     p.unfulfillable_since = now
                     self._unfulfillable[key] = p

@@ -183,11 +183,20 @@ def _producer_group(
 @quick_init
 @dataclass(frozen=True, slots=True)
 class SlotRequest:
-    """A bulk request: all `count` slots or none (so two jobs never hold half of what they need)."""
+    """A bulk request: all `count` slots or none (so two jobs never hold half of what they need).
+    An `independent` one asks for `count` slots each of which is useful alone (the one-group
+    regions of a batch job): it is served in parts, in order, as slots are free, one request for
+    what would otherwise be `count` requests of one slot."""
 
     request_id: int
     count: int
     per_slot_sharing_group: tuple[tuple[str, int], ...]
+    independent: bool = False
+
+    @property
+    def least(self) -> int:
+        """The fewest slots one allocation of it takes."""
+        return 1 if self.independent else self.count
 
 
 @dataclass(frozen=True, slots=True)

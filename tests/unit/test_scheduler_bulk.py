@@ -56,39 +56,89 @@ def _allocate(requests: list[sm.SlotRequest], first: int = 0) -> list[tuple[int,
     return allocations
 
 
-def test_allocations_in_one_event_deploy_as_one_at_a_time():
+def _one_by_one(allocations: list[tuple[int, tuple[SlotId, ...]]]) -> list[tuple[int, tuple[SlotId, ...]]]:
+    """The same slots as one allocation each, as an independent request gets them when its slots
+    free up one at a time."""
+    return [(rid, (slot,)) for rid, slots in allocations for slot in slots]
+
+
+def test_a_batch_jobs_one_subtask_regions_share_one_independent_slot_request():
+    scheduler = _scheduler()
+    (request,) = _requests(scheduler.start(0.0))  # a BLOCKING source is its own region
+    assert (request.count, request.independent, request.per_slot_sharing_group) == (P, True, (("default", P),))
+
+
+@pytest.mark.parametrize("parts", ["one allocation", "one slot per allocation"])
+def test_allocations_in_one_event_deploy_as_one_at_a_time(parts):
     one, bulk = _scheduler(), _scheduler()
     requests = _requests(one.start(0.0))
-    assert _requests(bulk.start(0.0)) == requests and len(requests) == P  # a BLOCKING source is its own region
-    allocations = _allocate(requests)
-    singly = [a for rid, slots in allocations for a in one.on_slots_allocated(rid, slots, 1.0)]
-    together = bulk.on_allocations(allocations, 1.0)
+    assert _requests(bulk.start(0.0)) == requests
+    singly_allocated = _one_by_one(_allocate(requests))
+    singly = [a for rid, slots in singly_allocated for a in one.on_slots_allocated(rid, slots, 1.0)]
+    together = bulk.on_allocations(_allocate(requests) if parts == "one allocation" else singly_allocated, 1.0)
     assert sum(isinstance(a, s.DeployTask) for a in together) == P
     assert sorted(map(repr, _plain(together))) == sorted(map(repr, _plain(singly)))
     assert _states(bulk) == _states(one)
+    assert bulk._requests == one._requests == {}
     bulk.validate_state()
 
 
 def test_allocations_for_a_request_nobody_waits_for_go_back():
     scheduler = _scheduler()
-    (first, *rest) = _requests(scheduler.start(0.0))
+    (request,) = _requests(scheduler.start(0.0))
     stale = (999, (SlotId("tm-1", 50),))
-    actions = scheduler.on_allocations([stale] + _allocate([first]), 1.0)
+    actions = scheduler.on_allocations([stale, (request.request_id, (SlotId("tm-1", 0),))], 1.0)
     assert s.ReleaseSlot(SlotId("tm-1", 50), "slot request no longer needed") in actions
     assert sum(isinstance(a, s.DeployTask) for a in actions) == 1
+    assert scheduler._requests[request.request_id].served == 1  # the rest still waits for slots
     scheduler.validate_state()
 
 
 def test_allocations_that_do_not_fit_their_request_change_nothing():
     scheduler = _scheduler()
-    requests = _requests(scheduler.start(0.0))
+    (request,) = _requests(scheduler.start(0.0))
     before = _states(scheduler)
-    good = _allocate(requests[:1])
-    bad = (requests[1].request_id, (SlotId("tm-1", 7), SlotId("tm-1", 8)))  # two slots for one group
-    with pytest.raises(ValueError, match="got 2 slots for 1 groups"):
-        scheduler.on_allocations(good + [bad], 1.0)
+    good = (request.request_id, (SlotId("tm-1", 0),))
+    bad = (request.request_id, tuple(SlotId("tm-1", i) for i in range(1, P + 1)))  # one slot too many
+    with pytest.raises(ValueError, match=f"got {P} slots for {P - 1} groups"):
+        scheduler.on_allocations([good, bad], 1.0)
     assert _states(scheduler) == before  # the good one before it was not applied either
-    assert sorted(scheduler._requests) == sorted(r.request_id for r in requests)
+    assert scheduler._requests[request.request_id].served == 0
+
+
+def test_a_job_with_fewer_slots_than_regions_runs_them_in_waves_through_one_request():
+    """P one-subtask regions on P // 2 slots: the SlotManager serves the independent request in
+    parts, each freed slot going to the next region in order."""
+    scheduler = _scheduler()
+    slots = sm.SlotManager(heartbeat_timeout_s=1e9)
+    slots.register("tm-1", "", P // 2, {}, 0.0)
+    queue = list(scheduler.start(0.0))
+    deployed: list[ExecutionAttemptId] = []
+    waves = []
+    while queue or deployed:
+        while queue:
+            a = queue.pop(0)
+            answers = []
+            if isinstance(a, s.RequestSlots):
+                answers = slots.request_slots("job", a.requests, a.timeout_s, 0.0)
+            elif isinstance(a, s.ReleaseSlot):
+                answers = slots.release_slot(a.slot, "job", a.cause, 0.0)
+            elif isinstance(a, s.CancelSlotRequest):
+                slots.cancel_request("job", a.request_id)
+            elif isinstance(a, s.DeployTask):
+                deployed.append(a.attempt)
+            allocations = [(x.request_id, x.slots) for x in answers if isinstance(x, sm.SlotsAllocated)]
+            if allocations:
+                queue += scheduler.on_allocations(allocations, 0.0)
+        if deployed:
+            waves.append(sorted((d.vertex_id, d.subtask_index) for d in deployed))
+            queue += scheduler.on_task_states([TaskReport("job", d, E.FINISHED) for d in deployed], 0.0)
+            deployed = []
+    assert scheduler.status.value == "FINISHED" or scheduler.committing
+    assert waves[:2] == [[("source", i) for i in range(P // 2)], [("source", i) for i in range(P // 2, P)]]
+    assert sorted(x for wave in waves[2:] for x in wave) == [("sink", i) for i in range(P)]
+    assert not slots.has_pending_requests("job") and scheduler._requests == {}
+    scheduler.validate_state()
 
 
 def _deployed(scheduler: s.Scheduler) -> list[ExecutionAttemptId]:
@@ -136,7 +186,7 @@ def test_the_last_report_of_a_call_releases_the_consumers():
     sources = _deployed(scheduler)
     actions = scheduler.on_task_states([TaskReport("job", a, E.FINISHED) for a in sources], 3.0)
     sinks = _requests(actions)
-    assert len(sinks) == P and all(r.count == 1 for r in sinks)
+    assert [(r.count, r.independent) for r in sinks] == [(P, True)]
     deploys = [a for a in scheduler.on_allocations(_allocate(sinks), 4.0) if isinstance(a, s.DeployTask)]
     assert sorted(d.deployment.attempt.vertex_id for d in deploys) == ["sink"] * P
     scheduler.validate_state()
