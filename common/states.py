@@ -303,8 +303,8 @@ class Transition(NamedTuple, Generic[S]):
 class IllegalTransition(Exception):
     """A state change the table does not allow. Carries the entity's story."""
 
-    def __init__(self, entity: str, from_state: S, to_state: S, cause: str, history: tuple[Transition, ...]):
-        self.entity = entity
+    def __init__(self, entity: object, from_state: S, to_state: S, cause: str, history: tuple[Transition, ...]):
+        entity = self.entity = str(entity)
         self.from_state = from_state
         self.to_state = to_state
         self.cause = cause
@@ -321,11 +321,12 @@ _new_tuple = tuple.__new__
 
 
 class StateMachine(Generic[S]):
-    """The current state of one entity under one transition table, and its story."""
+    """The current state of one entity under one transition table, and its story. `entity` names
+    it in errors: a string, or an object whose str() does (made only when needed)."""
 
     __slots__ = ("entity", "table", "state", "created_at", "history")
 
-    def __init__(self, entity: str, table: Mapping[S, frozenset[S]], initial: S, now: float):
+    def __init__(self, entity: object, table: Mapping[S, frozenset[S]], initial: S, now: float):
         self.entity = entity
         self.table = table
         self.state: S = initial
@@ -367,7 +368,7 @@ def job_status_machine(entity: str, now: float) -> StateMachine[JobStatus]:
     return StateMachine(entity, JOB_STATUS_TRANSITIONS, JobStatus.CREATED, now)
 
 
-def execution_state_machine(entity: str, now: float) -> StateMachine[ExecutionState]:
+def execution_state_machine(entity: object, now: float) -> StateMachine[ExecutionState]:
     return StateMachine(entity, EXECUTION_STATE_TRANSITIONS, ExecutionState.CREATED, now)
 
 

@@ -118,10 +118,8 @@ class Execution:
         self.vertex = vertex
         self.attempt_number = attempt_number
         self.attempt_id = ExecutionAttemptId(vertex.job_vertex.id, vertex.subtask_index, attempt_number)
-        # the subtask's name as made when it first changed state; a graph being built names each
-        # attempt without keeping the name apart as well (memory at P = 100 000)
-        name = vertex._name or vertex.format_name()
-        self.machine: StateMachine[ExecutionState] = execution_state_machine(f"{name} attempt #{attempt_number}", now)
+        # named by str(self), made only for an error: a restart of P subtasks makes P of these
+        self.machine: StateMachine[ExecutionState] = execution_state_machine(self, now)
         self.slot: SlotId | None = None
         self.failure: FailureInfo | None = None
         self.io: TaskIo | None = None  # what it read and wrote, as its TaskManager reported on FINISHED
@@ -133,6 +131,9 @@ class Execution:
     @property
     def task_manager_id(self) -> str | None:
         return self.slot.task_manager_id if self.slot else None
+
+    def __str__(self) -> str:
+        return f"{self.vertex.name} attempt #{self.attempt_number}"
 
     def __repr__(self) -> str:
         return f"Execution({self.attempt_id}, {self.state.value})"

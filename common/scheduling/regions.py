@@ -99,11 +99,12 @@ class PipelinedRegions:
         return [r for r in self.regions if not r.blocking_inputs]
 
     def consumer_regions_of(self, group: ConsumedPartitionGroup) -> list[PipelinedRegion]:
-        """Regions holding a consumer of `group`, each once, in consumer order."""
+        """Regions holding a consumer of `group`, each once, in region order."""
         cached = self._consumer_regions.get(group)
         if cached is None:
             consumers = group.consumer_vertex_group
             cached = _distinct(self.region_of(ev) for ev in consumers.vertices) if consumers is not None else []
+            cached.sort(key=lambda r: r.index)
             self._consumer_regions[group] = cached
         return cached
 

@@ -841,8 +841,8 @@ class Scheduler:
         waiting, with_group = self._batches, self._batches_with_group
         if merged:
             batches[0].sort(key=_vertex_order)
-        self._transition_all([ev.current_execution for vertices in batches for ev in vertices], E.CREATED, E.SCHEDULED,
-                             now, "scheduled")
+        self._transition_all([ev.current_execution for vertices in batches for ev in vertices], E.SCHEDULED, now,
+                             "scheduled")
         for vertices in batches:
             if len(vertices) == 1:
                 groups = [group_of(vertices[0])]
@@ -902,10 +902,17 @@ class Scheduler:
         """Waiting batches that contain any of `groups`, in the order they were made. An index,
         not a scan: a batch job at P = 10 000 has thousands of batches waiting for slots."""
         found: dict[_Batch, None] = {}
+        waiting, index = self._batches, self._batches_with_group
         for g in groups:
-            listed = self._batches_with_group.get(g)
+            listed = index.get(g)
             if listed:
-                listed[:] = [b for b in listed if b in self._batches]
+                if len(listed) == 1:  # most groups: one batch waits for them
+                    if listed[0] in waiting:
+                        found[listed[0]] = None
+                    else:
+                        del index[g]
+                    continue
+                listed[:] = [b for b in listed if b in waiting]
                 for b in listed:
                     found[b] = None
         return list(found)
@@ -925,7 +932,13 @@ class Scheduler:
                     continue
                 del waiting[batch]
                 self._unindex(batch)
-                ready.extend(batch.waiting())
+                executions = batch.executions
+                if len(executions) == 1:
+                    ex = executions[0]
+                    if ex.vertex.current_execution is ex and ex.machine.state is E.SCHEDULED:
+                        ready.append(ex)
+                else:
+                    ready.extend(batch.waiting())
         if ready:
             self._deploy_all(ready, now)
 
@@ -1099,9 +1112,7 @@ class Scheduler:
         if self.status not in SCHEDULING_JOB_STATUSES:
             return
         self.num_restarts += 1
-        for ev in sorted(pending.vertices, key=_vertex_order):
-            if ev.state is not E.CREATED:
-                self._reset(ev, now)
+        self._reset_all([ev for ev in sorted(pending.vertices, key=_vertex_order) if ev.state is not E.CREATED], now)
         regions = [self.regions.region_of(ev) for ev in pending.vertices]
         self._schedule_regions(self.strategy.regions_to_restart(regions), now)
 
@@ -1110,22 +1121,26 @@ class Scheduler:
         self.num_restarts += 1
         self._job_transition(J.CREATED, now, "restarted")
         self._scheduled_regions.clear()
-        for ev in self.graph.execution_vertices():
-            self._reset(ev, now)
+        self._reset_all(list(self.graph.execution_vertices()), now)
         self._invalidate_partitions(self.graph.execution_vertices())
         self._schedule_regions(self.strategy.initial_regions(), now)
 
-    def _reset(self, ev: ExecutionVertex, now: float) -> None:
-        was_finished = ev.state is E.FINISHED
-        self.state_counts[ev.state] -= 1
-        ev.reset_for_new_execution(now)
-        self.state_counts[E.CREATED] = self.state_counts.get(E.CREATED, 0) + 1
-        for partition in ev.produced_partitions:  # the attempt consumers wait for changed
-            for group in partition.consumed_partition_groups:
-                group.version += 1
-        self._non_terminal += 1
-        if was_finished:
-            self._finished -= 1
+    def _reset_all(self, vertices: list[ExecutionVertex], now: float) -> None:
+        """A new attempt for each of `vertices` (their current ones all ended), in order."""
+        counts: dict[ExecutionState, int] = {}
+        for ev in vertices:
+            state = ev.current_execution.machine.state
+            counts[state] = counts.get(state, 0) + 1
+            ev.reset_for_new_execution(now)
+            for partition in ev.produced_partitions:  # the attempt consumers wait for changed
+                for group in partition.consumed_partition_groups:
+                    group.version += 1
+        state_counts = self.state_counts
+        for state, n in counts.items():
+            state_counts[state] -= n
+        state_counts[E.CREATED] = state_counts.get(E.CREATED, 0) + len(vertices)
+        self._non_terminal += len(vertices)
+        self._finished -= counts.get(E.FINISHED, 0)
 
     def _invalidate_partitions(self, vertices: Iterable[ExecutionVertex]) -> None:
         by_tm: dict[str, list[PartitionRef]] = {}
@@ -1200,16 +1215,28 @@ class Scheduler:
         self._cancel_vertices(list(self.graph.execution_vertices()), now, cause)
 
     def _cancel_vertices(self, vertices: list[ExecutionVertex], now: float, cause: str) -> None:
+        out, stimulus = self._out.append, self._stimulus
+        cancel_created = self.status in (J.CANCELLING, J.FAILING, J.SUSPENDED)
+
+        def cancel_task(ex: Execution) -> None:
+            out(CancelTask(ex.task_manager_id or "", ex.attempt_id, stimulus))
+
+        deployed: list[Execution] = []  # a run of deployed ones, cancelled in bulk (in order)
         canceling = False
         for ev in vertices:
             ex = ev.current_execution
-            if ex.state in (E.CREATED, E.SCHEDULED):
-                if ex.state is E.SCHEDULED or self.status in (J.CANCELLING, J.FAILING, J.SUSPENDED):
-                    self._transition(ex, E.CANCELED, now, cause)
-            elif ex.state in _DEPLOYED:
-                self._transition(ex, E.CANCELING, now, cause)
-                self._out.append(CancelTask(ex.task_manager_id or "", ex.attempt_id, self._stimulus))
+            state = ex.machine.state
+            if state in _DEPLOYED:
+                deployed.append(ex)
                 canceling = True
+                continue
+            if deployed:
+                self._transition_all(deployed, E.CANCELING, now, cause, then=cancel_task)
+                deployed = []
+            if state is E.SCHEDULED or (state is E.CREATED and cancel_created):
+                self._transition(ex, E.CANCELED, now, cause)
+        if deployed:
+            self._transition_all(deployed, E.CANCELING, now, cause, then=cancel_task)
         if canceling and not self.status.is_terminal:
             # Nothing may wait forever for a task that does not stop (Flink's task.cancellation.timeout).
             self._start_timer("cancel-timeout", now + self.cancellation_timeout_s)
@@ -1284,44 +1311,53 @@ class Scheduler:
         if live < 0 and self._usage[group] == 0 and group in self._slot_of:
             self._release_group_slot(group, f"{vertex.name} {to.value}")
 
-    def _transition_all(self, executions: list[Execution], before: ExecutionState, to: ExecutionState, now: float,
-                        cause: str) -> None:
-        """`_transition` of every one of `executions`, current attempts all in `before`, for one
-        cause: what scheduling a region or cancelling a job does to thousands at once. They share
-        one transition record, the move's effects are looked up once, and the state counts change
-        once. A move that ends executions or takes them off a TaskManager goes one at a time."""
-        deployed, live, terminal, _, _ = _EFFECTS[before, to]
-        if terminal or deployed < 0:
-            for ex in executions:
-                self._transition(ex, to, now, cause)
-            return
-        t = _new_tuple(Transition, (before, to, now, cause, self._stimulus))
+    def _transition_all(self, executions: Iterable[Execution], to: ExecutionState, now: float, cause: str,
+                        then: Callable[[Execution], None] | None = None) -> None:
+        """`_transition(ex, to, now, cause)` of each of `executions` (current attempts) in
+        order, then `then(ex)`: what scheduling a region or cancelling a job does to thousands at
+        once. Those leaving the same state share one transition record and its effects, looked
+        up once; the state counts change once. A move that ends an execution goes through
+        `_transition` (it may release partitions and the slot)."""
+        shared: dict[ExecutionState, tuple[Transition, int, int, bool]] = {}
+        left: dict[ExecutionState, int] = {}
         out = self._out.append
         group_of = self.plan.group_of
         usage = self._usage
         moved = self.deployments.consumer_moved
-        done = 0
+        stimulus = self._stimulus
         try:
             for ex in executions:
                 machine = ex.machine
-                if machine.state is not before or to not in machine.table[before]:
-                    machine.transition(to, now, cause, self._stimulus)  # raises IllegalTransition with the story
-                machine.history.append(t)
-                machine.state = to
-                done += 1
-                vertex = ex.vertex
-                slot = ex.slot
-                tm = slot.task_manager_id if slot is not None else None
-                if deployed and tm:
-                    moved(ex, tm, deployed)
-                if live:
-                    group = group_of(vertex)
-                    usage[group] = usage.get(group, 0) + live
-                out(_new_tuple(ExecutionStateChanged, (ex.attempt_id, vertex.name, t, tm, None)))
+                before = machine.state
+                move = shared.get(before)
+                if move is None:
+                    deployed, live, terminal, _, _ = _EFFECTS[before, to]
+                    move = shared[before] = (_new_tuple(Transition, (before, to, now, cause, stimulus)), deployed, live,
+                                             terminal)
+                t, deployed, live, terminal = move
+                if terminal:
+                    self._transition(ex, to, now, cause)
+                else:
+                    if to not in machine.table[before]:
+                        machine.transition(to, now, cause, stimulus)  # raises IllegalTransition with the story
+                    machine.history.append(t)
+                    machine.state = to
+                    left[before] = left.get(before, 0) + 1
+                    slot = ex.slot
+                    tm = slot.task_manager_id if slot is not None else None
+                    if deployed and tm:
+                        moved(ex, tm, deployed)
+                    if live:
+                        group = group_of(ex.vertex)
+                        usage[group] = usage.get(group, 0) + live
+                    out(_new_tuple(ExecutionStateChanged, (ex.attempt_id, ex.vertex.name, t, tm, None)))
+                if then is not None:
+                    then(ex)
         finally:
             counts = self.state_counts
-            counts[before] -= done
-            counts[to] = counts.get(to, 0) + done
+            for before, n in left.items():
+                counts[before] -= n
+                counts[to] = counts.get(to, 0) + n
 
     def _release_group_slot(self, group: ExecutionSlotSharingGroup, cause: str) -> None:
         slot = self._slot_of.pop(group)

@@ -71,6 +71,11 @@ class PipelinedRegionSchedulingStrategy:
         return [r for r in self._regions.regions if _ready(r)]
 
     def regions_ready_after(self, completed: Iterable[ConsumedPartitionGroup]) -> list[PipelinedRegion]:
+        completed = list(completed)
+        if len(completed) == 1:  # a partition finished its group: its consumers' regions, in order already
+            (group,) = completed
+            return [r for r in self._regions.consumer_regions_of(group)
+                    if len(r.blocking_inputs) == 1 and r.blocking_inputs[0] is group or _ready(r)]
         candidates: dict[int, PipelinedRegion] = {}
         for group in completed:
             for region in self._regions.consumer_regions_of(group):
