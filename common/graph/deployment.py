@@ -211,6 +211,7 @@ class ProducedPartition:
     row_count: int = 0
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class TaskReport:
     """What a TaskManager tells the JobManager about one task: a new state, why it failed, and

@@ -205,21 +205,22 @@ class ExecutionVertex:
 class ExecutionJobVertex:
     """All subtasks of one JobVertex."""
 
-    __slots__ = ("graph", "job_vertex", "task_vertices", "inputs", "produced", "topological_index")
+    __slots__ = ("graph", "job_vertex", "task_vertices", "inputs", "produced", "topological_index",
+                 "id", "name", "parallelism", "slot_sharing_group", "co_location_group")
 
     def __init__(self, graph: "ExecutionGraph", job_vertex: JobVertex, topological_index: int, now: float):
         self.graph = graph
         self.job_vertex = job_vertex
         self.topological_index = topological_index
+        # the JobVertex's, kept here as well: read on every transition and deployment
+        self.id = job_vertex.id
+        self.name = job_vertex.name
+        self.parallelism = job_vertex.parallelism
+        self.slot_sharing_group = job_vertex.slot_sharing_group
+        self.co_location_group = job_vertex.co_location_group
         self.task_vertices = [ExecutionVertex(self, i, now) for i in range(job_vertex.parallelism)]
         self.inputs: list[IntermediateResult] = []
         self.produced: list[IntermediateResult] = []
-
-    id = property(lambda self: self.job_vertex.id)
-    name = property(lambda self: self.job_vertex.name)
-    parallelism = property(lambda self: self.job_vertex.parallelism)
-    slot_sharing_group = property(lambda self: self.job_vertex.slot_sharing_group)
-    co_location_group = property(lambda self: self.job_vertex.co_location_group)
 
     def __repr__(self) -> str:
         return f"ExecutionJobVertex({self.id}, p={self.parallelism})"

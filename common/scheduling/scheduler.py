@@ -132,11 +132,13 @@ def _event(method: _F) -> _F:
     @functools.wraps(method)
     def handle(self: "Scheduler", *args, stimulus_id: str = "", **kwargs):  # type: ignore[no-untyped-def]
         self._out = []
+        self._garbage = {}
         self._stimulus = stimulus_id or f"jm:{name}-{next(self._stimuli)}"
         try:
             return method(self, *args, **kwargs)
         except BaseException:
             self._out = []
+            self._garbage = {}
             raise
 
     return handle  # type: ignore[return-value]
@@ -389,6 +391,7 @@ class Scheduler:
         self._stimuli = itertools.count(1)
         self._stimulus = ""  # the id of the event being handled
         self._out: list[Action] = []
+        self._garbage: dict[str, list[PartitionRef]] = {}  # TaskManager -> partitions this event made garbage
 
     # ------------------------------------------------------------------ public view
 
@@ -634,15 +637,19 @@ class Scheduler:
                     failure: FailureInfo | None, produced_schemas: dict[tuple[str, int], str] | None,
                     io: TaskIo | None) -> None:
         execution = self._current(attempt)
-        if execution is None or execution.state.is_terminal:
+        if execution is None:
             return
-        target = resolve_report(execution.state, reported)
+        machine = execution.machine
+        state = machine.state
+        if state in _TERMINAL:
+            return
+        target = resolve_report(state, reported)
         if self.testing_mutant == SKIP_INITIALIZING:
             if target is E.INITIALIZING:
                 return  # the defect: INITIALIZING is dropped ...
-            if target is E.RUNNING and execution.state is E.DEPLOYING:
-                execution.machine.table = SKIP_INITIALIZING_EXECUTION_TRANSITIONS  # ... and DEPLOYING -> RUNNING taken
-        if target is execution.state or not execution.machine.can_transition(target):
+            if target is E.RUNNING and state is E.DEPLOYING:
+                machine.table = SKIP_INITIALIZING_EXECUTION_TRANSITIONS  # ... and DEPLOYING -> RUNNING taken
+        if target is state or target not in machine.table[state]:
             return
         if target is E.FINISHED:
             execution.io = io
@@ -1013,7 +1020,7 @@ class Scheduler:
 
     def _check_progress(self, now: float) -> None:
         """Move the job on once its executions say so (`JOB_STATUS_WHEN_EXECUTIONS_END`)."""
-        status = self.status
+        status = self.graph.status_machine.state
         if status is J.RUNNING and self._finished == self._total and not self._committing:
             self._finish(now)
         elif status in (J.FAILING, J.CANCELLING) and self._non_terminal == 0:
@@ -1265,6 +1272,7 @@ class Scheduler:
         self._requested.clear()
         self._batches.clear()
         self._batches_with_group.clear()
+        self._release_garbage()
         self._out.append(JobCleanup(self.status, tuple(sorted(self._task_managers_used))))
 
     # ------------------------------------------------------------------ transitions
@@ -1302,12 +1310,14 @@ class Scheduler:
         # tuple.__new__: the named tuple's own constructor is a Python function, a third of the cost
         self._out.append(_new_tuple(ExecutionStateChanged, (
             execution.attempt_id, vertex.name, t, tm, execution.failure if to is E.FAILED else None)))
-        if garbage and tm:
-            # whatever this attempt wrote is garbage: nobody will ever be told to read it
-            refs = tuple(PartitionRef(p.result.id, p.partition_index, execution.attempt_number)
-                         for p in vertex.produced_partitions)
-            if refs:
-                self._out.append(ReleasePartitions(tm, refs))
+        if garbage and tm and vertex.produced_partitions:
+            # whatever this attempt wrote is garbage: nobody will ever be told to read it (one
+            # ReleasePartitions per TaskManager and event, at its end: `_release_garbage`)
+            number = execution.attempt_number
+            refs = self._garbage.get(tm)
+            if refs is None:
+                refs = self._garbage[tm] = []
+            refs += [PartitionRef(p.result.id, p.partition_index, number) for p in vertex.produced_partitions]
         if live < 0 and self._usage[group] == 0 and group in self._slot_of:
             self._release_group_slot(group, f"{vertex.name} {to.value}")
 
@@ -1379,12 +1389,24 @@ class Scheduler:
 
     def _current(self, attempt: ExecutionAttemptId) -> Execution | None:
         ejv = self.graph.vertices.get(attempt.vertex_id)
-        if ejv is None or not 0 <= attempt.subtask_index < ejv.parallelism:
+        if ejv is None:
             return None
-        ex = ejv.task_vertices[attempt.subtask_index].current_execution
+        vertices, index = ejv.task_vertices, attempt.subtask_index
+        if not 0 <= index < len(vertices):
+            return None
+        ex = vertices[index].current_execution
         return ex if ex.attempt_number == attempt.attempt_number else None
 
+    def _release_garbage(self) -> None:
+        """Tell each TaskManager which partitions of ended attempts it may delete (made garbage
+        by this event's transitions), in one action per TaskManager."""
+        for tm, refs in self._garbage.items():
+            self._out.append(ReleasePartitions(tm, tuple(refs)))
+        self._garbage = {}
+
     def _drain(self) -> list[Action]:
+        if self._garbage:
+            self._release_garbage()
         out, self._out = self._out, []
         return out
 

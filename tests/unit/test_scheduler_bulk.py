@@ -190,3 +190,27 @@ def test_the_last_report_of_a_call_releases_the_consumers():
     deploys = [a for a in scheduler.on_allocations(_allocate(sinks), 4.0) if isinstance(a, s.DeployTask)]
     assert sorted(d.deployment.attempt.vertex_id for d in deploys) == ["sink"] * P
     scheduler.validate_state()
+
+
+def test_what_an_event_makes_garbage_is_released_in_one_action_per_task_manager():
+    """A failover's cancelled producers each leave partitions nobody will read: their
+    TaskManager is told once per event, with all of them, after the event's state changes."""
+    scheduler = _scheduler(ResultPartitionType.PIPELINED)
+    actions = scheduler.start(0.0)
+    (request,) = _requests(actions)
+    slots = tuple(SlotId(f"tm-{i % 2}", i) for i in range(request.count))
+    deployed = [a.attempt for a in scheduler.on_allocations([(request.request_id, slots)], 0.0)
+                if isinstance(a, s.DeployTask)]
+    scheduler.on_task_states([TaskReport("job", a, E.INITIALIZING) for a in deployed], 0.0)
+    scheduler.on_task_states([TaskReport("job", a, E.RUNNING) for a in deployed], 0.0)
+    sink = ExecutionAttemptId("sink", 0, 0)
+    cancelled = [a.attempt for a in scheduler.on_task_state(sink, E.FAILED, 1.0, failure=FailureInfo("Boom", "x"))
+                 if isinstance(a, s.CancelTask)]
+    assert len(cancelled) == 2 * P - 1
+    actions = scheduler.on_task_states([TaskReport("job", a, E.CANCELED) for a in cancelled], 2.0)
+    released = [(a.task_manager_id, sorted(r.partition_index for r in a.partitions))
+                for a in actions if isinstance(a, s.ReleasePartitions)]
+    assert sorted(released) == [("tm-0", [0, 2, 4]), ("tm-1", [1, 3, 5])]
+    last_change = max(i for i, a in enumerate(actions) if isinstance(a, s.ExecutionStateChanged))
+    assert all(i > last_change for i, a in enumerate(actions) if isinstance(a, s.ReleasePartitions))
+    scheduler.validate_state()
