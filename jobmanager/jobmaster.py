@@ -21,6 +21,7 @@ from funke.common.wire import codec, jobviews
 from funke.common.streaming import microbatch as mb
 from funke.common.scheduling import scheduler as s
 from funke.common.wire.codec import DeploymentEncoder
+from funke.runtime import gcpolicy
 from funke.common.graph.deployment import TaskReport
 from funke.common.graph.executiongraph import ExecutionGraph, FailureInfo, SlotId
 from funke.common.scheduling.scheduler import Scheduler
@@ -311,14 +312,18 @@ class JobMaster:
         itself raise (a bug), the job fails as for any other internal error."""
         if self._broken:
             return
-        try:
-            actions = event(time.time())
-        except Exception as exc:
-            log.exception("job %s: the scheduler raised", self.job_id)
-            error = exc  # `exc` is unbound once the except clause ends; the letter runs later
-            self.mailbox.run(lambda: self.on_internal_error(error, []))
-            return
-        self._apply(actions)
+        # A decision's actions (a transition record per subtask it moved, deployments...) die
+        # with it: with the collector paused they are freed before it could walk them (gcpolicy).
+        with gcpolicy.paused():
+            try:
+                actions = event(time.time())
+            except Exception as exc:
+                log.exception("job %s: the scheduler raised", self.job_id)
+                error = exc  # `exc` is unbound once the except clause ends; the letter runs later
+                self.mailbox.run(lambda: self.on_internal_error(error, []))
+                return
+            self._apply(actions)
+            del actions
 
     def _apply(self, actions: list[s.Action]) -> None:
         """Carry out every action, even after one of them raised: the others (releasing slots,

@@ -17,8 +17,9 @@ Run alone: python tests/benchmarks/bench_scheduler.py [--p 4000 10000 100000] [-
     [--types BLOCKING PIPELINED] [--steps 'global failover' ...] [--no-memory] [--json FILE]
 
 As in the JobManager (runtime/gcpolicy.py), the ExecutionGraph and the Scheduler are built with
-Python's cycle collector paused, and the other steps run with the collector's thresholds the
-JobManager sets for a running job of 2 x P subtasks (rarer collections from 10 000 subtasks on).
+Python's cycle collector paused, each decision (an event and carrying out its actions) runs with
+it paused, and between decisions it runs with the thresholds the JobManager sets for a running
+job of 2 x P subtasks (rarer collections from 10 000 subtasks on).
 """
 
 from __future__ import annotations
@@ -70,6 +71,12 @@ class Driver:
             s.DeployTask: self._deploy, s.CancelTask: self._cancel, s.StartTimer: self._timer,
         }
 
+    def decide(self, event: Callable[[], list]) -> None:
+        """One decision: the event and carrying out its actions, with the collector paused as
+        the JobMaster runs a decision (the actions are freed before it could walk them)."""
+        with gcpolicy.paused():
+            self.apply(event())
+
     def apply(self, actions: list) -> None:
         queue = deque(actions)
         handlers = self._handlers
@@ -107,8 +114,8 @@ class Driver:
         """Reports in calls of REPORTS_PER_CALL, as a TaskManager sends what its tasks did since its
         last call (one task a call would be the worst case; under load a call carries hundreds)."""
         for start in range(0, len(attempts), REPORTS_PER_CALL):
-            self.apply(self.scheduler.on_task_states(
-                [TaskReport(JOB, a, state) for a in attempts[start:start + REPORTS_PER_CALL]], 0.0))
+            reports = [TaskReport(JOB, a, state) for a in attempts[start:start + REPORTS_PER_CALL]]
+            self.decide(lambda: self.scheduler.on_task_states(reports, 0.0))
 
 
 def new_scheduler(job: JobGraph, failover=FailoverStrategyKind.REGION) -> s.Scheduler:
@@ -125,7 +132,7 @@ def new_graph(job: JobGraph) -> ExecutionGraph:
 def schedule_all(scheduler: s.Scheduler, p: int) -> Driver:
     """start() until every subtask is DEPLOYING (BLOCKING: sources finish to release the sinks)."""
     driver = Driver(scheduler, p)
-    driver.apply(scheduler.start(0.0))
+    driver.decide(lambda: scheduler.start(0.0))
     if len(driver.deploying) < 2 * p:  # BLOCKING: the sinks wait for their inputs
         sources = list(driver.deploying)
         driver.report(sources, E.FINISHED)
@@ -144,11 +151,11 @@ def running_job(p: int, kind: ResultPartitionType, failover=FailoverStrategyKind
 
 def global_failover(scheduler: s.Scheduler, driver: Driver, p: int) -> None:
     sink = ExecutionAttemptId("sink", p // 2, 0)
-    driver.apply(scheduler.on_task_state(sink, E.FAILED, 0.0, failure=FailureInfo("Boom", "a sink failed")))
+    driver.decide(lambda: scheduler.on_task_state(sink, E.FAILED, 0.0, failure=FailureInfo("Boom", "a sink failed")))
     driver.report([a for a in driver.cancelled], E.CANCELED)
     (timer,) = [t for t in driver.timers if t.timer.kind == "restart"]
     before = len(driver.deploying)
-    driver.apply(scheduler.on_timer(timer.timer, timer.at))
+    driver.decide(lambda: scheduler.on_timer(timer.timer, timer.at))
     if len(driver.deploying) - before < 2 * p:  # BLOCKING: sinks again wait for the sources
         driver.report(driver.deploying[before:], E.FINISHED)
     assert len(driver.deploying) - before == 2 * p
