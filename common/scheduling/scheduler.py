@@ -971,31 +971,43 @@ class Scheduler:
             self._job_transition(J.RUNNING, now, "tasks deploying")
         deployed, live, terminal, _, _ = _EFFECTS[E.SCHEDULED, E.DEPLOYING]
         assert deployed == 1 and not live and not terminal
-        slot_of, group_of = self._slot_of, self.plan.group_of
+        slot_of, by_vertex = self._slot_of, self.plan.by_job_vertex
         used = self._task_managers_used
         out = self._out.append
         moved, vertex_deployment, gates = (self.deployments.consumer_moved, self.deployments.vertex_deployment,
                                            self.deployments.gates)
         stimulus = self._stimulus
-        counts = self.state_counts
-        for ex in executions:
-            ev = ex.vertex
-            slot = slot_of[group_of(ev)]
-            tm = slot.task_manager_id
-            machine = ex.machine
-            if machine.state is not E.SCHEDULED or E.DEPLOYING not in machine.table[E.SCHEDULED]:
-                machine.transition(E.DEPLOYING, now, "", stimulus)  # raises IllegalTransition with the story
-            ex.slot = slot
-            used.add(tm)
-            t = _new_tuple(Transition, (E.SCHEDULED, E.DEPLOYING, now, f"deploying to {slot}", stimulus))
-            machine.history.append(t)
-            machine.state = E.DEPLOYING
-            counts[E.SCHEDULED] -= 1
-            counts[E.DEPLOYING] = counts.get(E.DEPLOYING, 0) + 1
-            moved(ex, tm, 1)
-            name = ev.name
-            out(_new_tuple(ExecutionStateChanged, (ex.attempt_id, name, t, tm, None)))
-            out(DeployTask(vertex_deployment(ev.job_vertex), ex.attempt_id, name, slot, gates(ev), stimulus))
+        last_vertex, plan = None, None  # executions of one job vertex come together
+        done = 0
+        try:
+            for ex in executions:
+                ev = ex.vertex
+                ejv = ev.job_vertex
+                slot = slot_of[by_vertex[ejv.id][ev.subtask_index]]
+                tm = slot.task_manager_id
+                machine = ex.machine
+                if machine.state is not E.SCHEDULED or E.DEPLOYING not in machine.table[E.SCHEDULED]:
+                    machine.transition(E.DEPLOYING, now, "", stimulus)  # raises IllegalTransition with the story
+                ex.slot = slot
+                used.add(tm)
+                t = _new_tuple(Transition, (E.SCHEDULED, E.DEPLOYING, now,
+                                            f"deploying to {tm}/slot-{slot.slot_index}", stimulus))  # str(slot)
+                machine.history.append(t)
+                machine.state = E.DEPLOYING
+                done += 1
+                if ejv is not last_vertex:
+                    last_vertex, plan = ejv, vertex_deployment(ejv)
+                name = ev.name
+                out(_new_tuple(ExecutionStateChanged, (ex.attempt_id, name, t, tm, None)))
+                if ev.consumed_partition_groups:
+                    moved(ex, tm, 1)
+                    out(DeployTask(plan, ex.attempt_id, name, slot, gates(ev), stimulus))
+                else:
+                    out(DeployTask(plan, ex.attempt_id, name, slot, (), stimulus))
+        finally:
+            counts = self.state_counts
+            counts[E.SCHEDULED] -= done
+            counts[E.DEPLOYING] = counts.get(E.DEPLOYING, 0) + done
 
     # ------------------------------------------------------------------ progress
 
@@ -1285,7 +1297,11 @@ class Scheduler:
         # group only when needed.
         machine = execution.machine
         before = machine.state
-        t = machine.transition(to, now, cause, self._stimulus)
+        if to not in machine.table[before]:
+            machine.transition(to, now, cause, self._stimulus)  # raises IllegalTransition with the story
+        t = _new_tuple(Transition, (before, to, now, cause, self._stimulus))  # StateMachine.transition, inline
+        machine.history.append(t)
+        machine.state = to
         vertex = execution.vertex
         if vertex.current_execution is execution:
             counts = self.state_counts
@@ -1300,7 +1316,7 @@ class Scheduler:
             self.deployments.consumer_moved(execution, tm, deployed)
         group = None
         if live:
-            group = self.plan.group_of(vertex)
+            group = self.plan.by_job_vertex[vertex.job_vertex.id][vertex.subtask_index]
             usage = self._usage
             usage[group] = usage.get(group, 0) + live
         if terminal:
@@ -1331,7 +1347,7 @@ class Scheduler:
         shared: dict[ExecutionState, tuple[Transition, int, int, bool]] = {}
         left: dict[ExecutionState, int] = {}
         out = self._out.append
-        group_of = self.plan.group_of
+        by_vertex = self.plan.by_job_vertex
         usage = self._usage
         moved = self.deployments.consumer_moved
         stimulus = self._stimulus
@@ -1358,7 +1374,8 @@ class Scheduler:
                     if deployed and tm:
                         moved(ex, tm, deployed)
                     if live:
-                        group = group_of(ex.vertex)
+                        vertex = ex.vertex
+                        group = by_vertex[vertex.job_vertex.id][vertex.subtask_index]
                         usage[group] = usage.get(group, 0) + live
                     out(_new_tuple(ExecutionStateChanged, (ex.attempt_id, ex.vertex.name, t, tm, None)))
                 if then is not None:

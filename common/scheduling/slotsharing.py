@@ -56,17 +56,18 @@ class ExecutionSlotSharingGroup:
 class SlotSharingPlan:
     """The ExecutionSlotSharingGroups of one ExecutionGraph, in creation order."""
 
-    __slots__ = ("groups", "_by_job_vertex")
+    __slots__ = ("groups", "by_job_vertex")
 
     def __init__(self, groups: list[ExecutionSlotSharingGroup],
                  by_job_vertex: dict[str, list[ExecutionSlotSharingGroup]]):
         self.groups = groups
-        # job vertex id -> the group of each subtask, indexed by subtask index
-        self._by_job_vertex = by_job_vertex
+        # job vertex id -> the group of each subtask, indexed by subtask index (`group_of` checks
+        # that the subtask is one of this plan's; the scheduler's hot loops index it directly)
+        self.by_job_vertex = by_job_vertex
 
     def group_of(self, ev: ExecutionVertex) -> ExecutionSlotSharingGroup:
         try:
-            return self._by_job_vertex[ev.job_vertex.id][ev.subtask_index]
+            return self.by_job_vertex[ev.job_vertex.id][ev.subtask_index]
         except (KeyError, IndexError):
             raise KeyError(f"{ev.name} ({ev.id}) is not part of this slot-sharing plan") from None
 
