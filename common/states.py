@@ -368,10 +368,6 @@ def job_status_machine(entity: str, now: float) -> StateMachine[JobStatus]:
     return StateMachine(entity, JOB_STATUS_TRANSITIONS, JobStatus.CREATED, now)
 
 
-def execution_state_machine(entity: object, now: float) -> StateMachine[ExecutionState]:
-    return StateMachine(entity, EXECUTION_STATE_TRANSITIONS, ExecutionState.CREATED, now)
-
-
 def is_legal_path(table: Mapping[S, frozenset[S]], path: list[S]) -> bool:
     return all(b in table[a] for a, b in zip(path, path[1:]))
 

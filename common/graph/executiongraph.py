@@ -30,11 +30,11 @@ from funke.common.graph.jobgraph import (
     ResultPartitionType,
 )
 from funke.common.states import (
+    EXECUTION_STATE_TRANSITIONS,
     ExecutionState,
     JobStatus,
     StateMachine,
     Transition,
-    execution_state_machine,
     job_status_machine,
 )
 
@@ -119,7 +119,8 @@ class Execution:
         self.attempt_number = attempt_number
         self.attempt_id = ExecutionAttemptId(vertex.job_vertex.id, vertex.subtask_index, attempt_number)
         # named by str(self), made only for an error: a restart of P subtasks makes P of these
-        self.machine: StateMachine[ExecutionState] = execution_state_machine(self, now)
+        self.machine: StateMachine[ExecutionState] = StateMachine(self, EXECUTION_STATE_TRANSITIONS,
+                                                                  ExecutionState.CREATED, now)
         self.slot: SlotId | None = None
         self.failure: FailureInfo | None = None
         self.io: TaskIo | None = None  # what it read and wrote, as its TaskManager reported on FINISHED

@@ -169,12 +169,11 @@ class ReleaseSlot:
     cause: str
 
 
-@quick_init
-@dataclass(frozen=True, slots=True)
-class DeployTask:
+class DeployTask(NamedTuple):
     """Deploy an execution attempt into its slot. What it shares with its job vertex's other
     subtasks is one `VertexDeployment`; `gates` is what each of its inputs reads (shared too,
-    per consumed partition group). `deployment` is the whole TaskDeployment."""
+    per consumed partition group). `deployment` is the whole TaskDeployment. (A named tuple,
+    built with `tuple.__new__`: a deployment of every subtask, at every restart.)"""
 
     vertex: VertexDeployment
     attempt: ExecutionAttemptId
@@ -188,9 +187,9 @@ class DeployTask:
         return self.vertex.task(self.attempt, self.task_name, self.slot, self.gates, self.stimulus_id)
 
 
-@quick_init
-@dataclass(frozen=True, slots=True)
-class CancelTask:
+class CancelTask(NamedTuple):
+    """Cancel an attempt on its TaskManager (a named tuple: a failover cancels every subtask)."""
+
     task_manager_id: str
     attempt: ExecutionAttemptId
     stimulus_id: str = ""
@@ -1001,9 +1000,9 @@ class Scheduler:
                 out(_new_tuple(ExecutionStateChanged, (ex.attempt_id, name, t, tm, None)))
                 if ev.consumed_partition_groups:
                     moved(ex, tm, 1)
-                    out(DeployTask(plan, ex.attempt_id, name, slot, gates(ev), stimulus))
+                    out(_new_tuple(DeployTask, (plan, ex.attempt_id, name, slot, gates(ev), stimulus)))
                 else:
-                    out(DeployTask(plan, ex.attempt_id, name, slot, (), stimulus))
+                    out(_new_tuple(DeployTask, (plan, ex.attempt_id, name, slot, (), stimulus)))
         finally:
             counts = self.state_counts
             counts[E.SCHEDULED] -= done
@@ -1238,7 +1237,8 @@ class Scheduler:
         cancel_created = self.status in (J.CANCELLING, J.FAILING, J.SUSPENDED)
 
         def cancel_task(ex: Execution) -> None:
-            out(CancelTask(ex.task_manager_id or "", ex.attempt_id, stimulus))
+            slot = ex.slot
+            out(_new_tuple(CancelTask, (slot.task_manager_id if slot is not None else "", ex.attempt_id, stimulus)))
 
         deployed: list[Execution] = []  # a run of deployed ones, cancelled in bulk (in order)
         canceling = False
