@@ -10,8 +10,10 @@ started after the step's set-up, in a separate pass so tracing does not distort 
   schedule all subtasks      start() until all 2P subtasks are DEPLOYING with P slots available
                              (BLOCKING: includes the P source FINISHED reports that release the sinks)
   regions to restart         the regions to restart when one sink subtask fails (inputs finished)
-  global failover            full failover of the running job: the failure, 2P-1 CANCELED reports,
-                             the restart and redeploying all 2P subtasks (restart delay 0)
+  global failover            full failover of the running job: the failure, a CANCELED report of
+                             every other running subtask (PIPELINED: 2P-1; BLOCKING: the P-1 sinks,
+                             the sources had finished), the restart and redeploying all 2P subtasks
+                             (restart delay 0; BLOCKING: with the P source FINISHED reports again)
 
 Run alone: python tests/benchmarks/bench_scheduler.py [--p 4000 10000 100000] [--runs 5]
     [--types BLOCKING PIPELINED] [--steps 'global failover' ...] [--no-memory] [--json FILE]
