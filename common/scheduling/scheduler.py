@@ -314,7 +314,7 @@ class _Asked:
     served: int = 0
 
     def unserved(self) -> list[ExecutionSlotSharingGroup]:
-        return self.groups[self.served:] if self.served else self.groups
+        return self.groups[self.served:]
 
 
 @dataclass(eq=False, slots=True)
@@ -563,7 +563,7 @@ class Scheduler:
                         self._out.append(CancelSlotRequest(request_id))
                 continue
             start = asked.served
-            groups = asked.groups[start:start + len(slots)] if start or len(slots) < len(asked.groups) else asked.groups
+            groups = asked.groups[start:start + len(slots)]
             asked.served = start + len(slots)
             if asked.served == len(asked.groups):
                 del requests[request_id]
