@@ -656,8 +656,10 @@ class Scheduler:
             self._on_finished(execution, produced_schemas or {}, now)
         elif target is E.FAILED:
             failure = failure or FailureInfo("TaskFailure", "task failed without a cause")
-            self._transition(execution, E.FAILED, now, str(failure), failure)
+            # whether its slot stays with the job is for the failure handling to say
+            self._transition(execution, E.FAILED, now, str(failure), failure, keep_slot=True)
             self._handle_failure([execution.vertex], failure, now, task_manager_id=execution.task_manager_id)
+            self._release_if_idle(execution.vertex)
         elif target is E.CANCELED:
             cause = "cancelled" if reported is E.CANCELED else f"{reported.value} reported after cancellation"
             self._transition(execution, E.CANCELED, now, cause)
@@ -1142,6 +1144,11 @@ class Scheduler:
         self._reset_all(list(self.graph.execution_vertices()), now)
         self._invalidate_partitions(self.graph.execution_vertices())
         self._schedule_regions(self.strategy.initial_regions(), now)
+        # kept slots the first regions did not take go back: the next ones ask when they are ready
+        usage, waiting, index = self._usage, self._batches, self._batches_with_group
+        for group in [g for g, _ in self._slot_of.items()
+                      if not usage.get(g) and not any(b in waiting for b in index.get(g, ()))]:
+            self._release_group_slot(group, "not needed by the restarted job yet")
 
     def _reset_all(self, vertices: list[ExecutionVertex], now: float) -> None:
         """A new attempt for each of `vertices` (their current ones all ended), in order."""
@@ -1290,7 +1297,8 @@ class Scheduler:
     # ------------------------------------------------------------------ transitions
 
     def _transition(
-        self, execution: Execution, to: ExecutionState, now: float, cause: str, failure: FailureInfo | None = None
+        self, execution: Execution, to: ExecutionState, now: float, cause: str, failure: FailureInfo | None = None,
+        keep_slot: bool = False,
     ) -> None:
         # The hot path of every schedule, deployment, report and failover (six calls per subtask
         # and attempt): what the move changes is looked up once (`_EFFECTS`), the slot-sharing
@@ -1334,7 +1342,7 @@ class Scheduler:
             if refs is None:
                 refs = self._garbage[tm] = []
             refs += [PartitionRef(p.result.id, p.partition_index, number) for p in vertex.produced_partitions]
-        if live < 0 and self._usage[group] == 0 and group in self._slot_of:
+        if live < 0 and self._usage[group] == 0 and group in self._slot_of and not keep_slot and not self._keeps_slots():
             self._release_group_slot(group, f"{vertex.name} {to.value}")
 
     def _transition_all(self, executions: Iterable[Execution], to: ExecutionState, now: float, cause: str,
@@ -1385,6 +1393,17 @@ class Scheduler:
             for before, n in left.items():
                 counts[before] -= n
                 counts[to] = counts.get(to, 0) + n
+
+    def _keeps_slots(self) -> bool:
+        """A global failover that will restart keeps the job's slots, as Flink's slot pool keeps
+        them for the job: the restart deploys into them at once, without asking again."""
+        gf = self._global_failure
+        return gf is not None and gf.restart
+
+    def _release_if_idle(self, vertex: ExecutionVertex) -> None:
+        group = self.plan.group_of(vertex)
+        if not self._usage.get(group) and group in self._slot_of and not self._keeps_slots():
+            self._release_group_slot(group, f"{vertex.name} {vertex.state.value}")
 
     def _release_group_slot(self, group: ExecutionSlotSharingGroup, cause: str) -> None:
         slot = self._slot_of.pop(group)
