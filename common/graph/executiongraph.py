@@ -109,8 +109,10 @@ class TaskIo:
 
 
 
-class Execution:
-    """One attempt to run an ExecutionVertex."""
+class Execution(StateMachine[ExecutionState]):
+    """One attempt to run an ExecutionVertex: its own state machine under
+    EXECUTION_STATE_TRANSITIONS (`machine` is the attempt itself, named by str(self) in errors;
+    a restart of P subtasks makes P attempts, not twice as many objects)."""
 
     __slots__ = ("vertex", "attempt_number", "machine", "slot", "failure", "attempt_id", "io")
 
@@ -118,16 +120,15 @@ class Execution:
         self.vertex = vertex
         self.attempt_number = attempt_number
         self.attempt_id = ExecutionAttemptId(vertex.job_vertex.id, vertex.subtask_index, attempt_number)
-        # named by str(self), made only for an error: a restart of P subtasks makes P of these
-        self.machine: StateMachine[ExecutionState] = StateMachine(self, EXECUTION_STATE_TRANSITIONS,
-                                                                  ExecutionState.CREATED, now)
+        # StateMachine.__init__(self, self, EXECUTION_STATE_TRANSITIONS, CREATED, now), inline
+        self.entity = self.machine = self
+        self.table = EXECUTION_STATE_TRANSITIONS
+        self.state = ExecutionState.CREATED
+        self.created_at = now
+        self.history = []
         self.slot: SlotId | None = None
         self.failure: FailureInfo | None = None
         self.io: TaskIo | None = None  # what it read and wrote, as its TaskManager reported on FINISHED
-
-    @property
-    def state(self) -> ExecutionState:
-        return self.machine.state
 
     @property
     def task_manager_id(self) -> str | None:

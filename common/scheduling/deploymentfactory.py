@@ -46,6 +46,7 @@ class TaskDeploymentFactory:
         # id(ConsumedPartitionGroup) -> (its version, (uniform, per-partition attempts, schema))
         self._gate_cache: dict[int, tuple[int, tuple]] = {}
         # id(ConsumerVertexGroup) -> TaskManager -> how many of its consumers are deployed there
+        # (only TaskManagers with some, only groups with some anywhere)
         self._deployed_on: dict[int, dict[str, int]] = {}
         # job vertex id -> what its subtasks' deployments share
         self._vertices: dict[str, VertexDeployment] = {}
@@ -111,9 +112,19 @@ class TaskDeploymentFactory:
 
     def consumer_moved(self, execution: Execution, task_manager_id: str, step: int) -> None:
         """`execution` started (+1) or stopped (-1) running on `task_manager_id`."""
+        deployed_on = self._deployed_on
         for consumed in execution.vertex.consumed_partition_groups:
-            on = self._deployed_on.setdefault(id(consumed.consumer_vertex_group), {})
-            on[task_manager_id] = on.get(task_manager_id, 0) + step
+            key = id(consumed.consumer_vertex_group)
+            on = deployed_on.get(key)
+            if on is None:
+                on = deployed_on[key] = {}
+            n = on.get(task_manager_id, 0) + step
+            if n:
+                on[task_manager_id] = n
+            else:  # none there any more: a producer finishing later looks at no TaskManager at all
+                del on[task_manager_id]
+                if not on:
+                    del deployed_on[key]
 
     def partition_updates(self, partition: IntermediateResultPartition,
                           location: PartitionLocation) -> list[tuple[str, PartitionUpdate]]:
@@ -123,7 +134,7 @@ class TaskDeploymentFactory:
         for group in partition.consumer_vertex_groups:
             on = self._deployed_on.get(id(group))
             if on:
-                task_managers.update(tm for tm, n in on.items() if n)
+                task_managers.update(on)
         if not task_managers:
             return []  # no consumer deployed yet (blocking inputs): they will be told at deployment
         update = PartitionUpdate(partition.result.id, partition.partition_index, location.producer_attempt,

@@ -847,6 +847,8 @@ class Scheduler:
         new_batches: list[_Batch] = []
         group_of, slot_of, requested = self.plan.group_of, self._slot_of, self._requested
         waiting, with_group = self._batches, self._batches_with_group
+        ready: list[Execution] = []
+        direct = self.status in SCHEDULING_JOB_STATUSES
         if merged:
             batches[0].sort(key=_vertex_order)
         self._transition_all([ev.current_execution for vertices in batches for ev in vertices], E.SCHEDULED, now,
@@ -856,6 +858,10 @@ class Scheduler:
                 groups = [group_of(vertices[0])]
             else:
                 groups = list(dict.fromkeys([group_of(ev) for ev in vertices]))
+            if direct and (groups[0] in slot_of if len(groups) == 1 else all(g in slot_of for g in groups)):
+                # its slots are held already (kept through a global failover): deployed below, in order
+                ready.extend(ev.current_execution for ev in vertices)
+                continue
             missing = [g for g in groups if g not in slot_of and g not in requested and g not in lacking]
             if len(missing) == 1 and not one_batch:
                 if not lacking_one:
@@ -877,6 +883,8 @@ class Scheduler:
             requests.insert(lacking_at, self._new_request(lacking_one, independent=True))
         if requests:
             self._out.append(RequestSlots(tuple(requests), self.slot_request_timeout_s))
+        if ready:
+            self._deploy_all(ready, now)
         self._deploy_ready_batches(now, new_batches)
 
     def _new_request(self, groups: list[ExecutionSlotSharingGroup], independent: bool = False) -> SlotRequest:
@@ -978,6 +986,7 @@ class Scheduler:
         moved, vertex_deployment, gates = (self.deployments.consumer_moved, self.deployments.vertex_deployment,
                                            self.deployments.gates)
         stimulus = self._stimulus
+        scheduled, deploying = E.SCHEDULED, E.DEPLOYING
         last_vertex, plan = None, None  # executions of one job vertex come together
         done = 0
         try:
@@ -987,14 +996,14 @@ class Scheduler:
                 slot = slot_of[by_vertex[ejv.id][ev.subtask_index]]
                 tm = slot.task_manager_id
                 machine = ex.machine
-                if machine.state is not E.SCHEDULED or E.DEPLOYING not in machine.table[E.SCHEDULED]:
-                    machine.transition(E.DEPLOYING, now, "", stimulus)  # raises IllegalTransition with the story
+                if machine.state is not scheduled or deploying not in machine.table[scheduled]:
+                    machine.transition(deploying, now, "", stimulus)  # raises IllegalTransition with the story
                 ex.slot = slot
                 used.add(tm)
-                t = _new_tuple(Transition, (E.SCHEDULED, E.DEPLOYING, now,
+                t = _new_tuple(Transition, (scheduled, deploying, now,
                                             f"deploying to {tm}/slot-{slot.slot_index}", stimulus))  # str(slot)
                 machine.history.append(t)
-                machine.state = E.DEPLOYING
+                machine.state = deploying
                 done += 1
                 if ejv is not last_vertex:
                     last_vertex, plan = ejv, vertex_deployment(ejv)

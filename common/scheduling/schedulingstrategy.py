@@ -68,7 +68,20 @@ class PipelinedRegionSchedulingStrategy:
         self._regions = regions
 
     def initial_regions(self) -> list[PipelinedRegion]:
-        return [r for r in self._regions.regions if _ready(r)]
+        # Each consumed group asked once: the P one-subtask regions of an ALL_TO_ALL consumer
+        # share one (what a global restart of a batch job walks).
+        finished: dict[int, bool] = {}
+        ready = []
+        for region in self._regions.regions:
+            for group in region.blocking_inputs:
+                done = finished.get(id(group))
+                if done is None:
+                    done = finished[id(group)] = group.all_finished
+                if not done:
+                    break
+            else:
+                ready.append(region)
+        return ready
 
     def regions_ready_after(self, completed: Iterable[ConsumedPartitionGroup]) -> list[PipelinedRegion]:
         completed = list(completed)
