@@ -663,8 +663,9 @@ class Scheduler:
         elif target is E.CANCELED:
             cause = "cancelled" if reported is E.CANCELED else f"{reported.value} reported after cancellation"
             self._transition(execution, E.CANCELED, now, cause)
-        else:
+        else:  # on the way (INITIALIZING, RUNNING, CANCELING): nothing the job's progress waits for
             self._transition(execution, target, now, f"reported by {execution.task_manager_id}")
+            return
         self._check_progress(now)
 
     def on_deploy_failed(self, attempt: ExecutionAttemptId, failure: FailureInfo, now: float, *,
@@ -854,15 +855,20 @@ class Scheduler:
         self._transition_all([ev.current_execution for vertices in batches for ev in vertices], E.SCHEDULED, now,
                              "scheduled")
         for vertices in batches:
-            if len(vertices) == 1:
-                groups = [group_of(vertices[0])]
+            if len(vertices) == 1:  # a batch job's one-subtask regions: thousands at once
+                group = group_of(vertices[0])
+                if direct and group in slot_of:
+                    ready.append(vertices[0].current_execution)  # held (kept through a global failover)
+                    continue
+                groups = [group]
+                missing = [] if group in slot_of or group in requested or group in lacking else [group]
             else:
                 groups = list(dict.fromkeys([group_of(ev) for ev in vertices]))
-            if direct and (groups[0] in slot_of if len(groups) == 1 else all(g in slot_of for g in groups)):
-                # its slots are held already (kept through a global failover): deployed below, in order
-                ready.extend(ev.current_execution for ev in vertices)
-                continue
-            missing = [g for g in groups if g not in slot_of and g not in requested and g not in lacking]
+                if direct and all(g in slot_of for g in groups):
+                    # its slots are held already (kept through a global failover): deployed below, in order
+                    ready.extend(ev.current_execution for ev in vertices)
+                    continue
+                missing = [g for g in groups if g not in slot_of and g not in requested and g not in lacking]
             if len(missing) == 1 and not one_batch:
                 if not lacking_one:
                     lacking_at = len(requests)  # asked for in the order of the regions
@@ -1026,7 +1032,7 @@ class Scheduler:
         tm = execution.task_manager_id or ""
         completed_groups = []
         for partition in ev.produced_partitions:
-            schema = schemas.get((partition.result.id, partition.partition_index), "")
+            schema = schemas.get((partition.result.id, partition.partition_index), "") if schemas else ""
             location = PartitionLocation(execution.attempt_number, tm, schema)
             completed_groups.extend(self.graph.mark_partition_finished(partition, location))
             for task_manager_id, update in self.deployments.partition_updates(partition, location):
