@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import operator
 from dataclasses import dataclass
 from typing import Callable, Iterable, NamedTuple, Sequence, TypeVar
 
@@ -51,6 +52,7 @@ from funke.common.graph.executiongraph import (
     PartitionLocation,
     SlotId,
     TaskIo,
+    new_attempts,
 )
 from funke.common.scheduling.failover import (
     EXCEPTION_HISTORY_SIZE,
@@ -412,7 +414,7 @@ class Scheduler:
     def validate_state(self) -> None:
         """Check the scheduler's books against the ExecutionGraph; AssertionError naming the first
         disagreement. O(tasks): for tests and fuzzing, not for every event in production."""
-        vertices = list(self.graph.execution_vertices())
+        vertices = self.graph.execution_vertices()
         states: dict[ExecutionState, int] = {}
         for ev in vertices:
             states[ev.state] = states.get(ev.state, 0) + 1
@@ -825,7 +827,7 @@ class Scheduler:
         regions = [r for r in regions if r not in self._scheduled_regions]
         if not regions:
             return
-        regions.sort(key=lambda r: r.index)
+        regions.sort(key=_region_index)
         one_batch = self.strategy.one_batch
         batches: list[list[ExecutionVertex]] = []
         merged = False  # a region's vertices are in _vertex_order already; several regions' are not
@@ -1156,12 +1158,13 @@ class Scheduler:
         self.num_restarts += 1
         self._job_transition(J.CREATED, now, "restarted")
         self._scheduled_regions.clear()
-        self._reset_all(list(self.graph.execution_vertices()), now)
-        self._invalidate_partitions(self.graph.execution_vertices())
+        vertices = self.graph.execution_vertices()
+        self._reset_all(vertices, now)
+        self._invalidate_partitions(vertices)
         self._schedule_regions(self.strategy.initial_regions(), now)
         # kept slots the first regions did not take go back: the next ones ask when they are ready
         usage, waiting, index = self._usage, self._batches, self._batches_with_group
-        for group in [g for g, _ in self._slot_of.items()
+        for group in [g for g in self._slot_of
                       if not usage.get(g) and not any(b in waiting for b in index.get(g, ()))]:
             self._release_group_slot(group, "not needed by the restarted job yet")
 
@@ -1169,9 +1172,10 @@ class Scheduler:
         """A new attempt for each of `vertices` (their current ones all ended), in order."""
         counts: dict[ExecutionState, int] = {}
         for ev in vertices:
-            state = ev.current_execution.machine.state
+            state = ev.current_execution.state
             counts[state] = counts.get(state, 0) + 1
-            ev.reset_for_new_execution(now)
+        new_attempts(vertices, now)
+        for ev in vertices:
             for partition in ev.produced_partitions:  # the attempt consumers wait for changed
                 for group in partition.consumed_partition_groups:
                     group.version += 1
@@ -1252,7 +1256,7 @@ class Scheduler:
         self._requested.clear()
         self._batches.clear()
         self._batches_with_group.clear()
-        self._cancel_vertices(list(self.graph.execution_vertices()), now, cause)
+        self._cancel_vertices(self.graph.execution_vertices(), now, cause)
 
     def _cancel_vertices(self, vertices: list[ExecutionVertex], now: float, cause: str) -> None:
         out, stimulus = self._out.append, self._stimulus
@@ -1335,7 +1339,7 @@ class Scheduler:
         slot = execution.slot
         tm = slot.task_manager_id if slot is not None else None
         deployed, live, terminal, finished, garbage = _EFFECTS[before, to]
-        if deployed and tm:
+        if deployed and tm and vertex.consumed_partition_groups:
             self.deployments.consumer_moved(execution, tm, deployed)
         group = None
         if live:
@@ -1394,7 +1398,7 @@ class Scheduler:
                     left[before] = left.get(before, 0) + 1
                     slot = ex.slot
                     tm = slot.task_manager_id if slot is not None else None
-                    if deployed and tm:
+                    if deployed and tm and ex.vertex.consumed_partition_groups:
                         moved(ex, tm, deployed)
                     if live:
                         vertex = ex.vertex
@@ -1465,6 +1469,9 @@ class Scheduler:
 def _suppressed(failure: FailureInfo, by: str) -> FailureInfo:
     return FailureInfo(failure.exception_type, f"{failure.message}\n(recovery is suppressed by {by})",
                        failure.traceback)
+
+
+_region_index = operator.attrgetter("index")
 
 
 def _vertex_order(ev: ExecutionVertex) -> tuple[int, int]:

@@ -81,10 +81,12 @@ class TaskManagerRegistration:
     registered_at: float
     last_heartbeat: float
     free_indexes: list[int] = field(default_factory=list)  # a heap: the lowest free slot first
+    ids: list[SlotId] = field(default_factory=list, repr=False)  # each slot's id, made once
 
     def __post_init__(self) -> None:
         self.free_indexes = [i for i, holder in enumerate(self.slots) if holder is None]
         heapq.heapify(self.free_indexes)
+        self.ids = [SlotId(self.task_manager_id, i) for i in range(len(self.slots))]
 
     @property
     def free(self) -> int:
@@ -335,11 +337,11 @@ class SlotManager:
         if not self.evenly_spread:
             # packed: the first registered TaskManager with a free slot, its lowest free slot first
             for tm in self.task_managers.values():
-                free, slots, tm_id = tm.free_indexes, tm.slots, tm.task_manager_id
+                free, slots, ids = tm.free_indexes, tm.slots, tm.ids
                 while free and len(taken) < count:
                     index = heapq.heappop(free)
                     slots[index] = job_id
-                    taken.append(SlotId(tm_id, index))
+                    taken.append(ids[index])
                 if len(taken) == count:
                     break
             self._free -= len(taken)
@@ -349,5 +351,5 @@ class SlotManager:
             index = heapq.heappop(tm.free_indexes)
             tm.slots[index] = job_id
             self._free -= 1
-            taken.append(SlotId(tm.task_manager_id, index))
+            taken.append(tm.ids[index])
         return taken
