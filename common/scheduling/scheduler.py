@@ -27,6 +27,7 @@ Actions:  RequestSlots, CancelSlotRequest, ReleaseSlot, DeployTask, CancelTask,
 from __future__ import annotations
 
 import functools
+from collections import deque
 import itertools
 import operator
 from dataclasses import dataclass
@@ -121,6 +122,9 @@ _new_tuple = tuple.__new__
 
 # Flink's task.cancellation.timeout: after this, a job stuck in CANCELLING goes FAILED.
 DEFAULT_CANCELLATION_TIMEOUT_S = 180.0
+# Flink's slot.idle.timeout (50 s there): how long a slot no task of the job runs in stays the
+# job's, for the regions it schedules next, before it goes back to the SlotManager.
+DEFAULT_SLOT_IDLE_TIMEOUT_S = 10.0
 
 _F = TypeVar("_F", bound=Callable[..., list])
 
@@ -347,6 +351,7 @@ class Scheduler:
         failover_strategy: FailoverStrategyKind = FailoverStrategyKind.REGION,
         slot_request_timeout_s: float = 300.0,
         cancellation_timeout_s: float = DEFAULT_CANCELLATION_TIMEOUT_S,
+        slot_idle_timeout_s: float = DEFAULT_SLOT_IDLE_TIMEOUT_S,
         testing_mutant: str = "",
     ):
         self.graph = graph
@@ -363,6 +368,7 @@ class Scheduler:
         self.failover_strategy = failover_strategy
         self.slot_request_timeout_s = slot_request_timeout_s
         self.cancellation_timeout_s = cancellation_timeout_s
+        self.slot_idle_timeout_s = slot_idle_timeout_s
         self.strategy = scheduling_strategy(graph.job_graph.job_type, self.regions)
         self.failures = ExecutionFailureHandler(failover_strategy, restart_strategy, self.regions)
         self.deployments = TaskDeploymentFactory(graph, streaming=self.streaming)
@@ -376,6 +382,9 @@ class Scheduler:
         self._finished = 0  # current executions FINISHED
         self._usage: dict[ExecutionSlotSharingGroup, int] = {}  # live executions per group
         self._slot_of: dict[ExecutionSlotSharingGroup, SlotId] = {}
+        # The job's slots no group runs in (its slot pool): taken by the groups scheduled next,
+        # handed back after the idle timeout. Empty whenever a slot request is pending.
+        self._idle: deque[SlotId] = deque()
         self._requested: dict[ExecutionSlotSharingGroup, int] = {}  # group -> pending request id
         self._requests: dict[int, _Asked] = {}  # pending slot requests by id
         self._batches: dict[_Batch, None] = {}  # waiting batches, in order (an ordered set)
@@ -435,10 +444,16 @@ class Scheduler:
                 f"{live.get(group, 0)} live executions")
         slots = list(self._slot_of.values())
         assert len(slots) == len(set(slots)), f"two groups in one slot: {sorted(map(str, slots))}"
+        idle = set(self._idle)
+        assert len(idle) == len(self._idle) and not idle & set(slots), (
+            f"an idle slot twice, or also a group's: {sorted(map(str, self._idle))}")
+        assert not (idle and self._requests), f"idle slots {sorted(map(str, idle))} while requests {sorted(self._requests)} wait"
+        assert not idle or "slot-idle" in self._timers, "idle slots without a timer to hand them back"
         if self.status.is_terminal:
             alive = [repr(ev.current_execution) for ev in vertices if not ev.state.is_terminal]
             assert not alive, f"the job is {self.status.value} but executions are not terminal: {alive[:10]}"
-            assert not self._slot_of, f"the job is {self.status.value} but holds slots {sorted(map(str, slots))}"
+            assert not self._slot_of and not idle, (
+                f"the job is {self.status.value} but holds slots {sorted(map(str, slots + list(idle)))}")
             assert not self._requests, f"the job is {self.status.value} but slot requests are pending: {sorted(self._requests)}"
             assert not self._batches, f"the job is {self.status.value} but {len(self._batches)} batches wait"
         else:
@@ -661,7 +676,7 @@ class Scheduler:
             # whether its slot stays with the job is for the failure handling to say
             self._transition(execution, E.FAILED, now, str(failure), failure, keep_slot=True)
             self._handle_failure([execution.vertex], failure, now, task_manager_id=execution.task_manager_id)
-            self._release_if_idle(execution.vertex)
+            self._release_if_idle(execution.vertex, now)
         elif target is E.CANCELED:
             cause = "cancelled" if reported is E.CANCELED else f"{reported.value} reported after cancellation"
             self._transition(execution, E.CANCELED, now, cause)
@@ -680,6 +695,7 @@ class Scheduler:
         """Every task on the TaskManager fails; partitions that lived only there are gone.
         One lost TaskManager is one failure for the restart strategy."""
         self._slot_of = {g: s for g, s in self._slot_of.items() if s.task_manager_id != task_manager_id}
+        self._idle = deque(s for s in self._idle if s.task_manager_id != task_manager_id)
         failure = FailureInfo("TaskManagerLost", f"TaskManager {task_manager_id} lost: {cause}")
         failed: list[ExecutionVertex] = []
         for ev in self.graph.execution_vertices():
@@ -702,7 +718,7 @@ class Scheduler:
         if failed or lost_needed:
             self._handle_failure(failed, failure, now, task_manager_id=task_manager_id, also_restart=lost_needed)
         if self.status in SCHEDULING_JOB_STATUSES:
-            self._request_missing_slots()
+            self._request_missing_slots(now)
         self._check_progress(now)
         return self._drain()
 
@@ -721,6 +737,8 @@ class Scheduler:
                 self._restart_globally(now)
         elif timer.kind == "cancel-timeout":
             self._cancellation_timed_out(now)
+        elif timer.kind == "slot-idle":
+            self._release_idle_slots(f"idle for {self.slot_idle_timeout_s:g} s")
         return self._drain()
 
     @_event
@@ -856,9 +874,12 @@ class Scheduler:
             batches[0].sort(key=_vertex_order)
         self._transition_all([ev.current_execution for vertices in batches for ev in vertices], E.SCHEDULED, now,
                              "scheduled")
+        idle = self._idle if direct else None
         for vertices in batches:
             if len(vertices) == 1:  # a batch job's one-subtask regions: thousands at once
                 group = group_of(vertices[0])
+                if idle and group not in slot_of:
+                    slot_of[group] = idle.popleft()  # a slot the job holds, idle
                 if direct and group in slot_of:
                     ready.append(vertices[0].current_execution)  # held (kept through a global failover)
                     continue
@@ -866,6 +887,8 @@ class Scheduler:
                 missing = [] if group in slot_of or group in requested or group in lacking else [group]
             else:
                 groups = list(dict.fromkeys([group_of(ev) for ev in vertices]))
+                if idle:
+                    self._take_idle(groups)
                 if direct and all(g in slot_of for g in groups):
                     # its slots are held already (kept through a global failover): deployed below, in order
                     ready.extend(ev.current_execution for ev in vertices)
@@ -911,14 +934,27 @@ class Scheduler:
             per_group[g.slot_sharing_group] = per_group.get(g.slot_sharing_group, 0) + 1
         return SlotRequest(request_id, len(groups), tuple(sorted(per_group.items())), independent)
 
-    def _request_missing_slots(self) -> None:
+    def _take_idle(self, groups: Iterable[ExecutionSlotSharingGroup]) -> None:
+        """Groups without a slot take the job's idle ones, in order, while there are."""
+        idle, slot_of = self._idle, self._slot_of
+        for g in groups:
+            if not idle:
+                return
+            if g not in slot_of:
+                slot_of[g] = idle.popleft()
+
+    def _request_missing_slots(self, now: float) -> None:
         """Waiting batches whose groups have neither a slot nor a pending request (their slot
-        was on a TaskManager that is gone) ask again."""
+        was on a TaskManager that is gone) take idle slots, else ask again."""
         missing: list[ExecutionSlotSharingGroup] = []
         for batch in self._batches:
             for g in batch.groups:
                 if g not in self._slot_of and g not in self._requested and g not in missing:
                     missing.append(g)
+        if self._idle and missing:
+            self._take_idle(missing)
+            self._deploy_ready_batches(now, self._batches_needing(missing))
+            missing = [g for g in missing if g not in self._slot_of]
         if missing:
             self._out.append(RequestSlots((self._new_request(missing),), self.slot_request_timeout_s))
 
@@ -1166,7 +1202,7 @@ class Scheduler:
         usage, waiting, index = self._usage, self._batches, self._batches_with_group
         for group in [g for g in self._slot_of
                       if not usage.get(g) and not any(b in waiting for b in index.get(g, ()))]:
-            self._release_group_slot(group, "not needed by the restarted job yet")
+            self._free_group_slot(group, "not needed by the restarted job yet", now)
 
     def _reset_all(self, vertices: list[ExecutionVertex], now: float) -> None:
         """A new attempt for each of `vertices` (their current ones all ended), in order."""
@@ -1285,13 +1321,20 @@ class Scheduler:
         if canceling and not self.status.is_terminal:
             # Nothing may wait forever for a task that does not stop (Flink's task.cancellation.timeout).
             self._start_timer("cancel-timeout", now + self.cancellation_timeout_s)
-        self._drop_dead_batches()
+        self._drop_dead_batches(now)
 
-    def _drop_dead_batches(self) -> None:
-        """Forget batches with nothing left to deploy, and slot requests nobody waits for."""
-        for batch in [b for b in self._batches if not b.waiting()]:
+    def _drop_dead_batches(self, now: float) -> None:
+        """Forget batches with nothing left to deploy, the slots only they held, and slot
+        requests nobody waits for."""
+        dead = [b for b in self._batches if not b.waiting()]
+        for batch in dead:
             del self._batches[batch]
         needed = {g for b in self._batches for g in b.groups}
+        if dead and not self._keeps_slots():
+            usage = self._usage
+            for g in dict.fromkeys(g for b in dead for g in b.groups):
+                if g in self._slot_of and not usage.get(g) and g not in needed:
+                    self._free_group_slot(g, "no task needs the slot any more", now)
         for request_id, asked in list(self._requests.items()):
             groups = asked.unserved()
             if not any(g in needed for g in groups):
@@ -1304,6 +1347,7 @@ class Scheduler:
         self._timers.clear()  # outstanding timers become stale
         for group in list(self._slot_of):
             self._release_group_slot(group, f"job {self.status.value}")
+        self._release_idle_slots(f"job {self.status.value}")
         for request_id in list(self._requests):
             self._out.append(CancelSlotRequest(request_id))
         self._requests.clear()
@@ -1362,7 +1406,7 @@ class Scheduler:
                 refs = self._garbage[tm] = []
             refs += [PartitionRef(p.result.id, p.partition_index, number) for p in vertex.produced_partitions]
         if live < 0 and self._usage[group] == 0 and group in self._slot_of and not keep_slot and not self._keeps_slots():
-            self._release_group_slot(group, f"{vertex.name} {to.value}")
+            self._free_group_slot(group, f"{vertex.name} {to.value}", now)
 
     def _transition_all(self, executions: Iterable[Execution], to: ExecutionState, now: float, cause: str,
                         then: Callable[[Execution], None] | None = None) -> None:
@@ -1419,10 +1463,26 @@ class Scheduler:
         gf = self._global_failure
         return gf is not None and gf.restart
 
-    def _release_if_idle(self, vertex: ExecutionVertex) -> None:
+    def _release_if_idle(self, vertex: ExecutionVertex, now: float) -> None:
         group = self.plan.group_of(vertex)
         if not self._usage.get(group) and group in self._slot_of and not self._keeps_slots():
-            self._release_group_slot(group, f"{vertex.name} {vertex.state.value}")
+            self._free_group_slot(group, f"{vertex.name} {vertex.state.value}", now)
+
+    def _free_group_slot(self, group: ExecutionSlotSharingGroup, cause: str, now: float) -> None:
+        """No task of `group` runs in its slot any more. The slot stays the job's, idle, for the
+        groups scheduled next (Flink's slot pool: a batch job's consumers take the slots of the
+        producers that finished before them), unless the job waits for slots (the SlotManager
+        serves the waiting requests in their order) or schedules nothing any more."""
+        if self._requests or self.status not in SCHEDULING_JOB_STATUSES or self.slot_idle_timeout_s <= 0:
+            self._release_group_slot(group, cause)
+            return
+        if not self._idle:
+            self._start_timer("slot-idle", now + self.slot_idle_timeout_s)
+        self._idle.append(self._slot_of.pop(group))
+
+    def _release_idle_slots(self, cause: str) -> None:
+        while self._idle:
+            self._out.append(ReleaseSlot(self._idle.popleft(), cause))
 
     def _release_group_slot(self, group: ExecutionSlotSharingGroup, cause: str) -> None:
         slot = self._slot_of.pop(group)

@@ -161,7 +161,7 @@ class CheckedCluster(SimulatedCluster):
     def assert_books_agree(self) -> None:
         self.assert_stream_so_far_is_legal()
         self.validate_cores()
-        known = set(self.scheduler._slot_of.values())
+        known = set(self.scheduler._slot_of.values()) | set(self.scheduler._idle)  # in use, and its idle pool
         assert known == self.held - self.in_flight and self.held == self.slots_of_the_job(), (
             f"slots: the scheduler knows {sorted(map(str, known))}, the ledger says {sorted(map(str, self.held))}, "
             f"the SlotManager says {sorted(map(str, self.slots_of_the_job()))}")

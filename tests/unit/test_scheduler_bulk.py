@@ -17,9 +17,10 @@ E = ExecutionState
 P = 6
 
 
-def _scheduler(kind: ResultPartitionType = ResultPartitionType.BLOCKING) -> s.Scheduler:
+def _scheduler(kind: ResultPartitionType = ResultPartitionType.BLOCKING, slot_idle_timeout_s: float = 10.0) -> s.Scheduler:
     graph = ExecutionGraph(source_sink_all_to_all(P, kind), "job", 0.0)
-    return s.Scheduler(graph, restart_strategy=FixedDelayRestartBackoffTimeStrategy(3, 0.0))
+    return s.Scheduler(graph, restart_strategy=FixedDelayRestartBackoffTimeStrategy(3, 0.0),
+                       slot_idle_timeout_s=slot_idle_timeout_s)
 
 
 def _plain(actions: list) -> list:
@@ -181,10 +182,22 @@ def test_reports_in_one_event_act_as_one_at_a_time():
     assert bulk.graph.vertices["source"].task_vertices[0].produced_partitions[0].location.schema == "schema"
 
 
-def test_the_last_report_of_a_call_releases_the_consumers():
+def test_the_last_report_of_a_call_releases_the_consumers_into_the_slots_the_producers_left():
     scheduler = _scheduler()
     sources = _deployed(scheduler)
+    left = {scheduler.graph.find_execution(a).slot for a in sources}
     actions = scheduler.on_task_states([TaskReport("job", a, E.FINISHED) for a in sources], 3.0)
+    assert _requests(actions) == [] and not any(isinstance(a, s.ReleaseSlot) for a in actions)
+    deploys = [a for a in actions if isinstance(a, s.DeployTask)]
+    assert sorted(d.attempt.vertex_id for d in deploys) == ["sink"] * P and {d.slot for d in deploys} == left
+    scheduler.validate_state()
+
+
+def test_without_a_slot_pool_the_consumers_ask_for_slots_again():
+    scheduler = _scheduler(slot_idle_timeout_s=0.0)
+    sources = _deployed(scheduler)
+    actions = scheduler.on_task_states([TaskReport("job", a, E.FINISHED) for a in sources], 3.0)
+    assert sum(isinstance(a, s.ReleaseSlot) for a in actions) == P
     sinks = _requests(actions)
     assert [(r.count, r.independent) for r in sinks] == [(P, True)]
     deploys = [a for a in scheduler.on_allocations(_allocate(sinks), 4.0) if isinstance(a, s.DeployTask)]

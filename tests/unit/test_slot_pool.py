@@ -1,6 +1,8 @@
-"""A global failover that will restart keeps the job's slots, as Flink's slot pool keeps them for
-the job: the restart deploys into them without asking the SlotManager again. Slots the restarted
-job does not need yet, and every slot of a job that gives up, go back."""
+"""The job's slots, as Flink's slot pool keeps them: a slot no task of the job runs in any more
+stays the job's, idle, for the regions it schedules next (a batch job's consumers take the slots
+their producers left), and goes back to the SlotManager after the idle timeout, at once while
+the job waits for slots, and when the job ends. A global failover that will restart keeps every
+slot bound to its group and restarts into them; a job that gives up hands everything back."""
 
 from __future__ import annotations
 
@@ -17,15 +19,17 @@ from tests.conformance.graphs import (ALL_TO_ALL, BLOCKING, PIPELINED, connect, 
 E = ExecutionState
 J = JobStatus
 JOB = "job"
+IDLE_S = 10.0
 
 
 class Cluster:
     """A scheduler whose actions go to a real SlotManager; what else they say is kept to look at."""
 
-    def __init__(self, job: JobGraph, slots: dict[str, int], restarts: bool = True):
+    def __init__(self, job: JobGraph, slots: dict[str, int], restarts: bool = True,
+                 failover: FailoverStrategyKind = FailoverStrategyKind.FULL):
         strategy = FixedDelayRestartBackoffTimeStrategy(3, 0.0) if restarts else NoRestartBackoffTimeStrategy()
         self.scheduler = s.Scheduler(ExecutionGraph(job, JOB, 0.0), restart_strategy=strategy,
-                                     failover_strategy=FailoverStrategyKind.FULL)
+                                     failover_strategy=failover, slot_idle_timeout_s=IDLE_S)
         self.slots = sm.SlotManager(heartbeat_timeout_s=1e9)
         for tm, n in slots.items():
             self.slots.register(tm, "", n, {}, 0.0)
@@ -75,7 +79,10 @@ class Cluster:
         self.report([a.attempt for a in self.take(s.CancelTask)], E.CANCELED)
 
     def restart(self) -> None:
-        (timer,) = [a for a in self.take(s.StartTimer) if a.timer.kind == "restart"]
+        self.fire("restart")
+
+    def fire(self, kind: str) -> None:
+        (timer,) = [a for a in self.take(s.StartTimer) if a.timer.kind == kind]
         self.apply(self.scheduler.on_timer(timer.timer, timer.at))
 
     def held(self) -> set[SlotId]:
@@ -154,4 +161,62 @@ def test_a_kept_slot_on_a_lost_task_manager_is_asked_for_again():
     assert request.count == 1  # only the lost one
     deployed = {slot.task_manager_id for a, slot in cluster.running.items() if a.attempt_number == 1}
     assert deployed == {"tm-1", "tm-3"}
+    cluster.scheduler.validate_state()
+
+
+def _blocking(p: int) -> JobGraph:
+    return job_graph("two groups", [source("src", p, slot_sharing_group="a"), sink("snk", p, slot_sharing_group="b")],
+                     [connect("src", "snk", ALL_TO_ALL, BLOCKING)])
+
+
+def test_a_finished_producers_slot_stays_idle_until_the_timeout_hands_it_back():
+    cluster = Cluster(_blocking(3), {"tm-1": 3})
+    cluster.apply(cluster.scheduler.start(0.0))
+    sources = sorted(cluster.running, key=lambda a: a.subtask_index)
+    cluster.take(object)
+    cluster.report(sources[:2], E.FINISHED)  # the sinks wait for the third
+    assert cluster.take(s.ReleaseSlot) == [] and len(cluster.held()) == 3
+    (timer,) = [a for a in cluster.actions if isinstance(a, s.StartTimer)]
+    assert (timer.timer.kind, timer.at) == ("slot-idle", IDLE_S)  # one timer for the pool, not one per slot
+    cluster.scheduler.validate_state()
+    cluster.fire("slot-idle")
+    released = cluster.take(s.ReleaseSlot)
+    assert [r.cause for r in released] == [f"idle for {IDLE_S:g} s"] * 2 and len(cluster.held()) == 1
+    cluster.report(sources[2:], E.FINISHED)  # then the sinks ask for slots again
+    assert sorted(a.vertex_id for a in cluster.running) == ["snk"] * 3
+    cluster.scheduler.validate_state()
+
+
+def test_a_slot_freed_while_the_job_waits_for_slots_goes_back_to_serve_the_wait():
+    """Three regions on two slots: the third waits at the SlotManager, so the slot the first
+    leaves is not kept idle (the SlotManager gives it to the waiting request, in its turn)."""
+    cluster = Cluster(_blocking(3), {"tm-1": 2})
+    cluster.apply(cluster.scheduler.start(0.0))
+    first = sorted(cluster.running, key=lambda a: a.subtask_index)[0]
+    assert len(cluster.running) == 2 and cluster.scheduler._requests
+    cluster.take(object)
+    cluster.report([first], E.FINISHED)
+    (released,) = cluster.take(s.ReleaseSlot)
+    assert released.cause == "src (1/3) FINISHED"
+    assert sorted(a.subtask_index for a in cluster.running) == [1, 2]  # the third got it
+    assert not cluster.scheduler._idle
+    cluster.scheduler.validate_state()
+
+
+def test_idle_slots_on_a_lost_task_manager_are_gone_and_the_job_ending_hands_back_the_rest():
+    cluster = Cluster(_blocking(4), {"tm-1": 2, "tm-2": 2})
+    cluster.apply(cluster.scheduler.start(0.0))
+    sources = sorted(cluster.running, key=lambda a: a.subtask_index)
+    cluster.report([a for a in sources if cluster.running[a].task_manager_id == "tm-1"], E.FINISHED)
+    cluster.report([a for a in sources if cluster.running.get(a, SlotId("", 0)).task_manager_id == "tm-2"][:1],
+                   E.FINISHED)
+    assert sorted(slot.task_manager_id for slot in cluster.scheduler._idle) == ["tm-1", "tm-1", "tm-2"]
+    cluster.take(object)
+    cluster.slots.lose("tm-1", "heartbeat timeout", 0.0)
+    cluster.apply(cluster.scheduler.on_task_manager_lost("tm-1", "heartbeat timeout", 0.0))
+    assert [slot.task_manager_id for slot in cluster.scheduler._idle] == ["tm-2"]
+    cluster.scheduler.validate_state()
+    cluster.apply(cluster.scheduler.cancel(1.0))
+    cluster.cancel_all()  # what the failover and the cancel asked to cancel
+    assert cluster.scheduler.status is J.CANCELED and cluster.held() == set()
     cluster.scheduler.validate_state()
