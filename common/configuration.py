@@ -39,6 +39,7 @@ class ClusterConfiguration:
     restart_strategy: RestartStrategyConfig | None = None  # None: no restarts (Flink without checkpointing)
     failover_strategy: FailoverStrategyKind = FailoverStrategyKind.REGION
     cancellation_timeout_s: float = 180.0  # Flink's task.cancellation.timeout
+    slot_idle_timeout_s: float = 10.0  # Flink's slot.idle.timeout (50 s there): a job's idle slots go back after it
     # How long registration waits for the JobManager's call back to a TaskManager's address.
     registration_probe_timeout_s: float = 5.0
     # Test only: a deliberate defect, so that conformance checks can be seen to catch one
@@ -100,6 +101,7 @@ _DURATIONS = {
     "heartbeat.timeout": "heartbeat_timeout_s",
     "slot.request.timeout": "slot_request_timeout_s",
     "task.cancellation.timeout": "cancellation_timeout_s",
+    "slot.idle.timeout": "slot_idle_timeout_s",
     "cluster.registration.probe-timeout": "registration_probe_timeout_s",
     "jobstore.expiration-time": "jobstore_expiration_s",
     "high-availability.filesystem.lease-duration": "ha_lease_s",

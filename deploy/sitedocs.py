@@ -120,6 +120,9 @@ CLUSTER_OPTIONS: tuple[ClusterOption, ...] = (
     ClusterOption("jobmanager.execution.failover-strategy", "`region` or `full`", "failover_strategy"),
     ClusterOption("slot.request.timeout", "how long a job may wait for slots the cluster does not have",
                   "slot_request_timeout_s"),
+    ClusterOption("slot.idle.timeout", "how long a slot no task of a job runs in stays the job's, idle, for the "
+                  "regions it schedules next (a batch job's consumers take their producers' slots); at once back "
+                  "while the job waits for slots (Flink: 50 s)", "slot_idle_timeout_s"),
     ClusterOption("heartbeat.interval", "how often a TaskManager heartbeats; suited to one machine (Flink: 10 s)",
                   "heartbeat_interval_s"),
     ClusterOption("heartbeat.timeout", "a TaskManager silent this long is lost (Flink: 50 s); one whose "

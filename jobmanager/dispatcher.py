@@ -429,6 +429,7 @@ class Dispatcher:
                 failover_strategy=cfg.failover_strategy or self.config.failover_strategy,
                 slot_request_timeout_s=cfg.slot_request_timeout_s or self.config.slot_request_timeout_s,
                 cancellation_timeout_s=self.config.cancellation_timeout_s,
+                slot_idle_timeout_s=self.config.slot_idle_timeout_s,
                 testing_mutant=self.config.testing_mutant,
             )
         return graph, scheduler, describe_config(restart_cfg)

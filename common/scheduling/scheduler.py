@@ -27,9 +27,9 @@ Actions:  RequestSlots, CancelSlotRequest, ReleaseSlot, DeployTask, CancelTask,
 from __future__ import annotations
 
 import functools
-from collections import deque
 import itertools
 import operator
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Iterable, NamedTuple, Sequence, TypeVar
 
@@ -122,8 +122,8 @@ _new_tuple = tuple.__new__
 
 # Flink's task.cancellation.timeout: after this, a job stuck in CANCELLING goes FAILED.
 DEFAULT_CANCELLATION_TIMEOUT_S = 180.0
-# Flink's slot.idle.timeout (50 s there): how long a slot no task of the job runs in stays the
-# job's, for the regions it schedules next, before it goes back to the SlotManager.
+# How long a slot no task of the job runs in stays the job's, for the regions it schedules next,
+# before it goes back to the SlotManager (the cluster's `slot.idle.timeout`; Flink: 50 s).
 DEFAULT_SLOT_IDLE_TIMEOUT_S = 10.0
 
 _F = TypeVar("_F", bound=Callable[..., list])
@@ -676,7 +676,7 @@ class Scheduler:
             # whether its slot stays with the job is for the failure handling to say
             self._transition(execution, E.FAILED, now, str(failure), failure, keep_slot=True)
             self._handle_failure([execution.vertex], failure, now, task_manager_id=execution.task_manager_id)
-            self._release_if_idle(execution.vertex, now)
+            self._free_if_unused(execution.vertex, now)
         elif target is E.CANCELED:
             cause = "cancelled" if reported is E.CANCELED else f"{reported.value} reported after cancellation"
             self._transition(execution, E.CANCELED, now, cause)
@@ -881,7 +881,7 @@ class Scheduler:
                 if idle and group not in slot_of:
                     slot_of[group] = idle.popleft()  # a slot the job holds, idle
                 if direct and group in slot_of:
-                    ready.append(vertices[0].current_execution)  # held (kept through a global failover)
+                    ready.append(vertices[0].current_execution)  # its group's slot: kept, or idle
                     continue
                 groups = [group]
                 missing = [] if group in slot_of or group in requested or group in lacking else [group]
@@ -890,7 +890,7 @@ class Scheduler:
                 if idle:
                     self._take_idle(groups)
                 if direct and all(g in slot_of for g in groups):
-                    # its slots are held already (kept through a global failover): deployed below, in order
+                    # its groups' slots are held (kept through a global failover, or idle): deployed below, in order
                     ready.extend(ev.current_execution for ev in vertices)
                     continue
                 missing = [g for g in groups if g not in slot_of and g not in requested and g not in lacking]
@@ -1463,7 +1463,7 @@ class Scheduler:
         gf = self._global_failure
         return gf is not None and gf.restart
 
-    def _release_if_idle(self, vertex: ExecutionVertex, now: float) -> None:
+    def _free_if_unused(self, vertex: ExecutionVertex, now: float) -> None:
         group = self.plan.group_of(vertex)
         if not self._usage.get(group) and group in self._slot_of and not self._keeps_slots():
             self._free_group_slot(group, f"{vertex.name} {vertex.state.value}", now)

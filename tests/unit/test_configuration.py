@@ -118,3 +118,11 @@ def test_every_bad_line_of_a_configuration_file_is_named_with_its_number():
         "ha.conf:3: the quoted value '\"unclosed' has no closing \"",
         "ha.conf:4: unexpected 'trailing' after the quoted value",
     ]
+
+
+def test_slot_idle_timeout_takes_flinks_key_and_syntax():
+    assert parse_configuration({}).slot_idle_timeout_s == 10.0
+    assert parse_configuration({"slot.idle.timeout": "50 s"}).slot_idle_timeout_s == 50.0
+    assert parse_configuration({"slot.idle.timeout": "1500 ms"}).slot_idle_timeout_s == 1.5
+    with pytest.raises(ConfigurationError, match="slot.idle.timeout: must be positive"):
+        parse_configuration({"slot.idle.timeout": "0 s"})

@@ -125,3 +125,15 @@ def test_a_scheduler_that_cannot_even_fail_its_job_does_not_take_the_jobmanager_
             await dispatcher.stop()
 
     asyncio.run(scenario())
+
+
+def test_the_clusters_slot_idle_timeout_reaches_each_jobs_scheduler(tmp_path):
+    async def scenario() -> None:
+        dispatcher = Dispatcher(ClusterConfiguration(data_dir=str(tmp_path), slot_idle_timeout_s=42.0))
+        try:
+            _, scheduler, _ = dispatcher._build(noop_job("idle"), "idle", 0.0)
+            assert scheduler.slot_idle_timeout_s == 42.0
+        finally:
+            await dispatcher.stop()
+
+    asyncio.run(scenario())

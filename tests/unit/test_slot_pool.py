@@ -36,6 +36,15 @@ class Cluster:
         self.actions: list = []  # everything since the last `take`
         self.running: dict[ExecutionAttemptId, SlotId] = {}  # deployed, not reported ended
 
+    @classmethod
+    def running(cls, job: JobGraph, slots: dict[str, int], restarts: bool = True) -> "Cluster":
+        """Started, every task deployed RUNNING, the actions so far forgotten."""
+        cluster = cls(job, slots, restarts)
+        cluster.apply(cluster.scheduler.start(0.0))
+        cluster.run_all()
+        cluster.take(object)
+        return cluster
+
     def apply(self, actions: list) -> None:
         queue = list(actions)
         while queue:
@@ -92,12 +101,9 @@ class Cluster:
 
 
 def test_a_global_failover_keeps_the_slots_and_restarts_into_them():
-    cluster = Cluster(source_sink_all_to_all(3, PIPELINED), {"tm-1": 2, "tm-2": 1})
-    cluster.apply(cluster.scheduler.start(0.0))
+    cluster = Cluster.running(source_sink_all_to_all(3, PIPELINED), {"tm-1": 2, "tm-2": 1})
     before = {(a.vertex_id, a.subtask_index): slot for a, slot in cluster.running.items()}
     assert len(before) == 6 and len(cluster.held()) == 3
-    cluster.run_all()
-    cluster.take(object)
     cluster.fail("sink", 1)
     cluster.cancel_all()
     assert cluster.scheduler.status is J.RESTARTING
@@ -110,10 +116,7 @@ def test_a_global_failover_keeps_the_slots_and_restarts_into_them():
 
 
 def test_a_failover_that_gives_up_hands_every_slot_back():
-    cluster = Cluster(source_sink_all_to_all(3, PIPELINED), {"tm-1": 3}, restarts=False)
-    cluster.apply(cluster.scheduler.start(0.0))
-    cluster.run_all()
-    cluster.take(object)
+    cluster = Cluster.running(source_sink_all_to_all(3, PIPELINED), {"tm-1": 3}, restarts=False)
     cluster.fail("source", 0)
     cluster.cancel_all()
     assert cluster.scheduler.status is J.FAILED
@@ -145,10 +148,7 @@ def test_kept_slots_the_restarted_job_does_not_need_yet_go_back_at_the_restart()
 
 
 def test_a_kept_slot_on_a_lost_task_manager_is_asked_for_again():
-    cluster = Cluster(source_sink_all_to_all(2, PIPELINED), {"tm-1": 1, "tm-2": 1})
-    cluster.apply(cluster.scheduler.start(0.0))
-    cluster.run_all()
-    cluster.take(object)
+    cluster = Cluster.running(source_sink_all_to_all(2, PIPELINED), {"tm-1": 1, "tm-2": 1})
     cluster.fail("sink", 0)
     cluster.cancel_all()
     assert cluster.scheduler.status is J.RESTARTING
