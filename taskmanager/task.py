@@ -60,7 +60,7 @@ from funke.common.streaming.state import StateMetrics, key_group_range, operator
 from funke.taskmanager import batchexchange, iometrics
 from funke.taskmanager import streaming
 from funke.taskmanager.receiver import SocketReceiver
-from funke.taskmanager.operators import udf
+from funke.taskmanager.operators import classic, udf
 from funke.taskmanager.operators.keyedstate import measure
 from funke.taskmanager.operators.context import InputMeter, RuntimeContext, arrow_compatible, column_ref
 from funke.taskmanager.operators.transforms import union_all
@@ -470,7 +470,7 @@ class Task:
         parts = []
         if files:  # from this TaskManager's memory when its tasks wrote them, else from the files
             table = batchexchange.read_table(files)
-            parts.append(ctx.spark.createDataFrame(table, schema=schema) if table is not None
+            parts.append(classic.frame_from_arrow(ctx, table, schema) if table is not None
                          else ctx.spark.read.schema(schema).parquet(*files))
         if by_spark or not parts:
             parts.append(_read_partitions(ctx.spark, schema, by_spark, gate.subpartition))
@@ -514,7 +514,7 @@ class Task:
                          outputs: list[ResultPartitionSpec]) -> tuple[ProducedPartition, ...]:
         """One collect as Arrow, however many outputs; each output's rows split by their
         subpartition column (`routing`) and written one Parquet file per subpartition."""
-        table = routed.toArrow()
+        table = classic.frame_to_arrow(ctx, routed)
         data = table.drop_columns([c for c in routing if c is not None])
         for out, column in zip(outputs, routing):
             self._check_cancelled()
@@ -629,6 +629,10 @@ class StreamTask(Task):
         self._receiver: SocketReceiver | None = None  # a receiver source's, while the task runs
         self._rate_limit: float | None = None  # backpressure's latest, for the receiver
         self._memo = {}  # what its operators build once for all its batches
+
+    def run(self) -> None:
+        self.spark = _query_session(self.spark, self.name)  # a Py4J call: in the task's thread
+        super().run()
 
     def give_batch(self, batch: BatchInput, gates: tuple[GateSnapshot, ...] = ()) -> None:
         """Run batch `batch` next (with `gates`: what to read of each input for this batch)."""
@@ -755,6 +759,27 @@ class StreamTask(Task):
             return None
         assert ctx.meter is not None
         return ctx.meter.counted_rows()
+
+
+def _query_session(spark: SparkSession | None, name: str) -> SparkSession | None:
+    """A streaming task's own session, as Structured Streaming runs each query in a session of its
+    own: the TaskManager's Spark settings, with adaptive query execution off, as Structured
+    Streaming has it. Adaptive execution re-plans a query's stages as they run: a micro-batch's
+    partitions must stay as planned, and for a small batch it costs a second planning and a
+    thread hand-off in the JVM, 10-15% of its CPU time. Spark Connect: the session as it is
+    (the server's to configure)."""
+    if spark is None or not hasattr(spark, "_jsparkSession"):
+        return spark
+    try:
+        session = spark.newSession()
+        session.conf.set(ADAPTIVE_EXECUTION, "false")
+    except Exception as e:  # a stopped session: the task fails on its first batch, saying so
+        log.warning("%s: runs in the TaskManager's session: a session of its own failed: %s", name, e)
+        return spark
+    return session
+
+
+ADAPTIVE_EXECUTION = "spark.sql.adaptive.enabled"
 
 
 def _small_batch(ctx: RuntimeContext, df: DataFrame) -> DataFrame:

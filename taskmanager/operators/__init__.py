@@ -10,6 +10,7 @@ or outputs (that is `funke.taskmanager.task`). `OPERATORS` maps a kind to its fu
                                                                       vertex's inputs in input order;
                                                                       a chained operator gets one
     sinks.py        (ctx, spec, df) -> None                           run the pipeline, stage the output
+    classic.py      a streaming task's DataFrame calls on classic Spark with few JVM round trips
     udf.py          the Arrow UDF runtime user functions run in (pickled by value to Spark's
                     Python workers) and how their failures are told
 

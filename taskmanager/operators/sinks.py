@@ -30,6 +30,7 @@ from funke.common.graph.jobgraph import OperatorSpec
 from funke.common.graph.operators import SINK_MODES
 from funke.runtime import datafs
 from funke.taskmanager import batchexchange
+from funke.taskmanager.operators.classic import frame_to_arrow
 from funke.taskmanager.operators.delta import write as _delta_sink
 from funke.taskmanager.operators.context import (
     RuntimeContext,
@@ -122,7 +123,7 @@ def _staged_in_memory(ctx: RuntimeContext, df: DataFrame, staging: str, options:
         return False
     int96 = timestamps == "INT96"
     name = f"part-00000-{uuid.uuid4()}{'' if compression == 'none' else '.' + codec}.parquet"  # as Spark names it
-    batchexchange.write_table_file(staging, df.toArrow(), name,
+    batchexchange.write_table_file(staging, frame_to_arrow(ctx, df), name,
                                    compression=compression, store_schema=False,
                                    use_deprecated_int96_timestamps=int96, coerce_timestamps=None if int96 else "us")
     return True

@@ -52,6 +52,7 @@ from funke.common.graph.jobgraph import OperatorSpec
 from funke.common.streaming.checkpoint import SourceRange
 from funke.common.streaming.sources import BatchInput, RateSource, RedisStreamsSource, receiver_blocks_dir
 from funke.taskmanager import batchexchange
+from funke.taskmanager.operators.classic import frame_from_arrow
 from funke.taskmanager.operators.delta import read_table as _delta_table
 from funke.taskmanager.operators.context import (
     RuntimeContext,
@@ -173,7 +174,7 @@ def _collection(ctx: RuntimeContext, spec: OperatorSpec) -> DataFrame:
         raise ValueError(f"{label(spec)}: {e}") from None
     table = _plain_table(ctx, share, schema)
     if table is not None:
-        return ctx.spark.createDataFrame(table, schema=schema)
+        return frame_from_arrow(ctx, table, schema)
     return ctx.spark.createDataFrame(share, schema)
 
 
@@ -261,7 +262,9 @@ def _rate(ctx: RuntimeContext, spec: OperatorSpec) -> DataFrame:
         values = pa.array(range(first, end, ctx.parallelism), pa.int64())
         millis = pc.add(pc.divide(pc.multiply(values, 1000), rate.rows_per_second), base)  # integer division
         stamps = pc.cast(pc.multiply(millis, 1000), pa.timestamp("us", tz="UTC"))
-        return ctx.spark.createDataFrame(pa.table({"value": values, "timestamp": stamps}), schema=_RATE_SCHEMA)
+        # One Spark partition, as a small batch's inputs (task.py's `_small_batch`): its Python
+        # functions run as one Spark task, one worker call, instead of one per core.
+        return frame_from_arrow(ctx, pa.table({"value": values, "timestamp": stamps}), _RATE_SCHEMA).coalesce(1)
     ids_ = ctx.spark.range(first, max(first, end), ctx.parallelism)
     # One expression string, not a tree of Column calls: each call is a round trip to the JVM,
     # and this is planned for every batch. The integers are ours (checked above), not the user's.
@@ -336,7 +339,7 @@ def _redis_source(ctx: RuntimeContext, spec: OperatorSpec) -> DataFrame:
         "fields": pa.array(fields, pa.map_(pa.string(), pa.string())),
         "timestamp": pa.array(millis, pa.timestamp("ms", tz="UTC")),
     })
-    return ctx.spark.createDataFrame(table, schema=parse_schema(REDIS_SCHEMA, "source.redis"))
+    return frame_from_arrow(ctx, table, parse_schema(REDIS_SCHEMA, "source.redis"))
 
 
 def _lines_in(path: str) -> int:

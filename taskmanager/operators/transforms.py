@@ -34,6 +34,7 @@ from funke.common.streaming import eventtime, state
 from funke.common.streaming.state import OUTPUT_MODES
 from funke.common import aggregates
 from funke.taskmanager import batchexchange
+from funke.taskmanager.operators.classic import grouped_aggregate, select_exprs
 from funke.taskmanager.operators.context import (
     RuntimeContext,
     Transform,
@@ -91,16 +92,21 @@ def map_in_arrow(ctx: RuntimeContext, spec: OperatorSpec, df: DataFrame, schema:
     if kept is None or kept[0] is not spec or kept[1] != returns:
         udf = pandas_udf(build(), returnType=schema,  # type: ignore[call-overload]
                          functionType=PythonEvalType.SQL_MAP_ARROW_ITER_UDF)
-        kept = memo[key] = (spec, returns, udf)
-    udf = kept[2]
+        kept = memo[key] = (spec, returns, udf, {})
+    udf, applied = kept[2], kept[3]
     if udf is None:
         return df.mapInArrow(build(), schema)
     try:
-        # What DataFrame.mapInArrow does with the UDF it makes (pyspark/sql/pandas/map_ops.py).
-        column = udf(*[df[c] for c in df.columns])
+        # What DataFrame.mapInArrow does with the UDF it makes (pyspark/sql/pandas/map_ops.py),
+        # applied to the columns by name (resolved against each batch's plan), so that the
+        # applied UDF is built once per input columns, not per batch (10 round trips to the JVM).
+        columns = tuple(df.columns)
+        column = applied.get(columns)
+        if column is None:
+            column = applied[columns] = udf(*[column_ref(c) for c in columns])
         return DataFrame(df._jdf.mapInArrow(column._jc, False, None), df.sparkSession)
     except (AttributeError, TypeError, Py4JError):
-        memo[key] = (spec, returns, None)
+        memo[key] = (spec, returns, None, {})
         return df.mapInArrow(build(), schema)
 
 
@@ -118,7 +124,7 @@ def _filter(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFrame]) ->
 
 
 def _select(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFrame]) -> DataFrame:
-    return _single(spec, inputs).selectExpr(*config_strings(spec, "exprs"))
+    return select_exprs(ctx, _single(spec, inputs), config_strings(spec, "exprs"))
 
 
 def _where(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFrame]) -> DataFrame:
@@ -154,8 +160,7 @@ def _aggregate(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFrame])
             raise ValueError(f"{label(spec)}: its input holds partial aggregates of {len(finals)} aggregation(s), "
                              f"not of its {len(aggregations)}")
         aggregations = finals
-    grouped = df.groupBy(*[column_ref(k) for k in config_strings(spec, "keys")])
-    return grouped.agg(*[F.expr(a) for a in aggregations])
+    return grouped_aggregate(ctx, df, config_strings(spec, "keys"), aggregations)
 
 
 def _finals(schema: StructType) -> list[str]:

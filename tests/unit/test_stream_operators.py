@@ -7,6 +7,7 @@ JobMaster's commit. Outside a micro-batch a stream source refuses to run."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import sys
 import threading
@@ -321,6 +322,30 @@ def test_foreach_batch_calls_the_users_function_with_each_batch_and_its_id_keepi
     assert "in <lambda>" in failure.traceback  # the user's frame
 
 
+def test_a_stream_task_runs_its_batches_in_a_session_of_its_own_without_adaptive_execution(spark, tmp_path):
+    """As Structured Streaming runs a query: the TaskManager's Spark settings, adaptive query
+    execution off (a batch's partitions stay as planned), the TaskManager's session untouched."""
+    from tests.unit.test_task_runtime import Reports, deploy, op
+
+    seen, taskmanagers = tmp_path / "seen.json", id(spark)  # the function is pickled: no session in it
+
+    def look(df, batch_id):
+        session = df.sparkSession
+        seen.write_text(json.dumps([id(session) == taskmanagers, session.conf.get("spark.sql.adaptive.enabled"),
+                                    session.conf.get("spark.sql.session.timeZone")]))
+
+    spark.conf.set("spark.sql.adaptive.enabled", "true")
+    d, _ = deploy(tmp_path, [op("source.rate", rows_per_second=1000), op("sink.foreach_batch", look)], vertex="rate")
+    reports = Reports()
+    task = StreamTask(d, spark, reports, BatchReports())
+    task.give_batch(BatchInput(0, 0, {"rate": SourceRange(None, {"rows": 3, "baseMs": 0}, 3)}))
+    task.finish()
+    task.run()
+    assert reports.last[0] is ExecutionState.FINISHED
+    assert json.loads(seen.read_text()) == [False, "false", "UTC"]
+    assert spark.conf.get("spark.sql.adaptive.enabled") == "true"
+
+
 def test_the_warm_up_runs_sparks_first_jobs_and_leaves_nothing_behind(spark, tmp_path):
     from funke.taskmanager import warmup
 
@@ -576,7 +601,9 @@ def test_a_small_micro_batchs_rate_rows_built_as_arrow_are_the_rows_of_the_rule(
         assert got == want and got
         assert [(f.name, f.dataType.simpleString(), f.nullable) for f in df.schema.fields] == \
             [("value", "bigint", False), ("timestamp", "timestamp", False)]  # as a range's rows are
-        assert df._jdf.queryExecution().executedPlan().toString().startswith("LocalTableScan")  # data, no range
+        plan = df._jdf.queryExecution().executedPlan().toString()
+        assert plan.startswith("Coalesce 1") and "+- LocalTableScan" in plan  # data, no range, one partition
+        assert df.rdd.getNumPartitions() == 1
     monkeypatch.setattr("funke.taskmanager.batchexchange.ONE_PARTITION_LIMIT_BYTES", 16 * 5)  # too large: a range
     df, got = read(0)
     assert "Range" in df._jdf.queryExecution().executedPlan().toString()
