@@ -80,6 +80,8 @@ Report = Callable[[ExecutionState, FailureInfo | None, tuple[ProducedPartition, 
 _REINTERRUPT_INTERVAL_S = 0.5
 # How long a cancelled task waits for Spark to kill its tasks before reporting CANCELED anyway.
 _SPARK_QUIET_TIMEOUT_S = 15.0
+# Off in a streaming task's own session (`_query_session`), as Structured Streaming has it.
+ADAPTIVE_EXECUTION = "spark.sql.adaptive.enabled"
 
 
 def failure_of(exc: BaseException) -> FailureInfo:
@@ -777,9 +779,6 @@ def _query_session(spark: SparkSession | None, name: str) -> SparkSession | None
         log.warning("%s: runs in the TaskManager's session: a session of its own failed: %s", name, e)
         return spark
     return session
-
-
-ADAPTIVE_EXECUTION = "spark.sql.adaptive.enabled"
 
 
 def _small_batch(ctx: RuntimeContext, df: DataFrame) -> DataFrame:
