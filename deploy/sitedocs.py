@@ -310,7 +310,7 @@ def _job_options() -> tuple[JobOption, ...]:
         JobOption(WATERMARK_POLICY, POLICIES[0], _one_of(POLICIES) + ": the query's watermark follows the slowest or the fastest watermarked input "
                   "(`set_watermark_policy`)"),
         JobOption(translate.BATCH_SHUFFLE_MODE, "`BLOCKING` for BATCH jobs, `PIPELINED` for STREAMING jobs",
-                  _one_of(translate._SHUFFLE_MODES) + ": the result partition type of every "
+                  _one_of(jobgraph.SHUFFLE_MODES) + ": the result partition type of every "
                   "exchange (honoured for STREAMING jobs too)"),
         JobOption(translate.OPERATOR_CHAINING, "true", "`false`: every operator becomes its own JobVertex "
                   "(`disable_operator_chaining`)"),

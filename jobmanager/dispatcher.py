@@ -502,7 +502,9 @@ class Dispatcher:
         if needed > free + held:
             raise DispatcherError("RESOURCE_EXHAUSTED", f"job {job_id} at the new parallelism needs {needed} slots; it "
                                   f"holds {held} and the cluster has {free} free: add TaskManagers first")
-        changed = ", ".join(f"{v} {before[v]} -> {after[v]}" for v in after if after[v] != before[v])
+        # a vertex cut off a chain at parallelism 1 (`streamingjob.rescaled`) is new
+        changed = ", ".join(f"{v} {before[v]} -> {after[v]}" if v in before else f"{v} (new) {after[v]}"
+                            for v in after if after[v] != before.get(v))
         self._rescales[job_id] = dataclasses.replace(new_job, job_id=job_id)
         try:
             stopping = self.mailbox.call(lambda: job.rescale(f"rescaled: {changed}", timeout_s))

@@ -20,6 +20,7 @@ from typing import Any
 
 from funke.common import ids
 from funke.common.graph.jobgraph import (
+    BATCH_SHUFFLE_MODE,
     DEFAULT_SLOT_SHARING_GROUP,
     Artifact,
     DistributionPattern,
@@ -34,8 +35,10 @@ from funke.common.graph.jobgraph import (
     PartitionerKind,
     RestartStrategyConfig,
     ResultPartitionType,
+    chain_name,
+    result_partition_type,
 )
-from funke.common.graph.operators import CATALOGUE
+from funke.common.graph.operators import CATALOGUE, ELIDABLE_KINDS, ELIDED_EXCHANGE
 
 __all__ = [
     "BATCH_SHUFFLE_MODE",
@@ -50,10 +53,8 @@ __all__ = [
     "translate",
 ]
 
-# Flink's option keys, so that a Flink user's configuration means the same here.
-BATCH_SHUFFLE_MODE = "execution.batch-shuffle-mode"
-
-
+# Flink's option keys, so that a Flink user's configuration means the same here
+# (BATCH_SHUFFLE_MODE, from jobgraph.py, too).
 OPERATOR_CHAINING = "pipeline.operator-chaining.enabled"
 
 
@@ -64,12 +65,6 @@ COMBINERS = "funke.combiners.enabled"
 
 # The slot-sharing group of receiver sources (socket_text): slots of their own.
 RECEIVERS_GROUP = "receivers"
-
-
-_SHUFFLE_MODES = {
-    "ALL_EXCHANGES_BLOCKING": ResultPartitionType.BLOCKING,
-    "ALL_EXCHANGES_PIPELINED": ResultPartitionType.PIPELINED,
-}
 
 
 # --------------------------------------------------------------------------------------------
@@ -160,6 +155,56 @@ class _Chain:
         return self.operators[0]
 
 
+def _slot_sharing_groups(ordered: list[Transformation]) -> dict[int, str]:
+    """Each operator's slot-sharing group: its own, else its inputs' when they agree, else the
+    default."""
+    group: dict[int, str] = {}
+    for t in ordered:  # inputs come first, so their groups are known
+        if t.slot_sharing_group is not None:
+            group[t.seq] = t.slot_sharing_group
+        else:
+            # A receiver keeps its slot to itself (as Spark's receivers keep their cores): what
+            # follows it does not inherit its group.
+            input_groups = {group[i.seq] for i, _ in t.inputs} - {RECEIVERS_GROUP}
+            group[t.seq] = input_groups.pop() if len(input_groups) == 1 else DEFAULT_SLOT_SHARING_GROUP
+    return group
+
+
+def _without_single_subtask_exchanges(plan: Plan, ordered: list[Transformation],
+                                      consumers: Counter) -> list[Transformation]:
+    """Chain each keyed per-batch count()/reduce()/aggregate() whose producer and itself run at
+    parallelism 1 to that producer: a HASH exchange from one subtask to one subtask moves every
+    record to where it already is, and costs a task, an exchange and a Spark job per batch
+    (Spark plans no shuffle for a single partition either). The operator is marked
+    (`ELIDED_EXCHANGE`), so that validation keeps its vertex at parallelism 1 and a rescale
+    puts the exchange back. Only where the operator could chain were the exchange a forward
+    one (same slot-sharing and co-location group, chaining allowed on both, no max parallelism
+    of its own); `disable_chaining()` or `start_new_chain()` on it keeps the exchange. Works on
+    copies: the plan is unchanged."""
+    if plan.options.get(OPERATOR_CHAINING, "true").strip().lower() == "false":
+        return ordered
+    group = _slot_sharing_groups(ordered)
+    replaced: dict[int, Transformation] = {}
+    out: list[Transformation] = []
+    for original in ordered:
+        t = original
+        inputs = tuple((replaced.get(i.seq, i), x) for i, x in t.inputs)
+        if any(a is not b for (a, _), (b, _) in zip(inputs, t.inputs)):
+            t = dataclasses.replace(t, inputs=inputs)
+        if t.kind in ELIDABLE_KINDS and len(t.inputs) == 1:
+            (producer, exchange), = t.inputs
+            if (exchange is not None and exchange.kind is ExchangeKind.HASH
+                    and (producer.parallelism or plan.parallelism) == 1 and (t.parallelism or plan.parallelism) == 1
+                    and consumers[producer.seq] == 1 and group[producer.seq] == group[t.seq]
+                    and producer.co_location_group == t.co_location_group and t.max_parallelism is None
+                    and producer.chaining is not Chaining.NEVER and t.chaining is Chaining.ALWAYS):
+                t = dataclasses.replace(t, inputs=((producer, None),), config={**t.config, ELIDED_EXCHANGE: True})
+        if t is not original:
+            replaced[original.seq] = t
+        out.append(t)
+    return out
+
+
 def _with_combiners(plan: Plan, ordered: list[Transformation],
                     consumers: Counter) -> tuple[list[Transformation], Counter]:
     """Give each keyed count()/reduce()/aggregate() a combiner: the same operation, chained onto
@@ -218,18 +263,11 @@ def translate(plan: Plan) -> tuple[JobGraph, dict[int, str]]:
             stack.extend(i for i, _ in t.inputs)
     ordered = [t for t in plan.transformations if t.seq in needed]
     consumers = Counter(i.seq for t in ordered for i, _ in t.inputs)
+    ordered = _without_single_subtask_exchanges(plan, ordered, consumers)
     ordered, consumers = _with_combiners(plan, ordered, consumers)
 
     parallelism = {t.seq: t.parallelism or plan.parallelism for t in ordered}
-    group: dict[int, str] = {}
-    for t in ordered:  # inputs come first, so their groups are known
-        if t.slot_sharing_group is not None:
-            group[t.seq] = t.slot_sharing_group
-        else:
-            # A receiver keeps its slot to itself (as Spark's receivers keep their cores): what
-            # follows it does not inherit its group.
-            input_groups = {group[i.seq] for i, _ in t.inputs} - {RECEIVERS_GROUP}
-            group[t.seq] = input_groups.pop() if len(input_groups) == 1 else DEFAULT_SLOT_SHARING_GROUP
+    group = _slot_sharing_groups(ordered)
 
     for t in ordered:
         for i, exchange in t.inputs:
@@ -298,7 +336,7 @@ def translate(plan: Plan) -> tuple[JobGraph, dict[int, str]]:
         head = chain.head
         vertices.append(JobVertex(
             id=chain.vertex_id,
-            name=_chain_name([t.name for t in chain.operators]),
+            name=chain_name([t.name for t in chain.operators]),
             parallelism=parallelism[head.seq],
             operators=tuple(
                 OperatorSpec(t.kind, t.name, copy.deepcopy(t.config), t.function) for t in chain.operators
@@ -365,28 +403,4 @@ _EXCHANGE_WIRING: dict[ExchangeKind, tuple[DistributionPattern, PartitionerKind]
 
 
 def _result_partition_type(plan: Plan) -> ResultPartitionType:
-    mode = plan.options.get(BATCH_SHUFFLE_MODE)
-    if mode is None:
-        return ResultPartitionType.BLOCKING if plan.job_type is JobType.BATCH else ResultPartitionType.PIPELINED
-    # Unlike Flink, the option is honoured for streaming jobs too: funke's streaming jobs are
-    # bounded, so blocking exchanges are meaningful there as well.
-    try:
-        return _SHUFFLE_MODES[mode.strip().upper()]
-    except KeyError:
-        raise ValueError(
-            f"{BATCH_SHUFFLE_MODE}: unsupported value {mode!r} (accepted: {', '.join(_SHUFFLE_MODES)})"
-        ) from None
-
-
-def _chain_name(names: list[str]) -> str:
-    """"Source: text -> FlatMap -> Count", as Flink names a chain; a chain too long to name in
-    full keeps its ends: "A -> B -> ... (37 more) -> Z"."""
-    name = " -> ".join(names)
-    if len(name) <= ids.MAX_NAME_LENGTH:
-        return name
-    head, tail = list(names[:2]), names[-1]
-    while len(head) > 1 and len(" -> ".join(head)) > ids.MAX_NAME_LENGTH // 2:
-        head.pop()
-    middle = f"... ({len(names) - len(head) - 1} more)"
-    shortened = " -> ".join([*head, middle, tail])
-    return shortened if len(shortened) <= ids.MAX_NAME_LENGTH else shortened[: ids.MAX_NAME_LENGTH - 3] + "..."
+    return result_partition_type(plan.job_type, plan.options)

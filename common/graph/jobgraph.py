@@ -17,6 +17,7 @@ import heapq
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from funke.common import ids
 from funke.common.graph.operators import OperatorRole, operator_role
 
 DEFAULT_SLOT_SHARING_GROUP = "default"
@@ -65,6 +66,20 @@ class FailoverStrategyKind(enum.Enum):
     __hash__ = object.__hash__
     FULL = "full"
     REGION = "region"
+
+
+def chain_name(names: list[str]) -> str:
+    """"Source: text -> FlatMap -> Count", as Flink names a chain; a chain too long to name in
+    full keeps its ends: "A -> B -> ... (37 more) -> Z"."""
+    name = " -> ".join(names)
+    if len(name) <= ids.MAX_NAME_LENGTH:
+        return name
+    head, tail = list(names[:2]), names[-1]
+    while len(head) > 1 and len(" -> ".join(head)) > ids.MAX_NAME_LENGTH // 2:
+        head.pop()
+    middle = f"... ({len(names) - len(head) - 1} more)"
+    shortened = " -> ".join([*head, middle, tail])
+    return shortened if len(shortened) <= ids.MAX_NAME_LENGTH else shortened[: ids.MAX_NAME_LENGTH - 3] + "..."
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +139,30 @@ class JobEdge:
     partition_keys: tuple[str, ...] = ()
     result_partition_type: ResultPartitionType = ResultPartitionType.BLOCKING
     input_index: int = 0
+
+
+# Flink's option: the result partition type of every exchange of a job.
+BATCH_SHUFFLE_MODE = "execution.batch-shuffle-mode"
+SHUFFLE_MODES = {
+    "ALL_EXCHANGES_BLOCKING": ResultPartitionType.BLOCKING,
+    "ALL_EXCHANGES_PIPELINED": ResultPartitionType.PIPELINED,
+}
+
+
+def result_partition_type(job_type: JobType, options: Mapping[str, str]) -> ResultPartitionType:
+    """The result partition type of a job's exchanges: BATCH_SHUFFLE_MODE's, else BLOCKING for
+    a BATCH job and PIPELINED for a STREAMING one. Raises ValueError for an unknown mode."""
+    mode = options.get(BATCH_SHUFFLE_MODE)
+    if mode is None:
+        return ResultPartitionType.BLOCKING if job_type is JobType.BATCH else ResultPartitionType.PIPELINED
+    # Unlike Flink, the option is honoured for streaming jobs too: funke's streaming jobs are
+    # bounded, so blocking exchanges are meaningful there as well.
+    try:
+        return SHUFFLE_MODES[mode.strip().upper()]
+    except KeyError:
+        raise ValueError(
+            f"{BATCH_SHUFFLE_MODE}: unsupported value {mode!r} (accepted: {', '.join(SHUFFLE_MODES)})"
+        ) from None
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,6 +41,7 @@ class Value(enum.Enum):
     DELTA_MODE = "a Delta write mode: append or overwrite"
     VERSION = "a table version (0 or more)"
     TIMESTAMP = "an ISO 8601 date and time"
+    TRUE = "true (or the key left out)"
 
 
 class FunctionUse(enum.Enum):
@@ -56,6 +57,13 @@ class OperatorRole(enum.Enum):
 
 
 VARIADIC = -1  # arity of operators taking any number (>= 1) of inputs
+
+# A keyed per-batch operator (count, reduce, aggregate) chained behind its producer: the HASH
+# exchange on its keys was left out because both sides run as one subtask, where it moves
+# nothing (as Spark plans no shuffle for a single partition). Holds only at parallelism 1:
+# validation keeps it there, and `streamingjob.rescaled` puts the exchange back.
+ELIDED_EXCHANGE = "elided_hash_exchange"
+ELIDABLE_KINDS = frozenset({"count", "reduce", "aggregate"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,11 +147,12 @@ CATALOGUE: dict[str, OperatorKind] = {
         _k("filter", T, 1, fn=True),
         _k("select", T, 1, "exprs", keys={"exprs": V.SQL_LIST}),
         _k("where", T, 1, "condition", keys={"condition": V.SQL}),
-        _k("reduce", T, 1, "keys", fn=True, keys={"keys": V.COLUMNS}),
-        _k("aggregate", T, 1, "keys", "aggregations", keys={"keys": V.COLUMNS, "aggregations": V.SQL_LIST}),
+        _k("reduce", T, 1, "keys", fn=True, keys={"keys": V.COLUMNS, ELIDED_EXCHANGE: V.TRUE}),
+        _k("aggregate", T, 1, "keys", "aggregations",
+           keys={"keys": V.COLUMNS, "aggregations": V.SQL_LIST, ELIDED_EXCHANGE: V.TRUE}),
         # a keyed aggregate's combiner, before its exchange (funke.common.aggregates)
         _k("combine", T, 1, "keys", "aggregations", keys={"keys": V.COLUMNS, "aggregations": V.SQL_LIST}),
-        _k("count", T, 1, "keys", keys={"keys": V.COLUMNS}),
+        _k("count", T, 1, "keys", keys={"keys": V.COLUMNS, ELIDED_EXCHANGE: V.TRUE}),
         # a streaming query's keyed aggregate over every batch so far, its totals in keyed state
         # (funke.common.streaming.state); emits per the query's output mode
         _k("running_aggregate", T, 1, "keys", "aggregations",

@@ -38,8 +38,18 @@ from funke.common.streaming.sources import RECEIVER_KINDS, SOURCES, STREAM_FILE_
 from funke.common.streaming.sources.receiver import SOCKET  # noqa: F401
 from funke.common.streaming.sources.rate import RATE  # noqa: F401
 from funke.common.streaming.sources.redis import REDIS  # noqa: F401
-from funke.common.graph.jobgraph import JobGraph, JobType, JobVertex
-from funke.common.graph.operators import CATALOGUE, OperatorRole
+from funke.common.graph.jobgraph import (
+    DistributionPattern,
+    IntermediateDataSet,
+    JobEdge,
+    JobGraph,
+    JobType,
+    JobVertex,
+    PartitionerKind,
+    chain_name,
+    result_partition_type,
+)
+from funke.common.graph.operators import CATALOGUE, ELIDED_EXCHANGE, OperatorRole
 
 # The stream sources are the registry's (`funke.common.streaming.sources.SOURCES`, by operator kind)
 STREAM_SOURCE_KINDS = frozenset(SOURCES)
@@ -446,4 +456,65 @@ def rescaled(job: JobGraph, parallelism: int, vertex_ids: list[str] | tuple[str,
             problems.append(f"vertex {v.id!r}: parallelism {parallelism} exceeds its max parallelism {most} (the "
                             "number of key groups its state is kept in, fixed for the life of the query)")
         vertices.append(dataclasses.replace(v, parallelism=parallelism, max_parallelism=most))
-    return dataclasses.replace(job, vertices=tuple(vertices)), problems
+    job = dataclasses.replace(job, vertices=tuple(vertices))
+    if parallelism > 1:
+        for v in [v for v in job.vertices if v.id in chosen]:
+            job = _exchanges_back(job, v, problems)
+    return job, problems
+
+
+def _exchanges_back(job: JobGraph, v: JobVertex, problems: list[str]) -> JobGraph:
+    """`job` with vertex `v` (now at more than one subtask) cut before each of its operators
+    whose HASH exchange was left out at parallelism 1 (`operators.ELIDED_EXCHANGE`): each cut
+    starts a vertex of its own, fed by a HASH exchange on the operator's keys, as the DSL makes
+    it at that parallelism. `v` keeps its id (its sources and offsets), the vertex after the last
+    cut takes over its data sets; an operator whose place names it in the offset log (a
+    watermark: `eventtime.operator_id`) cannot move, and is reported instead."""
+    import dataclasses
+
+    cuts = [i for i, op in enumerate(v.operators) if i > 0 and ELIDED_EXCHANGE in op.config]
+    if not cuts:
+        return job
+    moved = [op.display_name for op in v.operators[cuts[0]:] if op.kind == WATERMARK]
+    if moved:
+        problems.append(f"vertex {v.id!r}: its watermark {', '.join(repr(m) for m in moved)} follows an aggregate "
+                        "chained at parallelism 1 and would move to a vertex of its own; stop the query and "
+                        "submit it at the new parallelism")
+        return job
+    taken = {x.id for x in job.vertices} | {d.id for d in job.data_sets} | {e.id for e in job.edges}
+
+    def fresh(base: str) -> str:
+        candidate, n = base, 1
+        while candidate in taken:
+            n += 1
+            candidate = f"{base}-{n}"
+        taken.add(candidate)
+        return candidate
+
+    kind = result_partition_type(job.job_type, job.configuration.options)
+    pieces: list[JobVertex] = []
+    data_sets: list[IntermediateDataSet] = []
+    edges: list[JobEdge] = []
+    for start, end in zip([0, *cuts], [*cuts, len(v.operators)]):
+        operators = tuple(
+            dataclasses.replace(op, config={k: x for k, x in op.config.items() if k != ELIDED_EXCHANGE})
+            if k == start and start else op for k, op in enumerate(v.operators[start:end], start))
+        vertex_id = v.id if not start else fresh(operators[0].kind.replace(".", "-").replace("_", "-"))
+        if pieces:
+            keys = operators[0].config.get("keys")
+            data_set = IntermediateDataSet(fresh(f"{pieces[-1].id}.out0"), pieces[-1].id)
+            data_sets.append(data_set)
+            edges.append(JobEdge(fresh(f"{pieces[-1].id}->{vertex_id}"), data_set.id, vertex_id,
+                                 DistributionPattern.ALL_TO_ALL, PartitionerKind.HASH,
+                                 (keys,) if isinstance(keys, str) else tuple(keys or ()), kind, 0))
+        pieces.append(dataclasses.replace(v, id=vertex_id, name=chain_name([op.display_name for op in operators]),
+                                          operators=operators))
+    last = pieces[-1].id
+    vertices = []
+    for x in job.vertices:
+        vertices.extend(pieces if x.id == v.id else [x])
+    return dataclasses.replace(
+        job, vertices=tuple(vertices),
+        data_sets=tuple(dataclasses.replace(d, producer=last) if d.producer == v.id else d
+                        for d in job.data_sets) + tuple(data_sets),
+        edges=job.edges + tuple(edges))

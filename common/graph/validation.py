@@ -32,7 +32,16 @@ from funke.common.graph.jobgraph import (
     PartitionerKind,
     exchange_in_memory_max_bytes,
 )
-from funke.common.graph.operators import CATALOGUE, JOIN_TYPES, SINK_MODES, VARIADIC, FunctionUse, OperatorRole, Value
+from funke.common.graph.operators import (
+    CATALOGUE,
+    ELIDED_EXCHANGE,
+    JOIN_TYPES,
+    SINK_MODES,
+    VARIADIC,
+    FunctionUse,
+    OperatorRole,
+    Value,
+)
 from funke.common.streaming.eventtime import MAX_DELAY_MS
 from funke.common.streaming.sources.delta import DELTA_KINDS, DELTA_MODES, parse_timestamp
 from funke.common.streaming.sources.delta import config_problems as delta_config_problems
@@ -450,6 +459,14 @@ def _check_operator(v, index: int, op, context: ValidationContext | None, add) -
         add(subject, f"{where} ({op.kind}): config 'step' must not be 0")
     if kind.function is FunctionUse.OPTIONAL and op.function and "schema" not in config:
         add(subject, f"{where} ({op.kind}) has a function, so it needs config schema (what the function returns)")
+    if ELIDED_EXCHANGE in config:
+        # Only one subtask on each side makes the left-out HASH exchange a no-op.
+        if index == 0:
+            add(subject, f"{where} ({op.kind}): config {ELIDED_EXCHANGE!r} marks an operator chained behind its "
+                "producer; a chain's head reads its input through the vertex's edge")
+        if _is_int(v.parallelism) and v.parallelism != 1:
+            add(subject, f"{where} ({op.kind}): config {ELIDED_EXCHANGE!r} holds only at parallelism 1 (the vertex "
+                f"has {v.parallelism}): at more subtasks its input must be HASH-partitioned on its keys")
 
 
 def host_problem(value: object) -> str | None:
@@ -551,6 +568,8 @@ def _value_problem(expected: Value, value: object, context: ValidationContext | 
         except ValueError as exc:
             return str(exc)
         return None
+    if expected is Value.TRUE:
+        return None if value is True else f"must be true, got {ids.echo(value)}"
     if expected is Value.ROWS:
         if not isinstance(value, (list, str)):
             return f"must be a list of rows, got {type(value).__name__}"

@@ -383,3 +383,52 @@ def test_a_running_aggregate_rescaled_live_2_4_1_keeps_exact_totals_under_one_jo
           f"of {checked} batches")
     with pytest.raises(FunkeError, match="rescale takes a running streaming query"):
         client.rescale(job_id, 2)
+
+
+def test_a_per_batch_aggregate_chained_at_parallelism_1_is_exact_before_and_after_a_live_rescale_to_2(
+        stream_cluster, tmp_path):
+    """At parallelism 1 the per-batch aggregate runs in the source's chain (no exchange between
+    single subtasks); rescaled to 2, it gets its HASH exchange back, and every batch of both runs
+    still holds each key once, with the count and sum of exactly the rows of that batch."""
+    from funke.deploy.client import rescale_pause
+
+    out, checkpoint = tmp_path / "per-batch", tmp_path / "checkpoint"
+    client = stream_cluster.client
+    env = ExecutionEnvironment("per batch")
+    (env.read_stream.rate(40)
+        .select(f"value % {KEYS} AS k", "value")
+        .key_by("k").per_batch().aggregate("count(1) AS n", "sum(value) AS total")
+        .write_parquet(str(out)))
+    env.set_trigger("500 ms").set_checkpoint_location(str(checkpoint))
+    job = env.build()
+    assert [v.id for v in job.vertices] == ["source-rate"] and job.edges == ()
+    job_id = client.submit(job)
+    events = Events(client, job_id)
+    events.wait("BatchCompleted", min_batch=3)
+
+    answer = client.rescale(job_id, 2)
+    assert answer.parallelism == {"source-rate": 2, "aggregate": 2}, answer
+    pause = None
+    for _ in range(600):
+        pause = rescale_pause(client.progress(job_id), answer.last_batch_id)
+        if pause is not None:
+            break
+        time.sleep(0.1)
+    assert pause is not None, client.progress(job_id)
+    assert {v.id: v.parallelism for v in client.get_job(job_id).vertices} == {"source-rate": 2, "aggregate": 2}
+    Events(client, job_id).wait("BatchCompleted", min_batch=pause["first_batch_after"] + 2)
+    client.stop(job_id, timeout_s=60)
+    assert wait_status(client, job_id, ("FINISHED", "FAILED", "CANCELED")) == "FINISHED"
+
+    ends = batch_ends(checkpoint)
+    emitted = committed_rows(out, lambda p: [(r["k"], r["n"], r["total"]) for r in pq.read_table(p).to_pylist()])
+    start, after = 0, 0
+    for batch in sorted(ends):
+        values: dict[int, list[int]] = collections.defaultdict(list)
+        for v in range(start, ends[batch]):
+            values[v % KEYS].append(v)
+        expected = sorted((k, len(vs), sum(vs)) for k, vs in values.items())
+        assert sorted(emitted.get(batch, [])) == expected, f"batch {batch} (rows {start}..{ends[batch]})"
+        after += batch >= pause["first_batch_after"] and bool(expected)
+        start = ends[batch]
+    assert after >= 2, (sorted(ends), pause)

@@ -267,7 +267,7 @@ def test_streaming_jobs_use_pipelined_exchanges():
     ("streaming", "ALL_EXCHANGES_BLOCKING", RPT.BLOCKING),
 ])
 def test_batch_shuffle_mode_option_overrides_the_partition_type(job_type, mode, expected):
-    env = ExecutionEnvironment("mode", job_type=job_type).set_option("execution.batch-shuffle-mode", mode)
+    env = ExecutionEnvironment("mode", job_type=job_type, parallelism=2).set_option("execution.batch-shuffle-mode", mode)
     wordcount(env).print()
     job = built(env)
 
@@ -348,7 +348,7 @@ def test_a_stream_feeding_one_operator_twice_gets_distinct_edges():
 
 
 def test_uid_becomes_the_vertex_id_and_name_shows_in_the_vertex_name():
-    env = ExecutionEnvironment("names")
+    env = ExecutionEnvironment("names", parallelism=2)
     (
         env.read_text("in").uid("lines").name("read lines")
         .flat_map(str.split, schema="word string").name("split")
@@ -403,7 +403,7 @@ def test_collect_handle_names_the_vertex_the_sink_runs_in():
     job = built(env)
 
     assert isinstance(handle, CollectSink)
-    assert handle.vertex_id == "count"
+    assert handle.vertex_id == "source-text"  # one subtask on each side: the count chains to the source
     assert job.vertex(handle.vertex_id).operators[-1].kind == "sink.collect"
 
     env = ExecutionEnvironment("collect", parallelism=2)
@@ -645,6 +645,45 @@ def test_combiners_only_where_they_chain_and_can_be_turned_off():
     env = ExecutionEnvironment("aggregate", parallelism=2)
     env.from_range(10).key_by("id").aggregate("max(id) as top").discard()
     assert [op.kind for op in built(env).vertices[0].operators] == ["source.range", "combine"]  # decided on the TaskManager
+
+
+def test_keyed_per_batch_operators_chain_across_an_exchange_between_single_subtasks():
+    """A HASH exchange from one subtask to one moves nothing: the count/reduce/aggregate chains to
+    its producer, marked, without a combiner; at any other parallelism, or where it could not
+    chain, the exchange stays."""
+    env = ExecutionEnvironment("one")
+    wordcount(env).write_csv("out", mode="overwrite")
+    job = built(env)
+    assert [v.name for v in job.vertices] == ["Source: text -> FlatMap -> Count -> Sink: CSV"] and job.edges == ()
+    count = job.vertices[0].operators[2]
+    assert (count.kind, count.config) == ("count", {"keys": ["word"], "elided_hash_exchange": True})
+
+    env = ExecutionEnvironment("stream one", job_type="streaming")
+    (env.read_stream.rate(10).select("value % 3 AS k", "value").key_by("k").per_batch()
+        .aggregate("sum(value) AS total").key_by("k").per_batch().reduce(lambda a, b: a).discard())
+    assert [[op.kind for op in v.operators] for v in built(env).vertices] == [
+        ["source.rate", "select", "aggregate", "reduce", "sink.discard"]]
+
+    kept = []
+    env = ExecutionEnvironment("consumer at 2")
+    wordcount(env).set_parallelism(2).discard()
+    kept.append(env)
+    env = ExecutionEnvironment("new chain")
+    wordcount(env).start_new_chain().discard()
+    kept.append(env)
+    env = ExecutionEnvironment("own group")
+    wordcount(env).slot_sharing_group("counts").discard()
+    kept.append(env)
+    env = ExecutionEnvironment("chaining off").set_option("pipeline.operator-chaining.enabled", "false")
+    wordcount(env).discard()
+    kept.append(env)
+    env = ExecutionEnvironment("running", job_type="streaming").set_output_mode("update")
+    env.read_stream.rate(10).key_by("value").count().discard()  # keyed state: per key group, behind its exchange
+    kept.append(env)
+    for env in kept:
+        job = built(env)
+        assert PK.HASH in [e.partitioner for e in job.edges], env.name
+        assert not any("elided_hash_exchange" in op.config for v in job.vertices for op in v.operators), env.name
 
 
 def test_graphs_the_dsl_builds_at_its_limits_pass_validation():

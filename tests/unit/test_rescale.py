@@ -43,6 +43,35 @@ def test_what_cannot_be_rescaled_is_refused_with_every_reason():
     assert any("receiver sources" in p for p in rescaled(socket, 3, [receiver])[1])
 
 
+def per_batch_query(watermark_after: bool = False):
+    env = ExecutionEnvironment("one", job_type="streaming")  # parallelism 1: the aggregate chains to the source
+    counts = env.read_stream.rate(10).select("value % 3 AS k", "timestamp AS ts").key_by("k").per_batch().aggregate(
+        "count(1) AS n", "max(ts) AS ts")
+    if watermark_after:
+        counts = counts.with_watermark("ts", "1 second")
+    counts.write_parquet("/out/counts")
+    return env.build()
+
+
+def test_rescaling_a_query_chained_at_parallelism_1_puts_its_hash_exchange_back():
+    job = per_batch_query()
+    assert [v.id for v in job.vertices] == ["source-rate"] and job.edges == ()
+    new, problems = rescaled(job, 3)
+    assert problems == [] and find_problems(new) == []
+    assert [(v.id, v.name, v.parallelism, [op.kind for op in v.operators]) for v in new.vertices] == [
+        ("source-rate", "Source: rate -> Select", 3, ["source.rate", "select"]),
+        ("aggregate", "Aggregate -> Sink: Parquet", 3, ["aggregate", "sink.parquet"])]
+    assert "elided_hash_exchange" not in new.vertices[1].operators[0].config
+    (edge,) = new.edges
+    assert (edge.consumer, edge.partitioner.value, edge.partition_keys, edge.result_partition_type.value) == (
+        "aggregate", "HASH", ("k",), "PIPELINED")
+    assert [(d.id, d.producer) for d in new.data_sets] == [(edge.data_set, "source-rate")]
+    same, problems = rescaled(job, 1)  # still one subtask each: nothing to put back
+    assert problems == [] and same.vertices[0].operators == job.vertices[0].operators and same.edges == ()
+    _, problems = rescaled(per_batch_query(watermark_after=True), 2)
+    assert any("its watermark 'Watermark ts' follows an aggregate chained at parallelism 1" in p for p in problems), problems
+
+
 def record(batch: int, run: str, batch_time: int, total_delay: int) -> dict:
     return {"batchId": batch, "runId": run, "batchTime": batch_time, "totalDelayMs": total_delay}
 

@@ -135,6 +135,25 @@ def test_operator_chains_are_checked_against_the_catalogue():
         assert any(fragment in m for m in msgs), f"missing {fragment!r} in {msgs}"
 
 
+def test_an_elided_exchange_holds_only_behind_a_producer_at_parallelism_1():
+    count = OperatorSpec("count", config={"keys": ["k"], "elided_hash_exchange": True})
+    assert messages(chain(v("one", p=1, ops=(SRC[0], count, SINK[0])))) == []
+    msgs = messages(chain(
+        v("two", p=2, ops=(SRC[0], count, SINK[0])),
+        v("head", p=1, ops=(count, SINK[0])),
+        v("odd", p=1, ops=(OperatorSpec("count", config={"keys": ["k"], "elided_hash_exchange": "yes"}), SINK[0])),
+        partitioner=PK.HASH))
+    for fragment in [
+        "vertex 'two': operator 1 'count' (count): config 'elided_hash_exchange' holds only at parallelism 1 "
+        "(the vertex has 2)",
+        "vertex 'head': operator 0 'count' (count): config 'elided_hash_exchange' marks an operator chained",
+        "vertex 'odd': operator 0 'count' (count): config 'elided_hash_exchange' must be true, got 'yes'",
+    ]:
+        assert any(fragment in m for m in msgs), f"missing {fragment!r} in {msgs}"
+    other = OperatorSpec("map", config={"schema": "k int", "elided_hash_exchange": True}, function=b"f")
+    assert any("unknown config key 'elided_hash_exchange'" in m for m in messages(chain(v("m", p=1, ops=(SRC[0], other)))))
+
+
 def test_join_needs_two_inputs_and_a_source_none():
     src = v("src", ops=SRC)
     join = v("join", ops=(OperatorSpec("join", config={"on": ["k"]}),))
