@@ -7,7 +7,9 @@ per-batch aggregate by bucket (count, sum) -> Parquet.
   funke:      a local cluster of one TaskManager with --cores slots (Spark local[cores]), at each
               --parallelism (default 1 and --cores: one subtask per vertex, whose Spark work
               spreads over the TaskManager's cores, and one per slot);
-              `map` then `key_by("bucket").per_batch().aggregate(...)`, `write_parquet`;
+              `map` then `key_by("bucket").per_batch().aggregate(...)`, `write_parquet`; at
+              parallelism 1 one vertex (no exchange between single subtasks), or two with
+              --keep-exchange;
   Structured: one process, local[cores], `readStream.format("rate")` -> `mapInArrow` with the
               same function -> `foreachBatch` that aggregates the batch and appends Parquet
               (Structured Streaming's way to aggregate per batch).
@@ -114,15 +116,20 @@ class Structured:
         self.proc.wait(timeout=120)
 
 
-def funke_job(rate: int, interval_ms: int, out: Path, checkpoint: Path, parallelism: int):
+def funke_job(rate: int, interval_ms: int, out: Path, checkpoint: Path, parallelism: int,
+              keep_exchange: bool = False):
+    """The query; at parallelism 1 its aggregate chains to the source (no exchange between single
+    subtasks) unless `keep_exchange` starts a new chain there, as before that rule."""
     from funke.common.api.dsl import ExecutionEnvironment
 
     env = ExecutionEnvironment(f"bench stream {rate} {interval_ms}", parallelism=parallelism)
-    (env.read_stream.rate(rate)
-        .select("value")
-        .map(bucketed, schema="value bigint, bucket int, doubled bigint")
-        .key_by("bucket").per_batch().aggregate("count(1) as n", "sum(doubled) as total")
-        .write_parquet(str(out)))
+    aggregate = (env.read_stream.rate(rate)
+                 .select("value")
+                 .map(bucketed, schema="value bigint, bucket int, doubled bigint")
+                 .key_by("bucket").per_batch().aggregate("count(1) as n", "sum(doubled) as total"))
+    if keep_exchange:
+        aggregate.start_new_chain()
+    aggregate.write_parquet(str(out))
     env.set_trigger(f"{interval_ms} ms").set_checkpoint_location(str(checkpoint))
     return env.build()
 
@@ -227,6 +234,9 @@ def main() -> int:
                    help="start the throughput sweep at this rate (rows/s); lower rates are not measured")
     p.add_argument("--no-latency", action="store_true", help="measure the sustained rates only")
     p.add_argument("--no-sustained", action="store_true", help="measure the batch durations only")
+    p.add_argument("--keep-exchange", action="store_true",
+                   help="keep the aggregate in a vertex of its own at parallelism 1 (its HASH exchange, as "
+                        "before funke chained across exchanges between single subtasks)")
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args()
     parallelisms = [int(x) for x in args.parallelism.split(",")] if args.parallelism else sorted({1, args.cores})
@@ -249,7 +259,7 @@ def main() -> int:
             nonlocal runs
             runs += 1
             job_id = client.submit(funke_job(rate, interval_ms, root / f"funke-out-{runs}", root / f"funke-ck-{runs}",
-                                             parallelism))
+                                             parallelism, args.keep_exchange))
             deadline = time.time() + 120
             while job_status_name(client.get_job(job_id).status) != "RUNNING" or not client.progress(job_id):
                 if time.time() > deadline:

@@ -55,8 +55,13 @@ def test_word_count_equals_a_direct_count(spark_cluster, corpus, parallelism):
     rows = spark_cluster.client.result(job_id)
     assert collections.Counter({r["word"]: r["count"] for r in rows}) == expected
     assert len(rows) == len(expected)  # no word twice
-    # two vertices (Flink-style chains), each run at the requested parallelism, on both TaskManagers
-    assert [v.parallelism for v in details.vertices] == [parallelism, parallelism]
+    # two vertices (Flink-style chains), each run at the requested parallelism, on both TaskManagers;
+    # at parallelism 1 one: no exchange between single subtasks, the count chains to the source
+    if parallelism == 1:
+        assert [(v.name, v.parallelism) for v in details.vertices] == [
+            ("Source: text -> FlatMap -> Count -> Sink: Collect", 1)]
+    else:
+        assert [v.parallelism for v in details.vertices] == [parallelism, parallelism]
     used = {s.current.task_manager_id for v in details.vertices for s in v.subtasks}
     if parallelism == 4:
         assert used == {"tm-1", "tm-2"}
