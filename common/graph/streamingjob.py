@@ -491,14 +491,18 @@ def _exchanges_back(job: JobGraph, v: JobVertex, problems: list[str]) -> JobGrap
         taken.add(candidate)
         return candidate
 
-    kind = result_partition_type(job.job_type, job.configuration.options)
+    try:
+        partition_type = result_partition_type(job.job_type, job.configuration.options)
+    except ValueError as exc:  # a graph from a client that did not translate it
+        problems.append(str(exc))
+        return job
     pieces: list[JobVertex] = []
     data_sets: list[IntermediateDataSet] = []
     edges: list[JobEdge] = []
     for start, end in zip([0, *cuts], [*cuts, len(v.operators)]):
         operators = tuple(
-            dataclasses.replace(op, config={k: x for k, x in op.config.items() if k != ELIDED_EXCHANGE})
-            if k == start and start else op for k, op in enumerate(v.operators[start:end], start))
+            dataclasses.replace(op, config={key: value for key, value in op.config.items() if key != ELIDED_EXCHANGE})
+            if index == start and start else op for index, op in enumerate(v.operators[start:end], start))
         vertex_id = v.id if not start else fresh(operators[0].kind.replace(".", "-").replace("_", "-"))
         if pieces:
             keys = operators[0].config.get("keys")
@@ -506,7 +510,7 @@ def _exchanges_back(job: JobGraph, v: JobVertex, problems: list[str]) -> JobGrap
             data_sets.append(data_set)
             edges.append(JobEdge(fresh(f"{pieces[-1].id}->{vertex_id}"), data_set.id, vertex_id,
                                  DistributionPattern.ALL_TO_ALL, PartitionerKind.HASH,
-                                 (keys,) if isinstance(keys, str) else tuple(keys or ()), kind, 0))
+                                 (keys,) if isinstance(keys, str) else tuple(keys or ()), partition_type, 0))
         pieces.append(dataclasses.replace(v, id=vertex_id, name=chain_name([op.display_name for op in operators]),
                                           operators=operators))
     last = pieces[-1].id

@@ -334,8 +334,20 @@ def test_sessions_with_timeouts_in_a_keyed_process_function_equal_a_direct_compu
     assert all(len(r["timers"]) == 1 for r in shown["rows"])
 
 
+def wait_pause(client, job_id: str, last_batch_before: int) -> dict | None:
+    """The rescale's pause (`rescale_pause`) once the new run committed a batch; None after 60 s."""
+    from funke.deploy.client import rescale_pause
+
+    for _ in range(600):
+        pause = rescale_pause(client.progress(job_id), last_batch_before)
+        if pause is not None:
+            return pause
+        time.sleep(0.1)
+    return None
+
+
 def test_a_running_aggregate_rescaled_live_2_4_1_keeps_exact_totals_under_one_job_id(stream_cluster, tmp_path):
-    from funke.deploy.client import FunkeError, rescale_pause
+    from funke.deploy.client import FunkeError
 
     out, checkpoint = tmp_path / "totals", tmp_path / "checkpoint"
     client = stream_cluster.client
@@ -361,12 +373,7 @@ def test_a_running_aggregate_rescaled_live_2_4_1_keeps_exact_totals_under_one_jo
     # 4 -> 1 through the client
     answer = client.rescale(job_id, 1)
     assert set(answer.parallelism.values()) == {1} and "rescaling" in answer.message
-    pause = None
-    for _ in range(600):
-        pause = rescale_pause(client.progress(job_id), answer.last_batch_id)
-        if pause is not None:
-            break
-        time.sleep(0.1)
+    pause = wait_pause(client, job_id, answer.last_batch_id)
     assert pause is not None and pause["pause_ms"] > 0, client.progress(job_id)
     events = Events(client, job_id)
     events.wait("BatchCompleted", min_batch=pause["first_batch_after"] + 2)
@@ -390,8 +397,6 @@ def test_a_per_batch_aggregate_chained_at_parallelism_1_is_exact_before_and_afte
     """At parallelism 1 the per-batch aggregate runs in the source's chain (no exchange between
     single subtasks); rescaled to 2, it gets its HASH exchange back, and every batch of both runs
     still holds each key once, with the count and sum of exactly the rows of that batch."""
-    from funke.deploy.client import rescale_pause
-
     out, checkpoint = tmp_path / "per-batch", tmp_path / "checkpoint"
     client = stream_cluster.client
     env = ExecutionEnvironment("per batch")
@@ -408,12 +413,7 @@ def test_a_per_batch_aggregate_chained_at_parallelism_1_is_exact_before_and_afte
 
     answer = client.rescale(job_id, 2)
     assert answer.parallelism == {"source-rate": 2, "aggregate": 2}, answer
-    pause = None
-    for _ in range(600):
-        pause = rescale_pause(client.progress(job_id), answer.last_batch_id)
-        if pause is not None:
-            break
-        time.sleep(0.1)
+    pause = wait_pause(client, job_id, answer.last_batch_id)
     assert pause is not None, client.progress(job_id)
     assert {v.id: v.parallelism for v in client.get_job(job_id).vertices} == {"source-rate": 2, "aggregate": 2}
     Events(client, job_id).wait("BatchCompleted", min_batch=pause["first_batch_after"] + 2)
