@@ -10,3 +10,7 @@ its own floor's package and the floors below (tests/unit/test_floors.py checks i
     task/         the TaskManager's core: slots, tasks, input gates
     wire/, api/, configuration.py   the wire codec and job views, the DSL, the cluster's options
 """
+
+from funke.common import moved as _moved
+
+_moved.install()  # the 0.2.0 module paths, for one more minor version (moved.py)

@@ -15,11 +15,13 @@ import runpy
 import sys
 import traceback
 import types
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
 from funke.common.api.execution import JobCaptured, capturing
 from funke.common.graph.jobgraph import JobGraph
+from funke.common.moved import FunkeDeprecationWarning
 from funke.deploy.client import FunkeError, InvalidJobGraph
 
 __all__ = ["JOB_MODULE", "JobFileError", "load_job_file"]
@@ -45,7 +47,9 @@ def load_job_file(path: str | os.PathLike[str], args: Sequence[str] = ()) -> Job
     module-level `job`; either may be a JobGraph or an ExecutionEnvironment (then built). Or it
     calls `env.execute()` / `execute_async()` as it would run alone (`python job.py`): that job is
     taken there, and the rest of the file does not run (Flink's plan extraction).
-    A job file's own argument parser may exit (`--help`); that SystemExit is not caught."""
+    A job file's own argument parser may exit (`--help`); that SystemExit is not caught.
+    funke's deprecation warnings about the file's imports and calls are shown (on stderr), as
+    Python shows them for a script it runs itself."""
     from funke.common.api.dsl import ExecutionEnvironment
 
     file = Path(path)
@@ -60,42 +64,44 @@ def load_job_file(path: str | os.PathLike[str], args: Sequence[str] = ()) -> Job
     sys.path.insert(0, directory)
     sys.argv = [str(path), *args]
     try:
-        try:
-            with capturing():  # a script that calls env.execute() itself: its job is taken there
-                namespace = runpy.run_path(str(file), run_name=JOB_MODULE)
-        except JobCaptured as captured:
-            return captured.job
-        except Exception as exc:  # SystemExit and KeyboardInterrupt pass: they are not errors of the file
-            raise JobFileError(f"job file {str(path)!r} raised {_describe(exc)} while loading",
-                               _user_traceback(exc, file)) from exc
-        build = namespace.get("build")
-        if callable(build):
-            origin = "build(args)"
+        with warnings.catch_warnings():
+            warnings.simplefilter("default", FunkeDeprecationWarning)
             try:
-                with capturing():
-                    job = build(list(args))
+                with capturing():  # a script that calls env.execute() itself: its job is taken there
+                    namespace = runpy.run_path(str(file), run_name=JOB_MODULE)
             except JobCaptured as captured:
-                job = captured.job
-            except Exception as exc:
-                raise _build_error(path, origin, exc, file) from exc
-        elif "job" in namespace:
-            origin, job = "job", namespace["job"]
-        else:
-            raise JobFileError(
-                f"job file {str(path)!r} defines neither build(args) nor a module-level `job`: "
-                "define `def build(args: list[str]) -> JobGraph` (see examples/wordcount.py)"
-            )
-        if isinstance(job, ExecutionEnvironment):
-            try:
-                job = job.build()
-            except Exception as exc:
-                raise _build_error(path, f"{origin}.build()", exc, file) from exc
-        if not isinstance(job, JobGraph):
-            raise JobFileError(
-                f"job file {str(path)!r}: {origin} is a {type(job).__name__}, expected a JobGraph "
-                "or an ExecutionEnvironment"
-            )
-        return job
+                return captured.job
+            except Exception as exc:  # SystemExit and KeyboardInterrupt pass: they are not errors of the file
+                raise JobFileError(f"job file {str(path)!r} raised {_describe(exc)} while loading",
+                                   _user_traceback(exc, file)) from exc
+            build = namespace.get("build")
+            if callable(build):
+                origin = "build(args)"
+                try:
+                    with capturing():
+                        job = build(list(args))
+                except JobCaptured as captured:
+                    job = captured.job
+                except Exception as exc:
+                    raise _build_error(path, origin, exc, file) from exc
+            elif "job" in namespace:
+                origin, job = "job", namespace["job"]
+            else:
+                raise JobFileError(
+                    f"job file {str(path)!r} defines neither build(args) nor a module-level `job`: "
+                    "define `def build(args: list[str]) -> JobGraph` (see examples/wordcount.py)"
+                )
+            if isinstance(job, ExecutionEnvironment):
+                try:
+                    job = job.build()
+                except Exception as exc:
+                    raise _build_error(path, f"{origin}.build()", exc, file) from exc
+            if not isinstance(job, JobGraph):
+                raise JobFileError(
+                    f"job file {str(path)!r}: {origin} is a {type(job).__name__}, expected a JobGraph "
+                    "or an ExecutionEnvironment"
+                )
+            return job
     finally:
         sys.argv = saved_argv
         try:

@@ -21,8 +21,7 @@ from __future__ import annotations
 
 import argparse
 
-from funke.common.api.dsl import ExecutionEnvironment
-from funke.common.graph.jobgraph import JobGraph
+from funke import ExecutionEnvironment, JobGraph
 
 
 def build(args: list[str]) -> JobGraph:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 
-from funke.common.api.dsl import ExecutionEnvironment
+from funke import ExecutionEnvironment
 
 
 def build(args: list[str]) -> ExecutionEnvironment:

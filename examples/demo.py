@@ -10,6 +10,10 @@ SparkSession ready and its registration, the job's submission, RUNNING and FINIS
 is stopped whatever happens; its directory (with every process's log) stays for inspection.
 
 Exit code 0 only if the job FINISHED and the counts match.
+
+A demo runner, not an example of a job: besides the public API (`funke.client`) it uses funke's
+inside (the local cluster launcher, the CLI's renderers) to check what it shows. A job
+file imports only `funke`, `funke.state` and `funke.client`.
 """
 
 from __future__ import annotations
@@ -24,8 +28,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
-from funke.deploy.client import FunkeError, JobManagerClient, execution_state_name, job_status_name
-from funke.deploy.jobfile import load_job_file
+from funke.client import FunkeError, JobManagerClient, execution_state_name, job_status_name, load_job_file
 from funke.common.graph.jobgraph import JobGraph, OperatorSpec
 from funke.deploy import localcluster
 from funke.deploy.cli import collect_sinks, follow_job, format_duration, render_failure, render_history, render_rows

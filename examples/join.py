@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import argparse
 
-from funke.common.api.dsl import ExecutionEnvironment
-from funke.common.graph.jobgraph import JobGraph
+from funke import ExecutionEnvironment, JobGraph
 
 ORDERS_SCHEMA = "order_id bigint, customer_id bigint, amount double"
 CUSTOMERS_SCHEMA = "customer_id bigint, name string"

@@ -21,8 +21,7 @@ from __future__ import annotations
 import argparse
 import re
 
-from funke.common.api.dsl import ExecutionEnvironment
-from funke.common.graph.jobgraph import JobGraph
+from funke import ExecutionEnvironment, JobGraph
 
 # Anything that is not a letter separates words (as in examples/wordcount.py).
 NON_LETTERS = re.compile(r"[\W\d_]+")

@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import argparse
 
-from funke.common.api.dsl import ExecutionEnvironment
-from funke.common.api.state import KeyedProcessFunction, ListState, MapState, ValueState
-from funke.common.graph.jobgraph import JobGraph
+from funke import ExecutionEnvironment, JobGraph
+from funke.state import KeyedProcessFunction, ListState, MapState, ValueState
 
 
 class Sessions(KeyedProcessFunction):

@@ -11,6 +11,10 @@ the blocks its offset log entry allocated it, `funke progress`, and the job's st
 The cluster is stopped whatever happens; its directory stays for inspection.
 
 Exit code 0 only if the job FINISHED, every line was counted once, and every batch matches.
+
+A demo runner, not an example of a job: besides the public API (`funke.client`) it uses funke's
+inside (the local cluster launcher, the CLI's renderers, the checkpoint's offset log, the receiver's blocks and the sink's manifests) to check what it shows. A job
+file imports only `funke`, `funke.state` and `funke.client`.
 """
 
 from __future__ import annotations
@@ -24,10 +28,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from funke.client import JobManagerClient, job_status_name, load_job_file
 from funke.common.streaming.sources import ReceiverSource, receiver_blocks_dir, stored_blocks
 from funke.deploy import localcluster
-from funke.deploy.client import JobManagerClient, job_status_name
-from funke.deploy.jobfile import load_job_file
 from funke.deploy.lineserver import LineServer
 from funke.jobmanager import streamsinks
 from funke.jobmanager.checkpointstore import CheckpointStore

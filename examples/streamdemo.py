@@ -11,6 +11,10 @@ the files its offset log entry names, `funke progress` for the query, and the jo
 history. The cluster is stopped whatever happens; its directory stays for inspection.
 
 Exit code 0 only if the job FINISHED, every file was counted, and every batch matches.
+
+A demo runner, not an example of a job: besides the public API (`funke.client`) it uses funke's
+inside (the local cluster launcher, the CLI's renderers, the checkpoint's offset log and the sink's manifests) to check what it shows. A job
+file imports only `funke`, `funke.state` and `funke.client`.
 """
 
 from __future__ import annotations
@@ -23,11 +27,10 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from funke.client import FunkeError, JobManagerClient, job_status_name, load_job_file
 from funke.common.streaming.sources import FilesSource
 from funke.deploy import localcluster
 from funke.deploy.cli import render_event, render_history, render_progress
-from funke.deploy.client import FunkeError, JobManagerClient, job_status_name
-from funke.deploy.jobfile import load_job_file
 from funke.jobmanager import streamsinks
 from funke.jobmanager.checkpointstore import CheckpointStore
 

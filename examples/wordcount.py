@@ -26,8 +26,7 @@ import argparse
 import re
 from pathlib import Path
 
-from funke.common.api.dsl import ExecutionEnvironment
-from funke.common.graph.jobgraph import JobGraph
+from funke import ExecutionEnvironment, JobGraph
 
 DEFAULT_INPUT = str(Path(__file__).resolve().parent / "data" / "*.txt")
 

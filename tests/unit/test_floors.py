@@ -1,5 +1,6 @@
 """The floors of funke's packages: an import may only go down a floor, never up or sideways.
 
+    deploy/public/ (installed as `funke`)     the public API: funke, funke.state, funke.client
     deploy/                                   CLI, client SDK, launchers
     jobmanager/   |   taskmanager/            the process shells, independent of each other
     runtime/                                  what the processes stand on
@@ -21,7 +22,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 # Package -> floor. Packages on one floor do not import each other.
-PACKAGES = {"common": 0, "runtime": 1, "jobmanager": 2, "taskmanager": 2, "deploy": 3}
+PACKAGES = {"common": 0, "runtime": 1, "jobmanager": 2, "taskmanager": 2, "deploy": 3, "public": 4}
+# The public API's directory: its modules are `funke` and `funke.<module>`, nothing of funke's
+# inside imports them (they stand on everything else).
+PUBLIC_DIR = Path("deploy") / "public"
 # Inside common/: a unit (a sub-package, or a module of common/ itself) -> floor. Units on one
 # floor do not import each other; the base modules of common/ form one unit.
 BASE = "common"
@@ -39,13 +43,30 @@ GRPC = ("grpc", "grpc_health", "grpc_reflection")
 
 
 def modules(root: Path) -> dict[str, Path]:
-    """funke.<package>.<...> -> file, for every module of the packages under `root`."""
+    """funke.<package>.<...> -> file, for every module of the packages under `root` (the public
+    API's modules as `funke` and `funke.<module>`)."""
     found = {}
     for package in PACKAGES:
+        if package == "public":
+            continue
         for path in sorted((root / package).rglob("*.py")):
-            parts = path.relative_to(root).with_suffix("").parts
+            if path.is_relative_to(root / PUBLIC_DIR):
+                parts = path.relative_to(root / PUBLIC_DIR).with_suffix("").parts
+            else:
+                parts = path.relative_to(root).with_suffix("").parts
             found[".".join(("funke",) + parts).removesuffix(".__init__")] = path
     return found
+
+
+def package_of(module: str, known: dict[str, Path], root: Path) -> str | None:
+    """The package (a key of PACKAGES) a funke module belongs to; None for others (funke.v1)."""
+    if module == "funke":
+        return "public"
+    path = known.get(module)
+    if path is not None and path.is_relative_to(root / PUBLIC_DIR):
+        return "public"
+    parts = module.split(".")
+    return parts[1] if parts[0] == "funke" and len(parts) > 1 and parts[1] in PACKAGES else None
 
 
 def imported(tree: ast.AST, known: dict[str, Path]) -> list[tuple[int, str]]:
@@ -77,15 +98,15 @@ def problems(root: Path) -> list[str]:
     found = []
     for module, path in known.items():
         where = path.relative_to(root)
-        package = module.split(".")[1]
+        package = package_of(module, known, root)
         for line, target in imported(ast.parse(path.read_text(), str(path)), known):
             top = target.split(".")[0]
             if package == "common" and top in GRPC:
                 found.append(f"{where}:{line} imports {target}: common/ is sans-IO, gRPC belongs to runtime/ and above")
                 continue
-            if not target.startswith("funke.") or target.split(".")[1] not in PACKAGES:
+            other = package_of(target, known, root)
+            if other is None:
                 continue
-            other = target.split(".")[1]
             if other != package:
                 if PACKAGES[other] >= PACKAGES[package]:
                     side = "sideways" if PACKAGES[other] == PACKAGES[package] else "up a floor"
@@ -122,12 +143,18 @@ def test_every_subpackage_of_common_has_a_floor() -> None:
     ("common/ids.py", "from funke.common import configuration\n", "common common -> configuration goes up a floor"),
     ("common/streaming/x.py", "import grpc\n", "imports grpc: common/ is sans-IO"),
     ("common/newfloor/x.py", "from funke.common import ids\n", "common/newfloor/ has no floor"),
+    ("deploy/x.py", "from funke import ExecutionEnvironment\n", "deploy/ -> public/ goes up a floor"),
+    ("common/api/x.py", "from funke.state import ValueState\n", "common/ -> public/ goes up a floor"),
 ])
 def test_the_check_names_each_kind_of_wrong_import(tmp_path: Path, path: str, source: str, expected: str) -> None:
     for package in PACKAGES:
-        (tmp_path / package).mkdir()
-        (tmp_path / package / "__init__.py").write_text("")
-    for name in ("scheduling", "graph", "task", "streaming", "newfloor"):
+        if package != "public":
+            (tmp_path / package).mkdir()
+            (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / PUBLIC_DIR).mkdir()
+    (tmp_path / PUBLIC_DIR / "__init__.py").write_text("from funke.common.api import dsl\n")
+    (tmp_path / PUBLIC_DIR / "state.py").write_text("from funke.common.api import state\n")
+    for name in ("scheduling", "graph", "task", "streaming", "newfloor", "api"):
         (tmp_path / "common" / name).mkdir()
         (tmp_path / "common" / name / "__init__.py").write_text("")
     for name in ("common/ids.py", "common/configuration.py", "common/scheduling/scheduler.py", "deploy/cli.py",
