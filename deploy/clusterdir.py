@@ -129,6 +129,13 @@ class ClusterError(Exception):
     process that died, ends with the tail of its log."""
 
 
+class ClusterRefused(ClusterError):
+    """Refused before anything was started, stopped or written: what was asked does not fit the
+    flags' other values, the cluster's state (one runs already, none runs, a process of that name
+    is alive or is not) or its setup (no high availability). `funke` exits 2 for it, 1 for
+    any other ClusterError."""
+
+
 @dataclass(frozen=True, slots=True)
 class ProcessInfo:
     name: str  # "jobmanager", "tm-1", ...

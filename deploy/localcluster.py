@@ -49,6 +49,7 @@ from funke.deploy.clusterdir import (  # noqa: F401 (the directory's readers, of
     TLS_MODES,
     ZOOKEEPER,
     ClusterError,
+    ClusterRefused,
     ClusterStatus,
     ProcessInfo,
     client_of,
@@ -89,6 +90,7 @@ from funke.runtime.security import default_cluster_dir  # noqa: F401 (callers fi
 __all__ = [
     "ADDRESS_FILE",
     "ClusterError",
+    "ClusterRefused",
     "ClusterInfo",
     "ClusterSpec",
     "ClusterStatus",
@@ -147,7 +149,7 @@ def prepare_security(dir: str | os.PathLike[str], tls: str = "none", host: str |
     root = Path(dir).expanduser().resolve()
     root.mkdir(parents=True, exist_ok=True)
     if tls not in TLS_MODES:
-        raise ClusterError(f"TLS {tls!r}: expected one of {', '.join(TLS_MODES)}")
+        raise ClusterRefused(f"TLS {tls!r}: expected one of {', '.join(TLS_MODES)}")
     folder = root / security.SECURITY_DIR
     try:
         security.ensure_token(folder / security.CLIENT_TOKEN, "client token file")
@@ -222,14 +224,14 @@ def start(spec: ClusterSpec) -> ClusterInfo:
         if (root / HA_CONF).is_file() and not any(is_jobmanager(p.name) for p in alive):
             recover = (f"; its JobManagers are gone: start one again with `funke cluster add-jobmanager --dir "
                        f"{root}` (the TaskManagers and the jobs stay), or")
-        raise ClusterError(
+        raise ClusterRefused(
             f"a cluster recorded in {root} is still running: {listing}{recover}; stop it with "
             f"`funke cluster stop --dir {root}`"
         )
     _forget(root)  # pid files of dead processes and a stale address must not mislead anyone
     problem = plaintext_problem("the cluster", spec.host or "127.0.0.1", spec.tls != "none", spec.insecure)
     if problem is not None:
-        raise ClusterError(problem.replace("pass --insecure", "pass --insecure (or --tls)"))
+        raise ClusterRefused(problem.replace("pass --insecure", "pass --insecure (or --tls)"))
     prepare_security(root, spec.tls, spec.host, spec.tls_hosts)
     ha_conf = root / HA_CONF
     ha_conf.unlink(missing_ok=True)
@@ -312,22 +314,22 @@ def start(spec: ClusterSpec) -> ClusterInfo:
 def _check(spec: ClusterSpec) -> None:
     """The spec's own problems, before anything is started or written."""
     if spec.ha not in HA_MODES:
-        raise ClusterError(f"high availability {spec.ha!r}: expected one of {', '.join(HA_MODES)}")
+        raise ClusterRefused(f"high availability {spec.ha!r}: expected one of {', '.join(HA_MODES)}")
     if spec.zookeeper_quorum and spec.ha != "zookeeper":
-        raise ClusterError("a ZooKeeper quorum is only used with high availability zookeeper (--ha zookeeper)")
+        raise ClusterRefused("a ZooKeeper quorum is only used with high availability zookeeper (--ha zookeeper)")
     if spec.jobmanagers < 1 or (spec.jobmanagers > 1 and spec.ha == "none"):
-        raise ClusterError(
+        raise ClusterRefused(
             f"{spec.jobmanagers} JobManagers: more than one needs high availability (--ha filesystem)"
             if spec.jobmanagers > 1 else f"a cluster needs at least one JobManager, got {spec.jobmanagers}")
     if spec.taskmanagers < 0:
-        raise ClusterError(f"the number of TaskManagers must be 0 or more, got {spec.taskmanagers}")
+        raise ClusterRefused(f"the number of TaskManagers must be 0 or more, got {spec.taskmanagers}")
     if spec.slots < 1:
-        raise ClusterError(f"each TaskManager needs at least 1 slot, got {spec.slots}")
+        raise ClusterRefused(f"each TaskManager needs at least 1 slot, got {spec.slots}")
     if spec.spark_workers < 0:
-        raise ClusterError(f"the number of Spark workers must be 0 or more, got {spec.spark_workers}")
+        raise ClusterRefused(f"the number of Spark workers must be 0 or more, got {spec.spark_workers}")
     other_spark = spec.no_spark or any(o in ("--spark-master", "--spark-remote") for o in spec.taskmanager_options)
     if spec.spark_workers and other_spark:
-        raise ClusterError("a Spark standalone cluster of its own is one Spark target; --no-spark, "
+        raise ClusterRefused("a Spark standalone cluster of its own is one Spark target; --no-spark, "
                            "--spark-master and --spark-remote are others")
 
 
@@ -405,10 +407,10 @@ def start_taskmanager(dir: str | os.PathLike[str], name: str, slots: int, no_spa
     root = Path(dir).expanduser().resolve()
     address = read_address(root)
     if address is None:
-        raise ClusterError(f"no running cluster recorded in {root}")
+        raise ClusterRefused(f"no running cluster recorded in {root}")
     alive = [p for p in recorded_processes(root) if p.name == name and p.alive]
     if alive:
-        raise ClusterError(f"{name} (pid {alive[0].pid}) is still running")
+        raise ClusterRefused(f"{name} (pid {alive[0].pid}) is still running")
     started = _Started(root)
     args = ["--jobmanager", address, "--slots", str(slots), "--id", name, *taskmanager_options(root),
             *security_options(root)]
@@ -430,17 +432,17 @@ def start_jobmanager(dir: str | os.PathLike[str], name: str | None = None, data_
     serves, as leader or standby."""
     root = Path(dir).expanduser().resolve()
     if not (root / HA_CONF).is_file():
-        raise ClusterError(f"the cluster in {root} runs without high availability: it has one JobManager "
+        raise ClusterRefused(f"the cluster in {root} runs without high availability: it has one JobManager "
                            f"(start it again with `funke cluster start --dir {root}` once it is stopped)")
     name = name or next_jobmanager_name(root)
     if not is_jobmanager(name):
-        raise ClusterError(f"{name!r} is no JobManager name: jobmanager or jobmanager-<suffix>")
+        raise ClusterRefused(f"{name!r} is no JobManager name: jobmanager or jobmanager-<suffix>")
     recorded = recorded_processes(root)
     alive = [p for p in recorded if p.name == name and p.alive]
     if alive:
-        raise ClusterError(f"{name} (pid {alive[0].pid}) is still running")
+        raise ClusterRefused(f"{name} (pid {alive[0].pid}) is still running")
     if any(p.name == ZOOKEEPER and not p.alive for p in recorded):
-        raise ClusterError(f"the cluster's own ZooKeeper server is not running: no JobManager can be elected; "
+        raise ClusterRefused(f"the cluster's own ZooKeeper server is not running: no JobManager can be elected; "
                            f"stop the cluster (`funke cluster stop --dir {root}`) and start it again (jobs are kept)")
     options = jobmanager_options(root)
     if data_dir is not None:
@@ -482,7 +484,7 @@ def kill(dir: str | os.PathLike[str], name: str, signum: int = signal.SIGKILL) -
         if p.name == name and p.alive:
             signal_group(p.pid, signum)
             return p.pid
-    raise ClusterError(f"no running process named {name} in {root}")
+    raise ClusterRefused(f"no running process named {name} in {root}")
 
 
 def _launch(started: _Started, name: str, args: Sequence[str], again: str = "") -> None:

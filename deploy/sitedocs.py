@@ -13,6 +13,7 @@ each marker with `render(NAME)` when the site is built. The parts:
     grpc-services         the gRPC services, methods and messages (`proto/funke/v1`)
     metrics               the Prometheus metrics (`jobmanager.metrics`, `taskmanager.metrics`)
     cli                   `funke --help` and every command's help (`funke.deploy.cli.parser`)
+    exit-codes            the commands' exit codes and the refusals that exit 2 (`funke.deploy.cli.exitcodes`)
     python-api            the DSL's public methods and their docstrings (`funke.common.api.dsl`)
     exchanges             how the DSL's exchanges become JobEdges (`funke.common.api.translate`)
     operator-catalogue    every operator kind and its configuration keys (`funke.common.graph.operators`)
@@ -597,6 +598,22 @@ def _help_of(parse: Callable[[list[str]], object]) -> str:
     return buffer.getvalue()
 
 
+def exit_codes() -> str:
+    """The exit codes of `funke` commands, and the JobManager's refusals that exit 2."""
+    from funke.deploy.cli.exitcodes import CODES, REFUSALS
+
+    codes = _table(("code", "meaning"), [(str(code), meaning) for code, meaning in CODES])
+    refusals = _table(("status code", "the request is refused for"),
+                      [(_code(code.name), meaning) for code, meaning in REFUSALS.items()])
+    return (f"{codes}\n\nA refusal is a gRPC status code with which the JobManager turns a request down "
+            f"before doing anything; the message says why:\n\n{refusals}\n\nAny other status code "
+            "(`DATA_LOSS`, `INTERNAL`, `UNKNOWN`, ...) means the JobManager tried and failed: exit 1. The "
+            "`cluster` commands refuse in the same way (exit 2) what does not fit the other flags or the "
+            "cluster directory's state: `cluster start` while a cluster runs there, `cluster kill` or "
+            "`cluster add-taskmanager` of a name that is not running or is, `cluster add-jobmanager` on a "
+            "cluster without high availability; a process that does not start is exit 1.")
+
+
 def cli() -> str:
     from funke.deploy.cli.parser import build_parser
     from funke.jobmanager.main import parse_args as jobmanager_args
@@ -716,6 +733,7 @@ PARTS: dict[str, Callable[[], str]] = {
     "grpc-services": grpc_services,
     "metrics": metrics,
     "cli": cli,
+    "exit-codes": exit_codes,
 }
 
 

@@ -1146,13 +1146,10 @@ def _db(db: object) -> int:
 def _pickled(fn: object, operation: str, need_callable: bool = True) -> bytes:
     if need_callable and not callable(fn):
         raise TypeError(f"{operation}() needs a function, got {type(fn).__name__}")
-    import cloudpickle
-
     from funke.common.api import sourcemap
 
-    cloudpickle.register_pickle_by_value(sourcemap)  # the workers need not have funke
     try:
-        return cloudpickle.dumps(sourcemap.attach(fn))
+        return sourcemap.dumps(fn)  # cloudpickle's payload; tracebacks keep the user's files and lines
     except Exception as exc:  # anything the function captures may refuse to pickle
         raise TypeError(
             f"{operation}(): the function cannot be serialised for the TaskManagers ({exc}); "

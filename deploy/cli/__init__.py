@@ -4,14 +4,17 @@ Owns the commands, how they find the JobManager, how jobs, events, failures and 
 shown to people (text) and to scripts (`--json`), and the exit codes, each concern a module:
 `parser` (commands and flags), `render` (text and JSON views), `live` (a job followed while it
 runs), `jobs` (the job commands and finding the JobManager), `cluster` (the local cluster's
-commands), `exitcodes`; `main` here maps what went wrong to an exit code:
+commands), `exitcodes`; `main` here maps what went wrong to an exit code (`exitcodes` says
+what each means):
 
-    0  the command did what was asked (for submit and watch: the job FINISHED)
-    1  it ran, but the outcome is not success (the job FAILED or was CANCELED, a cluster did
-       not start, the JobManager went away while a job was being followed, ...)
-    2  it could not run: bad usage, a job file that does not load, an invalid job graph, an
-       unknown job id, or no JobManager at the address (nothing answers, or what answers is not
-       a JobManager)
+    0    the command did what was asked (for submit and watch: the job FINISHED)
+    1    it ran, but the outcome is not success (the job FAILED or was CANCELED, a cluster did
+         not start, the JobManager went away while a job was being followed, the JobManager
+         failed at what was asked, ...)
+    2    it could not run: bad usage, a job file that does not load, an invalid job graph, an
+         unknown job id, no JobManager at the address (nothing answers, or what answers is not
+         a JobManager), or the JobManager or the cluster directory refused the request
+    130  interrupted
 
 The JobManager address comes from `--jobmanager HOST:PORT`, else $FUNKE_JOBMANAGER, else the
 address file of the local cluster (`<cluster dir>/jobmanager.address`; the cluster dir is
@@ -31,7 +34,14 @@ from collections.abc import Sequence  # noqa: E402
 
 from funke.deploy import localcluster  # noqa: E402
 from funke.deploy.cli.cluster import run_process  # noqa: E402
-from funke.deploy.cli.exitcodes import EXIT_UNSUCCESSFUL, EXIT_USAGE, UsageError, print_error  # noqa: E402
+from funke.deploy.cli.exitcodes import (  # noqa: E402
+    EXIT_INTERRUPTED,
+    EXIT_UNSUCCESSFUL,
+    EXIT_USAGE,
+    UsageError,
+    exit_code_of,
+    print_error,
+)
 from funke.deploy.cli.jobs import collect_sinks, resolve_jobmanager, split_submit_args  # noqa: E402
 from funke.deploy.cli.live import JobProgress, follow_job  # noqa: E402
 from funke.deploy.cli.parser import build_parser  # noqa: E402
@@ -125,13 +135,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print_error(str(exc))
         return EXIT_USAGE
-    except FunkeError as exc:
+    except FunkeError as exc:  # refused by the JobManager (2), or failed there (1)
         print_error(str(exc))
-        return EXIT_UNSUCCESSFUL
+        return exit_code_of(exc)
+    except localcluster.ClusterRefused as exc:
+        print_error(str(exc))
+        return EXIT_USAGE
     except localcluster.ClusterError as exc:
         print_error(str(exc))
         return EXIT_UNSUCCESSFUL
     except SystemExit as exc:  # a job file's own argument parser (e.g. its --help)
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED

@@ -31,7 +31,7 @@ def cmd_cluster_start(args: argparse.Namespace) -> int:
     for entry in args.spark_conf:
         tm_options += ["--spark-conf", entry]
     if args.workers is not None and args.spark != "standalone":
-        raise localcluster.ClusterError("--workers is for --spark standalone")
+        raise localcluster.ClusterRefused("--workers is for --spark standalone")
     workers = (args.workers or 2) if args.spark == "standalone" else 0
     info = localcluster.start(localcluster.ClusterSpec(
         root, args.taskmanagers, args.slots, port=args.port, data_dir=args.data_dir, dynamic=args.dynamic,

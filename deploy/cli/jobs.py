@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from funke.deploy import clusterdir
-from funke.deploy.cli.exitcodes import EXIT_OK, EXIT_UNSUCCESSFUL, EXIT_USAGE, UsageError, print_error
+from funke.deploy.cli.exitcodes import EXIT_INTERRUPTED, EXIT_OK, EXIT_UNSUCCESSFUL, EXIT_USAGE, UsageError, print_error
 from funke.deploy.cli.live import follow_job
 from funke.deploy.cli.render import (
     print_json,
@@ -119,7 +119,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             print_error(f"stopped following job {job_id}; it keeps running: `funke status {job_id}`, "
                    f"`funke cancel {job_id}`")
-            return 130
+            return EXIT_INTERRUPTED
         try:
             details = client.get_job(job_id)
             status = job_status_name(details.status)

@@ -48,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run and inspect funke jobs: a Flink-style job-graph runtime on PySpark.",
         epilog="JobManager address: --jobmanager, else $FUNKE_JOBMANAGER, else the local cluster's "
                "address file, else 127.0.0.1:6123. Exit codes: 0 success, 1 the job or cluster did not "
-               "succeed, 2 usage error, bad job, unknown job or unreachable JobManager.",
+               "succeed, 2 usage error, bad job, unknown job, unreachable JobManager, or a request the "
+               "JobManager refused (nothing was done), 130 interrupted.",
     )
     parser.add_argument("--version", action="version", version=f"funke {_version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)

@@ -551,6 +551,110 @@ def test_funke_error_keeps_the_grpc_code() -> None:
     assert error.code is grpc.StatusCode.FAILED_PRECONDITION and error.details == "job j is RUNNING"
 
 
+class RefusingJobManager(jobmanager_pb2_grpc.JobManagerServicer):
+    """Answers every call with the status code `code`, as a JobManager that refuses the request
+    (or fails at it) does."""
+
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+    def _refuse(self, request, context):
+        context.abort(self.code, f"refused: {self.code.name}")
+
+    SubmitJob = ListJobs = GetJob = WatchJob = CancelJob = StopJob = RescaleJob = _refuse
+    GetQueryProgress = GetJobResult = GetKeyedState = _refuse
+
+
+@pytest.fixture
+def refusing_jobmanager() -> Iterator[tuple[str, RefusingJobManager]]:
+    servicer = RefusingJobManager()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    jobmanager_pb2_grpc.add_JobManagerServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield f"127.0.0.1:{port}", servicer
+    finally:
+        server.stop(grace=None)
+
+
+# Each job command, and the status codes the JobManager answers its call with (see
+# jobmanager/services.py and dispatcher.py) besides UNAVAILABLE: 2 for a refusal (nothing was
+# done), 1 for a failure at what was asked. The exit codes are the documented table's
+# (docs/getting-started.md, from funke.deploy.cli.exitcodes).
+JOB_COMMAND_EXITS = {
+    "submit": (["submit", "--detach", "{job_file}"],
+               {"INVALID_ARGUMENT": 2, "ALREADY_EXISTS": 2, "RESOURCE_EXHAUSTED": 2, "INTERNAL": 1}),
+    "list": (["list"], {"INTERNAL": 1}),
+    "status": (["status", "j1"], {"NOT_FOUND": 2, "INTERNAL": 1}),
+    "watch": (["watch", "j1"], {"NOT_FOUND": 2, "RESOURCE_EXHAUSTED": 2, "INTERNAL": 1}),
+    "cancel": (["cancel", "j1"], {"NOT_FOUND": 2, "INTERNAL": 1}),
+    "stop": (["stop", "j1"], {"INVALID_ARGUMENT": 2, "NOT_FOUND": 2, "FAILED_PRECONDITION": 2, "INTERNAL": 1}),
+    "rescale": (["rescale", "j1", "-p", "5"], {"INVALID_ARGUMENT": 2, "NOT_FOUND": 2, "FAILED_PRECONDITION": 2,
+                                              "RESOURCE_EXHAUSTED": 2, "INTERNAL": 1}),
+    "progress": (["progress", "j1"], {"NOT_FOUND": 2, "FAILED_PRECONDITION": 2, "INTERNAL": 1}),
+    "result": (["result", "j1"], {"INVALID_ARGUMENT": 2, "NOT_FOUND": 2, "FAILED_PRECONDITION": 2, "DATA_LOSS": 1}),
+    "state": (["state", "j1"], {"INVALID_ARGUMENT": 2, "NOT_FOUND": 2, "FAILED_PRECONDITION": 2, "DATA_LOSS": 1}),
+}
+
+
+@pytest.mark.parametrize(("command", "code", "exit_code"), [
+    (command, code, exit_code) for command, (_, exits) in JOB_COMMAND_EXITS.items() for code, exit_code in exits.items()])
+def test_each_job_command_exits_2_when_the_jobmanager_refuses_and_1_when_it_fails(
+        refusing_jobmanager, clean_env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        command: str, code: str, exit_code: int) -> None:
+    address, servicer = refusing_jobmanager
+    servicer.code = getattr(grpc.StatusCode, code)
+    job_file = write(tmp_path / "job.py", """
+        from funke.common.api.dsl import ExecutionEnvironment
+        job = ExecutionEnvironment("j")
+        job.from_range(2).discard()
+    """)
+    argv = [a.format(job_file=job_file) for a in JOB_COMMAND_EXITS[command][0]]
+    assert cli.main([*argv, "--jobmanager", address]) == exit_code
+    err = capsys.readouterr().err
+    assert f"refused: {code}" in err and err.startswith("funke: "), err
+
+
+def test_the_documented_refusals_are_the_codes_that_exit_2() -> None:
+    from funke.deploy.cli import exitcodes
+
+    refused = {c.name for c in grpc.StatusCode if exitcodes.exit_code_of(FunkeError("x", c)) == 2}
+    assert refused == {c.name for c in exitcodes.REFUSALS}
+    assert {"DATA_LOSS", "INTERNAL", "UNKNOWN", "ABORTED"}.isdisjoint(refused)
+    assert exitcodes.exit_code_of(FunkeError("found on this side")) == 1
+
+
+def test_cluster_commands_exit_2_for_what_they_refuse_before_doing_anything(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    empty = str(tmp_path / "empty")
+    refusals = {
+        ("cluster", "start", "--workers", "2", "--dir", empty): "--workers is for --spark standalone",
+        ("cluster", "start", "--jobmanagers", "2", "--dir", empty): "more than one needs high availability",
+        ("cluster", "start", "--ha", "filesystem", "--zookeeper-quorum", "127.0.0.1:2181", "--dir", empty):
+            "only used with high availability zookeeper",
+        ("cluster", "start", "--host", "0.0.0.0", "--no-spark", "--dir", empty): "--insecure",
+        ("cluster", "kill", "tm-1", "--dir", empty): "no running process named tm-1",
+        ("cluster", "add-taskmanager", "tm-3", "--dir", empty): "no running cluster recorded",
+        ("cluster", "add-jobmanager", "--dir", empty): "runs without high availability",
+    }
+    for argv, message in refusals.items():
+        assert cli.main(list(argv)) == 2, argv
+        assert message in capsys.readouterr().err, argv
+    assert not (tmp_path / "empty" / "pids").exists() or not list((tmp_path / "empty" / "pids").iterdir())
+
+
+def test_a_cluster_that_does_not_start_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as taken:  # the JobManager's port, already bound: it cannot serve
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert cli.main(["cluster", "start", "--taskmanagers", "0", "--no-spark", "--port", str(port),
+                         "--timeout", "60", "--dir", str(tmp_path / "c")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("funke: jobmanager exited with code 1 during startup") and f"127.0.0.1:{port}" in err, err
+    assert localcluster.read_address(tmp_path / "c") is None
+
+
 # --------------------------------------------------------------------------------------------
 # the local cluster's directory
 # --------------------------------------------------------------------------------------------
@@ -730,6 +834,6 @@ def test_funke_progress_shows_each_batchs_event_times_watermark_and_late_rows() 
 def test_add_jobmanager_wants_a_jobmanager_name_and_a_high_availability_cluster(tmp_path, capsys):
     assert cli.main(["cluster", "add-jobmanager", "tm-1", "--dir", str(tmp_path)]) == 2
     assert "'tm-1' is no JobManager name" in capsys.readouterr().err
-    assert cli.main(["cluster", "add-jobmanager", "--dir", str(tmp_path)]) == 1
+    assert cli.main(["cluster", "add-jobmanager", "--dir", str(tmp_path)]) == 2
     assert "runs without high availability: it has one JobManager" in capsys.readouterr().err
     assert localcluster.next_jobmanager_name(tmp_path) == "jobmanager"

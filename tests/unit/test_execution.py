@@ -310,3 +310,107 @@ def test_a_shipped_function_raises_in_a_worker_with_its_file_and_source_lines(tm
     assert f'File "{path}", line 4, in parse\n    return inner(x + 1)' in err, err
     assert f'File "{path}", line 3, in inner\n    return z // (x - x)' in err, err
     assert "<dynamic-code>" not in err
+
+
+USER_FORMS = textwrap.dedent('''\
+    import functools
+
+    from funke.common.api.state import KeyedProcessFunction
+
+
+    class Sessions(KeyedProcessFunction):
+        def process(self, key, rows, ctx):
+            raise ValueError("class instance")  # frame: process
+
+
+    class Parser:
+        def parse(self, value):
+            return check(value)  # frame: parse
+
+
+    def check(value):
+        raise ValueError("a helper")  # frame: check
+
+
+    def nested_maker():
+        def nested(value):
+            raise ValueError("nested")  # frame: nested
+        return nested
+
+
+    def fold(a, b, scale=1):
+        raise ValueError("fold")  # frame: fold
+
+
+    lam = lambda value: value // 0  # frame: <lambda>
+    ''')
+
+# name -> (how the worker calls the unpickled object, the frames (function names) it must show)
+FORM_CALLS = {
+    "Sessions()": ("fn.process(1, [], None)", ["process"]),
+    "Parser().parse": ("fn(2)", ["parse", "check"]),
+    "lam": ("fn(3)", ["<lambda>"]),
+    "nested_maker()": ("fn(4)", ["nested"]),
+    "functools.partial(fold, scale=2)": ("fn(5, 6)", ["fold"]),
+}
+
+
+@pytest.mark.parametrize("form", list(FORM_CALLS))
+def test_every_form_of_user_code_raises_in_a_worker_with_its_file_lines_and_names(tmp_path, form):
+    """A class instance, a bound method and the helper it calls, a lambda, a nested function, a
+    partial of a fold: every code object carried by value keeps its file and lines, in a worker
+    without funke and without the file."""
+    import cloudpickle
+
+    from funke.common.api.dsl import _pickled
+
+    (tmp_path / "userforms.py").write_text(USER_FORMS)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import userforms
+
+        cloudpickle.register_pickle_by_value(userforms)  # as jobfile does for a job file's modules
+        payload = _pickled(eval(form, vars(userforms)), "map", need_callable=False)
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("userforms", None)
+        cloudpickle.unregister_pickle_by_value(userforms)
+    (tmp_path / "userforms.py").unlink()  # the worker has no such file
+    call, names = FORM_CALLS[form]
+    worker = ("import cloudpickle, sys, traceback\nfn = cloudpickle.loads(sys.stdin.buffer.read())\n"
+              f"try:\n    {call}\nexcept Exception:\n    traceback.print_exc()\n")
+    site = os.path.dirname(os.path.dirname(cloudpickle.__file__))
+    run = subprocess.run([sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {site!r})\n" + worker],
+                         input=payload, capture_output=True, cwd="/", timeout=60)
+    err = run.stderr.decode()
+    path = tmp_path / "userforms.py"
+    numbered = {line.split("# frame: ")[1]: (n, line.strip()) for n, line in enumerate(USER_FORMS.splitlines(), 1)
+                if "# frame: " in line}
+    for name in names:
+        line, source = numbered[name]
+        assert f'File "{path}", line {line}, in {name}\n    {source}' in err, err
+    assert "<dynamic-code>" not in err, err
+
+
+def test_a_files_lines_travel_once_however_many_of_its_functions_are_shipped(tmp_path):
+    import cloudpickle
+
+    from funke.common.api.dsl import _pickled
+
+    body = "".join(f"def f{i}(x):\n    return x + {i}  # {'padding ' * 8}\n\n\n" for i in range(40))
+    (tmp_path / "manyfuncs.py").write_text(body + "def all_of(x):\n    return [" +
+                                           ", ".join(f"f{i}(x)" for i in range(40)) + "]\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import manyfuncs
+
+        cloudpickle.register_pickle_by_value(manyfuncs)
+        extra = {f: len(_pickled(f, "map")) - len(cloudpickle.dumps(f)) for f in (manyfuncs.f0, manyfuncs.all_of)}
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("manyfuncs", None)
+        cloudpickle.unregister_pickle_by_value(manyfuncs)
+    size = len((tmp_path / "manyfuncs.py").read_bytes())
+    one, all_of = extra.values()
+    assert size < one < size + 3000  # the lines, and the function that puts them in linecache
+    assert all_of < one + 41 * 20, (all_of, one)  # the lines once, not once per function
