@@ -481,6 +481,24 @@ def _stopped(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[0] == "T"
 
 
+def _query_leader(ha: HaCluster, checkpoint: Path, timeout: float = 60) -> tuple[str, int, int]:
+    """The JobManager that leads and runs the query now: (name, pid, leader epoch), once the
+    checkpoint's lease is held by the leader's process under its epoch (a leadership change
+    just before, on a loaded machine, would make the pause hit a standby)."""
+    from funke.jobmanager.checkpointstore import CheckpointStore
+
+    deadline = time.monotonic() + timeout
+    while True:
+        lease, held = ha.lease(), CheckpointStore(str(checkpoint)).lease()
+        name = localcluster.leader_name(ha.dir, lease) if lease is not None else ""
+        pid = next((p.pid for p in localcluster.status(ha.dir).processes if p.name == name and p.alive), None)
+        if (lease is not None and held is not None and pid is not None and held.leader_epoch == lease.epoch
+                and held.holder.split(":")[1] == str(pid) and lease.valid(time.time())):
+            return name, pid, lease.epoch
+        assert time.monotonic() < deadline, f"the query's checkpoint lease {held} is not the leader's {lease}"
+        time.sleep(0.1)
+
+
 def paused_leader_streaming(ha: HaCluster, tmp_path: Path, timeout: float = 180) -> dict[str, float]:
     """SIGSTOP of the leader while it runs a streaming query with a checkpoint: the new leader
     takes the query over and commits batches while the old one stays paused (its hold on the
@@ -498,8 +516,9 @@ def paused_leader_streaming(ha: HaCluster, tmp_path: Path, timeout: float = 180)
     while len(_committed_under(checkpoint)) < 3:
         assert time.monotonic() < deadline, f"three batches did not commit within {timeout} s"
         time.sleep(0.1)
-    name, epoch, paused_at = ha.kill_leader(signal.SIGSTOP)
-    pid = next(p.pid for p in localcluster.status(ha.dir).processes if p.name == name)
+    name, pid, epoch = _query_leader(ha, checkpoint)
+    localcluster.kill(ha.dir, name, signal.SIGSTOP)
+    paused_at = time.time()
     log_path = ha.dir / "log" / f"{name}.log"
     before = _committed_under(checkpoint)  # all the old leader's: it is paused now
     old_epochs = {e for e, _ in before.values()}
