@@ -45,7 +45,7 @@ def main() -> int:
     args = parser.parse_args()
     options = {"high-availability.zookeeper.client.session-timeout": "3 s"} if args.backend == "zookeeper" else None
     failed = 0
-    figures: list[dict[str, float]] = []
+    figures: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="funke-chaos-leader-stream-") as tmp:
         cluster = HaCluster(Path(tmp) / "cluster", backend=args.backend, ha_options=options)
         try:
@@ -64,7 +64,7 @@ def main() -> int:
                       f"query RUNNING after {f['running']:.2f} s, first batch committed under the new leader "
                       f"after {f['first_commit']:.2f} s; {f['batches']:.0f} batches, {f['rows']:.0f} rows, "
                       f"0 duplicates, 0 lost; the woken leader's refused checkpoint writes logged: "
-                      f"{f['refused']:.0f}", flush=True)
+                      f"{f['refused']:.0f}; the job's failures: {f['failures'] or 'none'}", flush=True)
         finally:
             cluster.client.close()
             localcluster.stop(cluster.dir)

@@ -499,14 +499,15 @@ def _query_leader(ha: HaCluster, checkpoint: Path, timeout: float = 60) -> tuple
         time.sleep(0.1)
 
 
-def paused_leader_streaming(ha: HaCluster, tmp_path: Path, timeout: float = 180) -> dict[str, float]:
+def paused_leader_streaming(ha: HaCluster, tmp_path: Path, timeout: float = 180) -> dict:
     """SIGSTOP of the leader while it runs a streaming query with a checkpoint: the new leader
     takes the query over and commits batches while the old one stays paused (its hold on the
     checkpoint, a lease, is taken over by the higher leader epoch); woken (SIGCONT), the old
     leader writes nothing to the checkpoint or the sink: every entry after the take-over is the
     new leader's, and the sink has every row of the committed batches exactly once. Returns the
     figures: seconds from the SIGSTOP to the new leader's lease, to the job RUNNING under it,
-    and to the first batch committed under it (its commit log entry's time)."""
+    and to the first batch committed under it (its commit log entry's time); and the job's
+    failures (restarts) as the new leader shows them."""
     from tests.integration.test_streaming import assert_exactly_once, rate_job
 
     out, checkpoint = tmp_path / "values", tmp_path / "checkpoint"
@@ -567,9 +568,11 @@ def paused_leader_streaming(ha: HaCluster, tmp_path: Path, timeout: float = 180)
     from funke.jobmanager import streamsinks
 
     assert streamsinks.committed_batches(str(out)) == list(range(commits[-1] + 1)) and commits[0] == 0
-    history = _history(ha.client.get_job(job_id))
+    details = ha.client.get_job(job_id)
+    history = _history(details)
     assert ("RUNNING", "SUSPENDED", epoch) in history and history[-1] == ("RUNNING", "FINISHED", lease.epoch), history
-    return {"elected": elected_at - paused_at, "running": running_at - paused_at,
+    return {"failures": [f"{e.failure.exception_type}: {e.failure.message[:160]}" for e in details.exceptions],
+            "elected": elected_at - paused_at, "running": running_at - paused_at,
             "first_commit": first_committed_at - paused_at, "batches": float(len(commits)), "rows": float(rows),
             "refused": float(since_wake.count("CheckpointFenced"))}
 
