@@ -43,6 +43,7 @@ from funke.common.wire.codec import DeploymentEncoder, WireError, job_graph_from
 from funke.common.graph.executiongraph import Incarnation
 from funke.runtime import gcpolicy
 from funke.runtime.hafilesystem import Fenced, JobResult
+from funke.runtime.haservices import cluster_scope
 from funke.runtime.security import Tls
 from funke.jobmanager import committer, datadir, deltatables, streamquery
 from funke.jobmanager import highavailability as hamod
@@ -391,7 +392,7 @@ class Dispatcher:
             graph, scheduler, resource_manager=self.rm, mailbox=self.mailbox, data_dir=self.config.data_dir,
             descriptors=DeploymentEncoder(self.config.data_dir, options, artifacts),
             restart_description=restart, on_terminal=self._archive, on_status=self._on_status,
-            on_progress=self._on_progress,
+            on_progress=self._on_progress, lease_scope=cluster_scope(self.config) if self.ha is not None else "",
         )
         self.jobs[job_id] = jm
         self._count_subtasks()

@@ -58,6 +58,7 @@ class JobMaster:
         on_terminal: Callable[["JobMaster"], None] = lambda jm: None,
         on_status: Callable[["JobMaster"], None] = lambda jm: None,
         on_progress: Callable[["JobMaster"], None] = lambda jm: None,
+        lease_scope: str = "",
     ):
         self.graph = graph
         self.scheduler = scheduler
@@ -96,7 +97,8 @@ class JobMaster:
                 on_failure=lambda failure: self.mailbox.run(
                     lambda: self._decide(lambda now: self.scheduler.on_global_failure(failure, now))),
                 on_event=self._on_streaming_event,
-                on_stop_timeout=lambda why: self.mailbox.run(lambda: self._stop_timed_out(why)))
+                on_stop_timeout=lambda why: self.mailbox.run(lambda: self._stop_timed_out(why)),
+                leader_epoch=inc.leader_epoch, lease_scope=lease_scope)
 
     @property
     def status(self) -> JobStatus:

@@ -71,12 +71,15 @@ class StreamingQuery:
     def __init__(self, graph: ExecutionGraph, *, data_dir: str, resource_manager: "ResourceManager",
                  holder: str, all_running: Callable[[], bool], on_failure: Callable[[FailureInfo], None],
                  on_event: Callable[[mb.Publish], None], on_stop_timeout: Callable[[str], None],
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, leader_epoch: int = 0, lease_scope: str = ""):
         self.graph = graph
         self.job_id = graph.job_id
         self.data_dir = data_dir
         self.rm = resource_manager
         self.holder = holder
+        # Under high availability: the leader's epoch and cluster, with which a run takes the
+        # checkpoint's lease (a newer leader takes it over from a deposed one at once).
+        self.leader_epoch, self.lease_scope = leader_epoch, lease_scope
         self._all_running = all_running  # every current execution of the job is RUNNING
         self._clock = clock
         self.settings: QuerySettings = query_settings(graph.job_graph)
@@ -203,7 +206,9 @@ class StreamingQuery:
         run.sources = await self._blocking(run, SourceSides.open, self.graph.job_graph, self.checkpoint_location,
                                            run.checkpoint)
         await self._blocking(run, self._sink_sides.prepare)
-        resumption = await self._blocking(run, run.checkpoint.open, self.holder)
+        resumption = await self._blocking(run, lambda: run.checkpoint.open(
+            self.holder, leader_epoch=self.leader_epoch, scope=self.lease_scope))
+        self._spawn(run, "lease", self._keep_lease(run))
         self.query_id = resumption.query_id
         plan = resumption.plan
         log.info("streaming query %s (id %s, run %s): starting at batch %d%s", self.graph.job_graph.name,
@@ -214,6 +219,13 @@ class StreamingQuery:
                                         resumption.last, resumption.last_commit))
         if self._stop is not None:  # asked while no run was there
             self._handle(run, qr.StopRequested(self._stop[0], self._now(), "stop-asked-before-the-run"))
+
+    async def _keep_lease(self, run: _RunIO) -> None:
+        """Renew the run's lease on the checkpoint, three times per lease: a run that finds it
+        taken over (it was paused, and another run of the query goes on) fails."""
+        while True:
+            await asyncio.sleep(run.checkpoint.lease_s / 3)
+            await self._blocking(run, run.checkpoint.renew)
 
     def _close_run(self, why: str) -> None:
         run, self._run = self._run, None
@@ -366,7 +378,8 @@ class StreamingQuery:
         return qr.BatchInputResolved(entry.batch_id, resolved, self._now(), f"input-resolved-{entry.batch_id}")
 
     async def _commit(self, run: _RunIO, action: qr.CommitSinks) -> qr.Event:
-        await self._blocking(run, self._sink_sides.commit, action.batch_id, action.attempts, self.query_id)
+        await self._blocking(run, self._sink_sides.commit, action.batch_id, action.attempts, self.query_id,
+                             run.checkpoint.check)
         return qr.SinksCommitted(action.batch_id, self._now(), f"sinks-committed-{action.batch_id}")
 
     async def _record(self, run: _RunIO, entry: CommitEntry) -> qr.Event:

@@ -26,6 +26,13 @@ Commit of batch N, idempotent:
    failed (a JobManager that died mid-commit is a new run of the query).
 3. The batch's staging directory goes.
 
+A commit is fenced (`fence`, the query's hold on its checkpoint: it raises once another run of
+the query took the checkpoint over) before the files move and again before the manifest, and
+the manifest is created with link(), never replacing one: a JobManager woken from a pause after
+its successor took the query over commits nothing. What remains is a commit paused between its
+last check and its renames, which its successor's commit of the same batch (the same logged
+range) may meet; see `funke.jobmanager.checkpointstore`.
+
 Blocking file I/O, local file systems (and file://): the JobMaster calls it from a thread.
 """
 
@@ -34,7 +41,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import shutil
+from typing import Callable
 
 from funke.common import ids, layout
 from funke.runtime.hafilesystem import read_file, write_atomically
@@ -61,13 +70,20 @@ def is_committed(target: str, batch_id: int) -> bool:
     return os.path.exists(manifest_path(target, batch_id))
 
 
-def commit_batch(target: str, batch_id: int, attempts: dict[int, int], *, leftovers: bool = True) -> list[str]:
+def no_fence() -> None:
+    """No fence: a commit outside a query's run (tests, tools)."""
+
+
+def commit_batch(target: str, batch_id: int, attempts: dict[int, int], *, leftovers: bool = True,
+                 fence: Callable[[], None] = no_fence) -> list[str]:
     """Commit batch `batch_id` of a sink with the staged output of `attempts` (subtask → the
     attempt whose output counts). Returns the committed files' names (those already committed,
     if it was). `leftovers` False: no commit of this target was interrupted since the caller's
-    last successful one, so the target is not listed for an interrupted commit's files."""
+    last successful one, so the target is not listed for an interrupted commit's files. `fence`
+    raises if the caller may not commit any more (its run was taken over)."""
     for subtask, attempt in attempts.items():
         _check(batch_id, subtask, attempt)
+    fence()
     if is_committed(target, batch_id):
         return committed_files(target, batch_id)
     prefix = f"batch-{batch_id}-"
@@ -83,13 +99,30 @@ def commit_batch(target: str, batch_id: int, attempts: dict[int, int], *, leftov
             if name.startswith((".", "_")):  # Spark's _SUCCESS and checksum files
                 continue
             staged.append((os.path.join(directory, name), f"{prefix}{subtask}-{name}"))
+    fence()
     for source, final in staged:
         os.replace(source, os.path.join(target, final))
     names = [final for _, final in staged]
     os.makedirs(os.path.join(target, SINK_LOG), exist_ok=True)
-    write_atomically(manifest_path(target, batch_id), json.dumps({"batchId": batch_id, "files": names}).encode())
+    fence()
+    if not _create_once(manifest_path(target, batch_id), json.dumps({"batchId": batch_id, "files": names}).encode()):
+        return committed_files(target, batch_id)  # committed meanwhile by another run: its manifest stands
     shutil.rmtree(os.path.join(target, STAGING, str(batch_id)), ignore_errors=True)
     return names
+
+
+def _create_once(path: str, data: bytes) -> bool:
+    """Write `path` whole unless it exists (False): a hard link of a complete temporary file."""
+    tmp = f"{os.path.join(os.path.dirname(path), '.' + os.path.basename(path))}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    write_atomically(tmp, data)
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        return False
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+    return True
 
 
 def committed_files(target: str, batch_id: int) -> list[str]:

@@ -4,6 +4,7 @@ TaskManagers and clients."""
 
 from __future__ import annotations
 
+import os
 from typing import Callable, Protocol
 
 from funke.common.configuration import ClusterConfiguration
@@ -39,6 +40,17 @@ class HaServices(Protocol):
     def put_archive(self, holder: str, epoch: int, job_id: str, data: bytes) -> None: ...
     def archives(self) -> dict[str, bytes]: ...
     def remove_archive(self, holder: str, epoch: int, job_id: str) -> None: ...
+
+
+def cluster_scope(config: ClusterConfiguration) -> str:
+    """Which high-availability cluster a configuration's JobManagers elect their leader in ("":
+    none): the store and cluster id, so that leader epochs are compared only within one cluster
+    (a streaming query's checkpoint lease: a newer leader takes it over from an older one)."""
+    if config.high_availability == "filesystem":
+        return f"filesystem:{os.path.abspath(config.ha_storage_dir)}/{config.ha_cluster_id}"
+    if config.high_availability == "zookeeper":
+        return f"zookeeper:{config.ha_zookeeper_quorum}{config.ha_zookeeper_root}/{config.ha_cluster_id}"
+    return ""
 
 
 def ha_services(config: ClusterConfiguration) -> HaServices | None:

@@ -10,6 +10,9 @@ ids in, entries, plans and errors out.
                                     offset range it reads (start exclusive, end inclusive)
     <checkpoint>/commits/<batch>    "v1" line, then JSON: the batch committed to every sink
 
+Both kinds of entry may say the epoch of the checkpoint's lease they were written under
+(`leaseEpoch`, `funke.common.streaming.checkpointlease`): which run wrote them.
+
 Recovery (Structured Streaming's rule, generalised to several batches in flight as Spark
 Streaming's pending JobSets): every batch up to the last commit is done; every batch logged
 after it runs again with exactly the logged ranges, in order; the next new batch follows the
@@ -86,13 +89,17 @@ def _header_and_body(data: bytes, what: str) -> dict:
     return value
 
 
-def offset_entry_bytes(entry: OffsetEntry) -> bytes:
+def offset_entry_bytes(entry: OffsetEntry, lease_epoch: int = 0) -> bytes:
+    """`lease_epoch`: the epoch of the checkpoint's lease the entry is written under (0: not
+    said); readers ignore it, it tells which run wrote the entry (`written_under`)."""
     body = {"batchId": entry.batch_id, "batchTimestampMs": entry.batch_time_ms,
             "sources": {name: {"start": r.start, "end": r.end, "rows": r.rows} for name, r in entry.sources.items()}}
     if entry.watermark_ms is not None:
         body["watermarkMs"] = entry.watermark_ms
     if entry.event_time_max:
         body["eventTimeMaxMs"] = dict(entry.event_time_max)
+    if lease_epoch:
+        body["leaseEpoch"] = lease_epoch
     return f"{VERSION}\n{json.dumps(body, sort_keys=True)}".encode()
 
 
@@ -122,10 +129,12 @@ def parse_offset_entry(data: bytes, batch_id: int, what: str = "offset log entry
     return _entry(data, batch_id, what, read)
 
 
-def commit_entry_bytes(entry: CommitEntry) -> bytes:
+def commit_entry_bytes(entry: CommitEntry, lease_epoch: int = 0) -> bytes:
     body: dict = {'batchId': entry.batch_id, 'committedAtMs': entry.committed_at_ms}
     if entry.event_time_max:
         body["eventTimeMaxMs"] = dict(entry.event_time_max)
+    if lease_epoch:
+        body["leaseEpoch"] = lease_epoch
     return f"{VERSION}\n{json.dumps(body)}".encode()
 
 
@@ -135,6 +144,14 @@ def parse_commit_entry(data: bytes, batch_id: int, what: str = "commit log entry
         return CommitEntry(batch_id, int(raw["committedAtMs"]), maxes)
 
     return _entry(data, batch_id, what, read)
+
+
+def written_under(data: bytes, what: str = "entry") -> int:
+    """The lease epoch an offset or commit entry says it was written under (0: not said)."""
+    try:
+        return int(_header_and_body(data, what).get("leaseEpoch", 0))
+    except (TypeError, ValueError):
+        return 0
 
 
 def metadata_bytes(query_id: str) -> bytes:

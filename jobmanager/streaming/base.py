@@ -12,7 +12,7 @@ sink commit and the commit log entry must not be written twice).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from funke.common.streaming.checkpoint import SourceRange
 from funke.jobmanager.checkpointstore import CheckpointStore
@@ -78,3 +78,10 @@ class SinkSide:
 
     def commit(self, batch_id: int, attempts: dict[int, int], query_id: str) -> None:
         """Commits the batch the chosen attempt of every subtask wrote (blocking, idempotent)."""
+
+    def commit_fenced(self, batch_id: int, attempts: dict[int, int], query_id: str, fence: Callable[[], None]) -> None:
+        """`commit`, by a run that may commit only while it holds the query's checkpoint: `fence`
+        raises once another run took it over. A side whose commit has several steps overrides
+        this to check again before its commit point."""
+        fence()
+        self.commit(batch_id, attempts, query_id)

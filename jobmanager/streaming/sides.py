@@ -7,7 +7,7 @@ checkpoint, commit files): the shell calls it from an executor thread.
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import Any, Callable
 
 from funke.common.graph.jobgraph import JobGraph
 from funke.common.graph.streamingjob import sinks, stream_sources
@@ -58,11 +58,12 @@ class SourceSides:
 
     def purge(self, checkpoint: CheckpointStore, retain: int) -> int:
         """Old log entries, and what the sources kept that no retained batch reads; how many."""
-        purged = checkpoint.purge(retain)
+        purged = checkpoint.purge(retain)  # fenced: a run taken over deletes nothing
         forgetting = [s for s in self.sides.values() if type(s).forget_before is not SourceSide.forget_before]
         oldest = checkpoint.offset_ids() if forgetting else []
         if oldest:
             entry = checkpoint.read_offsets(oldest[0])
+            checkpoint.check()
             for name, side in self.sides.items():
                 if name in entry.sources:
                     purged += side.forget_before(entry.sources[name].start)
@@ -87,8 +88,10 @@ class SinkSides:
         for side in self.sides.values():
             side.prepare()
 
-    def commit(self, batch_id: int, attempts: dict[str, dict[int, int]], query_id: str) -> None:
+    def commit(self, batch_id: int, attempts: dict[str, dict[int, int]], query_id: str,
+               fence: Callable[[], None] = lambda: None) -> None:
         """Commit the batch on every sink: `attempts`, per sink, the attempt of each subtask
-        whose output counts (idempotent)."""
+        whose output counts (idempotent). `fence` (the run's hold on the checkpoint) raises once
+        another run of the query took it over: such a run commits nothing more."""
         for sink, side in self.sides.items():
-            side.commit(batch_id, attempts[sink], query_id)
+            side.commit_fenced(batch_id, attempts[sink], query_id, fence)

@@ -7,6 +7,7 @@ id and the batch id, `funke.jobmanager.deltatables`)."""
 from __future__ import annotations
 
 import functools
+from typing import Callable
 
 from funke.common import layout
 from funke.common.graph.streamingjob import local_path
@@ -30,8 +31,11 @@ class FileSink(SinkSide):
         self._leftovers = True
 
     def commit(self, batch_id: int, attempts: dict[int, int], query_id: str) -> None:
+        self.commit_fenced(batch_id, attempts, query_id, streamsinks.no_fence)
+
+    def commit_fenced(self, batch_id: int, attempts: dict[int, int], query_id: str, fence: Callable[[], None]) -> None:
         leftovers, self._leftovers = self._leftovers, True  # until this commit succeeded
-        streamsinks.commit_batch(self._target(), batch_id, attempts, leftovers=leftovers)
+        streamsinks.commit_batch(self._target(), batch_id, attempts, leftovers=leftovers, fence=fence)
         self._leftovers = False
 
 

@@ -452,3 +452,133 @@ def test_kill_9_of_the_leader_under_a_running_aggregate_the_query_goes_on_with_e
     history = _history(ha.client.get_job(job_id))
     assert ("RUNNING", "SUSPENDED", epoch) in history and history[-1] == ("RUNNING", "FINISHED", lease.epoch), history
     assert check_every_batch(out, checkpoint, "update") >= before + 4
+
+
+# ---------------------------------------------------------------------------- a paused leader's streaming query
+
+
+def _committed_under(checkpoint: Path) -> dict[int, tuple[int, bytes]]:
+    """The commit log as on disk: batch -> (the lease epoch its entry says it was written under,
+    0 if it says none; its bytes)."""
+    found = {}
+    for path in (checkpoint / "commits").iterdir() if (checkpoint / "commits").exists() else ():
+        if path.name.isdigit():
+            data = path.read_bytes()
+            body = json.loads(data.partition(b"\n")[2] or b"{}")
+            found[int(path.name)] = (int(body.get("leaseEpoch", 0)), data)
+    return found
+
+
+def _entries(checkpoint: Path) -> dict[str, bytes]:
+    """Every offset and commit entry, by path under the checkpoint."""
+    return {f"{log}/{p.name}": p.read_bytes() for log in ("offsets", "commits") for p in (checkpoint / log).iterdir()
+            if p.name.isdigit()}
+
+
+def _stopped(pid: int) -> bool:
+    """Whether process `pid` is stopped (SIGSTOP) right now."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rpartition(")")[2].split()[0] == "T"
+
+
+def _query_leader(ha: HaCluster, checkpoint: Path, timeout: float = 60) -> tuple[str, int, int]:
+    """The JobManager that leads and runs the query now: (name, pid, leader epoch), once the
+    checkpoint's lease is held by the leader's process under its epoch (a leadership change
+    just before, on a loaded machine, would make the pause hit a standby)."""
+    from funke.jobmanager.checkpointstore import CheckpointStore
+
+    deadline = time.monotonic() + timeout
+    while True:
+        lease, held = ha.lease(), CheckpointStore(str(checkpoint)).lease()
+        name = localcluster.leader_name(ha.dir, lease) if lease is not None else ""
+        pid = next((p.pid for p in localcluster.status(ha.dir).processes if p.name == name and p.alive), None)
+        if (lease is not None and held is not None and pid is not None and held.leader_epoch == lease.epoch
+                and held.holder.split(":")[1] == str(pid) and lease.valid(time.time())):
+            return name, pid, lease.epoch
+        assert time.monotonic() < deadline, f"the query's checkpoint lease {held} is not the leader's {lease}"
+        time.sleep(0.1)
+
+
+def paused_leader_streaming(ha: HaCluster, tmp_path: Path, timeout: float = 180) -> dict:
+    """SIGSTOP of the leader while it runs a streaming query with a checkpoint: the new leader
+    takes the query over and commits batches while the old one stays paused (its hold on the
+    checkpoint, a lease, is taken over by the higher leader epoch); woken (SIGCONT), the old
+    leader writes nothing to the checkpoint or the sink: every entry after the take-over is the
+    new leader's, and the sink has every row of the committed batches exactly once. Returns the
+    figures: seconds from the SIGSTOP to the new leader's lease, to the job RUNNING under it,
+    and to the first batch committed under it (its commit log entry's time); and the job's
+    failures (restarts) as the new leader shows them."""
+    from tests.integration.test_streaming import assert_exactly_once, rate_job
+
+    out, checkpoint = tmp_path / "values", tmp_path / "checkpoint"
+    job_id = ha.client.submit(rate_job("paused leader query", out, checkpoint, rows_per_second=40,
+                                       trigger="500 ms").build())
+    deadline = time.monotonic() + timeout
+    while len(_committed_under(checkpoint)) < 3:
+        assert time.monotonic() < deadline, f"three batches did not commit within {timeout} s"
+        time.sleep(0.1)
+    name, pid, epoch = _query_leader(ha, checkpoint)
+    localcluster.kill(ha.dir, name, signal.SIGSTOP)
+    paused_at = time.time()
+    log_path = ha.dir / "log" / f"{name}.log"
+    before = _committed_under(checkpoint)  # all the old leader's: it is paused now
+    old_epochs = {e for e, _ in before.values()}
+    try:
+        lease, elected_at = ha.wait_for_new_leader(epoch)
+        running_at = _wait_running_under(ha.client, job_id, lease.epoch)
+        # Batches committed while the old leader is paused are the new leader's, under a lease
+        # epoch above the old run's.
+        deadline = time.monotonic() + timeout
+        while len(new := {b: e for b, (e, _) in _committed_under(checkpoint).items() if b not in before}) < 3:
+            assert time.monotonic() < deadline, (
+                f"the new leader committed {sorted(new)} within {timeout} s; job "
+                f"{_status(ha.client.get_job(job_id))}: {ha.client.get_job(job_id).failure.message[:2000]}")
+            time.sleep(0.1)
+        assert _stopped(pid), f"{name} (pid {pid}) is not paused any more"
+        first = min(new)
+        first_committed_at = json.loads(_committed_under(checkpoint)[first][1].partition(b"\n")[2])["committedAtMs"] / 1000
+        assert min(new.values()) > max(old_epochs), (new, old_epochs)
+        taken_over = _entries(checkpoint)
+        woke_at = log_path.stat().st_size
+    finally:
+        localcluster.kill(ha.dir, name, signal.SIGCONT)
+    # Woken, the old leader finds itself deposed ...
+    deadline = time.monotonic() + 30
+    while f"lost leadership (epoch {epoch})" not in log_path.read_text(errors="replace"):
+        assert time.monotonic() < deadline, f"{name} did not notice it lost leadership"
+        time.sleep(0.2)
+    # ... and, while the new leader commits three more batches, writes nothing to the checkpoint:
+    # every entry there at the take-over is as it was, and every one since is the new leader's.
+    last = max(_committed_under(checkpoint))
+    deadline = time.monotonic() + timeout
+    while max(_committed_under(checkpoint)) < last + 3:
+        assert time.monotonic() < deadline, "the new leader did not go on committing after the old one woke"
+        time.sleep(0.1)
+    now = _entries(checkpoint)
+    changed = [k for k, data in taken_over.items() if k in now and now[k] != data]
+    assert not changed, f"entries rewritten after the take-over: {changed}"
+    late = {b: e for b, (e, _) in _committed_under(checkpoint).items() if b not in before and e in old_epochs}
+    assert not late, f"commit log entries written under the old leader's lease after the take-over: {late}"
+    since_wake = log_path.read_bytes()[woke_at:].decode(errors="replace")
+    assert "streaming query paused leader query (id" not in since_wake  # it started no run of its own
+    ha.client.stop(job_id, timeout_s=60)
+    assert _wait_status(ha.client, job_id, "FINISHED", 120)
+    rows, duplicates, lost = assert_exactly_once(out, checkpoint)
+    commits = sorted(_committed_under(checkpoint))
+    from funke.jobmanager import streamsinks
+
+    assert streamsinks.committed_batches(str(out)) == list(range(commits[-1] + 1)) and commits[0] == 0
+    details = ha.client.get_job(job_id)
+    history = _history(details)
+    assert ("RUNNING", "SUSPENDED", epoch) in history and history[-1] == ("RUNNING", "FINISHED", lease.epoch), history
+    return {"failures": [f"{e.failure.exception_type}: {e.failure.message[:160]}" for e in details.exceptions],
+            "elected": elected_at - paused_at, "running": running_at - paused_at,
+            "first_commit": first_committed_at - paused_at, "batches": float(len(commits)), "rows": float(rows),
+            "refused": float(since_wake.count("CheckpointFenced"))}
+
+
+def test_a_paused_leaders_streaming_query_is_taken_over_and_the_woken_leader_writes_nothing(ha, tmp_path):
+    figures = paused_leader_streaming(ha, tmp_path)
+    print(f"SIGSTOP of the leader: new leader after {figures['elected']:.2f} s, query RUNNING after "
+          f"{figures['running']:.2f} s, first batch committed under the new leader after {figures['first_commit']:.2f} s "
+          f"({figures['batches']:.0f} batches, {figures['rows']:.0f} rows exactly once)")

@@ -18,6 +18,7 @@ from tests.integration.test_high_availability import (  # noqa: F401 (fixtures)
     ha,
     kill_9_mid_job,
     paused_leader,
+    paused_leader_streaming,
     reference,
 )
 
@@ -54,6 +55,12 @@ def test_a_leader_paused_past_its_session_is_replaced_and_fenced_out(ha, corpus,
     # which it sends every second), not sooner: a paused process is not a dead one.
     print(f"paused leader replaced after {took:.2f} s (session timeout {SESSION_TIMEOUT})")
     assert took >= 1.5
+
+
+def test_a_paused_leaders_streaming_query_is_taken_over_and_the_woken_leader_writes_nothing(ha, tmp_path):
+    figures = paused_leader_streaming(ha, tmp_path)
+    print(f"SIGSTOP of the leader (ZooKeeper): first batch committed under the new leader after "
+          f"{figures['first_commit']:.2f} s")
 
 
 def test_after_both_jobmanagers_died_add_jobmanager_brings_a_leader_back_on_the_clusters_zookeeper(ha):

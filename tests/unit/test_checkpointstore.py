@@ -1,5 +1,6 @@
 """A checkpoint directory on disk (jobmanager/checkpointstore.py): a stable query id across runs,
-one run at a time (a second process is refused), write-once atomic entries, leftover temporary
+one run at a time (a second process is refused), a lease a paused run cannot keep (a newer
+leader, or expiry, takes it over, and the old run's writes are refused), write-once atomic entries, leftover temporary
 files ignored, a gap named, and purging that keeps recovery's answer."""
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ import textwrap
 
 import pytest
 
-from funke.common.streaming.checkpoint import CheckpointError, CommitEntry, OffsetEntry, SourceRange
-from funke.jobmanager.checkpointstore import CheckpointInUse, CheckpointStore
+from funke.common.streaming.checkpoint import CheckpointError, CommitEntry, OffsetEntry, SourceRange, written_under
+from funke.jobmanager.checkpointstore import CheckpointFenced, CheckpointInUse, CheckpointStore
 
 
 def entry(batch_id: int, start, end) -> OffsetEntry:
@@ -124,3 +125,138 @@ def test_a_file_where_the_checkpoint_or_its_logs_go_is_named_as_not_a_directory(
     (tmp_path / "ck" / "offsets").write_text("not a log")
     with pytest.raises(CheckpointError, match=r"/ck/offsets is not a directory"):
         CheckpointStore(str(tmp_path / "ck")).open("run-1")
+
+
+# ---------------------------------------------------------------------------- the lease
+
+SCOPE = "filesystem:/ha/default"
+
+_PAUSABLE = textwrap.dedent("""
+    import json, sys
+    from funke.common.streaming.checkpoint import OffsetEntry, SourceRange
+    from funke.jobmanager.checkpointstore import CheckpointStore
+    store = CheckpointStore(sys.argv[1])
+    store.open("job q on JobManager a (pid holder)", leader_epoch=1, scope=sys.argv[2])
+    print("held", flush=True)
+    for line in sys.stdin:  # woken up: it goes on writing where it was
+        try:
+            store.write_offsets(OffsetEntry(0, 5, {"rate": SourceRange(None, 99, 99)}))
+            print("wrote", flush=True)
+        except Exception as exc:
+            print(type(exc).__name__ + ": " + str(exc), flush=True)
+""")
+
+
+def test_a_paused_holder_is_taken_over_by_a_newer_leader_and_its_writes_when_it_wakes_are_refused(tmp_path):
+    """SIGSTOP of the process that holds the checkpoint: the run of the next leader takes it at
+    once (a lock would keep it until the paused process died); woken, the old run writes nothing."""
+    import signal
+
+    path = str(tmp_path / "cp")
+    holder = subprocess.Popen([sys.executable, "-c", _PAUSABLE, path, SCOPE], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        holder.send_signal(signal.SIGSTOP)
+        with pytest.raises(CheckpointInUse, match="in use by job q on JobManager a"):  # no HA: it waits for expiry
+            CheckpointStore(path).open("a run without HA")
+        store = CheckpointStore(path)
+        resumption = store.open("job q on JobManager b", leader_epoch=2, scope=SCOPE)
+        assert resumption.plan.next_batch_id == 0 and store.epoch == 2
+        store.write_offsets(entry(0, None, 10))
+        holder.send_signal(signal.SIGCONT)
+        holder.stdin.write("go\n")
+        holder.stdin.flush()
+        answer = holder.stdout.readline().strip()
+        assert answer.startswith("CheckpointFenced: ") and "lease epoch 1) may not write to it any more: it was " \
+            "taken over by job q on JobManager b (lease epoch 2)" in answer, answer
+        assert store.read_offsets(0) == entry(0, None, 10)
+        store.write_commit(CommitEntry(0, 7))
+        store.close()
+    finally:
+        holder.kill()
+        holder.wait(10)
+        holder.stdin.close()
+        holder.stdout.close()
+    data = (tmp_path / "cp" / "offsets" / "0").read_bytes()
+    assert written_under(data) == 2 and written_under((tmp_path / "cp" / "commits" / "0").read_bytes()) == 2
+
+
+def test_every_write_of_a_run_taken_over_is_refused_and_its_close_leaves_the_new_lease(tmp_path):
+    old = CheckpointStore(str(tmp_path / "cp"))
+    old.open("old run", leader_epoch=1, scope=SCOPE)
+    old.write_offsets(entry(0, None, 10))
+    new = CheckpointStore(str(tmp_path / "cp"))
+    assert new.open("new run", leader_epoch=2, scope=SCOPE).plan.rerun == (0,)
+    for write in (lambda: old.write_offsets(entry(1, 10, 20)), lambda: old.write_commit(CommitEntry(0, 1)),
+                  lambda: old.add_seen_files("files", ["a.csv"]), lambda: old.purge(1), old.renew, old.check):
+        with pytest.raises(CheckpointFenced, match="taken over by new run"):
+            write()
+    old.close()  # idempotent, and it does not release what is not its own
+    assert not new.lease().released and new.lease().epoch == 2
+    new.write_commit(CommitEntry(0, 1))
+    new.renew()
+    assert sorted(os.listdir(tmp_path / "cp" / "commits")) == ["0"] and not (tmp_path / "cp" / "offsets" / "1").exists()
+    new.close()
+    assert new.lease().released
+    third = CheckpointStore(str(tmp_path / "cp"))  # a released lease is taken at once, by anyone
+    assert third.open("third run").plan.next_batch_id == 1 and third.epoch == 3
+    third.close()
+
+
+def test_without_high_availability_a_lease_not_renewed_is_taken_once_it_expired(tmp_path):
+    now = [1000.0]
+    first = CheckpointStore(str(tmp_path / "cp"), lease_s=10, clock=lambda: now[0])
+    first.open("first run")
+    now[0] += 6
+    first.renew()  # renewed: 10 s more from now
+    now[0] += 9
+    with pytest.raises(CheckpointInUse, match=r"in use by first run \(its lease \(epoch 1\) runs 1.0 s more"):
+        CheckpointStore(str(tmp_path / "cp"), lease_s=10, clock=lambda: now[0]).open("second run")
+    now[0] += 1.5  # the first run was paused: nothing renewed its lease
+    second = CheckpointStore(str(tmp_path / "cp"), lease_s=10, clock=lambda: now[0])
+    second.open("second run")
+    with pytest.raises(CheckpointFenced, match="taken over by second run"):
+        first.write_offsets(entry(0, None, 5))
+    second.write_offsets(entry(0, None, 5))
+    second.close()
+
+
+def test_a_holder_whose_renewal_was_late_but_not_taken_over_renews_and_writes(tmp_path):
+    now = [1000.0]
+    store = CheckpointStore(str(tmp_path / "cp"), lease_s=10, clock=lambda: now[0])
+    store.open("run")
+    now[0] += 60  # starved, or paused: nobody took the checkpoint meanwhile
+    store.write_offsets(entry(0, None, 5))
+    assert store.lease().renewed_at == now[0] and store.lease().epoch == 1
+    store.close()
+
+
+def test_a_stale_write_in_the_window_never_replaces_an_entry_of_the_run_that_took_over(tmp_path):
+    """A run paused between its check of the lease and its write lands the write late: an entry
+    is created with link(), so what its successor wrote stays as it is."""
+    old = CheckpointStore(str(tmp_path / "cp"))
+    old.open("old run", leader_epoch=1, scope=SCOPE)
+    new = CheckpointStore(str(tmp_path / "cp"))
+    new.open("new run", leader_epoch=2, scope=SCOPE)
+    new.write_offsets(entry(0, None, 10))
+    old.check = lambda: None  # the check passed before the pause
+    with pytest.raises(CheckpointError, match="written once"):
+        old.write_offsets(entry(0, None, 12))
+    assert new.read_offsets(0) == entry(0, None, 10)
+    assert written_under((tmp_path / "cp" / "offsets" / "0").read_bytes()) == 2
+    new.close()
+
+
+def test_an_unreadable_lease_spends_its_epoch(tmp_path):
+    store = CheckpointStore(str(tmp_path / "cp"))
+    store.open("first")
+    store.close()
+    lease = (tmp_path / "cp" / "lease" / "1").read_bytes()
+    (tmp_path / "cp" / "lease" / "2").write_bytes(lease.replace(b'"epoch": 1', b'"epoch": 2').replace(
+        b'"released": true', b'"released": false').replace(b'"renewed_at": ', b'"renewed_at": 1e10 + '))
+    # the file of epoch 2 is not valid JSON (a stranger's): no lease, yet its epoch is spent
+    other = CheckpointStore(str(tmp_path / "cp"))
+    other.open("second")
+    assert other.epoch == 3
+    other.close()

@@ -111,3 +111,31 @@ def test_a_query_run_lists_its_target_for_an_interrupted_commit_once(tmp_path, m
     (target / "batch-5-0-part-old.parquet").write_bytes(b"an interrupted commit's")
     assert commits_listing_target(5) == 1
     assert sorted(visible(target)) == [f"batch-{b}-0-part-{b}.parquet" for b in range(6)]
+
+
+def test_a_run_whose_checkpoint_was_taken_over_commits_nothing(tmp_path):
+    """The fence (the run's hold on the query's checkpoint) is asked before any file moves, and
+    again before the manifest: a JobManager woken after its successor took the query over
+    commits nothing, and the manifest is never replaced."""
+    target = tmp_path / "out"
+    stage(target, 0, 0, 0, {"part-0.parquet": b"the old leader's"})
+
+    def fenced() -> None:
+        raise RuntimeError("taken over by the new leader")
+
+    with pytest.raises(RuntimeError, match="taken over"):
+        commit_batch(str(target), 0, {0: 0}, fence=fenced)
+    assert not visible(target) and not is_committed(str(target), 0)
+    checks = []
+
+    def taken_over_before_the_manifest() -> None:
+        checks.append(1)
+        if len(checks) == 3:
+            raise RuntimeError("taken over by the new leader")
+
+    with pytest.raises(RuntimeError, match="taken over"):
+        commit_batch(str(target), 0, {0: 0}, fence=taken_over_before_the_manifest)
+    assert not is_committed(str(target), 0)  # no manifest: the next run's commit replaces the files
+    stage(target, 0, 0, 1000, {"part-0.parquet": b"the new leader's"})
+    assert commit_batch(str(target), 0, {0: 1000}) == ["batch-0-0-part-0.parquet"]
+    assert visible(target) == {"batch-0-0-part-0.parquet": b"the new leader's"}
