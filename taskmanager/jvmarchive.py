@@ -158,7 +158,7 @@ def used(archive: Path) -> None:
 def _write_record(archive: Path, spark: Path, java: Path) -> None:
     # the paths as `key` used them (its digest covers the jars' paths): `prune` computes it again
     record = {"spark_home": str(spark), "java_home": str(java), "python": sys.executable,
-              "environment": sys.prefix, "made": time.time()}
+              "environment": sys.prefix, "recorded": time.time()}
     final = record_path(archive)
     partial = final.with_name(f".{final.name}.{os.getpid()}{PARTIAL_SUFFIX}")
     partial.write_text(json.dumps(record, indent=1) + "\n")
