@@ -1,7 +1,8 @@
 """A new leader's Dispatcher recovering from the HA stores, in process: stored jobs start again,
 an ended job whose clean-up a dead leader cut short is finished (graph removed, result clean,
-its data cleaned up, a streaming sink's staging inside its target too) and never run, orphans in the data directory are swept, and stepping down
-records the suspension and keeps the job for the next leader."""
+its data cleaned up, a streaming sink's staging inside its target too) and never run, orphans
+in the data directory are swept, and stepping down records the suspension and keeps the job
+for the next leader."""
 
 from __future__ import annotations
 

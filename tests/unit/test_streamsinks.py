@@ -160,6 +160,6 @@ def test_a_finished_querys_collected_rows_lose_their_staging_and_keep_their_batc
     commit_batch(str(collected), JOB, 0, {0: 0})
     stage(collected, 1, 0, 0, {"part-0.parquet": b"not committed"})
     committer.cleanup_job(str(data), JOB, [str(collected)], keep_collected=True)
-    assert listing(data / "jobs") == [JOB, f"{JOB}/collect", f"{JOB}/collect/sink", f"{JOB}/collect/sink/_funke_sink_log",
-                                      f"{JOB}/collect/sink/_funke_sink_log/0",
-                                      f"{JOB}/collect/sink/batch-0-0-part-0.parquet"]
+    sink = f"{JOB}/collect/sink"
+    assert listing(data / "jobs") == [JOB, f"{JOB}/collect", sink, f"{sink}/_funke_sink_log",
+                                      f"{sink}/_funke_sink_log/0", f"{sink}/batch-0-0-part-0.parquet"]
