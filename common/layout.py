@@ -12,6 +12,8 @@ works as the data directory (file:///, hdfs://, s3a://...).
     {parent}/.{name}.funke-{job}/s{subtask}-a{attempt}/                a file sink's staged output,
                                                                        beside its target
     {parent}/.{name}.funke-{job}/commit/                               the target being assembled
+    {target}/.funke-staging-{job}/{batch}/{subtask}-{attempt}/         a streaming sink's staged output
+                                                                       of one micro-batch, inside its target
 
 Staging beside the target keeps the final rename on one filesystem (atomic for local files and
 HDFS), and the leading dot hides it from Spark and Hadoop readers of the parent directory.
@@ -124,17 +126,25 @@ def sink_staging_dir(target: str, job_id: str, subtask_index: int, attempt: int)
     return _join(staging_root(target, job_id), f"s{subtask_index}-a{attempt}")
 
 
-STREAM_STAGING = ".funke-staging"
+STREAM_STAGING = ".funke-staging"  # followed by "-{job}"
 STREAM_SINK_LOG = "_funke_sink_log"
 
 
-def stream_sink_staging_dir(target: str, batch_id: int, subtask_index: int, attempt: int) -> str:
+def stream_staging_root(target: str, job_id: str) -> str:
+    """Where a streaming query's job stages its sink's batches, inside the target and hidden from
+    readers. One per job: the job's clean-up removes its own (`committer.cleanup_job`) and never
+    what another job on the same checkpoint, which runs the uncommitted batches again, stages."""
+    ids.require_path_id(job_id, "job id", ids.MAX_JOB_ID_LENGTH)
+    return _join(target.rstrip("/") or "/", f"{STREAM_STAGING}-{job_id}")
+
+
+def stream_sink_staging_dir(target: str, job_id: str, batch_id: int, subtask_index: int, attempt: int) -> str:
     """Where a streaming sink subtask writes its output of one micro-batch (inside the target,
     hidden from readers; `funke.jobmanager.streamsinks` commits it)."""
     _index(batch_id, "batch id")
     _index(subtask_index, "subtask index")
     _index(attempt, "attempt number")
-    return _join(target.rstrip("/") or "/", STREAM_STAGING, str(batch_id), f"{subtask_index}-{attempt}")
+    return _join(stream_staging_root(target, job_id), str(batch_id), f"{subtask_index}-{attempt}")
 
 
 def commit_dir(target: str, job_id: str) -> str:

@@ -59,7 +59,9 @@ def ensure_environment() -> Path:
 
 def ensure_jvm_archive(python: Path) -> None:
     """The class-data archive of Spark's JVM (funke.taskmanager.jvmarchive), made when this
-    JDK and PySpark have none yet; without it TaskManagers start as before, only slower."""
+    JDK and PySpark have none yet; without it TaskManagers start as before, only slower. Making
+    one prunes the cache: the archives of environments that are gone (an earlier clone's .venv)
+    and the least recently used beyond FUNKE_CACHE_MAX_MB go, and are named here."""
     module = [str(python), "-m", "funke.taskmanager.jvmarchive"]
     if subprocess.call([*module, "--check"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) == 0:
         return
@@ -68,6 +70,10 @@ def ensure_jvm_archive(python: Path) -> None:
     if made.returncode != 0:
         tail = "\n".join(made.stderr.strip().splitlines()[-5:])
         _say(f"could not make it: TaskManagers start Spark without it (slower)\n{tail}")
+        return
+    for line in made.stderr.splitlines():
+        if line.startswith("removed "):
+            _say(f"class-data archive cache: {line}")
 
 
 ZOOKEEPER_JAR = Path("/usr/share/java/zookeeper.jar")

@@ -276,9 +276,13 @@ class CleanupIncomplete(OSError):
 
 def cleanup_job(data_dir: str, job_id: str, sink_targets: Sequence[str], keep_collected: bool) -> None:
     """Remove what the job left: its sinks' staging beside their targets (the commit marker
-    included), and under its directory in the data directory its result partitions, cancel
-    markers and Redis staging; its collected rows stay only for a FINISHED job (the client fetches
-    them), and an empty job directory goes too.
+    included) and, for a streaming query, inside them (`.funke-staging-<job>`: batches staged and
+    not committed; the target keeps its committed files and their manifests), and under its
+    directory in the data directory its result partitions, cancel markers and Redis staging; its
+    collected rows stay only for a FINISHED job (the client fetches them), and an empty job
+    directory goes too. Called once the job ended for good: a query that restarts after a
+    failure runs its uncommitted batches again and commits from their staging, and a query
+    submitted again on the same checkpoint is another job, staging into a directory of its own.
 
     Idempotent, so the caller runs it again until it raises nothing (and a new leader runs it for
     a job whose clean-up a dead one did not finish): every step tolerates what is already gone,
@@ -298,6 +302,7 @@ def cleanup_job(data_dir: str, job_id: str, sink_targets: Sequence[str], keep_co
     for target in sink_targets:
         root = layout.staging_root(target, job_id)
         step("sink staging", root.rpartition("/")[0] or ".", root)
+        step("streaming sink staging", target, layout.stream_staging_root(target, job_id))
     jobs, job_dir = layout.jobs_dir(data_dir), layout.job_dir(data_dir, job_id)
     if keep_collected:
         try:

@@ -176,13 +176,15 @@ def commit_job(target: str, job_id: str, subtasks: Mapping[int, int], mode: str)
     return commit(target, job_app_id(job_id), 0, staged, mode)
 
 
-def commit_stream_batch(target: str, query_id: str, batch_id: int, attempts: Mapping[int, int], mode: str) -> int | None:
+def commit_stream_batch(target: str, query_id: str, job_id: str, batch_id: int, attempts: Mapping[int, int],
+                        mode: str) -> int | None:
     """A streaming query's batch into a Delta sink (idempotent by the query's id and the batch
-    id). Returns the files added (None: committed before)."""
+    id), from what job `job_id`'s attempts staged. Returns the files added (None: committed
+    before)."""
     where = deltalog.table_dir(target)
-    staged = {s: layout.stream_sink_staging_dir(where, batch_id, s, a) for s, a in attempts.items()}
+    staged = {s: layout.stream_sink_staging_dir(where, job_id, batch_id, s, a) for s, a in attempts.items()}
     added = commit(target, query_id, batch_id, staged, mode)
-    shutil.rmtree(os.path.join(where, layout.STREAM_STAGING, str(batch_id)), ignore_errors=True)
+    shutil.rmtree(os.path.join(layout.stream_staging_root(where, job_id), str(batch_id)), ignore_errors=True)
     return added
 
 

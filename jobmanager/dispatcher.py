@@ -265,26 +265,30 @@ class Dispatcher:
             self._spawn(self.ha.write(self.ha.services.put_history, jm.job_id,
                                       self._records(jm.job_id, jm.graph.status_history())))
 
-    async def _finish_in_store(self, job_id: str, entry: ArchivedJob | None, cleanup=None) -> None:
-        """A globally terminal job: its result (dirty), its archive, its data cleaned up, its job
-        graph removed, its result clean. Each step is idempotent, so a new leader finishes what a
-        dead one began."""
+    async def _finish_in_store(self, job_id: str, entry: ArchivedJob | None, cleanup=None,
+                               after: asyncio.Future | None = None) -> None:
+        """A globally terminal job: its result (dirty), its archive, its data cleaned up (once
+        `after`, its streaming query's closing, is done), its job graph removed, its result
+        clean. Each step is idempotent, so a new leader finishes what a dead one began."""
         ha = self.ha
         assert ha is not None
         services = ha.services
         if entry is not None:
             await ha.write_until_done(services.put_dirty_result, self.results[job_id])
             await ha.write_until_done(services.put_archive, job_id, _archived_to_bytes(entry))
-        if cleanup is not None and not await self._clean_up(job_id, cleanup):
+        if cleanup is not None and not await self._clean_up(job_id, cleanup, after):
             raise Fenced(f"epoch {ha.epoch} lost leadership before job {job_id} was cleaned up; the next "
                          "leader cleans it up")
         await ha.write_until_done(services.remove_job_graph, job_id)
         await ha.write_until_done(services.mark_result_clean, job_id)
 
-    async def _clean_up(self, job_id: str, cleanup: Callable[[], None]) -> bool:
+    async def _clean_up(self, job_id: str, cleanup: Callable[[], None], after: asyncio.Future | None = None) -> bool:
         """Run a job's data clean-up (off the loop) until it succeeds; each run redoes only what
-        is still there. False if this JobManager stopped leading first (the next leader cleans
-        up: the job's graph stays in the store until then)."""
+        is still there. First waits for `after` (a streaming query's closing: its last commit,
+        whose staging the clean-up removes, has ended). False if this JobManager stopped leading
+        first (the next leader cleans up: the job's graph stays in the store until then)."""
+        if after is not None:
+            await asyncio.wait([after])  # its outcome is the query's to report
         delays = CLEANUP_BACKOFF.delays()
         while True:
             try:
@@ -603,9 +607,9 @@ class Dispatcher:
         self._progress_at.pop(jm.job_id, None)
         if self.ha is not None and jm.status.is_globally_terminal:
             self.results[jm.job_id] = JobResult(jm.job_id, jm.status.value, time.time(), self.ha.epoch)
-            self._spawn(self._finish_in_store(jm.job_id, entry, jm.pending_cleanup))
+            self._spawn(self._finish_in_store(jm.job_id, entry, jm.pending_cleanup, jm.query_closed))
         elif jm.pending_cleanup is not None:
-            self._spawn(self._clean_up(jm.job_id, jm.pending_cleanup))
+            self._spawn(self._clean_up(jm.job_id, jm.pending_cleanup, jm.query_closed))
         self._forget(self.store.put(entry, time.time()))
 
     def _count_subtasks(self) -> None:

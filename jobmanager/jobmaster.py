@@ -75,6 +75,9 @@ class JobMaster:
         # until it succeeds and, with high availability, once the job's end is recorded (until
         # then a new leader may run the job again, and needs the commit marker).
         self.pending_cleanup: Callable[[], None] | None = None
+        # A streaming query's closing (its last commit's thread waited for): the clean-up runs
+        # after it, so that it never removes the staging of a commit under way.
+        self.query_closed: asyncio.Task | None = None
         self.waiting_for_resources = ""
         self._internal_error = False
         self._rescale_cause = ""  # a rescale asked: why the job is to be SUSPENDED
@@ -430,6 +433,7 @@ class JobMaster:
             closing = self._loop.create_task(self.query.close())
             closing.add_done_callback(lambda f: f.cancelled() or f.exception() and log.warning(
                 "job %s: closing the streaming query: %s", self.job_id, f.exception()))
+            self.query_closed = closing
         for handle in self._timers:
             handle.cancel()
         self._timers.clear()

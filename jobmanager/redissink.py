@@ -2,7 +2,7 @@
 not at all.
 
 Owns the commit of one batch: the sink's subtasks staged their rows as Parquet (like a file
-sink, under `layout.redis_sink_dir`, `.funke-staging/<batch>/` inside); the JobMaster then
+sink, under `layout.redis_sink_dir`, `.funke-staging-<job>/<batch>/` inside); the JobMaster then
 appends them in one Redis transaction (MULTI … EXEC) together with a marker key
 `funke:sink:<query id>:<sink>:<batch>`, watched (WATCH) beforehand:
 
@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 import pyarrow.parquet as pq
 
-from funke.jobmanager.streamsinks import SinkCommitError, staging_dir
+from funke.jobmanager.streamsinks import SinkCommitError, batch_staging, staging_dir
 
 MARKER_TTL_S = 7 * 24 * 3600
 
@@ -45,11 +45,11 @@ def marker_key(query_id: str, sink: str, batch_id: int) -> str:
     return f"funke:sink:{query_id}:{sink}:{batch_id}"
 
 
-def staged_rows(target: str, batch_id: int, attempts: dict[int, int]) -> list[dict[str, str]]:
+def staged_rows(target: str, job_id: str, batch_id: int, attempts: dict[int, int]) -> list[dict[str, str]]:
     """The rows the chosen attempts staged for a batch, as entry fields, in subtask order."""
     rows: list[dict[str, str]] = []
     for subtask, attempt in sorted(attempts.items()):
-        directory = staging_dir(target, batch_id, subtask, attempt)
+        directory = staging_dir(target, job_id, batch_id, subtask, attempt)
         if not os.path.isdir(directory):
             raise SinkCommitError(f"batch {batch_id}: subtask {subtask} attempt {attempt} staged nothing in {directory}")
         files = sorted(n for n in os.listdir(directory) if n.endswith(".parquet") and not n.startswith((".", "_")))
@@ -59,8 +59,8 @@ def staged_rows(target: str, batch_id: int, attempts: dict[int, int]) -> list[di
     return rows
 
 
-def commit_batch(connect: Callable[[], Any], key: str, query_id: str, sink: str, target: str, batch_id: int,
-                 attempts: dict[int, int]) -> int:
+def commit_batch(connect: Callable[[], Any], key: str, query_id: str, sink: str, target: str, job_id: str,
+                 batch_id: int, attempts: dict[int, int]) -> int:
     """Appends the batch's rows to stream `key` unless its marker says it was; returns how many
     entries this call appended (0: committed before)."""
     import redis
@@ -68,9 +68,9 @@ def commit_batch(connect: Callable[[], Any], key: str, query_id: str, sink: str,
     client = connect()
     marker = marker_key(query_id, sink, batch_id)
     if client.exists(marker):
-        shutil.rmtree(os.path.dirname(staging_dir(target, batch_id, 0, 0)), ignore_errors=True)
+        shutil.rmtree(batch_staging(target, job_id, batch_id), ignore_errors=True)
         return 0
-    rows = staged_rows(target, batch_id, attempts)
+    rows = staged_rows(target, job_id, batch_id, attempts)
     with client.pipeline(transaction=True) as pipe:
         while True:
             try:
@@ -88,7 +88,7 @@ def commit_batch(connect: Callable[[], Any], key: str, query_id: str, sink: str,
                 break
             except redis.WatchError:
                 continue
-    shutil.rmtree(os.path.dirname(staging_dir(target, batch_id, 0, 0)), ignore_errors=True)
+    shutil.rmtree(batch_staging(target, job_id, batch_id), ignore_errors=True)
     return len(rows)
 
 

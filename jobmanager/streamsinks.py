@@ -4,9 +4,9 @@ made (Structured Streaming's file sink and its `_spark_metadata` log).
 
 Owns, under a sink's target directory:
 
-    <target>/.funke-staging/<batch>/<subtask>-<attempt>/part-*    what a subtask wrote for a batch
-    <target>/batch-<batch>-<subtask>-<part name>                  a committed file
-    <target>/_funke_sink_log/<batch>                              the manifest: the batch's files
+    <target>/.funke-staging-<job>/<batch>/<subtask>-<attempt>/part-*    what a subtask wrote for a batch
+    <target>/batch-<batch>-<subtask>-<part name>                        a committed file
+    <target>/_funke_sink_log/<batch>                                    the manifest: the batch's files
 
 Names starting with `.` or `_` are hidden from Spark's and Hadoop's file listing, so a plain
 `spark.read` of the target sees committed files and, at worst during a commit, files of the batch
@@ -33,6 +33,14 @@ its successor took the query over commits nothing. What remains is a commit paus
 last check and its renames, which its successor's commit of the same batch (the same logged
 range) may meet; see `funke.jobmanager.checkpointstore`.
 
+The staging directory is the job's (a query stopped and submitted again on its checkpoint is
+another job, which runs the uncommitted batches again into its own): a batch not committed keeps
+its staged output while the job may still run it again (after a failure, its restart does), and
+the job's clean-up removes the job's staging directory once the job ended for good (stopped,
+finished, cancelled or failed: `committer.cleanup_job`, retried until it succeeds, and by the next
+leader if this one dies first). Once nothing writes any more, the target holds only the
+committed files and the manifests.
+
 Blocking file I/O, local file systems (and file://): the JobMaster calls it from a thread.
 """
 
@@ -48,7 +56,6 @@ from typing import Callable
 from funke.common import ids, layout
 from funke.runtime.hafilesystem import read_file, write_atomically
 
-STAGING = layout.STREAM_STAGING
 SINK_LOG = layout.STREAM_SINK_LOG
 
 
@@ -56,10 +63,16 @@ class SinkCommitError(Exception):
     """A batch cannot be committed as asked (missing staged output, a stranger's manifest)."""
 
 
-def staging_dir(target: str, batch_id: int, subtask: int, attempt: int) -> str:
-    """Where subtask `subtask` (attempt `attempt`) writes its output of a batch."""
+def staging_dir(target: str, job_id: str, batch_id: int, subtask: int, attempt: int) -> str:
+    """Where subtask `subtask` (attempt `attempt`) of job `job_id` writes its output of a batch."""
     _check(batch_id, subtask, attempt)
-    return layout.stream_sink_staging_dir(target, batch_id, subtask, attempt)
+    return layout.stream_sink_staging_dir(target, job_id, batch_id, subtask, attempt)
+
+
+def batch_staging(target: str, job_id: str, batch_id: int) -> str:
+    """The staging directory of one batch of job `job_id` (every subtask's and attempt's)."""
+    _check(batch_id, 0, 0)
+    return os.path.join(layout.stream_staging_root(target, job_id), str(batch_id))
 
 
 def manifest_path(target: str, batch_id: int) -> str:
@@ -74,17 +87,18 @@ def no_fence() -> None:
     """No fence: a commit outside a query's run (tests, tools)."""
 
 
-def commit_batch(target: str, batch_id: int, attempts: dict[int, int], *, leftovers: bool = True,
+def commit_batch(target: str, job_id: str, batch_id: int, attempts: dict[int, int], *, leftovers: bool = True,
                  fence: Callable[[], None] = no_fence) -> list[str]:
     """Commit batch `batch_id` of a sink with the staged output of `attempts` (subtask → the
-    attempt whose output counts). Returns the committed files' names (those already committed,
+    attempt of job `job_id` whose output counts). Returns the committed files' names (those already committed,
     if it was). `leftovers` False: no commit of this target was interrupted since the caller's
     last successful one, so the target is not listed for an interrupted commit's files. `fence`
     raises if the caller may not commit any more (its run was taken over)."""
     for subtask, attempt in attempts.items():
         _check(batch_id, subtask, attempt)
     fence()
-    if is_committed(target, batch_id):
+    if is_committed(target, batch_id):  # what a run of it again staged is not needed
+        shutil.rmtree(batch_staging(target, job_id, batch_id), ignore_errors=True)
         return committed_files(target, batch_id)
     prefix = f"batch-{batch_id}-"
     for stale in [n for n in _names(target) if n.startswith(prefix)] if leftovers else ():  # an interrupted commit's
@@ -92,7 +106,7 @@ def commit_batch(target: str, batch_id: int, attempts: dict[int, int], *, leftov
             os.unlink(os.path.join(target, stale))
     staged: list[tuple[str, str]] = []
     for subtask, attempt in sorted(attempts.items()):
-        directory = staging_dir(target, batch_id, subtask, attempt)
+        directory = staging_dir(target, job_id, batch_id, subtask, attempt)
         if not os.path.isdir(directory):
             raise SinkCommitError(f"batch {batch_id}: subtask {subtask} attempt {attempt} staged nothing in {directory}")
         for name in sorted(_names(directory)):
@@ -107,7 +121,7 @@ def commit_batch(target: str, batch_id: int, attempts: dict[int, int], *, leftov
     fence()
     if not _create_once(manifest_path(target, batch_id), json.dumps({"batchId": batch_id, "files": names}).encode()):
         return committed_files(target, batch_id)  # committed meanwhile by another run: its manifest stands
-    shutil.rmtree(os.path.join(target, STAGING, str(batch_id)), ignore_errors=True)
+    shutil.rmtree(batch_staging(target, job_id, batch_id), ignore_errors=True)
     return names
 
 
@@ -143,10 +157,9 @@ def committed_batches(target: str) -> list[int]:
     return sorted(int(n) for n in _names(os.path.join(target, SINK_LOG)) if n.isascii() and n.isdigit())
 
 
-def discard_batch(target: str, batch_id: int) -> None:
+def discard_batch(target: str, job_id: str, batch_id: int) -> None:
     """Drop a batch's staged output (a batch cancelled before its commit)."""
-    _check(batch_id, 0, 0)
-    shutil.rmtree(os.path.join(target, STAGING, str(batch_id)), ignore_errors=True)
+    shutil.rmtree(batch_staging(target, job_id, batch_id), ignore_errors=True)
 
 
 def _check(batch_id: int, subtask: int, attempt: int) -> None:

@@ -158,7 +158,9 @@ class SparkRuntime:
     def plan(self) -> sparksession.SparkPlan:
         cfg = self.config
         archive = None if cfg.spark_remote else jvmarchive.existing()
-        if archive is None and not cfg.spark_remote:
+        if archive is not None:
+            jvmarchive.used(archive)  # the cache's cap removes the least recently used first
+        elif not cfg.spark_remote:
             log.info("TaskManager %s: no class-data archive for this JVM and Spark yet: Spark starts slower "
                      "(python -m funke.taskmanager.jvmarchive makes one)", self.id)
         return sparksession.plan(

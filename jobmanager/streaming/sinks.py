@@ -35,7 +35,8 @@ class FileSink(SinkSide):
 
     def commit_fenced(self, batch_id: int, attempts: dict[int, int], query_id: str, fence: Callable[[], None]) -> None:
         leftovers, self._leftovers = self._leftovers, True  # until this commit succeeded
-        streamsinks.commit_batch(self._target(), batch_id, attempts, leftovers=leftovers, fence=fence)
+        streamsinks.commit_batch(self._target(), self.context.job_id, batch_id, attempts, leftovers=leftovers,
+                                 fence=fence)
         self._leftovers = False
 
 
@@ -57,12 +58,12 @@ class RedisSink(SinkSide):
         c = self.context
         config = dict(c.config)
         redissink.commit_batch(functools.partial(redissink.connect, config), str(config["key"]), query_id,
-                               c.vertex_id, layout.redis_sink_dir(c.data_dir, c.job_id, c.vertex_id), batch_id,
-                               attempts)
+                               c.vertex_id, layout.redis_sink_dir(c.data_dir, c.job_id, c.vertex_id), c.job_id,
+                               batch_id, attempts)
 
 
 class DeltaSink(SinkSide):
     def commit(self, batch_id: int, attempts: dict[int, int], query_id: str) -> None:
         config = self.context.config
-        deltatables.commit_stream_batch(str(config["path"]), query_id, batch_id, attempts,
+        deltatables.commit_stream_batch(str(config["path"]), query_id, self.context.job_id, batch_id, attempts,
                                         str(config.get("mode", "append")))

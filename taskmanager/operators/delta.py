@@ -85,7 +85,8 @@ def write(ctx: RuntimeContext, spec: OperatorSpec, df: DataFrame) -> None:
         raise ValueError(f"{label(spec)}: column names {json.dumps(bad[:10])} hold characters a Delta table's "
                          f"columns may not ({_BAD_NAME_CHARACTERS!r}); rename them with select(...)")
     if ctx.batch is not None:
-        staging = layout.stream_sink_staging_dir(target, ctx.batch.batch_id, ctx.subtask_index, ctx.attempt_number)
+        staging = layout.stream_sink_staging_dir(target, ctx.job_id, ctx.batch.batch_id, ctx.subtask_index,
+                                                 ctx.attempt_number)
     else:
         staging = layout.sink_staging_dir(target, ctx.job_id, ctx.subtask_index, ctx.attempt_number)
     (df.write.mode("overwrite")

@@ -80,7 +80,7 @@ def _file_sink(fmt: str, defaults: dict[str, str] | None = None,
         if ctx.batch is not None:
             # A streaming query: the target collects batch after batch; each batch is staged inside
             # it and committed once by the JobMaster (funke.jobmanager.streamsinks).
-            staging = layout.stream_sink_staging_dir(target, ctx.batch.batch_id, ctx.subtask_index,
+            staging = layout.stream_sink_staging_dir(target, ctx.job_id, ctx.batch.batch_id, ctx.subtask_index,
                                                      ctx.attempt_number)
             if fmt != "parquet" or not _staged_in_memory(ctx, out, staging, options):
                 out.write.format(fmt).options(**options).mode("overwrite").save(staging)
@@ -160,7 +160,8 @@ def _as_text(df: DataFrame) -> DataFrame:
 def _collect(ctx: RuntimeContext, spec: OperatorSpec, df: DataFrame) -> None:
     target = layout.collect_dir(ctx.data_dir, ctx.job_id, ctx.vertex_id)
     if ctx.batch is not None:  # a streaming query: a memory sink of committed batches
-        staging = layout.stream_sink_staging_dir(target, ctx.batch.batch_id, ctx.subtask_index, ctx.attempt_number)
+        staging = layout.stream_sink_staging_dir(target, ctx.job_id, ctx.batch.batch_id, ctx.subtask_index,
+                                                 ctx.attempt_number)
     else:
         staging = layout.sink_staging_dir(target, ctx.job_id, ctx.subtask_index, ctx.attempt_number)
     if not _staged_in_memory(ctx, df, staging, {}):  # a bounded job's (no meter) goes to Spark's writer
@@ -191,7 +192,8 @@ def _redis_sink(ctx: RuntimeContext, spec: OperatorSpec, df: DataFrame) -> None:
     if ctx.batch is None:
         raise ValueError(f"{label(spec)} is a sink of streaming queries: it runs in their micro-batches")
     target = layout.redis_sink_dir(ctx.data_dir, ctx.job_id, ctx.vertex_id)
-    staging = layout.stream_sink_staging_dir(target, ctx.batch.batch_id, ctx.subtask_index, ctx.attempt_number)
+    staging = layout.stream_sink_staging_dir(target, ctx.job_id, ctx.batch.batch_id, ctx.subtask_index,
+                                             ctx.attempt_number)
     if not _staged_in_memory(ctx, df, staging, {}):
         df.write.mode("overwrite").parquet(staging)
 

@@ -28,11 +28,11 @@ def commit_p50_ms(files: int, commits: int, leftovers: bool) -> float:
             open(os.path.join(target, f"batch-{i}-0-part-00000.parquet"), "wb").close()
         times = []
         for batch in range(files, files + commits):
-            staged = streamsinks.staging_dir(target, batch, 0, 0)
+            staged = streamsinks.staging_dir(target, "job", batch, 0, 0)
             os.makedirs(staged)
             open(os.path.join(staged, "part-00000.parquet"), "wb").close()
             began = time.perf_counter()
-            streamsinks.commit_batch(target, batch, {0: 0}, leftovers=leftovers)
+            streamsinks.commit_batch(target, "job", batch, {0: 0}, leftovers=leftovers)
             times.append((time.perf_counter() - began) * 1000.0)
         return statistics.median(times)
 

@@ -29,6 +29,14 @@ from funke.taskmanager.sparkruntime import scratch_dir_of
 REPO = Path(__file__).resolve().parents[2]
 
 
+def artifacts_dir(name: str) -> Path:
+    """Where a test leaves what a person looks at afterwards (screenshots, the fuzzing and the
+    security summaries): `$FUNKE_TEST_ARTIFACTS/<name>`, else `funke-test-artifacts/<name>` in
+    the system's temporary directory; never the checkout, which a test run leaves as it found it."""
+    base = os.environ.get("FUNKE_TEST_ARTIFACTS")
+    return (Path(base) if base else Path(tempfile.gettempdir()) / "funke-test-artifacts") / name
+
+
 def funke(*args: str, timeout: float = 180, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run the funke CLI as a user would, in a separate process."""
     result = subprocess.run(

@@ -18,7 +18,8 @@ level around the data directory holds canary files. After the run:
 - the JobManager's resident memory grew by less than a bound.
 
 The status-code distribution, case count and RSS figures are printed and written to
-`.funke/fuzz/api-fuzz.json`. The fixed regressions behind each kind of case are in
+`api-fuzz.json` in `artifacts_dir("fuzz")` ($FUNKE_TEST_ARTIFACTS/fuzz, else in the temporary
+directory). The fixed regressions behind each kind of case are in
 `test_hostile_input.py`.
 """
 
@@ -46,7 +47,7 @@ from funke.common.api.dsl import ExecutionEnvironment
 from funke.common.graph.jobgraph import IntermediateDataSet, JobEdge, JobGraph, JobType, JobVertex, OperatorSpec
 from funke.common.wire.codec import job_graph_to_proto
 from funke.v1 import cluster_pb2, jobgraph_pb2, jobmanager_pb2
-from tests.integration.conftest import REPO, client_of, funke
+from tests.integration.conftest import artifacts_dir, client_of, funke
 
 pytestmark = pytest.mark.cluster
 
@@ -55,7 +56,7 @@ RSS_GROWTH_LIMIT_MIB = 300
 # RESOURCE_EXHAUSTED too: no request here comes near the message limit, so it can only be an
 # answer whose message echoes too much to fit in gRPC's trailing metadata.
 FORBIDDEN_CODES = {"UNKNOWN", "INTERNAL", "DATA_LOSS", "DEADLINE_EXCEEDED", "UNIMPLEMENTED", "RESOURCE_EXHAUSTED"}
-SUMMARY = REPO / ".funke" / "fuzz" / "api-fuzz.json"
+SUMMARY = artifacts_dir("fuzz") / "api-fuzz.json"
 
 SERVICES = {
     "funke.v1.JobManager": ["SubmitJob", "ListJobs", "GetJob", "CancelJob", "WatchJob", "GetClusterOverview",

@@ -1,8 +1,9 @@
 """The web dashboard in headless Chromium (Debian's package, driven over the DevTools protocol
 by tests/chromium.py) against a live cluster: the login link, the overview, a running job whose
 graph, subtask table and timeline fill and whose cancel button cancels it, a finished word count
-drawn in FINISHED's colour, a failed job's traceback. Screenshots are saved in
-.funke/screenshots/ as test artefacts."""
+drawn in FINISHED's colour, a failed job's traceback. Screenshots are saved as test artefacts
+(`artifacts_dir("screenshots")`: $FUNKE_TEST_ARTIFACTS/screenshots, else in the temporary
+directory)."""
 
 from __future__ import annotations
 
@@ -14,11 +15,11 @@ import pytest
 from funke.common.api.dsl import ExecutionEnvironment
 from funke.deploy.jobfile import load_job_file
 from tests.chromium import Browser, ChromiumMissing
-from tests.integration.conftest import REPO, wait_for, wait_for_end
+from tests.integration.conftest import REPO, artifacts_dir, wait_for, wait_for_end
 
 pytestmark = pytest.mark.cluster
 
-SCREENSHOTS = REPO / ".funke" / "screenshots"
+SCREENSHOTS = artifacts_dir("screenshots")
 WORDCOUNT = REPO / "examples" / "wordcount.py"
 
 

@@ -3,7 +3,8 @@ nothing, a TaskManager with the wrong secret never registers, TLS and mutual TLS
 the word count, a client without the cluster's CA is told so, plaintext off loopback is refused,
 and WatchJob streams and unfinished jobs are bounded.
 
-The count of refused RPCs is written to `.funke/security/unauthenticated.json`."""
+The count of refused RPCs is written to `unauthenticated.json` in `artifacts_dir("security")`
+($FUNKE_TEST_ARTIFACTS/security, else in the temporary directory)."""
 
 from __future__ import annotations
 
@@ -25,11 +26,11 @@ from funke.runtime import security
 from funke.deploy.client import FunkeError, JobManagerClient, NotAuthenticated, job_status_name
 from funke.deploy.jobfile import load_job_file
 from funke.v1 import cluster_pb2, jobmanager_pb2
-from tests.integration.conftest import REPO, client_of, funke, secured_channel, wait_for, wait_for_end
+from tests.integration.conftest import REPO, artifacts_dir, client_of, funke, secured_channel, wait_for, wait_for_end
 
 pytestmark = pytest.mark.cluster
 
-SUMMARY = REPO / ".funke" / "security" / "unauthenticated.json"
+SUMMARY = artifacts_dir("security") / "unauthenticated.json"
 WORDCOUNT = REPO / "examples" / "wordcount.py"
 MAX_ACTIVE_JOBS = 3
 WATCHES_PER_CLIENT = 2

@@ -1,7 +1,8 @@
 """Streaming queries on a real cluster (a JobManager and three TaskManagers with PySpark):
 micro-batches over files dropped into a directory and over the rate source, the offset and
 commit logs, exactly-once file sinks through TaskManager kills, restart from a checkpoint,
-graceful stop, cancel, a stuck sink, and the listener events' order.
+graceful stop, cancel, a stuck sink, the listener events' order, and what a sink's folder holds
+once its query ended (stopped, finished, cancelled, failed).
 
 Every check reads what the query left on disk — the checkpoint's logs and the sinks' manifests
 — and compares it with what the input was."""
@@ -13,6 +14,7 @@ import csv
 import json
 import os
 import queue
+import re
 import sys
 import threading
 import time
@@ -28,7 +30,7 @@ from funke.deploy import localcluster
 from funke.deploy.client import JobManagerClient, job_status_name
 from funke.jobmanager import streamsinks
 from funke.jobmanager.checkpointstore import CheckpointStore
-from tests.integration.conftest import StreamCluster, funke  # noqa: F401 (StreamCluster: for the modules importing it from here)
+from tests.integration.conftest import StreamCluster, funke, listing  # noqa: F401 (StreamCluster: for the modules importing it from here)
 
 pytestmark = pytest.mark.cluster
 
@@ -476,3 +478,114 @@ def test_a_collect_that_committed_no_batch_has_zero_rows_and_submit_result_and_s
     assert stopped.returncode == 0 and f"job {job_id} is FINISHED" in stopped.stdout, stopped.stdout + stopped.stderr
     after = stream_cluster.funke("result", job_id, check=False)
     assert after.returncode == 0 and "(0 row(s) from" in after.stdout, after.stdout + after.stderr
+
+
+# ---------------------------------------------------------------------------- a sink's folder once its query ended
+
+def settled_sink_folder(target: Path, timeout: float = 60) -> list[str]:
+    """After a query's job ended (its clean-up runs a moment later): the sink folder's listing,
+    once it holds no staging. It must then hold what a reader needs and nothing else: the
+    manifests, and exactly the files they name."""
+    deadline = time.monotonic() + timeout
+    while any(name.startswith(".") for name in os.listdir(target)):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{target} still holds staging {timeout:g} s after its job ended: {listing(target)}")
+        time.sleep(0.2)
+    entries = listing(target)
+    batches = streamsinks.committed_batches(str(target))
+    named = [name for b in batches for name in streamsinks.committed_files(str(target), b)]
+    assert batches and all(re.fullmatch(r"batch-\d+-\d+-part-.+", n) for n in named), named
+    assert entries == sorted(["_funke_sink_log", *(f"_funke_sink_log/{b}" for b in batches), *named]), entries
+    return entries
+
+
+def failing_rate_job(name: str, fast: Path, out: Path, checkpoint: Path, marker: Path,
+                     slow: Path) -> ExecutionEnvironment:
+    """Rate rows -> Parquet at `fast`, and the same rows -> Parquet at `out`, each of these slowed
+    by the seconds in `slow` (the sinks are separate tasks: `fast` stages a batch while `out`
+    takes its time); once `marker` exists, every row to `out` fails, and the job has no restart
+    left."""
+    fail, wait = str(marker), str(slow)
+
+    def through(value):
+        if os.path.exists(fail):
+            raise RuntimeError("a planted failure")
+        if os.path.exists(wait):
+            with open(wait) as f:
+                time.sleep(float(f.read() or 0))
+        return value
+
+    env = ExecutionEnvironment(name, parallelism=1)
+    rows = env.read_stream.rate(4).select("value")
+    rows.write_parquet(str(fast))
+    rows.map(through, schema="value bigint").write_parquet(str(out))
+    env.set_trigger("300 ms").set_checkpoint_location(str(checkpoint))
+    env.set_restart_strategy("none")
+    return env
+
+
+def test_once_a_query_ended_its_sink_folder_holds_the_committed_files_and_manifests_only(stream_cluster, tmp_path,
+                                                                                        capsys):
+    """Stopped; cancelled with a batch in flight, one sink's output of it staged, the other's not
+    yet (that staged output goes); submitted again on the same checkpoint (it runs that batch
+    again and commits it exactly once) and failed with no restart left; a bounded query
+    (available-now) that finished, its collect sink's rows too: each time the sinks' folders end
+    up with the committed files and their manifests, nothing staged (before: an empty
+    `.funke-staging/` at least, and the cancelled batch's staged files)."""
+    client = stream_cluster.client
+    fast, out, checkpoint = tmp_path / "fast", tmp_path / "values", tmp_path / "checkpoint"
+    slow, fail = tmp_path / "slow", tmp_path / "fail"
+    folders: dict[str, list[str]] = {}
+    cancelled = -1  # the batch in flight when the query was cancelled
+
+    def run(how: str) -> str:
+        nonlocal cancelled
+        job_id = client.submit(failing_rate_job(f"sink folder {how}", fast, out, checkpoint, fail, slow).build())
+        events = Events(client, job_id)
+        # the second job on the checkpoint fails once it ran the cancelled batch again
+        batch = events.wait("BatchCompleted", min_batch={"stop": 1, "cancel": 0, "fail": cancelled}[how])
+        if how == "stop":
+            client.stop(job_id, timeout_s=120)
+            status = wait_status(client, job_id, ("FINISHED", "CANCELED", "FAILED"))
+        elif how == "cancel":
+            slow.write_text("2")  # the next batch's slow sink runs for seconds
+            cancelled = events.wait("OutputOperationCompleted", min_batch=batch + 1)  # the fast sink staged it
+            client.cancel(job_id)
+            status = wait_status(client, job_id, ("CANCELED", "FAILED"))
+            slow.unlink()
+        else:
+            fail.touch()
+            status = wait_status(client, job_id, ("FAILED", "CANCELED", "FINISHED"))
+            fail.unlink()
+        events.drain()
+        folders[how] = settled_sink_folder(out)
+        folders[f"{how}, fast sink"] = settled_sink_folder(fast)
+        return status
+
+    assert run("stop") == "FINISHED"
+    assert run("cancel") == "CANCELED"
+    for target in (out, fast):
+        assert cancelled not in streamsinks.committed_batches(str(target)), "the cancelled batch was committed"
+    assert run("fail") == "FAILED"
+    for target in (out, fast):
+        assert cancelled in streamsinks.committed_batches(str(target))
+        assert_exactly_once(target, checkpoint)
+
+    incoming, counted = tmp_path / "incoming", tmp_path / "counts"
+    incoming.mkdir()
+    for i in range(3):
+        (incoming / f"part-{i}.txt").write_text(f"alpha beta\nline {i}\n")
+    env = ExecutionEnvironment("sink folder bounded", parallelism=1)
+    lines = env.read_stream.text(str(incoming), max_files_per_trigger=1)
+    lines.flat_map(words, schema="word string").write_csv(str(counted))
+    lines.collect()
+    env.set_trigger(available_now=True).set_checkpoint_location(str(tmp_path / "checkpoint-bounded"))
+    job_id = client.submit(env.build())
+    assert wait_status(client, job_id, ("FINISHED", "CANCELED", "FAILED")) == "FINISHED"
+    folders["finished"] = settled_sink_folder(counted)
+    assert len(streamsinks.committed_batches(str(counted))) == 3
+    (collected,) = (Path(stream_cluster.info.data_dir) / "jobs" / job_id / "collect").iterdir()
+    folders["finished, collected rows"] = settled_sink_folder(collected)
+    with capsys.disabled():
+        for how, entries in folders.items():
+            print(f"\n{how}: {entries}")

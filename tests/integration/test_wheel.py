@@ -1,12 +1,14 @@
-"""The wheel as a user installs it: built from the checkout, installed with pip into a clean
-virtual environment (not the checkout's), then, from a directory outside the checkout, a job
-runs on the embedded mini cluster, the dashboard serves its files and the generated stubs are
-there."""
+"""The wheel as a user installs it: built from a copy of the checkout, installed with pip into a
+clean virtual environment (not the checkout's), then, from a directory outside the checkout, a
+job runs on the embedded mini cluster, the dashboard serves its files and the generated stubs
+are there. The checkout is left as it was: setuptools builds in the source tree (build/, the
+egg-info), so the build runs in the copy."""
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -35,12 +37,44 @@ print(json.dumps({"status": result.status, "rows": sorted(r.t for r in result.co
 """
 
 
+# Not copied for the build: git's, the virtual environment, what a build or an editable install
+# leaves in a source tree, Python's and the test tools' caches, the docs site and funke's own
+# run directory.
+LEFT_OUT = (".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", ".hypothesis", "site",
+            ".funke", "out")
+CACHES = {"__pycache__", ".pytest_cache", ".hypothesis"}  # written by any test run: not compared
+
+
+def checkout_listing() -> dict[str, tuple[int, int]]:
+    """Every entry of the checkout but git's, the virtual environment's and the caches: a file with
+    its size and modification time, a directory by its name (its time changes with a cache made
+    inside it)."""
+    found = {}
+    for root, dirs, files in os.walk(REPO):
+        dirs[:] = [d for d in dirs if d not in CACHES and not (root == str(REPO) and d in (".git", ".venv"))]
+        for name in dirs:
+            found[os.path.relpath(os.path.join(root, name), REPO) + "/"] = (0, 0)
+        for name in files:
+            st = os.lstat(os.path.join(root, name))
+            found[os.path.relpath(os.path.join(root, name), REPO)] = (st.st_size, st.st_mtime_ns)
+    return found
+
+
+def changes(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]) -> list[str]:
+    return sorted([f"+ {p}" for p in after.keys() - before.keys()] + [f"- {p}" for p in before.keys() - after.keys()]
+                  + [f"~ {p}" for p in before.keys() & after.keys() if before[p] != after[p]])
+
+
 def test_the_wheel_installs_into_a_clean_venv_and_runs_a_job(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "FUNKE_JOBMANAGER", "VIRTUAL_ENV")}
     env["FUNKE_CLUSTER_DIR"] = str(tmp_path / "no-cluster")
     isolation = [] if importlib.util.find_spec("setuptools") is None else ["--no-build-isolation"]
+    before = checkout_listing()
+    source = tmp_path / "source"
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(*LEFT_OUT), symlinks=True)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", *isolation, "-q", "-w", str(tmp_path / "dist"),
-                    str(REPO)], check=True, env=env, timeout=600, capture_output=True)
+                    str(source)], check=True, env=env, timeout=600, capture_output=True)
+    assert changes(before, checkout_listing()) == [], "the wheel's build wrote into the checkout"
     (wheel,) = (tmp_path / "dist").glob("funke-*.whl")
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
@@ -65,3 +99,4 @@ def test_the_wheel_installs_into_a_clean_venv_and_runs_a_job(tmp_path):
     for installed in (out["module"], out["stubs"]):  # the wheel's, not the checkout's
         assert installed.startswith(str(venv)) and not installed.startswith(str(REPO)), installed
     assert out["dashboard"], "the dashboard's files are in the wheel"
+    assert changes(before, checkout_listing()) == [], "the test wrote into the checkout"

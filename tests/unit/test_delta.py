@@ -278,20 +278,20 @@ def rows_of(path) -> list[int]:
 
 def test_a_stream_batch_is_committed_once_with_its_transaction_identifier(tmp_path):
     target = str(tmp_path / "t")
-    stage(layout.stream_sink_staging_dir(target, 0, 0, 0), [1, 2])
-    stage(layout.stream_sink_staging_dir(target, 0, 1, 3), [3])
-    assert deltatables.commit_stream_batch(target, "query-1", 0, {0: 0, 1: 3}, "append") == 2
+    stage(layout.stream_sink_staging_dir(target, "job-d", 0, 0, 0), [1, 2])
+    stage(layout.stream_sink_staging_dir(target, "job-d", 0, 1, 3), [3])
+    assert deltatables.commit_stream_batch(target, "query-1", "job-d", 0, {0: 0, 1: 3}, "append") == 2
     assert rows_of(target) == [1, 2, 3]
     assert DeltaTable(target).transaction_version("query-1") == 0
-    assert not os.path.exists(os.path.join(target, layout.STREAM_STAGING, "0"))  # the staging went
+    assert not os.path.exists(os.path.join(layout.stream_staging_root(target, "job-d"), "0"))  # the staging went
     # the batch run again after a crash between the Delta commit and the commit log entry
-    stage(layout.stream_sink_staging_dir(target, 0, 0, 1), [1, 2])
-    stage(layout.stream_sink_staging_dir(target, 0, 1, 4), [3])
-    assert deltatables.commit_stream_batch(target, "query-1", 0, {0: 1, 1: 4}, "append") is None
+    stage(layout.stream_sink_staging_dir(target, "job-d", 0, 0, 1), [1, 2])
+    stage(layout.stream_sink_staging_dir(target, "job-d", 0, 1, 4), [3])
+    assert deltatables.commit_stream_batch(target, "query-1", "job-d", 0, {0: 1, 1: 4}, "append") is None
     assert rows_of(target) == [1, 2, 3] and DeltaTable(target).version() == 0
     # another query's batch 0 is its own
-    stage(layout.stream_sink_staging_dir(target, 0, 0, 0), [4])
-    assert deltatables.commit_stream_batch(target, "query-2", 0, {0: 0}, "append") == 1
+    stage(layout.stream_sink_staging_dir(target, "job-d", 0, 0, 0), [4])
+    assert deltatables.commit_stream_batch(target, "query-2", "job-d", 0, {0: 0}, "append") == 1
     assert rows_of(target) == [1, 2, 3, 4]
 
 

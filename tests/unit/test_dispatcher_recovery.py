@@ -1,16 +1,20 @@
 """A new leader's Dispatcher recovering from the HA stores, in process: stored jobs start again,
 an ended job whose clean-up a dead leader cut short is finished (graph removed, result clean,
-its data cleaned up) and never run, orphans in the data directory are swept, and stepping down
-records the suspension and keeps the job for the next leader."""
+its data cleaned up, a streaming sink's staging inside its target too) and never run, orphans
+in the data directory are swept, and stepping down records the suspension and keeps the job
+for the next leader."""
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import os
 
 import pytest
 
+from funke.common import layout
+from funke.common.graph.jobgraph import OperatorSpec
 from funke.common.wire.codec import job_graph_to_proto
 from funke.common.configuration import ClusterConfiguration
 from funke.common.leadership import Contender
@@ -27,8 +31,20 @@ def test_a_new_leader_recovers_stored_jobs_finishes_cut_short_clean_ups_and_swee
     services.create_dirs()
     old = Contender("old:1:1", "127.0.0.1:1", 60)
     services.contend(old, now=0.0)
+    out = tmp_path / "out"
     for job_id in ("run-1", "done-1"):
-        services.put_job_graph("old:1:1", 1, job_id, job_graph_to_proto(noop_job(job_id)).SerializeToString())
+        job = noop_job(job_id)
+        if job_id == "done-1":  # a streaming query's Parquet sink: its staging is inside the target
+            src, sink = job.vertices
+            job = dataclasses.replace(job, vertices=(src, dataclasses.replace(sink, operators=(
+                OperatorSpec("noop"), OperatorSpec("sink.parquet", config={"path": str(out)})))))
+        services.put_job_graph("old:1:1", 1, job_id, job_graph_to_proto(job).SerializeToString())
+    staged = layout.stream_sink_staging_dir(str(out), "done-1", 7, 0, 0)  # a batch not committed
+    os.makedirs(staged)
+    open(os.path.join(staged, "part-0.parquet"), "w").close()
+    (out / "_funke_sink_log").mkdir()
+    (out / "_funke_sink_log" / "6").write_text('{"batchId": 6, "files": ["batch-6-0-part-0.parquet"]}')
+    (out / "batch-6-0-part-0.parquet").write_text("committed")
     services.put_history("old:1:1", 1, "run-1", [{"from": "CREATED", "to": "RUNNING", "at": 5.0, "epoch": 1,
                                                    "job_manager": "old:1"}])
     services.put_dirty_result("old:1:1", 1, JobResult("done-1", "FINISHED", 9.0, 1))
@@ -52,6 +68,9 @@ def test_a_new_leader_recovers_stored_jobs_finishes_cut_short_clean_ups_and_swee
             assert services.results()["done-1"].clean
             # the orphan swept; done-1 cleaned up (no collected rows to keep: nothing of it stays)
             assert sorted(os.listdir(data / "jobs")) == ["run-1"]
+            # and its sink's folder holds what a reader needs: the committed file, the manifest
+            assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == [
+                "_funke_sink_log", "_funke_sink_log/6", "batch-6-0-part-0.parquet"]
             job = dispatcher.job("run-1")
             assert job.status is JobStatus.CREATED  # waiting for TaskManagers under the new leader
             history = [(t.from_status, t.to_status, t.leader_epoch) for t in job.details().status_history]

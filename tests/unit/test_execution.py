@@ -239,12 +239,12 @@ def test_the_collected_batches_are_read_from_their_manifests_in_order(tmp_path):
     data = str(tmp_path)
     target = layout.collect_dir(data, "job1", "sink")
     for batch, values in ((0, [1, 2]), (1, []), (2, [3])):
-        staged = streamsinks.staging_dir(target, batch, 0, 0)
+        staged = streamsinks.staging_dir(target, "job1", batch, 0, 0)
         os.makedirs(staged)
         if values:
             pq.write_table(pa.table({"n": values}), f"{staged}/part-0.parquet")
-        streamsinks.commit_batch(target, batch, {0: 0})
-    stray = streamsinks.staging_dir(target, 3, 0, 0)  # staged, not committed: not a batch yet
+        streamsinks.commit_batch(target, "job1", batch, {0: 0})
+    stray = streamsinks.staging_dir(target, "job1", 3, 0, 0)  # staged, not committed: not a batch yet
     os.makedirs(stray)
     pq.write_table(pa.table({"n": [99]}), f"{stray}/part-0.parquet")
 

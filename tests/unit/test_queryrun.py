@@ -235,6 +235,8 @@ def test_a_stop_is_said_beforehand_and_asked_of_the_core():
 
 # ------------------------------------------------------------------------------------ with real I/O
 
+JOB = "job-q"  # the job whose sink subtask stages the batches
+
 
 class Shell:
     """Carries the core's actions out at once, synchronously: real checkpoint, real source sides
@@ -295,7 +297,7 @@ class Shell:
             case qr.RunTasks():
                 return [qr.BatchReported(t.attempt, a.batch.batch_id, {}, None, now, "report-src") for t in a.tasks]
             case qr.CommitSinks(batch_id=b):
-                streamsinks.commit_batch(self.target, b, {0: self.ran.count(b) - 1})
+                streamsinks.commit_batch(self.target, JOB, b, {0: self.ran.count(b) - 1})
                 return [qr.SinksCommitted(b, now, "committed")]
             case qr.WriteCommitLog(entry=entry):
                 self.checkpoint.write_commit(entry)
@@ -317,7 +319,7 @@ class Shell:
                 for f in batch.files[name]:
                     with open(os.path.join(self.files, f)) as fh:
                         lines += fh.read().split()
-        staged = streamsinks.staging_dir(self.target, batch.batch_id, 0, self.ran.count(batch.batch_id) - 1)
+        staged = streamsinks.staging_dir(self.target, JOB, batch.batch_id, 0, self.ran.count(batch.batch_id) - 1)
         os.makedirs(staged, exist_ok=True)
         with open(os.path.join(staged, "part-0.txt"), "w") as fh:
             fh.write("\n".join(lines) + ("\n" if lines else ""))

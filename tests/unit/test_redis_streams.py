@@ -68,7 +68,7 @@ def test_the_planner_reads_ids_from_redis_and_measures_the_lag(client, redis_ser
 
 def stage(tmp_path, batch_id: int, subtask: int, attempt: int, rows: list[dict]) -> str:
     target = str(tmp_path / "redis-sink")
-    directory = staging_dir(target, batch_id, subtask, attempt)
+    directory = staging_dir(target, "job-r", batch_id, subtask, attempt)
     os.makedirs(directory)
     pq.write_table(pa.Table.from_pylist(rows), os.path.join(directory, "part-0.parquet"))
     return target
@@ -78,18 +78,18 @@ def test_a_batch_is_appended_once_in_one_transaction_whatever_commits_it_again(c
     connect = lambda: redis.Redis(port=redis_server)  # noqa: E731
     target = stage(tmp_path, 4, 0, 1, [{"word": "a", "n": 1}, {"word": "b", "n": None}])
     stage(tmp_path, 4, 1, 0, [{"word": "c", "n": 3}])
-    assert redissink.commit_batch(connect, "out", "q1", "sink", target, 4, {0: 1, 1: 0}) == 3
+    assert redissink.commit_batch(connect, "out", "q1", "sink", target, "job-r", 4, {0: 1, 1: 0}) == 3
     entries = [{k.decode(): v.decode() for k, v in f.items()} for _, f in client.xrange("out")]
     assert entries == [{"word": "a", "n": "1"}, {"word": "b"}, {"word": "c", "n": "3"}]
     assert client.ttl(redissink.marker_key("q1", "sink", 4)) > 0
     # the batch run again (a failure between the sink's commit and the commit log): nothing more
     stage(tmp_path, 4, 0, 2, [{"word": "a", "n": 1}, {"word": "b", "n": None}])
     stage(tmp_path, 4, 1, 1, [{"word": "c", "n": 3}])
-    assert redissink.commit_batch(connect, "out", "q1", "sink", target, 4, {0: 2, 1: 1}) == 0
+    assert redissink.commit_batch(connect, "out", "q1", "sink", target, "job-r", 4, {0: 2, 1: 1}) == 0
     assert client.xlen("out") == 3
     # another query (another id) writing its batch 4 is its own
     target2 = stage(tmp_path / "other", 4, 0, 0, [{"word": "z"}])
-    assert redissink.commit_batch(connect, "out", "q2", "sink", target2, 4, {0: 0}) == 1
+    assert redissink.commit_batch(connect, "out", "q2", "sink", target2, "job-r", 4, {0: 0}) == 1
     with pytest.raises(SinkCommitError):
-        redissink.commit_batch(connect, "out", "q1", "sink", target, 5, {0: 0})
+        redissink.commit_batch(connect, "out", "q1", "sink", target, "job-r", 5, {0: 0})
     assert client.xlen("out") == 4

@@ -87,7 +87,7 @@ def test_a_file_sink_stages_each_batch_inside_its_target_for_the_commit(spark, t
     df = spark.createDataFrame([(1,), (2,)], "n int")
     for batch_id in (0, 1):
         OPERATORS["sink.parquet"](context(spark, tmp_path, "out", 0, 1, BatchInput(batch_id, 0), attempt=2), spec, df)
-        streamsinks.commit_batch(str(target), batch_id, {0: 2})
+        streamsinks.commit_batch(str(target), "job-1", batch_id, {0: 2})
     assert sorted(r.n for r in spark.read.parquet(str(target)).collect()) == [1, 1, 2, 2]
     assert streamsinks.committed_batches(str(target)) == [0, 1]
 
@@ -139,7 +139,7 @@ def test_a_stream_task_stays_running_and_runs_each_batch_it_is_given_over_its_ow
         assert produced.row_count == r.rows and produced.data_set_id == "ds"
         c_task.give_batch(BatchInput(batch_id, 0), (gate("ds", range(0, 1), schema=produced.schema),))
         assert c_batches.wait_for(batch_id)
-        streamsinks.commit_batch(str(target), batch_id, {0: 3})
+        streamsinks.commit_batch(str(target), "job1", batch_id, {0: 3})
     assert p_reports.states == [E.INITIALIZING, E.RUNNING] and not p_reports.wait_for(E.FINISHED, 0.2)
     p_task.finish()
     c_task.finish()
@@ -215,7 +215,7 @@ def run_exchange(spark, tmp_path, batch_id: int, producer_attempt: int = 0, drop
         if state is not E.FINISHED:
             read.append(failure)
             continue
-        streamsinks.commit_batch(str(target), batch_id, {sub: batch_id})
+        streamsinks.commit_batch(str(target), "job1", batch_id, {sub: batch_id})
         read.append(sorted(spark.read.parquet(str(target)).collect(), key=lambda r: r.value))
     return directory, read
 
@@ -470,8 +470,8 @@ def staged_batch(spark, tmp_path, source, rows: int, batch_id: int, target_name:
     task.finish()
     task.run()
     assert reports.last[0] is ExecutionState.FINISHED, reports.last
-    staged = sorted(os.listdir(target / ".funke-staging" / str(batch_id) / f"0-{batch_id}"))
-    streamsinks.commit_batch(str(target), batch_id, {0: batch_id})
+    staged = sorted(os.listdir(target / ".funke-staging-job1" / str(batch_id) / f"0-{batch_id}"))
+    streamsinks.commit_batch(str(target), "job1", batch_id, {0: batch_id})
     return staged, spark.read.parquet(str(target))
 
 
@@ -576,7 +576,7 @@ def test_a_stream_tasks_python_map_builds_its_udf_once_for_all_its_batches(spark
     # the same UDF objects, batch after batch (map's and filter's)
     assert all(later[key] is udf for later in udfs[1:] for key, udf in udfs[0].items())
     for batch_id in range(3):
-        streamsinks.commit_batch(str(target), batch_id, {0: 0})
+        streamsinks.commit_batch(str(target), "job1", batch_id, {0: 0})
     assert sorted(tuple(r) for r in spark.read.parquet(str(target)).collect()) == [(v, v * 10) for v in range(0, 30, 2)]
 
 
