@@ -8,7 +8,9 @@ ids in, entries, plans and errors out.
     <checkpoint>/metadata           {"id": <query id>}: the query's identity across restarts
     <checkpoint>/offsets/<batch>    "v1" line, then JSON: the batch's time and, per source, the
                                     offset range it reads (start exclusive, end inclusive)
-    <checkpoint>/commits/<batch>    "v1" line, then JSON: the batch committed to every sink
+    <checkpoint>/commits/<batch>    "v1" line, then JSON: the batch committed to every sink, and
+                                    for a query with keyed state, whose files hold the state
+                                    after it (`funke.common.streaming.state.StateLineage`)
 
 Recovery (Structured Streaming's rule, generalised to several batches in flight as Spark
 Streaming's pending JobSets): every batch up to the last commit is done; every batch logged
@@ -22,6 +24,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar
+
+from funke.common.streaming.state import StateLineage
 
 VERSION = "v1"
 T = TypeVar("T")
@@ -60,6 +64,10 @@ class CommitEntry:
     # event time: per watermark operator the largest event time seen once the batch ran (a run
     # that starts after it goes on from these, not from the ones logged before the batch)
     event_time_max: dict[str, int] = field(default_factory=dict)
+    # keyed state: which run's files hold the state the batch left, and since which batch each
+    # keyed operator has state (None: the entry says nothing: a query without keyed state, or an
+    # entry funke 0.3.0 wrote)
+    state: StateLineage | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,13 +134,17 @@ def commit_entry_bytes(entry: CommitEntry) -> bytes:
     body: dict = {'batchId': entry.batch_id, 'committedAtMs': entry.committed_at_ms}
     if entry.event_time_max:
         body["eventTimeMaxMs"] = dict(entry.event_time_max)
+    if entry.state is not None:
+        body["stateLineage"] = entry.state.to_json()
     return f"{VERSION}\n{json.dumps(body)}".encode()
 
 
 def parse_commit_entry(data: bytes, batch_id: int, what: str = "commit log entry") -> CommitEntry:
     def read(raw: dict) -> CommitEntry:
         maxes = {str(op): int(ms) for op, ms in dict(raw.get("eventTimeMaxMs") or {}).items()}
-        return CommitEntry(batch_id, int(raw["committedAtMs"]), maxes)
+        lineage = raw.get("stateLineage")
+        return CommitEntry(batch_id, int(raw["committedAtMs"]), maxes,
+                           None if lineage is None else StateLineage.from_json(lineage))
 
     return _entry(data, batch_id, what, read)
 
