@@ -2,7 +2,9 @@
 JobManager in the root namespace (`tests/netns.py`). A TaskManager that registers an address the
 JobManager cannot dial is refused and says why; a wildcard bind advertises the host's address; a
 link cut longer than the heartbeat timeout loses that TaskManager, its tasks run again on the
-other host, the job's output is exact, and the TaskManager registers again once the link is back."""
+other host, the job's output is exact, and the TaskManager registers again once the link is back;
+a keyed query whose checkpoint path is a different disk on each host fails its batch after a
+failover (the state is not there) instead of committing totals from an empty state."""
 
 from __future__ import annotations
 
