@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pyarrow as pa
 import pytest
@@ -258,3 +259,66 @@ def test_every_batch_carries_the_runs_token_and_every_commit_entry_the_lineage_t
     third = qr.QueryRun(keyed_graph(), mb.ProcessingTime(1000), ["src"], ["sink"], run_id="run-3")
     third.handle(qr.RunStarted("query-1", 2, (), {}, 5000, "run-started-3", last_commit=CommitEntry(1, 10)))
     assert third.lineage == StateLineage(((0, ""), (2, run_token("run-3"))), {"sink": -1})
+
+
+# ---------------------------------------------------------------------------- reading a checkpoint alone
+
+
+def test_a_checkpoint_alone_gives_the_state_after_each_committed_batch_it_keeps_and_says_what_it_lacks(tmp_path):
+    from funke.common.streaming import state
+    from funke.common.streaming.checkpoint import OffsetEntry
+    from funke.jobmanager.checkpointstore import CheckpointStore
+    from funke.jobmanager.streaming.state import NoSuchState, checkpoint_state, describe_operators
+    from tests.unit.test_keyed_state import KEY, ROWS
+
+    root = tmp_path / "checkpoint"
+    store = CheckpointStore(str(root))
+    store.open("a test")
+    vertex = JobVertex("dedup", "first of each id", 1, (OperatorSpec("deduplicate", config={"keys": ["id"]}),),
+                       max_parallelism=4)
+    describe_operators(str(root), job_graph("q", [vertex], [], JobType.STREAMING))
+    ops = state.operator_dir(str(root), "dedup")
+
+    def dedup(batch_id, ids, lineage):
+        fn = keyedstate.deduplicate_batches(ops, ["id"], batch_id, 100, KEY, ROWS, range(4), lineage)
+        batch = pa.RecordBatch.from_arrays([
+            pa.array(ids + [None] * 4, pa.int64()), pa.array(["p"] * len(ids) + [None] * 4, pa.string()),
+            pa.array([i % 4 for i in ids] + list(range(4)), pa.int32()), pa.array([False] * len(ids) + [True] * 4),
+        ], names=["id", "payload", state.KEY_GROUP_COLUMN, keyedstate.MARKER_COLUMN])
+        list(fn(iter([batch])))
+
+    lineage = StateLineage().with_run(0, A)
+    for b, ids in enumerate([[1, 2], [3], [2, 5]]):
+        dedup(b, ids, lineage.operator("dedup"))
+        store.write_offsets(OffsetEntry(b, 0))
+        lineage = lineage.committed(b, ["dedup"], 100)
+        store.write_commit(CommitEntry(b, 0, {}, lineage))
+    dedup(3, [7], lineage.operator("dedup"))  # batch 3 ran, never committed: not shown
+    dedup(2, [9], StateLineage().with_run(2, Z).operator("dedup"))  # nor what another run wrote of batch 2
+    store.close()
+
+    def ids(shown):
+        return sorted(r["id"] for r in shown.table.to_pylist())
+
+    last = checkpoint_state(str(root))
+    assert (last.vertex_id, last.batch_id, ids(last), last.matching) == ("dedup", 2, [1, 2, 3, 5], 4)
+    assert ids(checkpoint_state(str(root), batch_id=0)) == [1, 2]
+    one = checkpoint_state(str(root), "dedup", 1, ("3",))
+    assert ids(one) == [3] and one.matching == 1
+    for ask, says in [
+        (dict(checkpoint=str(tmp_path / "nowhere")), "is not a directory"),
+        (dict(checkpoint=str(tmp_path)), "not a streaming query's checkpoint"),
+        (dict(vertex_id="../dedup"), "no keyed operator '../dedup' (it has dedup)"),
+        (dict(batch_id=3), "batch 3 is not a committed batch the checkpoint"),
+        (dict(key=("1", "2")), "2 key values given"),
+    ]:
+        with pytest.raises(NoSuchState, match=re.escape(says)):
+            checkpoint_state(**{"checkpoint": str(root), **ask})
+    description = os.path.join(ops, state.OPERATOR_DESCRIPTION)
+    with open(description, "w") as f:
+        f.write('{"kind": "rm -rf", "config": {}}')
+    with pytest.raises(NoSuchState, match="description in the checkpoint cannot be read"):
+        checkpoint_state(str(root))
+    os.remove(description)  # a checkpoint funke 0.3.0 ran last
+    with pytest.raises(NoSuchState, match="has no description in the checkpoint"):
+        checkpoint_state(str(root))
