@@ -8,9 +8,11 @@ ids in, entries, plans and errors out.
     <checkpoint>/metadata           {"id": <query id>}: the query's identity across restarts
     <checkpoint>/offsets/<batch>    "v1" line, then JSON: the batch's time and, per source, the
                                     offset range it reads (start exclusive, end inclusive)
-    <checkpoint>/commits/<batch>    "v1" line, then JSON: the batch committed to every sink, and
-                                    for a query with keyed state, whose files hold the state
-                                    after it (`funke.common.streaming.state.StateLineage`)
+    <checkpoint>/commits/<batch>    "v1" line, then JSON: the batch committed to every sink; "v2"
+                                    for an entry that also says whose files hold the keyed state
+                                    after it (`funke.common.streaming.state.StateLineage`), which
+                                    a funke that cannot read state fenced by run (0.3.0) refuses
+                                    to go on from, rather than look for files by their old names
 
 Recovery (Structured Streaming's rule, generalised to several batches in flight as Spark
 Streaming's pending JobSets): every batch up to the last commit is done; every batch logged
@@ -28,6 +30,7 @@ from typing import Any, Callable, TypeVar
 from funke.common.streaming.state import StateLineage
 
 VERSION = "v1"
+LINEAGE_VERSION = "v2"  # a commit entry with a state lineage
 T = TypeVar("T")
 MAX_ENTRY_BYTES = 16 * 1024 * 1024
 
@@ -78,13 +81,14 @@ class RecoveryPlan:
     next_batch_id: int  # the first batch to plan anew
 
 
-def _header_and_body(data: bytes, what: str) -> dict:
+def _header_and_body(data: bytes, what: str, versions: tuple[str, ...] = (VERSION,)) -> dict:
     if len(data) > MAX_ENTRY_BYTES:
         raise CheckpointError(f"{what}: {len(data)} bytes, more than an entry may have ({MAX_ENTRY_BYTES})")
     text = data.decode("utf-8", errors="replace")
     header, _, body = text.partition("\n")
-    if header.strip() != VERSION:
-        raise CheckpointError(f"{what}: starts with {header[:40]!r}, expected {VERSION!r} (written by a newer funke?)")
+    if header.strip() not in versions:
+        expected = " or ".join(repr(v) for v in versions)
+        raise CheckpointError(f"{what}: starts with {header[:40]!r}, expected {expected} (written by a newer funke?)")
     try:
         value = json.loads(body)
     except ValueError as exc:
@@ -104,10 +108,11 @@ def offset_entry_bytes(entry: OffsetEntry) -> bytes:
     return f"{VERSION}\n{json.dumps(body, sort_keys=True)}".encode()
 
 
-def _entry(data: bytes, batch_id: int, what: str, read: Callable[[dict], T]) -> T:
+def _entry(data: bytes, batch_id: int, what: str, read: Callable[[dict], T],
+           versions: tuple[str, ...] = (VERSION,)) -> T:
     """An entry of batch `batch_id` (its file name says so), read by `read`; an entry naming
     another batch, or missing a field, is an error naming `what`."""
-    raw = _header_and_body(data, what)
+    raw = _header_and_body(data, what, versions)
     try:
         if int(raw["batchId"]) != batch_id:
             raise CheckpointError(f"{what}: says batch {raw['batchId']}, its file name says {batch_id}")
@@ -136,6 +141,7 @@ def commit_entry_bytes(entry: CommitEntry) -> bytes:
         body["eventTimeMaxMs"] = dict(entry.event_time_max)
     if entry.state is not None:
         body["stateLineage"] = entry.state.to_json()
+        return f"{LINEAGE_VERSION}\n{json.dumps(body)}".encode()
     return f"{VERSION}\n{json.dumps(body)}".encode()
 
 
@@ -146,7 +152,7 @@ def parse_commit_entry(data: bytes, batch_id: int, what: str = "commit log entry
         return CommitEntry(batch_id, int(raw["committedAtMs"]), maxes,
                            None if lineage is None else StateLineage.from_json(lineage))
 
-    return _entry(data, batch_id, what, read)
+    return _entry(data, batch_id, what, read, (VERSION, LINEAGE_VERSION))
 
 
 def metadata_bytes(query_id: str) -> bytes:

@@ -18,6 +18,7 @@ import pytest
 from funke.common.graph.executiongraph import SlotId
 from funke.common.graph.jobgraph import JobType, JobVertex, OperatorSpec
 from funke.common.scheduling import queryrun as qr
+from funke.common.streaming import checkpoint
 from funke.common.streaming import microbatch as mb
 from funke.common.streaming.checkpoint import CommitEntry, commit_entry_bytes, parse_commit_entry, CheckpointError
 from funke.common.streaming.state import (
@@ -149,6 +150,11 @@ def test_commit_entries_and_batches_carry_the_lineage_and_old_entries_have_none(
     lineage = StateLineage(((0, ""), (5, A)), {"agg": -1, "w": 7})
     entry = CommitEntry(9, 1234, {"wm": 5}, lineage)
     assert parse_commit_entry(commit_entry_bytes(entry), 9) == entry
+    # "v2": funke 0.3.0, which reads only "v1" entries, refuses the checkpoint instead of looking for
+    # the state by the old file names (finding none, it would go on from an empty state)
+    assert commit_entry_bytes(entry).startswith(b"v2\n") and commit_entry_bytes(CommitEntry(9, 1)).startswith(b"v1\n")
+    with pytest.raises(CheckpointError, match="expected 'v1' \\(written by a newer funke"):
+        checkpoint._header_and_body(commit_entry_bytes(entry), "commits/9")
     old = b'v1\n{"batchId": 3, "committedAtMs": 17}'  # as funke 0.3.0 wrote it
     assert parse_commit_entry(old, 3).state is None
     with pytest.raises(CheckpointError, match="malformed"):
