@@ -35,7 +35,8 @@ def write_table(path: str, table: pa.Table) -> None:
     os.replace(tmp, path)
 
 
-def group_tables(root: str, key_group: int, version: int, lineage: OperatorLineage = LEGACY) -> list[pa.Table]:
+def group_tables(root: str, key_group: int, version: int,
+                 lineage: OperatorLineage = LEGACY) -> list[pa.Table]:
     """The files that make the group's `version` by `lineage`, read, oldest first: a key's row in
     a later one replaces its row in an earlier one (MissingState, naming the group and its
     directory, when the files cannot make it; no tables for an empty version)."""

@@ -275,7 +275,10 @@ class QueryRun:
             self.query_id = event.query_id
             if self.keyed:
                 last = event.last_commit
-                base = StateLineage() if last is None else legacy_lineage(self.keyed) if last.state is None else last.state
+                if last is None:
+                    base = StateLineage()  # no batch committed: no operator has state
+                else:  # an entry without a lineage: funke 0.3.0 wrote it, files named as it named them
+                    base = last.state if last.state is not None else legacy_lineage(self.keyed)
                 first = event.logged[0].batch_id if event.logged else event.next_batch_id
                 self.lineage = base.with_run(first, run_token(self.run_id))
             tracker = None

@@ -41,8 +41,8 @@ __all__ = ["DELTA", "KEY_GROUP_COLUMN", "LEGACY", "LEGACY_TOKEN", "MAX_STATES", 
            "OPERATOR_DESCRIPTION", "OUTPUT_MODES", "REMOVED_COLUMN", "SNAPSHOT", "SNAPSHOT_EVERY", "STATE_KINDS",
            "TIMERS_COLUMN", "EVENT_TIMERS_COLUMN", "MissingState", "LoadPlan", "OperatorLineage", "StateLineage",
            "StateMetrics", "expires_column", "files_to_delete", "group_dir_name", "key_group_range",
-           "key_groups_problem", "legacy_lineage", "load_plan", "metadata_text", "operator_dir", "parse_file_name", "run_token",
-           "state_file_name", "state_specs_problem", "subtask_of_key_group"]
+           "key_groups_problem", "legacy_lineage", "load_plan", "metadata_text", "operator_dir", "parse_file_name",
+           "run_token", "state_file_name", "state_specs_problem", "subtask_of_key_group"]
 
 # Structured Streaming's output modes. `append` (each result row emitted once, final) needs to
 # know when a key's result can no longer change: event time and watermarks, not yet here.
@@ -271,8 +271,8 @@ class StateLineage:
             raise ValueError("the state lineage's runs must be a list of [first batch, token]")
         runs: list[tuple[int, str]] = []
         for item in runs_raw:
-            if (not isinstance(item, list) or len(item) != 2 or isinstance(item[0], bool) or not isinstance(item[0], int)
-                    or not 0 <= item[0] < 2**62 or not isinstance(item[1], str)
+            if (not isinstance(item, list) or len(item) != 2 or isinstance(item[0], bool)
+                    or not isinstance(item[0], int) or not 0 <= item[0] < 2**62 or not isinstance(item[1], str)
                     or not (item[1] == LEGACY_TOKEN or _TOKEN.match(item[1]))):
                 raise ValueError(f"the state lineage's run {str(item)[:100]} is not [first batch, 16 hex digits]")
             if runs and item[0] <= runs[-1][0]:
@@ -387,11 +387,11 @@ def load_plan(names: list[str], version: int, lineage: OperatorLineage = LEGACY)
         raise MissingState(f"version {version} (the state after batch {version - 1}, committed) needs {shown}, "
                            f"which {'is' if len(missing) == 1 else 'are'} not there")
     newer.reverse()
+    newer_files = tuple(state_file_name(d, DELTA, t) for d, t in newer)
     if base is not None:
-        return LoadPlan(base[0], tuple(d for d, _ in newer),
-                        (state_file_name(base[0], SNAPSHOT, base[1]),) + tuple(state_file_name(d, DELTA, t) for d, t in newer))
-    return LoadPlan(older.snapshot, older.deltas + tuple(d for d, _ in newer),
-                    older.files + tuple(state_file_name(d, DELTA, t) for d, t in newer))
+        snapshot = state_file_name(base[0], SNAPSHOT, base[1])
+        return LoadPlan(base[0], tuple(d for d, _ in newer), (snapshot,) + newer_files)
+    return LoadPlan(older.snapshot, older.deltas + tuple(d for d, _ in newer), older.files + newer_files)
 
 
 def _legacy_plan(names: list[str], version: int) -> LoadPlan:

@@ -40,8 +40,8 @@ from funke.common.streaming.state import (
 from funke.runtime.hafilesystem import read_file, write_atomically
 from funke.runtime.statefiles import group_tables
 
-__all__ = ["DEFAULT_STATE_ROWS", "MAX_STATE_ROWS", "CheckpointState", "NoSuchState", "checkpoint_state", "describe_operators", "keyed_state_table",
-           "keyed_vertices"]
+__all__ = ["DEFAULT_STATE_ROWS", "MAX_STATE_ROWS", "CheckpointState", "NoSuchState", "checkpoint_state",
+           "describe_operators", "keyed_state_table", "keyed_vertices"]
 
 _MAX_DESCRIPTION_BYTES = 1024 * 1024
 DEFAULT_STATE_ROWS, MAX_STATE_ROWS = 1000, 1_000_000  # rows of state shown (GetKeyedState, funke state)

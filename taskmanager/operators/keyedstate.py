@@ -441,8 +441,8 @@ def window_aggregate_batches(root: str, n_keys: int, aggregates: list[AggregateS
         return key + totals(values)
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        yield from _batches(_each_group(batches, state_columns, owned, root, version, key_width, _window_group, lineage),
-                            out_schema)
+        yield from _batches(_each_group(batches, state_columns, owned, root, version, key_width, _window_group,
+                                        lineage), out_schema)
 
     def _window_group(key_group: int, group: Group, rows: list[tuple], began: float) -> list[list]:
         held = group.rows
@@ -492,8 +492,8 @@ def session_aggregate_batches(root: str, n_keys: int, aggregates: list[Aggregate
         return key + [values[0]] + totals(values[1:])
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        yield from _batches(_each_group(batches, state_columns, owned, root, version, key_width, _session_group, lineage),
-                            out_schema)
+        yield from _batches(_each_group(batches, state_columns, owned, root, version, key_width, _session_group,
+                                        lineage), out_schema)
 
     def _session_group(key_group: int, group: Group, rows: list[tuple], began: float) -> list[list]:
         held = group.rows
@@ -574,7 +574,8 @@ def interval_join_batches(root: str, n_keys: int, version: int, retain: int, sta
     n_right = len(in_columns) - n_keys - 2 - n_left
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        yield from _batches(_each_group(batches, in_columns, owned, root, version, n_keys + 2, _join_group, lineage), out_schema)
+        yield from _batches(_each_group(batches, in_columns, owned, root, version, n_keys + 2, _join_group, lineage),
+                            out_schema)
 
     def expires(side: int, at: int) -> int:
         """The first watermark at which a kept row can no longer be joined."""
@@ -685,7 +686,8 @@ def deduplicate_within_batches(root: str, positions: list[int], version: int, re
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         columns = list(out_schema.names) + ["__expires"]
-        yield from _batches(_each_group(batches, columns, owned, root, version, n_keys, first_rows, lineage), out_schema)
+        yield from _batches(_each_group(batches, columns, owned, root, version, n_keys, first_rows, lineage),
+                            out_schema)
 
     return run
 
@@ -779,7 +781,8 @@ def _records(reader: RowReader) -> Callable[[list], Any]:
 
 def _fold(batches: Iterator[pa.RecordBatch], columns: list[str], owned: range, positions: list[int], root: str,
           version: int, retain: int, state_schema: pa.Schema, mode: str,
-          fold: Callable[[list | None, list], list | None], lineage: OperatorLineage = LEGACY) -> list[tuple[list, list]]:
+          fold: Callable[[list | None, list], list | None],
+          lineage: OperatorLineage = LEGACY) -> list[tuple[list, list]]:
     """Every keyed operator's batch, per key group: load the group at `version`, fold each row
     into its key's value (`fold(value so far or None, row)`: the new value, or None to leave the
     key as it is), commit the next version; what the batch emits: (key, value) of the keys it

@@ -552,7 +552,8 @@ def _window_aggregate(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[Data
                              + [pa.field(state.REMOVED_COLUMN, pa.bool_())])
     fn = window_aggregate_batches(root, len(keys), merged, ctx.batch.batch_id, mode,
                                   int(ctx.options.get(RETAIN, "") or DEFAULT_RETAIN), state_schema,
-                                  arrow_schema(ctx, whole), owned, ctx.batch.watermark_ms, size, lateness, _lineage(ctx))
+                                  arrow_schema(ctx, whole), owned, ctx.batch.watermark_ms, size, lateness,
+                                  _lineage(ctx))
     return finish(partial.mapInArrow(cancellable(fn, ctx.cancel_marker), whole))
 
 

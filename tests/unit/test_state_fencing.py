@@ -64,7 +64,7 @@ def test_a_version_is_read_only_from_the_files_of_the_run_that_committed_it():
 
 def test_a_version_a_committed_batch_wrote_must_be_there_and_no_state_yet_comes_from_the_lineage():
     committed = OperatorLineage(((0, A),), 0)  # the operator has state since batch 0
-    with pytest.raises(MissingState, match=rf"version 5 .*needs 5\.{A}\.delta, 4\.{A}\.delta, 3\.{A}\.delta and 2 more"):
+    with pytest.raises(MissingState, match=rf"version 5 .*needs 5\.{A}\.delta, 4\.{A}\.delta, 3\.{A}\.delta and 2 "):
         load_plan([], 5, committed)  # nothing at all where committed state must be: not an empty state
     with pytest.raises(MissingState, match=rf"needs 25\.{A}\.delta.* and 3 more"):
         load_plan(deltas(A, range(1, 20)), 25, committed)  # stops looking at the snapshot that is not there
