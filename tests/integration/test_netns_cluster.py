@@ -120,8 +120,7 @@ def test_a_link_cut_longer_than_the_heartbeat_timeout_loses_nothing(net, jobmana
     spark_flags = ["--host", "0.0.0.0", "--no-warm-up",
                    # Spark's driver and its Python workers talk over the host's own loopback
                    "--spark-conf", "spark.driver.host=127.0.0.1", "--spark-conf", "spark.driver.bindAddress=127.0.0.1"]
-    for i in range(2):
-        start_taskmanager(net, i, info, f"tm-{i}", tmp_path / f"tm-{i}.log", *spark_flags)
+    processes = [start_taskmanager(net, i, info, f"tm-{i}", tmp_path / f"tm-{i}.log", *spark_flags) for i in range(2)]
     for i in range(2):
         wait_for(f"tm-{i} to register", lambda i=i: registered(client, f"tm-{i}"), timeout=120)
 
@@ -157,6 +156,9 @@ def test_a_link_cut_longer_than_the_heartbeat_timeout_loses_nothing(net, jobmana
     # the TaskManager behind the cut comes back by itself
     wait_for(f"{victim} to register again", lambda: registered(client, victim), timeout=60)
     assert lost_after >= HEARTBEAT_TIMEOUT_S - 0.5
+    for process in processes:  # the cluster as the test found it: no TaskManager of this test takes later jobs
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(10)
 
 
 def start_taskmanager_on_disk(net, i: int, info, name: str, log: Path, disk: Path, path: Path, *flags: str):
@@ -188,6 +190,8 @@ def test_a_keyed_query_whose_checkpoint_is_not_shared_fails_its_batch_instead_of
                                                               disk, checkpoint, *spark_flags)
     for name in processes:
         wait_for(f"{name} to register", lambda name=name: registered(client, name), timeout=120)
+    wait_for("no other TaskManager", lambda: {t.id for t in client.cluster_overview().task_managers} == set(processes),
+             timeout=60)
 
     env = ExecutionEnvironment("running count on local disks", parallelism=1)
     (env.read_stream.rate(20)
