@@ -2,10 +2,11 @@
 
     0  the command did what was asked (for submit and watch: the job FINISHED)
     1  it ran, but the outcome is not success (the job FAILED or was CANCELED, a cluster did
-       not start, the JobManager went away while a job was being followed, ...)
+       not start, the JobManager went away while a job was being followed, keyed state that is
+       there cannot be read, ...)
     2  it could not run: bad usage, a job file that does not load, an invalid job graph, an
-       unknown job id, or no JobManager at the address (nothing answers, or what answers is not
-       a JobManager)
+       unknown job id, a checkpoint without what was asked of it, or no JobManager at the
+       address (nothing answers, or what answers is not a JobManager)
 """
 
 from __future__ import annotations
