@@ -26,6 +26,8 @@ from funke.common.security import StreamQuota, client_of, token_problem
 from funke.common.states import JobStatus
 from funke.common.graph.jobgraph import MAX_PARALLELISM_LIMIT
 from funke.common.graph.streamingjob import RUNNING_KINDS
+from funke.common.streaming.state import LEGACY
+from funke.jobmanager.streaming.state import DEFAULT_STATE_ROWS, MAX_STATE_ROWS
 from funke.jobmanager import committer, reachability
 from funke.jobmanager.checkpointstore import CheckpointStore
 from funke.common.wire.codec import job_status_to_proto
@@ -43,7 +45,6 @@ MAX_STOP_TIMEOUT_S = 86_400.0
 MAX_ADDRESS_LENGTH = 300
 DEFAULT_RESULT_BATCHES = 100  # a streaming collect sink's batches per GetJobResult(from_batch)
 MAX_RESULT_BATCHES = 10_000
-DEFAULT_STATE_ROWS, MAX_STATE_ROWS = 1000, 1_000_000  # GetKeyedState's rows
 MAX_RESOURCES = 100
 _HOST = re.compile(r"\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9][A-Za-z0-9.-]*")
 
@@ -151,7 +152,8 @@ class JobManagerService(jobmanager_pb2_grpc.JobManagerServicer):
         if query is None:
             what = "has ended" if isinstance(job, ArchivedJob) else "is not a streaming query"
             await _refuse(context, grpc.StatusCode.FAILED_PRECONDITION,
-                          f"job {request.job_id} {what}; keyed state is read from a running query's checkpoint")
+                          f"job {request.job_id} {what}; the JobManager reads a running query's keyed state (a stopped "
+                          f"or finished query's is read from its checkpoint: funke state --checkpoint PATH)")
         keyed = [v for v in job.graph.job_graph.vertices if v.operators and v.operators[0].kind in RUNNING_KINDS]
         if request.vertex_id:
             chosen = [v for v in keyed if v.id == request.vertex_id]
@@ -181,11 +183,14 @@ class JobManagerService(jobmanager_pb2_grpc.JobManagerServicer):
 
             from funke.jobmanager.streaming.state import keyed_state_table
 
-            commits = CheckpointStore(query.checkpoint_location).commit_ids()
+            store = CheckpointStore(query.checkpoint_location)
+            commits = store.commit_ids()
             if not commits:
                 return -1, b"", 0, 0
+            lineage = store.read_commit(commits[-1]).state  # whose files hold the state it left
             table, matching = keyed_state_table(vertex, query.checkpoint_location, commits[-1] + 1,
-                                                list(request.key), limit)
+                                                list(request.key), limit,
+                                                lineage.operator(vertex.id) if lineage is not None else LEGACY)
             sink = pa.BufferOutputStream()
             with pa.ipc.new_stream(sink, table.schema) as writer:
                 writer.write_table(table)

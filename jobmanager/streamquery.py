@@ -40,6 +40,7 @@ from funke.common.streaming.sources import SOURCES
 from funke.common.wire import codec
 from funke.jobmanager.checkpointstore import CheckpointStore
 from funke.jobmanager.streaming.sides import SinkSides, SourceSides
+from funke.jobmanager.streaming.state import describe_operators
 from funke.jobmanager.streaming.submit import submit_problems  # noqa: F401 (the Dispatcher calls it from here)
 
 if TYPE_CHECKING:
@@ -194,7 +195,7 @@ class StreamingQuery:
                            backpressure=self.settings.backpressure, concurrent_jobs=self.settings.concurrent_jobs,
                            run_id=str(uuid.uuid4()), name=self.graph.job_graph.name, carried=self._carried,
                            watermark_delays=self.event_time.delays, watermark_policy=self.event_time.policy,
-                           no_data_batches=self.event_time.stateful)
+                           no_data_batches=self.event_time.stateful, retain=self.settings.min_batches_to_retain)
         run = _RunIO(core, CheckpointStore(self.checkpoint_location))
         self._run = run
         self._spawn(run, "start", self._begin(run, self._closing))
@@ -209,6 +210,8 @@ class StreamingQuery:
         resumption = await self._blocking(run, lambda: run.checkpoint.open(
             self.holder, leader_epoch=self.leader_epoch, scope=self.lease_scope))
         self._spawn(run, "lease", self._keep_lease(run))
+        # what the keyed operators are, beside their state: read from the checkpoint alone later
+        await self._blocking(run, describe_operators, self.checkpoint_location, self.graph.job_graph)
         self.query_id = resumption.query_id
         plan = resumption.plan
         log.info("streaming query %s (id %s, run %s): starting at batch %d%s", self.graph.job_graph.name,

@@ -715,7 +715,9 @@ class StreamTask(Task):
         if chain.vertex.operators[0].kind not in RUNNING_KINDS or not ctx.checkpoint or ctx.batch is None:
             return None
         owned = key_group_range(ctx.max_parallelism, ctx.parallelism, ctx.subtask_index)
-        return measure(operator_dir(ctx.checkpoint, ctx.vertex_id), owned, ctx.batch.batch_id + 1)
+        version = ctx.batch.batch_id + 1  # written by this batch, with the token its lineage gives this run
+        token = ctx.batch.state.token(version) if ctx.batch.state is not None else None
+        return measure(operator_dir(ctx.checkpoint, ctx.vertex_id), owned, version, token or "")
 
     def _start_receiver(self, chain: _Chain) -> SocketReceiver | None:
         """A receiver source's receiver, started once the task is RUNNING (taskmanager/receiver.py)."""

@@ -17,6 +17,11 @@ write a log entry, resolve a batch's input, run tasks on a TaskManager (the batc
 limits and the released batches filled in), commit the sinks (with the attempts whose output
 counts), send rate limits, set the timer, publish, finish the tasks, end. Each action records
 the stimulus that produced it. No clock, no files, no threads inside.
+
+Keyed state is fenced by run (`funke.common.streaming.state`): the run's token is made from its
+run id; every batch carries the state lineage (the last commit's, with this run's entry, so its
+state files are written under the run's token), and every commit entry of a query with keyed
+state records the lineage as of its batch, which is what the next batch and the next run read.
 """
 
 from __future__ import annotations
@@ -27,13 +32,14 @@ from typing import Any, Iterable, Mapping
 
 from funke.common.graph.deployment import BatchTask
 from funke.common.graph.executiongraph import ExecutionAttemptId, ExecutionGraph
+from funke.common.graph.streamingjob import DEFAULT_RETAIN, RUNNING_KINDS
 from funke.common.scheduling.batchflow import BatchFlow, Dispatch, InputRead, SinkStarted, SinkWritten, Step
 from funke.common.streaming import microbatch as mb
 from funke.common.streaming.backpressure import RateEstimator
 from funke.common.streaming.checkpoint import CommitEntry, OffsetEntry, SourceRange
 from funke.common.streaming.eventtime import EventTimeStats, WatermarkTracker
 from funke.common.streaming.sources import BatchInput, ReceiverSource
-from funke.common.streaming.state import StateMetrics
+from funke.common.streaming.state import StateLineage, StateMetrics, legacy_lineage, run_token
 
 # The coordinator's events and actions that pass through unchanged (with their stimulus_id)
 from funke.common.streaming.microbatch import (  # noqa: F401
@@ -197,7 +203,7 @@ class QueryRun:
                  receivers: Mapping[str, int] | None = None, backpressure: bool = False, concurrent_jobs: int = 1,
                  run_id: str = "", name: str = "", carried: Carried | None = None,
                  watermark_delays: Mapping[str, int] | None = None, watermark_policy: str = "min",
-                 no_data_batches: bool = False):
+                 no_data_batches: bool = False, retain: int = DEFAULT_RETAIN):
         self.trigger, self.run_id, self.name = trigger, run_id, name
         # event time: watermark operator -> its delay (none: the query has no watermark)
         self.watermark_delays = dict(watermark_delays or {})
@@ -223,6 +229,12 @@ class QueryRun:
         # batch -> vertex -> where its part of the batch's time went, until the batch's progress
         # record takes them
         self.vertex_times: dict[int, dict[str, VertexTimes]] = {}
+        # Keyed state: the keyed vertices (a keyed operator heads its chain), and the lineage the
+        # run's batches carry (set when the run starts; None: the query has no keyed state)
+        self.keyed = tuple(v.id for v in graph.job_graph.vertices
+                           if v.operators and v.operators[0].kind in RUNNING_KINDS)
+        self.retain = retain
+        self.lineage: StateLineage | None = None
 
     # ------------------------------------------------------------------ views
 
@@ -261,6 +273,14 @@ class QueryRun:
             if self.coordinator is not None:
                 raise ValueError("the run has started already")
             self.query_id = event.query_id
+            if self.keyed:
+                last = event.last_commit
+                if last is None:
+                    base = StateLineage()  # no batch committed: no operator has state
+                else:  # an entry without a lineage: funke 0.3.0 wrote it, files named as it named them
+                    base = last.state if last.state is not None else legacy_lineage(self.keyed)
+                first = event.logged[0].batch_id if event.logged else event.next_batch_id
+                self.lineage = base.with_run(first, run_token(self.run_id))
             tracker = None
             if self.watermark_delays:
                 last = event.last
@@ -284,7 +304,7 @@ class QueryRun:
             if entry is None:
                 return []
             batch = BatchInput(entry.batch_id, entry.batch_time_ms, dict(entry.sources), dict(event.files),
-                               watermark_ms=entry.watermark_ms)
+                               watermark_ms=entry.watermark_ms, state=self.lineage)
             return self._steps(event.batch_id, self.flow.start(batch), event.now_ms, event.stimulus_id)
         if isinstance(event, BatchReported):
             if event.batch_id not in self.flow.in_flight:
@@ -318,6 +338,10 @@ class QueryRun:
                     out.append(ResolveBatchInput(entry, sid))
                 case mb.CommitSinks(batch_id=b):
                     out.append(CommitSinks(b, {s: self.flow.sink_attempts(s) for s in self.sinks}, sid))
+                case mb.WriteCommitLog(entry=entry) if self.lineage is not None:
+                    # the batch's state files are this run's: from now on its batches read them
+                    self.lineage = self.lineage.committed(entry.batch_id, self.keyed, self.retain)
+                    out.append(dataclasses.replace(action, entry=dataclasses.replace(entry, state=self.lineage)))
                 case mb.Publish(kind="QueryProgress"):
                     self._describe_receivers(action.info)
                     self._describe_state(action.info)

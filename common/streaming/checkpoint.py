@@ -8,7 +8,11 @@ ids in, entries, plans and errors out.
     <checkpoint>/metadata           {"id": <query id>}: the query's identity across restarts
     <checkpoint>/offsets/<batch>    "v1" line, then JSON: the batch's time and, per source, the
                                     offset range it reads (start exclusive, end inclusive)
-    <checkpoint>/commits/<batch>    "v1" line, then JSON: the batch committed to every sink
+    <checkpoint>/commits/<batch>    "v1" line, then JSON: the batch committed to every sink; "v2"
+                                    for an entry that also says whose files hold the keyed state
+                                    after it (`funke.common.streaming.state.StateLineage`), which
+                                    a funke that cannot read state fenced by run (0.3.0) refuses
+                                    to go on from, rather than look for files by their old names
 
 Both kinds of entry may say the epoch of the checkpoint's lease they were written under
 (`leaseEpoch`, `funke.common.streaming.checkpointlease`): which run wrote them.
@@ -26,7 +30,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar
 
+from funke.common.streaming.state import StateLineage
+
 VERSION = "v1"
+LINEAGE_VERSION = "v2"  # a commit entry with a state lineage
 T = TypeVar("T")
 MAX_ENTRY_BYTES = 16 * 1024 * 1024
 
@@ -63,6 +70,10 @@ class CommitEntry:
     # event time: per watermark operator the largest event time seen once the batch ran (a run
     # that starts after it goes on from these, not from the ones logged before the batch)
     event_time_max: dict[str, int] = field(default_factory=dict)
+    # keyed state: which run's files hold the state the batch left, and since which batch each
+    # keyed operator has state (None: the entry says nothing: a query without keyed state, or an
+    # entry funke 0.3.0 wrote)
+    state: StateLineage | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,13 +84,14 @@ class RecoveryPlan:
     next_batch_id: int  # the first batch to plan anew
 
 
-def _header_and_body(data: bytes, what: str) -> dict:
+def _header_and_body(data: bytes, what: str, versions: tuple[str, ...] = (VERSION,)) -> dict:
     if len(data) > MAX_ENTRY_BYTES:
         raise CheckpointError(f"{what}: {len(data)} bytes, more than an entry may have ({MAX_ENTRY_BYTES})")
     text = data.decode("utf-8", errors="replace")
     header, _, body = text.partition("\n")
-    if header.strip() != VERSION:
-        raise CheckpointError(f"{what}: starts with {header[:40]!r}, expected {VERSION!r} (written by a newer funke?)")
+    if header.strip() not in versions:
+        expected = " or ".join(repr(v) for v in versions)
+        raise CheckpointError(f"{what}: starts with {header[:40]!r}, expected {expected} (written by a newer funke?)")
     try:
         value = json.loads(body)
     except ValueError as exc:
@@ -103,10 +115,11 @@ def offset_entry_bytes(entry: OffsetEntry, lease_epoch: int = 0) -> bytes:
     return f"{VERSION}\n{json.dumps(body, sort_keys=True)}".encode()
 
 
-def _entry(data: bytes, batch_id: int, what: str, read: Callable[[dict], T]) -> T:
+def _entry(data: bytes, batch_id: int, what: str, read: Callable[[dict], T],
+           versions: tuple[str, ...] = (VERSION,)) -> T:
     """An entry of batch `batch_id` (its file name says so), read by `read`; an entry naming
     another batch, or missing a field, is an error naming `what`."""
-    raw = _header_and_body(data, what)
+    raw = _header_and_body(data, what, versions)
     try:
         if int(raw["batchId"]) != batch_id:
             raise CheckpointError(f"{what}: says batch {raw['batchId']}, its file name says {batch_id}")
@@ -135,21 +148,26 @@ def commit_entry_bytes(entry: CommitEntry, lease_epoch: int = 0) -> bytes:
         body["eventTimeMaxMs"] = dict(entry.event_time_max)
     if lease_epoch:
         body["leaseEpoch"] = lease_epoch
+    if entry.state is not None:
+        body["stateLineage"] = entry.state.to_json()
+        return f"{LINEAGE_VERSION}\n{json.dumps(body)}".encode()
     return f"{VERSION}\n{json.dumps(body)}".encode()
 
 
 def parse_commit_entry(data: bytes, batch_id: int, what: str = "commit log entry") -> CommitEntry:
     def read(raw: dict) -> CommitEntry:
         maxes = {str(op): int(ms) for op, ms in dict(raw.get("eventTimeMaxMs") or {}).items()}
-        return CommitEntry(batch_id, int(raw["committedAtMs"]), maxes)
+        lineage = raw.get("stateLineage")
+        return CommitEntry(batch_id, int(raw["committedAtMs"]), maxes,
+                           None if lineage is None else StateLineage.from_json(lineage))
 
-    return _entry(data, batch_id, what, read)
+    return _entry(data, batch_id, what, read, (VERSION, LINEAGE_VERSION))
 
 
 def written_under(data: bytes, what: str = "entry") -> int:
     """The lease epoch an offset or commit entry says it was written under (0: not said)."""
     try:
-        return int(_header_and_body(data, what).get("leaseEpoch", 0))
+        return int(_header_and_body(data, what, (VERSION, LINEAGE_VERSION)).get("leaseEpoch", 0))
     except (TypeError, ValueError):
         return 0
 

@@ -80,7 +80,7 @@ from funke.common.states import ExecutionState, JobStatus, Transition
 from funke.common.streaming.checkpoint import SourceRange
 from funke.common.streaming.sources import BatchInput
 from funke.common.streaming.eventtime import EventTimeStats
-from funke.common.streaming.state import StateMetrics
+from funke.common.streaming.state import StateLineage, StateMetrics
 from funke.v1 import cluster_pb2 as cluster_pb
 from funke.v1 import job_pb2 as job_pb
 from funke.v1 import jobgraph_pb2 as pb
@@ -786,6 +786,8 @@ def run_batch_to_proto(job_id: str, registration_id: str, batch: BatchInput,
         msg.rate_limits[vertex] = rate
     if batch.watermark_ms is not None:
         msg.watermark_ms = batch.watermark_ms
+    if batch.state is not None:
+        msg.state_lineage_json = json.dumps(batch.state.to_json(), separators=(",", ":"))
     for attempt, gates in tasks:
         t = msg.tasks.add(attempt=attempt_to_proto(attempt))
         for index, attempts, schema in gates:
@@ -805,8 +807,16 @@ def batch_from_proto(m: cluster_pb.RunBatchesRequest) -> BatchInput:
     bad = {v: r for v, r in m.rate_limits.items() if not (math.isfinite(r) and r > 0)}
     if bad:
         raise ValueError(f"rate limits must be positive numbers, got {bad}")
+    lineage = None
+    if m.state_lineage_json:
+        try:
+            lineage = StateLineage.from_json(json.loads(m.state_lineage_json))
+        except ValueError as exc:
+            raise ValueError(f"the batch's state lineage does not decode: {exc}") from None
+        if lineage.token(m.batch_id + 1) is None:
+            raise ValueError(f"the batch's state lineage names no run for batch {m.batch_id}")
     return BatchInput(m.batch_id, m.batch_time_ms, ranges, {v: tuple(f.names) for v, f in m.files.items()},
-                      dict(m.rate_limits), m.watermark_ms if m.HasField("watermark_ms") else None)
+                      dict(m.rate_limits), m.watermark_ms if m.HasField("watermark_ms") else None, lineage)
 
 
 def partition_update_to_proto(u: PartitionUpdate) -> cluster_pb.PartitionInfoUpdate:

@@ -3,10 +3,12 @@
     0    the command did what was asked (for submit and watch: the job FINISHED)
     1    it ran, but the outcome is not success (the job FAILED or was CANCELED, a cluster did
          not start, the JobManager went away while a job was being followed, the JobManager
-         failed at what was asked: DATA_LOSS, INTERNAL, ...)
+         failed at what was asked: DATA_LOSS, INTERNAL, ...; keyed state in a checkpoint that
+         cannot be read)
     2    it could not run: bad usage, a job file that does not load, an invalid job graph, an
-         unknown job id, no JobManager at the address, or a refusal: the JobManager (or the
-         cluster directory) turned the request down before doing anything (`REFUSALS`)
+         unknown job id, a checkpoint without what `funke state --checkpoint` asks of it, no
+         JobManager at the address, or a refusal: the JobManager (or the cluster directory)
+         turned the request down before doing anything (`REFUSALS`)
     130  interrupted (Ctrl-C)
 
 `CODES` and `REFUSALS` are the table docs/getting-started.md shows (`funke.deploy.sitedocs`
@@ -32,10 +34,12 @@ CODES: tuple[tuple[int, str], ...] = (
                         "a conformance scenario failed, `rescale` saw no batch at the new parallelism, the "
                         "JobManager went away while `submit` or `watch` followed a job (the message says "
                         "what that means for the job), or it failed at what was asked (DATA_LOSS: the "
-                        "rows or state are there but cannot be read; INTERNAL, UNKNOWN, ...)"),
+                        "rows or state are there but cannot be read, also by `state --checkpoint`; "
+                        "INTERNAL, UNKNOWN, ...)"),
     (EXIT_USAGE, "it could not run: bad usage, a job file that does not load, an invalid job graph, an "
-                 "unknown job id, no JobManager at the address (nothing answers there, or what answers is "
-                 "not a JobManager, e.g. a TaskManager's port, or a standby), a client the cluster does not "
+                 "unknown job id, a checkpoint location without what `state --checkpoint` asks for (no "
+                 "checkpoint, operator or kept batch of that name), no JobManager at the address (nothing "
+                 "answers there, or what answers is not a JobManager, e.g. a TaskManager's port, or a standby), a client the cluster does not "
                  "let in, or a refusal (below): nothing was done"),
     (EXIT_INTERRUPTED, "interrupted (Ctrl-C); `submit` leaves the job running and says how to find it"),
 )

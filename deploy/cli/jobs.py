@@ -297,19 +297,58 @@ def cmd_conformance(args: argparse.Namespace) -> int:
 
 
 def cmd_state(args: argparse.Namespace) -> int:
+    if (args.job is None) == (args.checkpoint is None):
+        raise UsageError("funke state reads a running query's state (JOB) or a checkpoint's (--checkpoint PATH): "
+                         "give one of them")
+    if args.batch is not None and args.checkpoint is None:
+        raise UsageError("--batch reads the state after an earlier batch from the checkpoint: give --checkpoint PATH "
+                         "(a running query's is read after its last committed batch)")
+    if args.checkpoint is not None:
+        return _checkpoint_state(args)
     with client_for(args) as client:
         reply, table = client.keyed_state(args.job, args.operator or "", args.key, args.limit)
+    return _print_state(args, {"job_id": args.job}, reply.vertex_id, reply.batch_id, table, reply.matching_keys)
+
+
+def _checkpoint_state(args: argparse.Namespace) -> int:
+    """`funke state --checkpoint PATH`: read in this process, from the checkpoint's files alone."""
+    from funke.common.streaming.state import MissingState
+    from funke.jobmanager.streaming.state import DEFAULT_STATE_ROWS, MAX_STATE_ROWS, NoSuchState, checkpoint_state
+
+    problems = []
+    if not 0 <= args.limit <= MAX_STATE_ROWS:
+        problems.append(f"--limit {args.limit} is outside [0, {MAX_STATE_ROWS}] (0: {DEFAULT_STATE_ROWS})")
+    if args.batch is not None and args.batch < 0:
+        problems.append(f"--batch {args.batch}: a batch id is not negative")
+    if any(len(k) > 4096 for k in args.key):
+        problems.append("a --key value is longer than 4096 characters")
+    if problems:
+        raise UsageError("; ".join(problems))
+    try:
+        found = checkpoint_state(args.checkpoint, args.operator or "", args.batch, tuple(args.key),
+                                 args.limit or DEFAULT_STATE_ROWS)
+    except NoSuchState as exc:
+        raise UsageError(str(exc)) from None
+    except (MissingState, OSError, ValueError) as exc:  # the state is there, and lost to us
+        print_error(f"the keyed state in {args.checkpoint} cannot be read: {type(exc).__name__}: {exc}")
+        return EXIT_UNSUCCESSFUL
+    return _print_state(args, {"checkpoint": args.checkpoint}, found.vertex_id, found.batch_id, found.table,
+                        found.matching)
+
+
+def _print_state(args: argparse.Namespace, source: dict[str, Any], vertex_id: str, batch_id: int, table: Any,
+                 matching: int) -> int:
     rows = table.to_pylist()
     if args.json:
-        print_json({"job_id": args.job, "operator": reply.vertex_id, "batch_id": reply.batch_id,
-                    "matching_keys": reply.matching_keys, "columns": table.column_names, "rows": rows})
+        print_json({**source, "operator": vertex_id, "batch_id": batch_id, "matching_keys": matching,
+                    "columns": table.column_names, "rows": rows})
         return EXIT_OK
-    if reply.batch_id < 0:
-        print(f"{reply.vertex_id}: no batch committed yet, so no state")
+    if batch_id < 0:
+        print(f"{vertex_id}: no batch committed yet, so no state")
         return EXIT_OK
     print("\n".join(render_rows(table.column_names, rows, prefix="")))
-    more = f" of {reply.matching_keys}" if reply.matching_keys > len(rows) else ""
-    print(f"({len(rows)}{more} key(s) of {reply.vertex_id}, after batch {reply.batch_id})")
+    more = f" of {matching}" if matching > len(rows) else ""
+    print(f"({len(rows)}{more} key(s) of {vertex_id}, after batch {batch_id})")
     return EXIT_OK
 
 

@@ -211,8 +211,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("job", metavar="JOB")
     p.add_argument("--vertex", help="the collect sink's vertex id (needed when the job has several)")
     p.add_argument("--json", action="store_true")
-    p = command("state", cmd_state, "a streaming query's keyed state after its last committed batch, as rows")
-    p.add_argument("job", metavar="JOB")
+    p = command("state", cmd_state, "a streaming query's keyed state after its last committed batch, as rows: a "
+                "running query's from the JobManager (JOB), or any query's from its checkpoint (--checkpoint), with "
+                "no cluster")
+    p.add_argument("job", metavar="JOB", nargs="?", help="a running query's job id")
+    p.add_argument("--checkpoint", metavar="PATH", help="read the state from this checkpoint location instead (a "
+                   "stopped, finished or failed query's; no JobManager is asked)")
+    p.add_argument("--batch", type=int, metavar="N", help="with --checkpoint: the state after committed batch N "
+                   "(one the checkpoint keeps; default: the last)")
     p.add_argument("--operator", metavar="VERTEX", help="the keyed operator's vertex id (needed when there are several)")
     p.add_argument("--key", action="append", default=[], metavar="VALUE",
                    help="only this key (repeat for each key column, in order; compared as text)")

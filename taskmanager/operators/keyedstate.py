@@ -12,10 +12,15 @@ owns, so that every owned group writes its version even when the batch has no ro
 group, the function loads the state at the batch's version, merges, writes the next version,
 and emits the changed keys (update mode) or every key (complete mode) with their totals.
 
-Each Python worker keeps the groups it loaded, by version (`_loaded`): Spark reuses its workers
-(spark.python.worker.reuse), so a group is read from disk again only when the worker is new, or
-when what it holds is not the version asked for (a batch re-run after a failure asks for an older
-one). A version's in-memory state changes only after its files are written.
+Each Python worker keeps the groups it loaded, by version and the run whose files made it
+(`_loaded`): Spark reuses its workers (spark.python.worker.reuse), so a group is read from disk
+again only when the worker is new, or when what it holds is not the version asked for, as the
+batch's lineage says (a batch re-run after a failure asks for an older one, or for another run's
+files). A version's in-memory state changes only after its files are written.
+
+Every function takes the operator's `lineage` (`funke.common.streaming.state.OperatorLineage`:
+which run's files make each version, and the token this batch writes with); without one, the
+files are read and written as funke 0.3.0 did (unfenced).
 
 Pickled by value into the workers, like `udf.py`, together with the pure rules module and the
 store's file functions (`funke.runtime.statefiles`): a worker needs pyarrow and cloudpickle, not
@@ -46,9 +51,11 @@ from funke.common.streaming import state as _rules
 from funke.common.streaming.state import (
     DELTA,
     KEY_GROUP_COLUMN,
+    LEGACY,
     REMOVED_COLUMN,
     SNAPSHOT,
     SNAPSHOT_EVERY,
+    OperatorLineage,
     StateMetrics,
     files_to_delete,
     group_dir_name,
@@ -92,13 +99,15 @@ AggregateSpec = tuple[str, tuple[str, ...]]
 class Group:
     """One key group's state at one version: frozen key -> (key values, partial values)."""
 
-    __slots__ = ("version", "rows", "stamp", "timers", "event_timers", "index")
+    __slots__ = ("version", "rows", "stamp", "timers", "event_timers", "index", "token")
 
     def __init__(self, version: int, rows: dict[Any, tuple[list, list]], stamp: tuple[int, int] | None,
-                 timers: list | None = None, event_timers: list | None = None, index: dict | None = None):
+                 timers: list | None = None, event_timers: list | None = None, index: dict | None = None,
+                 token: str | None = None):
         self.version = version
         self.rows = rows
         self.stamp = stamp  # (inode, mtime) of the file that made this version: a wiped store is seen
+        self.token = token  # the run whose files made this version (None: an empty version)
         # a process function's timers as a heap of (time, frozen key), built when first needed;
         # an entry whose key no longer has that timer is skipped when it comes up
         self.timers = timers
@@ -185,51 +194,66 @@ def _value_error(f: pa.Field, column: list, keys: list[list], error: Exception) 
     return StateValueError(f"state {f.name!r}: cannot be stored as {f.type}: {error}")
 
 
-def load_group(root: str, key_group: int, version: int, n_keys: int) -> Group:
-    """The group's state at `version`, from this worker's memory when it holds exactly that
-    version of this store; when it holds an older one (another worker ran the group's last
-    batches), that one with the deltas after it applied; else from the files (MissingState when
-    they cannot make it)."""
+def load_group(root: str, key_group: int, version: int, n_keys: int, lineage: OperatorLineage = LEGACY) -> Group:
+    """The group's state at `version` as `lineage` says, from this worker's memory when it holds
+    exactly that version made by the same run's files; when it holds an older one of the lineage
+    (another worker ran the group's last batches), that one with the deltas after it applied;
+    else from the files (MissingState when they cannot make it)."""
     directory = os.path.join(root, group_dir_name(key_group))
+    empty = lineage.empty(version)
+    token = None if empty else lineage.token(version)
     held = _loaded().get((root, key_group))
-    if held is not None and held.version == version:
-        if version == 0 or held.stamp == _stamp(os.path.join(directory, state_file_name(version, DELTA))):
+    if held is not None and held.version == version and held.token == token:
+        if empty or held.stamp == _stamp(os.path.join(directory, state_file_name(version, DELTA, token or ""))):
             return held
-    if held is not None and 0 < held.version < version and \
-            held.stamp == _stamp(os.path.join(directory, state_file_name(held.version, DELTA))):
-        caught_up = _catch_up((root, key_group), directory, held, version, n_keys)
+    if held is not None and held.token is not None and 0 < held.version < version and not empty \
+            and held.token == lineage.token(held.version) \
+            and held.stamp == _stamp(os.path.join(directory, state_file_name(held.version, DELTA, held.token))):
+        caught_up = _catch_up((root, key_group), directory, held, version, n_keys, lineage)
         if caught_up is not None:
             return caught_up
     rows: dict[Any, tuple[list, list]] = {}
-    for table in group_tables(root, key_group, version):
+    for table in group_tables(root, key_group, version, lineage):
         _read_rows(table, n_keys, rows)
-    stamp = _stamp(os.path.join(directory, state_file_name(version, DELTA))) if version else None
-    return Group(version, rows, stamp)
+    stamp = None if empty else _stamp(os.path.join(directory, state_file_name(version, DELTA, token or "")))
+    return Group(version, rows, stamp, token=token)
 
 
-def _catch_up(cached_as: tuple[str, int], directory: str, held: Group, version: int, n_keys: int) -> Group | None:
-    """`held` brought to `version` by the deltas after it (None when one is missing: the files
-    make the version whole instead). The held dict is changed in place (it is this worker's
-    only copy), so it leaves the cache until the version is made."""
-    paths = [os.path.join(directory, state_file_name(v, DELTA)) for v in range(held.version + 1, version + 1)]
+def _catch_up(cached_as: tuple[str, int], directory: str, held: Group, version: int, n_keys: int,
+              lineage: OperatorLineage) -> Group | None:
+    """`held` brought to `version` by the lineage's deltas after it (None when one is missing, or
+    the lineage does not name its run: the files make the version whole instead). The held dict is
+    changed in place (it is this worker's only copy), so it leaves the cache until the version is
+    made."""
+    tokens = [lineage.token(v) for v in range(held.version + 1, version + 1)]
+    if any(t is None for t in tokens):
+        return None
+    paths = [os.path.join(directory, state_file_name(v, DELTA, t or ""))
+             for v, t in zip(range(held.version + 1, version + 1), tokens)]
     if not all(os.path.exists(p) for p in paths):
         return None
     _loaded().pop(cached_as, None)
     for path in paths:
         _read_rows(_files.read_table(path), n_keys, held.rows)
-    return Group(version, held.rows, _stamp(paths[-1]))  # a process function's timers are found again
+    # a process function's timers are found again
+    return Group(version, held.rows, _stamp(paths[-1]), token=tokens[-1])
 
 
 def commit_group(root: str, key_group: int, group: Group, changes: dict[Any, tuple[list, list]],
-                 schema: pa.Schema, retain: int, began: float, removed: dict[Any, list] | None = None) -> Group:
-    """Writes version group.version + 1 (the changes and the `removed` keys, and every
-    SNAPSHOT_EVERY versions the whole state), deletes what retention no longer needs, and only
-    then makes the new version this worker's. The delta's metadata says what the version holds
-    (`measure` reads it); `began`: when the group's work started (time.perf_counter())."""
+                 schema: pa.Schema, retain: int, began: float, removed: dict[Any, list] | None = None,
+                 lineage: OperatorLineage = LEGACY) -> Group:
+    """Writes version group.version + 1 under this run's token (the lineage's for that version:
+    the changes and the `removed` keys, and every SNAPSHOT_EVERY versions the whole state),
+    deletes what retention no longer needs, and only then makes the new version this worker's.
+    The delta's metadata says what the version holds (`measure` reads it); `began`: when the
+    group's work started (time.perf_counter())."""
     directory = os.path.join(root, group_dir_name(key_group))
     os.makedirs(directory, exist_ok=True)
     version = group.version + 1
-    delta_path = os.path.join(directory, state_file_name(version, DELTA))
+    token = lineage.token(version)
+    if token is None:
+        raise ValueError(f"the batch's state lineage names no run for version {version}: nothing to write it as")
+    delta_path = os.path.join(directory, state_file_name(version, DELTA, token))
     removed = {k: key for k, key in (removed or {}).items() if k in group.rows and k not in changes}
     rows = group.rows
     total = len(rows) + sum(1 for k in changes if k not in rows) - len(removed)
@@ -242,13 +266,13 @@ def commit_group(root: str, key_group: int, group: Group, changes: dict[Any, tup
     for k in removed:
         del rows[k]
     if version % SNAPSHOT_EVERY == 0:
-        _write_rows(os.path.join(directory, state_file_name(version, SNAPSHOT)), schema, list(rows.values()))
-        for name in files_to_delete(os.listdir(directory), version, retain):
+        _write_rows(os.path.join(directory, state_file_name(version, SNAPSHOT, token)), schema, list(rows.values()))
+        for name in files_to_delete(os.listdir(directory), version, retain, lineage):
             try:
                 os.remove(os.path.join(directory, name))
             except FileNotFoundError:
                 pass
-    new = Group(version, rows, _stamp(delta_path), group.timers, group.event_timers, group.index)
+    new = Group(version, rows, _stamp(delta_path), group.timers, group.event_timers, group.index, token)
     _loaded()[(root, key_group)] = new
     return new
 
@@ -266,13 +290,14 @@ def _memory_estimate(rows: dict, changes: dict, total: int) -> int:
     return sys.getsizeof(rows) + each * total // len(sample)
 
 
-def measure(root: str, owned: range, version: int) -> StateMetrics:
+def measure(root: str, owned: range, version: int, token: str = "") -> StateMetrics:
     """The state of groups `owned` at `version`, from the metadata of the version's delta files
-    and the sizes of the groups' files (on the task's side, once the batch's Spark work ran)."""
+    (those of run `token`, which the batch just wrote) and the sizes of the groups' files (on the
+    task's side, once the batch's Spark work ran)."""
     total = StateMetrics()
     for key_group in owned:
         directory = os.path.join(root, group_dir_name(key_group))
-        path = os.path.join(directory, state_file_name(version, DELTA))
+        path = os.path.join(directory, state_file_name(version, DELTA, token))
         try:
             with pa.memory_map(path) as source:
                 meta = ipc.open_file(source).schema.metadata or {}
@@ -281,7 +306,7 @@ def measure(root: str, owned: range, version: int) -> StateMetrics:
         except FileNotFoundError:
             continue
         try:  # every SNAPSHOT_EVERY versions the group was written whole too
-            written += os.path.getsize(os.path.join(directory, state_file_name(version, SNAPSHOT)))
+            written += os.path.getsize(os.path.join(directory, state_file_name(version, SNAPSHOT, token)))
         except FileNotFoundError:
             pass
         total = total + StateMetrics(int(meta.get(_ROWS_TOTAL.encode(), 0)), int(meta.get(_ROWS_UPDATED.encode(), 0)),
@@ -309,7 +334,7 @@ def _final(function: str, partials: list) -> Any:
 
 def running_aggregate_batches(root: str, keys: list[str], aggregates: list[AggregateSpec], version: int,
                               mode: str, retain: int, state_schema: pa.Schema, out_schema: pa.Schema,
-                              owned: range):
+                              owned: range, lineage: OperatorLineage = LEGACY):
     """The mapInArrow function of one batch of a running aggregate (see the module docstring)."""
     n_keys = len(keys)
     spans = []  # (function, first partial index, count) per aggregate
@@ -340,7 +365,7 @@ def running_aggregate_batches(root: str, keys: list[str], aggregates: list[Aggre
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         with _no_gc():
             emitted = _fold(batches, state_columns, owned, list(range(n_keys)), root, version, retain, state_schema,
-                            mode, lambda old, row: merge_all(old, row[n_keys:]))
+                            mode, lambda old, row: merge_all(old, row[n_keys:]), lineage)
             if any(function == "avg" for function, _, _ in spans):
                 rows = [key + finals(values) for key, values in emitted]
             else:  # every total is its one partial as it is
@@ -351,7 +376,8 @@ def running_aggregate_batches(root: str, keys: list[str], aggregates: list[Aggre
 
 
 def _each_group(batches: Iterator[pa.RecordBatch], columns: list[str], owned: range, root: str, version: int,
-                key_width: int, handle: Callable[[int, Group, list[tuple], float], list[list]]) -> list[list]:
+                key_width: int, handle: Callable[[int, Group, list[tuple], float], list[list]],
+                lineage: OperatorLineage = LEGACY) -> list[list]:
     """An event-time operator's batch, group by group: load the group at `version`, and
     `handle(key group, group, its rows, when its work began)` merges, closes what the watermark
     passed, commits and returns the rows to emit. A failure drops the group's lookups (heaps of
@@ -360,7 +386,7 @@ def _each_group(batches: Iterator[pa.RecordBatch], columns: list[str], owned: ra
     with _no_gc():
         for key_group, rows in _by_group(batches, columns, owned):
             began = time.perf_counter()
-            group = load_group(root, key_group, version, key_width)
+            group = load_group(root, key_group, version, key_width, lineage)
             try:
                 out += handle(key_group, group, rows, began)
             except BaseException:
@@ -395,7 +421,8 @@ def _partials_of(aggregates: list[AggregateSpec]) -> tuple[Callable[[list, list]
 
 def window_aggregate_batches(root: str, n_keys: int, aggregates: list[AggregateSpec], version: int, mode: str,
                              retain: int, state_schema: pa.Schema, out_schema: pa.Schema, owned: range,
-                             watermark_ms: int | None, size_ms: int, lateness_ms: int):
+                             watermark_ms: int | None, size_ms: int, lateness_ms: int,
+                             lineage: OperatorLineage = LEGACY):
     """The mapInArrow function of one batch of a window aggregate: like a running aggregate's,
     with each window's start (epoch ms) the last part of the key. Its rows are the batch's
     partial aggregates per key and window, the windows already closed left out (they are late:
@@ -414,8 +441,8 @@ def window_aggregate_batches(root: str, n_keys: int, aggregates: list[AggregateS
         return key + totals(values)
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        yield from _batches(_each_group(batches, state_columns, owned, root, version, key_width, _window_group),
-                            out_schema)
+        yield from _batches(_each_group(batches, state_columns, owned, root, version, key_width, _window_group,
+                                        lineage), out_schema)
 
     def _window_group(key_group: int, group: Group, rows: list[tuple], began: float) -> list[list]:
         held = group.rows
@@ -440,7 +467,7 @@ def window_aggregate_batches(root: str, n_keys: int, aggregates: list[AggregateS
                     closed[frozen] = entry
         out = [out_row(key, values) for key, values in (closed.values() if mode == "append" else changes.values())]
         removed = {frozen: key for frozen, (key, _) in closed.items() if frozen in held}
-        commit_group(root, key_group, group, changes, state_schema, retain, began, removed)
+        commit_group(root, key_group, group, changes, state_schema, retain, began, removed, lineage)
         return out
 
     return run
@@ -448,7 +475,7 @@ def window_aggregate_batches(root: str, n_keys: int, aggregates: list[AggregateS
 
 def session_aggregate_batches(root: str, n_keys: int, aggregates: list[AggregateSpec], version: int, mode: str,
                               retain: int, state_schema: pa.Schema, out_schema: pa.Schema, owned: range,
-                              watermark_ms: int | None, lateness_ms: int):
+                              watermark_ms: int | None, lateness_ms: int, lineage: OperatorLineage = LEGACY):
     """The mapInArrow function of one batch of a session window aggregate. Its rows are the
     batch's sessions per key as Spark made them within the batch (keys, start, end, partial
     aggregates; a session is its events' span plus the gap). Per key, they are merged with the
@@ -465,8 +492,8 @@ def session_aggregate_batches(root: str, n_keys: int, aggregates: list[Aggregate
         return key + [values[0]] + totals(values[1:])
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        yield from _batches(_each_group(batches, state_columns, owned, root, version, key_width, _session_group),
-                            out_schema)
+        yield from _batches(_each_group(batches, state_columns, owned, root, version, key_width, _session_group,
+                                        lineage), out_schema)
 
     def _session_group(key_group: int, group: Group, rows: list[tuple], began: float) -> list[list]:
         held = group.rows
@@ -524,7 +551,7 @@ def session_aggregate_batches(root: str, n_keys: int, aggregates: list[Aggregate
         out = [out_row(key, values) for key, values in (closed.values() if mode == "append" else changes.values())]
         for user in [u for u, members in index.items() if not members]:
             del index[user]
-        commit_group(root, key_group, group, changes, state_schema, retain, began, removed)
+        commit_group(root, key_group, group, changes, state_schema, retain, began, removed, lineage)
         return out
 
     return run
@@ -532,7 +559,8 @@ def session_aggregate_batches(root: str, n_keys: int, aggregates: list[Aggregate
 
 def interval_join_batches(root: str, n_keys: int, version: int, retain: int, state_schema: pa.Schema,
                           in_columns: list[str], n_left: int, out_schema: pa.Schema, owned: range,
-                          watermark_ms: int | None, lower_ms: int, upper_ms: int, left_outer: bool):
+                          watermark_ms: int | None, lower_ms: int, upper_ms: int, left_outer: bool,
+                          lineage: OperatorLineage = LEGACY):
     """The mapInArrow function of one batch of an interval join of two streams (Flink's interval
     join; Structured Streaming's stream-stream join with a time bound): a left row at time a
     joins each right row of its key at b with a + lower <= b <= a + upper. Each input row comes
@@ -546,7 +574,8 @@ def interval_join_batches(root: str, n_keys: int, version: int, retain: int, sta
     n_right = len(in_columns) - n_keys - 2 - n_left
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        yield from _batches(_each_group(batches, in_columns, owned, root, version, n_keys + 2, _join_group), out_schema)
+        yield from _batches(_each_group(batches, in_columns, owned, root, version, n_keys + 2, _join_group, lineage),
+                            out_schema)
 
     def expires(side: int, at: int) -> int:
         """The first watermark at which a kept row can no longer be joined."""
@@ -613,14 +642,15 @@ def interval_join_batches(root: str, n_keys: int, version: int, retain: int, sta
                 out.append(pair(list(entry[0][:n_keys]), values, [None] * (2 + n_left + n_right)))
         for user in [u for u, members in index.items() if not members]:
             del index[user]
-        commit_group(root, key_group, group, changes, state_schema, retain, began, removed)
+        commit_group(root, key_group, group, changes, state_schema, retain, began, removed, lineage)
         return out
 
     return run
 
 
 def deduplicate_within_batches(root: str, positions: list[int], version: int, retain: int, state_schema: pa.Schema,
-                               out_schema: pa.Schema, owned: range, watermark_ms: int | None):
+                               out_schema: pa.Schema, owned: range, watermark_ms: int | None,
+                               lineage: OperatorLineage = LEGACY):
     """The mapInArrow function of one batch of drop_duplicates_within_watermark: a row whose key
     no live state has is emitted, and its key kept until the watermark passes the row's expiry
     (its event time plus the watermark's delay, in the row's last column); then the key leaves
@@ -651,18 +681,19 @@ def deduplicate_within_batches(root: str, positions: list[int], version: int, re
             if entry is not None and entry[1][0] == expires:
                 changes.pop(frozen, None)
                 removed[frozen] = entry[0]
-        commit_group(root, key_group, group, changes, state_schema, retain, began, removed)
+        commit_group(root, key_group, group, changes, state_schema, retain, began, removed, lineage)
         return firsts
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         columns = list(out_schema.names) + ["__expires"]
-        yield from _batches(_each_group(batches, columns, owned, root, version, n_keys, first_rows), out_schema)
+        yield from _batches(_each_group(batches, columns, owned, root, version, n_keys, first_rows, lineage),
+                            out_schema)
 
     return run
 
 
 def deduplicate_batches(root: str, keys: list[str], version: int, retain: int, state_schema: pa.Schema,
-                        out_schema: pa.Schema, owned: range):
+                        out_schema: pa.Schema, owned: range, lineage: OperatorLineage = LEGACY):
     """The mapInArrow function of one batch of drop_duplicates over a stream: the rows whose key
     no batch before had (the batch's own duplicates were dropped before), each key remembered in
     its group's state."""
@@ -677,14 +708,16 @@ def deduplicate_batches(root: str, keys: list[str], version: int, retain: int, s
             firsts.append(row)
             return []
 
-        _fold(batches, out_schema.names, owned, positions, root, version, retain, state_schema, "update", first_only)
+        _fold(batches, out_schema.names, owned, positions, root, version, retain, state_schema, "update", first_only,
+              lineage)
         yield from _batches(firsts, out_schema)
 
     return run
 
 
 def running_reduce_batches(fn_bytes: bytes, root: str, keys: list[str], version: int, mode: str, retain: int,
-                           state_schema: pa.Schema, out_schema: pa.Schema, owned: range, label: str):
+                           state_schema: pa.Schema, out_schema: pa.Schema, owned: range, label: str,
+                           lineage: OperatorLineage = LEGACY):
     """The mapInArrow function of one batch of a running reduce: each key's record folded with
     the user's fn(a, b) over every batch so far (Flink's keyed reduce). The state holds the
     record as Arrow gives it, converted to what fn receives (udf's convention) on every call, so
@@ -706,7 +739,8 @@ def running_reduce_batches(fn_bytes: bytes, root: str, keys: list[str], version:
         def fold(old: list | None, row: tuple) -> list:
             return list(row) if old is None else from_user(fn(to_user(old), to_user(row)), [row[p] for p in positions])
 
-        emitted = _fold(batches, out_schema.names, owned, positions, root, version, retain, state_schema, mode, fold)
+        emitted = _fold(batches, out_schema.names, owned, positions, root, version, retain, state_schema, mode, fold,
+                        lineage)
         yield from _batches([values for _, values in emitted], out_schema)
 
     return run
@@ -747,25 +781,28 @@ def _records(reader: RowReader) -> Callable[[list], Any]:
 
 def _fold(batches: Iterator[pa.RecordBatch], columns: list[str], owned: range, positions: list[int], root: str,
           version: int, retain: int, state_schema: pa.Schema, mode: str,
-          fold: Callable[[list | None, list], list | None]) -> list[tuple[list, list]]:
+          fold: Callable[[list | None, list], list | None],
+          lineage: OperatorLineage = LEGACY) -> list[tuple[list, list]]:
     """Every keyed operator's batch, per key group: load the group at `version`, fold each row
     into its key's value (`fold(value so far or None, row)`: the new value, or None to leave the
     key as it is), commit the next version; what the batch emits: (key, value) of the keys it
     changed, or in complete mode of every key. `positions`: where the key is in a row."""
     with _no_gc():
-        return _fold_groups(batches, columns, owned, positions, root, version, retain, state_schema, mode, fold)
+        return _fold_groups(batches, columns, owned, positions, root, version, retain, state_schema, mode, fold,
+                            lineage)
 
 
 def _fold_groups(batches: Iterator[pa.RecordBatch], columns: list[str], owned: range, positions: list[int],
                  root: str, version: int, retain: int, state_schema: pa.Schema, mode: str,
-                 fold: Callable[[list | None, list], list | None]) -> list[tuple[list, list]]:
+                 fold: Callable[[list | None, list], list | None],
+                 lineage: OperatorLineage = LEGACY) -> list[tuple[list, list]]:
     emitted: list[tuple[list, list]] = []
     # keys of plain types are their own frozen form (arrays and structs need _freeze)
     atomic = all(_udf_atomic(state_schema.field(i).type) for i in range(len(positions)))
     prefix = positions == list(range(len(positions)))
     for key_group, rows in _by_group(batches, columns, owned):
         began = time.perf_counter()
-        group = load_group(root, key_group, version, len(positions))
+        group = load_group(root, key_group, version, len(positions), lineage)
         changes: dict[Any, tuple[list, list]] = {}
         held = group.rows
         for row in rows:
@@ -779,7 +816,7 @@ def _fold_groups(batches: Iterator[pa.RecordBatch], columns: list[str], owned: r
             value = fold(seen[1] if seen is not None else None, row)
             if value is not None:
                 changes[frozen] = (key, value)
-        group = commit_group(root, key_group, group, changes, state_schema, retain, began)
+        group = commit_group(root, key_group, group, changes, state_schema, retain, began, lineage=lineage)
         emitted += group.rows.values() if mode == "complete" else changes.values()
     return emitted
 
@@ -1111,7 +1148,7 @@ StateSpec = tuple[str, str, pa.DataType, tuple[pa.DataType, ...], int | None]
 
 def process_batches(fn_bytes: bytes, root: str, keys: list[str], version: int, now_ms: int, retain: int,
                     specs: list[StateSpec], state_schema: pa.Schema, in_schema: pa.Schema, out_schema: pa.Schema,
-                    owned: range, label: str, watermark_ms: int | None = None):
+                    owned: range, label: str, watermark_ms: int | None = None, lineage: OperatorLineage = LEGACY):
     """The mapInArrow function of one batch of a keyed process function: per key group, load
     the group at `version`; per key with rows, fn.process(key, rows, ctx); then, for each
     processing-time timer at or before the batch's time `now_ms`, and each event-time timer at
@@ -1225,7 +1262,7 @@ def process_batches(fn_bytes: bytes, root: str, keys: list[str], version: int, n
         with _no_gc():
             for key_group, rows in _by_group(batches, in_schema.names, owned):
                 began = time.perf_counter()
-                group = load_group(root, key_group, version, len(positions))
+                group = load_group(root, key_group, version, len(positions), lineage)
                 try:
                     if group.timers is None or group.event_timers is None:
                         for _, values in group.rows.values():
@@ -1259,7 +1296,7 @@ def process_batches(fn_bytes: bytes, root: str, keys: list[str], version: int, n
                         for frozen, (key, values) in group.rows.items():
                             if frozen not in changes and frozen not in removed and not alive(values):
                                 removed[frozen] = key
-                    commit_group(root, key_group, group, changes, state_schema, retain, began, removed)
+                    commit_group(root, key_group, group, changes, state_schema, retain, began, removed, lineage)
                 except BaseException:
                     _loaded().pop((root, key_group), None)  # what this worker holds may be half-changed
                     raise

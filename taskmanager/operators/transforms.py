@@ -254,7 +254,7 @@ def _running_aggregate(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[Dat
     retain = int(ctx.options.get(RETAIN, "") or DEFAULT_RETAIN)
     assert ctx.batch is not None
     fn = running_aggregate_batches(root, keys, merged, ctx.batch.batch_id, mode, retain, state_schema, out_schema,
-                                   owned)
+                                   owned, _lineage(ctx))
     return both.mapInArrow(cancellable(fn, ctx.cancel_marker), whole)
 
 
@@ -272,7 +272,7 @@ def _running_reduce(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFr
                              + list(record))
     fn = running_reduce_batches(spec.function, root, keys, ctx.batch.batch_id, mode,
                                 int(ctx.options.get(RETAIN, "") or DEFAULT_RETAIN), state_schema, record, owned,
-                                label(spec))
+                                label(spec), _lineage(ctx))
     return rows.mapInArrow(cancellable(fn, ctx.cancel_marker), df.schema)
 
 
@@ -310,7 +310,7 @@ def _process(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFrame]) -
                                          pa.field(state.REMOVED_COLUMN, pa.bool_())])
     fn = process_batches(spec.function, root, keys, ctx.batch.batch_id, ctx.batch.batch_time_ms,
                          int(ctx.options.get(RETAIN, "") or DEFAULT_RETAIN), specs, state_schema, record,
-                         arrow_schema(ctx, out), owned, label(spec), ctx.batch.watermark_ms)
+                         arrow_schema(ctx, out), owned, label(spec), ctx.batch.watermark_ms, _lineage(ctx))
     return rows.mapInArrow(cancellable(fn, ctx.cancel_marker), out)
 
 
@@ -346,7 +346,7 @@ def _deduplicate(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFrame
     rows, root, owned = _in_key_groups(ctx, batch_unique, keys)
     fn = deduplicate_batches(root, keys, ctx.batch.batch_id, int(ctx.options.get(RETAIN, "") or DEFAULT_RETAIN),
                              arrow_schema(ctx, StructType([df.schema[k] for k in keys])), arrow_schema(ctx, df.schema),
-                             owned)
+                             owned, _lineage(ctx))
     return rows.mapInArrow(cancellable(fn, ctx.cancel_marker), df.schema)
 
 
@@ -367,6 +367,13 @@ def _in_key_groups(ctx: RuntimeContext, df: DataFrame, keys: list[str]) -> tuple
     root = state.operator_dir(ctx.checkpoint, ctx.vertex_id)
     _check_key_groups(root, ctx.vertex_id, key_groups)
     return both, root, owned
+
+
+def _lineage(ctx: RuntimeContext) -> state.OperatorLineage:
+    """Which run's files make each version of the vertex's state, and the token this batch writes
+    with (the batch's lineage; a batch without one reads and writes files as funke 0.3.0 did)."""
+    assert ctx.batch is not None
+    return ctx.batch.state.operator(ctx.vertex_id) if ctx.batch.state is not None else state.LEGACY
 
 
 _KEY_GROUPS_CHECKED: set[tuple[str, int]] = set()
@@ -545,7 +552,8 @@ def _window_aggregate(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[Data
                              + [pa.field(state.REMOVED_COLUMN, pa.bool_())])
     fn = window_aggregate_batches(root, len(keys), merged, ctx.batch.batch_id, mode,
                                   int(ctx.options.get(RETAIN, "") or DEFAULT_RETAIN), state_schema,
-                                  arrow_schema(ctx, whole), owned, ctx.batch.watermark_ms, size, lateness)
+                                  arrow_schema(ctx, whole), owned, ctx.batch.watermark_ms, size, lateness,
+                                  _lineage(ctx))
     return finish(partial.mapInArrow(cancellable(fn, ctx.cancel_marker), whole))
 
 
@@ -576,7 +584,7 @@ def _deduplicate_within(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[Da
                              + [pa.field("__expires", pa.int64()), pa.field(state.REMOVED_COLUMN, pa.bool_())])
     fn = deduplicate_within_batches(root, [df.columns.index(k) for k in keys], ctx.batch.batch_id,
                                     int(ctx.options.get(RETAIN, "") or DEFAULT_RETAIN), state_schema,
-                                    arrow_schema(ctx, df.schema), owned, watermark)
+                                    arrow_schema(ctx, df.schema), owned, watermark, _lineage(ctx))
     return rows.mapInArrow(cancellable(fn, ctx.cancel_marker), df.schema)
 
 
@@ -620,7 +628,7 @@ def _session_aggregate(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[Dat
     out = StructType(partial.schema.fields[:len(keys) + 2] + totals)
     fn = session_aggregate_batches(root, len(keys), merged, ctx.batch.batch_id, mode,
                                    int(ctx.options.get(RETAIN, "") or DEFAULT_RETAIN), state_schema,
-                                   arrow_schema(ctx, out), owned, ctx.batch.watermark_ms, lateness)
+                                   arrow_schema(ctx, out), owned, ctx.batch.watermark_ms, lateness, _lineage(ctx))
     return finish(both.mapInArrow(cancellable(fn, ctx.cancel_marker), out))
 
 
@@ -688,7 +696,7 @@ def _interval_join(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFra
     out = StructType([on_time.schema[k] for k in keys] + [f for f in on_time.schema.fields[n_keys + 2:]])
     fn = interval_join_batches(root, n_keys, ctx.batch.batch_id, int(ctx.options.get(RETAIN, "") or DEFAULT_RETAIN),
                                state_schema, on_time.columns, len(left_cols), arrow_schema(ctx, out), owned,
-                               watermark, lower, upper, how == "left")
+                               watermark, lower, upper, how == "left", _lineage(ctx))
     joined = rows.mapInArrow(cancellable(fn, ctx.cancel_marker), out)
     return joined.select(*[column_ref(k) for k in keys],
                          *[F.col(f"__l{i}").alias(c) for i, c in enumerate(left_cols)],

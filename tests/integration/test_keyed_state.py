@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -432,3 +433,67 @@ def test_a_per_batch_aggregate_chained_at_parallelism_1_is_exact_before_and_afte
         after += batch >= pause["first_batch_after"] and bool(expected)
         start = ends[batch]
     assert after >= 2, (sorted(ends), pause)
+
+
+def test_a_stopped_querys_state_is_read_from_its_checkpoint_with_no_cluster_at_any_committed_batch(
+        stream_cluster, tmp_path):
+    """Issue 50, item 7: `funke state --checkpoint PATH [--batch N]` reads the state a stopped
+    query left, at its last committed batch or an earlier one it keeps, without a JobManager (the
+    command is pointed at an address where none answers); exit codes as for every command: 2 when
+    the checkpoint does not have what is asked, 1 when its state is there but cannot be read."""
+    from tests.integration.conftest import funke
+
+    out, checkpoint = tmp_path / "totals", tmp_path / "checkpoint"
+    client = stream_cluster.client
+    job_id = client.submit(running_job(out, checkpoint, "complete", keyed_parallelism=2).build())
+    events = Events(client, job_id)
+    events.wait("BatchCompleted", min_batch=4)
+    client.stop(job_id, timeout_s=60)
+    assert wait_status(client, job_id, ("FINISHED", "FAILED", "CANCELED")) == "FINISHED"
+    events.drain()
+    ends = batch_ends(checkpoint)
+    last = max(ends)
+    ended = stream_cluster.funke("state", job_id, check=False)  # the JobManager reads only a running query's
+    assert ended.returncode == 1 and "funke state --checkpoint PATH" in ended.stderr, ended.stderr
+
+    nowhere = tmp_path / "no-cluster"
+    nowhere.mkdir()
+    env = dict(os.environ, FUNKE_JOBMANAGER="127.0.0.1:9", FUNKE_CLUSTER_DIR=str(nowhere))  # nothing answers there
+
+    def state(*args, check=True):
+        return funke("state", *args, env=env, check=check)
+
+    def totals(shown):
+        return {r["k"]: (r["n"], r["total"], r["top"]) for r in shown["rows"]}
+
+    shown = json.loads(state("--checkpoint", str(checkpoint), "--json").stdout)
+    assert shown["batch_id"] == last and shown["checkpoint"] == str(checkpoint)
+    assert totals(shown) == {k: e[:3] for k, e in expected_totals(ends[last]).items()}
+    earlier = min(b for b in ends if ends[b] > 0)
+    shown = json.loads(state("--checkpoint", str(checkpoint), "--batch", str(earlier), "--json").stdout)
+    assert shown["batch_id"] == earlier
+    assert totals(shown) == {k: e[:3] for k, e in expected_totals(ends[earlier]).items()}
+    one = json.loads(state("--checkpoint", str(checkpoint), "--key", "3", "--json").stdout)
+    assert [r["k"] for r in one["rows"]] == [3] and one["matching_keys"] == 1
+    table = state("--checkpoint", str(checkpoint), "--limit", "2").stdout
+    assert f"(2 of {KEYS} key(s) of " in table and f"after batch {last})" in table, table
+
+    for args, says in [
+        (("--checkpoint", str(tmp_path / "nope")), "is not a directory"),
+        (("--checkpoint", str(out)), "is not a streaming query's checkpoint"),
+        (("--checkpoint", str(checkpoint), "--batch", str(last + 100)), f"batch {last + 100} is not a committed batch"),
+        (("--checkpoint", str(checkpoint), "--operator", "nope"), "has no keyed operator 'nope'"),
+        (("--checkpoint", str(checkpoint), "--key", "1", "--key", "2"), "2 key values given"),
+        ((), "give one of them"),
+        ((job_id, "--checkpoint", str(checkpoint)), "give one of them"),
+        ((job_id, "--batch", "1"), "give --checkpoint PATH"),
+    ]:
+        refused = state(*args, check=False)
+        assert refused.returncode == 2 and says in refused.stderr, (args, refused.stderr)
+    # the state is there, and a file it needs is gone: it cannot be read (never an empty state)
+    gone = sorted(checkpoint.glob(f"state/*/op-0/kg-00000/{last + 1}.*"))  # its delta (and snapshot, if any)
+    assert gone
+    for path in gone:
+        path.unlink()
+    lost = state("--checkpoint", str(checkpoint), check=False)
+    assert lost.returncode == 1 and "cannot be loaded" in lost.stderr and f"{last + 1}." in lost.stderr, lost.stderr

@@ -2,19 +2,23 @@
 JobManager in the root namespace (`tests/netns.py`). A TaskManager that registers an address the
 JobManager cannot dial is refused and says why; a wildcard bind advertises the host's address; a
 link cut longer than the heartbeat timeout loses that TaskManager, its tasks run again on the
-other host, the job's output is exact, and the TaskManager registers again once the link is back."""
+other host, the job's output is exact, and the TaskManager registers again once the link is back;
+a keyed query whose checkpoint path is a different disk on each host fails its batch after a
+failover (the state is not there) instead of committing totals from an empty state."""
 
 from __future__ import annotations
 
 import collections
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import cloudpickle
+import pyarrow.parquet as pq
 import pytest
 
 from funke.common.api.dsl import ExecutionEnvironment
@@ -116,8 +120,7 @@ def test_a_link_cut_longer_than_the_heartbeat_timeout_loses_nothing(net, jobmana
     spark_flags = ["--host", "0.0.0.0", "--no-warm-up",
                    # Spark's driver and its Python workers talk over the host's own loopback
                    "--spark-conf", "spark.driver.host=127.0.0.1", "--spark-conf", "spark.driver.bindAddress=127.0.0.1"]
-    for i in range(2):
-        start_taskmanager(net, i, info, f"tm-{i}", tmp_path / f"tm-{i}.log", *spark_flags)
+    processes = [start_taskmanager(net, i, info, f"tm-{i}", tmp_path / f"tm-{i}.log", *spark_flags) for i in range(2)]
     for i in range(2):
         wait_for(f"tm-{i} to register", lambda i=i: registered(client, f"tm-{i}"), timeout=120)
 
@@ -153,3 +156,92 @@ def test_a_link_cut_longer_than_the_heartbeat_timeout_loses_nothing(net, jobmana
     # the TaskManager behind the cut comes back by itself
     wait_for(f"{victim} to register again", lambda: registered(client, victim), timeout=60)
     assert lost_after >= HEARTBEAT_TIMEOUT_S - 0.5
+    for process in processes:  # the cluster as the test found it: no TaskManager of this test takes later jobs
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(10)
+
+
+def start_taskmanager_on_disk(net, i: int, info, name: str, log: Path, disk: Path, path: Path, *flags: str):
+    """A TaskManager on host i that sees `disk` at `path`: its own disk under a name every host
+    has (`ip netns exec` gives the host a mount namespace of its own; the bind is made there)."""
+    argv = ["sh", "-c", 'mount --bind "$0" "$1" && shift && exec "$@"', str(disk), str(path),
+            sys.executable, "-m", "funke.taskmanager.main", "--jobmanager", info.address, "--id", name,
+            "--slots", "2", *flags, *localcluster.security_options(info.dir)]
+    return net.popen(i, argv, stdout=open(log, "w"), stderr=subprocess.STDOUT, cwd=REPO,
+                     env=dict(os.environ, PYTHONUNBUFFERED="1"))
+
+
+def test_a_keyed_query_whose_checkpoint_is_not_shared_fails_its_batch_instead_of_committing_wrong_totals(
+        net, jobmanager, tmp_path):
+    """Issue 50, item 11: a running count with its checkpoint at a path each host has on its own
+    disk (the JobManager's logs on a third); kill -9 of the TaskManager that holds the state; the
+    query restarts on the other host, which does not see it. The batch fails, saying why, and no
+    batch commits a total that is not the count of every row so far."""
+    info, client = jobmanager
+    checkpoint, out = tmp_path / "checkpoint", tmp_path / "counts"
+    checkpoint.mkdir()
+    spark_flags = ["--host", "0.0.0.0", "--no-warm-up",
+                   "--spark-conf", "spark.driver.host=127.0.0.1", "--spark-conf", "spark.driver.bindAddress=127.0.0.1"]
+    processes = {}
+    for i in range(2):
+        disk = tmp_path / f"disk-h{i}"
+        disk.mkdir()
+        processes[f"tm-disk-{i}"] = start_taskmanager_on_disk(net, i, info, f"tm-disk-{i}", tmp_path / f"tm-{i}.log",
+                                                              disk, checkpoint, *spark_flags)
+    for name in processes:
+        wait_for(f"{name} to register", lambda name=name: registered(client, name), timeout=120)
+    wait_for("no other TaskManager", lambda: {t.id for t in client.cluster_overview().task_managers} == set(processes),
+             timeout=60)
+
+    env = ExecutionEnvironment("running count on local disks", parallelism=1)
+    (env.read_stream.rate(20)
+        .select("value % 10 AS k", "value")
+        .key_by("k").count()
+        .write_parquet(str(out)))
+    env.set_output_mode("complete").set_trigger("500 ms").set_checkpoint_location(str(checkpoint))
+    env.set_restart_strategy("fixed-delay", attempts=20, delay="500 ms")
+    job_id = client.submit(env.build())
+    logs = checkpoint / "commits"  # the JobManager's, on its own disk
+
+    def committed() -> list[int]:
+        return sorted(int(n) for n in os.listdir(logs) if n.isdigit()) if logs.is_dir() else []
+
+    wait_for("three committed batches", lambda: len(committed()) >= 3, timeout=180)
+    (holder,) = {s.current.task_manager_id for v in client.get_job(job_id).vertices for s in v.subtasks}
+    assert any((tmp_path / f"disk-h{holder[-1]}").glob("state/*/op-0/kg-*/*.delta")), "the state is on its host's disk"
+    os.killpg(processes[holder].pid, signal.SIGKILL)  # the TaskManager (and its Spark JVM), by its pid
+    killed_after = max(committed())
+
+    def wrong_batches() -> dict[int, tuple]:
+        """Committed batches whose counts are not those of every row up to the batch's end."""
+        from funke.jobmanager.checkpointstore import CheckpointStore
+        from tests.integration.test_streaming import committed_rows
+
+        store = CheckpointStore(str(checkpoint))
+        emitted = committed_rows(out, lambda p: [(r["k"], r["count"]) for r in pq.read_table(p).to_pylist()])
+        wrong = {}
+        for batch, rows in emitted.items():
+            end = int(next(iter(store.read_offsets(batch).sources.values())).end["rows"])
+            want = sorted(collections.Counter(v % 10 for v in range(end)).items())
+            if sorted(rows) != want:
+                wrong[batch] = (sorted(rows)[:3], want[:3])
+        return wrong
+
+    def outcome():
+        wrong = wrong_batches()
+        if wrong:
+            return "committed wrong totals", wrong
+        refused = [e.failure for e in client.get_job(job_id).exceptions if "cannot be loaded" in e.failure.message]
+        return ("failed the batch", refused[0]) if refused else None
+
+    what, failure = wait_for("the query to go on without the state", outcome, timeout=240)
+    assert what == "failed the batch", f"{what} (batch: (got, want)): {failure}"
+    detail = f"{failure.exception_type}: {failure.message}"
+    assert "(the state after batch" in detail and "committed)" in detail and "same path" in detail, detail
+    client.cancel(job_id)
+    wait_for("the job's end", lambda: job_pb2.JobStatus.Name(client.get_job(job_id).status) in (
+        "JOB_STATUS_CANCELED", "JOB_STATUS_FAILED"), timeout=120)
+    assert wrong_batches() == {}
+    assert max(committed()) == killed_after, "a batch committed after the kill, without the state"
+    first_line = next(line for line in detail.splitlines() if "cannot be loaded" in line)
+    print(f"killed {holder} after batch {killed_after}; the next batch failed on the other host: {first_line[:300]}")

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Protocol
 
 from funke.common.streaming.checkpoint import SourceRange
+from funke.common.streaming.state import StateLineage
 
 
 class SourcePlanning(Protocol):
@@ -56,10 +57,13 @@ class BatchInput:
     what the JobManager side resolved the range to (`files`: for a file source the files the
     range holds, relative to its directory; for a receiver source its blocks, `<receiver>/<block
     file>`); and per receiver source, the rate its receivers may take records at (backpressure,
-    records/s per receiver)."""
+    records/s per receiver); for a query with keyed state, which run's files hold the committed
+    state and the token the batch writes its own with (`state`: the state store reads and writes
+    by it; None: files as funke 0.3.0 named them, unfenced)."""
     batch_id: int
     batch_time_ms: int
     ranges: Mapping[str, SourceRange] = field(default_factory=dict)
     files: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     rate_limits: Mapping[str, float] = field(default_factory=dict)
     watermark_ms: int | None = None  # the event-time watermark the batch runs with (None: none yet)
+    state: StateLineage | None = None

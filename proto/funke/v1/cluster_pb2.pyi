@@ -333,7 +333,7 @@ class SourceFiles(_message.Message):
     def __init__(self, names: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RunBatchesRequest(_message.Message):
-    __slots__ = ("job_id", "registration_id", "batch_id", "batch_time_ms", "ranges_json", "files", "tasks", "released_batches", "rate_limits", "watermark_ms")
+    __slots__ = ("job_id", "registration_id", "batch_id", "batch_time_ms", "ranges_json", "files", "tasks", "released_batches", "rate_limits", "watermark_ms", "state_lineage_json")
     class FilesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -358,6 +358,7 @@ class RunBatchesRequest(_message.Message):
     RELEASED_BATCHES_FIELD_NUMBER: _ClassVar[int]
     RATE_LIMITS_FIELD_NUMBER: _ClassVar[int]
     WATERMARK_MS_FIELD_NUMBER: _ClassVar[int]
+    STATE_LINEAGE_JSON_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     registration_id: str
     batch_id: int
@@ -368,7 +369,8 @@ class RunBatchesRequest(_message.Message):
     released_batches: _containers.RepeatedScalarFieldContainer[int]
     rate_limits: _containers.ScalarMap[str, float]
     watermark_ms: int
-    def __init__(self, job_id: _Optional[str] = ..., registration_id: _Optional[str] = ..., batch_id: _Optional[int] = ..., batch_time_ms: _Optional[int] = ..., ranges_json: _Optional[str] = ..., files: _Optional[_Mapping[str, SourceFiles]] = ..., tasks: _Optional[_Iterable[_Union[BatchTask, _Mapping]]] = ..., released_batches: _Optional[_Iterable[int]] = ..., rate_limits: _Optional[_Mapping[str, float]] = ..., watermark_ms: _Optional[int] = ...) -> None: ...
+    state_lineage_json: str
+    def __init__(self, job_id: _Optional[str] = ..., registration_id: _Optional[str] = ..., batch_id: _Optional[int] = ..., batch_time_ms: _Optional[int] = ..., ranges_json: _Optional[str] = ..., files: _Optional[_Mapping[str, SourceFiles]] = ..., tasks: _Optional[_Iterable[_Union[BatchTask, _Mapping]]] = ..., released_batches: _Optional[_Iterable[int]] = ..., rate_limits: _Optional[_Mapping[str, float]] = ..., watermark_ms: _Optional[int] = ..., state_lineage_json: _Optional[str] = ...) -> None: ...
 
 class RunBatchesResponse(_message.Message):
     __slots__ = ("results",)
