@@ -44,6 +44,12 @@ UNIX_SOCKET_NAME_BYTES = 43
 # for about as long as PySpark's default allows (10 minutes).
 CONNECT_RETRY_MAX_BACKOFF_MS = 2000
 CONNECT_RETRIES = 305
+# What a Spark Connect server says to the calls of a session whose server is shutting down: its
+# SparkContext stopped, it answers nothing but errors until it exits (a config read may still
+# succeed meanwhile: only its restart, a new server, can run the session's work again).
+SERVER_STOPPED_MARKS = ("Cannot call methods on a stopped SparkContext", "because SparkContext was shut down")
+# How long a task that failed so waits for the restarted server before it reports FAILED.
+SERVER_RESTART_WAIT_S = 60.0
 # How long a TaskManager on a cluster master waits for its first executor before refusing to start.
 DEFAULT_EXECUTOR_TIMEOUT_S = 60.0
 # The driver JVM's optimising compiler (C2) takes a method once it ran 10x as often as HotSpot's
@@ -158,6 +164,11 @@ def plan(*, master: str | None, remote: str | None, slots: int, cores: int, user
         else:
             conf[key] = value
     return SparkPlan(url, False, conf, env, tuple(notes))
+
+
+def server_stopped(message: str) -> bool:
+    """Whether a task's failure says that the Spark Connect server it ran on is shutting down."""
+    return any(mark in message for mark in SERVER_STOPPED_MARKS)
 
 
 def check_connect_conf(plan_: SparkPlan, is_modifiable: Callable[[str], bool]) -> None:

@@ -159,3 +159,15 @@ def test_the_drivers_optimising_compiler_waits_for_really_hot_code_on_every_clas
     p = plan(conf=[("spark.driver.extraJavaOptions", "-XX:Tier4InvocationThreshold=5000")])
     assert p.conf["spark.driver.extraJavaOptions"].split()[-1] == "-XX:Tier4InvocationThreshold=5000"
     assert "spark.driver.extraJavaOptions" not in plan(remote="sc://h:15002").conf
+
+
+@pytest.mark.parametrize(("message", "stopped"), [
+    ("(java.lang.IllegalStateException) Cannot call methods on a stopped SparkContext.\nThis stopped SparkContext "
+     "was created at ...", True),
+    ("Job 3 cancelled because SparkContext was shut down", True),
+    ("[NO_ACTIVE_SESSION] No active Spark session found. Please create a new Spark session before running the "
+     "code.", False),  # the session is closed, the server runs: a new session, no wait
+    ("row 7 failed on purpose", False),
+])
+def test_a_failure_that_says_the_connect_server_is_shutting_down_is_told_apart(message, stopped):
+    assert ss.server_stopped(message) is stopped
