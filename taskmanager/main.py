@@ -146,6 +146,8 @@ def config_from_args(args: argparse.Namespace) -> TaskExecutorConfig:
         tls=tls,
         metrics_host=cluster.metrics_host,
         metrics_ports=cluster.metrics_ports,
+        heartbeat_interval_s=cluster.heartbeat_interval_s,
+        heartbeat_timeout_s=cluster.heartbeat_timeout_s,
     )
 
 

@@ -170,7 +170,8 @@ class SparkRuntime:
             user_conf=cfg.spark_conf, scratch=None if cfg.spark_remote else self.scratch_dir(),
             environ=os.environ, python=sys.executable,
             host=advertised_host(cfg.host, cfg.advertise_host, cfg.jobmanager_address),
-            jvm_archive=jvmarchive.java_option(archive) if archive is not None else None)
+            jvm_archive=jvmarchive.java_option(archive) if archive is not None else None,
+            heartbeat_interval_s=cfg.heartbeat_interval_s, heartbeat_timeout_s=cfg.heartbeat_timeout_s)
 
     def create_with_task_runtime(self) -> SparkSession:
         """Blocking: the session, then the task runtime (the operators; PySpark is loaded by then:
