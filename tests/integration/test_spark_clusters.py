@@ -120,6 +120,38 @@ def test_a_taskmanager_a_full_standalone_cluster_cannot_serve_refuses_to_start(s
     assert "tm-starved" not in {tm.id for tm in client.cluster_overview().task_managers}
 
 
+def test_cluster_status_lists_the_spark_master_and_workers_and_a_killed_worker_dead(tmp_path):
+    d = tmp_path / "cluster"
+    funke("cluster", "start", "--dir", str(d), "--taskmanagers", "0", "--spark", "standalone", "--workers", "2",
+          timeout=300)
+    try:
+        shown = funke("cluster", "status", "--dir", str(d))
+        rows = {line.split()[0]: line.split() for line in shown.stdout.splitlines() if line.lstrip().startswith("spark-")}
+        assert set(rows) == {"spark-master", "spark-worker-1", "spark-worker-2"}, shown.stdout
+        assert all(row[2] == "alive" for row in rows.values()), shown.stdout
+        master_url, web_url = localcluster.standalone_urls(d)
+        assert f"{master_url}, web UI {web_url}; 2/2 worker(s) ALIVE" in shown.stdout
+        assert "ALIVE at the master, 0/1 core(s) used" in " ".join(rows["spark-worker-2"])
+        pid = int((d / "spark-standalone" / "pids" / "worker-2.pid").read_text())
+        assert int(rows["spark-worker-2"][1]) == pid
+        os.kill(pid, signal.SIGKILL)  # the Worker we started, by its pid: as if it crashed
+        deadline = time.monotonic() + 30
+        while (status := funke("cluster", "status", "--dir", str(d), check=False)).returncode == 0:
+            assert time.monotonic() < deadline, status.stdout
+            time.sleep(0.2)
+        assert "cluster in" in status.stdout and "NOT running" in status.stdout
+        assert re.search(rf"^ *spark-worker-2 +{pid} +dead ", status.stdout, re.M), status.stdout
+        assert re.search(r"^ *spark-worker-1 +\d+ +alive +ALIVE at the master", status.stdout, re.M), status.stdout
+        listed = json.loads(funke("cluster", "status", "--dir", str(d), "--json", check=False).stdout)
+        processes = {p["name"]: p for p in listed["processes"]}
+        assert processes["spark-worker-2"]["alive"] is False and processes["spark-worker-1"]["alive"] is True
+        assert listed["spark_standalone"]["master_url"] == master_url
+        assert set(listed["spark_standalone"]["workers"]) == {"spark-worker-1", "spark-worker-2"}
+    finally:
+        stopped = funke("cluster", "stop", "--dir", str(d), timeout=120)
+    assert re.search(r"^spark-worker-2 \(pid \d+\): not running", stopped.stdout, re.M), stopped.stdout
+
+
 # ---------------------------------------------------------------------------- (b) Spark Connect
 
 @pytest.fixture(scope="module")
