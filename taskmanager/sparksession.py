@@ -199,8 +199,9 @@ def plan(*, master: str | None, remote: str | None, slots: int, cores: int, user
         derived = network_conf(heartbeat_interval_s, heartbeat_timeout_s, user)
         conf.update(derived)
         if NETWORK_TIMEOUT in derived:
-            notes.append(f"Spark gives a silent executor or shuffle peer up after {derived[NETWORK_TIMEOUT]} "
-                         f"({NETWORK_TIMEOUT}, from heartbeat.timeout {heartbeat_timeout_s:g} s)")
+            notes.append(f"Spark gives a silent executor or shuffle peer up after "
+                         f"{_spark_seconds(derived[NETWORK_TIMEOUT]):g} s ({NETWORK_TIMEOUT}, from heartbeat.timeout "
+                         f"{heartbeat_timeout_s:g} s)")
         if host and "spark.driver.host" not in user:
             # Spark's own guess is the host name's address, which may be loopback or another
             # interface; the executors must dial the driver where the JobManager dials us.

@@ -183,7 +183,7 @@ NETWORK_DEFAULTS = {  # from heartbeat.interval 1 s and heartbeat.timeout 5 s, f
 def test_a_cluster_masters_network_timeouts_follow_funkes_heartbeats(master):
     p = plan(master=master)
     assert {k: p.conf[k] for k in NETWORK_DEFAULTS} == NETWORK_DEFAULTS
-    assert any("after 10000ms (spark.network.timeout, from heartbeat.timeout 5 s)" in n for n in p.notes)
+    assert any("after 10 s (spark.network.timeout, from heartbeat.timeout 5 s)" in n for n in p.notes)
     slow = ss.plan(master=master, remote=None, slots=2, cores=8, user_conf=(), scratch=None, environ={}, python="p",
                    heartbeat_interval_s=3.0, heartbeat_timeout_s=30.0).conf
     assert (slow["spark.network.timeout"], slow["spark.network.timeoutInterval"], slow["spark.executor.heartbeatInterval"],
