@@ -476,7 +476,7 @@ class TaskExecutor:
                 if task.cancelled or self._stopping:
                     future.cancel()
                     return task.spark
-            except Exception:  # the loop is closing: the task meets whatever is wrong itself
+            except (Exception, concurrent.futures.CancelledError):  # the loop is closing: the task meets it
                 return task.spark
 
     def _await_connect_server(self, task: Task) -> None:
@@ -498,7 +498,7 @@ class TaskExecutor:
                     future.cancel()
                     return
                 continue
-            except Exception:  # the loop is closing
+            except (Exception, concurrent.futures.CancelledError):  # the loop is closing
                 return
             if not back:
                 log.warning("%s: the Spark Connect server did not come back within %g s", task.name,
