@@ -190,7 +190,10 @@ def environment(scratch_dir: str | os.PathLike[str], host: str = "127.0.0.1") ->
                         java.io.tmpdir from the application's spark.executor.extraJavaOptions)
     SPARK_DAEMON_MEMORY the heap of Master and Workers (the default is 1g each)
     SPARK_MASTER_OPTS   spark.port.maxRetries=0: a Master whose port was taken meanwhile fails
-                        instead of quietly serving on the next port, where nobody looks
+                        instead of quietly serving on the next port, where nobody looks;
+                        spark.master.rest.enabled=false: no REST submission server, whose fixed
+                        port (6066) another Master on the machine holds, and which would then keep
+                        ours STANDBY (funke's TaskManagers are drivers of their own)
     PYSPARK_PYTHON      this interpreter, for anything on the Workers that starts Python
                         without being told which; UDFs run the driver's PYSPARK_PYTHON instead
 
@@ -205,7 +208,7 @@ def environment(scratch_dir: str | os.PathLike[str], host: str = "127.0.0.1") ->
         SPARK_LOG_DIR=str(root / "log"),
         SPARK_DAEMON_JAVA_OPTS=f"-Djava.io.tmpdir={shlex.quote(str(root / 'tmp'))}",
         SPARK_DAEMON_MEMORY=DAEMON_MEMORY,
-        SPARK_MASTER_OPTS="-Dspark.port.maxRetries=0",
+        SPARK_MASTER_OPTS="-Dspark.port.maxRetries=0 -Dspark.master.rest.enabled=false",
         TMPDIR=str(root / "tmp"),
         PYSPARK_PYTHON=sys.executable,
     )
