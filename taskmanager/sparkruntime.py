@@ -40,6 +40,8 @@ SCRATCH_PREFIX = "funke-taskmanager-"
 CONNECT_PING_S = 2.0
 # How often a TaskManager asks a Spark Connect server that is shutting down whether it came back.
 SERVER_CHECK_S = 0.5
+# How long the query asking whether a Spark Connect server is shutting down may take.
+SERVER_PROBE_TIMEOUT_S = 10.0
 SPARK_STOP_TIMEOUT_S = 10.0
 JVM_EXIT_WAIT_S = 2.0  # how long a failed stop waits to tell whether the JVM got the same signal
 
@@ -140,6 +142,7 @@ class SparkRuntime:
         self.tasks_started = 0
         self.closing = False
         self._renewal: asyncio.Task[None] | None = None  # a new Spark Connect session being opened
+        self._probe: asyncio.Task[bool] | None = None  # is the Spark Connect server shutting down?
         self._watches: list[asyncio.Task[None]] = []
         self._warm_up_job: Any = None  # the warm-up (warmup.WarmUp) while it runs
 
@@ -389,6 +392,24 @@ class SparkRuntime:
                     await asyncio.wait_for(asyncio.shield(renewal), max(deadline - loop.time(), 0.0))
             else:
                 await asyncio.sleep(SERVER_CHECK_S)
+        return False
+
+    async def server_stopping(self, spark: SparkSession) -> bool:
+        """After a task on Spark Connect failed for a reason that does not say whether its server
+        is shutting down (the server's Python workers may go first, and the task fails for that):
+        a tiny query, which a server whose SparkContext stopped refuses, while a config read still
+        succeeds there. True when the answer says the server is shutting down. One query at a time,
+        shared by the tasks that failed together."""
+        if self._probe is None or self._probe.done():
+            self._probe = asyncio.get_running_loop().create_task(self._probe_server(spark), name="spark-connect-probe")
+        return await asyncio.shield(self._probe)
+
+    async def _probe_server(self, spark: SparkSession) -> bool:
+        try:
+            await asyncio.wait_for(in_daemon_thread(lambda: spark.range(1).collect(), "spark-connect-probe"),
+                                   SERVER_PROBE_TIMEOUT_S)
+        except Exception as e:  # a server away longer than the timeout is not shutting down: it is gone
+            return sparksession.server_stopped(str(e))
         return False
 
     def renew_closed_connect_session(self) -> asyncio.Task[None] | None:

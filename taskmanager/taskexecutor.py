@@ -165,7 +165,7 @@ class TaskExecutor:
                    io: TaskIo | None = None) -> None:
             # Called on the task's thread: hand over to the loop, never touch state here.
             if state is ExecutionState.FAILED and failure is not None and self.config.spark_remote \
-                    and sparksession.server_stopped(failure.message):
+                    and self._server_stopping(task, failure):
                 self._await_connect_server(task)
             self._to_loop(self._task_reported, key, state, failure, produced, io, name)
 
@@ -478,6 +478,26 @@ class TaskExecutor:
                     return task.spark
             except (Exception, concurrent.futures.CancelledError):  # the loop is closing: the task meets it
                 return task.spark
+
+    def _server_stopping(self, task: Task, failure: FailureInfo) -> bool:
+        """In the thread of a task that failed on Spark Connect: whether its server is shutting
+        down, as its failure says, or else as the server answers a tiny query
+        (`SparkRuntime.server_stopping`)."""
+        if sparksession.server_stopped(failure.message):
+            return True
+        if task.spark is None or task.cancelled or self._stopping:
+            return False
+        assert self._loop is not None
+        future = asyncio.run_coroutine_threadsafe(self.sparks.server_stopping(task.spark), self._loop)
+        while True:
+            try:
+                return future.result(timeout=_SESSION_CHECK_POLL_S)
+            except concurrent.futures.TimeoutError:
+                if task.cancelled or self._stopping:
+                    future.cancel()
+                    return False
+            except (Exception, concurrent.futures.CancelledError):  # the loop is closing
+                return False
 
     def _await_connect_server(self, task: Task) -> None:
         """In the thread of a task that failed because its Spark Connect server is shutting down
