@@ -1,8 +1,9 @@
 """A TaskManager's SparkSession for its life: created off the event loop before the TaskManager
 registers (`sparksession.py` plans what to ask Spark for), warmed up while no task has come yet
 (`warmup.py`), renewed when a Spark Connect server that restarted has forgotten it (checked every
-2 s and before every attempt, `session_for_attempt`; a task the server's shutdown failed waits for
-the server to come back before it reports, `server_back`), stopped at shutdown; and the process's
+2 s and before every attempt, `session_for_attempt`; a task the server's shutdown failed, as its
+failure says or a tiny query finds, `server_stopping`, waits for the server to come back before it
+reports, `server_back`), stopped at shutdown; and the process's
 scratch directory (Spark's and the JVM's temporary files).
 
 Blocking Spark calls run in daemon threads (`in_daemon_thread`): a hung SparkSession must not
