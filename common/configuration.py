@@ -83,12 +83,13 @@ class ClusterConfiguration:
     watch_streams_total: int = 1024
     max_active_jobs: int = 1000  # jobs submitted and not yet terminal
     # The REST API and dashboard (Flink's rest.bind-address / rest.bind-port; a range takes the
-    # first free port, so several clusters on one machine each find one).
-    rest_bind_address: str = "127.0.0.1"
+    # first free port, so several clusters on one machine each find one). Empty: the address
+    # the process serves gRPC on (its --host), see `bind_host`.
+    rest_bind_address: str = ""
     rest_ports: tuple[int, int] = (8081, 8180)
     # Prometheus metrics of each process (Flink's metrics.reporter.prom.port: a range, the first
-    # free port; metrics.reporter.prom.host is funke's: loopback unless set).
-    metrics_host: str = "127.0.0.1"
+    # free port; metrics.reporter.prom.host is funke's). Empty: the process's --host.
+    metrics_host: str = ""
     metrics_ports: tuple[int, int] = (9249, 9348)
 
     @property
@@ -137,6 +138,13 @@ _INTEGERS = {
     "jobmanager.watch.max-streams": ("watch_streams_total", 1, 1_000_000),
     "jobmanager.max-active-jobs": ("max_active_jobs", 1, 1_000_000),
 }
+
+
+def bind_host(configured: str, host: str) -> str:
+    """Where a process's REST API or metrics endpoint binds: `rest.bind-address` /
+    `metrics.reporter.prom.host` when set, else `host`, the address its gRPC service binds
+    (--host): a JobManager served on another address has its dashboard and metrics there too."""
+    return configured or host
 
 
 def parse_configuration(entries: Mapping[str, str], base: ClusterConfiguration | None = None) -> ClusterConfiguration:

@@ -150,14 +150,30 @@ class ProcessInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class StandaloneStatus:
+    """The cluster's own Spark standalone cluster (`--spark standalone`) as its Master tells it."""
+
+    master_url: str
+    web_url: str
+    # The Master's entry for each of our Workers that registered (`workers[]` of its JSON: `state`
+    # ALIVE or DEAD, `cores`, `coresused`, ...), by process name (`spark-worker-1`, ...).
+    workers: dict[str, dict]
+    workers_alive: int = 0  # ALIVE at the Master, ours or not
+    workers_known: int = 0  # every Worker the Master lists, DEAD ones too
+    error: str = ""  # why the Master's web UI told nothing (then `workers` is empty)
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterStatus:
     dir: Path
-    processes: tuple[ProcessInfo, ...]  # jobmanager first, then TaskManagers by number
+    # zookeeper, jobmanager(s), TaskManagers by number, then the Spark standalone Master and Workers
+    processes: tuple[ProcessInfo, ...]
     address: str | None
     overview: jobmanager_pb2.ClusterOverview | None  # None: no JobManager answered
     error: str = ""  # why there is no overview, if a JobManager should have answered
     high_availability: str = "none"
     lease: Lease | None = None  # with high availability: the lease as written
+    standalone: StandaloneStatus | None = None  # the cluster's own Spark standalone cluster, if any
 
     @property
     def running(self) -> bool:
@@ -367,7 +383,40 @@ def status(dir: str | os.PathLike[str], timeout: float = 5) -> ClusterStatus:
     elif jm_alive:
         error = ("no JobManager leads right now (an election is under way)" if ha != "none"
                  else "the JobManager has not written its address yet")
-    return ClusterStatus(root, processes, address, overview, error, ha, lease)
+    spark, standalone = standalone_status(root)
+    return ClusterStatus(root, processes + spark, address, overview, error, ha, lease, standalone)
+
+
+SPARK_PREFIX = "spark-"  # the names of the Spark standalone processes in status and stop: spark-master, ...
+
+
+def standalone_status(root: Path, timeout: float = 2) -> tuple[tuple[ProcessInfo, ...], StandaloneStatus | None]:
+    """The Spark standalone Master and Workers that `funke cluster start --spark standalone`
+    started (recorded in <dir>/spark-standalone/pids), each alive or dead by its pid, and what the
+    Master's web UI says of them (its JSON; a Worker whose process runs may be DEAD there, cut off
+    from the Master). Nothing when the cluster has none."""
+    folder = root / STANDALONE_DIR
+    if not (folder / "pids").is_dir():
+        return (), None
+    from funke.deploy import sparkstandalone
+
+    recorded = sparkstandalone.recorded_processes(folder)
+    processes = tuple(ProcessInfo(SPARK_PREFIX + p.name, p.pid, alive, p.log) for p, alive in recorded)
+    urls = standalone_urls(root)
+    if not recorded or urls is None:
+        return processes, None
+    master_url, web_url = urls
+    if not any(alive for p, alive in recorded if p.name == sparkstandalone.MASTER):
+        return processes, StandaloneStatus(master_url, web_url, {}, error="the Master is not running")
+    try:
+        state = sparkstandalone.master_state(web_url, timeout)
+    except sparkstandalone.StandaloneError as exc:
+        return processes, StandaloneStatus(master_url, web_url, {}, error=str(exc))
+    workers = sparkstandalone.workers_by_name(state, [p for p, _ in recorded if p.name != sparkstandalone.MASTER])
+    listed = state.get("workers", [])
+    return processes, StandaloneStatus(
+        master_url, web_url, {SPARK_PREFIX + name: entry for name, entry in workers.items()},
+        sum(1 for w in listed if w.get("state") == "ALIVE"), len(listed))
 
 
 def ha_reachable(root: Path, recorded: Sequence[ProcessInfo]) -> bool:

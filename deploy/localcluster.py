@@ -237,7 +237,10 @@ def start(spec: ClusterSpec) -> ClusterInfo:
     ha_conf.unlink(missing_ok=True)
     host_args = ["--host", spec.host, *(["--insecure"] if spec.insecure else [])] if spec.host else []
     owned = ["--owner", spec.owner] if spec.owner else []
-    tm_options = [*host_args, *spec.taskmanager_options, *(["--no-spark"] if spec.no_spark else []), *owned]
+    # The heartbeat settings too: a TaskManager derives its Spark network timeouts from them.
+    heartbeats = [arg for entry in spec.dynamic if entry.strip().startswith("heartbeat.") for arg in ("-D", entry)]
+    tm_options = [*host_args, *spec.taskmanager_options, *(["--no-spark"] if spec.no_spark else []), *owned,
+                  *heartbeats]
     data = spec.data_dir or str(root / "data")
     if "://" not in data:
         # The processes run in the cluster dir; a relative path meant the caller's cwd.

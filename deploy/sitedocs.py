@@ -175,12 +175,12 @@ CLUSTER_OPTIONS: tuple[ClusterOption, ...] = (
     ClusterOption("security.insecure", "serve off loopback without TLS (`--insecure`)", "insecure"),
     ClusterOption("rest.bind-port", "the REST API and dashboard: a port or a range (the first free one; `0`: any)",
                   "rest_ports", aliases=("rest.port",)),
-    ClusterOption("rest.bind-address", "the address the REST API and dashboard bind", "rest_bind_address",
-                  aliases=("rest.address",)),
+    ClusterOption("rest.bind-address", "the address the REST API and dashboard bind", default="(the JobManager's "
+                  "`--host`)", aliases=("rest.address",)),
     ClusterOption("metrics.reporter.prom.port", "each process's Prometheus endpoint: a port or a range (the first "
                   "free one)", "metrics_ports"),
     ClusterOption("metrics.reporter.prom.host", "the address the Prometheus endpoint binds; off loopback, like the "
-                  "gRPC ports, TLS or `--insecure`", "metrics_host"),
+                  "gRPC ports, TLS or `--insecure`", default="(the process's `--host`)"),
     ClusterOption("jobmanager.max-active-jobs", "jobs submitted and not yet ended; one more is RESOURCE_EXHAUSTED",
                   "max_active_jobs"),
     ClusterOption("jobmanager.watch.max-streams-per-client", "open WatchJob streams per client host",

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -58,12 +59,15 @@ __all__ = [
     "free_port",
     "master_command",
     "master_state",
+    "recorded_processes",
     "spark_home",
     "start",
     "stop",
     "wait_for_executors",
     "wait_for_workers",
     "worker_command",
+    "worker_port",
+    "workers_by_name",
 ]
 
 MASTER = "master"
@@ -73,6 +77,8 @@ WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
 DAEMON_MEMORY = "256m"
 _LOG_TAIL_LINES = 30
 _POLL_S = 0.2
+_WORKER_LOG_HEAD_BYTES = 64 * 1024
+_STARTING_WORKER = re.compile(r"Starting Spark worker \S+:(\d+) ")
 
 # The processes this Python process started, by pid: asking their Popen whether they run also
 # reaps them, so an exited one does not linger as a zombie that looks alive.
@@ -184,7 +190,10 @@ def environment(scratch_dir: str | os.PathLike[str], host: str = "127.0.0.1") ->
                         java.io.tmpdir from the application's spark.executor.extraJavaOptions)
     SPARK_DAEMON_MEMORY the heap of Master and Workers (the default is 1g each)
     SPARK_MASTER_OPTS   spark.port.maxRetries=0: a Master whose port was taken meanwhile fails
-                        instead of quietly serving on the next port, where nobody looks
+                        instead of quietly serving on the next port, where nobody looks;
+                        spark.master.rest.enabled=false: no REST submission server, whose fixed
+                        port (6066) another Master on the machine holds, and which would then keep
+                        ours STANDBY (funke's TaskManagers are drivers of their own)
     PYSPARK_PYTHON      this interpreter, for anything on the Workers that starts Python
                         without being told which; UDFs run the driver's PYSPARK_PYTHON instead
 
@@ -199,7 +208,7 @@ def environment(scratch_dir: str | os.PathLike[str], host: str = "127.0.0.1") ->
         SPARK_LOG_DIR=str(root / "log"),
         SPARK_DAEMON_JAVA_OPTS=f"-Djava.io.tmpdir={shlex.quote(str(root / 'tmp'))}",
         SPARK_DAEMON_MEMORY=DAEMON_MEMORY,
-        SPARK_MASTER_OPTS="-Dspark.port.maxRetries=0",
+        SPARK_MASTER_OPTS="-Dspark.port.maxRetries=0 -Dspark.master.rest.enabled=false",
         TMPDIR=str(root / "tmp"),
         PYSPARK_PYTHON=sys.executable,
     )
@@ -261,6 +270,35 @@ def _wait_for_workers(web_url: str, n: int, timeout: float, check: Callable[[], 
             raise _Timeout(f"expected {n} ALIVE worker(s) at {web_url} within {timeout:g} s; "
                                   f"last saw {seen}")
         time.sleep(_POLL_S)
+
+
+def worker_port(log: Path) -> int | None:
+    """The RPC port the Worker that writes `log` serves on, from its first lines ("Starting
+    Spark worker HOST:PORT with ..."); None when it has not said yet."""
+    try:
+        with open(log, errors="replace") as f:
+            head = f.read(_WORKER_LOG_HEAD_BYTES)
+    except OSError:
+        return None
+    found = _STARTING_WORKER.search(head)
+    return int(found.group(1)) if found else None
+
+
+def workers_by_name(state: dict, workers: Sequence[ProcessInfo]) -> dict[str, dict]:
+    """The Master's entry (`workers[]`, ALIVE or DEAD) of each of our `workers` that registered,
+    by name. The Master names a Worker `worker-<date>-<host>-<port>`, and a Worker's log tells its
+    port; with several entries for one port (a Worker that registered again), the last wins."""
+    by_port: dict[int, dict] = {}
+    for entry in state.get("workers", []):
+        port = str(entry.get("id", "")).rpartition("-")[2]
+        if port.isdigit():
+            by_port[int(port)] = entry
+    found = {}
+    for w in workers:
+        port = worker_port(w.log)
+        if port is not None and port in by_port:
+            found[w.name] = by_port[port]
+    return found
 
 
 def _application_id(state: dict, app: str) -> str | None:
@@ -506,6 +544,13 @@ def _recorded(root: Path) -> list[ProcessInfo]:
             continue  # unreadable: not something we can safely signal
         found.append(_info(root, f.stem, pid))
     return sorted(found, key=lambda p: (p.name != MASTER, len(p.name), p.name))
+
+
+def recorded_processes(dir: str | os.PathLike[str]) -> list[tuple[ProcessInfo, bool]]:
+    """The Master and Workers recorded in `dir` (the master first), each with whether it still
+    runs: its pid alive and still Spark's Master or Worker that we started (pids are reused)."""
+    return [(p, _alive(p.pid) and _is_ours(p.pid, p.name))
+            for p in _recorded(Path(dir).expanduser().resolve())]
 
 
 def _alive(pid: int) -> bool:

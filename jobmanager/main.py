@@ -24,7 +24,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from funke.common.configuration import ClusterConfiguration, ConfigurationError, parse_configuration
+from funke.common.configuration import ClusterConfiguration, ConfigurationError, bind_host, parse_configuration
 from funke.runtime import datafs, owner
 from funke.runtime.configfile import load_configuration
 from funke.common.security import Realm, StreamQuota
@@ -163,8 +163,10 @@ def load_secrets(args: argparse.Namespace, config: ClusterConfiguration) -> Secr
     """Raises SecurityError. Token files that do not exist yet are generated (0600)."""
     tls = security.Tls.from_config(config)
     security.check_exposure("the JobManager", args.host, tls, args.insecure or config.insecure)
-    security.check_exposure("the JobManager's REST API", config.rest_bind_address, tls, args.insecure or config.insecure)
-    security.check_exposure("the JobManager's metrics", config.metrics_host, tls, args.insecure or config.insecure)
+    security.check_exposure("the JobManager's REST API", bind_host(config.rest_bind_address, args.host), tls,
+                            args.insecure or config.insecure)
+    security.check_exposure("the JobManager's metrics", bind_host(config.metrics_host, args.host), tls,
+                            args.insecure or config.insecure)
     client_file, cluster_file = security.token_files(config)
     client_token, made_client = security.ensure_token(client_file, "client token file")
     cluster_token, made_cluster = security.ensure_token(cluster_file, "cluster token file")
@@ -201,24 +203,26 @@ async def serve(args: argparse.Namespace, config: ClusterConfiguration, secrets:
     address = host_port(host, port)
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     rest = RestServer(role.current, secrets.client_token, secrets.tls, version=f"funke {_version()}")
+    # The dashboard, the REST API and the metrics bind where the gRPC service does unless told.
+    rest_bind, metrics_bind = bind_host(config.rest_bind_address, args.host), bind_host(config.metrics_host, args.host)
     first, last = config.rest_ports
     try:
-        rest_port = await rest.start(config.rest_bind_address, range(first, last + 1))
+        rest_port = await rest.start(rest_bind, range(first, last + 1))
     except OSError as exc:
         await server.stop(None)
         raise SystemExit(f"the REST API: {exc} (rest.bind-port)") from None
     metrics = MetricsServer(registry_with(JobManagerCollector(role.current)), secrets.tls)
     first, last = config.metrics_ports
     try:
-        metrics_port = await metrics.start(config.metrics_host, range(first, last + 1))
+        metrics_port = await metrics.start(metrics_bind, range(first, last + 1))
     except OSError as exc:
         await rest.stop()
         await server.stop(None)
         raise SystemExit(f"Prometheus metrics: {exc} (metrics.reporter.prom.port)") from None
-    metrics_host = advertised_host(config.metrics_host, args.advertise_host)
+    metrics_host = advertised_host(metrics_bind, args.advertise_host)
     metrics_url = f"{metrics.scheme}://{host_port(metrics_host, metrics_port)}/metrics"
     rest.metrics_url = metrics_url
-    rest_host = advertised_host(config.rest_bind_address, args.advertise_host)
+    rest_host = advertised_host(rest_bind, args.advertise_host)
     rest_url = f"{rest.scheme}://{host_port(rest_host, rest_port)}/"
     if config.ha_enabled:
         ha = ha_services(config)

@@ -225,6 +225,15 @@ class JobManagerConnection:
                  "heartbeat every %g s, data dir %s)", self._x.id, self.address, r.registration_id,
                  len(self._x.core.slots), self._x.address, r.heartbeat_interval_s,
                  self._x.config.data_dir or r.data_dir or "(default)")
+        cfg = self._x.config
+        on_cluster = bool(cfg.spark_master) and not cfg.spark_master.startswith("local") and not cfg.spark_remote
+        if i.first and cfg.use_spark and on_cluster and r.heartbeat_timeout_s != cfg.heartbeat_timeout_s:
+            # Spark's network timeouts were derived from this TaskManager's own setting when its
+            # session started, before the JobManager could tell its own.
+            log.warning("TaskManager %s: the JobManager gives a silent TaskManager up after %g s (heartbeat.timeout), "
+                        "this TaskManager's Spark network timeouts were derived from %g s: give it the JobManager's "
+                        "-D heartbeat.timeout (or the same --config)", self._x.id, r.heartbeat_timeout_s,
+                        cfg.heartbeat_timeout_s)
         self._x.jobmanager_registered(r)
         self.registered.set()
         await self._serving(health_pb2.HealthCheckResponse.SERVING)

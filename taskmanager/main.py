@@ -15,7 +15,7 @@ import signal
 import socket
 import sys
 
-from funke.common.configuration import ConfigurationError
+from funke.common.configuration import ConfigurationError, bind_host
 from funke.runtime import datafs, owner, security
 from funke.runtime.configfile import load_configuration
 from funke.taskmanager.sparksession import DEFAULT_EXECUTOR_TIMEOUT_S
@@ -119,7 +119,8 @@ def config_from_args(args: argparse.Namespace) -> TaskExecutorConfig:
     ha = cluster.ha_enabled
     tls = security.Tls.from_config(cluster)
     security.check_exposure("the TaskManager", args.host, tls, args.insecure or cluster.insecure)
-    security.check_exposure("the TaskManager's metrics", cluster.metrics_host, tls, args.insecure or cluster.insecure)
+    metrics_host = bind_host(cluster.metrics_host, args.host)  # where its gRPC service binds, unless told
+    security.check_exposure("the TaskManager's metrics", metrics_host, tls, args.insecure or cluster.insecure)
     token_file = security.token_files(cluster)[1]
     if not token_file.exists():
         raise security.SecurityError(
@@ -144,8 +145,10 @@ def config_from_args(args: argparse.Namespace) -> TaskExecutorConfig:
         ha=cluster if ha else None,
         cluster_token=cluster_token,
         tls=tls,
-        metrics_host=cluster.metrics_host,
+        metrics_host=metrics_host,
         metrics_ports=cluster.metrics_ports,
+        heartbeat_interval_s=cluster.heartbeat_interval_s,
+        heartbeat_timeout_s=cluster.heartbeat_timeout_s,
     )
 
 

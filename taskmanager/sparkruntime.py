@@ -1,7 +1,10 @@
 """A TaskManager's SparkSession for its life: created off the event loop before the TaskManager
 registers (`sparksession.py` plans what to ask Spark for), warmed up while no task has come yet
-(`warmup.py`), renewed when a Spark Connect server that restarted has forgotten it, stopped at
-shutdown; and the process's scratch directory (Spark's and the JVM's temporary files).
+(`warmup.py`), renewed when a Spark Connect server that restarted has forgotten it (checked every
+2 s and before every attempt, `session_for_attempt`; a task the server's shutdown failed, as its
+failure says or a tiny query finds, `server_stopping`, waits for the server to come back before it
+reports, `server_back`), stopped at shutdown; and the process's
+scratch directory (Spark's and the JVM's temporary files).
 
 Blocking Spark calls run in daemon threads (`in_daemon_thread`): a hung SparkSession must not
 keep a signalled TaskManager alive.
@@ -36,6 +39,10 @@ T = TypeVar("T")
 SCRATCH_PREFIX = "funke-taskmanager-"
 # How often a TaskManager on Spark Connect asks the server whether it still knows our session.
 CONNECT_PING_S = 2.0
+# How often a TaskManager asks a Spark Connect server that is shutting down whether it came back.
+SERVER_CHECK_S = 0.5
+# How long the query asking whether a Spark Connect server is shutting down may take.
+SERVER_PROBE_TIMEOUT_S = 10.0
 SPARK_STOP_TIMEOUT_S = 10.0
 JVM_EXIT_WAIT_S = 2.0  # how long a failed stop waits to tell whether the JVM got the same signal
 
@@ -135,7 +142,8 @@ class SparkRuntime:
         self.scratch: str | None = None  # this process's scratch directory, removed at stop
         self.tasks_started = 0
         self.closing = False
-        self._renewing = False
+        self._renewal: asyncio.Task[None] | None = None  # a new Spark Connect session being opened
+        self._probe: asyncio.Task[bool] | None = None  # is the Spark Connect server shutting down?
         self._watches: list[asyncio.Task[None]] = []
         self._warm_up_job: Any = None  # the warm-up (warmup.WarmUp) while it runs
 
@@ -168,7 +176,8 @@ class SparkRuntime:
             user_conf=cfg.spark_conf, scratch=None if cfg.spark_remote else self.scratch_dir(),
             environ=os.environ, python=sys.executable,
             host=advertised_host(cfg.host, cfg.advertise_host, cfg.jobmanager_address),
-            jvm_archive=jvmarchive.java_option(archive) if archive is not None else None)
+            jvm_archive=jvmarchive.java_option(archive) if archive is not None else None,
+            heartbeat_interval_s=cfg.heartbeat_interval_s, heartbeat_timeout_s=cfg.heartbeat_timeout_s)
 
     def create_with_task_runtime(self) -> SparkSession:
         """Blocking: the session, then the task runtime (the operators; PySpark is loaded by then:
@@ -319,8 +328,8 @@ class SparkRuntime:
     async def watch_connect_session(self) -> None:
         """Ask the Connect server for a setting every CONNECT_PING_S: after a restart the
         first answer says our session is gone (PySpark closes the client), and a new one is
-        opened before the next task needs it, so a job submitted after the restart never meets
-        the dead session; a job running across it fails those tasks once (restart strategy)."""
+        opened, so that an idle TaskManager has one before the next job comes. An attempt does
+        not count on it: `session_for_attempt` asks again before every attempt runs."""
         while not self.closing:
             await asyncio.sleep(CONNECT_PING_S)
             spark = self.session
@@ -329,22 +338,94 @@ class SparkRuntime:
             try:
                 # A config read (about 2 ms): unlike the version (an AnalyzePlan), it is checked
                 # against the server's session, so a restarted server says so.
-                await asyncio.wait_for(in_daemon_thread(lambda: spark.conf.get("spark.sql.session.timeZone"),
-                                                        "spark-connect-ping"), CONNECT_PING_S * 5)
+                await asyncio.wait_for(in_daemon_thread(lambda: _ping(spark), "spark-connect-ping"), CONNECT_PING_S * 5)
             except Exception as e:  # the server is away (UNAVAILABLE), or it forgot us
                 log.debug("TaskManager %s: Spark Connect ping: %s: %s", self.id, type(e).__name__, e)
                 self.renew_closed_connect_session()
 
-    def renew_closed_connect_session(self) -> None:
+    @property
+    def _renewing(self) -> bool:
+        return self._renewal is not None and not self._renewal.done()
+
+    async def session_for_attempt(self) -> SparkSession | None:
+        """The session an attempt is to run on, known to the server now. On Spark Connect one
+        question first (a config read, about 2 ms; while the server is away it waits for it, as
+        every call does); when the server has forgotten the session (it restarted), a new session
+        is opened before the attempt runs. Without it the attempt after a restart would meet the
+        closed session (NO_ACTIVE_SESSION) and spend a second restart of the job's budget."""
+        spark = self.session
+        if not self.config.spark_remote or spark is None:
+            return spark
+        renewal = self._renewal if self._renewing else None
+        if renewal is None:
+            try:
+                await in_daemon_thread(lambda: _ping(spark), "spark-connect-check")
+            except Exception as e:  # the server forgot us; or it stayed away longer than the retries wait
+                log.debug("TaskManager %s: Spark Connect check before an attempt: %s: %s", self.id,
+                          type(e).__name__, e)
+                renewal = self.renew_closed_connect_session()
+            if renewal is None:
+                return self.session
+        await asyncio.shield(renewal)
+        return self.session
+
+    async def server_back(self, stopped: SparkSession, timeout_s: float) -> bool:
+        """A task on session `stopped` failed because its Spark Connect server is shutting down
+        (`sparksession.server_stopped`). Waits, at most `timeout_s`, until this TaskManager has a
+        session on the server that came back (the first answer of a restarted server closes the
+        old session: a new one is opened); True once it has. The dying server may still answer a
+        config read from the old session: only a session opened since counts."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while not self.closing and (left := deadline - loop.time()) > 0:
+            spark = self.session
+            renewal = self._renewal if self._renewing else None
+            if renewal is None and spark is not None:
+                try:
+                    await asyncio.wait_for(in_daemon_thread(lambda: _ping(spark), "spark-connect-check"), left)
+                except TimeoutError:
+                    return False
+                except Exception:  # the server forgot the session (it restarted), or it is away
+                    renewal = self.renew_closed_connect_session()
+                else:
+                    if spark is not stopped:
+                        return True
+            if renewal is not None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(renewal), max(deadline - loop.time(), 0.0))
+            else:
+                await asyncio.sleep(SERVER_CHECK_S)
+        return False
+
+    async def server_stopping(self, spark: SparkSession) -> bool:
+        """After a task on Spark Connect failed for a reason that does not say whether its server
+        is shutting down (the server's Python workers may go first, and the task fails for that):
+        a tiny query, which a server whose SparkContext stopped refuses, while a config read still
+        succeeds there. True when the answer says the server is shutting down. One query at a time,
+        shared by the tasks that failed together."""
+        if self._probe is None or self._probe.done():
+            self._probe = asyncio.get_running_loop().create_task(self._probe_server(spark), name="spark-connect-probe")
+        return await asyncio.shield(self._probe)
+
+    async def _probe_server(self, spark: SparkSession) -> bool:
+        try:
+            await asyncio.wait_for(in_daemon_thread(lambda: spark.range(1).collect(), "spark-connect-probe"),
+                                   SERVER_PROBE_TIMEOUT_S)
+        except Exception as e:  # a server away longer than the timeout is not shutting down: it is gone
+            return sparksession.server_stopped(str(e))
+        return False
+
+    def renew_closed_connect_session(self) -> asyncio.Task[None] | None:
         """A Spark Connect server that restarted has forgotten our session: PySpark's client
         closes itself on the first answer saying so, and every later call fails with
-        NO_ACTIVE_SESSION. The task that met it failed (its restart strategy retries it); the
-        tasks after it get a new session."""
+        NO_ACTIVE_SESSION. Opens a new session (once, however many ask); returns the renewal
+        under way, None when the session is not closed."""
+        if self._renewing:
+            return self._renewal
         spark = self.session
         client = getattr(spark, "client", None)
-        if spark is None or self._renewing or not getattr(client, "is_closed", False):
-            return
-        self._renewing = True
+        if spark is None or self.closing or not getattr(client, "is_closed", False):
+            return None
         log.warning("TaskManager %s: the Spark Connect session at %s was closed (the server restarted?); "
                     "opening a new one", self.id, self.config.spark_remote)
 
@@ -355,7 +436,7 @@ class SparkRuntime:
                 with contextlib.suppress(Exception):
                     await in_daemon_thread(spark.stop, "spark-stop")
                 fresh = await in_daemon_thread(self.create, "spark-reconnect")
-            except Exception as e:  # the server is still away: the next failed task tries again
+            except Exception as e:  # the server is still away: the next attempt or ping tries again
                 log.warning("TaskManager %s: no new Spark Connect session yet: %s: %s", self.id, type(e).__name__, e)
             else:
                 if self.session is spark and not self.closing:
@@ -363,10 +444,9 @@ class SparkRuntime:
                     log.info("TaskManager %s: new Spark Connect session %s", self.id, fresh.session_id)
                 else:
                     await in_daemon_thread(fresh.stop, "spark-stop")
-            finally:
-                self._renewing = False
 
-        asyncio.get_running_loop().create_task(renew(), name="spark-connect-renew")
+        self._renewal = asyncio.get_running_loop().create_task(renew(), name="spark-connect-renew")
+        return self._renewal
 
     # ------------------------------------------------------------------ stopping
 
@@ -395,6 +475,11 @@ class SparkRuntime:
         if self.scratch is not None:  # shuffle files can be many: off the loop
             scratch, self.scratch = self.scratch, None
             await in_daemon_thread(lambda: shutil.rmtree(scratch, ignore_errors=True), "scratch-removal")
+
+
+def _ping(spark: Any) -> None:
+    """Blocking: one question to a Spark Connect server that it answers from our session."""
+    spark.conf.get("spark.sql.session.timeZone")
 
 
 def _jvm_exited(spark: Any, wait_s: float) -> bool:

@@ -24,9 +24,12 @@ the workers through this process's PYSPARK_PYTHON, which PySpark sends with ever
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+
+from funke.common.scheduling.slotmanager import DEFAULT_HEARTBEAT_INTERVAL_S, DEFAULT_HEARTBEAT_TIMEOUT_S
 
 LOCAL_PREFIX = "local"
 CONNECT_PREFIX = "sc://"
@@ -44,6 +47,12 @@ UNIX_SOCKET_NAME_BYTES = 43
 # for about as long as PySpark's default allows (10 minutes).
 CONNECT_RETRY_MAX_BACKOFF_MS = 2000
 CONNECT_RETRIES = 305
+# What a Spark Connect server says to the calls of a session whose server is shutting down: its
+# SparkContext stopped, it answers nothing but errors until it exits (a config read may still
+# succeed meanwhile: only its restart, a new server, can run the session's work again).
+SERVER_STOPPED_MARKS = ("Cannot call methods on a stopped SparkContext", "because SparkContext was shut down")
+# How long a task that failed so waits for the restarted server before it reports FAILED.
+SERVER_RESTART_WAIT_S = 60.0
 # How long a TaskManager on a cluster master waits for its first executor before refusing to start.
 DEFAULT_EXECUTOR_TIMEOUT_S = 60.0
 # The driver JVM's optimising compiler (C2) takes a method once it ran 10x as often as HotSpot's
@@ -52,6 +61,13 @@ DEFAULT_EXECUTOR_TIMEOUT_S = 60.0
 # real job cross these counts within milliseconds (per-query times of small queries unchanged).
 DRIVER_JIT_OPTIONS = ("-XX:Tier4InvocationThreshold=50000 -XX:Tier4MinInvocationThreshold=6000 "
                       "-XX:Tier4CompileThreshold=150000 -XX:Tier4BackEdgeThreshold=400000")
+# Spark's network timeouts on a cluster master, derived from funke's heartbeat settings
+# (`network_conf`): Spark's own (120 s, and 3 shuffle-fetch retries 5 s apart, each waiting for
+# a connection as long) let a host that drops off the network stall the other hosts' tasks for
+# minutes while funke gave the TaskManager there up in seconds.
+NETWORK_TIMEOUT = "spark.network.timeout"
+MIN_NETWORK_TIMEOUT_S = 10.0  # not below: under it a busy executor's GC pause would look like a lost host
+SPARK_DEFAULT_ASK_TIMEOUT = "120s"
 
 
 class SparkStartError(Exception):
@@ -76,18 +92,70 @@ class SparkPlan:
         return self.target.startswith("spark://")
 
 
+def network_conf(heartbeat_interval_s: float, heartbeat_timeout_s: float,
+                 user: Mapping[str, str]) -> dict[str, str]:
+    """Spark's failure detection on a cluster master, in step with funke's heartbeats (which give
+    a silent TaskManager up after `heartbeat_timeout_s`), each key unless the user set it:
+
+    - spark.network.timeout: twice the heartbeat timeout, at least MIN_NETWORK_TIMEOUT_S. Within
+      it an executor that sent no heartbeat is lost, and a shuffle fetch waiting on a silent peer
+      fails (spark.shuffle.io.connectionTimeout follows it): its stage runs again elsewhere;
+    - spark.network.timeoutInterval (how often the driver looks for lost executors): half of it
+      (Spark requires at most the timeout);
+    - spark.executor.heartbeatInterval: a quarter of it, between 1 and 10 s (Spark requires less
+      than the timeout);
+    - spark.shuffle.io.connectionCreationTimeout: the heartbeat timeout (a connection to a live
+      host takes milliseconds; one to a lost host hangs until this);
+    - spark.shuffle.io.retryWait: the heartbeat interval (3 retries, spark.shuffle.io.maxRetries);
+    - spark.rpc.askTimeout: Spark's 120 s (it follows spark.network.timeout otherwise): a live
+      peer's slow answer is not a lost host.
+
+    A user's spark.network.timeout is the base of the others (a bare number is seconds)."""
+    conf: dict[str, str] = {}
+    network_s = _spark_seconds(user[NETWORK_TIMEOUT]) if NETWORK_TIMEOUT in user else None
+    if NETWORK_TIMEOUT in user and network_s is None:
+        return conf  # not a time we can read: Spark says what is wrong with it
+    if network_s is None:
+        network_s = max(2 * heartbeat_timeout_s, MIN_NETWORK_TIMEOUT_S)
+        conf[NETWORK_TIMEOUT] = _spark_time(network_s)
+    conf["spark.network.timeoutInterval"] = _spark_time(max(network_s / 2, 1.0))
+    conf["spark.executor.heartbeatInterval"] = _spark_time(min(max(network_s / 4, 1.0), 10.0))
+    conf["spark.shuffle.io.connectionCreationTimeout"] = _spark_time(min(heartbeat_timeout_s, network_s))
+    conf["spark.shuffle.io.retryWait"] = _spark_time(heartbeat_interval_s)
+    conf["spark.rpc.askTimeout"] = SPARK_DEFAULT_ASK_TIMEOUT
+    return {k: v for k, v in conf.items() if k not in user}
+
+
+_SPARK_TIME_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def _spark_seconds(text: str) -> float | None:
+    """A duration as Spark reads spark.network.timeout ("120s", "2min", "500ms"; bare: seconds)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*", text.lower())
+    if match is None or match.group(2) not in ("", *_SPARK_TIME_UNITS):
+        return None
+    return float(match.group(1)) * _SPARK_TIME_UNITS.get(match.group(2) or "s", 1.0)
+
+
+def _spark_time(seconds: float) -> str:
+    """Whole milliseconds, as every Spark time setting reads them."""
+    return f"{max(round(seconds * 1000), 1)}ms"
+
+
 def target(master: str | None, remote: str | None, slots: int) -> str:
     return remote or master or f"local[{slots}]"
 
 
 def plan(*, master: str | None, remote: str | None, slots: int, cores: int, user_conf: tuple[tuple[str, str], ...],
          scratch: str | None, environ: Mapping[str, str], python: str, host: str | None = None,
-         jvm_archive: str | None = None) -> SparkPlan:
+         jvm_archive: str | None = None, heartbeat_interval_s: float = DEFAULT_HEARTBEAT_INTERVAL_S,
+         heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S) -> SparkPlan:
     """What to ask Spark for. `cores`: this machine's; `scratch`: the TaskManager's own scratch
     directory (classic sessions only); `python`: this TaskManager's interpreter; `host`: the
     address the TaskManager advertises, where a cluster's executors reach its Spark driver too;
     `jvm_archive`: the JVM option that maps the class-data archive of the driver's JVM
-    (taskmanager/jvmarchive.py), if there is one (classic sessions only)."""
+    (taskmanager/jvmarchive.py), if there is one (classic sessions only); `heartbeat_*`: funke's
+    heartbeat settings, from which a cluster's network timeouts are derived (`network_conf`)."""
     url = target(master, remote, slots)
     user = dict(user_conf)
     notes: list[str] = []
@@ -128,6 +196,12 @@ def plan(*, master: str | None, remote: str | None, slots: int, cores: int, user
             conf[CORES_MAX] = str(slots)
             notes.append(f"asking the standalone master for {slots} core(s) ({CORES_MAX}, one per slot)")
         conf["spark.sql.shuffle.partitions"] = user.get(CORES_MAX, str(slots))
+        derived = network_conf(heartbeat_interval_s, heartbeat_timeout_s, user)
+        conf.update(derived)
+        if NETWORK_TIMEOUT in derived:
+            notes.append(f"Spark gives a silent executor or shuffle peer up after "
+                         f"{_spark_seconds(derived[NETWORK_TIMEOUT]):g} s ({NETWORK_TIMEOUT}, from heartbeat.timeout "
+                         f"{heartbeat_timeout_s:g} s)")
         if host and "spark.driver.host" not in user:
             # Spark's own guess is the host name's address, which may be loopback or another
             # interface; the executors must dial the driver where the JobManager dials us.
@@ -158,6 +232,11 @@ def plan(*, master: str | None, remote: str | None, slots: int, cores: int, user
         else:
             conf[key] = value
     return SparkPlan(url, False, conf, env, tuple(notes))
+
+
+def server_stopped(message: str) -> bool:
+    """Whether a task's failure says that the Spark Connect server it ran on is shutting down."""
+    return any(mark in message for mark in SERVER_STOPPED_MARKS)
 
 
 def check_connect_conf(plan_: SparkPlan, is_modifiable: Callable[[str], bool]) -> None:

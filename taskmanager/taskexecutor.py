@@ -25,6 +25,7 @@ threads, creating and stopping the SparkSession, deleting directories, talking t
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import gc
 import importlib
 import itertools
@@ -48,7 +49,7 @@ from funke.common.task.registration import Registration
 from funke.common.task.taskexecutorstate import TaskExecutorState, TaskKey
 from funke.runtime import datafs
 from funke.runtime.rpc import advertised_host, host_port
-from funke.taskmanager import taskexecutorservice
+from funke.taskmanager import sparksession, taskexecutorservice
 from funke.taskmanager.grpcgateway import GrpcJobManagerGateway
 from funke.taskmanager.jobmanagerconnection import JobManagerConnection
 from funke.taskmanager.jobmanagergateway import JobManagerGateway
@@ -75,6 +76,8 @@ __all__ = ["StartupError", "TaskExecutor", "TaskExecutorConfig"]
 _TASK_CANCEL_GRACE_S = 5.0
 _REPORT_FLUSH_S = 2.0
 _SERVER_GRACE_S = 1.0
+# How often a task waiting for its Spark Connect session looks whether it was cancelled.
+_SESSION_CHECK_POLL_S = 0.2
 
 
 def delete_partition_dirs(paths: Iterable[str]) -> None:
@@ -161,6 +164,9 @@ class TaskExecutor:
         def report(state: ExecutionState, failure: FailureInfo | None, produced: tuple[ProducedPartition, ...],
                    io: TaskIo | None = None) -> None:
             # Called on the task's thread: hand over to the loop, never touch state here.
+            if state is ExecutionState.FAILED and failure is not None and self.config.spark_remote \
+                    and self._server_stopping(task, failure):
+                self._await_connect_server(task)
             self._to_loop(self._task_reported, key, state, failure, produced, io, name)
 
         if i.deployment.streaming:
@@ -450,10 +456,74 @@ class TaskExecutor:
         """The body of a task's thread."""
         error: FailureInfo | None = None
         try:
+            if self.config.spark_remote and task.spark is not None:
+                task.spark = self._session_for(task)
             task.run()
         except BaseException as e:  # Task.run reports its failures itself; this is a bug there
             error = FailureInfo(type(e).__name__, str(e), traceback.format_exc())
         self._to_loop(self._thread_exited, key, error)
+
+    def _session_for(self, task: Task) -> SparkSession | None:
+        """In a task's thread, before it runs (Spark Connect): the session the server knows now,
+        a new one if it restarted (`SparkRuntime.session_for_attempt`). A task cancelled while
+        it waits stops waiting (its run ends CANCELED at once)."""
+        assert self._loop is not None
+        future = asyncio.run_coroutine_threadsafe(self.sparks.session_for_attempt(), self._loop)
+        while True:
+            try:
+                return future.result(timeout=_SESSION_CHECK_POLL_S)
+            except concurrent.futures.TimeoutError:
+                if task.cancelled or self._stopping:
+                    future.cancel()
+                    return task.spark
+            except (Exception, concurrent.futures.CancelledError):  # the loop is closing: the task meets it
+                return task.spark
+
+    def _server_stopping(self, task: Task, failure: FailureInfo) -> bool:
+        """In the thread of a task that failed on Spark Connect: whether its server is shutting
+        down, as its failure says, or else as the server answers a tiny query
+        (`SparkRuntime.server_stopping`)."""
+        if sparksession.server_stopped(failure.message):
+            return True
+        if task.spark is None or task.cancelled or self._stopping:
+            return False
+        assert self._loop is not None
+        future = asyncio.run_coroutine_threadsafe(self.sparks.server_stopping(task.spark), self._loop)
+        while True:
+            try:
+                return future.result(timeout=_SESSION_CHECK_POLL_S)
+            except concurrent.futures.TimeoutError:
+                if task.cancelled or self._stopping:
+                    future.cancel()
+                    return False
+            except (Exception, concurrent.futures.CancelledError):  # the loop is closing
+                return False
+
+    def _await_connect_server(self, task: Task) -> None:
+        """In the thread of a task that failed because its Spark Connect server is shutting down
+        (a restart): its FAILED is reported once this TaskManager has a session on the server
+        that came back (at most SERVER_RESTART_WAIT_S), so that the restart of the task runs
+        there instead of meeting the dying server or the closed session, and one restart of the
+        job's budget is spent on one server restart. Cancelling the task ends the wait."""
+        assert self._loop is not None
+        log.warning("%s: the Spark Connect server stopped under it; its failure is reported once the server is "
+                    "back (at most %g s)", task.name, sparksession.SERVER_RESTART_WAIT_S)
+        future = asyncio.run_coroutine_threadsafe(
+            self.sparks.server_back(task.spark, sparksession.SERVER_RESTART_WAIT_S), self._loop)
+        while True:
+            try:
+                back = future.result(timeout=_SESSION_CHECK_POLL_S)
+            except concurrent.futures.TimeoutError:
+                if task.cancelled or self._stopping:
+                    future.cancel()
+                    return
+                continue
+            except (Exception, concurrent.futures.CancelledError):  # the loop is closing
+                return
+            if not back:
+                log.warning("%s: the Spark Connect server did not come back within %g s", task.name,
+                            sparksession.SERVER_RESTART_WAIT_S)
+            return
 
     def _task_reported(self, key: TaskKey, state: ExecutionState, failure: FailureInfo | None,
                        produced: tuple[ProducedPartition, ...], io: TaskIo | None = None, name: str = "") -> None:

@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass
 
 from funke.common.configuration import ClusterConfiguration
+from funke.common.scheduling.slotmanager import DEFAULT_HEARTBEAT_INTERVAL_S, DEFAULT_HEARTBEAT_TIMEOUT_S
 from funke.runtime import security
 from funke.taskmanager import sparksession
 
@@ -36,6 +37,10 @@ class TaskExecutorConfig:
     # Prometheus metrics: where to serve them (None: not at all), the first free port of the range
     metrics_host: str | None = None
     metrics_ports: tuple[int, int] = (9249, 9348)
+    # Its own heartbeat.interval / heartbeat.timeout (-D, --config): a cluster master's network
+    # timeouts are derived from them (sparksession.network_conf) before the JobManager tells its own.
+    heartbeat_interval_s: float = DEFAULT_HEARTBEAT_INTERVAL_S
+    heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S
 
 
 def process_started_at() -> float:

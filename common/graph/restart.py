@@ -84,6 +84,11 @@ class RestartBackoffTimeStrategy(Protocol):
         """Flink-style one-line description, used in "Recovery is suppressed by ..."."""
         ...
 
+    def gave_up(self) -> str:
+        """Once `can_restart` said no: which strategy gave up, with its limit and what reached it,
+        in words ("restart strategy fixed-delay (1 attempt) gave up after 2 failures")."""
+        ...
+
 
 class NoRestartBackoffTimeStrategy:
     """Never restarts: the first failure fails the job."""
@@ -101,6 +106,9 @@ class NoRestartBackoffTimeStrategy:
 
     def describe(self) -> str:
         return "NoRestartBackoffTimeStrategy"
+
+    def gave_up(self) -> str:
+        return "restart strategy none: the job restarts on no failure"
 
     __str__ = describe
 
@@ -144,6 +152,10 @@ class FixedDelayRestartBackoffTimeStrategy:
             f"FixedDelayRestartBackoffTimeStrategy(maxNumberRestartAttempts={self._attempts}, "
             f"backoffTimeMS={_ms(self._delay_s)})"
         )
+
+    def gave_up(self) -> str:
+        return (f"restart strategy fixed-delay ({_count(self._attempts, 'attempt')}) gave up after "
+                f"{_count(self._current_attempt, 'failure')}")
 
     __str__ = describe
 
@@ -198,6 +210,12 @@ class FailureRateRestartBackoffTimeStrategy:
             f"FailureRateRestartBackoffTimeStrategy(failuresIntervalMS={_ms(self._interval_s)}, "
             f"backoffTimeMS={_ms(self._delay_s)}, maxFailuresPerInterval={self._max_failures})"
         )
+
+    def gave_up(self) -> str:
+        span = self._failures[-1] - self._failures[0] if self._failures else 0.0
+        return (f"restart strategy failure-rate (at most {_count(self._max_failures, 'failure')} per "
+                f"{format_duration(self._interval_s)}) gave up after {_count(len(self._failures), 'failure')} "
+                f"within {format_duration(span)}")
 
     __str__ = describe
 
@@ -344,6 +362,10 @@ class ExponentialDelayRestartBackoffTimeStrategy:
             f"nextRestartTimestamp={next_restart})"
         )
 
+    def gave_up(self) -> str:
+        return (f"restart strategy exponential-delay ({_count(self._attempts or 0, 'attempt')} before the backoff "
+                f"resets) gave up after {_count(self._current_attempt, 'failure')} without a reset")
+
     __str__ = describe
 
     def __repr__(self) -> str:
@@ -358,12 +380,14 @@ class ExponentialDelayRestartBackoffTimeStrategy:
 @dataclass(frozen=True, slots=True)
 class RestartDecision:
     """The outcome of one failure. `delay_s` is 0 when `restart` is False; `strategy` is the
-    strategy's description after the failure was recorded (for "Recovery is suppressed by")."""
+    strategy's description after the failure was recorded (for "Recovery is suppressed by");
+    `gave_up`, when `restart` is False, says in words which limit the failure reached."""
 
     restart: bool
     delay_s: float
     new_attempt: bool
     strategy: str
+    gave_up: str = ""
 
 
 def decide(strategy: RestartBackoffTimeStrategy, now: float) -> RestartDecision:
@@ -373,7 +397,7 @@ def decide(strategy: RestartBackoffTimeStrategy, now: float) -> RestartDecision:
     new_attempt = strategy.notify_failure(now)
     if strategy.can_restart(now):
         return RestartDecision(True, strategy.backoff_time(now), new_attempt, strategy.describe())
-    return RestartDecision(False, 0.0, new_attempt, strategy.describe())
+    return RestartDecision(False, 0.0, new_attempt, strategy.describe(), strategy.gave_up())
 
 
 # --------------------------------------------------------------------------------------------
@@ -381,6 +405,10 @@ def decide(strategy: RestartBackoffTimeStrategy, now: float) -> RestartDecision:
 # --------------------------------------------------------------------------------------------
 
 _INT_MIN, _INT_MAX = -(2**31), 2**31 - 1
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _ms(seconds: float) -> str:

@@ -34,13 +34,15 @@ class ExceptionHistoryEntry:
 @dataclass(frozen=True, slots=True)
 class FailureHandling:
     """The decision for one failure. `regions` None: the whole job restarts (a global failover)
-    or fails; otherwise these regions restart. `restart` False: the job fails, and
-    `suppressed_by` names the restart strategy that said no."""
+    or fails; otherwise these regions restart. `restart` False: the job fails, `suppressed_by`
+    names the restart strategy that said no (Flink's description) and `gave_up` says in words
+    which of its limits the failure reached (empty when no restart strategy was asked)."""
 
     restart: bool
     delay_s: float
     regions: tuple[PipelinedRegion, ...] | None
     suppressed_by: str = ""
+    gave_up: str = ""
 
     @property
     def is_global(self) -> bool:
@@ -68,12 +70,12 @@ class ExecutionFailureHandler:
         regions = tuple(self._regions.regions_to_restart(failed, is_available=will_be_available))
         decision = decide(self.restart_strategy, now)
         if not decision.restart:
-            return FailureHandling(False, 0.0, None, decision.strategy)
+            return FailureHandling(False, 0.0, None, decision.strategy, decision.gave_up)
         return FailureHandling(True, decision.delay_s, regions)
 
     def on_global_failure(self, now: float) -> FailureHandling:
         decision = decide(self.restart_strategy, now)
-        return FailureHandling(decision.restart, decision.delay_s, None, decision.strategy)
+        return FailureHandling(decision.restart, decision.delay_s, None, decision.strategy, decision.gave_up)
 
     @staticmethod
     def without_restart(suppressed_by: str) -> FailureHandling:

@@ -1168,7 +1168,7 @@ class Scheduler:
 
     def _fail_globally(self, failure: FailureInfo, now: float, handling: FailureHandling) -> None:
         if not handling.restart:
-            self.failure = _suppressed(failure, handling.suppressed_by)
+            self.failure = _suppressed(failure, handling.suppressed_by, handling.gave_up)
         self._global_failure = _GlobalFailure(failure, handling.restart, now + handling.delay_s, handling.suppressed_by)
         self._pending_restart = None
         self._job_transition(J.FAILING, now, str(failure))
@@ -1526,9 +1526,11 @@ class Scheduler:
         return out
 
 
-def _suppressed(failure: FailureInfo, by: str) -> FailureInfo:
-    return FailureInfo(failure.exception_type, f"{failure.message}\n(recovery is suppressed by {by})",
-                       failure.traceback)
+def _suppressed(failure: FailureInfo, by: str, gave_up: str = "") -> FailureInfo:
+    """The job's cause: the root failure, then who said no to a restart: in words (`gave_up`,
+    "restart strategy fixed-delay (1 attempt) gave up after 2 failures") and as Flink says it."""
+    why = f"{gave_up}; recovery is suppressed by {by}" if gave_up else f"recovery is suppressed by {by}"
+    return FailureInfo(failure.exception_type, f"{failure.message}\n({why})", failure.traceback)
 
 
 _region_index = operator.attrgetter("index")

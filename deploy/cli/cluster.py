@@ -145,6 +145,7 @@ def cmd_cluster_status(args: argparse.Namespace) -> int:
             "leader": ({"epoch": st.lease.epoch, "address": st.lease.address, "holder": st.lease.holder,
                         "since": st.lease.since, "valid": st.lease.valid(time.time())}
                        if st.lease is not None else None),
+            "spark_standalone": _standalone_json(st.standalone),
         })
         return EXIT_OK if st.running else EXIT_UNSUCCESSFUL
     if not st.processes:
@@ -175,6 +176,8 @@ def cmd_cluster_status(args: argparse.Namespace) -> int:
             detail = "the cluster's ZooKeeper server"
         elif tm is not None:
             detail = f"{tm.address}, {tm.slots_free}/{tm.slots_total} slots free"
+        elif p.name.startswith(clusterdir.SPARK_PREFIX) and st.standalone is not None:
+            detail = _standalone_detail(p, st.standalone)
         else:
             detail = "not registered" if st.overview is not None else "-"
         rows.append([p.name, str(p.pid), "alive" if p.alive else "dead", detail])
@@ -191,6 +194,30 @@ def cmd_cluster_status(args: argparse.Namespace) -> int:
     if st.error:
         print(f"problem: {st.error}")
     return EXIT_OK if st.running else EXIT_UNSUCCESSFUL
+
+
+def _standalone_detail(p: clusterdir.ProcessInfo, spark: clusterdir.StandaloneStatus) -> str:
+    """What the Spark standalone Master says of itself or of one of our Workers."""
+    if p.name == clusterdir.SPARK_PREFIX + "master":
+        if spark.error:
+            return f"{spark.master_url}; its web UI {spark.web_url} told nothing: {spark.error}"
+        return f"{spark.master_url}, web UI {spark.web_url}; {spark.workers_alive}/{spark.workers_known} worker(s) ALIVE"
+    entry = spark.workers.get(p.name)
+    if spark.error:
+        return "-"
+    if entry is None:
+        return "not registered with the master"
+    return (f"{entry.get('state')} at the master, {entry.get('coresused')}/{entry.get('cores')} core(s) used"
+            if entry.get("state") == "ALIVE" else f"{entry.get('state')} at the master")
+
+
+def _standalone_json(spark: clusterdir.StandaloneStatus | None) -> dict | None:
+    if spark is None:
+        return None
+    return {"master_url": spark.master_url, "web_url": spark.web_url, "workers_alive": spark.workers_alive,
+            "workers_known": spark.workers_known, "error": spark.error or None,
+            "workers": {name: {"id": e.get("id"), "state": e.get("state"), "cores": e.get("cores"),
+                               "cores_used": e.get("coresused")} for name, e in spark.workers.items()}}
 
 
 def run_process(kind: str, argv: list[str]) -> int:

@@ -94,6 +94,7 @@ def test_restarts_exhausted_fails_with_root_cause_first():
     assert failure.exception_type == "ZeroDivisionError"
     assert failure.message.startswith("division by zero")
     assert "recovery is suppressed by FixedDelayRestartBackoffTimeStrategy(maxNumberRestartAttempts=2" in failure.message
+    assert "(restart strategy fixed-delay (2 attempts) gave up after 3 failures; recovery is suppressed" in failure.message
     assert failure.traceback == BOOM.traceback
     assert len(sim.scheduler.exception_history) == 3
     sim.assert_conformant()

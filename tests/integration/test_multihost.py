@@ -114,3 +114,41 @@ def _result(client, job_id):
     if status in ("JOB_STATUS_FAILED", "JOB_STATUS_CANCELED"):
         raise AssertionError(f"the job ended {status}: {client.get_job(job_id).failure.message}")
     return client.result(job_id) if status == "JOB_STATUS_FINISHED" else None
+
+
+def test_the_dashboard_rest_api_and_metrics_follow_the_host_the_cluster_serves_on_with_tls(tmp_path):
+    """`--host 127.0.0.2` (an address of this machine other than 127.0.0.1) with TLS: the
+    dashboard, the REST API and every process's metrics bind it, serve HTTPS, and say so."""
+    import json
+    import ssl
+    import urllib.request
+
+    import psutil
+
+    root = tmp_path / "cluster"
+    info = localcluster.start(localcluster.ClusterSpec(root, 1, 1, no_spark=True, host="127.0.0.2", tls="tls"))
+    try:
+        assert info.address.startswith("127.0.0.2:")
+        assert info.dashboard_url.startswith("https://127.0.0.2:"), info.dashboard_url
+        context = ssl.create_default_context(cafile=str(root / "security" / "tls" / "ca.pem"))
+        token = (root / "security" / "client.token").read_text().strip()
+
+        def get(url: str, path: str = ""):
+            request = urllib.request.Request(url.rstrip("/") + path, headers={"Authorization": f"Bearer {token}"})
+            with urllib.request.urlopen(request, timeout=30, context=context) as response:
+                return response.read().decode()
+
+        overview = json.loads(get(info.dashboard_url, "/overview"))
+        assert overview["metrics"].startswith("https://127.0.0.2:"), overview
+        assert "funke_" in get(overview["metrics"])
+        [tm] = wait_for("the TaskManager", lambda: json.loads(get(info.dashboard_url, "/taskmanagers"))["taskmanagers"])
+        tm_metrics = tm["resources"]["metrics"]
+        assert tm_metrics.startswith("https://127.0.0.2:"), tm
+        assert "funke_" in get(tm_metrics)
+        # nothing of the JobManager's listens on 127.0.0.1 (or every address)
+        listening = {(c.laddr.ip.removeprefix("::ffff:"), c.laddr.port)  # gRPC listens IPv6-mapped
+                     for c in psutil.Process(info.jobmanager.pid).net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+        ports = {int(u.rsplit(":", 1)[1].split("/")[0]) for u in (info.dashboard_url, overview["metrics"], info.address)}
+        assert {(ip, port) for ip, port in listening if port in ports} == {("127.0.0.2", port) for port in ports}
+    finally:
+        localcluster.stop(root)

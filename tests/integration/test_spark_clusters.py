@@ -7,7 +7,10 @@ results on both."""
 from __future__ import annotations
 
 import collections
+import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -117,6 +120,38 @@ def test_a_taskmanager_a_full_standalone_cluster_cannot_serve_refuses_to_start(s
     assert "tm-starved" not in {tm.id for tm in client.cluster_overview().task_managers}
 
 
+def test_cluster_status_lists_the_spark_master_and_workers_and_a_killed_worker_dead(tmp_path):
+    d = tmp_path / "cluster"
+    funke("cluster", "start", "--dir", str(d), "--taskmanagers", "0", "--spark", "standalone", "--workers", "2",
+          timeout=300)
+    try:
+        shown = funke("cluster", "status", "--dir", str(d))
+        rows = {line.split()[0]: line.split() for line in shown.stdout.splitlines() if line.lstrip().startswith("spark-")}
+        assert set(rows) == {"spark-master", "spark-worker-1", "spark-worker-2"}, shown.stdout
+        assert all(row[2] == "alive" for row in rows.values()), shown.stdout
+        master_url, web_url = localcluster.standalone_urls(d)
+        assert f"{master_url}, web UI {web_url}; 2/2 worker(s) ALIVE" in shown.stdout
+        assert "ALIVE at the master, 0/1 core(s) used" in " ".join(rows["spark-worker-2"])
+        pid = int((d / "spark-standalone" / "pids" / "worker-2.pid").read_text())
+        assert int(rows["spark-worker-2"][1]) == pid
+        os.kill(pid, signal.SIGKILL)  # the Worker we started, by its pid: as if it crashed
+        deadline = time.monotonic() + 30
+        while (status := funke("cluster", "status", "--dir", str(d), check=False)).returncode == 0:
+            assert time.monotonic() < deadline, status.stdout
+            time.sleep(0.2)
+        assert "cluster in" in status.stdout and "NOT running" in status.stdout
+        assert re.search(rf"^ *spark-worker-2 +{pid} +dead ", status.stdout, re.M), status.stdout
+        assert re.search(r"^ *spark-worker-1 +\d+ +alive +ALIVE at the master", status.stdout, re.M), status.stdout
+        listed = json.loads(funke("cluster", "status", "--dir", str(d), "--json", check=False).stdout)
+        processes = {p["name"]: p for p in listed["processes"]}
+        assert processes["spark-worker-2"]["alive"] is False and processes["spark-worker-1"]["alive"] is True
+        assert listed["spark_standalone"]["master_url"] == master_url
+        assert set(listed["spark_standalone"]["workers"]) == {"spark-worker-1", "spark-worker-2"}
+    finally:
+        stopped = funke("cluster", "stop", "--dir", str(d), timeout=120)
+    assert re.search(r"^spark-worker-2 \(pid \d+\): not running", stopped.stdout, re.M), stopped.stdout
+
+
 # ---------------------------------------------------------------------------- (b) Spark Connect
 
 @pytest.fixture(scope="module")
@@ -154,6 +189,59 @@ def test_a_restarted_connect_server_is_survived(connect, corpus):
         time.sleep(0.2)
     assert {tm.id for tm in client.cluster_overview().task_managers} == {"tm-1", "tm-2"}
     assert word_count_is_exact(client, corpus) == {"tm-1", "tm-2"}
+
+
+def stalled_until_released(started: Path, release: Path, *, fail: bool = False):
+    """One subtask whose function, on the Connect server's Python workers, says it runs (`started`)
+    and waits for `release` (the server restarting under it meanwhile); or fails every time.
+    Restart strategy fixed-delay with a budget of one restart."""
+    from funke.common.api.dsl import ExecutionEnvironment
+
+    def wait(value):
+        if fail:
+            raise RuntimeError(f"row {value} failed on purpose")
+        started.touch()
+        while not release.exists():
+            time.sleep(0.05)
+        return value
+
+    env = ExecutionEnvironment("across a restart" if not fail else "fails every time", parallelism=1)
+    env.set_restart_strategy("fixed-delay", attempts=1, delay="200 ms")
+    env.from_range(3).map(wait, schema="id bigint").collect()
+    return env.build()
+
+
+def test_a_task_running_across_a_connect_server_restart_fails_once_and_its_restart_succeeds(connect, tmp_path):
+    d, client, server = connect
+    started, release = tmp_path / "started", tmp_path / "release"
+    job_id = client.submit(stalled_until_released(started, release))
+    deadline = time.monotonic() + 120
+    while not started.exists():
+        assert time.monotonic() < deadline, "the first attempt's function never ran"
+        time.sleep(0.1)
+    server.stop()  # under the running Spark job: the first attempt fails
+    release.touch()  # the next attempt's function returns at once
+    server.start()
+    _, details = wait_for_end(client, job_id)
+    failures = [f"#{e.attempt.attempt_number}: {e.failure.message[:200]}" for e in details.exceptions if e.task_name]
+    # One restart was enough: the attempt after the first failure ran on a new session.
+    assert details_status(details) == "FINISHED", (details.failure.message, failures)
+    assert len(failures) == 1, failures
+    assert sorted(r["id"] for r in client.result(job_id)) == [0, 1, 2]
+
+
+def test_a_job_whose_restart_budget_is_spent_names_the_restart_strategy(connect, tmp_path):
+    d, client, server = connect
+    job_id = client.submit(stalled_until_released(tmp_path / "started", tmp_path / "release", fail=True))
+    _, details = wait_for_end(client, job_id)
+    assert details_status(details) == "FAILED"
+    message = details.failure.message
+    # the root cause first, then who gave up
+    assert 0 <= message.find(" failed on purpose") < message.find(
+        "(restart strategy fixed-delay (1 attempt) gave up after 2 failures; recovery is suppressed by "), message
+    status = funke("status", job_id, "--jobmanager", (d / "jobmanager.address").read_text().strip(),
+                   env={**os.environ, "FUNKE_CLUSTER_DIR": str(d)}, check=False)
+    assert "restart strategy fixed-delay (1 attempt) gave up after 2 failures" in status.stdout, status.stdout
 
 
 def test_a_setting_the_connect_server_cannot_take_stops_the_taskmanager(connect):

@@ -149,3 +149,27 @@ def test_waiting_for_more_workers_than_exist_fails_saying_what_it_saw(standalone
     assert f"last saw {WORKERS} ALIVE" in message
     for w in master_state(standalone.web_url)["workers"]:
         assert w["id"] in message
+
+
+def test_a_master_starts_while_another_holds_sparks_rest_submission_port(tmp_path):
+    """Spark's Master serves REST submissions on 6066 unless told otherwise, and funke's Master
+    may not move to another port (spark.port.maxRetries=0): a second cluster on the machine (another
+    user's, a test's) must not keep ours from starting. funke submits no applications that way."""
+    import socket
+
+    held = socket.socket()
+    try:
+        held.bind(("127.0.0.1", 6066))
+        held.listen()
+    except OSError:  # taken already, by someone else: the same situation
+        held.close()
+        held = None
+    try:
+        info = start(tmp_path / "spark", workers=0)
+        try:
+            assert master_state(info.web_url)["status"] == "ALIVE"
+        finally:
+            stop(info)
+    finally:
+        if held is not None:
+            held.close()

@@ -108,7 +108,8 @@ def test_fraction_error_suggests_a_smaller_unit():
 def test_no_restart_suppresses_the_first_failure():
     s = NoRestartBackoffTimeStrategy()
     d = decide(s, 0.0)
-    assert d == RestartDecision(False, 0.0, True, "NoRestartBackoffTimeStrategy")
+    assert d == RestartDecision(False, 0.0, True, "NoRestartBackoffTimeStrategy",
+                                "restart strategy none: the job restarts on no failure")
     assert f"Recovery is suppressed by {s}" == "Recovery is suppressed by NoRestartBackoffTimeStrategy"
 
 
@@ -482,6 +483,9 @@ class _Recording:
     def describe(self) -> str:
         return "Recording"
 
+    def gave_up(self) -> str:
+        return "Recording gave up"
+
 
 def test_decide_calls_in_flinks_order():
     r = _Recording(restartable=True)
@@ -491,8 +495,25 @@ def test_decide_calls_in_flinks_order():
 
 def test_decide_does_not_ask_for_a_backoff_when_suppressed():
     r = _Recording(restartable=False)
-    assert decide(r, 4.0) == RestartDecision(False, 0.0, False, "Recording")
+    assert decide(r, 4.0) == RestartDecision(False, 0.0, False, "Recording", "Recording gave up")
     assert [c for c, _ in r.calls] == ["notify_failure", "can_restart"]
+
+
+def test_a_suppressed_decision_says_in_words_which_limit_was_reached():
+    fixed = FixedDelayRestartBackoffTimeStrategy(attempts=1, delay_s=1.0)
+    assert decide(fixed, 0.0).gave_up == ""  # restarts: nobody gave up
+    assert decide(fixed, 1.0).gave_up == "restart strategy fixed-delay (1 attempt) gave up after 2 failures"
+    fixed = FixedDelayRestartBackoffTimeStrategy(attempts=3, delay_s=1.0)
+    assert [decide(fixed, t).gave_up for t in range(4)][-1] == \
+        "restart strategy fixed-delay (3 attempts) gave up after 4 failures"
+    rate = FailureRateRestartBackoffTimeStrategy(max_failures_per_interval=2, interval_s=60.0, delay_s=1.0)
+    assert [decide(rate, t).gave_up for t in (0.0, 10.0, 30.0)][-1] == \
+        "restart strategy failure-rate (at most 2 failures per 1 min) gave up after 3 failures within 30 s"
+    exponential = ExponentialDelayRestartBackoffTimeStrategy(attempts_before_reset_backoff=1, jitter_factor=0.0)
+    assert decide(exponential, 0.0).restart
+    assert decide(exponential, 5.0).gave_up == \
+        "restart strategy exponential-delay (1 attempt before the backoff resets) gave up after 2 failures without a reset"
+    assert decide(NoRestartBackoffTimeStrategy(), 0.0).gave_up == "restart strategy none: the job restarts on no failure"
 
 
 def test_strategies_satisfy_the_protocol():

@@ -159,3 +159,54 @@ def test_the_drivers_optimising_compiler_waits_for_really_hot_code_on_every_clas
     p = plan(conf=[("spark.driver.extraJavaOptions", "-XX:Tier4InvocationThreshold=5000")])
     assert p.conf["spark.driver.extraJavaOptions"].split()[-1] == "-XX:Tier4InvocationThreshold=5000"
     assert "spark.driver.extraJavaOptions" not in plan(remote="sc://h:15002").conf
+
+
+@pytest.mark.parametrize(("message", "stopped"), [
+    ("(java.lang.IllegalStateException) Cannot call methods on a stopped SparkContext.\nThis stopped SparkContext "
+     "was created at ...", True),
+    ("Job 3 cancelled because SparkContext was shut down", True),
+    ("[NO_ACTIVE_SESSION] No active Spark session found. Please create a new Spark session before running the "
+     "code.", False),  # the session is closed, the server runs: a new session, no wait
+    ("row 7 failed on purpose", False),
+])
+def test_a_failure_that_says_the_connect_server_is_shutting_down_is_told_apart(message, stopped):
+    assert ss.server_stopped(message) is stopped
+
+
+NETWORK_DEFAULTS = {  # from heartbeat.interval 1 s and heartbeat.timeout 5 s, funke's defaults
+    "spark.network.timeout": "10000ms", "spark.network.timeoutInterval": "5000ms",
+    "spark.executor.heartbeatInterval": "2500ms", "spark.shuffle.io.connectionCreationTimeout": "5000ms",
+    "spark.shuffle.io.retryWait": "1000ms", "spark.rpc.askTimeout": "120s"}
+
+
+@pytest.mark.parametrize("master", ["spark://m:7077", "yarn", "k8s://https://api:6443"])
+def test_a_cluster_masters_network_timeouts_follow_funkes_heartbeats(master):
+    p = plan(master=master)
+    assert {k: p.conf[k] for k in NETWORK_DEFAULTS} == NETWORK_DEFAULTS
+    assert any("after 10 s (spark.network.timeout, from heartbeat.timeout 5 s)" in n for n in p.notes)
+    slow = ss.plan(master=master, remote=None, slots=2, cores=8, user_conf=(), scratch=None, environ={}, python="p",
+                   heartbeat_interval_s=3.0, heartbeat_timeout_s=30.0).conf
+    assert (slow["spark.network.timeout"], slow["spark.network.timeoutInterval"], slow["spark.executor.heartbeatInterval"],
+            slow["spark.shuffle.io.connectionCreationTimeout"], slow["spark.shuffle.io.retryWait"]) == \
+        ("60000ms", "30000ms", "10000ms", "30000ms", "3000ms")
+
+
+def test_local_mode_and_spark_connect_keep_sparks_network_timeouts():
+    for p in (plan(), plan(remote="sc://h:15002")):
+        assert not set(NETWORK_DEFAULTS) & set(p.conf)
+
+
+def test_the_users_network_settings_win_and_a_users_timeout_is_the_base_of_the_others():
+    p = plan(master="spark://m:7077", conf=[("spark.shuffle.io.retryWait", "5s"), ("spark.rpc.askTimeout", "30s")])
+    assert p.conf["spark.shuffle.io.retryWait"] == "5s" and p.conf["spark.rpc.askTimeout"] == "30s"
+    assert p.conf["spark.network.timeout"] == "10000ms"
+    p = plan(master="spark://m:7077", conf=[("spark.network.timeout", "2min")])
+    assert p.conf["spark.network.timeout"] == "2min"
+    # Spark requires the interval and the executors' heartbeat under the user's timeout too
+    assert p.conf["spark.network.timeoutInterval"] == "60000ms" and p.conf["spark.executor.heartbeatInterval"] == "10000ms"
+    assert not any("spark.network.timeout" in n for n in p.notes)
+    p = plan(master="spark://m:7077", conf=[("spark.network.timeout", "3")])  # a bare number: seconds
+    assert (p.conf["spark.network.timeoutInterval"], p.conf["spark.executor.heartbeatInterval"],
+            p.conf["spark.shuffle.io.connectionCreationTimeout"]) == ("1500ms", "1000ms", "3000ms")
+    p = plan(master="spark://m:7077", conf=[("spark.network.timeout", "soon")])  # Spark says what is wrong
+    assert not (set(NETWORK_DEFAULTS) - {"spark.network.timeout"}) & set(p.conf)
