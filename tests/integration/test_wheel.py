@@ -22,8 +22,10 @@ pytestmark = pytest.mark.cluster
 JOB = """
 import json, sys, urllib.request
 from importlib.metadata import version
-import funke.common, funke.v1.jobmanager_pb2
-from funke.common.api.dsl import ExecutionEnvironment
+import funke, funke.common, funke.v1.jobmanager_pb2
+from funke import ExecutionEnvironment
+from funke.client import JobManagerClient
+from funke.state import KeyedProcessFunction
 from funke.deploy.execution import MiniCluster
 
 env = ExecutionEnvironment("from the wheel", parallelism=2)
@@ -33,7 +35,8 @@ with urllib.request.urlopen(MiniCluster.current().info.dashboard_url, timeout=30
     dashboard = page.read().decode()
 print(json.dumps({"status": result.status, "rows": sorted(r.t for r in result.collect()),
                   "version": version("funke"), "module": funke.common.__path__[0],
-                  "stubs": funke.v1.jobmanager_pb2.__file__, "dashboard": "<html" in dashboard.lower()}))
+                  "stubs": funke.v1.jobmanager_pb2.__file__, "dashboard": "<html" in dashboard.lower(),
+                  "public": funke.__file__, "public_version": funke.__version__}))
 """
 
 
@@ -96,7 +99,8 @@ def test_the_wheel_installs_into_a_clean_venv_and_runs_a_job(tmp_path):
 
     out = json.loads(run.stdout.strip().splitlines()[-1])
     assert out["status"] == "FINISHED" and out["rows"] == [x * 3 for x in range(10)]
-    for installed in (out["module"], out["stubs"]):  # the wheel's, not the checkout's
+    assert out["public_version"] == out["version"]
+    for installed in (out["module"], out["stubs"], out["public"]):  # the wheel's, not the checkout's
         assert installed.startswith(str(venv)) and not installed.startswith(str(REPO)), installed
     assert out["dashboard"], "the dashboard's files are in the wheel"
     assert changes(before, checkout_listing()) == [], "the test wrote into the checkout"
