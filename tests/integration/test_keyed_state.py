@@ -453,8 +453,8 @@ def test_a_stopped_querys_state_is_read_from_its_checkpoint_with_no_cluster_at_a
     events.drain()
     ends = batch_ends(checkpoint)
     last = max(ends)
-    ended = stream_cluster.funke("state", job_id, check=False)  # the JobManager reads only a running query's
-    assert ended.returncode == 1 and "funke state --checkpoint PATH" in ended.stderr, ended.stderr
+    ended = stream_cluster.funke("state", job_id, check=False)  # the JobManager reads only a running query's: a refusal
+    assert ended.returncode == 2 and "funke state --checkpoint PATH" in ended.stderr, ended.stderr
 
     nowhere = tmp_path / "no-cluster"
     nowhere.mkdir()
