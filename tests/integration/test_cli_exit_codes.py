@@ -64,7 +64,7 @@ def test_what_a_jobmanager_refuses_exits_2_and_what_it_fails_at_exits_1(spark_cl
     assert job_status_name(wait_for_end(client, job)[1].status) == "FINISHED"
     # FAILED_PRECONDITION
     refused(spark_cluster, "rescale", job, "-p", "2", says="rescale takes a running streaming query")
-    refused(spark_cluster, "state", job, says="has ended; keyed state is read from a running query's checkpoint")
+    refused(spark_cluster, "state", job, says="has ended; the JobManager reads a running query's keyed state")
     # INVALID_ARGUMENT, NOT_FOUND
     refused(spark_cluster, "result", job, says="has 2 collect sinks")
     refused(spark_cluster, "result", job, "--vertex", "no-such-sink", says="has no collect sink")
