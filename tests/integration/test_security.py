@@ -248,7 +248,7 @@ def test_plaintext_off_loopback_is_refused_unless_asked_for_by_name(tmp_path):
     d = tmp_path / "cluster"
     started = funke("cluster", "start", "--dir", str(d), "--host", "0.0.0.0", "--taskmanagers", "0", "--no-spark",
                     check=False, timeout=60)
-    assert started.returncode == 1 and "pass --insecure (or --tls)" in started.stderr, started.stderr
+    assert started.returncode == 2 and "pass --insecure (or --tls)" in started.stderr, started.stderr
     assert not list((d / "pids").glob("*.pid"))  # nothing was started
 
 

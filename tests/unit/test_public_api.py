@@ -216,11 +216,17 @@ def _python_blocks(markdown: str) -> list[str]:
 
 def _imported_funke_modules(source: str) -> list[str]:
     try:
-        tree = ast.parse(source)
-    except SyntaxError:  # a shell block, or a fragment: its import lines still count
-        tree = ast.parse("\n".join(line for line in source.splitlines() if line.lstrip().startswith(("import ", "from "))))
+        trees = [ast.parse(source)]
+    except SyntaxError:  # a shell block, a fragment or prose: its import lines that parse still count
+        trees = []
+        for line in source.splitlines():
+            if line.lstrip().startswith(("import ", "from ")):
+                try:
+                    trees.append(ast.parse(line.strip()))
+                except SyntaxError:  # "from another host, ..."
+                    pass
     out = []
-    for node in ast.walk(tree):
+    for node in (n for tree in trees for n in ast.walk(tree)):
         if isinstance(node, ast.Import):
             out.extend(a.name for a in node.names if a.name.split(".")[0] == "funke")
         elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "funke":
