@@ -50,7 +50,6 @@ import json
 import logging
 import os
 import secrets
-import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -72,7 +71,7 @@ from funke.common.streaming.checkpoint import (
     plan_recovery,
     to_purge,
 )
-from funke.runtime.hafilesystem import holder_gone, process_identity, read_file, write_atomically
+from funke.runtime.hafilesystem import create_once, holder_gone, process_identity, read_file, write_atomically
 
 METADATA = "metadata"
 OFFSETS = "offsets"
@@ -230,42 +229,12 @@ class CheckpointStore:
 
     def _create_lease(self, lease: cl.CheckpointLease) -> bool:
         """Begin `lease.epoch`, unless another run created it first (False)."""
-        if not self._create_once(self._lease_path(lease.epoch), cl.lease_bytes(lease)):
+        if not create_once(self._lease_path(lease.epoch), cl.lease_bytes(lease)):
             return False
         for epoch in self._ids(self.lease_dir):
             if epoch < lease.epoch - _OLD_EPOCHS_KEPT:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(self._lease_path(epoch))
-        return True
-
-    @staticmethod
-    def _create_once(path: str, data: bytes) -> bool:
-        """Create `path` with `data`, complete, at once, unless it exists (False): a hard link of
-        a written and synced temporary file, which never replaces what is there."""
-        directory = os.path.dirname(path)
-        tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.{threading.get_ident()}."
-                                      f"{secrets.token_hex(4)}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        try:
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            try:
-                os.link(tmp, path)
-            except FileExistsError:
-                return False
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
         return True
 
     def _resume(self) -> Resumption:
@@ -274,7 +243,7 @@ class CheckpointStore:
         if data is None:
             self.check()
             query_id = str(uuid.uuid4())
-            if not self._create_once(path, metadata_bytes(query_id)):  # another run's, just written
+            if not create_once(path, metadata_bytes(query_id)):  # another run's, just written
                 query_id = parse_metadata(read_file(path) or b"", path)
         else:
             query_id = parse_metadata(data, path)
@@ -326,7 +295,7 @@ class CheckpointStore:
         self.check()
         assert self._hold is not None
         content = data(self._hold[1])
-        if self._create_once(path, content):
+        if create_once(path, content):
             return
         existing = read_file(path)
         if existing is not None and _without_epoch(existing) == _without_epoch(content):

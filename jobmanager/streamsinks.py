@@ -49,12 +49,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import secrets
 import shutil
 from typing import Callable
 
 from funke.common import ids, layout
-from funke.runtime.hafilesystem import read_file, write_atomically
+from funke.runtime.hafilesystem import create_once, read_file
 
 SINK_LOG = layout.STREAM_SINK_LOG
 
@@ -119,24 +118,10 @@ def commit_batch(target: str, job_id: str, batch_id: int, attempts: dict[int, in
     names = [final for _, final in staged]
     os.makedirs(os.path.join(target, SINK_LOG), exist_ok=True)
     fence()
-    if not _create_once(manifest_path(target, batch_id), json.dumps({"batchId": batch_id, "files": names}).encode()):
+    if not create_once(manifest_path(target, batch_id), json.dumps({"batchId": batch_id, "files": names}).encode()):
         return committed_files(target, batch_id)  # committed meanwhile by another run: its manifest stands
     shutil.rmtree(batch_staging(target, job_id, batch_id), ignore_errors=True)
     return names
-
-
-def _create_once(path: str, data: bytes) -> bool:
-    """Write `path` whole unless it exists (False): a hard link of a complete temporary file."""
-    tmp = f"{os.path.join(os.path.dirname(path), '.' + os.path.basename(path))}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-    write_atomically(tmp, data)
-    try:
-        os.link(tmp, path)
-    except FileExistsError:
-        return False
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-    return True
 
 
 def committed_files(target: str, batch_id: int) -> list[str]:

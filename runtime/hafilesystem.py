@@ -142,6 +142,33 @@ def write_atomically(path: str, data: bytes) -> None:
     _fsync_dir(directory)
 
 
+def create_once(path: str, data: bytes) -> bool:
+    """Create `path` with `data`, whole and at once, unless it exists (False): a hard link of a
+    written and synced temporary file, which never replaces what is there (where
+    `write_atomically`'s rename would). Of two writers racing for one name, exactly one wins."""
+    directory = os.path.dirname(path)
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.{threading.get_ident()}."
+                                  f"{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+    _fsync_dir(directory)
+    return True
+
+
 def read_file(path: str) -> bytes | None:
     """A file's content (at most MAX_RECORD_BYTES), or None if it is missing or a symlink."""
     try:
@@ -251,16 +278,8 @@ class FileSystemHaServices:
         another contender created it first (False)."""
         path = self._lease_path(lease.epoch)
         os.makedirs(self.leases_dir, mode=0o700, exist_ok=True)
-        tmp = os.path.join(self.leases_dir, f".{lease.epoch}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-        write_atomically(tmp, lease_to_json(lease))
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
+        if not create_once(path, lease_to_json(lease)):
             return False
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-        _fsync_dir(self.leases_dir)
         for epoch in self._epochs():
             if epoch < lease.epoch - _OLD_EPOCHS_KEPT:
                 with contextlib.suppress(FileNotFoundError):
