@@ -39,6 +39,7 @@ PYTHON_ENV = "PYSPARK_PYTHON"
 CORES_MAX = "spark.cores.max"
 UNIX_SOCKETS = "spark.python.unix.domain.socket.enabled"
 UNIX_SOCKET_DIR = "spark.python.unix.domain.socket.dir"
+INTERRUPT_ON_CANCEL = "spark.sql.execution.interruptOnCancel"
 # A Unix socket's path holds at most 107 bytes; Spark names its sockets ".<uuid4>.sock" in their
 # directory (java.io.tmpdir unless UNIX_SOCKET_DIR says otherwise): 43 bytes with the slash.
 MAX_UNIX_SOCKET_PATH = 107
@@ -182,6 +183,15 @@ def plan(*, master: str | None, remote: str | None, slots: int, cores: int, user
         "spark.python.worker.faulthandler.enabled": "true",
         # spark.python.task.killTimeout stays at Spark's 2 s: a cancelled funke task's Python
         # workers end themselves through its cancel marker (operators.udf.cancellable).
+        # A cancelled job's tasks are killed without Thread.interrupt (Spark SQL interrupts them
+        # by default). A task thread interrupted while it waits for the Python daemon to fork
+        # its worker (PythonWorkerFactory's 60 s select returns at once) makes Spark take the
+        # daemon for lost and restart it, and the old daemon's shutdown SIGHUPs every worker it
+        # forked: the Python workers of every other running task of this session, other jobs'
+        # too, which fail with "Python worker exited unexpectedly (crashed)" (docs/limits.md).
+        # Killed tasks still end: Python work by the cancel marker or Spark's monitor, JVM work
+        # at its next row.
+        INTERRUPT_ON_CANCEL: "false",
         # Executors talk to their Python workers (on the same host) over Unix domain sockets:
         # over TCP, Nagle's algorithm and the peer's delayed ACK hold a small batch's rows for
         # 40 ms at every Python stage (every map, filter or keyed-state operator of a micro-batch).

@@ -32,6 +32,15 @@ def test_executors_reach_their_python_workers_over_unix_sockets_unless_the_user_
     assert off.conf["spark.python.unix.domain.socket.enabled"] == "false"
 
 
+@pytest.mark.parametrize("master", [None, "spark://m:7077"])
+def test_cancelled_jobs_tasks_are_killed_without_interrupting_their_threads_unless_the_user_says(master):
+    # an interrupted task thread waiting for its Python worker made Spark restart the Python
+    # daemon, which killed the workers of every other task (tests/integration/test_spark_cancel_isolation.py)
+    assert plan(master=master).conf["spark.sql.execution.interruptOnCancel"] == "false"
+    on = plan(master=master, conf=[("spark.sql.execution.interruptOnCancel", "true")])
+    assert on.conf["spark.sql.execution.interruptOnCancel"] == "true"
+
+
 def test_a_scratch_directory_too_long_for_a_socket_path_keeps_tcp():
     # A socket's path holds 107 bytes: in a deep scratch directory binding it failed and the
     # session did not start (OSError: AF_UNIX path too long).
