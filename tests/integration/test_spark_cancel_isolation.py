@@ -34,12 +34,35 @@ S = ExecutionState
 @pytest.fixture(scope="module")
 def spark():
     # three slots: the victim's task, the cancelled task, and a probe job beside them
+    environ = dict(os.environ)
     runtime = SparkRuntime(TaskExecutorConfig("tm-cancel-isolation", number_of_slots=3, warm_up=False))
     session = runtime.create_with_task_runtime()
     assert session.sparkContext.appName == "funke-taskmanager-tm-cancel-isolation", "getOrCreate reused a session"
     yield session
     session.stop()
+    stop_jvm()
+    os.environ.clear()
+    os.environ.update(environ)
     shutil.rmtree(runtime.scratch, ignore_errors=True)
+
+
+def stop_jvm() -> None:
+    """Ends the JVM PySpark started in this process. A TaskManager's session starts it with its
+    own system properties (java.io.tmpdir in the scratch removed above, Unix-socket Python
+    workers), and PySpark keeps one JVM per process for every later session: the next test
+    module's getOrCreate would inherit them and fail to bind its socket in a removed directory."""
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    if gateway is None:
+        return
+    proc = getattr(gateway, "proc", None)
+    gateway.shutdown()
+    if proc is not None:
+        proc.stdin.close()  # the JVM exits when its stdin ends
+        proc.wait(60)
+    SparkContext._gateway = None
+    SparkContext._jvm = None
 
 
 def wait_until(condition, what: str, timeout_s: float = 60.0):
