@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, Observation
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
@@ -34,7 +34,7 @@ from funke.taskmanager.operators.context import RuntimeContext, column_ref
 
 log = logging.getLogger(__name__)
 
-__all__ = ["frame_from_arrow", "frame_to_arrow", "grouped_aggregate", "select_exprs"]
+__all__ = ["RowsObserved", "frame_from_arrow", "frame_to_arrow", "grouped_aggregate", "observe_rows", "select_exprs"]
 
 _KEY = "classic spark"
 
@@ -44,6 +44,7 @@ class _Classic:
 
     def __init__(self, spark: Any) -> None:
         from pyspark.errors.exceptions.captured import unwrap_spark_exception
+        from pyspark.serializers import CPickleSerializer
         from pyspark.sql.classic.column import _to_seq
         from pyspark.sql.pandas.serializers import ArrowCollectSerializer, ArrowStreamSerializer
         from pyspark.sql.pandas.types import _check_arrow_table_timestamps_localize, to_arrow_schema
@@ -66,6 +67,11 @@ class _Classic:
         self.stream_serializer = ArrowStreamSerializer
         self.unwrap = unwrap_spark_exception
         self.kept: dict[Any, Any] = {}  # the column lists built once
+        # DataFrame.observe's parts (pyspark/sql/observation.py): the JVM's Observation class, a
+        # count of the rows, and how an observed row comes back
+        self.observation = getattr(spark._jvm, "org.apache.spark.sql.Observation")
+        self.count_rows = (F.count(F.lit(1)).alias("rows")._jc, _to_seq(sc, []))
+        self.row_serializer = CPickleSerializer()
 
 
 def _classic(ctx: RuntimeContext) -> _Classic | None:
@@ -151,3 +157,44 @@ def select_exprs(ctx: RuntimeContext, df: DataFrame, exprs: Sequence[str]) -> Da
     if seq is None:
         seq = classic.kept[memo_key] = classic.seq(list(exprs))
     return DataFrame(df._jdf.selectExpr(seq), classic.spark)
+
+
+class RowsObserved:
+    """The rows an observation counted (`observe_rows`), once the action that ran them ended."""
+
+    __slots__ = ("_observation", "_jobservation", "_classic")
+
+    def __init__(self, observation: Observation | None = None, jobservation: Any = None,
+                 classic: _Classic | None = None) -> None:
+        self._observation = observation
+        self._jobservation = jobservation
+        self._classic = classic
+
+    def rows(self) -> int | None:
+        """Blocks until the action that runs the observed rows has ended: call only once one did.
+        None when Spark planned the rows away (an input it knew empty, a join with an empty
+        side): the observation then ends without a count."""
+        try:
+            if self._observation is not None:
+                return int(self._observation.get["rows"])
+            classic = self._classic
+            assert classic is not None
+            row = classic.row_serializer.loads(classic.sql_utils.toPyRow(self._jobservation.getRow()))
+            return int(row[0])
+        except Exception:  # Py4JJavaError: the metrics row is empty
+            return None
+
+
+def observe_rows(ctx: RuntimeContext, df: DataFrame) -> tuple[DataFrame, RowsObserved]:
+    """`df.observe(Observation(), count(1))`: `df` with its rows counted while the action that
+    runs them runs, not by a Spark job of its own. In a streaming task on classic Spark with the
+    JVM's parts looked up once for the task: two round trips to observe, two to read the count
+    (PySpark's own way takes a dozen)."""
+    classic = _classic(ctx)
+    if classic is None or not hasattr(df, "_jdf"):
+        observation = Observation()
+        return df.observe(observation, F.count(F.lit(1)).alias("rows")), RowsObserved(observation)
+    jobservation = classic.observation()
+    count, rest = classic.count_rows
+    observed = DataFrame(df._jdf.observe(jobservation, count, rest), classic.spark)
+    return observed, RowsObserved(None, jobservation, classic)
