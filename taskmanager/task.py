@@ -63,7 +63,7 @@ from funke.taskmanager.receiver import SocketReceiver
 from funke.taskmanager.operators import classic, udf
 from funke.taskmanager.operators.keyedstate import measure
 from funke.taskmanager.operators.context import InputMeter, RuntimeContext, SinkCount, arrow_compatible, column_ref
-from funke.taskmanager.recordcounts import ChainCounter
+from funke.taskmanager.recordcounts import ChainCounter, writes_every_record
 from funke.taskmanager.operators.transforms import union_all
 
 __all__ = ["BatchReport", "StreamTask", "Task", "TaskCancelled", "Report", "check_vertex", "failure_of"]
@@ -616,9 +616,6 @@ def _partition_path(ctx: RuntimeContext, data_set_id: str, partition_index: int,
 # batch id, the partitions written, the rows its stream source read (None: not a source, or not counted)
 BatchReport = Callable[[int, tuple[ProducedPartition, ...], int | None, TaskIo | None], None]
 
-# Sinks that run every row of the batch: a chain ending in one of them (or in its outputs) has
-# its source's count once it ran. print takes the first rows only, and what foreach_batch's
-# function reads is the user's.
 # Operators that may return more rows than they read (flat_map's function, a keyed process
 # function, a user's DataFrame function): Spark estimates their output at their input's size.
 _MAY_MULTIPLY_ROWS = frozenset({"flat_map", "process", "transform"})
@@ -639,9 +636,6 @@ def _may_multiply_rows(operators: Any) -> bool:
             multiplied = False
     return multiplied
 
-
-_SINKS_READING_ALL = frozenset({"sink.parquet", "sink.csv", "sink.json", "sink.text", "sink.collect", "sink.discard",
-                                "sink.delta"})
 
 
 class StreamTask(Task):
@@ -779,7 +773,7 @@ class StreamTask(Task):
         assert meter is not None
         if not meter.event_time and not meter.late:
             return {}, 0
-        if chain.ends_in_sink and chain.vertex.operators[-1].kind not in _SINKS_READING_ALL:
+        if not _runs_every_row(chain):
             return {}, 0
         stats = {}
         for operator, observation in meter.event_time.items():
@@ -794,10 +788,17 @@ class StreamTask(Task):
         did not run every row)."""
         if CATALOGUE[chain.vertex.operators[0].kind].role is not OperatorRole.SOURCE:
             return None
-        if chain.ends_in_sink and chain.vertex.operators[-1].kind not in _SINKS_READING_ALL:
+        if not _runs_every_row(chain):
             return None
         assert ctx.meter is not None
         return ctx.meter.counted_rows()
+
+
+def _runs_every_row(chain: _Chain) -> bool:
+    """Whether a streaming chain's batch runs every row, so that its observations have their
+    counts once it ran: it ends in its outputs, or in a sink that writes every row it receives
+    (print shows the first rows only, and what foreach_batch's function reads is the user's)."""
+    return not chain.ends_in_sink or writes_every_record(chain.vertex.operators[-1].kind, streaming=True)
 
 
 def _first(*counts: int | None) -> int:

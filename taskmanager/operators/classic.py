@@ -9,8 +9,10 @@ micro-batch of a source and an aggregate made about 170 of them, 10-20% of its t
 
 Here the same calls, made as PySpark makes them, with what does not change from batch to batch
 built once for the task (`RuntimeContext.memo`): the JVM classes and settings looked up once, the
-column lists of a group-by, a projection or a UDF's arguments built once. The settings a result
-depends on (the session's time zone, large Arrow types) are still read for every call.
+column lists of a group-by, a projection or a UDF's arguments built once, and the parts of an
+observation that counts rows (`observe_rows`, how records are counted where nothing else knows
+them: `funke.taskmanager.recordcounts`). The settings a result depends on (the session's time
+zone, large Arrow types) are still read for every call.
 
 Only a streaming task keeps a memo; a bounded task, Spark Connect (no `_jdf`), encrypted Spark
 I/O (PySpark then sends Arrow through a socket server, not a file) or a PySpark whose internals

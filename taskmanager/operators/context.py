@@ -37,9 +37,10 @@ __all__ = ["InputMeter", "RuntimeContext", "Sink", "SinkCount", "Source", "Trans
 @dataclass(slots=True)
 class InputMeter:
     """What one micro-batch of a task reads: an estimate of the bytes (the rate source's rows
-    weighed, files and partitions by size), which decides how its output is exchanged, and the
+    weighed, files and partitions by size), which decides how its output is exchanged, the
     rows its stream source read: known before running (the rate source's range) or observed
-    while running (files: read only once the batch's work has run every row)."""
+    while running (files: read only once the batch's work has run every row), and the rows
+    its inputs' result partitions brought."""
 
     bytes: int = 0
     rows: int = 0
