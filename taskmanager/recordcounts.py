@@ -14,6 +14,11 @@ taken from the first of these that applies (`plan`, a pure function of the chain
   NEXT      the operator before a sink that writes every record it receives: what that sink wrote;
   SAME      an operator that emits each record it receives and nothing else (map, with_watermark,
             union, noop): its records in;
+  AHEAD     an operator followed by such operators, the last of which is counted as PRODUCED or
+            NEXT: what that last one emitted (they all passed the same records on);
+  PROJECTED a select: its records in when Spark's plan of it is a projection (one row out per row
+            in: no generator such as explode, no aggregate), looked up once for a streaming
+            task; otherwise as the next rule says;
   SOURCE    a stream source: its batch's count (`InputMeter`: the rate source's range, the lines a
             receiver stored, the entries read from Redis, or the rows a file source's observation
             counted as the batch read them);
@@ -49,7 +54,7 @@ from pyspark.sql import DataFrame
 from funke.common.graph.executiongraph import OperatorIo
 from funke.common.graph.operators import CATALOGUE, OperatorRole
 from funke.taskmanager import iometrics
-from funke.taskmanager.operators.classic import RowsObserved, observe_rows
+from funke.taskmanager.operators.classic import RowsObserved, is_projection, observe_rows
 from funke.taskmanager.operators.context import RuntimeContext
 
 __all__ = ["ChainCounter", "Count", "every_record_runs", "plan", "writes_every_record"]
@@ -64,6 +69,8 @@ class Count(enum.Enum):
     WRITTEN = "written"
     NEXT = "next"
     SAME = "same"
+    AHEAD = "ahead"
+    PROJECTED = "projected"
     SOURCE = "source"
     FILES = "files"
     OBSERVED = "observed"
@@ -101,11 +108,11 @@ def plan(kinds: Sequence[str], *, streaming: bool, has_outputs: bool) -> tuple[C
     """How each operator's records out are known after a run of a chain of these kinds (a
     streaming task's batch, or a bounded task), the chain writing result partitions or not."""
     last = len(kinds) - 1
-    observable = every_record_runs(kinds, streaming=streaming, has_outputs=has_outputs)
-    out = []
+    out: list[Count | None] = []
     for i, kind in enumerate(kinds):
         role = _role(kind)
         after = kinds[i + 1] if i < last else None
+        how: Count | None = None
         if role is OperatorRole.SINK:
             how = Count.WRITTEN
         elif i == last:
@@ -118,10 +125,29 @@ def plan(kinds: Sequence[str], *, streaming: bool, has_outputs: bool) -> tuple[C
             how = Count.SOURCE
         elif role is OperatorRole.SOURCE and kind in _FILE_SOURCES and after == "where":
             how = Count.FILES if kind in _FILES_COUNTED else Count.NONE
-        else:
-            how = Count.OBSERVED if observable else Count.NONE
         out.append(how)
-    return tuple(out)
+    observable = every_record_runs(kinds, streaming=streaming, has_outputs=has_outputs)
+    for i, how in enumerate(out):
+        if how is not None:
+            continue
+        if _ahead(kinds, out, i) is not None:
+            out[i] = Count.AHEAD
+        elif kinds[i] == "select":
+            out[i] = Count.PROJECTED
+        else:
+            out[i] = Count.OBSERVED if observable else Count.NONE
+    return tuple(how for how in out if how is not None)
+
+
+def _ahead(kinds: Sequence[str], plan: Sequence[Count | None], index: int) -> int | None:
+    """The operator after `index` whose records out are `index`'s (AHEAD): past operators that
+    pass every record on, the first of them counted on its own (PRODUCED, NEXT); None: none."""
+    for j in range(index + 1, len(kinds)):
+        if kinds[j] not in SAME_KINDS:
+            return None
+        if plan[j] in (Count.PRODUCED, Count.NEXT):
+            return j
+    return None
 
 
 class ChainCounter:
@@ -134,7 +160,7 @@ class ChainCounter:
         self.ctx = ctx
         self.kinds = tuple(kinds)
         self.streaming = ctx.batch is not None
-        self.plan = plan(self.kinds, streaming=self.streaming, has_outputs=has_outputs)
+        self.plan = list(plan(self.kinds, streaming=self.streaming, has_outputs=has_outputs))
         self.every_record_runs = every_record_runs(self.kinds, streaming=self.streaming, has_outputs=has_outputs)
         self._observed: dict[int, RowsObserved] = {}
         self._files: dict[int, DataFrame] = {}
@@ -143,11 +169,28 @@ class ChainCounter:
         """Operator `index`'s output, as the chain goes on with it: observed when that is how
         its records are counted."""
         how = self.plan[index]
+        if how is Count.PROJECTED:  # decided now that Spark has planned it
+            if self._projection(index, df):
+                how = self.plan[index] = Count.SAME
+            else:
+                how = self.plan[index] = Count.OBSERVED if self.every_record_runs else Count.NONE
         if how is Count.OBSERVED:
             df, self._observed[index] = observe_rows(self.ctx, df)
         elif how is Count.FILES:
             self._files[index] = df
         return df
+
+    def _projection(self, index: int, df: DataFrame) -> bool:
+        """Whether operator `index`'s output is a projection of its input, one row per row: for a
+        streaming task looked up in its first batch (its operators and input stay the same)."""
+        memo = self.ctx.memo
+        key = ("projection", self.ctx.vertex_id, index)
+        if memo is not None and key in memo:
+            return bool(memo[key])
+        found = is_projection(df)
+        if memo is not None:
+            memo[key] = found
+        return found
 
     def operators(self, head_in: int | None, produced: int | None) -> tuple[OperatorIo, ...]:
         """Per operator its records in and out, once the chain's action ended (`head_in`: what
@@ -167,6 +210,9 @@ class ChainCounter:
                 emitted = received
             elif how in (Count.NEXT, Count.WRITTEN):
                 emitted = sink_rows
+            elif how is Count.AHEAD:
+                ahead = _ahead(self.kinds, self.plan, i)
+                emitted = produced if ahead is not None and self.plan[ahead] is Count.PRODUCED else sink_rows
             elif how is Count.PRODUCED:
                 emitted = produced
             elif how is Count.SOURCE:

@@ -36,7 +36,8 @@ from funke.taskmanager.operators.context import RuntimeContext, column_ref
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RowsObserved", "frame_from_arrow", "frame_to_arrow", "grouped_aggregate", "observe_rows", "select_exprs"]
+__all__ = ["RowsObserved", "frame_from_arrow", "frame_to_arrow", "grouped_aggregate", "is_projection", "observe_rows",
+           "select_exprs"]
 
 _KEY = "classic spark"
 
@@ -200,3 +201,15 @@ def observe_rows(ctx: RuntimeContext, df: DataFrame) -> tuple[DataFrame, RowsObs
     count, rest = classic.count_rows
     observed = DataFrame(df._jdf.observe(jobservation, count, rest), classic.spark)
     return observed, RowsObserved(None, jobservation, classic)
+
+
+def is_projection(df: DataFrame) -> bool:
+    """Whether Spark's analyzed plan of `df` ends in a projection, which makes one row of each
+    row of its input (a select of columns and expressions; not one with a generator such as
+    explode, or an aggregate). False when that cannot be told (Spark Connect has no plan here)."""
+    if not hasattr(df, "_jdf"):
+        return False
+    try:
+        return str(df._jdf.queryExecution().analyzed().nodeName()) == "Project"
+    except Exception:  # a PySpark whose internals differ
+        return False

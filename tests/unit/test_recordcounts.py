@@ -38,9 +38,20 @@ C = Count
     (("watermark", "window_aggregate", "sink.delta"), True, False, (C.SAME, C.NEXT, C.WRITTEN)),
     # a streaming print shows some rows, foreach_batch runs what the user runs, noop nothing: no
     # observation, only what is known without one
-    (("source.rate", "select", "sink.print"), True, False, (C.SOURCE, C.NONE, C.WRITTEN)),
-    (("source.rate", "select", "map", "sink.foreach_batch"), True, False, (C.SOURCE, C.NONE, C.SAME, C.WRITTEN)),
-    (("source.range", "select", "sink.noop"), False, False, (C.NONE, C.NONE, C.WRITTEN)),
+    (("source.rate", "where", "sink.print"), True, False, (C.SOURCE, C.NONE, C.WRITTEN)),
+    (("source.rate", "where", "map", "sink.foreach_batch"), True, False, (C.SOURCE, C.NONE, C.SAME, C.WRITTEN)),
+    (("source.range", "where", "sink.noop"), False, False, (C.NONE, C.NONE, C.WRITTEN)),
+    # a select is a projection (its records in) unless Spark's plan of it says otherwise
+    (("source.rate", "select", "sink.print"), True, False, (C.SOURCE, C.PROJECTED, C.WRITTEN)),
+    # bench_streaming's query, in one vertex and in two
+    (("source.rate", "select", "map", "aggregate", "sink.parquet"), True, False,
+     (C.SOURCE, C.PROJECTED, C.SAME, C.NEXT, C.WRITTEN)),
+    (("source.rate", "select", "map"), True, True, (C.SOURCE, C.AHEAD, C.PRODUCED)),
+    (("aggregate", "sink.parquet"), True, False, (C.NEXT, C.WRITTEN)),
+    # what operators that pass every record on emitted, an operator before them emitted
+    (("source.range", "where", "map", "watermark", "sink.json"), False, False,
+     (C.OBSERVED, C.AHEAD, C.SAME, C.NEXT, C.WRITTEN)),
+    (("source.range", "where", "map", "flat_map"), False, True, (C.OBSERVED, C.OBSERVED, C.SAME, C.PRODUCED)),
     # a bounded job's print prints every row
     (("source.range", "select", "sink.print"), False, False, (C.OBSERVED, C.NEXT, C.WRITTEN)),
     # a vertex of only a sink, and a chain with neither a sink nor outputs

@@ -659,13 +659,61 @@ def test_a_running_word_counts_vertices_count_their_records_in_and_out_in_every_
 
 
 def test_the_running_word_counts_chains_are_counted_without_an_observation():
-    """Counting costs the word count's batches no observation: the source's lines are counted as
-    they are read, its words by the exchange's write, the keyed vertex's input by its gate's rows
-    and its output by what its sink wrote."""
+    """Counting costs the word count's batches no observation of its own (each costs a small
+    batch about 10 ms): the source's lines are counted as they are read (a file source's own
+    count), its words by the exchange's write, the keyed vertex's input by its gate's rows and
+    its output by what its sink wrote."""
     from funke.taskmanager import recordcounts
 
     source = recordcounts.plan(("source.stream.text", "flat_map"), streaming=True, has_outputs=True)
     keyed = recordcounts.plan(("running_aggregate", "sink.parquet"), streaming=True, has_outputs=False)
-    per_batch = recordcounts.plan(("source.rate", "map", "aggregate", "sink.parquet"), streaming=True,
-                                  has_outputs=False)  # bench_streaming's query at parallelism 1
-    assert recordcounts.Count.OBSERVED not in source + keyed + per_batch
+    assert recordcounts.Count.OBSERVED not in source + keyed
+
+
+@pytest.mark.parametrize("keep_exchange", [False, True])
+def test_bench_streamings_query_counts_every_operators_records_without_an_observation(spark, tmp_path, monkeypatch,
+                                                                                     keep_exchange):
+    """bench_streaming's query (rate -> select -> map -> per-batch aggregate -> Parquet), in one
+    vertex or in two: every operator's records, batch after batch, and not one observation (its
+    select is a projection: one row per row)."""
+    from funke.taskmanager import recordcounts
+    from tests.unit.test_task_runtime import Reports, deploy, gate, op, output
+
+    observed = []
+    real = recordcounts.observe_rows
+    monkeypatch.setattr(recordcounts, "observe_rows", lambda ctx, df: observed.append(ctx.vertex_id) or real(ctx, df))
+    source = [op("source.rate", rows_per_second=1000), op("select", exprs=["value"]),
+              op("map", lambda v: (v, v % 4, v * 2), schema="value bigint, bucket int, doubled bigint")]
+    keyed = [op("aggregate", keys=["bucket"], aggregations=["count(1) AS n", "sum(doubled) AS total"]),
+             op("sink.parquet", path=str(tmp_path / "out"))]
+    if keep_exchange:
+        producer, _ = deploy(tmp_path, source, vertex="rate", outputs=[output("ds", 0)])
+        consumer, _ = deploy(tmp_path, keyed, vertex="aggregate")
+        tasks = [(producer, BatchReports()), (consumer, BatchReports())]
+    else:
+        one, _ = deploy(tmp_path, source + keyed, vertex="rate")
+        tasks = [(one, BatchReports())]
+    running = [StreamTask(d, spark, Reports(), batches) for d, batches in tasks]
+    threads = [threading.Thread(target=t.run, daemon=True) for t in running]
+    for t in threads:
+        t.start()
+    ranges = [SourceRange(None, {"rows": 10, "baseMs": 0}, 10),
+              SourceRange({"rows": 10, "baseMs": 0}, {"rows": 13, "baseMs": 0}, 3)]
+    for batch_id, rate_range in enumerate(ranges):
+        running[0].give_batch(BatchInput(batch_id, 0, {"rate": rate_range}))
+        assert tasks[0][1].wait_for(batch_id)
+        if keep_exchange:
+            (produced,) = tasks[0][1].done[-1][1]
+            running[1].give_batch(BatchInput(batch_id, 0), (gate("ds", range(0, 1), schema=produced.schema),))
+            assert tasks[1][1].wait_for(batch_id)
+    for t in running:
+        t.finish()
+    for t in threads:
+        t.join(60)
+    counts = [[(o.records_in, o.records_out) for o in io.operators] for _, batches in tasks for io in batches.io]
+    # 10 rows in 4 buckets, then 3 rows in 3 buckets
+    if keep_exchange:
+        assert counts == [[(10, 10)] * 3, [(3, 3)] * 3, [(10, 4), (4, 4)], [(3, 3), (3, 3)]]
+    else:
+        assert counts == [[(10, 10)] * 3 + [(10, 4), (4, 4)], [(3, 3)] * 3 + [(3, 3), (3, 3)]]
+    assert observed == []

@@ -425,6 +425,25 @@ def test_records_per_operator_on_both_sides_of_an_exchange(spark, tmp_path, limi
     assert records(io) == [(180, 90), (90, 90)] and (io.records_in, io.records_out) == (180, 90)
 
 
+def test_a_select_is_counted_as_a_projection_unless_it_makes_rows_of_its_own(spark, tmp_path, monkeypatch):
+    from funke.taskmanager import recordcounts
+
+    observed = []
+    real = recordcounts.observe_rows
+    monkeypatch.setattr(recordcounts, "observe_rows", lambda ctx, df: observed.append(ctx.vertex_id) or real(ctx, df))
+    plain = [op("source.range", end=10), op("select", exprs=["id * 2 AS d"]), op("where", condition="d < 10"),
+             op("sink.collect")]
+    reports = run(deploy(tmp_path, plain, vertex="plain"), spark)
+    finished(reports)
+    assert records(reports.io[-1]) == [(10, 10), (10, 10), (10, 5), (5, 5)]
+    assert observed == ["plain"]  # the source's count; the select passed each row on
+    exploding = [op("source.range", end=4), op("select", exprs=["explode(array(id, id)) AS id"]),
+                 op("select", exprs=["id + 1 AS n"]), op("sink.collect")]
+    reports = run(deploy(tmp_path, exploding, vertex="exploding"), spark)
+    finished(reports)
+    assert records(reports.io[-1]) == [(4, 4), (4, 8), (8, 8), (8, 8)]
+
+
 def test_a_where_behind_a_parquet_source_still_prunes_and_the_source_is_counted_from_its_files(spark, tmp_path):
     # No count between them: Spark pushes the where's filter into the scan (partitions pruned,
     # row groups skipped); the source's records are its files' rows, from their footers.
