@@ -40,7 +40,9 @@ emitted; a sink that writes every record it receives received what it wrote.
 An observation is only placed, and read, when the chain's action runs every record: its outputs
 are written, or its sink writes every record it receives. A chain ending in a streaming query's
 print (the first rows of each batch), foreach_batch (what runs is the user's function's) or
-noop (nothing runs) keeps only the counts known without one; the rest are NONE.
+noop (nothing runs) keeps only the counts known without one; the rest are NONE. So are the
+operators before a transform: the user's function may leave its input out of what it returns,
+and an observation no action runs is never filled.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ from funke.taskmanager import iometrics
 from funke.taskmanager.operators.classic import RowsObserved, is_projection, observe_rows
 from funke.taskmanager.operators.context import RuntimeContext
 
-__all__ = ["ChainCounter", "Count", "every_record_runs", "plan", "writes_every_record"]
+__all__ = ["ChainCounter", "Count", "every_record_runs", "observable", "plan", "writes_every_record"]
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +128,7 @@ def plan(kinds: Sequence[str], *, streaming: bool, has_outputs: bool) -> tuple[C
         elif role is OperatorRole.SOURCE and kind in _FILE_SOURCES and after == "where":
             how = Count.FILES if kind in _FILES_COUNTED else Count.NONE
         out.append(how)
-    observable = every_record_runs(kinds, streaming=streaming, has_outputs=has_outputs)
+    runs = every_record_runs(kinds, streaming=streaming, has_outputs=has_outputs)
     for i, how in enumerate(out):
         if how is not None:
             continue
@@ -135,8 +137,15 @@ def plan(kinds: Sequence[str], *, streaming: bool, has_outputs: bool) -> tuple[C
         elif kinds[i] == "select":
             out[i] = Count.PROJECTED
         else:
-            out[i] = Count.OBSERVED if observable else Count.NONE
+            out[i] = Count.OBSERVED if observable(kinds, i, runs) else Count.NONE
     return tuple(how for how in out if how is not None)
+
+
+def observable(kinds: Sequence[str], index: int, runs: bool) -> bool:
+    """Whether an observation of operator `index`'s output is filled once a run of the chain
+    ended: the run's action runs every record (`runs`), and no transform comes after it (its
+    function may leave its input out of what it returns)."""
+    return runs and "transform" not in kinds[index + 1:]
 
 
 def _ahead(kinds: Sequence[str], plan: Sequence[Count | None], index: int) -> int | None:
@@ -173,7 +182,8 @@ class ChainCounter:
             if self._projection(index, df):
                 how = self.plan[index] = Count.SAME
             else:
-                how = self.plan[index] = Count.OBSERVED if self.every_record_runs else Count.NONE
+                how = self.plan[index] = (Count.OBSERVED if observable(self.kinds, index, self.every_record_runs)
+                                          else Count.NONE)
         if how is Count.OBSERVED:
             df, self._observed[index] = observe_rows(self.ctx, df)
         elif how is Count.FILES:
@@ -235,7 +245,7 @@ class ChainCounter:
         """A stream source's count: its rows known before running, and those its observations
         counted (read only when they were filled: every record ran)."""
         meter = self.ctx.meter
-        if meter is None or (meter.observed and not self.every_record_runs):
+        if meter is None or (meter.observed and not observable(self.kinds, 0, self.every_record_runs)):
             return None
         return meter.counted_rows()
 

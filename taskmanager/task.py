@@ -637,7 +637,6 @@ def _may_multiply_rows(operators: Any) -> bool:
     return multiplied
 
 
-
 class StreamTask(Task):
     """A streaming query's task, long-lived as in Flink: deployed once, RUNNING until the query
     stops, it runs the micro-batches it is given, one at a time, in the order given: for each,

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -174,18 +175,40 @@ class RowsObserved:
         self._classic = classic
 
     def rows(self) -> int | None:
-        """Blocks until the action that runs the observed rows has ended: call only once one did.
+        """The count, once the action that runs the observed rows has ended: call only then.
         None when Spark planned the rows away (an input it knew empty, a join with an empty
-        side): the observation then ends without a count."""
+        side: the observation then ends without a count), or when no action ran them at all
+        (classic Spark fills an observation as its action ends: one not filled a moment after
+        never is, and waiting for it would never end)."""
         try:
+            jobservation = self._jobservation
+            if jobservation is None:
+                jobservation = getattr(self._observation, "_jo", None)  # None on Spark Connect: filled with its action
+            if jobservation is not None and not _filled(jobservation):
+                log.warning("an observation of the rows was not filled by the action that ended: not counted")
+                return None
             if self._observation is not None:
                 return int(self._observation.get["rows"])
             classic = self._classic
             assert classic is not None
-            row = classic.row_serializer.loads(classic.sql_utils.toPyRow(self._jobservation.getRow()))
+            row = classic.row_serializer.loads(classic.sql_utils.toPyRow(jobservation.getRow()))
             return int(row[0])
         except Exception:  # Py4JJavaError: the metrics row is empty
             return None
+
+
+OBSERVATION_WAIT_S = 2.0
+
+
+def _filled(jobservation: Any) -> bool:
+    """Whether the JVM's observation has its metrics (waiting up to OBSERVATION_WAIT_S for a
+    Spark that fills it after its action returned)."""
+    deadline = time.monotonic() + OBSERVATION_WAIT_S
+    while not jobservation.future().isCompleted():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 def observe_rows(ctx: RuntimeContext, df: DataFrame) -> tuple[DataFrame, RowsObserved]:

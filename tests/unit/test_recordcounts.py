@@ -54,6 +54,9 @@ C = Count
     (("source.range", "where", "map", "flat_map"), False, True, (C.OBSERVED, C.OBSERVED, C.SAME, C.PRODUCED)),
     # a bounded job's print prints every row
     (("source.range", "select", "sink.print"), False, False, (C.OBSERVED, C.NEXT, C.WRITTEN)),
+    # a transform's function may leave its input out: nothing before it is observed
+    (("source.range", "where", "transform", "where", "sink.collect"), False, False,
+     (C.NONE, C.NONE, C.OBSERVED, C.NEXT, C.WRITTEN)),
     # a vertex of only a sink, and a chain with neither a sink nor outputs
     (("sink.parquet",), True, False, (C.WRITTEN,)),
     (("source.range", "select"), False, False, (C.NONE, C.NONE)),  # nothing runs

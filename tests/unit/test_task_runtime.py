@@ -444,6 +444,40 @@ def test_a_select_is_counted_as_a_projection_unless_it_makes_rows_of_its_own(spa
     assert records(reports.io[-1]) == [(4, 4), (4, 8), (8, 8), (8, 8)]
 
 
+def replace_rows(df):
+    return df.sparkSession.range(3)
+
+
+def test_a_transform_that_leaves_its_input_out_ends_with_the_counts_it_can_give(spark, tmp_path):
+    # The rows before it never run: an observation there would never be filled (and reading it
+    # would never end).
+    ops = [op("source.range", end=10), op("where", condition="id > 4"), op("transform", replace_rows),
+           op("sink.collect")]
+    reports = run(deploy(tmp_path, ops), spark)
+    finished(reports)
+    assert records(reports.io[-1]) == [(None, None), (None, None), (None, 3), (3, 3)]
+    assert (reports.io[-1].records_in, reports.io[-1].records_out) == (0, 3)
+
+
+@pytest.mark.parametrize("memo", [None, {}])  # PySpark's Observation, and a streaming task's few round trips
+def test_an_observation_no_action_ran_reads_as_not_counted_rather_than_waiting_for_ever(spark, tmp_path, monkeypatch,
+                                                                                       memo):
+    import dataclasses
+
+    from funke.taskmanager.operators import classic
+
+    monkeypatch.setattr(classic, "OBSERVATION_WAIT_S", 0.1)
+    context = dataclasses.replace(RuntimeContext(spark, "j", "v", 0, 1, 0, str(tmp_path)), memo=memo)
+    _, never = classic.observe_rows(context, spark.range(5))
+    assert never.rows() is None
+    df, counted = classic.observe_rows(context, spark.range(5))
+    df.write.format("noop").mode("overwrite").save()
+    assert counted.rows() == 5
+    df, empty = classic.observe_rows(context, spark.range(5))
+    df.where("false").write.format("noop").mode("overwrite").save()  # planned away: no count
+    assert empty.rows() is None
+
+
 def test_a_where_behind_a_parquet_source_still_prunes_and_the_source_is_counted_from_its_files(spark, tmp_path):
     # No count between them: Spark pushes the where's filter into the scan (partitions pruned,
     # row groups skipped); the source's records are its files' rows, from their footers.
