@@ -173,13 +173,19 @@ class ChainCounter:
         self.every_record_runs = every_record_runs(self.kinds, streaming=self.streaming, has_outputs=has_outputs)
         self._observed: dict[int, RowsObserved] = {}
         self._files: dict[int, DataFrame] = {}
+        self._previous: DataFrame | None = None  # the latest operator's output
+
+    def reads(self, inputs: Sequence[DataFrame]) -> None:
+        """What the chain's head reads (a select at the head of a chain with one input is a
+        projection of that input, or not)."""
+        self._previous = inputs[0] if len(inputs) == 1 else None
 
     def emitted(self, index: int, df: DataFrame) -> DataFrame:
         """Operator `index`'s output, as the chain goes on with it: observed when that is how
         its records are counted."""
         how = self.plan[index]
         if how is Count.PROJECTED:  # decided now that Spark has planned it
-            if self._projection(index, df):
+            if self._previous is not None and self._projection(index, df, self._previous):
                 how = self.plan[index] = Count.SAME
             else:
                 how = self.plan[index] = (Count.OBSERVED if observable(self.kinds, index, self.every_record_runs)
@@ -188,16 +194,17 @@ class ChainCounter:
             df, self._observed[index] = observe_rows(self.ctx, df)
         elif how is Count.FILES:
             self._files[index] = df
+        self._previous = df
         return df
 
-    def _projection(self, index: int, df: DataFrame) -> bool:
-        """Whether operator `index`'s output is a projection of its input, one row per row: for a
-        streaming task looked up in its first batch (its operators and input stay the same)."""
+    def _projection(self, index: int, df: DataFrame, of: DataFrame) -> bool:
+        """Whether operator `index`'s output is a projection of its input `of`, one row per row:
+        for a streaming task looked up in its first batch (its operators and input stay the same)."""
         memo = self.ctx.memo
         key = ("projection", self.ctx.vertex_id, index)
         if memo is not None and key in memo:
             return bool(memo[key])
-        found = is_projection(df)
+        found = is_projection(df, of)
         if memo is not None:
             memo[key] = found
         return found

@@ -150,6 +150,8 @@ class _Chain:
         """Builds the chain on the inputs (each operator's output handed to `counter`, which
         may observe it); runs the sink if there is one, else returns the tail's DataFrame (lazy)."""
         df: DataFrame | None = None
+        if counter is not None:
+            counter.reads(inputs)
         for i, op in enumerate(self.vertex.operators):
             role = CATALOGUE[op.kind].role
             impl = streaming.operator(op.kind)

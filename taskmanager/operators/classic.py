@@ -226,13 +226,15 @@ def observe_rows(ctx: RuntimeContext, df: DataFrame) -> tuple[DataFrame, RowsObs
     return observed, RowsObserved(None, jobservation, classic)
 
 
-def is_projection(df: DataFrame) -> bool:
-    """Whether Spark's analyzed plan of `df` ends in a projection, which makes one row of each
-    row of its input (a select of columns and expressions; not one with a generator such as
-    explode, or an aggregate). False when that cannot be told (Spark Connect has no plan here)."""
-    if not hasattr(df, "_jdf"):
+def is_projection(df: DataFrame, of: DataFrame) -> bool:
+    """Whether Spark's analyzed plan of `df` is a projection of `of`'s, which makes one row of
+    each row (a select of columns and expressions; not one with a generator such as explode,
+    whose projection stands on a Generate, nor an aggregate). False when that cannot be told
+    (Spark Connect has no plan here)."""
+    if not hasattr(df, "_jdf") or not hasattr(of, "_jdf"):
         return False
     try:
-        return str(df._jdf.queryExecution().analyzed().nodeName()) == "Project"
+        plan = df._jdf.queryExecution().analyzed()
+        return str(plan.nodeName()) == "Project" and bool(plan.child().sameResult(of._jdf.queryExecution().analyzed()))
     except Exception:  # a PySpark whose internals differ
         return False

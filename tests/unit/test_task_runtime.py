@@ -442,6 +442,15 @@ def test_a_select_is_counted_as_a_projection_unless_it_makes_rows_of_its_own(spa
     reports = run(deploy(tmp_path, exploding, vertex="exploding"), spark)
     finished(reports)
     assert records(reports.io[-1]) == [(4, 4), (4, 8), (8, 8), (8, 8)]
+    # at the head of a chain that reads an exchange: a projection of what it read
+    producer = [op("source.range", end=6)]
+    (produced,) = finished(run(deploy(tmp_path, producer, vertex="p", outputs=[output("ds", 0)]), spark))
+    head = [op("select", exprs=["id * 3 AS t"]), op("where", condition="t > 6"), op("sink.collect")]
+    observed.clear()
+    reports = run(deploy(tmp_path, head, vertex="head", inputs=[gate("ds", range(0, 1), schema=produced.schema)]),
+                  spark)
+    finished(reports)
+    assert records(reports.io[-1]) == [(6, 6), (6, 3), (3, 3)] and observed == []
 
 
 def replace_rows(df):
