@@ -43,6 +43,9 @@ class _NoCounting:
     def __init__(self, *args, **kwargs) -> None:
         pass
 
+    def reads(self, inputs):
+        pass
+
     def emitted(self, index, df):
         return df
 
