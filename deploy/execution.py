@@ -41,7 +41,8 @@ if TYPE_CHECKING:
 
     from funke.v1 import job_pb2
 
-__all__ = ["BatchResult", "Executor", "JobClient", "JobExecutionResult", "JobFailed", "MiniCluster", "VertexMetrics"]
+__all__ = ["BatchResult", "Executor", "JobClient", "JobExecutionResult", "JobFailed", "MiniCluster", "OperatorMetrics",
+           "VertexMetrics"]
 
 TERMINAL = ("FINISHED", "FAILED", "CANCELED")  # globally terminal: SUSPENDED goes on (HA, rescale)
 _POLL_FIRST_S, _POLL_MAX_S = 0.02, 0.25
@@ -65,9 +66,22 @@ class JobFailed(FunkeError):
 
 
 @dataclass(frozen=True, slots=True)
+class OperatorMetrics:
+    """What one operator of a vertex's chain received and emitted, over the vertex's subtasks
+    (Flink's numRecordsIn and numRecordsOut of an operator; a source's records in are the
+    records it read, a sink's records out the records it wrote); None: not measured."""
+
+    name: str
+    records_in: int | None
+    records_out: int | None
+
+
+@dataclass(frozen=True, slots=True)
 class VertexMetrics:
     """What the subtasks of one JobVertex read and wrote (their current attempts, as their
-    TaskManagers measured them)."""
+    TaskManagers measured them): the records its chain's head received (a source: the records it
+    read) and its tail emitted (a sink: the records it wrote), the bytes of the result
+    partitions it read and wrote, and per operator of its chain its records in and out."""
 
     vertex_id: str
     name: str
@@ -76,6 +90,21 @@ class VertexMetrics:
     records_out: int
     bytes_in: int
     bytes_out: int
+    operators: tuple[OperatorMetrics, ...] = ()
+
+
+def _operator_metrics(names: Sequence[str], ios: Sequence[Any]) -> tuple[OperatorMetrics, ...]:
+    """Per operator of the chain, its subtasks' counts added up (None: measured by none)."""
+    def total(values: list[tuple[bool, int]]) -> int | None:
+        measured = [v for has, v in values if has]
+        return sum(measured) if measured else None
+
+    out = []
+    for i, name in enumerate(names):
+        ops = [io.operators[i] for io in ios if i < len(io.operators)]
+        out.append(OperatorMetrics(name, total([(o.HasField("records_in"), o.records_in) for o in ops]),
+                                   total([(o.HasField("records_out"), o.records_out) for o in ops])))
+    return tuple(out)
 
 
 def _collect_sinks(job: JobGraph) -> list[str]:
@@ -127,7 +156,7 @@ class JobExecutionResult:
             ios = [s.current.io for s in v.subtasks]
             self.metrics[v.id] = VertexMetrics(v.id, v.name, v.parallelism, sum(i.records_in for i in ios),
                                                sum(i.records_out for i in ios), sum(i.bytes_in for i in ios),
-                                               sum(i.bytes_out for i in ios))
+                                               sum(i.bytes_out for i in ios), _operator_metrics(v.operators, ios))
         self._tables = dict(tables)
 
     @property

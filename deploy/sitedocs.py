@@ -356,14 +356,18 @@ REST_ENDPOINTS: dict[tuple[str, str], str] = {
     ("GET", "/taskmanagers/{tm}"): "one TaskManager, with its slots",
     ("GET", "/jobs"): "job ids and states",
     ("GET", "/jobs/overview"): "every job: name, state, start, end, duration, tasks per state",
-    ("GET", "/jobs/{jid}"): "state, timestamps per state, vertices with task counts and records/bytes read and "
-                            "written, plan",
+    ("GET", "/jobs/{jid}"): "state, timestamps per state, vertices with task counts, records/bytes read and "
+                            "written and each operator's records in and out, plan",
     ("GET", "/jobs/{jid}/plan"): "the job graph: vertices and edges with ship strategy and distribution pattern",
     ("GET", "/jobs/{jid}/exceptions"): "the exception history, root cause first",
     ("GET", "/jobs/{jid}/subtasktimes"): "every attempt's states as time segments",
     ("GET", "/jobs/{jid}/vertices/{vid}"): "a vertex's subtasks, each its current attempt: state, TaskManager, slot, "
-                                           "duration, records and bytes, state history, failure",
+                                           "duration, records and bytes, each operator's records, state history, "
+                                           "failure",
     ("GET", "/jobs/{jid}/vertices/{vid}/subtasktimes"): "a vertex's subtasks' states as time segments",
+    ("GET", "/jobs/{jid}/vertices/{vid}/metrics"): "Flink's metric identifiers of a vertex (`<subtask>.numRecordsIn`, "
+                                                   "`<subtask>.<operator>.numRecordsOut`, ...); with "
+                                                   "`?get=id,...` those with their values",
     ("GET", "/jobs/{jid}/vertices/{vid}/subtasks/{index}/attempts/{attempt}"): "one attempt of a subtask, as above",
     ("GET", "/jobs/{jid}/batches"): "a streaming query's recent batches: id, time, input rows, rates, duration, "
                                     "keyed state (keys, bytes on disk), watermark and late rows",
@@ -551,14 +555,15 @@ class _NoJobs:
 
 def metrics() -> str:
     from funke.jobmanager.metrics import JobManagerCollector
-    from funke.taskmanager.metrics import LABELS, TaskMetrics
+    from funke.taskmanager.metrics import LABELS, OPERATOR_LABELS, TaskMetrics
 
     rows = []
     for family in JobManagerCollector(lambda: _NoJobs()).collect():  # type: ignore[arg-type, return-value]
         labels = "`job_id`, `job_name`" if "_job_" in family.name else ""
         rows.append((_code(family.name), "JobManager", labels, family.documentation))
     for family in TaskMetrics("-", lambda: (0, 0, 0)).collect():
-        labels = ", ".join(_code(label) for label in LABELS) if "_job_task_" in family.name else ""
+        labels = ", ".join(_code(label) for label in (OPERATOR_LABELS if "_job_task_operator_" in family.name else
+                                                      LABELS)) if "_job_task_" in family.name else ""
         rows.append((_code(family.name), "TaskManager", labels, family.documentation))
     return _table(("metric", "process", "labels", "meaning"), rows)
 

@@ -32,7 +32,7 @@ from typing import Any, Awaitable, Callable
 
 from funke.common import layout
 from funke.common.backoff import Backoff
-from funke.common.graph.executiongraph import Incarnation, LeaderTransition, SlotId, TaskIo
+from funke.common.graph.executiongraph import Incarnation, LeaderTransition, OperatorIo, SlotId, TaskIo
 from funke.common.graph.jobgraph import JobGraph
 from funke.common.scheduling.scheduler import FinishedSubtask
 from funke.common.leadership import Contender, Granted, Lease, Revoked
@@ -174,6 +174,8 @@ def progress_record(f: FinishedSubtask) -> dict:
             record["slot"] = [f.slot.task_manager_id, f.slot.slot_index]
         if f.io is not None:
             record["io"] = [f.io.records_in, f.io.records_out, f.io.bytes_in, f.io.bytes_out, f.io.seconds]
+            if f.io.operators:  # per operator [in, out], null where not measured
+                record["io"].append([[o.records_in, o.records_out] for o in f.io.operators])
     return record
 
 
@@ -195,10 +197,17 @@ def read_progress(records: list[dict]) -> list[FinishedSubtask]:
                 str(r["vertex"]), int(r["subtask"]), int(r["attempt"]), schemas,
                 SlotId(str(slot[0]), int(slot[1])) if slot else None,
                 float(r["created"]) if history else None, tuple(history),
-                TaskIo(int(io[0]), int(io[1]), int(io[2]), int(io[3]), float(io[4])) if io else None))
+                _task_io(io) if io else None))
         except (KeyError, TypeError, ValueError, IndexError):
             log.warning("ignoring an unreadable progress record: %.200r", r)
     return found
+
+
+def _task_io(io: list) -> TaskIo:
+    """A progress record's `io` (a record written before per-operator counts: five numbers)."""
+    operators = tuple(OperatorIo(None if i is None else int(i), None if o is None else int(o))
+                      for i, o in (io[5] if len(io) > 5 else ()))
+    return TaskIo(int(io[0]), int(io[1]), int(io[2]), int(io[3]), float(io[4]), operators=operators)
 
 
 def outputs_still_there(data_dir: str, job: JobGraph, finished: list[FinishedSubtask]) -> list[FinishedSubtask]:

@@ -5,6 +5,7 @@ archives and cluster overview; the JSON is made in `funke.jobmanager.restviews`)
     GET   /overview  /config  /taskmanagers  /taskmanagers/{tm}
     GET   /jobs  /jobs/overview  /jobs/{jid}  /jobs/{jid}/plan  /jobs/{jid}/exceptions
     GET   /jobs/{jid}/vertices/{vid}  /jobs/{jid}/vertices/{vid}/subtasktimes
+    GET   /jobs/{jid}/vertices/{vid}/metrics[?get=id,...]    Flink's metric identifiers, or their values
     GET   /jobs/{jid}/vertices/{vid}/subtasks/{i}/attempts/{a}  /jobs/{jid}/subtasktimes
     GET   /jobs/{jid}/batches  /jobs/{jid}/progress          (streaming queries)
     PATCH /jobs/{jid}?mode=cancel                             202
@@ -105,6 +106,7 @@ class RestServer:
             ("/jobs/{jid}", self.job), ("/jobs/{jid}/plan", self.plan), ("/jobs/{jid}/exceptions", self.exceptions),
             ("/jobs/{jid}/subtasktimes", self.job_subtask_times), ("/jobs/{jid}/vertices/{vid}", self.vertex),
             ("/jobs/{jid}/vertices/{vid}/subtasktimes", self.vertex_subtask_times),
+            ("/jobs/{jid}/vertices/{vid}/metrics", self.vertex_metrics),
             ("/jobs/{jid}/vertices/{vid}/subtasks/{index}/attempts/{attempt}", self.attempt),
             ("/jobs/{jid}/batches", self.batches), ("/jobs/{jid}/progress", self.progress),
         ]
@@ -261,6 +263,19 @@ class RestServer:
         _, details = self._details(request)
         return web.json_response(restviews.vertex_subtask_times(self._vertex(details, request), self._locations(),
                                                                 _now_ms()))
+
+    async def vertex_metrics(self, request: web.Request) -> web.Response:
+        """Flink's vertex metrics: without `get`, the identifiers there are ([{"id": ...}]);
+        with `get=a,b`, those of them there are with their values ([{"id": ..., "value": ...}])."""
+        asked = request.query.get("get")
+        if asked is not None and len(asked) > restviews.MAX_METRICS_ASKED:
+            return _error(400, f"get names at most {restviews.MAX_METRICS_ASKED} characters of metric identifiers")
+        _, details = self._details(request)
+        metrics = restviews.vertex_metrics(self._vertex(details, request))
+        if asked is None:
+            return web.json_response([{"id": name} for name in metrics])
+        wanted = dict.fromkeys(name.strip() for name in asked.split(","))
+        return web.json_response([{"id": name, "value": metrics[name]} for name in wanted if name in metrics])
 
     async def attempt(self, request: web.Request) -> web.Response:
         _, details = self._details(request)

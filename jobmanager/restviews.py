@@ -188,16 +188,85 @@ def vertex_status(counts: Mapping[str, int], parallelism: int) -> str:
     return "CREATED"
 
 
+def _counted(v: job_pb2.Vertex) -> list[job_pb2.TaskIo]:
+    """What a vertex's subtasks' current attempts read and wrote, as their TaskManagers measured
+    it: a batch task's once it FINISHED, a streaming task's batch by batch."""
+    return [sub.current.io for sub in v.subtasks if execution_state(sub.current.state) in ("FINISHED", "RUNNING")]
+
+
 def _vertex_io(v: job_pb2.Vertex) -> dict[str, int]:
-    """What a vertex's subtasks read and wrote, summed over their current attempts, as their
-    TaskManagers measured it: a batch task's once it FINISHED, a streaming task's batch by batch."""
+    """What a vertex's subtasks read and wrote, summed over their current attempts: the records
+    its chain's head received (a source: the records it read) and its tail emitted (a sink: the
+    records it wrote), the bytes of the result partitions they read and wrote."""
     total: Counter[str] = Counter()
-    for sub in v.subtasks:
-        if execution_state(sub.current.state) in ("FINISHED", "RUNNING"):
-            io = sub.current.io
-            total.update({"read-records": io.records_in, "write-records": io.records_out,
-                          "read-bytes": io.bytes_in, "write-bytes": io.bytes_out})
+    for io in _counted(v):
+        total.update({"read-records": io.records_in, "write-records": io.records_out,
+                      "read-bytes": io.bytes_in, "write-bytes": io.bytes_out})
     return {key: total.get(key, 0) for key in ("read-records", "write-records", "read-bytes", "write-bytes")}
+
+
+def _sum_measured(values: Iterable[int | None]) -> int | None:
+    measured = [v for v in values if v is not None]
+    return sum(measured) if measured else None
+
+
+def _operator_counts(io: job_pb2.TaskIo, i: int) -> tuple[int | None, int | None]:
+    if i >= len(io.operators):
+        return None, None
+    o = io.operators[i]
+    return (o.records_in if o.HasField("records_in") else None, o.records_out if o.HasField("records_out") else None)
+
+
+def operators(v: job_pb2.Vertex, ios: Sequence[job_pb2.TaskIo]) -> list[dict[str, Any]]:
+    """Per operator of the vertex's chain, head first, its records in and out added up over `ios`
+    (Flink's numRecordsIn and numRecordsOut of an operator; a source's records in are the records
+    it read, a sink's records out the records it wrote); null: measured in none."""
+    out = []
+    for i, name in enumerate(v.operators):
+        counts = [_operator_counts(io, i) for io in ios]
+        out.append({"index": i, "name": name,
+                    "metrics": {"read-records": _sum_measured(c[0] for c in counts),
+                                "write-records": _sum_measured(c[1] for c in counts)}})
+    return out
+
+
+# Flink's task metrics of a subtask, by name, from its TaskIo.
+_TASK_METRICS = {"numRecordsIn": "records_in", "numRecordsOut": "records_out", "numBytesIn": "bytes_in",
+                 "numBytesOut": "bytes_out"}
+# Flink's limit on an operator's name in its metric identifiers.
+_OPERATOR_NAME_MAX = 80
+MAX_METRICS_ASKED = 4096  # characters of ?get=
+
+
+def metric_name(name: str) -> str:
+    """An operator's name as Flink's metric query service puts it in an identifier: ' ', '.', ':'
+    and ',' made '_', at most 80 characters ("Sink: Parquet" -> "Sink__Parquet")."""
+    return "".join("_" if c in " .:," else c for c in name[:_OPERATOR_NAME_MAX])
+
+
+def vertex_metrics(v: job_pb2.Vertex) -> dict[str, str]:
+    """Flink's /jobs/:jid/vertices/:vid/metrics of a vertex, by identifier: per subtask
+    ("<subtask>.<metric>") its task's records and bytes in and out, and per operator of its chain
+    ("<subtask>.<operator>.<metric>") its records in and out where they were measured; values as
+    Flink gives them, strings."""
+    names, seen = [], set()
+    for i, name in enumerate(v.operators):  # two operators of one name: the later ones get their index
+        n = metric_name(name)
+        names.append(n if n not in seen else f"{n}_{i}")
+        seen.add(n)
+    out: dict[str, str] = {}
+    for sub in v.subtasks:
+        if execution_state(sub.current.state) not in ("FINISHED", "RUNNING"):
+            continue
+        io, k = sub.current.io, sub.subtask_index
+        for metric, field in _TASK_METRICS.items():
+            out[f"{k}.{metric}"] = str(getattr(io, field))
+        for i, name in enumerate(names):
+            records_in, records_out = _operator_counts(io, i)
+            for metric, value in (("numRecordsIn", records_in), ("numRecordsOut", records_out)):
+                if value is not None:
+                    out[f"{k}.{name}.{metric}"] = str(value)
+    return out
 
 
 def plan(d: job_pb2.JobDetails) -> dict[str, Any]:
@@ -241,6 +310,7 @@ def job(d: job_pb2.JobDetails, now: int, stoppable: bool) -> dict[str, Any]:
             "tasks": {state: int(counts.get(state, 0)) for state in EXECUTION_STATES},
             "metrics": {**_vertex_io(v), "read-records-complete": status == "FINISHED",
                         "write-records-complete": status == "FINISHED"},
+            "operators": operators(v, _counted(v)),
         })
     latest = None
     if d.latest_progress_json:
@@ -330,6 +400,7 @@ def attempt(v: job_pb2.Vertex, sub: job_pb2.Subtask, e: job_pb2.Execution, locat
         "status-duration": _state_durations(e, now),
         "metrics": {"read-records": e.io.records_in, "write-records": e.io.records_out,
                     "read-bytes": e.io.bytes_in, "write-bytes": e.io.bytes_out, "seconds": e.io.seconds},
+        "operators": operators(v, [e.io]),
         "history": [{"from": execution_state(t.from_state), "to": execution_state(t.to_state),
                      "timestamp": ms(t.timestamp), "cause": t.cause} for t in e.history],
         "failure": _failure(e.failure) if e.HasField("failure") else None,

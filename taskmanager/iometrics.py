@@ -2,12 +2,14 @@
 Parquet footers of the files it consumed (its subpartition of each producer's partition) and
 produced, bytes from their sizes. Nothing is read but footers and directory listings, so the
 cost is a few milliseconds per task, on the task's own thread after it finished; a partition
-that cannot be measured counts 0 rather than failing a task that succeeded."""
+that cannot be measured counts 0 rather than failing a task that succeeded. `file_rows` counts
+the rows of given Parquet files the same way (a source's files, `recordcounts`)."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from urllib.parse import unquote, urlparse
 
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
@@ -52,3 +54,20 @@ def measure(partitions: Iterable[tuple[str, int | None]]) -> tuple[int, int]:
         except (OSError, ValueError) as exc:  # gone, unreadable, not Parquet: not worth a failure
             log.debug("could not measure %s: %s", root, exc)
     return rows, size
+
+
+def file_rows(paths: Iterable[str]) -> int | None:
+    """The rows of these Parquet files, from their footers; None when one cannot be read (gone,
+    not Parquet, a filesystem pyarrow cannot reach): a count that would be wrong is not given."""
+    rows = 0
+    try:
+        for path in paths:
+            if path.startswith("file:"):  # Spark's file:/a%20b (Hadoop's form, escaped)
+                path = unquote(urlparse(path).path)
+            fs, inner = datafs.filesystem(path)
+            with fs.open_input_file(inner) as f:
+                rows += pq.ParquetFile(f).metadata.num_rows
+    except (OSError, ValueError, NotImplementedError) as exc:
+        log.debug("could not count the rows of %s: %s", path, exc)
+        return None
+    return rows

@@ -48,7 +48,7 @@ from pyspark.sql.types import IntegerType, StructField, StructType
 
 from funke.common import layout
 from funke.common.graph.deployment import ProducedPartition, ResultPartitionSpec, TaskDeployment
-from funke.common.graph.executiongraph import FailureInfo, TaskIo
+from funke.common.graph.executiongraph import FailureInfo, OperatorIo, TaskIo
 from funke.common.task.inputgates import GateSnapshot
 from funke.common.graph.jobgraph import JobVertex, OperatorSpec, PartitionerKind, exchange_in_memory_max_bytes
 from funke.common.graph.operators import CATALOGUE, OperatorRole
@@ -62,7 +62,8 @@ from funke.taskmanager import streaming
 from funke.taskmanager.receiver import SocketReceiver
 from funke.taskmanager.operators import classic, udf
 from funke.taskmanager.operators.keyedstate import measure
-from funke.taskmanager.operators.context import InputMeter, RuntimeContext, arrow_compatible, column_ref
+from funke.taskmanager.operators.context import InputMeter, RuntimeContext, SinkCount, arrow_compatible, column_ref
+from funke.taskmanager.recordcounts import ChainCounter, writes_every_record
 from funke.taskmanager.operators.transforms import union_all
 
 __all__ = ["BatchReport", "StreamTask", "Task", "TaskCancelled", "Report", "check_vertex", "failure_of"]
@@ -140,10 +141,17 @@ class _Chain:
     def ends_in_sink(self) -> bool:
         return CATALOGUE[self.vertex.operators[-1].kind].role is OperatorRole.SINK
 
-    def run(self, ctx: RuntimeContext, inputs: list[DataFrame]) -> DataFrame | None:
-        """Builds the chain on the inputs; runs the sink if there is one, else returns the tail's
-        DataFrame (lazy)."""
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return tuple(op.kind for op in self.vertex.operators)
+
+    def run(self, ctx: RuntimeContext, inputs: list[DataFrame], counter: ChainCounter | None = None
+            ) -> DataFrame | None:
+        """Builds the chain on the inputs (each operator's output handed to `counter`, which
+        may observe it); runs the sink if there is one, else returns the tail's DataFrame (lazy)."""
         df: DataFrame | None = None
+        if counter is not None:
+            counter.reads(inputs)
         for i, op in enumerate(self.vertex.operators):
             role = CATALOGUE[op.kind].role
             impl = streaming.operator(op.kind)
@@ -166,6 +174,8 @@ class _Chain:
                 else:
                     impl(ctx, op, df, self.functions[i])
                 return None
+            if counter is not None:
+                df = counter.emitted(i, df)
         return df
 
 
@@ -238,6 +248,7 @@ class Task:
         self._read: list[tuple[str, int | None]] = []
         self._written: list[str] = []
         self._memo: dict[Any, Any] | None = None  # a StreamTask's (RuntimeContext.memo)
+        self._counter: ChainCounter | None = None  # the records of the chain's latest run
 
     @property
     def name(self) -> str:
@@ -388,7 +399,23 @@ class Task:
         records_in, bytes_in = iometrics.measure(self._read)
         _, bytes_out = iometrics.measure((path, None) for path in self._written)
         # every output gets all the chain's rows: the rows out are one output's
-        return TaskIo(records_in, produced[0].row_count if produced else 0, bytes_in, bytes_out, seconds)
+        records_out = produced[0].row_count if produced else None
+        operators = self._operator_io(records_in, records_out)
+        return TaskIo(_first(operators[0].records_in if operators else None, records_in),
+                      _first(operators[-1].records_out if operators else None, records_out, 0),
+                      bytes_in, bytes_out, seconds, operators=operators)
+
+    def _operator_io(self, head_in: int | None, produced: int | None) -> tuple[OperatorIo, ...]:
+        """Each operator's records in the chain's latest run (`recordcounts`); none counted
+        rather than failing a run that succeeded."""
+        counter = self._counter
+        if counter is None:
+            return ()
+        try:
+            return counter.operators(head_in, produced)
+        except Exception:
+            log.warning("%s: could not count the records of its operators", self.name, exc_info=True)
+            return ()
 
     def _start_chain(self) -> _Chain:
         """INITIALIZING while the chain's functions are unpickled, then RUNNING."""
@@ -422,6 +449,7 @@ class Task:
             max_parallelism=d.vertex.effective_max_parallelism,
             options=d.job_options,
             memo=self._memo,
+            written=SinkCount(),
         )
 
     def _read_inputs(self, ctx: RuntimeContext, gates: tuple[GateSnapshot, ...]) -> list[DataFrame]:
@@ -431,7 +459,8 @@ class Task:
                    ) -> tuple[ProducedPartition, ...]:
         inputs = self._read_inputs(ctx, gates)
         self._check_cancelled()
-        tail = chain.run(ctx, inputs)
+        self._counter = ChainCounter(ctx, chain.kinds, has_outputs=bool(self.deployment.outputs))
+        tail = chain.run(ctx, inputs, self._counter)
         if chain.ends_in_sink:
             if self.deployment.outputs:
                 raise ValueError(f"{self.name}: the chain ends in a sink but the task has "
@@ -474,8 +503,12 @@ class Task:
             table = batchexchange.read_table(files)
             parts.append(classic.frame_from_arrow(ctx, table, schema) if table is not None
                          else ctx.spark.read.schema(schema).parquet(*files))
+            if ctx.meter is not None:  # the head's records in: a bounded task's are measured once it finished
+                ctx.meter.partition_rows += table.num_rows if table is not None else iometrics.file_rows(files) or 0
         if by_spark or not parts:
             parts.append(_read_partitions(ctx.spark, schema, by_spark, gate.subpartition))
+            if ctx.meter is not None and by_spark:
+                ctx.meter.partition_rows += iometrics.measure((path, gate.subpartition) for path in by_spark)[0]
         return union_all(parts)
 
     def _gate_schema(self, gate: GateSnapshot) -> StructType:
@@ -585,9 +618,6 @@ def _partition_path(ctx: RuntimeContext, data_set_id: str, partition_index: int,
 # batch id, the partitions written, the rows its stream source read (None: not a source, or not counted)
 BatchReport = Callable[[int, tuple[ProducedPartition, ...], int | None, TaskIo | None], None]
 
-# Sinks that run every row of the batch: a chain ending in one of them (or in its outputs) has
-# its source's count once it ran. print takes the first rows only, and what foreach_batch's
-# function reads is the user's.
 # Operators that may return more rows than they read (flat_map's function, a keyed process
 # function, a user's DataFrame function): Spark estimates their output at their input's size.
 _MAY_MULTIPLY_ROWS = frozenset({"flat_map", "process", "transform"})
@@ -607,10 +637,6 @@ def _may_multiply_rows(operators: Any) -> bool:
         elif op.kind in _ONE_ROW_PER_KEY:
             multiplied = False
     return multiplied
-
-
-_SINKS_READING_ALL = frozenset({"sink.parquet", "sink.csv", "sink.json", "sink.text", "sink.collect", "sink.discard",
-                                "sink.delta"})
 
 
 class StreamTask(Task):
@@ -698,11 +724,17 @@ class StreamTask(Task):
                 produced = self._run_chain(chain, ctx, gates)
                 input_rows = self._input_rows(chain, ctx)
                 assert ctx.meter is not None
-                # A batch's exchanges live in memory mostly: rows in are its source's, bytes in
-                # what it read of its inputs; bytes out are not measured.
+                # A batch's exchanges live in memory mostly: records in are its head's (a source:
+                # the records it read), bytes in what it read of its inputs; bytes out are not
+                # measured.
                 event_time, late_rows = self._event_time(chain, ctx)
-                io = TaskIo(input_rows or 0, produced[0].row_count if produced else 0, ctx.meter.bytes, 0,
-                            time.monotonic() - began, self._state_after(chain, ctx), event_time, late_rows)
+                head_reads = CATALOGUE[chain.vertex.operators[0].kind].role is not OperatorRole.SOURCE
+                records_out = produced[0].row_count if produced else None
+                operators = self._operator_io(ctx.meter.partition_rows if head_reads else None, records_out)
+                io = TaskIo(_first(operators[0].records_in if operators else None, input_rows, 0),
+                            _first(operators[-1].records_out if operators else None, records_out, 0),
+                            ctx.meter.bytes, 0, time.monotonic() - began, self._state_after(chain, ctx), event_time,
+                            late_rows, operators)
                 self._written.clear()  # a query runs for long: keep no list of every batch's directories
                 self._batch_report(batch.batch_id, produced, input_rows, io)
         finally:
@@ -744,7 +776,7 @@ class StreamTask(Task):
         assert meter is not None
         if not meter.event_time and not meter.late:
             return {}, 0
-        if chain.ends_in_sink and chain.vertex.operators[-1].kind not in _SINKS_READING_ALL:
+        if not _runs_every_row(chain):
             return {}, 0
         stats = {}
         for operator, observation in meter.event_time.items():
@@ -759,10 +791,22 @@ class StreamTask(Task):
         did not run every row)."""
         if CATALOGUE[chain.vertex.operators[0].kind].role is not OperatorRole.SOURCE:
             return None
-        if chain.ends_in_sink and chain.vertex.operators[-1].kind not in _SINKS_READING_ALL:
+        if not _runs_every_row(chain):
             return None
         assert ctx.meter is not None
         return ctx.meter.counted_rows()
+
+
+def _runs_every_row(chain: _Chain) -> bool:
+    """Whether a streaming chain's batch runs every row, so that its observations have their
+    counts once it ran: it ends in its outputs, or in a sink that writes every row it receives
+    (print shows the first rows only, and what foreach_batch's function reads is the user's)."""
+    return not chain.ends_in_sink or writes_every_record(chain.vertex.operators[-1].kind, streaming=True)
+
+
+def _first(*counts: int | None) -> int:
+    """The first count that is measured (0: none is)."""
+    return next((c for c in counts if c is not None), 0)
 
 
 def _query_session(spark: SparkSession | None, name: str) -> SparkSession | None:

@@ -159,6 +159,7 @@ class TaskExecutor:
         self.sparks.task_starting()
 
         name = i.deployment.task_name
+        operators = tuple(op.display_name for op in i.deployment.vertex.operators)
         from funke.taskmanager.task import StreamTask, Task
 
         def report(state: ExecutionState, failure: FailureInfo | None, produced: tuple[ProducedPartition, ...],
@@ -167,12 +168,12 @@ class TaskExecutor:
             if state is ExecutionState.FAILED and failure is not None and self.config.spark_remote \
                     and self._server_stopping(task, failure):
                 self._await_connect_server(task)
-            self._to_loop(self._task_reported, key, state, failure, produced, io, name)
+            self._to_loop(self._task_reported, key, state, failure, produced, io, name, operators)
 
         if i.deployment.streaming:
             def batch_done(batch_id: int, produced: tuple[ProducedPartition, ...], input_rows: int | None,
                            io: TaskIo | None = None) -> None:
-                self._to_loop(self._batch_reported, key, batch_id, produced, input_rows, io, name)
+                self._to_loop(self._batch_reported, key, batch_id, produced, input_rows, io, name, operators)
 
             task: Task = StreamTask(i.deployment, self.spark, report, batch_done)
         else:
@@ -526,17 +527,19 @@ class TaskExecutor:
             return
 
     def _task_reported(self, key: TaskKey, state: ExecutionState, failure: FailureInfo | None,
-                       produced: tuple[ProducedPartition, ...], io: TaskIo | None = None, name: str = "") -> None:
+                       produced: tuple[ProducedPartition, ...], io: TaskIo | None = None, name: str = "",
+                       operators: tuple[str, ...] = ()) -> None:
         if io is not None:
-            self.metrics.task_finished(key, name, io)
+            self.metrics.task_finished(key, name, io, operators)
         self._handle(core.TaskReported(key, state, failure, produced, self._stimulus("report"), io))
         if state is ExecutionState.FAILED and self.config.spark_remote:
             self.sparks.renew_closed_connect_session()
 
     def _batch_reported(self, key: TaskKey, batch_id: int, produced: tuple[ProducedPartition, ...],
-                        input_rows: int | None, io: TaskIo | None = None, name: str = "") -> None:
+                        input_rows: int | None, io: TaskIo | None = None, name: str = "",
+                        operators: tuple[str, ...] = ()) -> None:
         if io is not None:
-            self.metrics.batch_done(key, name, io)
+            self.metrics.batch_done(key, name, io, operators)
         self._handle(core.BatchReported(key, batch_id, produced, self._stimulus("batch"), input_rows, io))
 
     def _thread_exited(self, key: TaskKey, error: FailureInfo | None) -> None:

@@ -93,9 +93,37 @@ class FailureInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class OperatorIo:
+    """What one operator of a task's chain received and emitted (Flink's numRecordsIn and
+    numRecordsOut of an operator); None: not measured (how each is counted:
+    `funke.taskmanager.recordcounts`)."""
+
+    records_in: int | None = None
+    records_out: int | None = None
+
+    def __add__(self, other: OperatorIo) -> OperatorIo:
+        """Two runs' counts added up (a streaming task's batches); a count measured in neither is
+        still not measured."""
+        return OperatorIo(_plus(self.records_in, other.records_in), _plus(self.records_out, other.records_out))
+
+
+def _plus(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else a + b
+
+
+def add_operator_io(a: tuple[OperatorIo, ...], b: tuple[OperatorIo, ...]) -> tuple[OperatorIo, ...]:
+    """Per operator of the chain, two runs' counts added up (a run that counted none: ())."""
+    if len(a) < len(b):
+        a, b = b, a
+    return tuple(x + y for x, y in zip(a, b)) + a[len(b):]
+
+
+@dataclass(frozen=True, slots=True)
 class TaskIo:
-    """What one task attempt (or one micro-batch of it) read and wrote: rows and bytes of the
-    result partitions it consumed and produced, and how long it ran."""
+    """What one task attempt (or one micro-batch of it) read and wrote: the records its chain's
+    head received (a source: the records it read) and its tail emitted (into its result
+    partitions, or a sink: the records it wrote), the bytes of the result partitions it consumed
+    and produced, how long it ran, and per operator of its chain its records in and out."""
 
     records_in: int = 0
     records_out: int = 0
@@ -108,6 +136,8 @@ class TaskIo:
     # and the rows its window operator found late
     event_time: dict[str, EventTimeStats] = field(default_factory=dict)
     late_rows: int = 0
+    # per operator of the chain, head first (empty: not counted)
+    operators: tuple[OperatorIo, ...] = ()
 
 
 

@@ -53,6 +53,7 @@ from funke.common.graph.executiongraph import (
     PartitionLocation,
     SlotId,
     TaskIo,
+    add_operator_io,
     new_attempts,
 )
 from funke.common.scheduling.failover import (
@@ -1500,7 +1501,8 @@ class Scheduler:
             return
         before = execution.io or TaskIo()
         execution.io = TaskIo(before.records_in + io.records_in, before.records_out + io.records_out,
-                              before.bytes_in + io.bytes_in, before.bytes_out + io.bytes_out, before.seconds + io.seconds)
+                              before.bytes_in + io.bytes_in, before.bytes_out + io.bytes_out,
+                              before.seconds + io.seconds, operators=add_operator_io(before.operators, io.operators))
 
     def _current(self, attempt: ExecutionAttemptId) -> Execution | None:
         ejv = self.graph.vertices.get(attempt.vertex_id)

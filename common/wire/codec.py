@@ -56,9 +56,11 @@ from funke.common.graph.executiongraph import (
     Execution,
     ExecutionAttemptId,
     FailureInfo,
+    OperatorIo,
     SlotId,
     TaskIo,
 )
+from funke.common.graph.validation import MAX_OPERATORS_PER_VERTEX
 from funke.common.graph.jobgraph import (
     DEFAULT_SLOT_SHARING_GROUP,
     Artifact,
@@ -714,6 +716,12 @@ def io_to_proto(io: TaskIo) -> job_pb.TaskIo:
         msg.event_time[operator].CopyFrom(job_pb.EventTimeStats(min_ms=e.min_ms, max_ms=e.max_ms, sum_ms=e.sum_ms,
                                                                 count=e.count))
     msg.late_rows = io.late_rows
+    for o in io.operators:
+        entry = msg.operators.add()
+        if o.records_in is not None:
+            entry.records_in = o.records_in
+        if o.records_out is not None:
+            entry.records_out = o.records_out
     return msg
 
 
@@ -734,8 +742,13 @@ def io_from_proto(m: job_pb.TaskIo) -> TaskIo:
         if e.HasField("max_ms") and e.HasField("min_ms") and e.min_ms <= e.max_ms and e.count > 0 \
                 and math.isfinite(e.sum_ms):
             event_time[operator] = EventTimeStats(e.min_ms, e.max_ms, e.sum_ms, e.count)
+    def measured(o: job_pb.OperatorIo, name: str) -> int | None:
+        return count(getattr(o, name)) if o.HasField(name) else None
+    # At most as many as a chain may hold operators: the list is sized by the sender.
+    operators = tuple(OperatorIo(measured(o, "records_in"), measured(o, "records_out"))
+                      for o in m.operators[:MAX_OPERATORS_PER_VERTEX])
     return TaskIo(count(m.records_in), count(m.records_out), count(m.bytes_in), count(m.bytes_out),
-                  duration(m.seconds), state, event_time, count(m.late_rows))
+                  duration(m.seconds), state, event_time, count(m.late_rows), operators)
 
 
 def report_to_proto(r: TaskReport) -> cluster_pb.TaskExecutionState:

@@ -44,6 +44,7 @@ def job_details(graph: ExecutionGraph, scheduler: Scheduler, *, waiting_for_reso
             slot_sharing_group=ejv.slot_sharing_group, co_location_group=ejv.co_location_group or "",
         )
         vertex.subtasks_per_state.update(_states_per_vertex(ejv))
+        vertex.operators.extend(op.display_name for op in ejv.job_vertex.operators)
         for ev in ejv.task_vertices:
             sub = vertex.subtasks.add(subtask_index=ev.subtask_index, name=ev.name)
             sub.current.CopyFrom(codec.execution_to_proto(ev.current_execution))

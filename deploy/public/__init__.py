@@ -28,7 +28,8 @@ if TYPE_CHECKING:
                                       StreamReader, WindowedDataStream, WindowedStream)
     from funke.common.graph.jobgraph import JobGraph
     from funke.deploy.client import FunkeError
-    from funke.deploy.execution import BatchResult, JobClient, JobExecutionResult, JobFailed, VertexMetrics
+    from funke.deploy.execution import (BatchResult, JobClient, JobExecutionResult, JobFailed, OperatorMetrics,
+                                        VertexMetrics)
 
 # Public name -> the module that defines it.
 _HOMES = {
@@ -45,6 +46,7 @@ _HOMES = {
     "JobClient": "funke.deploy.execution",
     "JobFailed": "funke.deploy.execution",
     "VertexMetrics": "funke.deploy.execution",
+    "OperatorMetrics": "funke.deploy.execution",
     "BatchResult": "funke.deploy.execution",
     "FunkeError": "funke.deploy.client",
 }

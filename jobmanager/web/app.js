@@ -149,6 +149,13 @@ function formatDuration(ms) {
 const formatNumber = (n) => (typeof n === 'number' && Number.isFinite(n) ? numberFormat.format(n) : '–');
 const formatCompact = (n) => (typeof n === 'number' && Number.isFinite(n) ? compactFormat.format(n) : '–');
 
+/** A count's table cell: compact, the exact number in its title and data-value ('' and '–': not measured). */
+function countCell(n, attrs = {}) {
+  const known = typeof n === 'number' && Number.isFinite(n);
+  return el('td', { class: 'num', 'data-value': known ? String(n) : '', title: known ? formatNumber(n) : 'not measured',
+    ...attrs }, formatCompact(n));
+}
+
 function formatBytes(n) {
   if (typeof n !== 'number' || !Number.isFinite(n) || n < 0) return '–';
   const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
@@ -439,6 +446,7 @@ const jobView = {
       jobHeader(job, view),
       dagSection(job, view),
       verticesSection(job, view),
+      operatorsSection(job, view),
       jobType(job) === 'STREAMING' ? streamingSection(job, data.batches) : null,
       subtasksSection(job, data.details, view),
       timelineSection(job, data.times),
@@ -784,10 +792,10 @@ function verticesSection(job, view) {
         onclick: () => selectVertex(view, view.selected === v.id ? null : v.id) }, v.name || v.id)),
       el('td', {}, badge(v.status)),
       el('td', { class: 'num' }, String(v.parallelism ?? '–')),
-      el('td', { class: 'num' }, formatCompact(m['read-records'])),
-      el('td', { class: 'num' }, formatCompact(m['write-records'])),
-      el('td', { class: 'num' }, formatBytes(m['read-bytes'])),
-      el('td', { class: 'num' }, formatBytes(m['write-bytes'])),
+      countCell(m['read-records'], { 'data-metric': 'read-records' }),
+      countCell(m['write-records'], { 'data-metric': 'write-records' }),
+      el('td', { class: 'num', 'data-metric': 'read-bytes' }, formatBytes(m['read-bytes'])),
+      el('td', { class: 'num', 'data-metric': 'write-bytes' }, formatBytes(m['write-bytes'])),
       el('td', {}, formatTime(v['start-time'])),
       el('td', { class: 'num' }, formatDuration(v.duration)),
       el('td', { class: 'tasks-cell' }, taskBar(v.tasks)));
@@ -796,6 +804,24 @@ function verticesSection(job, view) {
     rows.length ? table(['Name', 'Status', 'Parallelism', 'Records in', 'Records out', 'Bytes in',
       'Bytes out', 'Start', 'Duration', 'Tasks'], rows, { id: 'vertex-table' })
       : el('p', { class: 'empty' }, 'No vertices.'));
+}
+
+/** Each vertex's chain, operator by operator: the records each received and emitted (a source's
+ * records in are the records it read, a sink's records out the records it wrote). */
+function operatorsSection(job, view) {
+  const rows = (job.vertices || []).flatMap((v) => (v.operators || []).map((o) => {
+    const m = o.metrics || {};
+    const value = (n) => (typeof n === 'number' && Number.isFinite(n) ? String(n) : '');
+    return el('tr', { 'data-operator': `${v.id}/${o.index}`, 'data-records-in': value(m['read-records']),
+      'data-records-out': value(m['write-records']), class: view.selected === v.id ? 'selected' : null },
+    el('td', { class: o.index === 0 ? null : 'muted' }, o.index === 0 ? (v.name || v.id) : '↳'),
+    el('td', {}, o.name || '–'),
+    countCell(m['read-records']),
+    countCell(m['write-records']));
+  }));
+  return section('operators', 'Operators',
+    rows.length ? table(['Vertex', 'Operator', 'Records in', 'Records out'], rows, { id: 'operator-table' })
+      : el('p', { class: 'empty' }, 'No operators.'));
 }
 
 function subtasksSection(job, details, view) {
@@ -826,11 +852,13 @@ function subtaskTable(vertex) {
       el('td', {}, s['taskmanager-id'] ? el('code', {}, s['taskmanager-id']) : '–',
         s.host ? el('span', { class: 'muted' }, ` ${s.host}`) : null),
       el('td', { class: 'num' }, s.slot === null || s.slot === undefined ? '–' : String(s.slot)),
+      countCell((s.metrics || {})['read-records'], { 'data-metric': 'read-records' }),
+      countCell((s.metrics || {})['write-records'], { 'data-metric': 'write-records' }),
       el('td', {}, formatTime(s['start-time'])),
       el('td', { class: 'num' }, formatDuration(s.duration)));
   });
-  return table(['Subtask', 'Attempt', 'State', 'TaskManager', 'Slot', 'Start', 'Duration'], rows,
-    { class: 'grid subtasks' });
+  return table(['Subtask', 'Attempt', 'State', 'TaskManager', 'Slot', 'Records in', 'Records out', 'Start', 'Duration'],
+    rows, { class: 'grid subtasks' });
 }
 
 // --- timeline (Gantt) -----------------------------------------------------------------------

@@ -9,8 +9,10 @@ micro-batch of a source and an aggregate made about 170 of them, 10-20% of its t
 
 Here the same calls, made as PySpark makes them, with what does not change from batch to batch
 built once for the task (`RuntimeContext.memo`): the JVM classes and settings looked up once, the
-column lists of a group-by, a projection or a UDF's arguments built once. The settings a result
-depends on (the session's time zone, large Arrow types) are still read for every call.
+column lists of a group-by, a projection or a UDF's arguments built once, and the parts of an
+observation that counts rows (`observe_rows`, how records are counted where nothing else knows
+them: `funke.taskmanager.recordcounts`). The settings a result depends on (the session's time
+zone, large Arrow types) are still read for every call.
 
 Only a streaming task keeps a memo; a bounded task, Spark Connect (no `_jdf`), encrypted Spark
 I/O (PySpark then sends Arrow through a socket server, not a file) or a PySpark whose internals
@@ -22,11 +24,12 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+import time
 from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, Observation
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
@@ -34,7 +37,8 @@ from funke.taskmanager.operators.context import RuntimeContext, column_ref
 
 log = logging.getLogger(__name__)
 
-__all__ = ["frame_from_arrow", "frame_to_arrow", "grouped_aggregate", "select_exprs"]
+__all__ = ["RowsObserved", "frame_from_arrow", "frame_to_arrow", "grouped_aggregate", "is_projection", "observe_rows",
+           "select_exprs"]
 
 _KEY = "classic spark"
 
@@ -44,6 +48,7 @@ class _Classic:
 
     def __init__(self, spark: Any) -> None:
         from pyspark.errors.exceptions.captured import unwrap_spark_exception
+        from pyspark.serializers import CPickleSerializer
         from pyspark.sql.classic.column import _to_seq
         from pyspark.sql.pandas.serializers import ArrowCollectSerializer, ArrowStreamSerializer
         from pyspark.sql.pandas.types import _check_arrow_table_timestamps_localize, to_arrow_schema
@@ -66,6 +71,11 @@ class _Classic:
         self.stream_serializer = ArrowStreamSerializer
         self.unwrap = unwrap_spark_exception
         self.kept: dict[Any, Any] = {}  # the column lists built once
+        # DataFrame.observe's parts (pyspark/sql/observation.py): the JVM's Observation class, a
+        # count of the rows, and how an observed row comes back
+        self.observation = getattr(spark._jvm, "org.apache.spark.sql.Observation")
+        self.count_rows = (F.count(F.lit(1)).alias("rows")._jc, _to_seq(sc, []))
+        self.row_serializer = CPickleSerializer()
 
 
 def _classic(ctx: RuntimeContext) -> _Classic | None:
@@ -151,3 +161,80 @@ def select_exprs(ctx: RuntimeContext, df: DataFrame, exprs: Sequence[str]) -> Da
     if seq is None:
         seq = classic.kept[memo_key] = classic.seq(list(exprs))
     return DataFrame(df._jdf.selectExpr(seq), classic.spark)
+
+
+class RowsObserved:
+    """The rows an observation counted (`observe_rows`), once the action that ran them ended."""
+
+    __slots__ = ("_observation", "_jobservation", "_classic")
+
+    def __init__(self, observation: Observation | None = None, jobservation: Any = None,
+                 classic: _Classic | None = None) -> None:
+        self._observation = observation
+        self._jobservation = jobservation
+        self._classic = classic
+
+    def rows(self) -> int | None:
+        """The count, once the action that runs the observed rows has ended: call only then.
+        None when Spark planned the rows away (an input it knew empty, a join with an empty
+        side: the observation then ends without a count), or when no action ran them at all
+        (classic Spark fills an observation as its action ends: one not filled a moment after
+        never is, and waiting for it would never end)."""
+        try:
+            jobservation = self._jobservation
+            if jobservation is None:
+                jobservation = getattr(self._observation, "_jo", None)  # None on Spark Connect: filled with its action
+            if jobservation is not None and not _filled(jobservation):
+                log.warning("an observation of the rows was not filled by the action that ended: not counted")
+                return None
+            if self._observation is not None:
+                return int(self._observation.get["rows"])
+            classic = self._classic
+            assert classic is not None
+            row = classic.row_serializer.loads(classic.sql_utils.toPyRow(jobservation.getRow()))
+            return int(row[0])
+        except Exception:  # Py4JJavaError: the metrics row is empty
+            return None
+
+
+OBSERVATION_WAIT_S = 2.0
+
+
+def _filled(jobservation: Any) -> bool:
+    """Whether the JVM's observation has its metrics (waiting up to OBSERVATION_WAIT_S for a
+    Spark that fills it after its action returned)."""
+    deadline = time.monotonic() + OBSERVATION_WAIT_S
+    while not jobservation.future().isCompleted():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def observe_rows(ctx: RuntimeContext, df: DataFrame) -> tuple[DataFrame, RowsObserved]:
+    """`df.observe(Observation(), count(1))`: `df` with its rows counted while the action that
+    runs them runs, not by a Spark job of its own. In a streaming task on classic Spark with the
+    JVM's parts looked up once for the task: two round trips to observe, two to read the count
+    (PySpark's own way takes a dozen)."""
+    classic = _classic(ctx)
+    if classic is None or not hasattr(df, "_jdf"):
+        observation = Observation()
+        return df.observe(observation, F.count(F.lit(1)).alias("rows")), RowsObserved(observation)
+    jobservation = classic.observation()
+    count, rest = classic.count_rows
+    observed = DataFrame(df._jdf.observe(jobservation, count, rest), classic.spark)
+    return observed, RowsObserved(None, jobservation, classic)
+
+
+def is_projection(df: DataFrame, of: DataFrame) -> bool:
+    """Whether Spark's analyzed plan of `df` is a projection of `of`'s, which makes one row of
+    each row (a select of columns and expressions; not one with a generator such as explode,
+    whose projection stands on a Generate, nor an aggregate). False when that cannot be told
+    (Spark Connect has no plan here)."""
+    if not hasattr(df, "_jdf") or not hasattr(of, "_jdf"):
+        return False
+    try:
+        plan = df._jdf.queryExecution().analyzed()
+        return str(plan.nodeName()) == "Project" and bool(plan.child().sameResult(of._jdf.queryExecution().analyzed()))
+    except Exception:  # a PySpark whose internals differ
+        return False

@@ -1,6 +1,7 @@
 """What every operator works with: the subtask it runs in (`RuntimeContext`), what a micro-batch
-reads (`InputMeter`), the signatures of sources, transforms and sinks, and the helpers all three
-share to read an operator's config, name its columns and schemas, and look at files.
+reads (`InputMeter`), what a sink wrote (`SinkCount`), the signatures of sources, transforms and
+sinks, and the helpers all three share to read an operator's config, name its columns and
+schemas, and look at files.
 
 Only the DataFrame API is used (no RDD, no SparkContext), so every operator also runs against
 Spark Connect.
@@ -28,17 +29,18 @@ from funke.common.graph.jobgraph import OperatorSpec
 from funke.common.streaming.sources import BatchInput
 from funke.runtime import datafs
 
-__all__ = ["InputMeter", "RuntimeContext", "Sink", "Source", "Transform", "arrow_compatible", "arrow_schema", "column_ref",
-           "config_options", "config_schema", "config_strings", "config_value", "file_info", "label",
+__all__ = ["InputMeter", "RuntimeContext", "Sink", "SinkCount", "Source", "Transform", "arrow_compatible", "arrow_schema",
+           "column_ref", "config_options", "config_schema", "config_strings", "config_value", "file_info", "label",
            "parse_schema", "subtask_share"]
 
 
 @dataclass(slots=True)
 class InputMeter:
     """What one micro-batch of a task reads: an estimate of the bytes (the rate source's rows
-    weighed, files and partitions by size), which decides how its output is exchanged, and the
+    weighed, files and partitions by size), which decides how its output is exchanged, the
     rows its stream source read: known before running (the rate source's range) or observed
-    while running (files: read only once the batch's work has run every row)."""
+    while running (files: read only once the batch's work has run every row), and the rows
+    its inputs' result partitions brought."""
 
     bytes: int = 0
     rows: int = 0
@@ -49,10 +51,22 @@ class InputMeter:
     at: int = 0
     event_time: dict[str, Observation] = dataclass_field(default_factory=dict)
     late: list[Observation] = dataclass_field(default_factory=list)
+    # the rows the batch's result partitions brought the chain's head (its records in)
+    partition_rows: int = 0
 
     def counted_rows(self) -> int:
         """Blocks until every observation has its count: call once the chain ran every row."""
         return self.rows + sum(int(o.get["rows"]) for o in self.observed)
+
+
+@dataclass(slots=True)
+class SinkCount:
+    """What a sink wrote in one run of its chain (Flink's numRecordsOut of a sink, the records it
+    wrote): `rows` when it knows them (it staged them in memory, or printed them), else the
+    count an observation of its write makes (`classic.observe_rows`); neither: not counted."""
+
+    rows: int | None = None
+    observed: Any = None  # classic.RowsObserved
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +95,8 @@ class RuntimeContext:
     # A streaming task's memo, the same dict for all its batches: what its operators build the
     # same way batch after batch (their Python UDFs); None: everything is built afresh.
     memo: dict[Any, Any] | None = None
+    # What the chain's sink wrote in this run (`funke.taskmanager.recordcounts`); None: not counted.
+    written: SinkCount | None = None
 
     @property
     def cancel_marker(self) -> str | None:

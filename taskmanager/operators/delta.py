@@ -28,6 +28,7 @@ from funke.common import layout
 from funke.common.graph.jobgraph import OperatorSpec
 from funke.common.streaming.sources.delta import DELTA_MODES, DataFile, share
 from funke.runtime import deltalog
+from funke.taskmanager.operators.classic import observe_rows
 from funke.taskmanager.operators.context import RuntimeContext, column_ref, config_value, label
 
 # What Delta (without column mapping) does not take in a column name.
@@ -89,6 +90,8 @@ def write(ctx: RuntimeContext, spec: OperatorSpec, df: DataFrame) -> None:
                                                  ctx.attempt_number)
     else:
         staging = layout.sink_staging_dir(target, ctx.job_id, ctx.subtask_index, ctx.attempt_number)
+    if ctx.written is not None:  # the records it writes, counted as Spark writes them
+        df, ctx.written.observed = observe_rows(ctx, df)
     (df.write.mode("overwrite")
         .option("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")  # not Spark's INT96
         .parquet(staging))

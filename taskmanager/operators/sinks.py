@@ -9,6 +9,10 @@ plans the pipeline but runs nothing.
 In a streaming query (`RuntimeContext.batch`) file, collect and redis sinks stage the batch inside
 the target (`layout.stream_sink_staging_dir`) for the JobMaster's commit; print shows the first
 rows of each batch; foreach_batch hands the batch to the user's function.
+
+Each sink counts the records it writes into `RuntimeContext.written` (its numRecordsOut): the
+rows it staged in memory or printed, or an observation of Spark's write (`_counted`), never a
+pass of its own. foreach_batch and noop count nothing (what runs is the user's, or nothing).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from funke.common.graph.jobgraph import OperatorSpec
 from funke.common.graph.operators import SINK_MODES
 from funke.runtime import datafs
 from funke.taskmanager import batchexchange
-from funke.taskmanager.operators.classic import frame_to_arrow
+from funke.taskmanager.operators.classic import frame_to_arrow, observe_rows
 from funke.taskmanager.operators.delta import write as _delta_sink
 from funke.taskmanager.operators.context import (
     RuntimeContext,
@@ -83,9 +87,9 @@ def _file_sink(fmt: str, defaults: dict[str, str] | None = None,
             staging = layout.stream_sink_staging_dir(target, ctx.job_id, ctx.batch.batch_id, ctx.subtask_index,
                                                      ctx.attempt_number)
             if fmt != "parquet" or not _staged_in_memory(ctx, out, staging, options):
-                out.write.format(fmt).options(**options).mode("overwrite").save(staging)
+                _counted(ctx, out).write.format(fmt).options(**options).mode("overwrite").save(staging)
             return
-        writer = out.write.format(fmt).options(**options).mode("overwrite")
+        writer = _counted(ctx, out).write.format(fmt).options(**options).mode("overwrite")
         mode = str(spec.config.get("mode", "error"))
         if mode not in SINK_MODES:
             raise ValueError(f"{label(spec)}: mode {mode!r} is not one of {', '.join(SINK_MODES)}")
@@ -123,10 +127,21 @@ def _staged_in_memory(ctx: RuntimeContext, df: DataFrame, staging: str, options:
         return False
     int96 = timestamps == "INT96"
     name = f"part-00000-{uuid.uuid4()}{'' if compression == 'none' else '.' + codec}.parquet"  # as Spark names it
-    batchexchange.write_table_file(staging, frame_to_arrow(ctx, df), name,
+    table = frame_to_arrow(ctx, df)
+    batchexchange.write_table_file(staging, table, name,
                                    compression=compression, store_schema=False,
                                    use_deprecated_int96_timestamps=int96, coerce_timestamps=None if int96 else "us")
+    if ctx.written is not None:
+        ctx.written.rows = table.num_rows
     return True
+
+
+def _counted(ctx: RuntimeContext, df: DataFrame) -> DataFrame:
+    """`df`, its rows counted into `ctx.written` while Spark's writer writes them."""
+    if ctx.written is None:
+        return df
+    df, ctx.written.observed = observe_rows(ctx, df)
+    return df
 
 
 def _writer_conf(ctx: RuntimeContext) -> dict[str, str]:
@@ -165,7 +180,7 @@ def _collect(ctx: RuntimeContext, spec: OperatorSpec, df: DataFrame) -> None:
     else:
         staging = layout.sink_staging_dir(target, ctx.job_id, ctx.subtask_index, ctx.attempt_number)
     if not _staged_in_memory(ctx, df, staging, {}):  # a bounded job's (no meter) goes to Spark's writer
-        df.write.mode("overwrite").parquet(staging)
+        _counted(ctx, df).write.mode("overwrite").parquet(staging)
 
 
 def _print(ctx: RuntimeContext, spec: OperatorSpec, df: DataFrame) -> None:
@@ -180,10 +195,15 @@ def _print(ctx: RuntimeContext, spec: OperatorSpec, df: DataFrame) -> None:
         lines += [f"{prefix}...\n"] if len(rows) > PRINT_ROWS_PER_BATCH else []
         sys.stdout.write("".join(lines) + "\n")
         sys.stdout.flush()
+        if ctx.written is not None:
+            ctx.written.rows = min(len(rows), PRINT_ROWS_PER_BATCH)
         return
-    lines = [f"{prefix}{row}\n" for row in df.collect()]
+    collected = df.collect()
+    lines = [f"{prefix}{row}\n" for row in collected]
     sys.stdout.write("".join(lines))
     sys.stdout.flush()
+    if ctx.written is not None:
+        ctx.written.rows = len(collected)
 
 
 def _redis_sink(ctx: RuntimeContext, spec: OperatorSpec, df: DataFrame) -> None:
@@ -195,7 +215,7 @@ def _redis_sink(ctx: RuntimeContext, spec: OperatorSpec, df: DataFrame) -> None:
     staging = layout.stream_sink_staging_dir(target, ctx.job_id, ctx.batch.batch_id, ctx.subtask_index,
                                              ctx.attempt_number)
     if not _staged_in_memory(ctx, df, staging, {}):
-        df.write.mode("overwrite").parquet(staging)
+        _counted(ctx, df).write.mode("overwrite").parquet(staging)
 
 
 def _foreach_batch(ctx: RuntimeContext, spec: OperatorSpec, df: DataFrame, fn: Callable[[DataFrame, int], Any]) -> None:
@@ -206,7 +226,7 @@ def _foreach_batch(ctx: RuntimeContext, spec: OperatorSpec, df: DataFrame, fn: C
 
 
 def _discard(ctx: RuntimeContext, spec: OperatorSpec, df: DataFrame) -> None:
-    df.write.format("noop").mode("overwrite").save()
+    _counted(ctx, df).write.format("noop").mode("overwrite").save()
 
 
 def _sink_noop(ctx: RuntimeContext, spec: OperatorSpec, df: DataFrame) -> None:

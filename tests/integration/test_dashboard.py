@@ -157,3 +157,31 @@ def test_a_streaming_query_charts_its_batches_and_its_stop_button_stops_it(brows
     finally:
         if client.get_job(job_id).status not in (6, 7):
             client.cancel(job_id)
+
+
+def test_a_running_word_counts_keyed_vertex_shows_its_records_and_each_operators(browser, spark_cluster, tmp_path):
+    b, url = browser
+    client = spark_cluster.client
+    incoming = tmp_path / "incoming"
+    incoming.mkdir()
+    env = ExecutionEnvironment("dashboard running word count", parallelism=2)
+    (env.read_stream.text(str(incoming)).flat_map(str.split, schema="word string").key_by("word").count()
+        .write_parquet(str(tmp_path / "out")))
+    env.set_output_mode("update").set_trigger("200 ms").set_checkpoint_location(str(tmp_path / "checkpoint"))
+    job_id = client.submit(env.build())
+    try:
+        (tmp_path / "words.txt").write_text("a rose is a rose\nis a rose\n")  # 8 words, 3 distinct
+        (tmp_path / "words.txt").rename(incoming / "words.txt")
+        show(b, url, f"/jobs/{job_id}", "job")
+        keyed = wait_for("the keyed vertex in the job", lambda: [v for v in client.get_job(job_id).vertices
+                                                                 if v.name == "Count -> Sink: Parquet"], timeout=60)[0]
+        cells = (f"['read-records', 'write-records'].map(m => document.querySelector("
+                 f"'#vertex-table tr[data-vertex=\"{keyed.id}\"] td[data-metric=' + m + ']')?.dataset.value)")
+        b.wait_for(f"JSON.stringify({cells}) === JSON.stringify(['8', '3'])", timeout=180,
+                   what="the keyed vertex's records in and out: 8 words in, 3 counts out")
+        operators = b.evaluate(f"""[...document.querySelectorAll('#operator-table tr[data-operator^="{keyed.id}/"]')]
+            .map(r => [r.dataset.operator, r.dataset.recordsIn, r.dataset.recordsOut])""")
+        assert operators == [[f"{keyed.id}/0", "8", "3"], [f"{keyed.id}/1", "3", "3"]]
+        shot(b, "job-streaming-records")
+    finally:
+        client.cancel(job_id)

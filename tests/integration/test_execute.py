@@ -131,12 +131,25 @@ def test_execute_async_returns_a_job_client_and_the_rows(local_cluster):
         assert result.get_job_id() == client.get_job_id() and result.status == "FINISHED"
         assert sorted(r.sq for r in result.collect(sink)) == [x * x for x in range(50)]
         assert result.to_arrow().num_rows == 50 and result.to_pandas()["sq"].sum() == sum(x * x for x in range(50))
-        source, squares = sorted(result.metrics.values(), key=lambda m: m.records_in)  # 50 rows over the exchange
+        source, squares = (result.metrics[v] for v in ("source-range", "map"))  # 50 rows over the exchange
         assert (source.records_out, squares.records_in, squares.parallelism) == (50, 50, 2), result.metrics
         assert client.to_pandas()["sq"].sum() == result.to_pandas()["sq"].sum()
         with pytest.raises(FunkeError, match="is a batch job: from_batch is for a streaming query") as refused:
             client.client.result_batches(client.job_id, from_batch=0)
         assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_the_results_metrics_count_the_records_of_every_operator_of_a_chained_vertex(local_cluster):
+    # One vertex, no exchange: the vertex's records in are its source's (what it read), its
+    # records out its sink's (what it wrote), and each operator has its own.
+    env = ExecutionEnvironment("chained counts", parallelism=1)
+    env.from_range(1000).map(lambda x: x * 3, schema="n bigint").filter(lambda n: n % 2 == 0).collect()
+    result = env.execute()
+    [vertex] = result.metrics.values()
+    assert (vertex.records_in, vertex.records_out) == (1000, 500), vertex
+    assert [(o.name, o.records_in, o.records_out) for o in vertex.operators] == [
+        ("Source: range", 1000, 1000), ("Map", 1000, 1000), ("Filter", 1000, 500), ("Sink: Collect", 500, 500)]
+    assert result.to_arrow().num_rows == 500
 
 
 def test_a_failing_job_raises_with_the_users_traceback(local_cluster):

@@ -117,6 +117,13 @@ def test_a_finished_word_count_in_flinks_shapes(spark_cluster, finished_word_cou
     # counting vertex reads exactly those
     assert source["metrics"]["write-records"] == len(counts)
     assert sink["metrics"]["read-records"] == len(counts)
+    # each operator of the chains: the source's lines, the words, one row per distinct word
+    words = sum(counts.values())
+    assert [(o["name"], o["metrics"]["read-records"], o["metrics"]["write-records"]) for v in (source, sink)
+            for o in v["operators"]] == [("Source: text", 300, 300), ("FlatMap", 300, words),
+                                         ("Combine (Count)", words, len(counts)), ("Count", len(counts), len(counts)),
+                                         ("Sink: Collect", len(counts), len(counts))]
+    assert sink["metrics"]["write-records"] == len(counts)  # the records its sink wrote
     plan = rest.get(f"/jobs/{job_id}/plan")["plan"]
     assert plan == job["plan"] and [n["id"] for n in plan["nodes"]] == [source["id"], sink["id"]]
     [edge] = plan["nodes"][1]["inputs"]
@@ -162,7 +169,82 @@ def test_the_metrics_of_every_process_count_the_word_counts_records(spark_cluste
                 records_out[sample.labels["vertex_id"]] += sample.value
     source, sink = (v.id for v in details.vertices)
     assert records_out[source] == len(counts) and records_in[sink] == len(counts)
-    assert records_in[source] == 0  # a source reads files, not result partitions
+    assert records_in[source] == 300  # a source's records in are the records it read: the corpus's lines
+    assert records_out[sink] == len(counts)  # a sink's records out are the records it wrote
+    # per operator of each chain, Flink's operator metrics
+    operators = {}
+    for tm in rest.get("/taskmanagers")["taskmanagers"]:
+        metrics = scrape(tm["resources"]["metrics"])
+        for name in ("numRecordsIn", "numRecordsOut"):
+            for sample in metrics.get(f"funke_taskmanager_job_task_operator_{name}", []):
+                if sample.labels["job_id"] == job_id:
+                    key = (sample.labels["vertex_id"], sample.labels["operator_name"])
+                    operators.setdefault(key, {})[name] = sample.value
+    words = sum(counts.values())
+    assert operators == {
+        (source, "Source: text"): {"numRecordsIn": 300, "numRecordsOut": 300},
+        (source, "FlatMap"): {"numRecordsIn": 300, "numRecordsOut": words},
+        (source, "Combine (Count)"): {"numRecordsIn": words, "numRecordsOut": len(counts)},
+        (sink, "Count"): {"numRecordsIn": len(counts), "numRecordsOut": len(counts)},
+        (sink, "Sink: Collect"): {"numRecordsIn": len(counts), "numRecordsOut": len(counts)},
+    }
+
+
+def test_a_streaming_word_counts_keyed_vertex_counts_its_records_batch_by_batch(spark_cluster, tmp_path):
+    """The running word count's keyed vertex (`Count -> Sink: Parquet`, behind the exchange at
+    parallelism 2): its records in and out grow with every batch, per vertex, per subtask and per
+    operator, in Flink's shapes (/jobs/:jid, /jobs/:jid/vertices/:vid and its /metrics)."""
+    rest = Rest(spark_cluster)
+    client = spark_cluster.client
+    incoming, staging = tmp_path / "incoming", tmp_path / "staging"
+    incoming.mkdir()
+    staging.mkdir()
+
+    def words(line: str) -> list[str]:  # local: shipped by value
+        return [w for w in SEPARATORS.split(line.lower()) if w]
+
+    env = ExecutionEnvironment("rest running word count", parallelism=2)
+    (env.read_stream.text(str(incoming)).flat_map(words, schema="word string").key_by("word").count()
+        .write_parquet(str(tmp_path / "out")))
+    env.set_output_mode("update").set_trigger("200 ms").set_checkpoint_location(str(tmp_path / "checkpoint"))
+    job_id = client.submit(env.build())
+    texts = ["to be or not to be\nthat is the question\n", "be quick\nor be dead\n"]
+    seen_words, changed = 0, 0
+    try:
+        for n, text in enumerate(texts):
+            (staging / f"{n}.txt").write_text(text)
+            (staging / f"{n}.txt").rename(incoming / f"{n}.txt")  # arrives whole
+            batch_words = [w for line in text.splitlines() for w in words(line)]
+            seen_words += len(batch_words)
+            changed += len(set(batch_words))  # update mode: each word the batch saw, with its new total
+
+            def keyed_vertex() -> dict | None:
+                job = rest.get(f"/jobs/{job_id}")
+                [vertex] = [v for v in job["vertices"] if v["name"] == "Count -> Sink: Parquet"]
+                m = vertex["metrics"]
+                return vertex if (m["read-records"], m["write-records"]) == (seen_words, changed) else None
+
+            vertex = wait_for(f"the keyed vertex to have counted batch {n}'s records", keyed_vertex, timeout=180)
+            assert [(o["name"], o["metrics"]["read-records"], o["metrics"]["write-records"])
+                    for o in vertex["operators"]] == [("Count", seen_words, changed),
+                                                      ("Sink: Parquet", changed, changed)]
+            subtasks = rest.get(f"/jobs/{job_id}/vertices/{vertex['id']}")["subtasks"]
+            assert sum(s["metrics"]["read-records"] for s in subtasks) == seen_words
+            assert sum(s["metrics"]["write-records"] for s in subtasks) == changed
+            assert sum(s["operators"][0]["metrics"]["write-records"] for s in subtasks) == changed
+            # Flink's metric ids: "<subtask>.<metric>" and "<subtask>.<operator>.<metric>"
+            listed = {m["id"] for m in rest.get(f"/jobs/{job_id}/vertices/{vertex['id']}/metrics")}
+            wanted = ["0.Count.numRecordsIn", "1.Count.numRecordsIn", "0.Sink__Parquet.numRecordsOut",
+                      "1.Sink__Parquet.numRecordsOut", "0.numRecordsIn", "1.numRecordsIn"]
+            assert set(wanted) <= listed, sorted(listed)
+            values = {m["id"]: int(m["value"]) for m in
+                      rest.get(f"/jobs/{job_id}/vertices/{vertex['id']}/metrics?get={','.join(wanted)}")}
+            assert values[wanted[0]] + values[wanted[1]] == seen_words == values[wanted[4]] + values[wanted[5]]
+            assert values[wanted[2]] + values[wanted[3]] == changed
+        status, body = rest.call(f"/jobs/{job_id}/vertices/{vertex['id']}/metrics?get=" + "x" * 5000)
+        assert status == 400 and body["errors"]
+    finally:
+        client.cancel(job_id)
 
 
 def test_a_running_job_its_cancel_and_the_job_metrics(spark_cluster, tmp_path):

@@ -7,6 +7,7 @@ results on both."""
 from __future__ import annotations
 
 import collections
+import glob
 import json
 import os
 import re
@@ -22,6 +23,7 @@ from funke.common.states import JobStatus
 from funke.deploy import localcluster, sparkstandalone
 from funke.deploy.client import JobManagerClient
 from funke.deploy.jobfile import load_job_file
+from funke.jobmanager import restviews
 from tests.integration.conftest import client_of, funke, wait_for_end
 from tests.integration.test_wordcount import join_example_is_exact
 from tests.sparkconnectserver import ConnectServer
@@ -52,6 +54,13 @@ def word_count_is_exact(client: JobManagerClient, corpus, parallelism: int = 4) 
     rows = client.result(job_id)
     assert collections.Counter({r["word"]: r["count"] for r in rows}) == expected
     assert len(rows) == len(expected)
+    # each operator's records, counted where the Spark work ran (an executor, a Connect server)
+    counts = [(o["name"], o["metrics"]["read-records"], o["metrics"]["write-records"]) for v in details.vertices
+              for o in restviews.operators(v, [s.current.io for s in v.subtasks])]
+    lines = sum(len(Path(f).read_text().splitlines()) for f in glob.glob(pattern))
+    words, exchanged = sum(expected.values()), counts[2][2]
+    assert counts == [("Source: text", lines, lines), ("FlatMap", lines, words), ("Combine (Count)", words, exchanged),
+                      ("Count", exchanged, len(expected)), ("Sink: Collect", len(expected), len(expected))], counts
     return {s.current.task_manager_id for v in details.vertices for s in v.subtasks}
 
 

@@ -608,3 +608,112 @@ def test_a_small_micro_batchs_rate_rows_built_as_arrow_are_the_rows_of_the_rule(
     df, got = read(0)
     assert "Range" in df._jdf.queryExecution().executedPlan().toString()
     assert got == [(v, dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc)) for v, ms in rule.rows(r, 0)]
+
+
+# ------------------------------------------------------------------- records per operator, per batch
+
+
+def test_a_running_word_counts_vertices_count_their_records_in_and_out_in_every_batch(spark, tmp_path):
+    """The running word count's two vertices (`Source -> FlatMap` --HASH--> `Count -> Sink:
+    Parquet`), batch by batch: every operator's records in and out, the keyed vertex's records in
+    the rows its gate brought and its records out the rows its sink wrote (the words the batch
+    changed, in update mode)."""
+    from funke.common.graph.streamingjob import CHECKPOINT, OUTPUT_MODE
+    from tests.unit.test_task_runtime import Reports, deploy, gate, op, output
+
+    incoming = tmp_path / "incoming"
+    incoming.mkdir()
+    (incoming / "a.txt").write_text("to be or\nnot to be\n")  # 2 lines, 6 words, 4 distinct
+    (incoming / "b.txt").write_text("be quick\n")  # 1 line, 2 words, 2 distinct
+    options = {CHECKPOINT: str(tmp_path / "checkpoint"), OUTPUT_MODE: "update"}
+    source = [op("source.stream.text", path=str(incoming)), op("flat_map", str.split, schema="word string")]
+    producer, _ = deploy(tmp_path, source, vertex="words", outputs=[output("ds", 0, 1, PartitionerKind.HASH, ["word"])],
+                         options=options)
+    counting = [op("running_aggregate", keys=["word"], aggregations=["count(1) AS count"]),
+                op("sink.parquet", path=str(tmp_path / "out"))]
+    consumer, _ = deploy(tmp_path, counting, vertex="count", options=options)
+    p_batches, c_batches = BatchReports(), BatchReports()
+    p_task = StreamTask(producer, spark, Reports(), p_batches)
+    c_task = StreamTask(consumer, spark, Reports(), c_batches)
+    threads = [threading.Thread(target=t.run, daemon=True) for t in (p_task, c_task)]
+    for t in threads:
+        t.start()
+    for batch_id, name in enumerate(["a.txt", "b.txt"]):
+        p_task.give_batch(BatchInput(batch_id, 0, {"words": SourceRange(None, 1)}, {"words": (name,)}))
+        assert p_batches.wait_for(batch_id)
+        (produced,) = p_batches.done[-1][1]
+        c_task.give_batch(BatchInput(batch_id, 0), (gate("ds", range(0, 1), attempts=[0], schema=produced.schema),))
+        assert c_batches.wait_for(batch_id)
+    p_task.finish()
+    c_task.finish()
+    for t in threads:
+        t.join(60)
+
+    def records(io):
+        return [(o.records_in, o.records_out) for o in io.operators], io.records_in, io.records_out
+
+    # lines read, words emitted into the exchange
+    assert [records(io) for io in p_batches.io] == [([(2, 2), (2, 6)], 2, 6), ([(1, 1), (1, 2)], 1, 2)]
+    # words in; in update mode the words the batch changed out, and written
+    assert [records(io) for io in c_batches.io] == [([(6, 4), (4, 4)], 6, 4), ([(2, 2), (2, 2)], 2, 2)]
+
+
+def test_the_running_word_counts_chains_are_counted_without_an_observation():
+    """Counting costs the word count's batches no observation of its own (each costs a small
+    batch about 10 ms): the source's lines are counted as they are read (a file source's own
+    count), its words by the exchange's write, the keyed vertex's input by its gate's rows and
+    its output by what its sink wrote."""
+    from funke.taskmanager import recordcounts
+
+    source = recordcounts.plan(("source.stream.text", "flat_map"), streaming=True, has_outputs=True)
+    keyed = recordcounts.plan(("running_aggregate", "sink.parquet"), streaming=True, has_outputs=False)
+    assert recordcounts.Count.OBSERVED not in source + keyed
+
+
+@pytest.mark.parametrize("keep_exchange", [False, True])
+def test_bench_streamings_query_counts_every_operators_records_without_an_observation(spark, tmp_path, monkeypatch,
+                                                                                     keep_exchange):
+    """bench_streaming's query (rate -> select -> map -> per-batch aggregate -> Parquet), in one
+    vertex or in two: every operator's records, batch after batch, and not one observation (its
+    select is a projection: one row per row)."""
+    from funke.taskmanager import recordcounts
+    from tests.unit.test_task_runtime import Reports, deploy, gate, op, output
+
+    observed = []
+    real = recordcounts.observe_rows
+    monkeypatch.setattr(recordcounts, "observe_rows", lambda ctx, df: observed.append(ctx.vertex_id) or real(ctx, df))
+    source = [op("source.rate", rows_per_second=1000), op("select", exprs=["value"]),
+              op("map", lambda v: (v, v % 4, v * 2), schema="value bigint, bucket int, doubled bigint")]
+    keyed = [op("aggregate", keys=["bucket"], aggregations=["count(1) AS n", "sum(doubled) AS total"]),
+             op("sink.parquet", path=str(tmp_path / "out"))]
+    if keep_exchange:
+        producer, _ = deploy(tmp_path, source, vertex="rate", outputs=[output("ds", 0)])
+        consumer, _ = deploy(tmp_path, keyed, vertex="aggregate")
+        tasks = [(producer, BatchReports()), (consumer, BatchReports())]
+    else:
+        one, _ = deploy(tmp_path, source + keyed, vertex="rate")
+        tasks = [(one, BatchReports())]
+    running = [StreamTask(d, spark, Reports(), batches) for d, batches in tasks]
+    threads = [threading.Thread(target=t.run, daemon=True) for t in running]
+    for t in threads:
+        t.start()
+    ranges = [SourceRange(None, {"rows": 10, "baseMs": 0}, 10),
+              SourceRange({"rows": 10, "baseMs": 0}, {"rows": 13, "baseMs": 0}, 3)]
+    for batch_id, rate_range in enumerate(ranges):
+        running[0].give_batch(BatchInput(batch_id, 0, {"rate": rate_range}))
+        assert tasks[0][1].wait_for(batch_id)
+        if keep_exchange:
+            (produced,) = tasks[0][1].done[-1][1]
+            running[1].give_batch(BatchInput(batch_id, 0), (gate("ds", range(0, 1), schema=produced.schema),))
+            assert tasks[1][1].wait_for(batch_id)
+    for t in running:
+        t.finish()
+    for t in threads:
+        t.join(60)
+    counts = [[(o.records_in, o.records_out) for o in io.operators] for _, batches in tasks for io in batches.io]
+    # 10 rows in 4 buckets, then 3 rows in 3 buckets
+    if keep_exchange:
+        assert counts == [[(10, 10)] * 3, [(3, 3)] * 3, [(10, 4), (4, 4)], [(3, 3), (3, 3)]]
+    else:
+        assert counts == [[(10, 10)] * 3 + [(10, 4), (4, 4)], [(3, 3)] * 3 + [(3, 3), (3, 3)]]
+    assert observed == []

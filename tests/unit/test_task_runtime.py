@@ -219,7 +219,7 @@ def run_word_count(spark, data_dir: Path, corpus: Path, sources: int = 2, counte
     if precount:
         source_ops.append(op("count", keys=["word"]))
     schemas = set()
-    total_rows = 0
+    total_rows = lines_read = 0
     for i in range(sources):
         reports = run(deploy(data_dir, source_ops, vertex="tokenize", subtask=i, parallelism=sources,
                              outputs=[output("words", i, counters, HASH, ["word"])], options=options), spark)
@@ -227,10 +227,13 @@ def run_word_count(spark, data_dir: Path, corpus: Path, sources: int = 2, counte
         assert [(p.data_set_id, p.partition_index) for p in produced] == [("words", i)]
         schemas.add(produced[0].schema)
         total_rows += produced[0].row_count
-        # what it wrote, as reported for the metrics: its rows, and the bytes of its partition
+        # what it wrote, as reported for the metrics: its rows, and the bytes of its partition;
+        # what it read: its source's records, the lines of its files
         io = reports.io[-1]
-        assert io.records_out == produced[0].row_count and io.records_in == 0 and io.seconds > 0
-        assert (io.bytes_out > 0) == (produced[0].row_count > 0)
+        assert io.records_out == produced[0].row_count and io.seconds > 0
+        assert (io.bytes_out > 0) == (produced[0].row_count > 0) and io.bytes_in == 0
+        lines_read += io.records_in
+    assert lines_read == sum(len(f.read_text(encoding="utf-8").splitlines()) for f in corpus.iterdir())
     (schema,) = schemas
     count_ops = [op("aggregate", keys=["word"], aggregations=["sum(`count`) as `count`"]) if precount
                  else op("count", keys=["word"]), op("sink.collect")]
@@ -244,7 +247,7 @@ def run_word_count(spark, data_dir: Path, corpus: Path, sources: int = 2, counte
         per_subtask.append({r["word"]: r["count"] for r in collected(data_dir, "count", i)})
         # rows read: its own subpartition of every producer's partition, from the Parquet footers
         records_in += reports.io[-1].records_in
-        assert reports.io[-1].records_out == 0  # a sink's rows are its sink's, not an output's
+        assert reports.io[-1].records_out == len(per_subtask[-1])  # the rows its sink wrote
     assert records_in == total_rows  # every row went to exactly one counter, and was counted once
     return per_subtask, total_rows
 
@@ -382,6 +385,117 @@ def test_a_consumer_reads_partitions_written_either_way_together(spark, tmp_path
         keys.append({r["k"] for r in rows})
     assert sorted(seen) == sorted((k % 3, k) for k in range(60))  # every row once
     assert not keys[0] & keys[1]  # both producers route a key to the same consumer
+
+
+# ---- (b2) records per operator (Flink's numRecordsIn and numRecordsOut) ----
+
+
+def records(io) -> list[tuple[int | None, int | None]]:
+    return [(o.records_in, o.records_out) for o in io.operators]
+
+
+def test_a_chained_vertex_counts_the_records_of_every_operator(spark, tmp_path):
+    # from_range(1000) -> map -> filter -> collect at parallelism 1: one vertex, no exchange. Each
+    # operator's records in and out; the vertex's are its head's in (a source: the records it
+    # read) and its tail's out (a sink: the records it wrote).
+    ops = [op("source.range", end=1000), op("map", lambda x: x * 3, schema="n bigint"),
+           op("filter", lambda n: n % 2 == 0), op("sink.collect")]
+    reports = run(deploy(tmp_path, ops), spark)
+    finished(reports)
+    io = reports.io[-1]
+    assert records(io) == [(1000, 1000), (1000, 1000), (1000, 500), (500, 500)]
+    assert (io.records_in, io.records_out) == (1000, 500)
+    assert len(collected(tmp_path, "v", 0)) == 500
+
+
+@pytest.mark.parametrize("limit", [None, "0"])  # the exchange written in memory, or by Spark's writer
+def test_records_per_operator_on_both_sides_of_an_exchange(spark, tmp_path, limit):
+    options = {EXCHANGE_IN_MEMORY_MAX_BYTES: limit} if limit else None
+    producer = [op("source.range", end=100), op("where", condition="id % 10 <> 0"),
+                op("flat_map", lambda i: [i, i], schema="id bigint")]
+    reports = run(deploy(tmp_path, producer, vertex="p", outputs=[output("ds", 0)], options=options), spark)
+    (produced,) = finished(reports)
+    io = reports.io[-1]
+    assert records(io) == [(100, 100), (100, 90), (90, 180)] and (io.records_in, io.records_out) == (100, 180)
+    consumer = [op("count", keys=["id"]), op("sink.collect")]
+    reports = run(deploy(tmp_path, consumer, vertex="c", inputs=[gate("ds", range(0, 1), schema=produced.schema)],
+                         options=options), spark)
+    finished(reports)
+    io = reports.io[-1]
+    assert records(io) == [(180, 90), (90, 90)] and (io.records_in, io.records_out) == (180, 90)
+
+
+def test_a_select_is_counted_as_a_projection_unless_it_makes_rows_of_its_own(spark, tmp_path, monkeypatch):
+    from funke.taskmanager import recordcounts
+
+    observed = []
+    real = recordcounts.observe_rows
+    monkeypatch.setattr(recordcounts, "observe_rows", lambda ctx, df: observed.append(ctx.vertex_id) or real(ctx, df))
+    plain = [op("source.range", end=10), op("select", exprs=["id * 2 AS d"]), op("where", condition="d < 10"),
+             op("sink.collect")]
+    reports = run(deploy(tmp_path, plain, vertex="plain"), spark)
+    finished(reports)
+    assert records(reports.io[-1]) == [(10, 10), (10, 10), (10, 5), (5, 5)]
+    assert observed == ["plain"]  # the source's count; the select passed each row on
+    exploding = [op("source.range", end=4), op("select", exprs=["explode(array(id, id)) AS id"]),
+                 op("select", exprs=["id + 1 AS n"]), op("sink.collect")]
+    reports = run(deploy(tmp_path, exploding, vertex="exploding"), spark)
+    finished(reports)
+    assert records(reports.io[-1]) == [(4, 4), (4, 8), (8, 8), (8, 8)]
+    # at the head of a chain that reads an exchange: a projection of what it read
+    producer = [op("source.range", end=6)]
+    (produced,) = finished(run(deploy(tmp_path, producer, vertex="p", outputs=[output("ds", 0)]), spark))
+    head = [op("select", exprs=["id * 3 AS t"]), op("where", condition="t > 6"), op("sink.collect")]
+    observed.clear()
+    reports = run(deploy(tmp_path, head, vertex="head", inputs=[gate("ds", range(0, 1), schema=produced.schema)]),
+                  spark)
+    finished(reports)
+    assert records(reports.io[-1]) == [(6, 6), (6, 3), (3, 3)] and observed == []
+
+
+def replace_rows(df):
+    return df.sparkSession.range(3)
+
+
+def test_a_transform_that_leaves_its_input_out_ends_with_the_counts_it_can_give(spark, tmp_path):
+    # The rows before it never run: an observation there would never be filled (and reading it
+    # would never end).
+    ops = [op("source.range", end=10), op("where", condition="id > 4"), op("transform", replace_rows),
+           op("sink.collect")]
+    reports = run(deploy(tmp_path, ops), spark)
+    finished(reports)
+    assert records(reports.io[-1]) == [(None, None), (None, None), (None, 3), (3, 3)]
+    assert (reports.io[-1].records_in, reports.io[-1].records_out) == (0, 3)
+
+
+@pytest.mark.parametrize("memo", [None, {}])  # PySpark's Observation, and a streaming task's few round trips
+def test_an_observation_no_action_ran_reads_as_not_counted_rather_than_waiting_for_ever(spark, tmp_path, monkeypatch,
+                                                                                       memo):
+    import dataclasses
+
+    from funke.taskmanager.operators import classic
+
+    monkeypatch.setattr(classic, "OBSERVATION_WAIT_S", 0.1)
+    context = dataclasses.replace(RuntimeContext(spark, "j", "v", 0, 1, 0, str(tmp_path)), memo=memo)
+    _, never = classic.observe_rows(context, spark.range(5))
+    assert never.rows() is None
+    df, counted = classic.observe_rows(context, spark.range(5))
+    df.write.format("noop").mode("overwrite").save()
+    assert counted.rows() == 5
+    df, empty = classic.observe_rows(context, spark.range(5))
+    df.where("false").write.format("noop").mode("overwrite").save()  # planned away: no count
+    assert empty.rows() is None
+
+
+def test_a_where_behind_a_parquet_source_still_prunes_and_the_source_is_counted_from_its_files(spark, tmp_path):
+    # No count between them: Spark pushes the where's filter into the scan (partitions pruned,
+    # row groups skipped); the source's records are its files' rows, from their footers.
+    table = tmp_path / "table"
+    spark.range(60).selectExpr("id", "id % 3 AS part").write.partitionBy("part").parquet(str(table))
+    ops = [op("source.parquet", path=str(table)), op("where", condition="part = 1"), op("sink.collect")]
+    reports = run(deploy(tmp_path, ops), spark)
+    finished(reports)
+    assert records(reports.io[-1]) == [(60, 60), (60, 20), (20, 20)]
 
 
 # ---- (c) failures ----

@@ -110,7 +110,7 @@ class ExecutionStateTransition(_message.Message):
     def __init__(self, from_state: _Optional[_Union[ExecutionState, str]] = ..., to_state: _Optional[_Union[ExecutionState, str]] = ..., timestamp: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cause: _Optional[str] = ..., stimulus_id: _Optional[str] = ...) -> None: ...
 
 class TaskIo(_message.Message):
-    __slots__ = ("records_in", "records_out", "bytes_in", "bytes_out", "seconds", "state", "event_time", "late_rows")
+    __slots__ = ("records_in", "records_out", "bytes_in", "bytes_out", "seconds", "state", "event_time", "late_rows", "operators")
     class EventTimeEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -126,6 +126,7 @@ class TaskIo(_message.Message):
     STATE_FIELD_NUMBER: _ClassVar[int]
     EVENT_TIME_FIELD_NUMBER: _ClassVar[int]
     LATE_ROWS_FIELD_NUMBER: _ClassVar[int]
+    OPERATORS_FIELD_NUMBER: _ClassVar[int]
     records_in: int
     records_out: int
     bytes_in: int
@@ -134,7 +135,16 @@ class TaskIo(_message.Message):
     state: StateMetrics
     event_time: _containers.MessageMap[str, EventTimeStats]
     late_rows: int
-    def __init__(self, records_in: _Optional[int] = ..., records_out: _Optional[int] = ..., bytes_in: _Optional[int] = ..., bytes_out: _Optional[int] = ..., seconds: _Optional[float] = ..., state: _Optional[_Union[StateMetrics, _Mapping]] = ..., event_time: _Optional[_Mapping[str, EventTimeStats]] = ..., late_rows: _Optional[int] = ...) -> None: ...
+    operators: _containers.RepeatedCompositeFieldContainer[OperatorIo]
+    def __init__(self, records_in: _Optional[int] = ..., records_out: _Optional[int] = ..., bytes_in: _Optional[int] = ..., bytes_out: _Optional[int] = ..., seconds: _Optional[float] = ..., state: _Optional[_Union[StateMetrics, _Mapping]] = ..., event_time: _Optional[_Mapping[str, EventTimeStats]] = ..., late_rows: _Optional[int] = ..., operators: _Optional[_Iterable[_Union[OperatorIo, _Mapping]]] = ...) -> None: ...
+
+class OperatorIo(_message.Message):
+    __slots__ = ("records_in", "records_out")
+    RECORDS_IN_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_OUT_FIELD_NUMBER: _ClassVar[int]
+    records_in: int
+    records_out: int
+    def __init__(self, records_in: _Optional[int] = ..., records_out: _Optional[int] = ...) -> None: ...
 
 class EventTimeStats(_message.Message):
     __slots__ = ("min_ms", "max_ms", "sum_ms", "count")
@@ -201,7 +211,7 @@ class Subtask(_message.Message):
     def __init__(self, subtask_index: _Optional[int] = ..., name: _Optional[str] = ..., current: _Optional[_Union[Execution, _Mapping]] = ..., prior_attempts: _Optional[_Iterable[_Union[Execution, _Mapping]]] = ...) -> None: ...
 
 class Vertex(_message.Message):
-    __slots__ = ("id", "name", "parallelism", "slot_sharing_group", "co_location_group", "subtasks_per_state", "subtasks")
+    __slots__ = ("id", "name", "parallelism", "slot_sharing_group", "co_location_group", "subtasks_per_state", "subtasks", "operators")
     class SubtasksPerStateEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -216,6 +226,7 @@ class Vertex(_message.Message):
     CO_LOCATION_GROUP_FIELD_NUMBER: _ClassVar[int]
     SUBTASKS_PER_STATE_FIELD_NUMBER: _ClassVar[int]
     SUBTASKS_FIELD_NUMBER: _ClassVar[int]
+    OPERATORS_FIELD_NUMBER: _ClassVar[int]
     id: str
     name: str
     parallelism: int
@@ -223,7 +234,8 @@ class Vertex(_message.Message):
     co_location_group: str
     subtasks_per_state: _containers.ScalarMap[str, int]
     subtasks: _containers.RepeatedCompositeFieldContainer[Subtask]
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., parallelism: _Optional[int] = ..., slot_sharing_group: _Optional[str] = ..., co_location_group: _Optional[str] = ..., subtasks_per_state: _Optional[_Mapping[str, int]] = ..., subtasks: _Optional[_Iterable[_Union[Subtask, _Mapping]]] = ...) -> None: ...
+    operators: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., parallelism: _Optional[int] = ..., slot_sharing_group: _Optional[str] = ..., co_location_group: _Optional[str] = ..., subtasks_per_state: _Optional[_Mapping[str, int]] = ..., subtasks: _Optional[_Iterable[_Union[Subtask, _Mapping]]] = ..., operators: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ExceptionHistoryEntry(_message.Message):
     __slots__ = ("timestamp", "task_name", "attempt", "task_manager_id", "failure")
