@@ -346,7 +346,8 @@ def _one_of(values: object) -> str:
 
 REST_ENDPOINTS: dict[tuple[str, str], str] = {
     ("GET", "/"): "the dashboard; `/?token=<client token>` trades the token for the login cookie",
-    ("GET", "/web/{name}"): "the dashboard's script and style sheet (`app.js`, `style.css`; no data)",
+    ("GET", "/web/{name}"): "the dashboard's scripts and style sheet (`app.js` and the ES modules it imports, "
+                           "`style.css`; no data)",
     ("POST", "/login"): '`{"token": "..."}` → 204 with the login cookie (HttpOnly, SameSite=Strict)',
     ("GET", "/config"): "refresh interval, time zone, version and features (no web submission), for the dashboard",
     ("GET", "/overview"): "TaskManagers, slots total and available, jobs by state, the data directory, the leader "

@@ -10,7 +10,7 @@ archives and cluster overview; the JSON is made in `funke.jobmanager.restviews`)
     GET   /jobs/{jid}/batches  /jobs/{jid}/progress          (streaming queries)
     PATCH /jobs/{jid}?mode=cancel                             202
     POST  /jobs/{jid}/stop   {"drain": false}                 202 (streaming queries)
-    GET   /  /web/app.js  /web/style.css                      the dashboard (no data in them)
+    GET   /  /web/{module}.js  /web/style.css                 the dashboard (no data in them)
     POST  /login {"token": ...}; GET /?token=...              a session cookie for browsers
 
 Every data endpoint asks for the cluster's client token, as the gRPC API does: `Authorization:
@@ -27,6 +27,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from importlib import resources
+from pathlib import PurePosixPath
 from typing import Any
 
 from aiohttp import web
@@ -43,10 +44,8 @@ log = logging.getLogger("funke.rest")
 
 COOKIE = "funke_token"
 MAX_BODY_BYTES = 64 * 1024
-_STATIC = {"app.js": "application/javascript", "style.css": "text/css"}
 _HTTP_STATUS = {"NOT_FOUND": 404, "INVALID_ARGUMENT": 400, "FAILED_PRECONDITION": 409, "UNAVAILABLE": 503,
                 "ALREADY_EXISTS": 409, "RESOURCE_EXHAUSTED": 429}
-_PUBLIC = {"/", "/login", "/web/app.js", "/web/style.css", "/favicon.ico"}
 
 Current = Callable[[], Dispatcher]
 
@@ -61,6 +60,19 @@ def _error(status: int, message: str) -> web.Response:
 
 def _asset(name: str) -> bytes:
     return resources.files("funke.jobmanager").joinpath("web", name).read_bytes()
+
+
+def _static_assets() -> dict[str, str]:
+    """The dashboard's files a request may name, with their content types: the style sheet and
+    every script in web/ (app.js and the ES modules it imports), listed once at import: no path
+    from a request reaches the filesystem."""
+    types = {".js": "application/javascript", ".css": "text/css"}
+    web = resources.files("funke.jobmanager").joinpath("web")
+    return {f.name: kind for f in web.iterdir() if (kind := types.get(PurePosixPath(f.name).suffix))}
+
+
+_STATIC = _static_assets()
+_PUBLIC = {"/", "/login", "/favicon.ico", *(f"/web/{name}" for name in _STATIC)}
 
 
 class RestServer:

@@ -1,1 +1,2 @@
-"""The DataStream DSL users write jobs with (`dsl`), translated into a JobGraph."""
+"""The DataStream DSL users write jobs with (`dsl` gathers its classes: `environment`,
+`streamreader`, `datastream`, `handles`, `arguments`), translated into a JobGraph (`translate`)."""

@@ -5,7 +5,8 @@ JobEdges between chains are wired (Flink's `StreamingJobGraphGenerator`, simplif
 Owns the logical graph the DSL records (one `Transformation` per operator the user called, as
 Flink's Transformation; `Exchange` for an explicit partitioning), the options that steer the
 translation (Flink's keys, so that a Flink user's configuration means the same here), and
-`translate(plan)`. Pure: no I/O, no Spark; the DSL's handles and argument checks are in dsl.py.
+`translate(plan)`. Pure: no I/O, no Spark; the DSL's handles are in environment.py, datastream.py,
+streamreader.py and handles.py, its argument checks in arguments.py.
 """
 
 from __future__ import annotations

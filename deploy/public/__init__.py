@@ -24,8 +24,10 @@ if __name__ != "funke":  # pragma: no cover - only a checkout's editable install
     raise ImportError(f"{__name__} is the public package `funke`: import funke, funke.state or funke.client")
 
 if TYPE_CHECKING:
-    from funke.common.api.dsl import (CollectSink, DataStream, DataStreamSink, ExecutionEnvironment, KeyedStream,
-                                      StreamReader, WindowedDataStream, WindowedStream)
+    from funke.common.api.datastream import DataStream, KeyedStream, WindowedDataStream, WindowedStream
+    from funke.common.api.environment import ExecutionEnvironment
+    from funke.common.api.handles import CollectSink, DataStreamSink
+    from funke.common.api.streamreader import StreamReader
     from funke.common.graph.jobgraph import JobGraph
     from funke.deploy.client import FunkeError
     from funke.deploy.execution import (BatchResult, JobClient, JobExecutionResult, JobFailed, OperatorMetrics,
@@ -33,14 +35,14 @@ if TYPE_CHECKING:
 
 # Public name -> the module that defines it.
 _HOMES = {
-    "ExecutionEnvironment": "funke.common.api.dsl",
-    "DataStream": "funke.common.api.dsl",
-    "KeyedStream": "funke.common.api.dsl",
-    "WindowedStream": "funke.common.api.dsl",
-    "WindowedDataStream": "funke.common.api.dsl",
-    "DataStreamSink": "funke.common.api.dsl",
-    "CollectSink": "funke.common.api.dsl",
-    "StreamReader": "funke.common.api.dsl",
+    "ExecutionEnvironment": "funke.common.api.environment",
+    "DataStream": "funke.common.api.datastream",
+    "KeyedStream": "funke.common.api.datastream",
+    "WindowedStream": "funke.common.api.datastream",
+    "WindowedDataStream": "funke.common.api.datastream",
+    "DataStreamSink": "funke.common.api.handles",
+    "CollectSink": "funke.common.api.handles",
+    "StreamReader": "funke.common.api.streamreader",
     "JobGraph": "funke.common.graph.jobgraph",
     "JobExecutionResult": "funke.deploy.execution",
     "JobClient": "funke.deploy.execution",

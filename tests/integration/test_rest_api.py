@@ -317,6 +317,11 @@ def test_the_api_asks_for_the_token_and_reads_no_file_a_request_names(spark_clus
     with urllib.request.urlopen(rest.url + "/", timeout=30) as response:
         page = response.read().decode()
         assert response.status == 200 and "/web/app.js" in page and rest.token not in page
+    # the ES modules app.js imports load before anyone logs in, as JavaScript (a module script
+    # served as anything else is refused by the browser)
+    for module in ("app.js", "router.js", "palette.js"):
+        with urllib.request.urlopen(f"{rest.url}/web/{module}", timeout=30) as response:
+            assert response.status == 200 and response.headers["Content-Type"].startswith("application/javascript")
 
 
 def test_grpc_server_reflection_lists_the_api_to_a_client_with_the_token(spark_cluster):

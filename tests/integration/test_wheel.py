@@ -20,7 +20,7 @@ from tests.integration.conftest import REPO
 pytestmark = pytest.mark.cluster
 
 JOB = """
-import json, sys, urllib.request
+import json, sys, urllib.parse, urllib.request
 from importlib.metadata import version
 import funke, funke.common, funke.v1.jobmanager_pb2
 from funke import ExecutionEnvironment
@@ -33,9 +33,16 @@ env.from_range(10).map(lambda x: x * 3, schema="t bigint").collect()
 result = env.execute()
 with urllib.request.urlopen(MiniCluster.current().info.dashboard_url, timeout=30) as page:
     dashboard = page.read().decode()
+root = "{0.scheme}://{0.netloc}".format(urllib.parse.urlsplit(MiniCluster.current().info.dashboard_url))
+assets = {}
+from funke.jobmanager import rest
+for name in sorted(rest._STATIC):  # what the installed JobManager serves: app.js, its ES modules, style.css
+    with urllib.request.urlopen(f"{root}/web/{name}", timeout=30) as response:
+        assets[name] = [response.status, len(response.read()) > 0]
 print(json.dumps({"status": result.status, "rows": sorted(r.t for r in result.collect()),
                   "version": version("funke"), "module": funke.common.__path__[0],
                   "stubs": funke.v1.jobmanager_pb2.__file__, "dashboard": "<html" in dashboard.lower(),
+                  "assets": assets,
                   "public": funke.__file__, "public_version": funke.__version__}))
 """
 
@@ -103,4 +110,7 @@ def test_the_wheel_installs_into_a_clean_venv_and_runs_a_job(tmp_path):
     for installed in (out["module"], out["stubs"], out["public"]):  # the wheel's, not the checkout's
         assert installed.startswith(str(venv)) and not installed.startswith(str(REPO)), installed
     assert out["dashboard"], "the dashboard's files are in the wheel"
+    # app.js and the ES modules it imports (every .js of jobmanager/web) are in the wheel, and served
+    assert set(out["assets"]) == {p.name for p in (REPO / "jobmanager" / "web").glob("*.js")} | {"style.css"}
+    assert all(served == [200, True] for served in out["assets"].values()), out["assets"]
     assert changes(before, checkout_listing()) == [], "the test wrote into the checkout"
