@@ -7,7 +7,10 @@ but not free at P = 10 000), and only then is the job registered and started.
 
 A job that reaches a terminal status leaves its JobMaster behind: the dispatcher keeps a compact
 archive of it in the `JobStore` (Flink's ExecutionGraphInfoStore) until it is evicted by count,
-age or size, and then deletes what the job left in the data directory.
+age or size, and then deletes what the job left in the data directory. A job suspended by a live
+rescale is not an end: the rescale's core (`funke.common.scheduling.rescale`, kept by the JobMaster)
+says to start its next run at the new parallelism, and the Dispatcher does (`rescale`,
+`_continue_rescaled`).
 
 With high availability (`ha` set: this Dispatcher is the leader's, for one epoch) a job is
 written to the job graph store before it starts, each of its status changes to its history
@@ -548,13 +551,10 @@ class Dispatcher:
         event = (rs.JobSuspended(cause, time.time(), sid) if jm.status is JobStatus.SUSPENDED
                  else rs.JobEnded(jm.status, cause, time.time(), sid))
         goes_on = False
-        for action in jm.on_rescale(event):
-            match action:
-                case rs.StartNextRun(job_graph=new_job):
-                    self._spawn(self._continue_rescaled(jm, new_job))
-                    goes_on = True
-                case rs.ArchiveJob():
-                    goes_on = False
+        for action in jm.on_rescale(event):  # StartNextRun, or ArchiveJob (what `_archive` does next)
+            if isinstance(action, rs.StartNextRun):
+                self._spawn(self._continue_rescaled(jm, action.job_graph))
+                goes_on = True
         return goes_on
 
     async def _continue_rescaled(self, jm: JobMaster, new_job: JobGraph) -> None:

@@ -90,8 +90,8 @@ class JobMaster:
         # The job's live rescales, oldest first, carried from run to run (the last may be under
         # way); this run is the next run of the last one while that is STARTING.
         self.rescales: list[rs.Rescale] = rescales if rescales is not None else []
-        self._next_run_of = self.rescale if self.rescale is not None and self.rescale.state is RescaleState.STARTING \
-            else None
+        carried = self.rescale
+        self._next_run_of = carried if carried is not None and carried.state is RescaleState.STARTING else None
         self._rescale_outlook = ""  # what the query's stop for a rescale said it does
         self._broken = False  # the scheduler could not even fail the job: it gets no more events
         self._loop = asyncio.get_running_loop()

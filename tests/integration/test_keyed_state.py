@@ -381,9 +381,18 @@ def test_a_running_aggregate_rescaled_live_2_4_1_keeps_exact_totals_under_one_jo
     client.stop(job_id, timeout_s=60)
     assert wait_status(client, job_id, ("FINISHED", "FAILED", "CANCELED")) == "FINISHED"
     history = [t.to_status for t in client.get_job(job_id).status_history]
+    from funke.deploy.cli.render import rescale_state_name
     from funke.deploy.client import job_status_name
 
     assert [job_status_name(s) for s in history].count("SUSPENDED") == 2, history
+    # each rescale's story, carried from run to run (the refused requests above changed nothing)
+    status = stream_cluster.funke("status", job_id).stdout
+    print(status[status.index("rescales ("):status.index("vertices:")])
+    stories = client.get_job(job_id).rescales
+    assert [[rescale_state_name(t.to_state) for t in r.history] for r in stories] == [
+        ["STOPPING", "SUSPENDED", "STARTING", "RUNNING"]] * 2, stories
+    assert [dict(r.parallelism) for r in stories] == [shown["parallelism"], dict(answer.parallelism)]
+    assert "rescales (2):" in status and status.count("REQUESTED -> STOPPING -> SUSPENDED -> STARTING -> RUNNING") == 2
     # every committed batch of the three runs: the totals equal a direct count of every row so far
     checked = check_every_batch(out, checkpoint, "update")
     assert checked >= 9
