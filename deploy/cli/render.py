@@ -141,7 +141,7 @@ def rescale_state_name(value: int) -> str:
 
 def render_rescales(details: job_pb2.JobDetails, prefix: str = "  ") -> list[str]:
     """A streaming query's live rescales, oldest first: what each changed, its path with how long
-    it took, each state with the time it was entered and why; why it failed."""
+    it took, each state with the time it was entered and why (FAILED: why it failed)."""
     if not details.rescales:
         return []
     lines = [f"rescales ({len(details.rescales)}):"]
@@ -153,9 +153,7 @@ def render_rescales(details: job_pb2.JobDetails, prefix: str = "  ") -> list[str
         after = f" after batch {r.last_batch_id}" if r.last_batch_id >= 0 else ""
         lines.append(f"{prefix}{r.cause}{after}: {' -> '.join(state for state, _, _ in entries)}{took}")
         rows = [(format_time(when), state, first_line(cause)) for state, when, cause in entries]
-        lines += table_lines(("", "", ""), rows, prefix + "  ", show_header=False)
-        if r.failure:
-            lines.append(f"{prefix}  failed: {first_line(r.failure)}")
+        lines += table_lines(("", "", ""), rows, prefix + "  ", show_header=False)  # FAILED's cause: why
     return lines
 
 

@@ -370,6 +370,9 @@ def test_a_running_aggregate_rescaled_live_2_4_1_keeps_exact_totals_under_one_jo
         client.rescale(job_id, 200)
     with pytest.raises(FunkeError, match="no vertex 'nope'"):
         client.rescale(job_id, 2, ["nope"])
+    # refused for the cluster's slots, once checked: FAILED in its story, the job goes on as it was
+    with pytest.raises(FunkeError, match="at the new parallelism needs 64 slots"):
+        client.rescale(job_id, 64)
 
     # 4 -> 1 through the client
     answer = client.rescale(job_id, 1)
@@ -389,10 +392,13 @@ def test_a_running_aggregate_rescaled_live_2_4_1_keeps_exact_totals_under_one_jo
     status = stream_cluster.funke("status", job_id).stdout
     print(status[status.index("rescales ("):status.index("vertices:")])
     stories = client.get_job(job_id).rescales
+    rescaled_path = ["STOPPING", "SUSPENDED", "STARTING", "RUNNING"]
     assert [[rescale_state_name(t.to_state) for t in r.history] for r in stories] == [
-        ["STOPPING", "SUSPENDED", "STARTING", "RUNNING"]] * 2, stories
-    assert [dict(r.parallelism) for r in stories] == [shown["parallelism"], dict(answer.parallelism)]
-    assert "rescales (2):" in status and status.count("REQUESTED -> STOPPING -> SUSPENDED -> STARTING -> RUNNING") == 2
+        rescaled_path, ["FAILED"], rescaled_path], stories
+    assert stories[1].failure.startswith(f"refused: job {job_id} at the new parallelism needs 64 slots")
+    assert [dict(r.parallelism) for r in stories[::2]] == [shown["parallelism"], dict(answer.parallelism)]
+    assert "rescales (3):" in status and status.count("REQUESTED -> STOPPING -> SUSPENDED -> STARTING -> RUNNING") == 2
+    assert "REQUESTED -> FAILED" in status and f"refused: job {job_id} at the new parallelism needs 64" in status
     # every committed batch of the three runs: the totals equal a direct count of every row so far
     checked = check_every_batch(out, checkpoint, "update")
     assert checked >= 9
