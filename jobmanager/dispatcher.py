@@ -488,8 +488,8 @@ class Dispatcher:
         if job.rescale is not None:
             raise DispatcherError("FAILED_PRECONDITION", f"job {job_id} is being rescaled already")
         if job.status is not JobStatus.RUNNING or job.query.ended or job.query.stopping:
-            ending = " and its query is ending" if job.query.ended else " and its query is stopping" \
-                if job.query.stopping else ""
+            ending = (" and its query is ending" if job.query.ended
+                      else " and its query is stopping" if job.query.stopping else "")
             raise DispatcherError("FAILED_PRECONDITION", f"job {job_id} is {job.status.value}{ending}; "
                                   "rescale a running query")
         new_job, problems = rescaled(job.graph.job_graph, parallelism, vertex_ids)
