@@ -8,7 +8,8 @@ Everything that decides which state change is legal lives in this module, as dat
 status follows from its executions (`JOB_STATUS_WHEN_EXECUTIONS_END`); and how a task's report
 is read in the light of a stop that was asked for, on the JobManager
 (`EXECUTION_REPORT_RESOLUTION`) and on the TaskManager (`TASK_REPORT_RESOLUTION`).
-A TaskManager's connection to the JobManager follows `CONNECTION_STATE_TRANSITIONS`.
+A TaskManager's connection to the JobManager follows `CONNECTION_STATE_TRANSITIONS`, and a live
+rescale of a streaming query `RESCALE_STATE_TRANSITIONS` (`funke.common.scheduling.rescale`).
 `StateMachine` applies a table to one entity (a job, an execution, a TaskManager's task) and keeps
 that entity's story: every transition with its time, cause and the id of the event that caused
 it (its stimulus). A rejected transition raises `IllegalTransition`, which names the entity, the
@@ -256,6 +257,31 @@ CONNECTION_STATE_TRANSITIONS: Mapping[ConnectionState, frozenset[ConnectionState
 }
 
 
+class RescaleState(enum.Enum):
+    """A live rescale of a streaming query (`funke rescale`), from the request to the next run of
+    the job at the new parallelism (`funke.common.scheduling.rescale.Rescale`)."""
+    __hash__ = object.__hash__
+    REQUESTED = "REQUESTED"  # its graph is valid; the JobManager checks the cluster can run it
+    STOPPING = "STOPPING"  # the query stops at a batch boundary: the batches in flight commit
+    SUSPENDED = "SUSPENDED"  # they did (or the stop timed out): the job is SUSPENDED
+    STARTING = "STARTING"  # the next run of the job, at the new parallelism, is being started
+    RUNNING = "RUNNING"  # its tasks all run and the query goes on from its checkpoint: done
+    FAILED = "FAILED"  # refused, or the job ended otherwise before its next run ran (the cause says why)
+
+
+_R = RescaleState
+# A rescale fails from every state but SUSPENDED: suspending the job is what its next run starts from.
+RESCALE_STATE_TRANSITIONS: Mapping[RescaleState, frozenset[RescaleState]] = {
+    _R.REQUESTED: frozenset({_R.STOPPING, _R.FAILED}),
+    # STOPPING -> SUSPENDED: the batches committed, the stop timed out, or the JobManager suspended the job.
+    _R.STOPPING: frozenset({_R.SUSPENDED, _R.FAILED}),
+    _R.SUSPENDED: frozenset({_R.STARTING}),
+    _R.STARTING: frozenset({_R.RUNNING, _R.FAILED}),
+    _R.RUNNING: frozenset(),
+    _R.FAILED: frozenset(),
+}
+
+
 class QueryMode(enum.Enum):
     """Where a streaming query's next batches come from (the micro-batch coordinator's mode,
     beside its public QueryState)."""
@@ -280,7 +306,7 @@ QUERY_MODE_TRANSITIONS: Mapping[QueryMode, frozenset[QueryMode]] = {
 }
 
 
-S = TypeVar("S", JobStatus, ExecutionState, QueryState, BatchPhase, ConnectionState, QueryMode)
+S = TypeVar("S", JobStatus, ExecutionState, QueryState, BatchPhase, ConnectionState, QueryMode, RescaleState)
 
 
 class Transition(NamedTuple, Generic[S]):

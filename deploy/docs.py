@@ -12,6 +12,7 @@ from funke.common.states import (
     JOB_STATUS_TRANSITIONS,
     QUERY_MODE_TRANSITIONS,
     QUERY_STATE_TRANSITIONS,
+    RESCALE_STATE_TRANSITIONS,
 )
 
 SECTIONS = {
@@ -21,4 +22,5 @@ SECTIONS = {
     "query-mode-diagram": QUERY_MODE_TRANSITIONS,
     "query-state-diagram": QUERY_STATE_TRANSITIONS,
     "batch-phase-diagram": BATCH_PHASE_TRANSITIONS,
+    "rescale-state-diagram": RESCALE_STATE_TRANSITIONS,
 }

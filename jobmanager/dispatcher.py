@@ -7,7 +7,10 @@ but not free at P = 10 000), and only then is the job registered and started.
 
 A job that reaches a terminal status leaves its JobMaster behind: the dispatcher keeps a compact
 archive of it in the `JobStore` (Flink's ExecutionGraphInfoStore) until it is evicted by count,
-age or size, and then deletes what the job left in the data directory.
+age or size, and then deletes what the job left in the data directory. A job suspended by a live
+rescale is not an end: the rescale's core (`funke.common.scheduling.rescale`, kept by the JobMaster)
+says to start its next run at the new parallelism, and the Dispatcher does (`rescale`,
+`_continue_rescaled`).
 
 With high availability (`ha` set: this Dispatcher is the leader's, for one epoch) a job is
 written to the job graph store before it starts, each of its status changes to its history
@@ -35,6 +38,7 @@ from funke.common.configuration import ClusterConfiguration
 from funke.common.graph.executiongraph import ExecutionGraph
 from funke.common.graph.jobgraph import JobGraph
 from funke.common.graph.restart import describe_config, restart_strategy_from_config
+from funke.common.scheduling import rescale as rs
 from funke.common.scheduling.scheduler import FinishedSubtask, Scheduler
 from funke.common.states import JobStatus
 from funke.common.graph.streamingjob import CHECKPOINT, checkpoint_location, is_streaming_query, rescaled
@@ -87,7 +91,6 @@ class Dispatcher:
         self.store = JobStore(config.jobstore_max_capacity, config.jobstore_expiration_s, config.jobstore_cache_bytes)
         self._reserved: set[str] = set()  # ids of jobs being built
         self._deleting: set[str] = set()  # ids of evicted jobs whose data is being deleted
-        self._rescales: dict[str, JobGraph] = {}  # jobs being rescaled -> their graph at the new parallelism
         self._validation = ValidationContext(
             data_dir=config.data_dir, allowed_paths=config.allowed_paths, max_subtasks=config.max_subtasks,
             allowed_hosts=config.allowed_hosts)
@@ -397,6 +400,7 @@ class Dispatcher:
             descriptors=DeploymentEncoder(self.config.data_dir, options, artifacts),
             restart_description=restart, on_terminal=self._archive, on_status=self._on_status,
             on_progress=self._on_progress, lease_scope=cluster_scope(self.config) if self.ha is not None else "",
+            rescales=replacing.rescales if replacing is not None else None,
         )
         self.jobs[job_id] = jm
         self._count_subtasks()
@@ -471,19 +475,23 @@ class Dispatcher:
 
     async def rescale(self, job_id: str, parallelism: int, vertex_ids: list[str],
                       timeout_s: float) -> jobmanager_pb2.RescaleJobResponse:
-        """A running streaming query at another parallelism (`JobMaster.rescale`, then
-        `_continue_rescaled`): checked whole (the new graph validated, the slots it needs
-        there) before anything changes."""
+        """A running streaming query at another parallelism: checked whole (the new graph
+        validated, the slots it needs there) before anything changes. Once its graph is valid
+        the rescale is REQUESTED and has a story (`funke.common.scheduling.rescale`, kept by the
+        JobMaster); this shell carries out its actions (`_continue_rescaled`, `_archive`)."""
+        asked = time.time()
         job = self.job(job_id)
         if isinstance(job, ArchivedJob) or job.query is None:
             what = f"ended {job.status.value}" if isinstance(job, ArchivedJob) else "is not a streaming query"
             raise DispatcherError("FAILED_PRECONDITION", f"job {job_id} {what}; rescale takes a running streaming query "
                                   "(a bounded job or a stopped query is submitted again at the parallelism wanted)")
-        if job_id in self._rescales:
+        if job.rescale is not None:
             raise DispatcherError("FAILED_PRECONDITION", f"job {job_id} is being rescaled already")
-        if job.status is not JobStatus.RUNNING or job.query.ended:
-            raise DispatcherError("FAILED_PRECONDITION", f"job {job_id} is {job.status.value}"
-                                  f"{' and its query is ending' if job.query.ended else ''}; rescale a running query")
+        if job.status is not JobStatus.RUNNING or job.query.ended or job.query.stopping:
+            ending = (" and its query is ending" if job.query.ended
+                      else " and its query is stopping" if job.query.stopping else "")
+            raise DispatcherError("FAILED_PRECONDITION", f"job {job_id} is {job.status.value}{ending}; "
+                                  "rescale a running query")
         new_job, problems = rescaled(job.graph.job_graph, parallelism, vertex_ids)
         if not problems:
             problems = [p.message for p in find_problems(new_job, self._validation)]
@@ -496,35 +504,63 @@ class Dispatcher:
         if after == before:
             return jobmanager_pb2.RescaleJobResponse(message=f"job {job_id} already runs at that parallelism; "
                                                      "nothing changes", parallelism=after, last_batch_id=last_batch)
-        # built off the loop, as at submit: the slots the new graph needs
-        _, scheduler, _ = await asyncio.get_running_loop().run_in_executor(None, self._build, new_job, job_id,
-                                                                            time.time())
-        if self.jobs.get(job_id) is not job or job.status is not JobStatus.RUNNING or job_id in self._rescales:
-            raise DispatcherError("FAILED_PRECONDITION", f"job {job_id} changed while its rescale was checked "
-                                  f"(it is {job.status.value} now); ask again")
-        needed, held = scheduler.plan.required_slots(), job.scheduler.plan.required_slots()
-        free = self.rm.slots.free_slots
-        if needed > free + held:
-            raise DispatcherError("RESOURCE_EXHAUSTED", f"job {job_id} at the new parallelism needs {needed} slots; it "
-                                  f"holds {held} and the cluster has {free} free: add TaskManagers first")
         # a vertex cut off a chain at parallelism 1 (`streamingjob.rescaled`) is new
         changed = ", ".join(f"{v} {before[v]} -> {after[v]}" if v in before else f"{v} (new) {after[v]}"
                             for v in after if after[v] != before.get(v))
-        self._rescales[job_id] = dataclasses.replace(new_job, job_id=job_id)
+        rescale = rs.Rescale(job_id, f"rescaled: {changed}", after, dataclasses.replace(new_job, job_id=job_id),
+                             timeout_s, asked, last_batch)
+        self.mailbox.call(lambda: job.begin_rescale(rescale))
         try:
-            stopping = self.mailbox.call(lambda: job.rescale(f"rescaled: {changed}", timeout_s))
-        except BaseException:
-            self._rescales.pop(job_id, None)
+            # built off the loop, as at submit: the slots the new graph needs
+            _, scheduler, _ = await asyncio.get_running_loop().run_in_executor(None, self._build, new_job, job_id,
+                                                                                time.time())
+        except BaseException as exc:
+            self._refuse(job, rescale, f"its graph could not be built: {type(exc).__name__}: {exc}")
             raise
+        if self.jobs.get(job_id) is not job or job.status is not JobStatus.RUNNING or job.query.ended \
+                or job.query.stopping:
+            why = f"job {job_id} changed while its rescale was checked (it is {job.status.value} now); ask again"
+            self._refuse(job, rescale, why)
+            raise DispatcherError("FAILED_PRECONDITION", why)
+        needed, held = scheduler.plan.required_slots(), job.scheduler.plan.required_slots()
+        free = self.rm.slots.free_slots
+        if needed > free + held:
+            why = (f"job {job_id} at the new parallelism needs {needed} slots; it holds {held} and the cluster has "
+                   f"{free} free: add TaskManagers first")
+            self._refuse(job, rescale, why)
+            raise DispatcherError("RESOURCE_EXHAUSTED", why)
+        stopping = self.mailbox.call(lambda: job.rescale_accepted(time.time()))
         log.info("job %s: rescaling (%s) after batch %d", job_id, changed, last_batch)
         return jobmanager_pb2.RescaleJobResponse(
             message=f"rescaling ({changed}): {stopping}; then it runs again at the new parallelism from its "
                     "checkpoint, under the same id", parallelism=after, last_batch_id=last_batch)
 
+    def _refuse(self, job: JobMaster, rescale: rs.Rescale, why: str) -> None:
+        """A rescale the cluster cannot run: FAILED in its story, the job goes on as it was (one
+        that ended meanwhile already failed it)."""
+        if rescale.active:
+            self.mailbox.call(lambda: job.on_rescale(rs.Refused(why, time.time(), "rescale-refused")))
+
+    def _rescale_goes_on(self, jm: JobMaster) -> bool:
+        """The job ended with a rescale under way: what the rescale does (True: the job runs
+        again at its new parallelism, this JobMaster answering for it until the next one
+        replaces it; False: it is archived as it ended)."""
+        last = jm.graph.status_machine.history[-1] if jm.graph.status_machine.history else None
+        cause = last.cause if last is not None else ""
+        sid = (last.stimulus_id if last is not None else "") or f"job-{jm.status.value.lower()}"
+        event = (rs.JobSuspended(cause, time.time(), sid) if jm.status is JobStatus.SUSPENDED
+                 else rs.JobEnded(jm.status, cause, time.time(), sid))
+        goes_on = False
+        for action in jm.on_rescale(event):  # StartNextRun, or ArchiveJob (what `_archive` does next)
+            if isinstance(action, rs.StartNextRun):
+                self._spawn(self._continue_rescaled(jm, action.job_graph))
+                goes_on = True
+        return goes_on
+
     async def _continue_rescaled(self, jm: JobMaster, new_job: JobGraph) -> None:
         """The next run of a job suspended for a rescale: the same id, the graph at the new
-        parallelism, the status history and progress records carried on, attempt numbers above
-        the last run's; the query goes on from its checkpoint."""
+        parallelism, the status history, rescale stories and progress records carried on,
+        attempt numbers above the last run's; the query goes on from its checkpoint."""
         job_id = jm.job_id
         if jm.query is not None:
             await jm.query.close()  # its run let go of the checkpoint
@@ -542,7 +578,11 @@ class Dispatcher:
                                  persist=True if self.ha is not None else None, replacing=jm)
         except Exception as exc:
             log.error("job %s: its run at the new parallelism could not start (%s); it stays SUSPENDED", job_id, exc)
-            self._archive(jm)
+            failed = exc
+            for action in self.mailbox.call(lambda: jm.on_rescale(rs.StartFailed(str(failed), time.time(),
+                                                                                  "next-run-not-started"))):
+                if isinstance(action, rs.ArchiveJob):
+                    self._archive(jm)
             return
         carried = self.jobs.get(job_id)
         if carried is not None and carried.query is not None and jm.query is not None:
@@ -593,12 +633,8 @@ class Dispatcher:
         """The job ended: keep its details, let go of its JobMaster (graph, functions, artifacts)."""
         if self.jobs.get(jm.job_id) is not jm:
             return
-        rescale = self._rescales.pop(jm.job_id, None)
-        if rescale is not None and jm.status is JobStatus.SUSPENDED:
-            # not an end: the job runs again at its new parallelism (this JobMaster answers for
-            # it until the next one replaces it)
-            self._spawn(self._continue_rescaled(jm, rescale))
-            return
+        if jm.rescale is not None and self._rescale_goes_on(jm):
+            return  # not an end: the job runs again at its new parallelism
         progress = tuple(json.dumps(r, sort_keys=True) for r in jm.query.progress) if jm.query is not None else ()
         entry = archive(jm.details(), jm.summary(), jm.status, jm.sequence, jm.collect_vertices, time.time(),
                         progress)

@@ -3,7 +3,10 @@
 Owns the job's Scheduler (the sans-IO core in `funke.common.scheduling.scheduler`) and carries out the
 actions it returns: slot requests go to the ResourceManager, deployments and cancellations to the
 TaskManagers' gateways, timers to the event loop, sink commits and clean-up to executor threads.
-It also fans the job's state changes out to WatchJob subscribers, in order, with sequence numbers.
+It also fans the job's state changes out to WatchJob subscribers, in order, with sequence numbers,
+and keeps the job's live rescales (the sans-IO core in `funke.common.scheduling.rescale`): it carries
+out what is the JobMaster's of their actions (stop the query keeping its tasks, suspend the job) and
+hands the rest to the Dispatcher.
 """
 
 from __future__ import annotations
@@ -19,13 +22,14 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from funke.common.wire import codec, jobviews
 from funke.common.streaming import microbatch as mb
+from funke.common.scheduling import rescale as rs
 from funke.common.scheduling import scheduler as s
 from funke.common.wire.codec import DeploymentEncoder
 from funke.runtime import gcpolicy
 from funke.common.graph.deployment import TaskReport
 from funke.common.graph.executiongraph import ExecutionGraph, FailureInfo, SlotId
 from funke.common.scheduling.scheduler import Scheduler
-from funke.common.states import ExecutionState, JobStatus
+from funke.common.states import ExecutionState, JobStatus, RescaleState
 from funke.jobmanager import committer
 from funke.jobmanager.mailbox import Mailbox
 from funke.jobmanager.streamquery import StreamingQuery
@@ -42,6 +46,8 @@ END_OF_STREAM = None
 # client costs the JobManager a bounded amount of memory and still sees the job as it is.
 WATCH_QUEUE_LIMIT = 1000
 RESYNC = object()
+# The live rescales a job keeps the story of (`funke status`): the newest.
+RESCALES_KEPT = 20
 
 
 class JobMaster:
@@ -59,6 +65,7 @@ class JobMaster:
         on_status: Callable[["JobMaster"], None] = lambda jm: None,
         on_progress: Callable[["JobMaster"], None] = lambda jm: None,
         lease_scope: str = "",
+        rescales: list[rs.Rescale] | None = None,
     ):
         self.graph = graph
         self.scheduler = scheduler
@@ -80,7 +87,12 @@ class JobMaster:
         self.query_closed: asyncio.Task | None = None
         self.waiting_for_resources = ""
         self._internal_error = False
-        self._rescale_cause = ""  # a rescale asked: why the job is to be SUSPENDED
+        # The job's live rescales, oldest first, carried from run to run (the last may be under
+        # way); this run is the next run of the last one while that is STARTING.
+        self.rescales: list[rs.Rescale] = rescales if rescales is not None else []
+        carried = self.rescale
+        self._next_run_of = carried if carried is not None and carried.state is RescaleState.STARTING else None
+        self._rescale_outlook = ""  # what the query's stop for a rescale said it does
         self._broken = False  # the scheduler could not even fail the job: it gets no more events
         self._loop = asyncio.get_running_loop()
         self._timers: set[asyncio.TimerHandle] = set()
@@ -100,7 +112,8 @@ class JobMaster:
                 on_failure=lambda failure: self.mailbox.run(
                     lambda: self._decide(lambda now: self.scheduler.on_global_failure(failure, now))),
                 on_event=self._on_streaming_event,
-                on_stop_timeout=lambda why: self.mailbox.run(lambda: self._stop_timed_out(why)),
+                on_stop_timeout=lambda why, kept: self.mailbox.run(lambda: self._stop_timed_out(why, kept)),
+                on_ended=lambda reason, kept: self.mailbox.run(lambda: self._query_ended(reason, kept)),
                 leader_epoch=inc.leader_epoch, lease_scope=lease_scope)
 
     @property
@@ -122,13 +135,14 @@ class JobMaster:
         takes the loop about 0.1 s to describe, which a dashboard polling five endpoints a second
         would otherwise pay five times. Callers must not modify what they get."""
         latest = self.query.latest_progress if self.query is not None else None
-        key = (self._sequence, id(latest))
+        key = (self._sequence, id(latest), len(self.rescales), len(self.rescales[-1].history) if self.rescales else 0)
         if self._details is not None and self._details[0] == key:
             return self._details[1]
         details = jobviews.job_details(self.graph, self.scheduler, waiting_for_resources=self.waiting_for_resources,
                                     restart_description=self.restart_description)
         if latest is not None:
             details.latest_progress_json = json.dumps(latest, sort_keys=True)
+        details.rescales.extend(codec.rescale_to_proto(r) for r in self.rescales)
         self._details = (key, details)
         return details
 
@@ -161,30 +175,61 @@ class JobMaster:
             return f"the job is already {self.status.value}"
         return self.query.stop(drain, timeout_s)
 
-    def rescale(self, cause: str, timeout_s: float) -> str:
-        """Stop the streaming query at a batch boundary and suspend the job, for a new run of it
-        at another parallelism (the dispatcher starts it once this one is SUSPENDED): the
-        batches in flight commit first; if they have not within `timeout_s`, the job is
-        suspended all the same and the new run runs them again from the offset log."""
-        assert self.query is not None
-        self._rescale_cause = cause
-        self.query.on_stopped = lambda: self.mailbox.run(lambda: self._suspend_for_rescale(""))
-        outlook = self.query.stop(False, timeout_s).split("; if it has not ended within")[0]
+    # ------------------------------------------------------------------ live rescale
+
+    @property
+    def rescale(self) -> rs.Rescale | None:
+        """The live rescale under way, if any."""
+        return self.rescales[-1] if self.rescales and self.rescales[-1].active else None
+
+    def begin_rescale(self, rescale: rs.Rescale) -> None:
+        """A rescale REQUESTED (the Dispatcher checks it): from now on it has a story here."""
+        assert self.query is not None and self.rescale is None
+        self.rescales.append(rescale)
+        del self.rescales[:-RESCALES_KEPT]
+
+    def rescale_accepted(self, now: float) -> str:
+        """The Dispatcher found the cluster can run it: the query stops at a batch boundary and
+        the job is then suspended, for its next run at the new parallelism (the Dispatcher starts
+        it). Returns what will happen."""
+        self._rescale_outlook = ""
+        self.on_rescale(rs.Accepted(now, "rescale-accepted"))
+        timeout_s = self.rescales[-1].timeout_s
+        outlook = self._rescale_outlook.split("; if it has not ended within")[0]
         return (outlook.replace("then the query ends FINISHED", "then the job is SUSPENDED")
                 + f" (or after {timeout_s:g} s, the batch in flight then running again after the rescale)")
 
-    def _suspend_for_rescale(self, why: str) -> None:
-        if not self.status.is_terminal:
-            self.suspend(self._rescale_cause + why)
+    def on_rescale(self, event: rs.Event) -> list[rs.Action]:
+        """Feed the rescale under way one event; carry out its actions that are the JobMaster's
+        and return the Dispatcher's (start the next run, archive the job)."""
+        rescale = self.rescale
+        assert rescale is not None, f"job {self.job_id}: no rescale under way for {event}"
+        rest: list[rs.Action] = []
+        for action in rescale.handle(event):
+            log.info("job %s: rescale %s (stimulus %s)", self.job_id, type(action).__name__, action.stimulus_id)
+            match action:
+                case rs.StopQuery(timeout_s=timeout_s):
+                    assert self.query is not None
+                    self._rescale_outlook = self.query.stop(False, timeout_s, keep_tasks=True)
+                case rs.SuspendJob(cause=cause):
+                    if not self.status.is_terminal:
+                        self.suspend(cause)
+                case _:
+                    rest.append(action)
+        return rest
 
-    def _stop_timed_out(self, why: str) -> None:
+    def _query_ended(self, reason: str, tasks_kept: bool) -> None:
+        if tasks_kept and not self.status.is_terminal:  # the rescale's stop: its tasks wait to be suspended
+            self.on_rescale(rs.QueryStopped(reason, time.time(), "query-stopped"))
+
+    def _stop_timed_out(self, why: str, tasks_kept: bool) -> None:
         if self.status.is_terminal:
             return
-        if self._rescale_cause:
+        if tasks_kept:
             log.warning("job %s: %s; suspending it for the rescale all the same", self.job_id, why)
-            self._suspend_for_rescale(" (its batch in flight did not commit in time; the new run runs it again)")
+            self.on_rescale(rs.StopTimedOut(time.time(), "stop-timed-out"))
             return
-        log.warning("job %s: %s", self.job_id, why)
+        log.warning("job %s: %s; cancelling the job", self.job_id, why)
         self._decide(lambda now: self.scheduler.cancel(now))
 
     def _on_streaming_event(self, event: mb.Publish) -> None:
@@ -355,6 +400,10 @@ class JobMaster:
                 log.exception("job %s: the streaming query", self.job_id)
                 failed = exc  # `exc` is unbound once the except clause ends
                 self.mailbox.run(lambda: self.on_internal_error(failed, []))
+            if self._next_run_of is not None and self.query.running:  # the next run of a rescale runs
+                rescale, self._next_run_of = self._next_run_of, None
+                if rescale.active:
+                    self.on_rescale(rs.NextRunRunning(time.time(), f"run-{self.query.runs}-started"))
 
     def _on_job_status(self, a: s.JobStatusChanged) -> None:
         t = a.transition

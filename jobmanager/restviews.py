@@ -330,7 +330,19 @@ def job(d: job_pb2.JobDetails, now: int, stoppable: bool) -> dict[str, Any]:
         "failover-strategy": d.failover_strategy,
         "failure": _failure(d.failure) if d.HasField("failure") else None,
         "latest-progress": latest,
+        "rescales": [rescale(r) for r in d.rescales],
     }
+
+
+def rescale(r: job_pb2.Rescale) -> dict[str, Any]:
+    """A live rescale's story (funke's key): its state, what it changes, each state entered."""
+    def name(value: int) -> str:
+        return _enum(job_pb2.RescaleState, value, "RESCALE_STATE_")
+
+    return {"state": name(r.state), "cause": r.cause, "requested-at": ms(r.requested_at),
+            "parallelism": dict(r.parallelism), "last-batch-id": r.last_batch_id, "failure": r.failure or None,
+            "history": [{"from": name(t.from_state), "to": name(t.to_state), "timestamp": ms(t.timestamp),
+                         "cause": t.cause, "stimulus-id": t.stimulus_id} for t in r.history]}
 
 
 def _failure(f: job_pb2.Failure) -> dict[str, str]:

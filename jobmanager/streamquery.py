@@ -71,7 +71,8 @@ class _RunIO:
 class StreamingQuery:
     def __init__(self, graph: ExecutionGraph, *, data_dir: str, resource_manager: "ResourceManager",
                  holder: str, all_running: Callable[[], bool], on_failure: Callable[[FailureInfo], None],
-                 on_event: Callable[[mb.Publish], None], on_stop_timeout: Callable[[str], None],
+                 on_event: Callable[[mb.Publish], None], on_stop_timeout: Callable[[str, bool], None],
+                 on_ended: Callable[[str, bool], None] = lambda reason, tasks_kept: None,
                  clock: Callable[[], float] = time.time, leader_epoch: int = 0, lease_scope: str = ""):
         self.graph = graph
         self.job_id = graph.job_id
@@ -90,16 +91,16 @@ class StreamingQuery:
         self._sink_sides = SinkSides(graph.job_graph, data_dir, graph.job_id)
         self.sources = [v.id for v in stream_sources(graph.job_graph)]
         self._on_failure, self._on_event, self._on_stop_timeout = on_failure, on_event, on_stop_timeout
+        # The query ended (every batch it ran committed): (why, whether its tasks were kept
+        # running: a live rescale's stop, after which the JobMaster suspends the job).
+        self._on_ended = on_ended
         self.progress: deque[dict[str, Any]] = deque(maxlen=PROGRESS_KEPT)
         self.query_id = ""
         self.runs = 0
         self._run: _RunIO | None = None
         self._closing: asyncio.Task | None = None
         self.ended = ""  # why the query ended (a stop, the trigger), once its tasks are told to finish
-        self._stop: tuple[bool, float] | None = None  # (drain, timeout s) asked for
-        # Set by a rescale: once the stop has every batch committed, the job is suspended (its
-        # tasks are not finished: a new run of the job takes over at another parallelism).
-        self.on_stopped: Callable[[], None] | None = None
+        self._stop: tuple[bool, float, bool] | None = None  # (drain, timeout s, keep the tasks) asked for
         self._stop_timer: asyncio.TimerHandle | None = None
         # Receiver sources (their receivers each), and what the query carries from run to run:
         # backpressure's estimators and rate limits (streaming.backpressure.enabled), and what
@@ -150,22 +151,28 @@ class StreamingQuery:
                 io.state if io is not None else None, dict(io.event_time) if io is not None else {},
                 io.late_rows if io is not None else 0, io.seconds if io is not None else None))
 
-    def stop(self, drain: bool, timeout_s: float) -> str:
+    @property
+    def stopping(self) -> bool:
+        """A stop was asked for."""
+        return self._stop is not None
+
+    def stop(self, drain: bool, timeout_s: float, keep_tasks: bool = False) -> str:
         """A graceful stop: no new batch; the batches in flight finish and commit (with `drain`,
         the logged ones too, then everything the sources hold now), then the tasks end
-        FINISHED. After `timeout_s` the job is cancelled. Returns what will happen, batch by
-        batch."""
+        FINISHED (with `keep_tasks`, a live rescale's stop, they go on: the JobMaster suspends
+        the job). After `timeout_s` the JobMaster is told (`on_stop_timeout`). Returns what
+        will happen, batch by batch."""
         if self.ended:
             return f"the query is already ending ({self.ended})"
         if self._stop is not None:
             return "a stop is already under way"
-        self._stop = (drain, timeout_s)
+        self._stop = (drain, timeout_s, keep_tasks)
         self._stop_timer = asyncio.get_running_loop().call_later(timeout_s, self._stop_timed_out)
         deadline = f"; if it has not ended within {timeout_s:g} s, the job is cancelled (CANCELED)"
         run = self._run
         outlook = run.core.stop_outlook(drain) if run is not None else None
         if run is not None and outlook is not None:
-            self._handle(run, qr.StopRequested(drain, self._now(), "stop-drain" if drain else "stop"))
+            self._handle(run, qr.StopRequested(drain, self._now(), "stop-drain" if drain else "stop", keep_tasks))
             return f"stopping: {outlook.describe()}{deadline}"
         # No run now (starting or recovering): the next one stops at once, as its start says.
         outlook_text = qr.stop_before_run(drain, self.settings.concurrent_jobs)
@@ -175,8 +182,8 @@ class StreamingQuery:
         self._stop_timer = None
         if self.ended and self.ended != "stopped":
             return
-        drain, timeout = self._stop or (False, 0.0)
-        self._on_stop_timeout(f"the graceful stop did not finish within {timeout:g} s; cancelling the job")
+        drain, timeout, keep_tasks = self._stop or (False, 0.0, False)
+        self._on_stop_timeout(f"the graceful stop did not finish within {timeout:g} s", keep_tasks)
 
     async def close(self) -> None:
         """The job ended (or this JobManager stopped it): abandon the run."""
@@ -221,7 +228,8 @@ class StreamingQuery:
                                         dict(resumption.last_ends), self._now(), f"run-started-{self.runs}",
                                         resumption.last, resumption.last_commit))
         if self._stop is not None:  # asked while no run was there
-            self._handle(run, qr.StopRequested(self._stop[0], self._now(), "stop-asked-before-the-run"))
+            self._handle(run, qr.StopRequested(self._stop[0], self._now(), "stop-asked-before-the-run",
+                                               self._stop[2]))
 
     async def _keep_lease(self, run: _RunIO) -> None:
         """Renew the run's lease on the checkpoint, three times per lease: a run that finds it
@@ -328,8 +336,6 @@ class StreamingQuery:
                 if gateway is not None:
                     gateway.set_rate_limits(self.job_id, [(codec.attempt_to_proto(a), r) for a, r in action.rates])
             case qr.FinishTasks(task_manager_id=tm):
-                if self.on_stopped is not None:
-                    return  # a rescale: the tasks are cancelled with the suspended job instead
                 gateway = self.rm.gateway(tm)
                 if gateway is not None:
                     gateway.finish_tasks(self.job_id, [codec.attempt_to_proto(a) for a in action.attempts])
@@ -338,11 +344,10 @@ class StreamingQuery:
                 self.ended = reason
                 self._run = None
                 self._closing = asyncio.get_running_loop().create_task(self._let_go(run))
-                if self.on_stopped is not None:
-                    log.info("job %s: streaming query stopped for a rescale (%s)", self.job_id, reason)
-                    self.on_stopped()
-                    return
-                log.info("job %s: streaming query ended (%s); finishing its tasks", self.job_id, reason)
+                kept = self._stop is not None and self._stop[2]
+                log.info("job %s: streaming query ended (%s); %s", self.job_id, reason,
+                         "its tasks kept for a rescale" if kept else "finishing its tasks")
+                self._on_ended(reason, kept)
 
     def _tick(self, run: _RunIO, at: int) -> None:
         now = max(self._now(), at)

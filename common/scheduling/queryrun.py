@@ -15,7 +15,8 @@ naming what caused it ("tick-<ms>", "report-<attempt>-<batch>", "offsets-answere
 ...), and returns actions the shell carries out without deciding anything: ask the sources,
 write a log entry, resolve a batch's input, run tasks on a TaskManager (the batch, the rate
 limits and the released batches filled in), commit the sinks (with the attempts whose output
-counts), send rate limits, set the timer, publish, finish the tasks, end. Each action records
+counts), send rate limits, set the timer, publish, finish the tasks (not after a live rescale's
+stop: the job is suspended instead), end. Each action records
 the stimulus that produced it. No clock, no files, no threads inside.
 
 Keyed state is fenced by run (`funke.common.streaming.state`): the run's token is made from its
@@ -219,6 +220,7 @@ class QueryRun:
             self.carried.estimators.update({s: RateEstimator(interval) for s in self.receivers})
         self.coordinator: mb.MicroBatchCoordinator | None = None
         self.query_id = ""
+        self.keep_tasks = False  # a live rescale's stop: the run ends without finishing its tasks
         self._entries: dict[int, OffsetEntry] = {}  # batches whose input is being resolved
         # Per TaskManager, the batches through since its last RunTasks: it deletes what its tasks
         # wrote for them when told with the next one (the job's end releases the rest).
@@ -298,6 +300,8 @@ class QueryRun:
         if self.coordinator is None or self.coordinator.finished:
             return []  # before the run started, or after it ended: nothing to do
         if isinstance(event, _PASSED_ON):
+            if isinstance(event, StopRequested) and event.keep_tasks:
+                self.keep_tasks = True  # a rescale's stop: the tasks go on until the job is suspended
             return self._coordinate(event)
         if isinstance(event, BatchInputResolved):
             entry = self._entries.pop(event.batch_id, None)
@@ -349,7 +353,8 @@ class QueryRun:
                     out.append(action)
                     out.extend(self._estimate_rates(action.info, sid))
                 case mb.Terminate():
-                    out.extend(self._finish_tasks(sid))
+                    if not self.keep_tasks:
+                        out.extend(self._finish_tasks(sid))
                     out.append(action)
                 case _:
                     out.append(action)

@@ -242,10 +242,12 @@ class CommitLogged:
 @dataclass(frozen=True, slots=True)
 class StopRequested:
     """A graceful stop: finish the batches running; with `drain`, first process everything the
-    sources hold now."""
+    sources hold now. `keep_tasks`: a live rescale's stop: the tasks are not finished at the end
+    (the job is suspended instead, and its next run takes over; `funke.common.scheduling.rescale`)."""
     drain: bool
     now_ms: int
     stimulus_id: str = ""
+    keep_tasks: bool = False
 
 
 Event = (Started | Tick | OffsetsAnswered | TargetsCaptured | OffsetsLogged | OutputStarted | OutputCompleted

@@ -30,7 +30,7 @@ import enum
 import json
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
 
@@ -78,7 +78,7 @@ from funke.common.graph.jobgraph import (
     ResultPartitionType,
 )
 from funke.common.ids import echo
-from funke.common.states import ExecutionState, JobStatus, Transition
+from funke.common.states import ExecutionState, JobStatus, RescaleState, Transition
 from funke.common.streaming.checkpoint import SourceRange
 from funke.common.streaming.sources import BatchInput
 from funke.common.streaming.eventtime import EventTimeStats
@@ -86,6 +86,10 @@ from funke.common.streaming.state import StateLineage, StateMetrics
 from funke.v1 import cluster_pb2 as cluster_pb
 from funke.v1 import job_pb2 as job_pb
 from funke.v1 import jobgraph_pb2 as pb
+
+if TYPE_CHECKING:
+    from funke.common.scheduling.rescale import Rescale
+
 
 class WireError(ValueError):
     """A message that does not decode to a model (or a model that does not encode)."""
@@ -510,6 +514,20 @@ def failure_from_proto(m: job_pb.Failure) -> FailureInfo:
 # ================================================================================================
 # What the JobManager shows of a job
 # ================================================================================================
+
+
+_RESCALE_STATE_TO: dict[RescaleState, int] = {s: job_pb.RescaleState.Value(f"RESCALE_STATE_{s.value}")
+                                              for s in RescaleState}
+
+
+def rescale_to_proto(r: "Rescale") -> job_pb.Rescale:
+    """A live rescale and its story (`funke.common.scheduling.rescale.Rescale`)."""
+    return job_pb.Rescale(
+        state=_RESCALE_STATE_TO[r.state], requested_at=timestamp(r.requested_at), cause=r.cause,
+        parallelism=r.parallelism, last_batch_id=r.last_batch_id, failure=r.failure,
+        history=[job_pb.RescaleTransition(from_state=_RESCALE_STATE_TO[t.from_state], to_state=_RESCALE_STATE_TO[t.to_state],
+                                          timestamp=timestamp(t.timestamp), cause=t.cause, stimulus_id=t.stimulus_id)
+                 for t in r.history])
 
 
 def job_transition_to_proto(t: Transition, leader_epoch: int = 0, job_manager: str = "") -> job_pb.JobStatusTransition:

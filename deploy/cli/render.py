@@ -135,6 +135,28 @@ def render_history(details: job_pb2.JobDetails, prefix: str = "  ") -> list[str]
     return [f"status history: {path}{took}", *table_lines(("", "", ""), rows, prefix, show_header=False)]
 
 
+def rescale_state_name(value: int) -> str:
+    return job_pb2.RescaleState.Name(value).removeprefix("RESCALE_STATE_")
+
+
+def render_rescales(details: job_pb2.JobDetails, prefix: str = "  ") -> list[str]:
+    """A streaming query's live rescales, oldest first: what each changed, its path with how long
+    it took, each state with the time it was entered and why (FAILED: why it failed)."""
+    if not details.rescales:
+        return []
+    lines = [f"rescales ({len(details.rescales)}):"]
+    for r in details.rescales:
+        entries = [("REQUESTED", r.requested_at, "")] + [(rescale_state_name(t.to_state), t.timestamp, t.cause)
+                                                         for t in r.history]
+        start, end = seconds_of(entries[0][1]), seconds_of(entries[-1][1])
+        took = f"  ({format_duration(end - start)})" if start is not None and end is not None and len(entries) > 1 else ""
+        after = f" after batch {r.last_batch_id}" if r.last_batch_id >= 0 else ""
+        lines.append(f"{prefix}{r.cause}{after}: {' -> '.join(state for state, _, _ in entries)}{took}")
+        rows = [(format_time(when), state, first_line(cause)) for state, when, cause in entries]
+        lines += table_lines(("", "", ""), rows, prefix + "  ", show_header=False)  # FAILED's cause: why
+    return lines
+
+
 def render_failure(failure: job_pb2.Failure, prefix: str = "  ") -> list[str]:
     """`Type: message` (the root cause first), then the Python traceback."""
     head = f"{failure.exception_type}: {failure.message}" if failure.exception_type else failure.message
@@ -165,6 +187,7 @@ def render_job_details(details: job_pb2.JobDetails) -> str:
     if details.waiting_for_resources:
         lines.append(f"  waiting for resources: {details.waiting_for_resources}")
     lines += render_history(details)
+    lines += render_rescales(details)
     lines.append("vertices:")
     for v in details.vertices:
         lines.append(f"  {v.name}  [{v.id}]  parallelism {v.parallelism}: {format_counts(dict(v.subtasks_per_state))}")

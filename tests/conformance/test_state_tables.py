@@ -24,6 +24,7 @@ from funke.common.states import (
     QUERY_STATE_TRANSITIONS,
     BATCH_PHASE_TRANSITIONS,
     CONNECTION_STATE_TRANSITIONS,
+    RESCALE_STATE_TRANSITIONS,
     resolve_report,
 )
 from funke.common.conformance import (
@@ -160,6 +161,7 @@ def test_the_docs_draw_every_table_from_the_code():
         "query-mode-diagram": QUERY_MODE_TRANSITIONS,
         "query-state-diagram": QUERY_STATE_TRANSITIONS,
         "batch-phase-diagram": BATCH_PHASE_TRANSITIONS,
+        "rescale-state-diagram": RESCALE_STATE_TRANSITIONS,
     }
     assert set(docs.SECTIONS) == set(drawn)
     lines = {line for page in (Path(__file__).resolve().parents[2] / "docs").rglob("*.md")

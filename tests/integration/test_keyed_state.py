@@ -370,6 +370,9 @@ def test_a_running_aggregate_rescaled_live_2_4_1_keeps_exact_totals_under_one_jo
         client.rescale(job_id, 200)
     with pytest.raises(FunkeError, match="no vertex 'nope'"):
         client.rescale(job_id, 2, ["nope"])
+    # refused for the cluster's slots, once checked: FAILED in its story, the job goes on as it was
+    with pytest.raises(FunkeError, match="at the new parallelism needs 64 slots"):
+        client.rescale(job_id, 64)
 
     # 4 -> 1 through the client
     answer = client.rescale(job_id, 1)
@@ -381,9 +384,21 @@ def test_a_running_aggregate_rescaled_live_2_4_1_keeps_exact_totals_under_one_jo
     client.stop(job_id, timeout_s=60)
     assert wait_status(client, job_id, ("FINISHED", "FAILED", "CANCELED")) == "FINISHED"
     history = [t.to_status for t in client.get_job(job_id).status_history]
+    from funke.deploy.cli.render import rescale_state_name
     from funke.deploy.client import job_status_name
 
     assert [job_status_name(s) for s in history].count("SUSPENDED") == 2, history
+    # each rescale's story, carried from run to run (the refused requests above changed nothing)
+    status = stream_cluster.funke("status", job_id).stdout
+    print(status[status.index("rescales ("):status.index("vertices:")])
+    stories = client.get_job(job_id).rescales
+    rescaled_path = ["STOPPING", "SUSPENDED", "STARTING", "RUNNING"]
+    assert [[rescale_state_name(t.to_state) for t in r.history] for r in stories] == [
+        rescaled_path, ["FAILED"], rescaled_path], stories
+    assert stories[1].failure.startswith(f"refused: job {job_id} at the new parallelism needs 64 slots")
+    assert [dict(r.parallelism) for r in stories[::2]] == [shown["parallelism"], dict(answer.parallelism)]
+    assert "rescales (3):" in status and status.count("REQUESTED -> STOPPING -> SUSPENDED -> STARTING -> RUNNING") == 2
+    assert "REQUESTED -> FAILED" in status and f"refused: job {job_id} at the new parallelism needs 64" in status
     # every committed batch of the three runs: the totals equal a direct count of every row so far
     checked = check_every_batch(out, checkpoint, "update")
     assert checked >= 9

@@ -233,6 +233,17 @@ def test_a_stop_is_said_beforehand_and_asked_of_the_core():
     assert [type(a) for a in out][-2:] == [qr.FinishTasks, qr.Terminate] and out[-1].reason == "stopped"
 
 
+def test_a_rescale_s_stop_ends_the_run_without_finishing_its_tasks():
+    run = _run()
+    _started(run)
+    run.handle(qr.Tick(1000, "tick-1000"))
+    _batch(run, 0, 1000)
+    assert run.handle(qr.StopRequested(False, 1500, "rescale-accepted", keep_tasks=True)) == []
+    out = _record(run, 0, 1600)
+    assert isinstance(out[-1], qr.Terminate) and out[-1].reason == "stopped" and run.finished
+    assert not [a for a in out if isinstance(a, qr.FinishTasks)]  # the job is suspended instead
+
+
 # ------------------------------------------------------------------------------------ with real I/O
 
 JOB = "job-q"  # the job whose sink subtask stages the batches

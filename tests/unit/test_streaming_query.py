@@ -313,7 +313,7 @@ class TaskManagers:
         self.finished += [codec.attempt_from_proto(a) for a in attempts]
 
 
-def _query(tmp_path, tms: TaskManagers, trigger: str | None = None, once: bool = False):
+def _query(tmp_path, tms: TaskManagers, trigger: str | None = None, once: bool = False, on_ended=None):
     from funke.common.graph.executiongraph import ExecutionGraph
     from funke.jobmanager.streamquery import StreamingQuery
 
@@ -327,7 +327,8 @@ def _query(tmp_path, tms: TaskManagers, trigger: str | None = None, once: bool =
     failures, events = [], []
     query = StreamingQuery(graph, data_dir=str(tmp_path / "data"), resource_manager=tms, holder="job-1 here",
                            all_running=lambda: True, on_failure=failures.append, on_event=events.append,
-                           on_stop_timeout=failures.append)
+                           on_stop_timeout=lambda why, kept: failures.append(why),
+                           **({"on_ended": on_ended} if on_ended is not None else {}))
     tms.query = query
     return query, graph, failures, events
 
@@ -377,6 +378,26 @@ def test_a_graceful_stop_on_the_shell_says_what_it_does_and_ends_the_query(tmp_p
         query.after_decision(JobStatus.RUNNING)
         await _until(lambda: query.ended, "the query ends")
         assert query.ended == "stopped" and not failures and len(tms.finished) == len(list(graph.execution_vertices()))
+        await query.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_rescale_s_stop_keeps_the_tasks_and_tells_the_jobmaster_they_were_kept(tmp_path):
+    from funke.common.states import JobStatus
+
+    tms = TaskManagers()
+
+    async def scenario() -> None:
+        ended = []
+        query, graph, failures, events = _query(tmp_path, tms, trigger="1 h",
+                                                on_ended=lambda reason, kept: ended.append((reason, kept)))
+        query.stop(False, 60, keep_tasks=True)
+        assert query.stopping
+        query.after_decision(JobStatus.RUNNING)
+        await _until(lambda: ended, "the query ends")
+        assert ended == [("stopped", True)] and query.ended == "stopped" and not failures
+        assert tms.finished == []  # the JobMaster suspends the job instead (`rescale.SuspendJob`)
         await query.close()
 
     asyncio.run(scenario())

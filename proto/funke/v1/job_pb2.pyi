@@ -36,6 +36,16 @@ class ExecutionState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EXECUTION_STATE_CANCELING: _ClassVar[ExecutionState]
     EXECUTION_STATE_CANCELED: _ClassVar[ExecutionState]
     EXECUTION_STATE_FAILED: _ClassVar[ExecutionState]
+
+class RescaleState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RESCALE_STATE_UNSPECIFIED: _ClassVar[RescaleState]
+    RESCALE_STATE_REQUESTED: _ClassVar[RescaleState]
+    RESCALE_STATE_STOPPING: _ClassVar[RescaleState]
+    RESCALE_STATE_SUSPENDED: _ClassVar[RescaleState]
+    RESCALE_STATE_STARTING: _ClassVar[RescaleState]
+    RESCALE_STATE_RUNNING: _ClassVar[RescaleState]
+    RESCALE_STATE_FAILED: _ClassVar[RescaleState]
 JOB_STATUS_UNSPECIFIED: JobStatus
 JOB_STATUS_CREATED: JobStatus
 JOB_STATUS_RUNNING: JobStatus
@@ -56,6 +66,13 @@ EXECUTION_STATE_FINISHED: ExecutionState
 EXECUTION_STATE_CANCELING: ExecutionState
 EXECUTION_STATE_CANCELED: ExecutionState
 EXECUTION_STATE_FAILED: ExecutionState
+RESCALE_STATE_UNSPECIFIED: RescaleState
+RESCALE_STATE_REQUESTED: RescaleState
+RESCALE_STATE_STOPPING: RescaleState
+RESCALE_STATE_SUSPENDED: RescaleState
+RESCALE_STATE_STARTING: RescaleState
+RESCALE_STATE_RUNNING: RescaleState
+RESCALE_STATE_FAILED: RescaleState
 
 class ExecutionAttemptId(_message.Message):
     __slots__ = ("vertex_id", "subtask_index", "attempt_number")
@@ -251,8 +268,47 @@ class ExceptionHistoryEntry(_message.Message):
     failure: Failure
     def __init__(self, timestamp: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., task_name: _Optional[str] = ..., attempt: _Optional[_Union[ExecutionAttemptId, _Mapping]] = ..., task_manager_id: _Optional[str] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ...) -> None: ...
 
+class RescaleTransition(_message.Message):
+    __slots__ = ("from_state", "to_state", "timestamp", "cause", "stimulus_id")
+    FROM_STATE_FIELD_NUMBER: _ClassVar[int]
+    TO_STATE_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    CAUSE_FIELD_NUMBER: _ClassVar[int]
+    STIMULUS_ID_FIELD_NUMBER: _ClassVar[int]
+    from_state: RescaleState
+    to_state: RescaleState
+    timestamp: _timestamp_pb2.Timestamp
+    cause: str
+    stimulus_id: str
+    def __init__(self, from_state: _Optional[_Union[RescaleState, str]] = ..., to_state: _Optional[_Union[RescaleState, str]] = ..., timestamp: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cause: _Optional[str] = ..., stimulus_id: _Optional[str] = ...) -> None: ...
+
+class Rescale(_message.Message):
+    __slots__ = ("state", "requested_at", "cause", "parallelism", "last_batch_id", "history", "failure")
+    class ParallelismEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REQUESTED_AT_FIELD_NUMBER: _ClassVar[int]
+    CAUSE_FIELD_NUMBER: _ClassVar[int]
+    PARALLELISM_FIELD_NUMBER: _ClassVar[int]
+    LAST_BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_FIELD_NUMBER: _ClassVar[int]
+    state: RescaleState
+    requested_at: _timestamp_pb2.Timestamp
+    cause: str
+    parallelism: _containers.ScalarMap[str, int]
+    last_batch_id: int
+    history: _containers.RepeatedCompositeFieldContainer[RescaleTransition]
+    failure: str
+    def __init__(self, state: _Optional[_Union[RescaleState, str]] = ..., requested_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cause: _Optional[str] = ..., parallelism: _Optional[_Mapping[str, int]] = ..., last_batch_id: _Optional[int] = ..., history: _Optional[_Iterable[_Union[RescaleTransition, _Mapping]]] = ..., failure: _Optional[str] = ...) -> None: ...
+
 class JobDetails(_message.Message):
-    __slots__ = ("job_id", "name", "job_type", "status", "created_at", "status_history", "vertices", "exceptions", "failure", "waiting_for_resources", "required_slots", "restart_strategy", "failover_strategy", "latest_progress_json", "data_sets", "edges", "num_restarts")
+    __slots__ = ("job_id", "name", "job_type", "status", "created_at", "status_history", "vertices", "exceptions", "failure", "waiting_for_resources", "required_slots", "restart_strategy", "failover_strategy", "latest_progress_json", "data_sets", "edges", "num_restarts", "rescales")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     JOB_TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -270,6 +326,7 @@ class JobDetails(_message.Message):
     DATA_SETS_FIELD_NUMBER: _ClassVar[int]
     EDGES_FIELD_NUMBER: _ClassVar[int]
     NUM_RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    RESCALES_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     name: str
     job_type: _jobgraph_pb2.JobType
@@ -287,7 +344,8 @@ class JobDetails(_message.Message):
     data_sets: _containers.RepeatedCompositeFieldContainer[_jobgraph_pb2.IntermediateDataSet]
     edges: _containers.RepeatedCompositeFieldContainer[_jobgraph_pb2.JobEdge]
     num_restarts: int
-    def __init__(self, job_id: _Optional[str] = ..., name: _Optional[str] = ..., job_type: _Optional[_Union[_jobgraph_pb2.JobType, str]] = ..., status: _Optional[_Union[JobStatus, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., status_history: _Optional[_Iterable[_Union[JobStatusTransition, _Mapping]]] = ..., vertices: _Optional[_Iterable[_Union[Vertex, _Mapping]]] = ..., exceptions: _Optional[_Iterable[_Union[ExceptionHistoryEntry, _Mapping]]] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ..., waiting_for_resources: _Optional[str] = ..., required_slots: _Optional[int] = ..., restart_strategy: _Optional[str] = ..., failover_strategy: _Optional[str] = ..., latest_progress_json: _Optional[str] = ..., data_sets: _Optional[_Iterable[_Union[_jobgraph_pb2.IntermediateDataSet, _Mapping]]] = ..., edges: _Optional[_Iterable[_Union[_jobgraph_pb2.JobEdge, _Mapping]]] = ..., num_restarts: _Optional[int] = ...) -> None: ...
+    rescales: _containers.RepeatedCompositeFieldContainer[Rescale]
+    def __init__(self, job_id: _Optional[str] = ..., name: _Optional[str] = ..., job_type: _Optional[_Union[_jobgraph_pb2.JobType, str]] = ..., status: _Optional[_Union[JobStatus, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., status_history: _Optional[_Iterable[_Union[JobStatusTransition, _Mapping]]] = ..., vertices: _Optional[_Iterable[_Union[Vertex, _Mapping]]] = ..., exceptions: _Optional[_Iterable[_Union[ExceptionHistoryEntry, _Mapping]]] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ..., waiting_for_resources: _Optional[str] = ..., required_slots: _Optional[int] = ..., restart_strategy: _Optional[str] = ..., failover_strategy: _Optional[str] = ..., latest_progress_json: _Optional[str] = ..., data_sets: _Optional[_Iterable[_Union[_jobgraph_pb2.IntermediateDataSet, _Mapping]]] = ..., edges: _Optional[_Iterable[_Union[_jobgraph_pb2.JobEdge, _Mapping]]] = ..., num_restarts: _Optional[int] = ..., rescales: _Optional[_Iterable[_Union[Rescale, _Mapping]]] = ...) -> None: ...
 
 class JobSummary(_message.Message):
     __slots__ = ("job_id", "name", "job_type", "status", "created_at", "ended_at", "duration_seconds", "tasks_per_state", "total_tasks")
