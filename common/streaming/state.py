@@ -60,9 +60,10 @@ _VERTEX = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 # A delta file whose last column is this one marks the keys a version removed (True): a
 # keyed process function's key whose states were all cleared, or expired, and has no timer.
 REMOVED_COLUMN = "__funke_removed"
-# A keyed process function's state row: the key, its states, when each state with a TTL
-# expires (epoch ms), its processing-time timers (epoch ms, ascending), its event-time timers
-# (the same; a state written before event-time timers existed has no such column), REMOVED_COLUMN.
+# A keyed process function's state row (`processlayout.ProcessLayout` declares it): the key, its
+# states, when each state with a TTL expires (epoch ms), its processing-time timers (epoch ms,
+# ascending), its event-time timers (the same; a state written before event-time timers existed
+# has no such column), REMOVED_COLUMN.
 TIMERS_COLUMN = "__funke_timers"
 EVENT_TIMERS_COLUMN = "__funke_event_timers"
 
