@@ -2,7 +2,9 @@
 files make a version): one Arrow IPC file per delta or snapshot of a key group. The Python
 workers that run keyed operators write and read them (`funke.taskmanager.operators.keyedstate`,
 which pickles this module by value into them: it needs pyarrow, not funke), and the JobManager
-reads them to show a query's state (`funke state`).
+reads them to show a query's state (`funke state`). Reading a version into rows (`read_rows`,
+`version_rows`) is one rule for both: a later file's row replaces a key's row, a delta's removed
+key (REMOVED_COLUMN true) leaves the version.
 """
 
 from __future__ import annotations
@@ -13,9 +15,19 @@ import threading
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from funke.common.streaming.state import LEGACY, MissingState, OperatorLineage, group_dir_name, load_plan
+from typing import Any
 
-__all__ = ["group_tables", "missing_text", "read_table", "write_table"]
+from funke.common.streaming.state import (
+    LEGACY,
+    REMOVED_COLUMN,
+    MissingState,
+    OperatorLineage,
+    group_dir_name,
+    load_plan,
+)
+
+__all__ = ["freeze", "group_tables", "is_atomic", "missing_text", "read_rows", "read_table", "version_rows",
+           "write_table"]
 
 # LZ4 frames: half the bytes of a count's state on disk for a few per cent more time
 # (bench_state.py); made per call: this module is pickled by value, and options do not pickle.
@@ -59,3 +71,54 @@ def missing_text(key_group: int, directory: str, why: str) -> str:
             f"never replaced by an empty one: the batch fails. Every TaskManager must reach the query's checkpoint "
             f"location at the same path (storage all hosts share: a local directory of the same name on each host is "
             f"not the same checkpoint); or the files were deleted")
+
+
+def freeze(value: Any) -> Any:
+    """A hashable stand-in for a key value (array and struct keys come as lists and dicts): how
+    the store files a key's row (a row of plain values is its own tuple)."""
+    if isinstance(value, list):
+        return tuple(freeze(v) for v in value)
+    if isinstance(value, dict):
+        return tuple((k, freeze(v)) for k, v in value.items())
+    return value
+
+
+def is_atomic(t: pa.DataType) -> bool:
+    """Whether a column's values are plain (hashable as Arrow gives them: no lists, maps, structs)."""
+    return not (pa.types.is_struct(t) or pa.types.is_map(t) or pa.types.is_list(t) or pa.types.is_large_list(t)
+                or pa.types.is_fixed_size_list(t))
+
+
+def read_rows(table: pa.Table, n_keys: int, into: dict[Any, tuple[list, list]]) -> None:
+    """One file's rows into `into` (frozen key -> (key values, the other values)); a delta's
+    removed keys (REMOVED_COLUMN true) out of it."""
+    removable = table.schema.names[-1] == REMOVED_COLUMN
+    columns = [c.to_pylist() for c in (table.columns[:-1] if removable else table.columns)]
+    atomic = all(is_atomic(f.type) for f in list(table.schema)[:n_keys])
+    if not removable and atomic:  # the usual case, at C speed: a plain key's tuple is its frozen form
+        keys = list(zip(*columns[:n_keys]))
+        values = map(list, zip(*columns[n_keys:])) if len(columns) > n_keys else ([] for _ in keys)
+        into.update(zip(keys, zip(map(list, keys), values)))
+        return
+    removed = table.column(REMOVED_COLUMN).to_pylist() if removable else [False] * table.num_rows
+    for row, gone in zip(zip(*columns), removed):
+        key = list(row[:n_keys])
+        if gone:
+            into.pop(freeze(tuple(key)), None)
+        else:
+            into[freeze(tuple(key))] = (key, list(row[n_keys:]))
+
+
+def version_rows(root: str, key_group: int, version: int, n_keys: int, lineage: OperatorLineage = LEGACY,
+                 into: dict[Any, tuple[list, list]] | None = None
+                 ) -> tuple[dict[Any, tuple[list, list]], pa.Schema | None]:
+    """The group's `version` as rows (`read_rows`, into `into` when given), and the schema of its
+    newest file without metadata or REMOVED_COLUMN (None: an empty version)."""
+    rows: dict[Any, tuple[list, list]] = {} if into is None else into
+    schema = None
+    for table in group_tables(root, key_group, version, lineage):
+        read_rows(table, n_keys, rows)
+        schema = table.schema.remove_metadata()
+    if schema is not None and schema.names[-1] == REMOVED_COLUMN:
+        schema = schema.remove(len(schema) - 1)
+    return rows, schema

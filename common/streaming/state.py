@@ -42,7 +42,7 @@ __all__ = ["DELTA", "KEY_GROUP_COLUMN", "LEGACY", "LEGACY_TOKEN", "MAX_STATES", 
            "TIMERS_COLUMN", "EVENT_TIMERS_COLUMN", "MissingState", "LoadPlan", "OperatorLineage", "StateLineage",
            "StateMetrics", "expires_column", "files_to_delete", "group_dir_name", "key_group_range",
            "key_groups_problem", "legacy_lineage", "load_plan", "metadata_text", "operator_dir", "parse_file_name",
-           "run_token", "state_file_name", "state_specs_problem", "subtask_of_key_group"]
+           "run_token", "state_file_name", "state_key_width", "state_specs_problem", "subtask_of_key_group"]
 
 # Structured Streaming's output modes. `append` (each result row emitted once, final) needs to
 # know when a key's result can no longer change: event time and watermarks, not yet here.
@@ -60,9 +60,10 @@ _VERTEX = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 # A delta file whose last column is this one marks the keys a version removed (True): a
 # keyed process function's key whose states were all cleared, or expired, and has no timer.
 REMOVED_COLUMN = "__funke_removed"
-# A keyed process function's state row: the key, its states, when each state with a TTL
-# expires (epoch ms), its processing-time timers (epoch ms, ascending), its event-time timers
-# (the same; a state written before event-time timers existed has no such column), REMOVED_COLUMN.
+# A keyed process function's state row (`processlayout.ProcessLayout` declares it): the key, its
+# states, when each state with a TTL expires (epoch ms), its processing-time timers (epoch ms,
+# ascending), its event-time timers (the same; a state written before event-time timers existed
+# has no such column), REMOVED_COLUMN.
 TIMERS_COLUMN = "__funke_timers"
 EVENT_TIMERS_COLUMN = "__funke_event_timers"
 
@@ -73,6 +74,16 @@ MAX_STATES = 32
 MAX_TTL_MS = 10 * 365 * 86_400_000  # ten years
 _STATE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 _MAX_TYPE_LENGTH = 1000
+
+
+# The columns a keyed operator's state key has after the user's keys: a window's start, a
+# session's start, an interval join's side and row id (the others: none).
+_KEY_PARTS = {"window_aggregate": 1, "session_aggregate": 1, "interval_join": 2}
+
+
+def state_key_width(kind: str, n_keys: int) -> int:
+    """How many leading columns of a keyed operator's state make a state key."""
+    return n_keys + _KEY_PARTS.get(kind, 0)
 
 
 def expires_column(state: str) -> str:

@@ -26,19 +26,18 @@ from funke.common import aggregates, ids
 from funke.common.graph.jobgraph import JobGraph, JobVertex, OperatorSpec
 from funke.common.graph.streamingjob import RUNNING_KINDS
 from funke.common.streaming.checkpoint import CheckpointError
+from funke.common.streaming.processlayout import ProcessLayout
 from funke.common.streaming.state import (
-    EVENT_TIMERS_COLUMN,
     LEGACY,
     METADATA,
     OPERATOR_DESCRIPTION,
-    REMOVED_COLUMN,
-    TIMERS_COLUMN,
     OperatorLineage,
     key_group_range,
     operator_dir,
+    state_key_width,
 )
 from funke.runtime.hafilesystem import read_file, write_atomically
-from funke.runtime.statefiles import group_tables
+from funke.runtime.statefiles import version_rows
 
 __all__ = ["DEFAULT_STATE_ROWS", "MAX_STATE_ROWS", "CheckpointState", "NoSuchState", "checkpoint_state",
            "describe_operators", "keyed_state_table", "keyed_vertices"]
@@ -161,31 +160,28 @@ def _described(checkpoint: str, vertex_id: str) -> JobVertex:
                           f"({OPERATOR_DESCRIPTION}: {exc})") from None
 
 
-def keyed_state_table(vertex: JobVertex, checkpoint: str, version: int, key: list[str],
+def keyed_state_table(vertex: JobVertex, checkpoint: str, version: int, key_filter: list[str],
                       limit: int, lineage: OperatorLineage = LEGACY) -> tuple[pa.Table, int]:
     """(at most `limit` rows of the vertex's keyed state at `version`, read from the files of the
-    runs `lineage` names, the number of keys matching `key`: the leading key columns' values as
-    text, none for every key)."""
+    runs `lineage` names, the number of keys matching `key_filter`: the leading key columns' values
+    as text, none for every key)."""
     op = vertex.operators[0]
     keys = [op.config["keys"]] if isinstance(op.config["keys"], str) else list(op.config["keys"])
     root = operator_dir(checkpoint, vertex.id)
-    latest: dict[Any, dict[str, Any]] = {}
+    latest: dict[Any, tuple[list, list]] = {}
     schema: pa.Schema | None = None
-    for key_group in key_group_range(vertex.effective_max_parallelism, 1, 0):
-        for table in group_tables(root, key_group, version, lineage):
-            schema = table.schema.remove_metadata()
-            for row in table.to_pylist():
-                at = tuple(repr(row[n]) for n in schema.names[:len(keys)])
-                if row.get(REMOVED_COLUMN):
-                    latest.pop(at, None)  # a process function's key with nothing left
-                else:
-                    latest[at] = row
+    for key_group in key_group_range(vertex.effective_max_parallelism, 1, 0):  # read as the workers read it
+        _, newest = version_rows(root, key_group, version, state_key_width(op.kind, len(keys)), lineage, into=latest)
+        schema = newest or schema
     if schema is None:  # no state yet
         return pa.table({k: pa.array([], pa.string()) for k in keys}), 0
     names = schema.names
-    rows = [r for r in latest.values() if all(str(r[names[i]]) == k for i, k in enumerate(key))]
+    rows = [key + values + [None] * (len(names) - len(key) - len(values))  # a row older than the newest layout
+            for key, values in latest.values() if all(str(key[i]) == k for i, k in enumerate(key_filter))]
     total = len(rows)
-    table = pa.Table.from_pylist(rows[:limit], schema=schema)
+    shown = rows[:limit]
+    table = pa.Table.from_arrays([pa.array([r[i] for r in shown], type=f.type) for i, f in enumerate(schema)],
+                                 schema=schema)
     if op.kind == "running_aggregate":
         table = _totals(table, keys, op.config["aggregations"])
     elif op.kind in ("window_aggregate", "session_aggregate"):  # the window's start (epoch ms) after the keys
@@ -216,12 +212,8 @@ def keyed_state_table(vertex: JobVertex, checkpoint: str, version: int, key: lis
                         if n[:3] in ("__l", "__r") and n[3:].isdigit()})
         table = pa.table(columns)
     elif op.kind == "process":  # the key, each state, the timers (not the TTLs' expiry times)
-        columns = {k: table.column(i) for i, k in enumerate(keys)}
-        columns.update({d["name"]: table.column(d["name"]) for d in op.config.get("state") or []})
-        columns["timers"] = table.column(TIMERS_COLUMN)
-        if EVENT_TIMERS_COLUMN in names:  # a state written before event-time timers has none
-            columns["event_timers"] = table.column(EVENT_TIMERS_COLUMN)
-        table = pa.table(columns)
+        layout = ProcessLayout.of(len(keys), op.config.get("state"))
+        table = pa.table({name: table.column(column) for name, column in layout.shown(keys, names)})
     return table, total
 
 

@@ -6,7 +6,7 @@ calling convention); transform calls fn(DataFrame) -> DataFrame once on the driv
 subtask input; the others are Spark SQL (select, where, aggregate, count, join, union). combine
 is a keyed aggregate's combiner (`funke.common.aggregates`). running_aggregate keeps its totals,
 and deduplicate the keys it saw, across a streaming query's batches in the keyed state store
-(`keyedstate`). The event-time operators (`funke.common.streaming.eventtime`): watermark observes
+(`keyedstate.folds`). The event-time operators (`funke.common.streaming.eventtime`): watermark observes
 the batch's event times; window_aggregate, session_aggregate, deduplicate_within and
 interval_join keep state the watermark closes, and count the rows it finds late; late_rows is
 what a window operator left out.
@@ -57,6 +57,8 @@ from funke.taskmanager.operators.keyedstate import (
     running_reduce_batches,
     window_aggregate_batches,
 )
+from funke.taskmanager.operators.keyedstate.process import state_schema as process_state_schema
+from funke.taskmanager.operators.keyedstate.process import state_spec
 from funke.taskmanager.operators.udf import cancellable, filter_batches, map_batches, reduce_batches
 
 __all__ = ["TRANSFORMS", "python_map", "union_all"]
@@ -284,30 +286,14 @@ def _process(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFrame]) -
     if ctx.batch is None or not ctx.checkpoint:
         raise ValueError(f"{label(spec)}: a keyed process function runs in a streaming query, with its checkpoint")
     out = config_schema(spec)
-    declared = spec.config.get("state") or []
-    specs = []
-    fields = []
-    for d in declared:
-        name, kind = d["name"], d["kind"]
-        what = f"{label(spec)}: state {name!r}"
-        value_type = _state_type(ctx, d["type"], what)
-        if kind == "value":
-            specs.append((name, kind, value_type, (), d.get("ttl_ms")))
-            fields.append(pa.field(name, value_type))
-        elif kind == "list":
-            specs.append((name, kind, pa.list_(value_type), (value_type,), d.get("ttl_ms")))
-            fields.append(pa.field(name, pa.list_(value_type)))
-        else:
-            key_type = _state_type(ctx, d["key_type"], what + " (its key type)")
-            specs.append((name, kind, pa.map_(key_type, value_type), (key_type, value_type), d.get("ttl_ms")))
-            fields.append(pa.field(name, pa.map_(key_type, value_type)))
-    fields += [pa.field(state.expires_column(d["name"]), pa.int64()) for d in declared if d.get("ttl_ms") is not None]
+    specs = []  # the row's layout: `funke.common.streaming.processlayout.ProcessLayout`
+    for d in spec.config.get("state") or []:
+        what = f"{label(spec)}: state {d['name']!r}"
+        key_type = _state_type(ctx, d["key_type"], what + " (its key type)") if "key_type" in d else None
+        specs.append(state_spec(d["name"], d["kind"], _state_type(ctx, d["type"], what), key_type, d.get("ttl_ms")))
     rows, root, owned = _in_key_groups(ctx, df, keys)
     record = arrow_schema(ctx, df.schema)
-    state_schema = pa.schema([pa.field(f"__funke_key_{i}", record.field(k).type) for i, k in enumerate(keys)]
-                             + fields + [pa.field(state.TIMERS_COLUMN, pa.list_(pa.int64())),
-                                         pa.field(state.EVENT_TIMERS_COLUMN, pa.list_(pa.int64())),
-                                         pa.field(state.REMOVED_COLUMN, pa.bool_())])
+    state_schema = process_state_schema([record.field(k).type for k in keys], specs)
     fn = process_batches(spec.function, root, keys, ctx.batch.batch_id, ctx.batch.batch_time_ms,
                          int(ctx.options.get(RETAIN, "") or DEFAULT_RETAIN), specs, state_schema, record,
                          arrow_schema(ctx, out), owned, label(spec), ctx.batch.watermark_ms, _lineage(ctx))
@@ -488,7 +474,7 @@ def _windows_over_a_stream(ctx: RuntimeContext, spec: OperatorSpec, df: DataFram
     """What every window operator over a stream does first: its output mode, its on-time rows
     (the late ones counted for the progress records), the fields of its totals (as the same
     aggregates over the input would have them), their partial columns, and per aggregate its
-    function and partial columns (`keyedstate.AggregateSpec`)."""
+    function and partial columns (`keyedstate.folds.AggregateSpec`)."""
     if not ctx.checkpoint:
         raise ValueError(f"{label(spec)}: a window aggregate over a stream keeps its {what} in the query's "
                          "checkpoint, and the task has none")
@@ -520,7 +506,7 @@ def _window_aggregate(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[Data
     streaming query, the rows late for their window are counted and left out (the query's
     late-data stream has them), Spark computes the batch's partial aggregates per key and
     window, and the state store merges them into each window's totals, emits and closes windows
-    per the watermark (`keyedstate.window_aggregate_batches`). The output: the keys,
+    per the watermark (`keyedstate.eventtime.window_aggregate_batches`). The output: the keys,
     window_start and window_end (timestamps), then the aggregates."""
     df = _single(spec, inputs)
     keys, aggregations = config_strings(spec, "keys"), config_strings(spec, "aggregations")
@@ -592,7 +578,7 @@ def _session_aggregate(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[Dat
     """A keyed aggregate per session window of event time (a key's events no more than the gap
     apart; Spark's session_window): Spark makes the batch's own sessions per key with their
     partial aggregates, and the state store merges them with the key's open sessions
-    (`keyedstate.session_aggregate_batches`). A row is late when its own session [its time,
+    (`keyedstate.eventtime.session_aggregate_batches`). A row is late when its own session [its time,
     + gap) is closed. The output: the keys, window_start, window_end, then the aggregates."""
     df = _single(spec, inputs)
     keys, aggregations = config_strings(spec, "keys"), config_strings(spec, "aggregations")
@@ -636,7 +622,7 @@ def _interval_join(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFra
     """An interval join of two streams on equal keys (Flink's intervalJoin): a left row at time a
     joins the right rows at b with a + lower <= b <= a + upper. Over a stream each side's rows
     are kept in keyed state until the watermark says nothing they could join can come any more
-    (`keyedstate.interval_join_batches`); a left outer join emits a left row without a match
+    (`keyedstate.eventtime.interval_join_batches`); a left outer join emits a left row without a match
     then, once. A row older than the watermark is late: counted and left out. In a bounded job,
     Spark's join with the same condition. The output: the keys, the left's other columns, the
     right's (one named as a left column gets `_right` appended)."""

@@ -150,6 +150,18 @@ class RowReader:
             return [self.make() for _ in range(batch.num_rows)]
         return [self.make(*values) for values in zip(*columns)]
 
+    def record(self) -> Callable[[list], Any]:
+        """One row's column values -> the record a user function receives (as `read` gives it)."""
+        converters, make = self.converters, self.make
+        if not any(converters):
+            return (lambda values: values[0]) if len(converters) == 1 else (lambda values: make(*values))
+
+        def to_user(values: list) -> Any:
+            converted = [convert(v) if convert else v for v, convert in zip(values, converters)]
+            return converted[0] if len(converted) == 1 else make(*converted)
+
+        return to_user
+
 
 class RowWriter:
     """Results of a user function -> Arrow batches of the output schema."""

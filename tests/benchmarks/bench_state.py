@@ -66,7 +66,7 @@ def bench_store(root: Path, versions: int = 20, touched: float = 0.01) -> dict:
     import pyarrow as pa
 
     from funke.common.streaming.state import key_group_range
-    from funke.taskmanager.operators import keyedstate
+    from funke.taskmanager.operators.keyedstate import store
 
     rng = random.Random(7)
     groups = 128
@@ -85,20 +85,22 @@ def bench_store(root: Path, versions: int = 20, touched: float = 0.01) -> dict:
             changes.setdefault(hash(k) % groups, {})[k] = ([k], [version + 1])
         before = du(funke_root)
         began = time.perf_counter()
-        with keyedstate._no_gc():  # as the operators run a batch
+        at = store.StateStore(str(funke_root), version, 1, schema, 100)
+        with store.no_gc():  # as the operators run a batch
             for g in key_group_range(groups, 1, 0):
-                group = keyedstate.load_group(str(funke_root), g, version, 1)
+                state = at.load(g)
                 mine = changes.get(g, {})
                 for k, (key, _) in mine.items():  # read-modify-write, as a running count does
-                    held = group.rows.get(k)
+                    held = state.get(k)
                     mine[k] = (key, [(held[1][0] if held else 0) + 1])
-                keyedstate.commit_group(str(funke_root), g, group, mine, schema, 100, time.perf_counter())
+                state.update(mine)
+                state.commit()
         timings.append((time.perf_counter() - began) * 1000)
         written.append(du(funke_root) - before)
-    keyedstate._loaded().clear()
+    store._loaded().clear()
     began = time.perf_counter()
-    with keyedstate._no_gc():
-        loaded = sum(len(keyedstate.load_group(str(funke_root), g, versions, 1).rows) for g in range(groups))
+    with store.no_gc():
+        loaded = sum(len(store.load_held(str(funke_root), g, versions, 1).rows) for g in range(groups))
     funke_load_ms = (time.perf_counter() - began) * 1000
     assert loaded == KEYS, loaded
     funke = {"first_version_ms": round(timings[0]), "version_ms_p50": round(statistics.median(timings[1:])),

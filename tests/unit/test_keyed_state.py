@@ -15,6 +15,7 @@ from funke.common.graph.validation import JobGraphInvalid
 from funke.common.streaming import state
 from funke.common.streaming.state import MissingState, files_to_delete, key_group_range, load_plan
 from funke.taskmanager.operators import keyedstate
+from funke.taskmanager.operators.keyedstate import store
 
 # ---------------------------------------------------------------------------- key groups
 
@@ -105,7 +106,7 @@ def run_batch(root, batch_id, rows, mode="update", retain=100):
 
 
 def forget_workers_memory():
-    keyedstate._loaded().clear()
+    store._loaded().clear()
 
 
 def test_running_totals_cover_every_batch_so_far_in_update_and_complete_mode(tmp_path):
@@ -135,16 +136,16 @@ def test_a_worker_holding_an_older_version_catches_up_by_the_deltas_after_it_not
         tmp_path, monkeypatch):
     run_batch(tmp_path, 0, [("a", 1), ("b", 2)])
     run_batch(tmp_path, 1, [("a", 3)])
-    this_worker = dict(keyedstate._loaded())  # holds version 2 of every group
+    this_worker = dict(store._loaded())  # holds version 2 of every group
     forget_workers_memory()  # another worker runs batches 2 and 3 ...
     run_batch(tmp_path, 2, [("b", 4), ("c", 5)])
     run_batch(tmp_path, 3, [("a", 6)])
-    keyedstate._loaded().update(this_worker)  # ... and this one gets batch 4: it reads only deltas 3 and 4
+    store._loaded().update(this_worker)  # ... and this one gets batch 4: it reads only deltas 3 and 4
 
     def whole(*args):
         raise AssertionError("the group was read whole from its files")
 
-    monkeypatch.setattr(keyedstate, "group_tables", whole)
+    monkeypatch.setattr(store, "version_rows", whole)
     assert run_batch(tmp_path, 4, [("c", 1)], "complete") == {
         "a": (3, 10 / 3), "b": (2, 3.0), "c": (2, 3.0)}
 

@@ -168,4 +168,4 @@ def test_a_process_function_that_raises_fails_the_batch_with_the_users_traceback
         OPERATORS["process"](streaming(ctx, tmp_path, 0), spec, [df]).collect()
     found = user_exception(str(raised.value))
     assert found is not None and found[:2] == ("ZeroDivisionError", "key b has 1 rows")
-    assert "in explode" in found[2] and "keyedstate.py" not in found[2]
+    assert "in explode" in found[2] and "keyedstate/" not in found[2] and "keyedstate.py" not in found[2]

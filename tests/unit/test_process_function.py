@@ -15,6 +15,7 @@ from funke.common.graph.validation import JobGraphInvalid
 from funke.common.streaming import state
 from funke.common.streaming.state import MAX_TTL_MS, state_specs_problem
 from funke.taskmanager.operators import keyedstate
+from funke.taskmanager.operators.keyedstate import store
 
 EVENTS = pa.schema([("user", pa.string()), ("page", pa.string()), ("n", pa.int64())])
 GAP = 1_000  # a session closes when a batch runs this long (ms) after its last event
@@ -124,15 +125,15 @@ def test_sessions_with_timeouts_equal_a_direct_computation_and_closed_keys_leave
     got = []
     for batch_id, (now, rows) in enumerate(FEED):
         if cold:
-            keyedstate._loaded().clear()  # every batch in a new worker: the state comes from the files
+            store._loaded().clear()  # every batch in a new worker: the state comes from the files
         got += emitted(run_batch(tmp_path, batch_id, now, rows))
     expected, still_open = direct_sessions(FEED)
     assert sorted(got) == sorted(expected) and still_open == set()
     assert [u for u, *_ in got].count("bob") == 2
     # every session closed: no key is left in any group, and the deltas said which left
-    keyedstate._loaded().clear()
+    store._loaded().clear()
     for g in range(8):
-        assert keyedstate.load_group(str(tmp_path), g, len(FEED), 1).rows == {}
+        assert store.load_held(str(tmp_path), g, len(FEED), 1).rows == {}
     removed = keyedstate.measure(str(tmp_path), range(8), 6)  # the batch that closed cyd's and bob's
     assert removed.rows_removed == 2 and removed.rows_total == 0
 
@@ -193,19 +194,19 @@ def test_event_time_timers_fire_when_the_watermark_passes_them_not_the_batch_tim
     got = []
     for batch_id, (now, watermark, rows) in enumerate(feed):
         if cold:
-            keyedstate._loaded().clear()
+            store._loaded().clear()
         got.append([tuple(r.values()) for r in run_batch(tmp_path, batch_id, now, rows, EventSessions(), EVENT_SPECS,
                                                          EVENT_OUT, watermark)])
     assert [sorted(b) for b in got] == [[], [], [("bob", 1, 2_200, 2_300, "EVENT_TIME")], [],
                                         [("ann", 2, 2_900, 4_000, "EVENT_TIME"), ("cyd", 1, 3_850, 4_000, "EVENT_TIME")]]
-    keyedstate._loaded().clear()
-    assert all(keyedstate.load_group(str(tmp_path), g, len(feed), 1).rows == {} for g in range(8))
+    store._loaded().clear()
+    assert all(store.load_held(str(tmp_path), g, len(feed), 1).rows == {} for g in range(8))
 
 
 def test_state_written_before_event_time_timers_existed_loads_and_gets_them(tmp_path):
     old = state_schema(SESSION_SPECS, event_timers=False)
     run_batch(tmp_path, 0, 10_000, FEED[0][1], layout=old)  # ann and bob open, a processing-time timer each
-    keyedstate._loaded().clear()  # a new worker reads the old layout from the files
+    store._loaded().clear()  # a new worker reads the old layout from the files
 
     class Both(Sessions):
         def process(self, user, rows, ctx):
@@ -249,8 +250,8 @@ def test_a_value_with_a_ttl_reads_empty_once_it_expired_and_expired_keys_are_swe
                        [{"user": "bob", "previous": None}]]
     # version 10 is a snapshot version: both keys expired by 5 400 and leave the state
     assert keyedstate.measure(str(tmp_path), range(8), 10).rows_removed == 2
-    keyedstate._loaded().clear()
-    assert all(keyedstate.load_group(str(tmp_path), g, 10, 1).rows == {} for g in range(8))
+    store._loaded().clear()
+    assert all(store.load_held(str(tmp_path), g, 10, 1).rows == {} for g in range(8))
 
 
 def test_a_state_value_of_the_wrong_type_is_an_error_naming_the_state_and_the_key(tmp_path):

@@ -34,6 +34,7 @@ from funke.common.streaming.state import (
 from funke.common.wire import codec
 from funke.common.streaming.sources import BatchInput
 from funke.taskmanager.operators import keyedstate
+from funke.taskmanager.operators.keyedstate import store
 from tests.conformance.graphs import ALL_TO_ALL, PIPELINED, connect, execution_graph, job_graph
 from tests.unit.test_keyed_state import OUT, STATE, batch_of, forget_workers_memory
 from tests.unit.test_queryrun import _batch, _of, _record
@@ -187,16 +188,16 @@ def test_a_deposed_attempts_state_written_after_the_batch_ran_again_is_never_rea
     # Run A's attempt of batch 1 is paused mid-batch; run B runs batch 1 again (its input was made
     # by non-deterministic code: other rows) and commits it
     run_batch(tmp_path, 1, [("a", 10), ("b", 1)], rerun)
-    held_by_b = dict(keyedstate._loaded())
+    held_by_b = dict(store._loaded())
     # the paused attempt wakes up and writes its version 2 after B's, in a worker of its own
     forget_workers_memory()
     assert run_batch(tmp_path, 1, [("a", 99), ("z", 1)], committed_a) == {"a": (2, 50.0), "z": (1, 1.0)}
     assert len(list(tmp_path.glob(f"kg-*/2.{A}.delta"))) == 8 and len(list(tmp_path.glob(f"kg-*/2.{B}.delta"))) == 8
     expected = {"a": (3, 12 / 3), "b": (2, 1.5)}  # batch 0, B's batch 1, batch 2
     # batch 2 in the worker that holds what the zombie wrote, in a fresh one, and in B's
-    for worker in (dict(keyedstate._loaded()), {}, held_by_b):
-        keyedstate._loaded().clear()
-        keyedstate._loaded().update(worker)
+    for worker in (dict(store._loaded()), {}, held_by_b):
+        store._loaded().clear()
+        store._loaded().update(worker)
         assert run_batch(tmp_path, 2, [("a", 1), ("b", 2)], rerun) == expected
 
 
