@@ -26,6 +26,7 @@ from funke.common import aggregates, ids
 from funke.common.graph.jobgraph import JobGraph, JobVertex, OperatorSpec
 from funke.common.graph.streamingjob import RUNNING_KINDS
 from funke.common.streaming.checkpoint import CheckpointError
+from funke.common.streaming.keygroups import key_group_range
 from funke.common.streaming.state import (
     EVENT_TIMERS_COLUMN,
     LEGACY,
@@ -34,7 +35,6 @@ from funke.common.streaming.state import (
     REMOVED_COLUMN,
     TIMERS_COLUMN,
     OperatorLineage,
-    key_group_range,
     operator_dir,
 )
 from funke.runtime.hafilesystem import read_file, write_atomically
