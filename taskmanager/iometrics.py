@@ -41,7 +41,7 @@ def _parquet_files(root: str, subpartition: int | None) -> list[tuple[pafs.FileS
     return found
 
 
-def measure(partitions: Iterable[tuple[str, int | None]]) -> tuple[int, int]:
+def records_and_bytes(partitions: Iterable[tuple[str, int | None]]) -> tuple[int, int]:
     """(rows, bytes) of the given partition directories (each with the subpartition read of it,
     None: all of it)."""
     rows = size = 0

@@ -12,13 +12,8 @@ Every Spark job of an attempt carries the attempt's tag, so cancel() can interru
 jobs; it keeps re-sending the interrupt until `run` returns, which also catches a job submitted
 just after the cancel.
 
-Exchanges follow `common/graph/executiongraph.py` and the path scheme of `common/layout.py`: a producer
-writes its partition of each output as Parquet under `partition_dir(.., attempt)`, split by
-subpartition when it feeds several consumers (HASH: by key hash, otherwise round robin): a small
-output (Spark's estimate, the job's `batch.exchange.in-memory.max-bytes`) collected as Arrow and
-written as one `sub-<k>.parquet` file per subpartition (`batchexchange.py`), a larger one by
-Spark's writer into `_sub=N/` directories; a consumer reads subpartition k of each partition in
-its gate's range, whichever way it was written.
+What it reads and writes, and how rows are routed to the consumers' subtasks, is
+`exchange.py`'s (`TaskExchange`).
 
 A streaming query's task is a `StreamTask`: it stays RUNNING and runs micro-batches as they are
 given, each over its own batch-scoped partitions (`layout.batch_partition_dir`).
@@ -28,7 +23,6 @@ from __future__ import annotations
 
 import collections
 import functools
-import json
 import logging
 import os
 import re
@@ -42,29 +36,28 @@ from typing import Any
 import cloudpickle
 from pyspark import SparkContext
 from pyspark.errors import PySparkNotImplementedError
-from pyspark.sql import Column, DataFrame, Observation, SparkSession
-from pyspark.sql import functions as F
-from pyspark.sql.types import IntegerType, StructField, StructType
+from pyspark.sql import DataFrame, Observation, SparkSession
 
 from funke.common import layout
-from funke.common.graph.deployment import ProducedPartition, ResultPartitionSpec, TaskDeployment
+from funke.common.graph.deployment import ProducedPartition, TaskDeployment
 from funke.common.graph.executiongraph import FailureInfo, OperatorIo, TaskIo
 from funke.common.task.inputgates import GateSnapshot
-from funke.common.graph.jobgraph import JobVertex, OperatorSpec, PartitionerKind, exchange_in_memory_max_bytes
+from funke.common.graph.jobgraph import JobVertex, OperatorSpec
 from funke.common.graph.operators import CATALOGUE, OperatorRole
 from funke.common.states import ExecutionState
 from funke.common.streaming.sources import BatchInput
 from funke.common.graph.streamingjob import CHECKPOINT, RUNNING_KINDS
 from funke.common.streaming.eventtime import EventTimeStats
-from funke.common.streaming.state import StateMetrics, key_group_range, operator_dir
-from funke.taskmanager import batchexchange, iometrics
+from funke.common.streaming.keygroups import key_group_range
+from funke.common.streaming.state import StateMetrics, operator_dir
+from funke.taskmanager import batchexchange
+from funke.taskmanager.exchange import TaskExchange
 from funke.taskmanager import streaming
 from funke.taskmanager.receiver import SocketReceiver
-from funke.taskmanager.operators import classic, udf
+from funke.taskmanager.operators import udf
 from funke.taskmanager.operators.keyedstate import measure
-from funke.taskmanager.operators.context import InputMeter, RuntimeContext, SinkCount, arrow_compatible, column_ref
+from funke.taskmanager.operators.context import InputMeter, RuntimeContext, SinkCount
 from funke.taskmanager.recordcounts import ChainCounter, writes_every_record
-from funke.taskmanager.operators.transforms import union_all
 
 __all__ = ["BatchReport", "StreamTask", "Task", "TaskCancelled", "Report", "check_vertex", "failure_of"]
 
@@ -243,10 +236,7 @@ class Task:
         self._done = False
         self._done_event = threading.Event()  # ends the re-interrupting
         self._reinterrupting = False
-        # What it read and wrote, measured once it finished (iometrics): partition directories
-        # (with the subpartition read) and the directories written.
-        self._read: list[tuple[str, int | None]] = []
-        self._written: list[str] = []
+        self._exchange = TaskExchange(self.name, deployment)
         self._memo: dict[Any, Any] | None = None  # a StreamTask's (RuntimeContext.memo)
         self._counter: ChainCounter | None = None  # the records of the chain's latest run
 
@@ -396,8 +386,7 @@ class Task:
                     log.debug("%s: removing tag %s failed", self.name, self.tag, exc_info=True)
 
     def _io(self, produced: tuple[ProducedPartition, ...], seconds: float) -> TaskIo:
-        records_in, bytes_in = iometrics.measure(self._read)
-        _, bytes_out = iometrics.measure((path, None) for path in self._written)
+        records_in, bytes_in, bytes_out = self._exchange.measured()
         # every output gets all the chain's rows: the rows out are one output's
         records_out = produced[0].row_count if produced else None
         operators = self._operator_io(records_in, records_out)
@@ -453,7 +442,7 @@ class Task:
         )
 
     def _read_inputs(self, ctx: RuntimeContext, gates: tuple[GateSnapshot, ...]) -> list[DataFrame]:
-        return [self._read_gate(ctx, gate) for gate in gates]
+        return [self._exchange.read_gate(ctx, gate) for gate in gates]
 
     def _run_chain(self, chain: _Chain, ctx: RuntimeContext, gates: tuple[GateSnapshot, ...]
                    ) -> tuple[ProducedPartition, ...]:
@@ -466,7 +455,7 @@ class Task:
                 raise ValueError(f"{self.name}: the chain ends in a sink but the task has "
                                  f"{len(self.deployment.outputs)} output(s)")
             return ()
-        return self._write_outputs(ctx, tail)
+        return self._exchange.write_outputs(ctx, tail, self._check_cancelled)
 
     def _await_inputs(self) -> tuple[GateSnapshot, ...]:
         """Blocks until the TaskManager hands over the inputs (or the task is cancelled)."""
@@ -480,164 +469,8 @@ class Task:
                 raise TaskCancelled(self.name)
             return self._inputs
 
-    def _read_gate(self, ctx: RuntimeContext, gate: GateSnapshot) -> DataFrame:
-        """Subpartition `gate.subpartition` of each partition of the gate: the exact files of one
-        written in memory (`batchexchange.read_table`: from this TaskManager's memory when it wrote
-        them all), Spark's read of one Spark's writer wrote."""
-        schema = self._gate_schema(gate)
-        paths = [_partition_path(ctx, gate.data_set_id, p, a) for p, a in zip(gate.partitions, gate.attempts)]
-        if ctx.batch is None:  # a bounded task's reads are measured once it finished (a query's never end)
-            self._read += [(path, gate.subpartition) for path in paths]
-        files: list[str] = []
-        by_spark: list[str] = []
-        for path in paths:
-            found = batchexchange.in_memory_files(path, gate.subpartition)
-            if found is None:
-                by_spark.append(path)
-            else:
-                files += found
-        if ctx.meter is not None:
-            ctx.meter.bytes += batchexchange.file_bytes(files + by_spark)
-        parts = []
-        if files:  # from this TaskManager's memory when its tasks wrote them, else from the files
-            table = batchexchange.read_table(files)
-            parts.append(classic.frame_from_arrow(ctx, table, schema) if table is not None
-                         else ctx.spark.read.schema(schema).parquet(*files))
-            if ctx.meter is not None:  # the head's records in: a bounded task's are measured once it finished
-                ctx.meter.partition_rows += table.num_rows if table is not None else iometrics.file_rows(files) or 0
-        if by_spark or not parts:
-            parts.append(_read_partitions(ctx.spark, schema, by_spark, gate.subpartition))
-            if ctx.meter is not None and by_spark:
-                ctx.meter.partition_rows += iometrics.measure((path, gate.subpartition) for path in by_spark)[0]
-        return union_all(parts)
-
-    def _gate_schema(self, gate: GateSnapshot) -> StructType:
-        if not gate.schema:
-            raise ValueError(
-                f"{self.name}: {gate.describe()} has no schema; its producers did not report one "
-                "(a no-op chain's output cannot be read)"
-            )
-        return StructType.fromJson(json.loads(gate.schema))
-
-    def _write_outputs(self, ctx: RuntimeContext, df: DataFrame | None) -> tuple[ProducedPartition, ...]:
-        outputs = list(self.deployment.outputs)
-        if not outputs or df is None:
-            return ()
-        if layout.SUBPARTITION_COLUMN in df.columns:
-            raise ValueError(f"{self.name}: column {layout.SUBPARTITION_COLUMN!r} is reserved for routing rows to consumers")
-        if arrow_compatible(df.schema):
-            routed, routing = _routed(df, outputs)
-            if self._small_output(ctx, routed):
-                return self._write_in_memory(ctx, df.schema.json(), routed, routing, outputs)
-        return self._write_by_spark(ctx, df, outputs)
-
-
-
-    def _small_output(self, ctx: RuntimeContext, routed: DataFrame) -> bool:
-        """Whether the output goes through memory (batchexchange): a bounded job's when Spark
-        estimates it at most the job's EXCHANGE_IN_MEMORY_MAX_BYTES, and nothing in it may have
-        made rows Spark cannot foresee (`_may_multiply_rows`; a generator such as explode, which
-        Spark also estimates at its input's size): collecting such an output could exhaust the
-        TaskManager, where Spark's writer streams it to files."""
-        limit = exchange_in_memory_max_bytes(self.deployment.job_options)
-        if limit == 0 or _may_multiply_rows(self.deployment.vertex.operators):
-            return False
-        estimate = batchexchange.estimated_bytes(routed, trust_generators=False)
-        return estimate is not None and estimate <= limit
-
-    def _write_in_memory(self, ctx: RuntimeContext, schema: str, routed: DataFrame, routing: list[str | None],
-                         outputs: list[ResultPartitionSpec]) -> tuple[ProducedPartition, ...]:
-        """One collect as Arrow, however many outputs; each output's rows split by their
-        subpartition column (`routing`) and written one Parquet file per subpartition."""
-        table = classic.frame_to_arrow(ctx, routed)
-        data = table.drop_columns([c for c in routing if c is not None])
-        for out, column in zip(outputs, routing):
-            self._check_cancelled()
-            path = _partition_path(ctx, out.data_set_id, out.partition_index, ctx.attempt_number)
-            if ctx.batch is None:  # as `_read`
-                self._written.append(path)
-            if column is None:
-                batchexchange.write_in_memory(path, data, None, 1)
-            else:
-                batchexchange.write_in_memory(path, data, table.column(column), out.num_subpartitions)
-        return tuple(ProducedPartition(o.data_set_id, o.partition_index, schema, data.num_rows) for o in outputs)
-
-    def _write_by_spark(self, ctx: RuntimeContext, df: DataFrame, outputs: list[ResultPartitionSpec]
-                        ) -> tuple[ProducedPartition, ...]:
-        schema = df.schema.json()
-        # The row count rides along with the first write instead of costing a job of its own.
-        rows = Observation()
-        observed = df.observe(rows, F.count(F.lit(1)).alias("rows"))
-        shared = len(outputs) > 1
-        if shared:  # computed once, written once per consumer
-            observed = observed.persist()
-        try:
-            for out in outputs:
-                self._check_cancelled()
-                path = _partition_path(ctx, out.data_set_id, out.partition_index, ctx.attempt_number)
-                self._written.append(path)
-                routed, split = _route(observed, out)
-                writer = routed.write.mode("overwrite")
-                if split:
-                    writer = writer.partitionBy(layout.SUBPARTITION_COLUMN)
-                writer.parquet(path)
-            row_count = int(rows.get["rows"])
-        finally:
-            if shared:
-                observed.unpersist()
-        return tuple(ProducedPartition(o.data_set_id, o.partition_index, schema, row_count) for o in outputs)
-
-
-def _read_partitions(spark: SparkSession, schema: StructType, paths: list[str], subpartition: int | None) -> DataFrame:
-    """Subpartition `subpartition` (None: all) of the partitions Spark's writer wrote at `paths`."""
-    if not paths:
-        return spark.createDataFrame([], schema)
-    if subpartition is None:
-        return spark.read.schema(schema).parquet(*paths)
-    # One read per partition: Spark's partition discovery rejects several roots that each
-    # hold `_sub=N` directories ("conflicting directory structures").
-    # coalesce(_sub, 0): a producer that feeds a single consumer writes its partition unsplit
-    # (no `_sub` directories), and that partition is subpartition 0 of itself.
-    with_sub = StructType(schema.fields + [StructField(layout.SUBPARTITION_COLUMN, IntegerType())])
-    sub = F.coalesce(column_ref(layout.SUBPARTITION_COLUMN), F.lit(0))
-    parts = [
-        spark.read.schema(with_sub).parquet(path).where(sub == subpartition).drop(layout.SUBPARTITION_COLUMN)
-        for path in paths
-    ]
-    return union_all(parts)
-
-
-def _partition_path(ctx: RuntimeContext, data_set_id: str, partition_index: int, attempt: int) -> str:
-    """A result partition's directory; in a streaming query, the current micro-batch's."""
-    if ctx.batch is None:
-        return layout.partition_dir(ctx.data_dir, ctx.job_id, data_set_id, partition_index, attempt)
-    return layout.batch_partition_dir(ctx.data_dir, ctx.job_id, data_set_id, partition_index, attempt,
-                                      ctx.batch.batch_id)
-
-
 # batch id, the partitions written, the rows its stream source read (None: not a source, or not counted)
 BatchReport = Callable[[int, tuple[ProducedPartition, ...], int | None, TaskIo | None], None]
-
-# Operators that may return more rows than they read (flat_map's function, a keyed process
-# function, a user's DataFrame function): Spark estimates their output at their input's size.
-_MAY_MULTIPLY_ROWS = frozenset({"flat_map", "process", "transform"})
-# Operators that make at most one row per key (a combiner, an aggregate): what comes before them
-# in a chain does not make their output larger.
-_ONE_ROW_PER_KEY = frozenset({"combine", "aggregate", "reduce", "count"})
-
-
-def _may_multiply_rows(operators: Any) -> bool:
-    """Whether a chain's output may hold rows that Spark's estimate does not foresee: an operator
-    that may multiply its rows, not followed by one that makes a row per key (the word count's
-    flat_map followed by its combiner has a row per distinct word, however many words)."""
-    multiplied = False
-    for op in operators:
-        if op.kind in _MAY_MULTIPLY_ROWS:
-            multiplied = True
-        elif op.kind in _ONE_ROW_PER_KEY:
-            multiplied = False
-    return multiplied
-
 
 class StreamTask(Task):
     """A streaming query's task, long-lived as in Flink: deployed once, RUNNING until the query
@@ -698,16 +531,11 @@ class StreamTask(Task):
                 raise TaskCancelled(self.name)
             return self._batches.popleft()
 
-    # ---- a batch's exchanges (funke.taskmanager.batchexchange) ----
+    # ---- a batch's inputs: one Spark partition when the batch is small (`_small_batch`) ----
 
     def _read_inputs(self, ctx: RuntimeContext, gates: tuple[GateSnapshot, ...]) -> list[DataFrame]:
-        inputs = [self._read_gate(ctx, gate) for gate in gates]
+        inputs = [self._exchange.read_gate(ctx, gate) for gate in gates]
         return [_small_batch(ctx, df) for df in inputs]  # once every gate's bytes are known
-
-    def _small_output(self, ctx: RuntimeContext, routed: DataFrame) -> bool:
-        """A micro-batch's output goes through memory when what the batch read is small."""
-        assert ctx.meter is not None
-        return ctx.meter.bytes <= batchexchange.IN_MEMORY_LIMIT_BYTES
 
     def _run(self) -> tuple[ProducedPartition, ...]:
         chain = self._start_chain()
@@ -735,7 +563,7 @@ class StreamTask(Task):
                             _first(operators[-1].records_out if operators else None, records_out, 0),
                             ctx.meter.bytes, 0, time.monotonic() - began, self._state_after(chain, ctx), event_time,
                             late_rows, operators)
-                self._written.clear()  # a query runs for long: keep no list of every batch's directories
+                self._exchange.forget_written()
                 self._batch_report(batch.batch_id, produced, input_rows, io)
         finally:
             if receiver is not None:
@@ -844,44 +672,3 @@ def _observed(observation: Observation) -> dict:
         return observation.get
     except Exception:  # Py4JJavaError: the metrics row is empty
         return {}
-
-
-def _routed(df: DataFrame, outputs: list[ResultPartitionSpec]) -> tuple[DataFrame, list[str | None]]:
-    """`df` with a column per output that feeds several consumers: each row's subpartition
-    of it (None for an output written unsplit), for one collect that serves every output."""
-    routed, routing = df, []
-    for i, out in enumerate(outputs):
-        target = _subpartition_of(out)
-        column = f"__funke_sub_{i}" if target is not None else None
-        if column is not None:
-            routed = routed.withColumn(column, target)
-        routing.append(column)
-    return routed, routing
-
-
-def _route(df: DataFrame, out: ResultPartitionSpec) -> tuple[DataFrame, bool]:
-    """Adds the subpartition column for a partition that feeds several consumers."""
-    target = _subpartition_of(out)
-    if target is None:
-        return df, False
-    return df.withColumn(layout.SUBPARTITION_COLUMN, target), True
-
-
-def _subpartition_of(out: ResultPartitionSpec) -> Column | None:
-    """Each row's subpartition of a partition that feeds several consumers (None: unsplit)."""
-    n = out.num_subpartitions
-    if n <= 1 or out.partitioner is PartitionerKind.BROADCAST:
-        return None
-    if out.partitioner is PartitionerKind.HASH:
-        keys = list(out.partition_keys)
-        if not keys:
-            raise ValueError(f"data set {out.data_set_id!r}: HASH partitioning without keys")
-        hashed = F.hash(*[column_ref(k) for k in keys])
-        if out.key_groups >= n:  # into a streaming query's vertex: the subtask owning the key group
-            target = F.floor(F.pmod(hashed, F.lit(out.key_groups)) * F.lit(n) / F.lit(out.key_groups))
-        else:
-            target = F.pmod(hashed, F.lit(n))
-    else:
-        # REBALANCE, and POINTWISE rescale (one partition split among its consumers): round robin.
-        target = F.pmod(F.monotonically_increasing_id(), F.lit(n))
-    return target.cast("int")

@@ -1,12 +1,9 @@
 """Keyed state of a streaming query: key groups, output modes, and the versioned state store's
 files (which to read for a version, which a new version makes obsolete).
 
-Key groups (Flink's): a keyed operator's state is split into `max_parallelism` key groups; a
-key's group is `pmod(hash(keys), max_parallelism)` with Spark's `hash` (Murmur3, the same on
-every host), and subtask i of n owns the contiguous range of groups whose `group * n //
-max_parallelism` is i. The exchange into a keyed operator routes rows the same way, so a
-subtask receives exactly the keys of its groups, and a query restored at another parallelism
-finds each group's state whole. The max parallelism is fixed once a query has state.
+Key groups (`funke.common.streaming.keygroups`): a keyed operator's state is split into
+`max_parallelism` key groups, each a directory of its own, and each subtask owns a contiguous range
+of them. The max parallelism is fixed once a query has state (METADATA records it).
 
 The store (one directory per key group under `<checkpoint>/state/<vertex>/<operator>/`): batch b
 reads version b (the state after batches 0..b-1) and writes version b+1 as a *delta* file (the
@@ -40,9 +37,9 @@ from dataclasses import dataclass, field
 __all__ = ["DELTA", "KEY_GROUP_COLUMN", "LEGACY", "LEGACY_TOKEN", "MAX_STATES", "MAX_TTL_MS", "METADATA",
            "OPERATOR_DESCRIPTION", "OUTPUT_MODES", "REMOVED_COLUMN", "SNAPSHOT", "SNAPSHOT_EVERY", "STATE_KINDS",
            "TIMERS_COLUMN", "EVENT_TIMERS_COLUMN", "MissingState", "LoadPlan", "OperatorLineage", "StateLineage",
-           "StateMetrics", "expires_column", "files_to_delete", "group_dir_name", "key_group_range",
+           "StateMetrics", "expires_column", "files_to_delete", "group_dir_name",
            "key_groups_problem", "legacy_lineage", "load_plan", "metadata_text", "operator_dir", "parse_file_name",
-           "run_token", "state_file_name", "state_key_width", "state_specs_problem", "subtask_of_key_group"]
+           "run_token", "state_file_name", "state_key_width", "state_specs_problem"]
 
 # Structured Streaming's output modes. `append` (each result row emitted once, final) needs to
 # know when a key's result can no longer change: event time and watermarks, not yet here.
@@ -124,18 +121,6 @@ def state_specs_problem(value: object) -> str | None:
         if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int) or not 1 <= ttl <= MAX_TTL_MS):
             return f"state {name!r}: ttl_ms must be whole milliseconds from 1 to {MAX_TTL_MS} (ten years), got {ttl!r}"
     return None
-
-
-def key_group_range(max_parallelism: int, parallelism: int, subtask: int) -> range:
-    """The key groups subtask `subtask` of `parallelism` owns (Flink's range assignment)."""
-    if not 1 <= parallelism <= max_parallelism or not 0 <= subtask < parallelism:
-        raise ValueError(f"subtask {subtask} of {parallelism} with {max_parallelism} key groups")
-    return range(-(-subtask * max_parallelism // parallelism), -(-(subtask + 1) * max_parallelism // parallelism))
-
-
-def subtask_of_key_group(key_group: int, max_parallelism: int, parallelism: int) -> int:
-    """The subtask that owns `key_group` (the inverse of key_group_range)."""
-    return key_group * parallelism // max_parallelism
 
 
 # In an operator's state directory: how many key groups its state was written in (JSON).

@@ -26,13 +26,13 @@ from funke.common import aggregates, ids
 from funke.common.graph.jobgraph import JobGraph, JobVertex, OperatorSpec
 from funke.common.graph.streamingjob import RUNNING_KINDS
 from funke.common.streaming.checkpoint import CheckpointError
+from funke.common.streaming.keygroups import key_group_range
 from funke.common.streaming.processlayout import ProcessLayout
 from funke.common.streaming.state import (
     LEGACY,
     METADATA,
     OPERATOR_DESCRIPTION,
     OperatorLineage,
-    key_group_range,
     operator_dir,
     state_key_width,
 )

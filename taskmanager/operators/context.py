@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from typing import Any
@@ -31,7 +31,7 @@ from funke.runtime import datafs
 
 __all__ = ["InputMeter", "RuntimeContext", "Sink", "SinkCount", "Source", "Transform", "arrow_compatible", "arrow_schema",
            "column_ref", "config_options", "config_schema", "config_strings", "config_value", "file_info", "label",
-           "parse_schema", "subtask_share"]
+           "parse_schema", "subtask_share", "union_all"]
 
 
 @dataclass(slots=True)
@@ -181,6 +181,18 @@ def arrow_compatible(schema: StructType) -> bool:
     except Exception:
         return False
     return True
+
+
+def union_all(frames: Sequence[DataFrame]) -> DataFrame:
+    """The frames' rows together, by column name (the union operator's, and a gate's partitions')."""
+    # Pairwise, so that P inputs make a union tree of depth log P rather than a chain of P.
+    level = list(frames)
+    while len(level) > 1:
+        level = [
+            level[i].unionByName(level[i + 1]) if i + 1 < len(level) else level[i]
+            for i in range(0, len(level), 2)
+        ]
+    return level[0]
 
 
 def subtask_share(n: int, subtask: int, parallelism: int) -> tuple[int, int]:

@@ -189,7 +189,7 @@ _PLAIN_TYPES: dict[type, tuple[type, ...]] = {
 def _plain_table(ctx: RuntimeContext, rows: list[tuple[Any, ...]], schema: StructType) -> pa.Table | None:
     """The rows as one Arrow table when every column has a plain type and every value is one
     Spark takes for it, else None. Spark sizes rows handed over as Arrow (a local relation), so
-    a small collection's exchange can go through memory (`Task._small_output`); rows handed over
+    a small collection's exchange can go through memory (`TaskExchange._small_output`); rows handed over
     as Python objects are an RDD that Spark cannot size. What Spark would refuse (a value of
     another type, a null in a non-nullable column, a number out of its type's range, which
     Arrow refuses too) takes Spark's way, and gets its error."""

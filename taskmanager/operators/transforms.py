@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 
 import cloudpickle
 import pyarrow as pa
@@ -31,9 +31,11 @@ from pyspark.sql.types import DecimalType, LongType, StructField, StructType, Ti
 from funke.common.graph.jobgraph import OperatorSpec
 from funke.common.graph.streamingjob import DEFAULT_RETAIN, OUTPUT_MODE, RETAIN
 from funke.common.streaming import eventtime, state
+from funke.common.streaming.keygroups import key_group_range
 from funke.common.streaming.state import OUTPUT_MODES
 from funke.common import aggregates
 from funke.taskmanager import batchexchange
+from funke.taskmanager.routing import key_group_column
 from funke.taskmanager.operators.classic import grouped_aggregate, select_exprs
 from funke.taskmanager.operators.context import (
     RuntimeContext,
@@ -45,6 +47,7 @@ from funke.taskmanager.operators.context import (
     config_value,
     label,
     parse_schema,
+    union_all,
 )
 from funke.taskmanager.operators.keyedstate import (
     MARKER_COLUMN,
@@ -61,7 +64,7 @@ from funke.taskmanager.operators.keyedstate.process import state_schema as proce
 from funke.taskmanager.operators.keyedstate.process import state_spec
 from funke.taskmanager.operators.udf import cancellable, filter_batches, map_batches, reduce_batches
 
-__all__ = ["TRANSFORMS", "python_map", "union_all"]
+__all__ = ["TRANSFORMS", "python_map"]
 
 
 def _single(spec: OperatorSpec, inputs: list[DataFrame]) -> DataFrame:
@@ -342,9 +345,10 @@ def _in_key_groups(ctx: RuntimeContext, df: DataFrame, keys: list[str]) -> tuple
     operator's state directory, its key groups checked against the ones its state has; and the
     groups the subtask owns."""
     key_groups = ctx.max_parallelism
-    owned = state.key_group_range(key_groups, ctx.parallelism, ctx.subtask_index)
-    group_of = F.pmod(F.hash(*[column_ref(k) for k in keys]), F.lit(key_groups)).cast("int")
-    rows = df.withColumn(state.KEY_GROUP_COLUMN, group_of).withColumn(MARKER_COLUMN, F.lit(False))
+    owned = key_group_range(key_groups, ctx.parallelism, ctx.subtask_index)
+    # The column the exchange into this vertex routed the rows by: the subtask has all their groups.
+    rows = (df.withColumn(state.KEY_GROUP_COLUMN, key_group_column(keys, key_groups))
+            .withColumn(MARKER_COLUMN, F.lit(False)))
     markers = ctx.spark.range(owned.start, owned.stop).select(
         *[F.lit(None).cast(f.dataType).alias(f.name) for f in df.schema.fields],
         F.col("id").cast("int").alias(state.KEY_GROUP_COLUMN), F.lit(True).alias(MARKER_COLUMN))
@@ -728,17 +732,6 @@ def _transform(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFrame])
 
 def _noop(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFrame]) -> DataFrame:
     return _union(ctx, spec, inputs)
-
-
-def union_all(frames: Sequence[DataFrame]) -> DataFrame:
-    # Pairwise, so that P inputs make a union tree of depth log P rather than a chain of P.
-    level = list(frames)
-    while len(level) > 1:
-        level = [
-            level[i].unionByName(level[i + 1]) if i + 1 < len(level) else level[i]
-            for i in range(0, len(level), 2)
-        ]
-    return level[0]
 
 
 TRANSFORMS: dict[str, Transform] = {

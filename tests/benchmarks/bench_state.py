@@ -65,7 +65,7 @@ def bench_store(root: Path, versions: int = 20, touched: float = 0.01) -> dict:
 
     import pyarrow as pa
 
-    from funke.common.streaming.state import key_group_range
+    from funke.common.streaming.keygroups import key_group_range
     from funke.taskmanager.operators.keyedstate import store
 
     rng = random.Random(7)

@@ -1,4 +1,4 @@
-"""Keyed state: key groups, the state store's files, and the running aggregate's merge, run the
+"""Keyed state: the state store's files, and the running aggregate's merge, run the
 way a Spark Python worker runs it (Arrow batches in, Arrow batches out) but without Spark."""
 
 from __future__ import annotations
@@ -13,29 +13,10 @@ from funke.common.api.dsl import ExecutionEnvironment
 from funke.common.graph.streamingjob import OUTPUT_MODE, query_problems
 from funke.common.graph.validation import JobGraphInvalid
 from funke.common.streaming import state
-from funke.common.streaming.state import MissingState, files_to_delete, key_group_range, load_plan
+from funke.common.streaming.keygroups import key_group_range
+from funke.common.streaming.state import MissingState, files_to_delete, load_plan
 from funke.taskmanager.operators import keyedstate
 from funke.taskmanager.operators.keyedstate import store
-
-# ---------------------------------------------------------------------------- key groups
-
-
-@pytest.mark.parametrize("groups,parallelism", [(128, 1), (128, 2), (128, 3), (128, 7), (10, 10), (4096, 100)])
-def test_the_subtasks_key_group_ranges_cover_every_group_once_and_agree_with_the_routing(groups, parallelism):
-    owner = {}
-    for subtask in range(parallelism):
-        for g in key_group_range(groups, parallelism, subtask):
-            assert g not in owner
-            owner[g] = subtask
-    assert sorted(owner) == list(range(groups))
-    # the exchange sends group g to subtask g * n // groups: the same subtask that owns it
-    assert all(state.subtask_of_key_group(g, groups, parallelism) == s for g, s in owner.items())
-
-
-def test_a_parallelism_above_the_key_groups_is_refused():
-    with pytest.raises(ValueError):
-        key_group_range(4, 5, 0)
-
 
 # ---------------------------------------------------------------------------- the store's files
 
@@ -459,7 +440,7 @@ def test_the_jobmanager_reads_a_keyed_operators_state_as_the_rows_the_query_emit
         "keys": ["word"], "aggregations": ["count(1) AS n", "avg(v) AS `the mean`"]}),), max_parallelism=8)
     for batch_id, rows in enumerate([[("a", 1), ("b", 2), ("a", 3)], [("b", 4), ("c", 0)]]):
         for subtask in range(2):  # each subtask writes its own groups
-            owned = state.key_group_range(8, 2, subtask)
+            owned = key_group_range(8, 2, subtask)
             fn = keyedstate.running_aggregate_batches(str(root), ["word"], [("count", (f"{p}0",)), (
                 "avg", (f"{p}1_sum", f"{p}1_count"))], batch_id, "update", 100, partials, OUT, owned)
             mine = [(w, n) for w, n in rows if hash_group(w) in owned]

@@ -15,7 +15,7 @@ from pyspark.sql import functions as F
 
 from funke.common.graph.jobgraph import OperatorSpec
 from funke.common.graph.streamingjob import OUTPUT_MODE
-from funke.common.streaming import state
+from funke.common.streaming import keygroups, state
 from funke.common.streaming.sources import BatchInput
 from funke.taskmanager.operators import OPERATORS
 from tests.unit.test_task_runtime import ctx, spark  # noqa: F401  (fixtures)
@@ -53,7 +53,7 @@ def test_a_running_aggregate_in_spark_keeps_totals_across_batches_and_writes_eve
 
 
 def test_a_subtask_owns_only_its_key_groups_and_the_state_has_its_key_groups_for_good(spark, ctx, tmp_path):
-    owned = state.key_group_range(8, 2, 1)
+    owned = keygroups.key_group_range(8, 2, 1)
     every = spark.createDataFrame([(chr(c), 1, "x") for c in range(97, 123)], "k string, v int, w string")
     subtask_1 = streaming(ctx, tmp_path, 0, subtask=1, parallelism=2)
     with pytest.raises(Exception, match="the exchange did not route them by key group"):
