@@ -39,6 +39,8 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from funke.common.graph.deployment import (
     NO_OPTIONS,
     Available,
+    BatchGate,
+    BatchTask,
     GateState,
     InputGateDeployment,
     PartitionRef,
@@ -455,10 +457,6 @@ def job_status_from_proto(value: int) -> JobStatus:
         raise ValueError(f"unknown JobStatus value {value}") from None
 
 
-def execution_state_to_proto(state: ExecutionState) -> int:
-    return _EXECUTION_STATE_TO[state]
-
-
 def execution_state_from_proto(value: int) -> ExecutionState:
     try:
         return _EXECUTION_STATE_FROM[value]
@@ -517,11 +515,6 @@ def job_transition_to_proto(t: Transition, leader_epoch: int = 0, job_manager: s
         from_status=_JOB_STATUS_TO[t.from_state], to_status=_JOB_STATUS_TO[t.to_state],
         timestamp=timestamp(t.timestamp), cause=t.cause, stimulus_id=t.stimulus_id,
         leader_epoch=leader_epoch, job_manager=job_manager)
-
-
-def job_transition_from_proto(m: job_pb.JobStatusTransition) -> Transition:
-    return Transition(_JOB_STATUS_FROM[m.from_status], _JOB_STATUS_FROM[m.to_status],
-                      m.timestamp.seconds + m.timestamp.nanos / 1e9, m.cause, m.stimulus_id)
 
 
 def execution_transition_to_proto(t: Transition) -> job_pb.ExecutionStateTransition:
@@ -830,6 +823,13 @@ def batch_from_proto(m: cluster_pb.RunBatchesRequest) -> BatchInput:
             raise ValueError(f"the batch's state lineage names no run for batch {m.batch_id}")
     return BatchInput(m.batch_id, m.batch_time_ms, ranges, {v: tuple(f.names) for v, f in m.files.items()},
                       dict(m.rate_limits), m.watermark_ms if m.HasField("watermark_ms") else None, lineage)
+
+
+def batch_tasks_from_proto(m: cluster_pb.RunBatchesRequest) -> tuple[BatchTask, ...]:
+    """The tasks a RunBatches request names, each with what it reads of its inputs (the other
+    half of `run_batch_to_proto`'s `tasks`)."""
+    return tuple(BatchTask(attempt_from_proto(t.attempt), tuple(
+        BatchGate(g.input_index, tuple(g.producer_attempts), g.schema) for g in t.gates)) for t in m.tasks)
 
 
 def partition_update_to_proto(u: PartitionUpdate) -> cluster_pb.PartitionInfoUpdate:
