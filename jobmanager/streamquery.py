@@ -36,7 +36,7 @@ from funke.common.scheduling import queryrun as qr
 from funke.common.states import JobStatus
 from funke.common.streaming import microbatch as mb
 from funke.common.streaming.checkpoint import CommitEntry, OffsetEntry
-from funke.common.streaming.sources import SOURCES
+from funke.common.streaming.sources import SOURCE_PLUGINS
 from funke.common.wire import codec
 from funke.jobmanager.checkpointstore import CheckpointStore
 from funke.jobmanager.streaming.sides import SinkSides, SourceSides
@@ -105,7 +105,7 @@ class StreamingQuery:
         # backpressure's estimators and rate limits (streaming.backpressure.enabled), and what
         # each receiver read of batches not recorded yet
         self._receivers = {v.id: v.parallelism for v in stream_sources(graph.job_graph)
-                           if SOURCES[v.operators[0].kind].receiver}
+                           if SOURCE_PLUGINS[v.operators[0].kind].receiver}
         self._carried = qr.Carried()
 
     @property
@@ -145,7 +145,7 @@ class StreamingQuery:
     def on_batch_report(self, attempt: ExecutionAttemptId, batch_id: int, schemas: dict[str, str],
                         input_rows: int | None = None, io: TaskIo | None = None) -> None:
         if self._run is not None:
-            self._handle(self._run, qr.BatchReported(
+            self._handle(self._run, qr.BatchWritten(
                 attempt, batch_id, schemas, input_rows, self._now(), f"report-{attempt}-{batch_id}",
                 io.state if io is not None else None, dict(io.event_time) if io is not None else {},
                 io.late_rows if io is not None else 0, io.seconds if io is not None else None))
@@ -327,7 +327,7 @@ class StreamingQuery:
                 gateway = self.rm.gateway(tm)
                 if gateway is not None:
                     gateway.set_rate_limits(self.job_id, [(codec.attempt_to_proto(a), r) for a, r in action.rates])
-            case qr.FinishTasks(task_manager_id=tm):
+            case qr.SendFinish(task_manager_id=tm):
                 if self.on_stopped is not None:
                     return  # a rescale: the tasks are cancelled with the suspended job instead
                 gateway = self.rm.gateway(tm)

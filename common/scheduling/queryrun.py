@@ -76,7 +76,7 @@ class BatchInputResolved:
 
 
 @dataclass(frozen=True, slots=True)
-class BatchReported:
+class BatchWritten:
     """Subtask `attempt` wrote batch `batch_id`; `schemas`: data set -> schema of what it wrote;
     `input_rows`: the rows its stream sources read (None: not counted); `state`: its keyed
     operator's state after the batch (None: it has none); `event_time`: per watermark operator
@@ -95,7 +95,7 @@ class BatchReported:
     seconds: float | None = None
 
 
-Event = (RunStarted | Tick | OffsetsAnswered | TargetsCaptured | OffsetsLogged | BatchInputResolved | BatchReported
+Event = (RunStarted | Tick | OffsetsAnswered | TargetsCaptured | OffsetsLogged | BatchInputResolved | BatchWritten
          | SinksCommitted | CommitLogged | StopRequested)
 _PASSED_ON = (Tick, OffsetsAnswered, TargetsCaptured, OffsetsLogged, SinksCommitted, CommitLogged, StopRequested)
 
@@ -141,7 +141,7 @@ class SendRateLimits:
 
 
 @dataclass(frozen=True, slots=True)
-class FinishTasks:
+class SendFinish:
     """The query ended: these tasks on one TaskManager end FINISHED once their batches are done."""
     task_manager_id: str
     attempts: tuple[ExecutionAttemptId, ...]
@@ -149,7 +149,7 @@ class FinishTasks:
 
 
 Action = (QueryOffsets | CaptureTargets | WriteOffsetLog | ResolveBatchInput | RunTasks | CommitSinks | WriteCommitLog
-          | SetTimer | Publish | SendRateLimits | FinishTasks | Terminate)
+          | SetTimer | Publish | SendRateLimits | SendFinish | Terminate)
 
 
 @dataclass
@@ -306,7 +306,7 @@ class QueryRun:
             batch = BatchInput(entry.batch_id, entry.batch_time_ms, dict(entry.sources), dict(event.files),
                                watermark_ms=entry.watermark_ms, state=self.lineage)
             return self._steps(event.batch_id, self.flow.start(batch), event.now_ms, event.stimulus_id)
-        if isinstance(event, BatchReported):
+        if isinstance(event, BatchWritten):
             if event.batch_id not in self.flow.in_flight:
                 return []
             if not self.flow.accepts(event.attempt, event.batch_id):
@@ -333,10 +333,10 @@ class QueryRun:
         for action in self.coordinator.handle(event):
             sid = action.stimulus_id
             match action:
-                case mb.RunBatch(entry=entry):
+                case mb.StartBatch(entry=entry):
                     self._entries[entry.batch_id] = entry
                     out.append(ResolveBatchInput(entry, sid))
-                case mb.CommitSinks(batch_id=b):
+                case mb.CommitBatch(batch_id=b):
                     out.append(CommitSinks(b, {s: self.flow.sink_attempts(s) for s in self.sinks}, sid))
                 case mb.WriteCommitLog(entry=entry) if self.lineage is not None:
                     # the batch's state files are this run's: from now on its batches read them
@@ -384,7 +384,7 @@ class QueryRun:
         by_tm: dict[str, list[ExecutionAttemptId]] = {}
         for a in self.flow.all_attempts():
             by_tm.setdefault(self._task_manager(a.vertex_id, a.subtask_index), []).append(a)
-        return [FinishTasks(tm, tuple(attempts), sid) for tm, attempts in by_tm.items()]
+        return [SendFinish(tm, tuple(attempts), sid) for tm, attempts in by_tm.items()]
 
     # ------------------------------------------------------------------ receivers and backpressure
 

@@ -282,13 +282,15 @@ class WriteOffsetLog:
 
 
 @dataclass(frozen=True, slots=True)
-class RunBatch:
+class StartBatch:
+    """Start the logged batch `entry` (the query run resolves its input and sends it to the tasks)."""
     entry: OffsetEntry
     stimulus_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
-class CommitSinks:
+class CommitBatch:
+    """Every sink has written the batch: commit it (the query run names each sink's attempts)."""
     batch_id: int
     stimulus_id: str = ""
 
@@ -367,7 +369,7 @@ def _listed(batch_ids: tuple[int, ...], shown: int = 10) -> str:
     return ", ".join(str(b) for b in batch_ids[:shown]) + more
 
 
-Action = QueryOffsets | CaptureTargets | WriteOffsetLog | RunBatch | CommitSinks | WriteCommitLog | SetTimer | Publish | Terminate
+Action = QueryOffsets | CaptureTargets | WriteOffsetLog | StartBatch | CommitBatch | WriteCommitLog | SetTimer | Publish | Terminate
 
 
 # ------------------------------------------------------------------------------------ batches
@@ -387,7 +389,7 @@ class Batch:
     previous_trigger_ms: int | None = None  # when the trigger before this one was planned
     answered_at_ms: int | None = None
     logged_at_ms: int | None = None  # BatchSubmitted
-    started_at_ms: int | None = None  # RunBatch sent: processing starts
+    started_at_ms: int | None = None  # StartBatch sent: processing starts
     written_at_ms: int | None = None  # every sink wrote it
     committed_at_ms: int | None = None
     recorded_at_ms: int | None = None
@@ -465,7 +467,6 @@ class MicroBatchCoordinator:
         self.mode = StateMachine(f"query {query_id} mode", QUERY_MODE_TRANSITIONS, QueryMode.STARTING, 0.0)
         self._last_trigger_ms: int | None = None
         self.progress: list[dict[str, Any]] = []  # the last PROGRESS_KEPT QueryProgress records
-        self.terminated_reason = ""
         # Event time (funke.common.streaming.eventtime): the query's watermark, and whether a
         # watermark that moved makes a batch without new data (its windows close, its state goes)
         self.watermarks = watermarks
@@ -672,7 +673,7 @@ class MicroBatchCoordinator:
             batch.phase.transition(BatchPhase.RUNNING, now / 1000)
             batch.started_at_ms = now
             assert batch.entry is not None
-            actions.append(RunBatch(batch.entry))
+            actions.append(StartBatch(batch.entry))
             actions.append(Publish("BatchStarted", batch.batch_id, now, batch.info()))
 
     def _commit_next(self, now: int, actions: list[Action]) -> None:
@@ -683,7 +684,7 @@ class MicroBatchCoordinator:
             if any(b.batch_id < batch.batch_id for b in self._in(BatchPhase.QUEUED, BatchPhase.LOGGING)):
                 return  # an earlier batch has not run yet (cannot happen with batch-order runs)
             batch.phase.transition(BatchPhase.COMMITTING, now / 1000)
-            actions.append(CommitSinks(batch.batch_id))
+            actions.append(CommitBatch(batch.batch_id))
 
     def _recorded(self, batch: Batch, now: int, actions: list[Action]) -> None:
         batch.recorded_at_ms = now
@@ -730,7 +731,6 @@ class MicroBatchCoordinator:
             reason = "stopped" + (" after draining" if self._draining() else "")
         self.state.transition(QueryState.TERMINATED, now / 1000, reason)
         self.mode.transition(QueryMode.ENDED, now / 1000, reason)
-        self.terminated_reason = reason
         actions.append(Terminate(reason))
 
     # -------------------------------------------------------------- records
