@@ -35,6 +35,7 @@ from funke.common.graph.streamingjob import (
 from funke.common.scheduling import queryrun as qr
 from funke.common.states import JobStatus
 from funke.common.streaming import microbatch as mb
+from funke.common.streaming import progress
 from funke.common.streaming.checkpoint import CommitEntry, OffsetEntry
 from funke.common.streaming.sources import SOURCE_PLUGINS
 from funke.common.wire import codec
@@ -320,7 +321,7 @@ class StreamingQuery:
                 run.timer = asyncio.get_running_loop().call_later(delay, self._tick, run, at)
             case qr.Publish():
                 if action.kind == "QueryProgress":
-                    run.sources.describe(action.info)  # a broker's lag, as its side measured it
+                    progress.add_source_details(action.info, run.sources.progress_details())  # a broker's lag
                     self.progress.append(action.info)
                 self._on_event(action)
             case qr.SendRateLimits(task_manager_id=tm):

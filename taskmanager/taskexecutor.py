@@ -18,6 +18,15 @@ instructions, like the JobMaster does for the scheduler:
 - the SparkSession, its warm-up, its renewal on Spark Connect and the scratch directory are
   `sparkruntime.py`'s.
 
+Its peers reach it through one narrow seam, as dask's BaseWorker is reached around its
+WorkerState: `handle(event)` feeds the task core (with `stimulus(kind)` for a stimulus id the
+call does not bring), `release_partitions(event)` feeds a release and waits for its deletions,
+`vertices` is the service's cache of decoded job vertices (emptied by the core's DropJob),
+`registration_id` and `resources()` are what the JobManager connection registers with, and
+`jobmanager_registered` / `registered_first_time` / `jobmanager_lost` are what it tells back.
+The service's and the connection's Protocols (`Served`, `Registrant`) name exactly that; nothing
+else of the TaskExecutor is theirs to touch.
+
 Everything runs on one asyncio loop (Flink's main-thread model); blocking work leaves it (task
 threads, creating and stopping the SparkSession, deleting directories, talking to the JVM).
 """
@@ -56,7 +65,7 @@ from funke.taskmanager.jobmanagergateway import JobManagerGateway
 from funke.taskmanager.loopinbox import LoopInbox
 from funke.taskmanager.metrics import TaskMetrics
 from funke.taskmanager.reporter import TaskStateReporter
-from funke.taskmanager.sparkruntime import SparkRuntime, StartupError, available_cores, in_daemon_thread
+from funke.taskmanager.sparkruntime import SparkRuntime, StartupError, available_cores
 from funke.taskmanager.taskexecutorconfig import TaskExecutorConfig, process_started_at
 
 if TYPE_CHECKING:
@@ -335,9 +344,8 @@ class TaskExecutor:
             # (seen: the launch failing, the TaskManager's epoll set broken).
             log.info("TaskManager %s: starting Spark (%s)", self.id, self.spark_runtime.target())
             asked = time.time()
-            spark_starting = in_daemon_thread(self.spark_runtime.create_with_task_runtime, "spark-start")
             # Registered only once the session is up: every task it is sent can run at once.
-            self.spark_runtime.session = await spark_starting
+            await self.spark_runtime.start()
             self.spark_ready_at = time.time()
             log.info("TaskManager %s: Spark session ready in %.1f s (%.1f s after the process started)", self.id,
                      self.spark_ready_at - asked, self.spark_ready_at - self.started_at)

@@ -130,8 +130,7 @@ class TaskExecutorService(cluster_pb2_grpc.TaskExecutorServicer):
             if error is not None:
                 log.warning("rejected task %s (%s of job %s): %s", m.task_name, codec.attempt_from_proto(m.attempt),
                             m.job_id, error)
-            results.append(cluster_pb2.TaskSubmissionResult(attempt=m.attempt, accepted=error is None,
-                                                            error=error or ""))
+            results.append(codec.task_result_to_proto(m.attempt, error))
         return cluster_pb2.SubmitTasksResponse(results=results)
 
     async def RunBatches(self, request: cluster_pb2.RunBatchesRequest, context: Any) -> cluster_pb2.RunBatchesResponse:
@@ -141,27 +140,28 @@ class TaskExecutorService(cluster_pb2_grpc.TaskExecutorServicer):
             batch = codec.batch_from_proto(request)
             tasks = codec.batch_tasks_from_proto(request)
         except ValueError as exc:
-            return cluster_pb2.RunBatchesResponse(results=[cluster_pb2.TaskSubmissionResult(
-                attempt=t.attempt, accepted=False, error=f"the batch does not decode: {exc}") for t in request.tasks])
+            return cluster_pb2.RunBatchesResponse(results=[
+                codec.task_result_to_proto(t.attempt, f"the batch does not decode: {exc}") for t in request.tasks])
         answers = self._executor.handle(core.RunBatch(request.job_id, batch, tasks, request.registration_id,
-                                             self._executor.stimulus(f"batch-{batch.batch_id}"),
-                                             tuple(request.released_batches)))
+                                                      self._executor.stimulus(f"batch-{batch.batch_id}"),
+                                                      tuple(request.released_batches)))
         refused = {a.key.attempt: a.reason for a in answers if isinstance(a, core.BatchRejected)}
-        return cluster_pb2.RunBatchesResponse(results=[cluster_pb2.TaskSubmissionResult(
-            attempt=codec.attempt_to_proto(t.attempt), accepted=t.attempt not in refused,
-            error=refused.get(t.attempt, "")) for t in tasks])
+        return cluster_pb2.RunBatchesResponse(results=[codec.task_result_to_proto(m.attempt, refused.get(t.attempt))
+                                                       for t, m in zip(tasks, request.tasks)])
 
     async def FinishTasks(self, request: cluster_pb2.FinishTasksRequest, context: Any) -> cluster_pb2.FinishTasksResponse:
         await self._executor.connection.registration_known(request.registration_id)
-        self._executor.handle(core.FinishTasks(request.job_id, tuple(codec.attempt_from_proto(a) for a in request.attempts),
-                                      request.registration_id, self._executor.stimulus("finish")))
+        attempts = tuple(codec.attempt_from_proto(a) for a in request.attempts)
+        self._executor.handle(core.FinishTasks(request.job_id, attempts, request.registration_id,
+                                               self._executor.stimulus("finish")))
         return cluster_pb2.FinishTasksResponse()
 
     async def SetRateLimits(self, request: cluster_pb2.SetRateLimitsRequest,
                             context: Any) -> cluster_pb2.SetRateLimitsResponse:
         await self._executor.connection.registration_known(request.registration_id)
         rates = tuple((codec.attempt_from_proto(t.attempt), t.records_per_second) for t in request.tasks)
-        self._executor.handle(core.SetRateLimits(request.job_id, rates, request.registration_id, self._executor.stimulus("rate")))
+        self._executor.handle(core.SetRateLimits(request.job_id, rates, request.registration_id,
+                                                 self._executor.stimulus("rate")))
         return cluster_pb2.SetRateLimitsResponse()
 
     async def CancelTasks(self, request: cluster_pb2.CancelTasksRequest, context: Any) -> cluster_pb2.CancelTasksResponse:
@@ -170,7 +170,8 @@ class TaskExecutorService(cluster_pb2_grpc.TaskExecutorServicer):
         for i, a in enumerate(request.attempts):
             if i and i % _CANCELS_PER_TURN == 0:
                 await asyncio.sleep(0)
-            self._executor.handle(core.CancelTask(request.job_id, codec.attempt_from_proto(a), request.registration_id, stimulus))
+            self._executor.handle(core.CancelTask(request.job_id, codec.attempt_from_proto(a), request.registration_id,
+                                                  stimulus))
         return cluster_pb2.CancelTasksResponse()
 
     async def UpdatePartitionInfo(self, request: cluster_pb2.UpdatePartitionInfoRequest,
@@ -182,14 +183,15 @@ class TaskExecutorService(cluster_pb2_grpc.TaskExecutorServicer):
         for start in range(0, len(updates), _UPDATES_PER_TURN):
             if start:
                 await asyncio.sleep(0)
-            self._executor.handle(core.PartitionsAvailable(request.job_id, tuple(updates[start:start + _UPDATES_PER_TURN]),
-                                                  request.registration_id, self._executor.stimulus("partitions")))
+            self._executor.handle(core.PartitionsAvailable(
+                request.job_id, tuple(updates[start:start + _UPDATES_PER_TURN]), request.registration_id,
+                self._executor.stimulus("partitions")))
         return cluster_pb2.UpdatePartitionInfoResponse()
 
     async def FreeSlots(self, request: cluster_pb2.FreeSlotsRequest, context: Any) -> cluster_pb2.FreeSlotsResponse:
         await self._executor.connection.registration_known(request.registration_id)
         self._executor.handle(core.FreeSlots(request.job_id, tuple(request.slot_indexes), request.cause,
-                                    request.registration_id, self._executor.stimulus("free-slots")))
+                                             request.registration_id, self._executor.stimulus("free-slots")))
         return cluster_pb2.FreeSlotsResponse()
 
     async def ReleasePartitions(self, request: cluster_pb2.ReleasePartitionsRequest,

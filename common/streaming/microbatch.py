@@ -53,12 +53,12 @@ The rules:
 
 from __future__ import annotations
 
-import time as _time
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
 from funke.common.streaming.checkpoint import CommitEntry, OffsetEntry, SourceRange
 from funke.common.streaming.eventtime import EventTimeStats, WatermarkTracker
+from funke.common.streaming.progress import PROGRESS_KEPT, query_progress
 from funke.common.states import (
     BATCH_PHASE_TRANSITIONS,
     QUERY_MODE_TRANSITIONS,
@@ -69,7 +69,6 @@ from funke.common.states import (
     StateMachine,
 )
 
-PROGRESS_KEPT = 100  # Structured Streaming's spark.sql.streaming.numRecentProgressUpdates
 
 
 # ------------------------------------------------------------------------------------ triggers
@@ -690,7 +689,8 @@ class MicroBatchCoordinator:
         batch.recorded_at_ms = now
         batch.phase.transition(BatchPhase.COMPLETED, now / 1000)
         actions.append(Publish("BatchCompleted", batch.batch_id, now, batch.info()))
-        record = self._progress(batch)
+        record = query_progress(batch, query_id=self.query_id, run_id=self.run_id, name=self.name, sinks=self.sinks,
+                                event_time=self.watermarks is not None)
         self.progress.append(record)
         del self.progress[:-PROGRESS_KEPT]
         actions.append(Publish("QueryProgress", batch.batch_id, now, record))
@@ -740,63 +740,3 @@ class MicroBatchCoordinator:
         batch = Batch(batch_id, batch_time_ms, machine, rerun=rerun)
         self.batches[batch_id] = batch
         return batch
-
-    def _progress(self, batch: Batch) -> dict[str, Any]:
-        """A StreamingQueryProgress record, with Structured Streaming's keys."""
-        assert batch.entry is not None and batch.logged_at_ms is not None and batch.started_at_ms is not None
-        assert batch.written_at_ms is not None and batch.recorded_at_ms is not None
-        rows = batch.rows
-        planned = batch.planned_at_ms is not None and batch.answered_at_ms is not None  # not a rerun
-        trigger_start = batch.planned_at_ms if batch.planned_at_ms is not None else batch.logged_at_ms
-        duration = {
-            "latestOffset": batch.answered_at_ms - batch.planned_at_ms if planned else 0,  # type: ignore[operator]
-            "walCommit": batch.logged_at_ms - batch.answered_at_ms if planned else 0,  # type: ignore[operator]
-            "addBatch": batch.written_at_ms - batch.started_at_ms,
-            "commitOffsets": batch.recorded_at_ms - batch.written_at_ms,
-        }
-        # The trigger's own work: planning and logging, then running to recorded — without the
-        # time a batch waited in the queue behind slower ones (that is its scheduling delay).
-        duration["triggerExecution"] = (duration["latestOffset"] + duration["walCommit"]
-                                        + batch.recorded_at_ms - batch.started_at_ms)
-        previous = batch.previous_trigger_ms
-        since_previous = (trigger_start - previous) / 1000 if previous is not None else 0.0
-        took = duration["triggerExecution"] / 1000
-        return {
-            "id": self.query_id, "runId": self.run_id, "name": self.name, "batchId": batch.batch_id,
-            "timestamp": iso_ms(trigger_start), "batchTime": batch.batch_time_ms,
-            "numInputRows": rows,
-            "inputRowsPerSecond": round(rows / since_previous, 3) if since_previous > 0 else 0.0,
-            "processedRowsPerSecond": round(rows / took, 3) if took > 0 else 0.0,
-            "durationMs": duration,
-            "schedulingDelayMs": batch.started_at_ms - batch.batch_time_ms,
-            "processingDelayMs": batch.recorded_at_ms - batch.started_at_ms,
-            "totalDelayMs": batch.recorded_at_ms - batch.batch_time_ms,
-            "rerun": batch.rerun,
-            "sources": [_source_progress(s, r, batch.source_rows(s), since_previous, took)
-                        for s, r in batch.entry.sources.items()],
-            "sink": {"description": ", ".join(sorted(self.sinks))},
-            **self._event_time(batch),
-        }
-
-    def _event_time(self, batch: Batch) -> dict[str, Any]:
-        """Structured Streaming's `eventTime` of a progress record (min, max, avg of the batch's
-        event times, the watermark it ran with), and the rows its windows found late."""
-        if self.watermarks is None:
-            return {}
-        assert batch.entry is not None
-        seen = batch.event_time
-        times = {"min": seen.min_ms, "max": seen.max_ms, "avg": seen.avg_ms, "watermark": batch.entry.watermark_ms}
-        return {"eventTime": {k: iso_ms(v) for k, v in times.items() if v is not None}, "numLateRows": batch.late_rows}
-
-
-def _source_progress(source: str, source_range: Any, rows: int, since_previous: float, took: float) -> dict[str, Any]:
-    """A source's part of a progress record, with Structured Streaming's SourceProgress keys."""
-    return {"description": source, "startOffset": source_range.start, "endOffset": source_range.end,
-            "numInputRows": rows,
-            "inputRowsPerSecond": round(rows / since_previous, 3) if since_previous > 0 else 0.0,
-            "processedRowsPerSecond": round(rows / took, 3) if took > 0 else 0.0}
-
-
-def iso_ms(ms: int) -> str:
-    """UTC ISO-8601 with milliseconds, as Structured Streaming prints progress timestamps."""
-    return _time.strftime("%Y-%m-%dT%H:%M:%S", _time.gmtime(ms / 1000)) + f".{ms % 1000:03d}Z"

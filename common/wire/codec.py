@@ -825,6 +825,12 @@ def batch_from_proto(m: cluster_pb.RunBatchesRequest) -> BatchInput:
                       dict(m.rate_limits), m.watermark_ms if m.HasField("watermark_ms") else None, lineage)
 
 
+def task_result_to_proto(attempt: job_pb.ExecutionAttemptId, error: str | None) -> cluster_pb.TaskSubmissionResult:
+    """A TaskManager's answer for one task of a SubmitTasks or RunBatches call (`attempt` as the
+    call named it): accepted unless `error` says why not."""
+    return cluster_pb.TaskSubmissionResult(attempt=attempt, accepted=error is None, error=error or "")
+
+
 def batch_tasks_from_proto(m: cluster_pb.RunBatchesRequest) -> tuple[BatchTask, ...]:
     """The tasks a RunBatches request names, each with what it reads of its inputs (the other
     half of `run_batch_to_proto`'s `tasks`)."""

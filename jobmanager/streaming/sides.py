@@ -49,12 +49,9 @@ class SourceSides:
         resolved = {n: side.batch_files(entry.sources[n]) for n, side in self.sides.items() if n in entry.sources}
         return {n: files for n, files in resolved.items() if files is not None}
 
-    def describe(self, record: dict[str, Any]) -> None:
-        """Each source's additions to its entry of a progress record (a broker's lag)."""
-        for source in record.get("sources", ()):
-            side = self.sides.get(source.get("description"))
-            if side is not None:
-                side.describe(source)
+    def progress_details(self) -> dict[str, dict[str, Any]]:
+        """What each source's side measured for its entry of a progress record (a broker's lag)."""
+        return {name: side.progress_details() for name, side in self.sides.items()}
 
     def purge(self, checkpoint: CheckpointStore, retain: int) -> int:
         """Old log entries, and what the sources kept that no retained batch reads; how many."""

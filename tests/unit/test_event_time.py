@@ -47,8 +47,8 @@ from funke.common.streaming.microbatch import (
     StartBatch,
     Started,
     WriteOffsetLog,
-    iso_ms,
 )
+from funke.common.streaming.progress import iso_ms
 from funke.common.streaming.sources import BatchInput
 from funke.common.wire.codec import batch_from_proto, io_from_proto, io_to_proto, run_batch_to_proto
 from funke.v1 import job_pb2 as job_pb
