@@ -57,9 +57,6 @@ class DecodedVertices:
         else:
             self._by_job.clear()
 
-    def __len__(self) -> int:
-        return len(self._by_job)
-
 
 class Served(Protocol):
     """What the service needs of the TaskExecutor (its whole seam): the core's events go through

@@ -242,3 +242,19 @@ def test_a_refused_progress_report_fails_the_task_here_and_its_refused_end_lets_
         await until("the task let go", lambda: not x.core.tasks)
 
     run(scenario)
+
+
+def test_a_jobs_vertex_is_decoded_once_and_forgotten_when_the_core_drops_the_job():
+    from funke.common.wire.codec import vertex_to_proto
+    from funke.taskmanager.taskexecutorservice import DecodedVertices
+
+    vertices = DecodedVertices()
+    m = vertex_to_proto(deployment().vertex)
+    first = vertices.get("job-1", m)
+    assert first == deployment().vertex and vertices.get("job-1", m) is first  # the P subtasks share it
+    other = vertices.get("job-2", m)
+    assert other is not first
+    vertices.drop("job-1")
+    assert vertices.get("job-1", m) is not first and vertices.get("job-2", m) is other
+    vertices.drop()  # "" : every job
+    assert vertices.get("job-2", m) is not other
