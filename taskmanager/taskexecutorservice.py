@@ -1,9 +1,11 @@
 """The TaskExecutor gRPC service of a TaskManager (with its health service): each RPC is decoded
-(`common/wire/codec.py`) into events for the TaskManager's core (`common/task/taskexecutorstate.py`),
-fed through the TaskExecutor (`taskexecutor.py`), whose loop it runs on. Bulk RPCs (a SubmitTasks
-of 500 deployments, an update that completes thousands of gates) are fed in slices, so heartbeats
-are never starved. A call that names a registration not known yet first waits for it (the
-registration core says how long: the JobManager's calls can overtake its answer to us)."""
+(`common/wire/codec.py`, which also builds the answers) into events for the TaskManager's core
+(`common/task/taskexecutorevents.py`), fed through the TaskExecutor (`taskexecutor.py`, through its
+seam: `Served`), whose loop it runs on. A job's vertices are decoded once (`DecodedVertices`).
+Bulk RPCs (a SubmitTasks of 500 deployments, an update that completes thousands of gates) are fed
+in slices, so heartbeats are never starved. A call that names a registration not known yet first
+waits for it (the registration core says how long: the JobManager's calls can overtake its answer
+to us)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from funke.common.task import taskexecutorstate as core
+from funke.common.task import taskexecutorevents as core
 from funke.common.wire import codec
 from funke.runtime import security
 from funke.runtime.rpc import MESSAGE_SIZE_OPTIONS, add_service, host_port
