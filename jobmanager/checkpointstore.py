@@ -76,7 +76,7 @@ from funke.runtime.hafilesystem import create_once, holder_gone, process_identit
 METADATA = "metadata"
 OFFSETS = "offsets"
 COMMITS = "commits"
-SOURCES = "sources"
+SOURCES_DIR = "sources"
 LEASE = "lease"
 _OLD_EPOCHS_KEPT = 2  # the leases of the epochs just before the current one stay, for a reader
 DEFAULT_MIN_BATCHES_TO_RETAIN = 100  # Structured Streaming's spark.sql.streaming.minBatchesToRetain
@@ -317,7 +317,7 @@ class CheckpointStore:
 
     def _source_log(self, source: str) -> str:
         ids.require_path_id(source, "source name")
-        return os.path.join(self.root, SOURCES, source, "seen")
+        return os.path.join(self.root, SOURCES_DIR, source, "seen")
 
     def seen_files(self, source: str) -> list[str]:
         """A file source's seen-files log: every file it took, in the order taken."""

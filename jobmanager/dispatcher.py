@@ -43,7 +43,8 @@ from funke.common.scheduling.scheduler import FinishedSubtask, Scheduler
 from funke.common.states import JobStatus
 from funke.common.graph.streamingjob import CHECKPOINT, checkpoint_location, is_streaming_query, rescaled
 from funke.common.graph.validation import Problem, ValidationContext, describe_problems, find_problems
-from funke.common.wire.codec import DeploymentEncoder, WireError, job_graph_from_proto, job_graph_to_proto
+from funke.common.wire.codec import (DeploymentEncoder, WireError, job_graph_from_proto, job_graph_to_proto,
+                                     job_status_from_proto)
 from funke.common.graph.executiongraph import Incarnation
 from funke.runtime import gcpolicy
 from funke.runtime.hafilesystem import Fenced, JobResult
@@ -700,7 +701,7 @@ def _archived_to_bytes(entry: ArchivedJob) -> bytes:
 def _archived_from_bytes(job_id: str, data: bytes) -> ArchivedJob | None:
     try:
         m = ha_pb2.ArchivedJob.FromString(data)
-        status = JobStatus[job_pb2.JobStatus.Name(m.details.status).removeprefix("JOB_STATUS_")]
+        status = job_status_from_proto(m.details.status)
     except Exception as exc:  # a torn or foreign file: the job's result still refuses its id
         log.warning("job %s: its archive in the HA store cannot be read (%s); not shown", job_id, exc)
         return None

@@ -35,8 +35,9 @@ from funke.common.graph.streamingjob import (
 from funke.common.scheduling import queryrun as qr
 from funke.common.states import JobStatus
 from funke.common.streaming import microbatch as mb
+from funke.common.streaming import progress
 from funke.common.streaming.checkpoint import CommitEntry, OffsetEntry
-from funke.common.streaming.sources import SOURCES
+from funke.common.streaming.sources import SOURCE_PLUGINS
 from funke.common.wire import codec
 from funke.jobmanager.checkpointstore import CheckpointStore
 from funke.jobmanager.streaming.sides import SinkSides, SourceSides
@@ -106,7 +107,7 @@ class StreamingQuery:
         # backpressure's estimators and rate limits (streaming.backpressure.enabled), and what
         # each receiver read of batches not recorded yet
         self._receivers = {v.id: v.parallelism for v in stream_sources(graph.job_graph)
-                           if SOURCES[v.operators[0].kind].receiver}
+                           if SOURCE_PLUGINS[v.operators[0].kind].receiver}
         self._carried = qr.Carried()
 
     @property
@@ -146,7 +147,7 @@ class StreamingQuery:
     def on_batch_report(self, attempt: ExecutionAttemptId, batch_id: int, schemas: dict[str, str],
                         input_rows: int | None = None, io: TaskIo | None = None) -> None:
         if self._run is not None:
-            self._handle(self._run, qr.BatchReported(
+            self._handle(self._run, qr.BatchWritten(
                 attempt, batch_id, schemas, input_rows, self._now(), f"report-{attempt}-{batch_id}",
                 io.state if io is not None else None, dict(io.event_time) if io is not None else {},
                 io.late_rows if io is not None else 0, io.seconds if io is not None else None))
@@ -328,14 +329,14 @@ class StreamingQuery:
                 run.timer = asyncio.get_running_loop().call_later(delay, self._tick, run, at)
             case qr.Publish():
                 if action.kind == "QueryProgress":
-                    run.sources.describe(action.info)  # a broker's lag, as its side measured it
+                    progress.add_source_details(action.info, run.sources.progress_details())  # a broker's lag
                     self.progress.append(action.info)
                 self._on_event(action)
             case qr.SendRateLimits(task_manager_id=tm):
                 gateway = self.rm.gateway(tm)
                 if gateway is not None:
                     gateway.set_rate_limits(self.job_id, [(codec.attempt_to_proto(a), r) for a, r in action.rates])
-            case qr.FinishTasks(task_manager_id=tm):
+            case qr.SendFinish(task_manager_id=tm):
                 gateway = self.rm.gateway(tm)
                 if gateway is not None:
                     gateway.finish_tasks(self.job_id, [codec.attempt_to_proto(a) for a in action.attempts])

@@ -18,7 +18,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
-import os
 import secrets
 import time
 from typing import Any, Awaitable, Callable, Protocol
@@ -33,8 +32,6 @@ from funke.runtime import datafs
 from funke.runtime.haservices import ha_services
 from funke.runtime.rpc import advertised_host, host_port
 from funke.taskmanager.jobmanagergateway import GatewayError, JobManagerGateway, RegistrationRequest
-from funke.common.task.taskexecutorstate import TaskExecutorState
-from funke.taskmanager.sparkruntime import SparkRuntime, available_cores
 from funke.taskmanager.taskexecutorconfig import TaskExecutorConfig
 
 log = logging.getLogger("funke.taskmanager")
@@ -47,17 +44,17 @@ HEALTH_SERVICES = ("", "funke.v1.TaskExecutor")  # SERVING while registered
 
 
 class Registrant(Protocol):
-    """What the connection needs of its TaskManager (the TaskExecutor)."""
+    """What the connection needs of its TaskManager (the TaskExecutor): the whole seam."""
 
     id: str
     config: TaskExecutorConfig
-    core: TaskExecutorState
-    sparks: SparkRuntime
     address: str | None  # where the JobManager calls it: set by each attempt
     bound_port: int
-    metrics_url: str
-    started_at: float
-    spark_ready_at: float
+
+    @property
+    def registration_id(self) -> str: ...  # the registration its task core knows ("" before the first)
+
+    def resources(self) -> dict[str, str]: ...  # sent with each registration
 
     def jobmanager_registered(self, registration: Registration) -> None: ...
 
@@ -69,7 +66,7 @@ class Registrant(Protocol):
 class JobManagerConnection:
     def __init__(self, executor: Registrant, gateway: JobManagerGateway | None,
                  health_servicer: health.aio.HealthServicer, ha: Any = None):
-        self._x = executor
+        self._executor = executor
         self.gateway = gateway  # the gRPC one, set by the TaskExecutor's start, unless one is given
         self._health = health_servicer
         cfg = executor.config
@@ -93,7 +90,7 @@ class JobManagerConnection:
     @property
     def address(self) -> str:
         """The JobManager's; with high availability the leader's, as last looked up."""
-        return self.gateway.address if self.gateway is not None else self._x.config.jobmanager_address
+        return self.gateway.address if self.gateway is not None else self._executor.config.jobmanager_address
 
     def accepted_tokens(self, realm: Realm) -> tuple[str, ...]:
         return (self.token,) if realm is Realm.REGISTRATION and self.token else ()
@@ -134,7 +131,7 @@ class JobManagerConnection:
         """A JobManager call naming a registration this TaskManager does not know yet may have
         overtaken the answer to our registration: the core says how long to wait for it."""
         for i in self.core.handle(reg.CallArrived(registration_id), asyncio.get_running_loop().time()):
-            if isinstance(i, reg.AwaitRegistration) and registration_id != self._x.core.registration_id:
+            if isinstance(i, reg.AwaitRegistration) and registration_id != self._executor.registration_id:
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self.registered.wait(), i.timeout_s)
 
@@ -163,7 +160,7 @@ class JobManagerConnection:
 
     async def _register(self, address: str, epoch: int | None) -> None:
         assert self.gateway is not None
-        x, cfg = self._x, self._x.config
+        x, cfg = self._executor, self._executor.config
         if address:
             if self.gateway.address != address:
                 log.info("TaskManager %s follows the leader to %s", x.id, address)
@@ -176,7 +173,7 @@ class JobManagerConnection:
         # (the one registered with before, a deposed leader included, no longer can).
         self.token = secrets.token_hex(TOKEN_BYTES)
         answer = asyncio.ensure_future(self.gateway.register(RegistrationRequest(
-            x.id, x.address, len(x.core.slots), self._resources(), self.token), RPC_TIMEOUT_S))
+            x.id, x.address, cfg.number_of_slots, x.resources(), self.token), RPC_TIMEOUT_S))
         try:
             while epoch is not None and not answer.done():
                 await asyncio.wait({answer}, timeout=LEADER_POLL_S)
@@ -197,17 +194,6 @@ class JobManagerConnection:
                 log.error("TaskManager %s: the JobManager's data directory is out of reach here: %s", x.id, e)
         self._post(reg.RegistrationAccepted(registration, self.address))
 
-    def _resources(self) -> dict[str, str]:
-        x = self._x
-        return {
-            "cores": str(available_cores()),
-            "spark_master": x.sparks.target() if x.config.use_spark else "",
-            "pid": str(os.getpid()),
-            "metrics": x.metrics_url,
-            "started_at": f"{x.started_at:.3f}",
-            "spark_ready_at": f"{x.spark_ready_at:.3f}" if x.spark_ready_at else "",
-        }
-
     async def _abandon_attempt(self, i: reg.AbandonAttempt) -> None:
         if self._attempt is not None:
             self._attempt.cancel()
@@ -222,23 +208,23 @@ class JobManagerConnection:
     async def _now_registered(self, i: reg.Registered) -> None:
         r = i.registration
         log.info("TaskManager %s registered with the JobManager at %s as %s (%d slots, address %s, "
-                 "heartbeat every %g s, data dir %s)", self._x.id, self.address, r.registration_id,
-                 len(self._x.core.slots), self._x.address, r.heartbeat_interval_s,
-                 self._x.config.data_dir or r.data_dir or "(default)")
-        cfg = self._x.config
+                 "heartbeat every %g s, data dir %s)", self._executor.id, self.address, r.registration_id,
+                 self._executor.config.number_of_slots, self._executor.address, r.heartbeat_interval_s,
+                 self._executor.config.data_dir or r.data_dir or "(default)")
+        cfg = self._executor.config
         on_cluster = bool(cfg.spark_master) and not cfg.spark_master.startswith("local") and not cfg.spark_remote
         if i.first and cfg.use_spark and on_cluster and r.heartbeat_timeout_s != cfg.heartbeat_timeout_s:
             # Spark's network timeouts were derived from this TaskManager's own setting when its
             # session started, before the JobManager could tell its own.
             log.warning("TaskManager %s: the JobManager gives a silent TaskManager up after %g s (heartbeat.timeout), "
                         "this TaskManager's Spark network timeouts were derived from %g s: give it the JobManager's "
-                        "-D heartbeat.timeout (or the same --config)", self._x.id, r.heartbeat_timeout_s,
+                        "-D heartbeat.timeout (or the same --config)", self._executor.id, r.heartbeat_timeout_s,
                         cfg.heartbeat_timeout_s)
-        self._x.jobmanager_registered(r)
+        self._executor.jobmanager_registered(r)
         self.registered.set()
         await self._serving(health_pb2.HealthCheckResponse.SERVING)
         if i.first:
-            self._x.registered_first_time()
+            self._executor.registered_first_time()
         self._heartbeat_due = asyncio.Event()
         self._heartbeats = self._spawn(self._heartbeat(r, self._heartbeat_due), "heartbeat")
 
@@ -286,7 +272,7 @@ class JobManagerConnection:
             self._heartbeats = self._heartbeat_due = None
         self.registered.clear()
         await self._serving(health_pb2.HealthCheckResponse.NOT_SERVING)
-        self._x.jobmanager_lost(i.reason)
+        self._executor.jobmanager_lost(i.reason)
         if self.gateway is not None:
             # Its reports are for the registration just lost: waiting out the RPC timeout of a
             # JobManager that does not answer would hold back the next registration's.

@@ -179,6 +179,12 @@ class SparkRuntime:
             jvm_archive=jvmarchive.java_option(archive) if archive is not None else None,
             heartbeat_interval_s=cfg.heartbeat_interval_s, heartbeat_timeout_s=cfg.heartbeat_timeout_s)
 
+    async def start(self) -> SparkSession:
+        """The session for the TaskManager's life, created (with the task runtime loaded) in a
+        daemon thread; held as `session` from then on."""
+        self.session = await in_daemon_thread(self.create_with_task_runtime, "spark-start")
+        return self.session
+
     def create_with_task_runtime(self) -> SparkSession:
         """Blocking: the session, then the task runtime (the operators; PySpark is loaded by then:
         importing it from two threads at once is not safe), off the loop, before the first task."""

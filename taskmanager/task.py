@@ -582,7 +582,7 @@ class StreamTask(Task):
     def _start_receiver(self, chain: _Chain) -> SocketReceiver | None:
         """A receiver source's receiver, started once the task is RUNNING (taskmanager/receiver.py)."""
         head = chain.vertex.operators[0]
-        source = streaming.SOURCES.get(head.kind)
+        source = streaming.TASK_SOURCES.get(head.kind)
         if source is None or source.receiver is None:
             return None
         checkpoint = self.deployment.job_options.get(CHECKPOINT, "")

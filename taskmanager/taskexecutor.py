@@ -18,6 +18,15 @@ instructions, like the JobMaster does for the scheduler:
 - the SparkSession, its warm-up, its renewal on Spark Connect and the scratch directory are
   `sparkruntime.py`'s.
 
+Its peers reach it through one narrow seam, as dask's BaseWorker is reached around its
+WorkerState: `handle(event)` feeds the task core (with `stimulus(kind)` for a stimulus id the
+call does not bring), `release_partitions(event)` feeds a release and waits for its deletions,
+`vertices` is the service's cache of decoded job vertices (emptied by the core's DropJob),
+`registration_id` and `resources()` are what the JobManager connection registers with, and
+`jobmanager_registered` / `registered_first_time` / `jobmanager_lost` are what it tells back.
+The service's and the connection's Protocols (`Served`, `Registrant`) name exactly that; nothing
+else of the TaskExecutor is theirs to touch.
+
 Everything runs on one asyncio loop (Flink's main-thread model); blocking work leaves it (task
 threads, creating and stopping the SparkSession, deleting directories, talking to the JVM).
 """
@@ -42,7 +51,6 @@ from grpc_health.v1 import health
 
 from funke.common.graph.deployment import ProducedPartition
 from funke.common.graph.executiongraph import FailureInfo, TaskIo
-from funke.common.graph.jobgraph import JobVertex
 from funke.common.states import ExecutionState
 from funke.common.task import taskexecutorstate as core
 from funke.common.task.registration import Registration
@@ -50,13 +58,14 @@ from funke.common.task.taskexecutorstate import TaskExecutorState, TaskKey
 from funke.runtime import datafs
 from funke.runtime.rpc import advertised_host, host_port
 from funke.taskmanager import sparksession, taskexecutorservice
+from funke.taskmanager.taskexecutorservice import DecodedVertices
 from funke.taskmanager.grpcgateway import GrpcJobManagerGateway
 from funke.taskmanager.jobmanagerconnection import JobManagerConnection
 from funke.taskmanager.jobmanagergateway import JobManagerGateway
 from funke.taskmanager.loopinbox import LoopInbox
 from funke.taskmanager.metrics import TaskMetrics
 from funke.taskmanager.reporter import TaskStateReporter
-from funke.taskmanager.sparkruntime import SparkRuntime, StartupError, in_daemon_thread
+from funke.taskmanager.sparkruntime import SparkRuntime, StartupError, available_cores
 from funke.taskmanager.taskexecutorconfig import TaskExecutorConfig, process_started_at
 
 if TYPE_CHECKING:
@@ -109,13 +118,12 @@ class TaskExecutor:
                                       data_dir=config.data_dir or "")
         self._stimuli = itertools.count(1)
         self._tasks: dict[TaskKey, Task] = {}  # Spark tasks whose threads run
-        # Decoded vertices per job: the P subtasks of a vertex carry the same JobVertex.
-        self._vertices: dict[str, dict[str, JobVertex]] = {}
+        self.vertices = DecodedVertices()  # filled by the service, emptied by the core's DropJob
         self._threads_running = 0
         self._threads_idle = asyncio.Event()
         self._threads_idle.set()
         self._timers: set[asyncio.TimerHandle] = set()
-        self._deletions: list[asyncio.Future[None]] = []  # started by the event being handled
+        self._deletions: list[asyncio.Future[None]] = []  # started by the event being handled (a release)
         self.metrics = TaskMetrics(self.id, self._slot_counts)
         self._metrics_server: MetricsServer | None = None
         self.metrics_url = ""
@@ -123,13 +131,13 @@ class TaskExecutor:
         self._inbox = LoopInbox()  # what task threads tell the loop
         self._to_loop = self._inbox.post
 
-        self.reporter = TaskStateReporter(self.core, self._handle, self._stimulus,
+        self.reporter = TaskStateReporter(self.core, self.handle, self.stimulus,
                                           lambda: self.connection.gateway)
 
         self._jobmanager_data_dir = ""  # from the last registration; kept while re-registering
         self.address: str | None = None
         self.bound_port = 0
-        self.sparks = SparkRuntime(config)
+        self.spark_runtime = SparkRuntime(config)
         # Start-up steps (epoch seconds), shown with the registration (resources): when the
         # process started and when its SparkSession was ready (0: no Spark).
         self.started_at = process_started_at()
@@ -143,10 +151,11 @@ class TaskExecutor:
 
     # ------------------------------------------------------------------ the core
 
-    def _stimulus(self, kind: str) -> str:
+    def stimulus(self, kind: str) -> str:
+        """A new stimulus id for an event this TaskManager makes up itself."""
         return f"{self.id}:{kind}-{next(self._stimuli)}"
 
-    def _handle(self, event: core.Event) -> list[core.Instruction]:
+    def handle(self, event: core.Event) -> list[core.Instruction]:
         """Feed the core one event and carry out its instructions (those answering an RPC are
         also returned, for the caller to read)."""
         instructions = self.core.handle(event, time.time())
@@ -154,9 +163,19 @@ class TaskExecutor:
             _INSTRUCTIONS[type(instruction)](self, instruction)
         return instructions
 
+    async def release_partitions(self, event: core.ReleasePartitions) -> None:
+        """Feed the core a ReleasePartitions and wait until the partition directories it says to
+        delete are deleted (the ReleasePartitions call answers then)."""
+        self._deletions = []
+        try:
+            self.handle(event)
+        finally:
+            deletions, self._deletions = self._deletions, []
+        await asyncio.gather(*deletions, return_exceptions=True)
+
     def _start_task(self, i: core.StartTask) -> None:
         key = i.key
-        self.sparks.task_starting()
+        self.spark_runtime.task_starting()
 
         name = i.deployment.task_name
         operators = tuple(op.display_name for op in i.deployment.vertex.operators)
@@ -185,8 +204,8 @@ class TaskExecutor:
             thread.start()
         except RuntimeError as e:  # out of threads
             del self._tasks[key]
-            self._handle(core.TaskReported(key, ExecutionState.FAILED, FailureInfo(
-                "TaskManagerError", f"could not start a thread for the task: {e}"), (), self._stimulus("thread")))
+            self.handle(core.TaskReported(key, ExecutionState.FAILED, FailureInfo(
+                "TaskManagerError", f"could not start a thread for the task: {e}"), (), self.stimulus("thread")))
             return
         self._threads_running += 1
         self._threads_idle.clear()
@@ -258,16 +277,13 @@ class TaskExecutor:
 
         def fire() -> None:
             self._timers.discard(handle)
-            self._handle(core.TimerFired(i.timer, self._stimulus("timer")))
+            self.handle(core.TimerFired(i.timer, self.stimulus("timer")))
 
         handle = self._loop.call_later(i.delay_s, fire)
         self._timers.add(handle)
 
     def _drop_job(self, i: core.DropJob) -> None:
-        if i.job_id:
-            self._vertices.pop(i.job_id, None)
-        else:
-            self._vertices.clear()
+        self.vertices.drop(i.job_id)
 
     def _nothing(self, i: core.Instruction) -> None:
         """Answers are read by the RPC that gets them back; when to register again is the
@@ -277,7 +293,7 @@ class TaskExecutor:
 
     @property
     def spark(self) -> SparkSession | None:
-        return self.sparks.session
+        return self.spark_runtime.session
 
     @property
     def data_dir(self) -> str:
@@ -326,11 +342,10 @@ class TaskExecutor:
             # up). Not beside the gRPC servers being set up: PySpark forks spark-submit with a
             # preexec_fn, and a fork while other threads call into gRPC skips gRPC's fork handlers
             # (seen: the launch failing, the TaskManager's epoll set broken).
-            log.info("TaskManager %s: starting Spark (%s)", self.id, self.sparks.target())
+            log.info("TaskManager %s: starting Spark (%s)", self.id, self.spark_runtime.target())
             asked = time.time()
-            spark_starting = in_daemon_thread(self.sparks.create_with_task_runtime, "spark-start")
             # Registered only once the session is up: every task it is sent can run at once.
-            self.sparks.session = await spark_starting
+            await self.spark_runtime.start()
             self.spark_ready_at = time.time()
             log.info("TaskManager %s: Spark session ready in %.1f s (%.1f s after the process started)", self.id,
                      self.spark_ready_at - asked, self.spark_ready_at - self.started_at)
@@ -346,7 +361,7 @@ class TaskExecutor:
         ]
         for task in self._background:
             task.add_done_callback(self._background_ended)
-        self.sparks.watch()
+        self.spark_runtime.watch()
         # What exists now (modules, PySpark, the SparkSession, the server) lives as long as the
         # process: out of the cycle collector's sight, a full collection no longer scans it all on
         # the loop (100-200 ms with thousands of tasks deployed, measured, for nothing to free).
@@ -389,11 +404,11 @@ class TaskExecutor:
     async def shutdown(self) -> None:
         if self._stopping:
             return
-        self._stopping = self.sparks.closing = True  # no Spark Connect session is renewed from now on
+        self._stopping = self.spark_runtime.closing = True  # no Spark Connect session is renewed from now on
         log.info("TaskManager %s shutting down", self.id)
         if self._server is not None:
             await self._health.enter_graceful_shutdown()
-        self._handle(core.ShutdownRequested(f"TaskManager {self.id} is shutting down", self._stimulus("shutdown")))
+        self.handle(core.ShutdownRequested(f"TaskManager {self.id} is shutting down", self.stimulus("shutdown")))
         try:
             await asyncio.wait_for(self._threads_idle.wait(), _TASK_CANCEL_GRACE_S)
         except TimeoutError:
@@ -407,7 +422,7 @@ class TaskExecutor:
 
         for handle in self._timers:
             handle.cancel()
-        self.sparks.close()
+        self.spark_runtime.close()
         # Closing the heartbeat stream tells the JobManager at once that we are gone.
         for background in self._background:
             background.cancel()
@@ -416,7 +431,7 @@ class TaskExecutor:
             await self._server.stop(_SERVER_GRACE_S)
         if self._metrics_server is not None:
             await self._metrics_server.stop()
-        await self.sparks.stop()
+        await self.spark_runtime.stop()
         await self.connection.close()
         log.info("TaskManager %s stopped", self.id)
 
@@ -430,6 +445,22 @@ class TaskExecutor:
     def jobmanager_address(self) -> str:
         return self.connection.address
 
+    @property
+    def registration_id(self) -> str:
+        """The registration the task core knows ("" before the first)."""
+        return self.core.registration_id
+
+    def resources(self) -> dict[str, str]:
+        """What this TaskManager tells the JobManager of itself with each registration."""
+        return {
+            "cores": str(available_cores()),
+            "spark_master": self.spark_runtime.target() if self.config.use_spark else "",
+            "pid": str(os.getpid()),
+            "metrics": self.metrics_url,
+            "started_at": f"{self.started_at:.3f}",
+            "spark_ready_at": f"{self.spark_ready_at:.3f}" if self.spark_ready_at else "",
+        }
+
     def _slot_counts(self) -> tuple[int, int, int]:
         """(slots, free slots, tasks running), for the metrics."""
         slots = self.core.slot_report()
@@ -438,8 +469,8 @@ class TaskExecutor:
     def jobmanager_registered(self, registration: Registration) -> None:
         if registration.data_dir:
             self._jobmanager_data_dir = registration.data_dir
-        self._handle(core.JobManagerRegistered(registration.registration_id, self.data_dir,
-                                               self._stimulus("registered")))
+        self.handle(core.JobManagerRegistered(registration.registration_id, self.data_dir,
+                                               self.stimulus("registered")))
 
     def registered_first_time(self) -> None:
         if self._on_registered is not None:
@@ -448,7 +479,7 @@ class TaskExecutor:
     def jobmanager_lost(self, reason: str) -> None:
         log.warning("TaskManager %s lost the JobManager (%s): cancelling and forgetting %d task(s), "
                     "registering again", self.id, reason, self.core.live_tasks())
-        self._handle(core.JobManagerLost(reason, self._stimulus("jobmanager-lost")))
+        self.handle(core.JobManagerLost(reason, self.stimulus("jobmanager-lost")))
         self.reporter.drop_stale()
 
     # ------------------------------------------------------------------ task threads and the inbox
@@ -469,7 +500,7 @@ class TaskExecutor:
         a new one if it restarted (`SparkRuntime.session_for_attempt`). A task cancelled while
         it waits stops waiting (its run ends CANCELED at once)."""
         assert self._loop is not None
-        future = asyncio.run_coroutine_threadsafe(self.sparks.session_for_attempt(), self._loop)
+        future = asyncio.run_coroutine_threadsafe(self.spark_runtime.session_for_attempt(), self._loop)
         while True:
             try:
                 return future.result(timeout=_SESSION_CHECK_POLL_S)
@@ -489,7 +520,7 @@ class TaskExecutor:
         if task.spark is None or task.cancelled or self._stopping:
             return False
         assert self._loop is not None
-        future = asyncio.run_coroutine_threadsafe(self.sparks.server_stopping(task.spark), self._loop)
+        future = asyncio.run_coroutine_threadsafe(self.spark_runtime.server_stopping(task.spark), self._loop)
         while True:
             try:
                 return future.result(timeout=_SESSION_CHECK_POLL_S)
@@ -510,7 +541,7 @@ class TaskExecutor:
         log.warning("%s: the Spark Connect server stopped under it; its failure is reported once the server is "
                     "back (at most %g s)", task.name, sparksession.SERVER_RESTART_WAIT_S)
         future = asyncio.run_coroutine_threadsafe(
-            self.sparks.server_back(task.spark, sparksession.SERVER_RESTART_WAIT_S), self._loop)
+            self.spark_runtime.server_back(task.spark, sparksession.SERVER_RESTART_WAIT_S), self._loop)
         while True:
             try:
                 back = future.result(timeout=_SESSION_CHECK_POLL_S)
@@ -531,23 +562,23 @@ class TaskExecutor:
                        operators: tuple[str, ...] = ()) -> None:
         if io is not None:
             self.metrics.task_finished(key, name, io, operators)
-        self._handle(core.TaskReported(key, state, failure, produced, self._stimulus("report"), io))
+        self.handle(core.TaskReported(key, state, failure, produced, self.stimulus("report"), io))
         if state is ExecutionState.FAILED and self.config.spark_remote:
-            self.sparks.renew_closed_connect_session()
+            self.spark_runtime.renew_closed_connect_session()
 
     def _batch_reported(self, key: TaskKey, batch_id: int, produced: tuple[ProducedPartition, ...],
                         input_rows: int | None, io: TaskIo | None = None, name: str = "",
                         operators: tuple[str, ...] = ()) -> None:
         if io is not None:
             self.metrics.batch_done(key, name, io, operators)
-        self._handle(core.BatchReported(key, batch_id, produced, self._stimulus("batch"), input_rows, io))
+        self.handle(core.BatchReported(key, batch_id, produced, self.stimulus("batch"), input_rows, io))
 
     def _thread_exited(self, key: TaskKey, error: FailureInfo | None) -> None:
         self._tasks.pop(key, None)
         self._threads_running -= 1
         if self._threads_running == 0:
             self._threads_idle.set()
-        self._handle(core.TaskThreadExited(key, error, self._stimulus("thread-exit")))
+        self.handle(core.TaskThreadExited(key, error, self.stimulus("thread-exit")))
 
     async def _report_loop(self) -> None:
         await self.reporter.run()

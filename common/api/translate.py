@@ -19,7 +19,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from funke.common import ids
 from funke.common.graph.jobgraph import (
     BATCH_SHUFFLE_MODE,
     DEFAULT_SLOT_SHARING_GROUP,

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from funke.common.streaming import microbatch as mb
 from funke.common.streaming.eventtime import POLICIES, WATERMARK, WATERMARK_POLICY, operator_id, window_problem
-from funke.common.streaming.sources import RECEIVER_KINDS, SOURCES, STREAM_FILE_KINDS  # noqa: F401 (re-exported)
+from funke.common.streaming.sources import RECEIVER_KINDS, SOURCE_PLUGINS, STREAM_FILE_KINDS  # noqa: F401 (re-exported)
 from funke.common.streaming.sources.receiver import SOCKET  # noqa: F401
 from funke.common.streaming.sources.rate import RATE  # noqa: F401
 from funke.common.streaming.sources.redis import REDIS  # noqa: F401
@@ -51,8 +51,8 @@ from funke.common.graph.jobgraph import (
 )
 from funke.common.graph.operators import CATALOGUE, ELIDED_EXCHANGE, OperatorRole
 
-# The stream sources are the registry's (`funke.common.streaming.sources.SOURCES`, by operator kind)
-STREAM_SOURCE_KINDS = frozenset(SOURCES)
+# The stream sources are the registry's (`funke.common.streaming.sources.SOURCE_PLUGINS`, by operator kind)
+STREAM_SOURCE_KINDS = frozenset(SOURCE_PLUGINS)
 STREAM_ONLY_SINK_KINDS = frozenset({"sink.foreach_batch", "sink.redis"})
 
 TRIGGER = "streaming.trigger"

@@ -36,10 +36,12 @@ from funke.common.graph.executiongraph import ExecutionAttemptId, ExecutionGraph
 from funke.common.graph.streamingjob import DEFAULT_RETAIN, RUNNING_KINDS
 from funke.common.scheduling.batchflow import BatchFlow, Dispatch, InputRead, SinkStarted, SinkWritten, Step
 from funke.common.streaming import microbatch as mb
+from funke.common.streaming import progress
+from funke.common.streaming.progress import PROGRESS_KEPT, VertexTimes
 from funke.common.streaming.backpressure import RateEstimator
-from funke.common.streaming.checkpoint import CommitEntry, OffsetEntry, SourceRange
+from funke.common.streaming.checkpoint import CommitEntry, OffsetEntry
 from funke.common.streaming.eventtime import EventTimeStats, WatermarkTracker
-from funke.common.streaming.sources import BatchInput, ReceiverSource
+from funke.common.streaming.sources import BatchInput
 from funke.common.streaming.state import StateLineage, StateMetrics, legacy_lineage, run_token
 
 # The coordinator's events and actions that pass through unchanged (with their stimulus_id)
@@ -47,9 +49,6 @@ from funke.common.streaming.microbatch import (  # noqa: F401
     CaptureTargets, CommitLogged, OffsetsAnswered, OffsetsLogged, Publish, QueryOffsets, SetTimer,
     SinksCommitted, StopRequested, TargetsCaptured, Terminate, Tick, WriteCommitLog, WriteOffsetLog,
 )
-
-PROGRESS_KEPT = mb.PROGRESS_KEPT
-
 
 # ------------------------------------------------------------------------------------ events in
 
@@ -77,7 +76,7 @@ class BatchInputResolved:
 
 
 @dataclass(frozen=True, slots=True)
-class BatchReported:
+class BatchWritten:
     """Subtask `attempt` wrote batch `batch_id`; `schemas`: data set -> schema of what it wrote;
     `input_rows`: the rows its stream sources read (None: not counted); `state`: its keyed
     operator's state after the batch (None: it has none); `event_time`: per watermark operator
@@ -96,7 +95,7 @@ class BatchReported:
     seconds: float | None = None
 
 
-Event = (RunStarted | Tick | OffsetsAnswered | TargetsCaptured | OffsetsLogged | BatchInputResolved | BatchReported
+Event = (RunStarted | Tick | OffsetsAnswered | TargetsCaptured | OffsetsLogged | BatchInputResolved | BatchWritten
          | SinksCommitted | CommitLogged | StopRequested)
 _PASSED_ON = (Tick, OffsetsAnswered, TargetsCaptured, OffsetsLogged, SinksCommitted, CommitLogged, StopRequested)
 
@@ -142,7 +141,7 @@ class SendRateLimits:
 
 
 @dataclass(frozen=True, slots=True)
-class FinishTasks:
+class SendFinish:
     """The query ended: these tasks on one TaskManager end FINISHED once their batches are done."""
     task_manager_id: str
     attempts: tuple[ExecutionAttemptId, ...]
@@ -150,25 +149,7 @@ class FinishTasks:
 
 
 Action = (QueryOffsets | CaptureTargets | WriteOffsetLog | ResolveBatchInput | RunTasks | CommitSinks | WriteCommitLog
-          | SetTimer | Publish | SendRateLimits | FinishTasks | Terminate)
-
-
-@dataclass
-class VertexTimes:
-    """One vertex's part of a batch, in ms of the run's clock: when its tasks were sent the
-    batch, when the last of its subtasks' reports arrived, and the longest any subtask said it
-    ran the batch (the rest of dispatched..reported is the hops there and back and the wait
-    for a Spark task thread)."""
-    dispatched_ms: int
-    reported_ms: int | None = None
-    task_ms: float = 0.0
-
-    def progress(self, first_dispatch_ms: int) -> dict[str, float]:
-        out = {"dispatchedMs": self.dispatched_ms - first_dispatch_ms, "taskMs": round(self.task_ms, 1)}
-        if self.reported_ms is not None:
-            out["reportedMs"] = self.reported_ms - first_dispatch_ms
-            out["overheadMs"] = round(max(0.0, self.reported_ms - self.dispatched_ms - self.task_ms), 1)
-        return out
+          | SetTimer | Publish | SendRateLimits | SendFinish | Terminate)
 
 
 @dataclass
@@ -310,7 +291,7 @@ class QueryRun:
             batch = BatchInput(entry.batch_id, entry.batch_time_ms, dict(entry.sources), dict(event.files),
                                watermark_ms=entry.watermark_ms, state=self.lineage)
             return self._steps(event.batch_id, self.flow.start(batch), event.now_ms, event.stimulus_id)
-        if isinstance(event, BatchReported):
+        if isinstance(event, BatchWritten):
             if event.batch_id not in self.flow.in_flight:
                 return []
             if not self.flow.accepts(event.attempt, event.batch_id):
@@ -337,19 +318,17 @@ class QueryRun:
         for action in self.coordinator.handle(event):
             sid = action.stimulus_id
             match action:
-                case mb.RunBatch(entry=entry):
+                case mb.StartBatch(entry=entry):
                     self._entries[entry.batch_id] = entry
                     out.append(ResolveBatchInput(entry, sid))
-                case mb.CommitSinks(batch_id=b):
+                case mb.CommitBatch(batch_id=b):
                     out.append(CommitSinks(b, {s: self.flow.sink_attempts(s) for s in self.sinks}, sid))
                 case mb.WriteCommitLog(entry=entry) if self.lineage is not None:
                     # the batch's state files are this run's: from now on its batches read them
                     self.lineage = self.lineage.committed(entry.batch_id, self.keyed, self.retain)
                     out.append(dataclasses.replace(action, entry=dataclasses.replace(entry, state=self.lineage)))
                 case mb.Publish(kind="QueryProgress"):
-                    self._describe_receivers(action.info)
-                    self._describe_state(action.info)
-                    self._describe_vertices(action.info)
+                    self._add_to_progress(action.info)
                     out.append(action)
                     out.extend(self._estimate_rates(action.info, sid))
                 case mb.Terminate():
@@ -389,61 +368,31 @@ class QueryRun:
         by_tm: dict[str, list[ExecutionAttemptId]] = {}
         for a in self.flow.all_attempts():
             by_tm.setdefault(self._task_manager(a.vertex_id, a.subtask_index), []).append(a)
-        return [FinishTasks(tm, tuple(attempts), sid) for tm, attempts in by_tm.items()]
+        return [SendFinish(tm, tuple(attempts), sid) for tm, attempts in by_tm.items()]
 
     # ------------------------------------------------------------------ receivers and backpressure
 
-    def _describe_receivers(self, record: dict[str, Any]) -> None:
-        """A receiver source's entry in a progress record: per receiver, the blocks the batch
-        was allocated, the lines they held and their rate (lines a second since the previous
-        trigger, as the source's inputRowsPerSecond), and the rate each may take (backpressure)."""
+    def _add_to_progress(self, record: dict[str, Any]) -> None:
+        """What this run knows of the batch's tasks, added to its progress record (`progress`):
+        the receivers' blocks and records, the keyed operators' state, the vertices' times. What
+        was kept for the record is let go then, and for batches that never got one, once they are
+        PROGRESS_KEPT behind."""
         batch = int(record.get("batchId", -1))
-        for source in record.get("sources", ()):
-            name = source.get("description")
-            if name not in self.receivers:
-                continue
-            blocks = ReceiverSource(self.receivers[name])
-            span = SourceRange(source.get("startOffset"), source.get("endOffset"))
-            lines = self.received.pop((batch, name), ())
-            rows, per_second = source.get("numInputRows") or 0, source.get("inputRowsPerSecond") or 0.0
-            receivers = {}
-            for r in range(self.receivers[name]):
-                n = lines[r] if r < len(lines) else None
-                receivers[str(r)] = {"blocks": len(blocks.blocks(span, r)), "records": n,
-                                     # over the same time as the source's rate: since the last trigger
-                                     "recordsPerSecond": round(n * per_second / rows, 3) if n and rows else 0.0}
-            source["numBlocks"] = sum(r["blocks"] for r in receivers.values())
-            source["receivers"] = receivers
-            if name in self.rate_limits:
-                source["rateLimitPerReceiver"] = round(self.rate_limits[name], 1)
-        for key in [k for k in self.received if k[0] < batch - PROGRESS_KEPT]:  # batches that never got a record
-            del self.received[key]
-
-    def _describe_state(self, record: dict[str, Any]) -> None:
-        """The keyed operators' state after the batch (Structured Streaming's `stateOperators`),
-        one entry per vertex, its subtasks' key groups added up."""
-        batch = int(record.get("batchId", -1))
-        entries = []
+        names = [s.get("description") for s in record.get("sources", ())]
+        received = {n: self.received.pop((batch, n), ()) for n in names if n in self.receivers}
+        progress.add_receivers(record, self.receivers, received, self.rate_limits)
+        operators = []
         for key in sorted(k for k in self.state_reported if k[0] == batch):
-            total = sum(self.state_reported.pop(key).values(), StateMetrics())
             ejv = self.flow.graph.vertices.get(key[1])
             key_groups = ejv.job_vertex.effective_max_parallelism if ejv is not None else 0
-            entries.append(total.progress(key[1], key_groups))
-        if entries:
-            record["stateOperators"] = entries
+            operators.append((key[1], sum(self.state_reported.pop(key).values(), StateMetrics()), key_groups))
+        progress.add_state_operators(record, operators)
+        progress.add_vertex_durations(record, self.vertex_times.pop(batch, None))
+        for key in [k for k in self.received if k[0] < batch - PROGRESS_KEPT]:
+            del self.received[key]
         for key in [k for k in self.state_reported if k[0] < batch - PROGRESS_KEPT]:
             del self.state_reported[key]
-
-    def _describe_vertices(self, record: dict[str, Any]) -> None:
-        """Where the batch's addBatch went, vertex by vertex (`vertexDurationsMs`): when each
-        vertex's tasks were sent the batch and when its last report arrived (both in ms from the
-        batch's first dispatch), how long its slowest subtask ran it, and the rest (hops, waits)."""
-        batch = int(record.get("batchId", -1))
-        times = self.vertex_times.pop(batch, None)
-        if times:
-            first = min(t.dispatched_ms for t in times.values())
-            record["vertexDurationsMs"] = {v: t.progress(first) for v, t in times.items()}
-        for key in [k for k in self.vertex_times if k < batch - PROGRESS_KEPT]:  # batches that never got a record
+        for key in [k for k in self.vertex_times if k < batch - PROGRESS_KEPT]:
             del self.vertex_times[key]
 
     def _estimate_rates(self, record: dict[str, Any], sid: str) -> list[Action]:

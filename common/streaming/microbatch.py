@@ -53,12 +53,12 @@ The rules:
 
 from __future__ import annotations
 
-import time as _time
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
 from funke.common.streaming.checkpoint import CommitEntry, OffsetEntry, SourceRange
 from funke.common.streaming.eventtime import EventTimeStats, WatermarkTracker
+from funke.common.streaming.progress import PROGRESS_KEPT, query_progress
 from funke.common.states import (
     BATCH_PHASE_TRANSITIONS,
     QUERY_MODE_TRANSITIONS,
@@ -69,7 +69,6 @@ from funke.common.states import (
     StateMachine,
 )
 
-PROGRESS_KEPT = 100  # Structured Streaming's spark.sql.streaming.numRecentProgressUpdates
 
 
 # ------------------------------------------------------------------------------------ triggers
@@ -284,13 +283,15 @@ class WriteOffsetLog:
 
 
 @dataclass(frozen=True, slots=True)
-class RunBatch:
+class StartBatch:
+    """Start the logged batch `entry` (the query run resolves its input and sends it to the tasks)."""
     entry: OffsetEntry
     stimulus_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
-class CommitSinks:
+class CommitBatch:
+    """Every sink has written the batch: commit it (the query run names each sink's attempts)."""
     batch_id: int
     stimulus_id: str = ""
 
@@ -369,7 +370,7 @@ def _listed(batch_ids: tuple[int, ...], shown: int = 10) -> str:
     return ", ".join(str(b) for b in batch_ids[:shown]) + more
 
 
-Action = QueryOffsets | CaptureTargets | WriteOffsetLog | RunBatch | CommitSinks | WriteCommitLog | SetTimer | Publish | Terminate
+Action = QueryOffsets | CaptureTargets | WriteOffsetLog | StartBatch | CommitBatch | WriteCommitLog | SetTimer | Publish | Terminate
 
 
 # ------------------------------------------------------------------------------------ batches
@@ -389,7 +390,7 @@ class Batch:
     previous_trigger_ms: int | None = None  # when the trigger before this one was planned
     answered_at_ms: int | None = None
     logged_at_ms: int | None = None  # BatchSubmitted
-    started_at_ms: int | None = None  # RunBatch sent: processing starts
+    started_at_ms: int | None = None  # StartBatch sent: processing starts
     written_at_ms: int | None = None  # every sink wrote it
     committed_at_ms: int | None = None
     recorded_at_ms: int | None = None
@@ -467,7 +468,6 @@ class MicroBatchCoordinator:
         self.mode = StateMachine(f"query {query_id} mode", QUERY_MODE_TRANSITIONS, QueryMode.STARTING, 0.0)
         self._last_trigger_ms: int | None = None
         self.progress: list[dict[str, Any]] = []  # the last PROGRESS_KEPT QueryProgress records
-        self.terminated_reason = ""
         # Event time (funke.common.streaming.eventtime): the query's watermark, and whether a
         # watermark that moved makes a batch without new data (its windows close, its state goes)
         self.watermarks = watermarks
@@ -674,7 +674,7 @@ class MicroBatchCoordinator:
             batch.phase.transition(BatchPhase.RUNNING, now / 1000)
             batch.started_at_ms = now
             assert batch.entry is not None
-            actions.append(RunBatch(batch.entry))
+            actions.append(StartBatch(batch.entry))
             actions.append(Publish("BatchStarted", batch.batch_id, now, batch.info()))
 
     def _commit_next(self, now: int, actions: list[Action]) -> None:
@@ -685,13 +685,14 @@ class MicroBatchCoordinator:
             if any(b.batch_id < batch.batch_id for b in self._in(BatchPhase.QUEUED, BatchPhase.LOGGING)):
                 return  # an earlier batch has not run yet (cannot happen with batch-order runs)
             batch.phase.transition(BatchPhase.COMMITTING, now / 1000)
-            actions.append(CommitSinks(batch.batch_id))
+            actions.append(CommitBatch(batch.batch_id))
 
     def _recorded(self, batch: Batch, now: int, actions: list[Action]) -> None:
         batch.recorded_at_ms = now
         batch.phase.transition(BatchPhase.COMPLETED, now / 1000)
         actions.append(Publish("BatchCompleted", batch.batch_id, now, batch.info()))
-        record = self._progress(batch)
+        record = query_progress(batch, query_id=self.query_id, run_id=self.run_id, name=self.name, sinks=self.sinks,
+                                event_time=self.watermarks is not None)
         self.progress.append(record)
         del self.progress[:-PROGRESS_KEPT]
         actions.append(Publish("QueryProgress", batch.batch_id, now, record))
@@ -732,7 +733,6 @@ class MicroBatchCoordinator:
             reason = "stopped" + (" after draining" if self._draining() else "")
         self.state.transition(QueryState.TERMINATED, now / 1000, reason)
         self.mode.transition(QueryMode.ENDED, now / 1000, reason)
-        self.terminated_reason = reason
         actions.append(Terminate(reason))
 
     # -------------------------------------------------------------- records
@@ -742,63 +742,3 @@ class MicroBatchCoordinator:
         batch = Batch(batch_id, batch_time_ms, machine, rerun=rerun)
         self.batches[batch_id] = batch
         return batch
-
-    def _progress(self, batch: Batch) -> dict[str, Any]:
-        """A StreamingQueryProgress record, with Structured Streaming's keys."""
-        assert batch.entry is not None and batch.logged_at_ms is not None and batch.started_at_ms is not None
-        assert batch.written_at_ms is not None and batch.recorded_at_ms is not None
-        rows = batch.rows
-        planned = batch.planned_at_ms is not None and batch.answered_at_ms is not None  # not a rerun
-        trigger_start = batch.planned_at_ms if batch.planned_at_ms is not None else batch.logged_at_ms
-        duration = {
-            "latestOffset": batch.answered_at_ms - batch.planned_at_ms if planned else 0,  # type: ignore[operator]
-            "walCommit": batch.logged_at_ms - batch.answered_at_ms if planned else 0,  # type: ignore[operator]
-            "addBatch": batch.written_at_ms - batch.started_at_ms,
-            "commitOffsets": batch.recorded_at_ms - batch.written_at_ms,
-        }
-        # The trigger's own work: planning and logging, then running to recorded — without the
-        # time a batch waited in the queue behind slower ones (that is its scheduling delay).
-        duration["triggerExecution"] = (duration["latestOffset"] + duration["walCommit"]
-                                        + batch.recorded_at_ms - batch.started_at_ms)
-        previous = batch.previous_trigger_ms
-        since_previous = (trigger_start - previous) / 1000 if previous is not None else 0.0
-        took = duration["triggerExecution"] / 1000
-        return {
-            "id": self.query_id, "runId": self.run_id, "name": self.name, "batchId": batch.batch_id,
-            "timestamp": iso_ms(trigger_start), "batchTime": batch.batch_time_ms,
-            "numInputRows": rows,
-            "inputRowsPerSecond": round(rows / since_previous, 3) if since_previous > 0 else 0.0,
-            "processedRowsPerSecond": round(rows / took, 3) if took > 0 else 0.0,
-            "durationMs": duration,
-            "schedulingDelayMs": batch.started_at_ms - batch.batch_time_ms,
-            "processingDelayMs": batch.recorded_at_ms - batch.started_at_ms,
-            "totalDelayMs": batch.recorded_at_ms - batch.batch_time_ms,
-            "rerun": batch.rerun,
-            "sources": [_source_progress(s, r, batch.source_rows(s), since_previous, took)
-                        for s, r in batch.entry.sources.items()],
-            "sink": {"description": ", ".join(sorted(self.sinks))},
-            **self._event_time(batch),
-        }
-
-    def _event_time(self, batch: Batch) -> dict[str, Any]:
-        """Structured Streaming's `eventTime` of a progress record (min, max, avg of the batch's
-        event times, the watermark it ran with), and the rows its windows found late."""
-        if self.watermarks is None:
-            return {}
-        assert batch.entry is not None
-        seen = batch.event_time
-        times = {"min": seen.min_ms, "max": seen.max_ms, "avg": seen.avg_ms, "watermark": batch.entry.watermark_ms}
-        return {"eventTime": {k: iso_ms(v) for k, v in times.items() if v is not None}, "numLateRows": batch.late_rows}
-
-
-def _source_progress(source: str, source_range: Any, rows: int, since_previous: float, took: float) -> dict[str, Any]:
-    """A source's part of a progress record, with Structured Streaming's SourceProgress keys."""
-    return {"description": source, "startOffset": source_range.start, "endOffset": source_range.end,
-            "numInputRows": rows,
-            "inputRowsPerSecond": round(rows / since_previous, 3) if since_previous > 0 else 0.0,
-            "processedRowsPerSecond": round(rows / took, 3) if took > 0 else 0.0}
-
-
-def iso_ms(ms: int) -> str:
-    """UTC ISO-8601 with milliseconds, as Structured Streaming prints progress timestamps."""
-    return _time.strftime("%Y-%m-%dT%H:%M:%S", _time.gmtime(ms / 1000)) + f".{ms % 1000:03d}Z"

@@ -39,6 +39,8 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from funke.common.graph.deployment import (
     NO_OPTIONS,
     Available,
+    BatchGate,
+    BatchTask,
     GateState,
     InputGateDeployment,
     PartitionRef,
@@ -459,10 +461,6 @@ def job_status_from_proto(value: int) -> JobStatus:
         raise ValueError(f"unknown JobStatus value {value}") from None
 
 
-def execution_state_to_proto(state: ExecutionState) -> int:
-    return _EXECUTION_STATE_TO[state]
-
-
 def execution_state_from_proto(value: int) -> ExecutionState:
     try:
         return _EXECUTION_STATE_FROM[value]
@@ -535,11 +533,6 @@ def job_transition_to_proto(t: Transition, leader_epoch: int = 0, job_manager: s
         from_status=_JOB_STATUS_TO[t.from_state], to_status=_JOB_STATUS_TO[t.to_state],
         timestamp=timestamp(t.timestamp), cause=t.cause, stimulus_id=t.stimulus_id,
         leader_epoch=leader_epoch, job_manager=job_manager)
-
-
-def job_transition_from_proto(m: job_pb.JobStatusTransition) -> Transition:
-    return Transition(_JOB_STATUS_FROM[m.from_status], _JOB_STATUS_FROM[m.to_status],
-                      m.timestamp.seconds + m.timestamp.nanos / 1e9, m.cause, m.stimulus_id)
 
 
 def execution_transition_to_proto(t: Transition) -> job_pb.ExecutionStateTransition:
@@ -848,6 +841,19 @@ def batch_from_proto(m: cluster_pb.RunBatchesRequest) -> BatchInput:
             raise ValueError(f"the batch's state lineage names no run for batch {m.batch_id}")
     return BatchInput(m.batch_id, m.batch_time_ms, ranges, {v: tuple(f.names) for v, f in m.files.items()},
                       dict(m.rate_limits), m.watermark_ms if m.HasField("watermark_ms") else None, lineage)
+
+
+def task_result_to_proto(attempt: job_pb.ExecutionAttemptId, error: str | None) -> cluster_pb.TaskSubmissionResult:
+    """A TaskManager's answer for one task of a SubmitTasks or RunBatches call (`attempt` as the
+    call named it): accepted unless `error` says why not."""
+    return cluster_pb.TaskSubmissionResult(attempt=attempt, accepted=error is None, error=error or "")
+
+
+def batch_tasks_from_proto(m: cluster_pb.RunBatchesRequest) -> tuple[BatchTask, ...]:
+    """The tasks a RunBatches request names, each with what it reads of its inputs (the other
+    half of `run_batch_to_proto`'s `tasks`)."""
+    return tuple(BatchTask(attempt_from_proto(t.attempt), tuple(
+        BatchGate(g.input_index, tuple(g.producer_attempts), g.schema) for g in t.gates)) for t in m.tasks)
 
 
 def partition_update_to_proto(u: PartitionUpdate) -> cluster_pb.PartitionInfoUpdate:

@@ -15,7 +15,7 @@ from funke.jobmanager.streaming.receiver import ReceiverPlanner
 from funke.jobmanager.streaming.redis import RedisPlanner
 from funke.jobmanager.streaming.sinks import CollectSink, DeltaSink, FileSink, RedisSink
 
-SOURCES: dict[str, Callable[[SourceContext], SourceSide]] = {
+SOURCE_SIDES: dict[str, Callable[[SourceContext], SourceSide]] = {
     "source.rate": RatePlanner.open,
     "source.stream.text": FilesPlanner.open,
     "source.stream.csv": FilesPlanner.open,
@@ -44,5 +44,5 @@ def sink_side(kind: str, context: SinkContext) -> SinkSide:
     return SINKS.get(kind, SinkSide)(context)
 
 
-__all__ = ["SINKS", "SOURCES", "FilesPlanner", "JsonLinesPlanner", "RatePlanner", "ReceiverPlanner",
+__all__ = ["SINKS", "SOURCE_SIDES", "FilesPlanner", "JsonLinesPlanner", "RatePlanner", "ReceiverPlanner",
            "DeltaPlanner", "RedisPlanner", "SinkContext", "SinkSide", "SourceContext", "SourceSide", "sink_side"]

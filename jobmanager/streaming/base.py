@@ -51,8 +51,9 @@ class SourceSide:
         """Deletes what no retained batch reads (everything before `offset`); how many."""
         return 0
 
-    def describe(self, record: dict[str, Any]) -> None:
-        """Adds to the source's entry of a progress record."""
+    def progress_details(self) -> dict[str, Any]:
+        """What this side measured, for the source's entry of a progress record (`progress.add_source_details`)."""
+        return {}
 
     def close(self) -> None:
         """Lets go of connections (idempotent)."""

@@ -28,8 +28,8 @@ class RedisPlanner(SourceSide):
     def open(cls, context: SourceContext) -> "RedisPlanner":
         return cls(context.planning, functools.partial(redissink.connect, dict(context.config)))
 
-    def describe(self, record: dict[str, Any]) -> None:
-        record["lag"] = dict(self.lag)
+    def progress_details(self) -> dict[str, Any]:
+        return {"lag": dict(self.lag)}
 
     def _redis(self) -> Any:
         if self._client is None:

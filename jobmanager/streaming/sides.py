@@ -12,9 +12,9 @@ from typing import Any, Callable
 from funke.common.graph.jobgraph import JobGraph
 from funke.common.graph.streamingjob import sinks, stream_sources
 from funke.common.streaming.checkpoint import OffsetEntry, SourceRange
-from funke.common.streaming.sources import SOURCES
+from funke.common.streaming.sources import SOURCE_PLUGINS
 from funke.jobmanager.checkpointstore import CheckpointStore
-from funke.jobmanager.streaming import SOURCES as SIDES, sink_side
+from funke.jobmanager.streaming import SOURCE_SIDES, sink_side
 from funke.jobmanager.streaming.base import SinkContext, SinkSide, SourceContext, SourceSide
 
 
@@ -29,8 +29,8 @@ class SourceSides:
         sides: dict[str, SourceSide] = {}
         for v in stream_sources(job_graph):
             op = v.operators[0]
-            planning = SOURCES[op.kind].planning(op.config, v.parallelism)
-            sides[v.id] = SIDES[op.kind](SourceContext(
+            planning = SOURCE_PLUGINS[op.kind].planning(op.config, v.parallelism)
+            sides[v.id] = SOURCE_SIDES[op.kind](SourceContext(
                 v.id, op.config, v.parallelism, planning, checkpoint_location, checkpoint))
         return cls(sides)
 
@@ -49,12 +49,9 @@ class SourceSides:
         resolved = {n: side.batch_files(entry.sources[n]) for n, side in self.sides.items() if n in entry.sources}
         return {n: files for n, files in resolved.items() if files is not None}
 
-    def describe(self, record: dict[str, Any]) -> None:
-        """Each source's additions to its entry of a progress record (a broker's lag)."""
-        for source in record.get("sources", ()):
-            side = self.sides.get(source.get("description"))
-            if side is not None:
-                side.describe(source)
+    def progress_details(self) -> dict[str, dict[str, Any]]:
+        """What each source's side measured for its entry of a progress record (a broker's lag)."""
+        return {name: side.progress_details() for name, side in self.sides.items()}
 
     def purge(self, checkpoint: CheckpointStore, retain: int) -> int:
         """Old log entries, and what the sources kept that no retained batch reads; how many."""

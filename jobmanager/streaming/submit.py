@@ -21,7 +21,7 @@ from funke.common.graph.streamingjob import (
 )
 from funke.common.streaming import state
 from funke.common.graph.validation import MAX_VERTICES, Problem, ValidationContext, path_problem, q
-from funke.common.streaming.sources import SOURCES
+from funke.common.streaming.sources import SOURCE_PLUGINS
 
 
 def submit_problems(job: JobGraph, context: ValidationContext) -> list[Problem]:
@@ -37,7 +37,7 @@ def submit_problems(job: JobGraph, context: ValidationContext) -> list[Problem]:
     for v in stream_sources(job):
         op = v.operators[0]
         path = op.config.get("path") if isinstance(op.config, Mapping) else None
-        if not SOURCES[op.kind].watches_directory or not isinstance(path, str) or path_problem(path, sink=False,
+        if not SOURCE_PLUGINS[op.kind].watches_directory or not isinstance(path, str) or path_problem(path, sink=False,
                                                                                         context=context):
             continue
         where = f"operator 0 {q(op.display_name)} ({op.kind}): config 'path'"

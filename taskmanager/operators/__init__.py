@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from funke.taskmanager.operators.sinks import SINKS
-from funke.taskmanager.operators.sources import SOURCES
+from funke.taskmanager.operators.sources import BATCH_SOURCES
 from funke.taskmanager.operators.transforms import TRANSFORMS
 
 __all__ = ["OPERATORS"]
@@ -39,4 +39,4 @@ def _registry(*tables: dict[str, Callable[..., Any]]) -> dict[str, Callable[...,
     return merged
 
 
-OPERATORS: dict[str, Callable[..., Any]] = _registry(SOURCES, TRANSFORMS, SINKS)
+OPERATORS: dict[str, Callable[..., Any]] = _registry(BATCH_SOURCES, TRANSFORMS, SINKS)

@@ -69,7 +69,7 @@ from funke.taskmanager.operators.context import (
 )
 from funke.taskmanager.operators.transforms import python_map
 
-__all__ = ["SOURCES", "batch_range", "redis_client"]
+__all__ = ["BATCH_SOURCES", "batch_range", "redis_client"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -371,7 +371,7 @@ def _stream_file_source(fmt: str, defaults: dict[str, str] | None = None) -> Sou
     return read
 
 
-SOURCES: dict[str, Source] = {
+BATCH_SOURCES: dict[str, Source] = {
     "source.text": _file_source("text"),
     "source.parquet": _file_source("parquet"),
     # header=true: what sink.csv writes, source.csv reads back.

@@ -19,7 +19,7 @@ class TaskSource:
     receiver: Callable[..., Any] | None = None  # (config, checkpoint, vertex, subtask, name) -> a receiver
 
 
-SOURCES: dict[str, TaskSource] = {
+TASK_SOURCES: dict[str, TaskSource] = {
     "source.rate": TaskSource(OPERATORS["source.rate"]),
     "source.stream.text": TaskSource(OPERATORS["source.stream.text"]),
     "source.stream.csv": TaskSource(OPERATORS["source.stream.csv"]),
@@ -34,5 +34,5 @@ SOURCES: dict[str, TaskSource] = {
 
 def operator(kind: str) -> Callable[..., Any] | None:
     """The function that runs an operator of this kind on this TaskManager (None: unknown)."""
-    source = SOURCES.get(kind)
+    source = TASK_SOURCES.get(kind)
     return source.read if source is not None else OPERATORS.get(kind)

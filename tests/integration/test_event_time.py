@@ -22,7 +22,7 @@ import pytest
 
 from funke.common.api.dsl import ExecutionEnvironment
 from funke.common.streaming.eventtime import WindowSpec, is_late, windows_of
-from funke.common.streaming.microbatch import iso_ms
+from funke.common.streaming.progress import iso_ms
 from funke.jobmanager.checkpointstore import CheckpointStore
 from tests.integration.test_streaming import (
     PHASES,

@@ -461,3 +461,40 @@ def test_a_batch_report_carries_its_counted_input_rows_and_a_negative_count_is_n
     hostile.input_rows = -3
     decoded = report_from_proto(hostile)
     assert decoded.input_rows is None and decoded.batch_id == 4  # the batch still counts as reported
+
+
+def test_a_micro_batchs_tasks_and_their_gates_decode_as_they_were_encoded():
+    from funke.common.graph.deployment import BatchGate, BatchTask
+    from funke.common.graph.executiongraph import ExecutionAttemptId
+    from funke.common.streaming.sources import BatchInput
+    from funke.common.wire.codec import batch_tasks_from_proto, run_batch_to_proto
+
+    tasks = [(ExecutionAttemptId("sink", 1, 2), [(0, [3, -1], "{}"), (1, [], "")]), (ExecutionAttemptId("src", 0, 0), [])]
+    msg = run_batch_to_proto("job-1", "tm#1", BatchInput(7, 123), tasks)
+    assert batch_tasks_from_proto(msg) == (
+        BatchTask(ExecutionAttemptId("sink", 1, 2), (BatchGate(0, (3, -1), "{}"), BatchGate(1, (), ""))),
+        BatchTask(ExecutionAttemptId("src", 0, 0)))
+
+
+def test_a_released_partition_and_a_task_answer_survive_the_wire():
+    from funke.common.graph.deployment import PartitionRef
+    from funke.common.graph.executiongraph import ExecutionAttemptId
+    from funke.common.wire.codec import (attempt_to_proto, partition_ref_from_proto, partition_ref_to_proto,
+                                         task_result_to_proto)
+
+    ref = PartitionRef("ds-1", 3, 2)
+    assert partition_ref_from_proto(partition_ref_to_proto(ref)) == ref
+    attempt = attempt_to_proto(ExecutionAttemptId("v", 0, 1))
+    accepted = task_result_to_proto(attempt, None)
+    assert accepted.accepted and accepted.error == "" and accepted.attempt == attempt
+    refused = task_result_to_proto(attempt, "no slot")
+    assert not refused.accepted and refused.error == "no slot"
+
+
+def test_every_job_status_decodes_as_it_was_encoded_and_an_unknown_one_is_refused():
+    from funke.common.states import JobStatus
+    from funke.common.wire.codec import job_status_from_proto, job_status_to_proto
+
+    assert all(job_status_from_proto(job_status_to_proto(s)) is s for s in JobStatus)
+    with pytest.raises(ValueError):
+        job_status_from_proto(999)

@@ -20,7 +20,7 @@ from funke.common import layout
 from funke.common.api.dsl import ExecutionEnvironment
 from funke.common.graph.validation import ValidationContext, find_problems
 from funke.common.streaming.checkpoint import SourceRange
-from funke.common.streaming.sources import SOURCES
+from funke.common.streaming.sources import SOURCE_PLUGINS
 from funke.common.streaming.sources.delta import (
     Commit,
     DataFile,
@@ -78,8 +78,8 @@ def test_a_wrong_offset_is_refused(bad):
 
 
 def test_the_registry_builds_its_planning_from_the_operator_config():
-    plugin = SOURCES["source.stream.delta"]
-    assert not plugin.receiver and not plugin.rows_known
+    plugin = SOURCE_PLUGINS["source.stream.delta"]
+    assert not plugin.receiver
     assert plugin.planning({"path": "/t", "max_versions_per_trigger": 4}, 2) == DeltaStreamSource(4)
 
 

@@ -44,11 +44,11 @@ from funke.common.streaming.microbatch import (
     EventTimeObserved,
     ProcessingTime,
     QueryOffsets,
-    RunBatch,
+    StartBatch,
     Started,
     WriteOffsetLog,
-    iso_ms,
 )
+from funke.common.streaming.progress import iso_ms
 from funke.common.streaming.sources import BatchInput
 from funke.common.wire.codec import batch_from_proto, io_from_proto, io_to_proto, run_batch_to_proto
 from funke.v1 import job_pb2 as job_pb
@@ -234,7 +234,7 @@ class EventWorld(World):
 
     def complete(self, index: int = 0) -> None:
         action = self.pending[index]
-        if isinstance(action, RunBatch):
+        if isinstance(action, StartBatch):
             b, r = action.entry.batch_id, action.entry.sources["rate"]
             start, end = r.start or 0, r.end or 0
             middle, late = (start + end) // 2, self.late.get(b, 0)
@@ -303,7 +303,7 @@ def test_batches_run_again_after_a_restart_run_with_exactly_their_logged_waterma
     second.offsets.update({e.batch_id: e for e in logged})
     second.feed(Started(second.now))
     second.settle()
-    ran = [a.entry for a in second.log if isinstance(a, RunBatch)]
+    ran = [a.entry for a in second.log if isinstance(a, StartBatch)]
     assert [(e.batch_id, e.watermark_ms) for e in ran] == [(1, w1), (2, w2)]  # not the restored w2 for both
     assert second.commits == [1, 2]
     assert [p["eventTime"]["watermark"] for p in second.coordinator.progress] == [iso_ms(w1), iso_ms(w2)]
@@ -406,12 +406,12 @@ def run_batch(run: qr.QueryRun, batch_id: int, now: int, span: SourceRange, repo
     for action in sent:
         for task in action.tasks:
             event_time, late = reports[task.attempt.subtask_index]
-            out += run.handle(qr.BatchReported(task.attempt, batch_id, {}, 5, now + 100,
+            out += run.handle(qr.BatchWritten(task.attempt, batch_id, {}, 5, now + 100,
                                                f"report-{task.attempt}-{batch_id}", None, event_time, late))
     for action in list(out):
         if isinstance(action, qr.RunTasks) and action.vertex_id == "sink":
             (task,) = action.tasks
-            out += run.handle(qr.BatchReported(task.attempt, batch_id, {}, None, now + 200, f"report-sink-{batch_id}"))
+            out += run.handle(qr.BatchWritten(task.attempt, batch_id, {}, None, now + 200, f"report-sink-{batch_id}"))
     out += run.handle(qr.SinksCommitted(batch_id, now + 300, f"committed-{batch_id}"))
     out += run.handle(qr.CommitLogged(batch_id, now + 300, f"recorded-{batch_id}"))
     return write.entry, _of(sent, qr.RunTasks), out
@@ -488,7 +488,7 @@ def test_reports_the_batch_flow_ignores_change_neither_the_late_rows_nor_the_wat
     run.handle(qr.RunStarted("query-1", 0, (), {}, 500, "run-started"))
     run.handle(qr.Tick(1000, "tick-1000"))
     wild = {QR_OP: EventTimeStats(1_000, 10**12, 2.0 * 10**12, 2)}
-    stale = qr.BatchReported(ExecutionAttemptId("src", 0, 5), 0, {}, 5, 1050, "report-stale", None, wild, 7)
+    stale = qr.BatchWritten(ExecutionAttemptId("src", 0, 5), 0, {}, 5, 1050, "report-stale", None, wild, 7)
     real = {0: ({QR_OP: EventTimeStats(4_000, 9_000, 13_000.0, 2)}, 1), 1: ({}, 1)}
     _, _, out = run_batch(run, 0, 1000, SourceRange(None, 10, 10), real, extra=[stale])
     run.handle(qr.Tick(2000, "tick-2000"))
@@ -503,7 +503,7 @@ def test_a_report_of_a_batch_already_through_changes_nothing():
     run.handle(qr.Tick(1000, "tick-1000"))
     run_batch(run, 0, 1000, SourceRange(None, 10, 10), {0: ({QR_OP: EventTimeStats(4_000, 9_000, 13_000.0, 2)}, 0),
                                                         1: ({}, 0)})
-    late = qr.BatchReported(ExecutionAttemptId("src", 0, 0), 0, {}, 5, 1500, "report-late", None,
+    late = qr.BatchWritten(ExecutionAttemptId("src", 0, 0), 0, {}, 5, 1500, "report-late", None,
                             {QR_OP: EventTimeStats(1_000, 10**12, 2.0 * 10**12, 2)}, 7)
     assert run.handle(late) == []
     run.handle(qr.Tick(2000, "tick-2000"))
@@ -516,7 +516,7 @@ def test_a_repeated_report_of_a_subtask_counts_its_late_rows_once():
     run.handle(qr.RunStarted("query-1", 0, (), {}, 500, "run-started"))
     run.handle(qr.Tick(1000, "tick-1000"))
     qr_op_stats = {QR_OP: EventTimeStats(4_000, 9_000, 13_000.0, 2)}
-    twice = qr.BatchReported(ExecutionAttemptId("src", 1, 0), 0, {}, 5, 1050, "report-src[1]-first", None,
+    twice = qr.BatchWritten(ExecutionAttemptId("src", 1, 0), 0, {}, 5, 1050, "report-src[1]-first", None,
                              qr_op_stats, 3)
     _, _, out = run_batch(run, 0, 1000, SourceRange(None, 10, 10), {0: ({}, 0), 1: (qr_op_stats, 3)}, extra=[twice])
     assert progress_of(out)["numLateRows"] == 3

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from funke.common.streaming.checkpoint import SourceRange
-from funke.common.streaming.sources import SOURCES
+from funke.common.streaming.sources import SOURCE_PLUGINS
 from funke.common.streaming.sources.jsonlines import FileSlice, JsonLinesSource
 from funke.jobmanager.streaming.jsonlines import JsonLinesPlanner, last_line_end
 
@@ -55,7 +55,7 @@ def test_a_wrong_offset_is_refused(bad):
 
 
 def test_the_registry_builds_its_planning_from_the_operator_config():
-    plugin = SOURCES["source.stream.jsonlines"]
+    plugin = SOURCE_PLUGINS["source.stream.jsonlines"]
     assert plugin.watches_directory and not plugin.receiver
     assert plugin.planning({"path": "/x", "schema": "a int", "max_files_per_trigger": 2}, 3) == JsonLinesSource(2)
 

@@ -18,7 +18,7 @@ from funke.common.streaming.microbatch import (
     AvailableNow,
     CaptureTargets,
     CommitLogged,
-    CommitSinks,
+    CommitBatch,
     InputCounted,
     MicroBatchCoordinator,
     OffsetsAnswered,
@@ -29,7 +29,7 @@ from funke.common.streaming.microbatch import (
     ProcessingTime,
     Publish,
     QueryOffsets,
-    RunBatch,
+    StartBatch,
     SetTimer,
     SinksCommitted,
     Started,
@@ -74,7 +74,7 @@ class World:
                     self.timer = at
                 case Terminate(reason=reason):
                     self.terminated = reason
-                case RunBatch(entry=entry):
+                case StartBatch(entry=entry):
                     assert entry.batch_id in self.offsets, f"batch {entry.batch_id} runs before its offsets are logged"
                     assert self.offsets[entry.batch_id] == entry
                     self.pending.append(action)
@@ -104,14 +104,14 @@ class World:
                 assert entry.batch_id not in self.offsets
                 self.offsets[entry.batch_id] = entry
                 self.feed(OffsetsLogged(entry.batch_id, now))
-            case RunBatch(entry=entry):
+            case StartBatch(entry=entry):
                 for source, rows in (self.counts or {}).items():
                     self.feed(InputCounted(entry.batch_id, source, rows, now))
                 for sink in SINKS:
                     self.feed(OutputStarted(entry.batch_id, sink, now))
                 for sink in SINKS:
                     self.feed(OutputCompleted(entry.batch_id, sink, now))
-            case CommitSinks(batch_id=b):
+            case CommitBatch(batch_id=b):
                 self.committed_sinks.append(b)
                 self.feed(SinksCommitted(b, now))
             case WriteCommitLog(entry=entry):
@@ -159,7 +159,7 @@ def test_processing_time_batches_start_on_aligned_times_and_log_before_they_run(
     w.settle()
     assert w.commits == [0] and w.offsets[0].sources["rate"] == SourceRange(None, 50, 50)
     order = [type(a).__name__ for a in w.log if not isinstance(a, (Publish, SetTimer))]
-    assert order == ["QueryOffsets", "WriteOffsetLog", "RunBatch", "CommitSinks", "WriteCommitLog"]
+    assert order == ["QueryOffsets", "WriteOffsetLog", "StartBatch", "CommitBatch", "WriteCommitLog"]
     assert kinds(w, 0) == ["BatchSubmitted", "BatchStarted", "OutputOperationStarted", "OutputOperationStarted",
                            "OutputOperationCompleted", "OutputOperationCompleted", "BatchCompleted", "QueryProgress"]
     progress = w.coordinator.progress[-1]
@@ -214,9 +214,9 @@ def test_a_slow_batch_holds_the_queue_at_concurrent_jobs_plus_one_and_the_next_b
     # Batch 0 is through: the next one is planned at once (its trigger is due since 200 ms), and
     # takes every row that piled up meanwhile, as Structured Streaming plans its next batch
     w.available["rate"] = 95
-    w.complete(next(i for i, a in enumerate(w.pending) if isinstance(a, RunBatch) and a.entry.batch_id == 0))
+    w.complete(next(i for i, a in enumerate(w.pending) if isinstance(a, StartBatch) and a.entry.batch_id == 0))
     while not any(isinstance(a, QueryOffsets) for a in w.pending):
-        w.complete(next(i for i, a in enumerate(w.pending) if isinstance(a, (CommitSinks, WriteCommitLog))))
+        w.complete(next(i for i, a in enumerate(w.pending) if isinstance(a, (CommitBatch, WriteCommitLog))))
     query = next(a for a in w.pending if isinstance(a, QueryOffsets))
     assert query.batch_id == concurrent + 1 and query.batch_time_ms == 800  # the last trigger missed
     plan_and_log(w)
@@ -409,7 +409,7 @@ def test_a_restarted_run_reruns_the_logged_batches_with_their_ranges_first_then_
               now=2000)
     w.offsets.update({e.batch_id: e for e in logged})
     w.feed(Started(w.now))
-    assert [a for a in w.pending if isinstance(a, RunBatch)] == [RunBatch(logged[0])]  # in order, one at a time
+    assert [a for a in w.pending if isinstance(a, StartBatch)] == [StartBatch(logged[0])]  # in order, one at a time
     submitted = [e for e in w.events if e.kind == "BatchSubmitted"]
     assert [e.batch_id for e in submitted] == [5, 6] and all(e.info["rerun"] for e in submitted)
     w.advance(100)

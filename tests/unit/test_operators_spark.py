@@ -43,7 +43,7 @@ def rows_of(df) -> list[tuple]:
 def test_every_catalogue_kind_has_an_implementation():
     # stream sources are the streaming registry's, every other kind operators.OPERATORS'
     assert {k for k in CATALOGUE if streaming.operator(k) is not None} == set(CATALOGUE)
-    assert set(OPERATORS) | set(streaming.SOURCES) == set(CATALOGUE)
+    assert set(OPERATORS) | set(streaming.TASK_SOURCES) == set(CATALOGUE)
 
 
 def test_map_flat_map_filter_calling_convention(spark, ctx):

@@ -67,13 +67,13 @@ def _batch(run: qr.QueryRun, batch_id: int, now: int, rows: int = 10, per_subtas
     out = list(sent)
     for action in sent:
         for task in action.tasks:
-            out += run.handle(qr.BatchReported(task.attempt, batch_id, {}, per_subtask[task.attempt.subtask_index],
+            out += run.handle(qr.BatchWritten(task.attempt, batch_id, {}, per_subtask[task.attempt.subtask_index],
                                                now + 100, f"report-{task.attempt}-{batch_id}",
                                                seconds=(seconds or {}).get("src")))
     for action in list(out):
         if isinstance(action, qr.RunTasks) and action.vertex_id == "sink":
             (task,) = action.tasks
-            out += run.handle(qr.BatchReported(task.attempt, batch_id, {}, None, now + 200, f"report-{task.attempt}-{batch_id}",
+            out += run.handle(qr.BatchWritten(task.attempt, batch_id, {}, None, now + 200, f"report-{task.attempt}-{batch_id}",
                                                sink_state, seconds=(seconds or {}).get("sink")))
     return out
 
@@ -170,14 +170,14 @@ def test_a_batch_through_every_task_is_released_on_each_taskmanager_with_its_nex
 
 def test_reports_before_the_start_of_stale_attempts_or_of_batches_not_in_flight_change_nothing():
     run = _run()
-    assert run.handle(qr.BatchReported(ExecutionAttemptId("src", 0, 0), 0, {}, 1, 10, "report-early")) == []
+    assert run.handle(qr.BatchWritten(ExecutionAttemptId("src", 0, 0), 0, {}, 1, 10, "report-early")) == []
     _started(run)
     run.handle(qr.Tick(1000, "tick-1000"))
     run.handle(qr.OffsetsAnswered(0, {"src": SourceRange(None, 10, 10)}, 1000, "a"))
     run.handle(qr.OffsetsLogged(0, 1000, "b"))
     run.handle(qr.BatchInputResolved(0, {}, 1000, "c"))
-    assert run.handle(qr.BatchReported(ExecutionAttemptId("src", 0, 5), 0, {}, 1, 1100, "report-stale")) == []
-    assert run.handle(qr.BatchReported(ExecutionAttemptId("src", 0, 0), 9, {}, 1, 1100, "report-other")) == []
+    assert run.handle(qr.BatchWritten(ExecutionAttemptId("src", 0, 5), 0, {}, 1, 1100, "report-stale")) == []
+    assert run.handle(qr.BatchWritten(ExecutionAttemptId("src", 0, 0), 9, {}, 1, 1100, "report-other")) == []
     assert run.handle(qr.BatchInputResolved(0, {}, 1100, "resolved-twice")) == []
 
 
@@ -213,7 +213,7 @@ def test_the_query_ending_tells_every_task_to_finish_per_taskmanager_then_termin
     assert _of(started, qr.QueryOffsets)
     _batch(run, 0, 600)
     out = _record(run, 0, 900)
-    finish = _of(out, qr.FinishTasks)
+    finish = _of(out, qr.SendFinish)
     assert sorted((a.task_manager_id, a.attempts) for a in finish) == [
         ("tm-0", (ExecutionAttemptId("sink", 0, 0), ExecutionAttemptId("src", 0, 0))),
         ("tm-1", (ExecutionAttemptId("src", 1, 0),))]
@@ -230,7 +230,7 @@ def test_a_stop_is_said_beforehand_and_asked_of_the_core():
     assert run.stop_outlook(False).finishing == (0,)
     assert run.handle(qr.StopRequested(False, 1500, "stop")) == []
     out = _record(run, 0, 1600)
-    assert [type(a) for a in out][-2:] == [qr.FinishTasks, qr.Terminate] and out[-1].reason == "stopped"
+    assert [type(a) for a in out][-2:] == [qr.SendFinish, qr.Terminate] and out[-1].reason == "stopped"
 
 
 def test_a_rescale_s_stop_ends_the_run_without_finishing_its_tasks():
@@ -241,7 +241,7 @@ def test_a_rescale_s_stop_ends_the_run_without_finishing_its_tasks():
     assert run.handle(qr.StopRequested(False, 1500, "rescale-accepted", keep_tasks=True)) == []
     out = _record(run, 0, 1600)
     assert isinstance(out[-1], qr.Terminate) and out[-1].reason == "stopped" and run.finished
-    assert not [a for a in out if isinstance(a, qr.FinishTasks)]  # the job is suspended instead
+    assert not [a for a in out if isinstance(a, qr.SendFinish)]  # the job is suspended instead
 
 
 # ------------------------------------------------------------------------------------ with real I/O
@@ -304,9 +304,9 @@ class Shell:
                 if a.batch.batch_id in self.hold:
                     return []
                 self.stage(a.batch, task.attempt.attempt_number)
-                return [qr.BatchReported(task.attempt, a.batch.batch_id, {}, None, now, "report-sink")]
+                return [qr.BatchWritten(task.attempt, a.batch.batch_id, {}, None, now, "report-sink")]
             case qr.RunTasks():
-                return [qr.BatchReported(t.attempt, a.batch.batch_id, {}, None, now, "report-src") for t in a.tasks]
+                return [qr.BatchWritten(t.attempt, a.batch.batch_id, {}, None, now, "report-src") for t in a.tasks]
             case qr.CommitSinks(batch_id=b):
                 streamsinks.commit_batch(self.target, JOB, b, {0: self.ran.count(b) - 1})
                 return [qr.SinksCommitted(b, now, "committed")]

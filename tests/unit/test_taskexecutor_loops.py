@@ -57,7 +57,7 @@ def test_spark_is_launched_before_any_grpc_server_exists_and_the_servers_come_af
             time.sleep(0.05)
         return type("Session", (), {"stop": lambda self: None})()  # as far as start and stop are concerned
 
-    executor.sparks.create_with_task_runtime = launching_spark  # type: ignore[method-assign]
+    executor.spark_runtime.create_with_task_runtime = launching_spark  # type: ignore[method-assign]
 
     async def scenario() -> None:
         run = asyncio.create_task(executor.run())

@@ -176,7 +176,7 @@ def test_a_closed_heartbeat_stream_forgets_every_task_and_registers_again():
     async def scenario(x: TaskExecutor, gw: FakeGateway) -> None:
         await until("registered", lambda: x.registration is not None)
         waiting = deployment(inputs=[gate(range(1))])  # a no-op that waits for its input
-        assert any(isinstance(i, core.TaskAccepted) for i in x._handle(core.SubmitTask(waiting, "reg-1")))
+        assert any(isinstance(i, core.TaskAccepted) for i in x.handle(core.SubmitTask(waiting, "reg-1")))
         assert x.core.live_tasks() == 1
         gw.streams[0].end()
         await until("the second registration", lambda: x.core.registration_id == "reg-2")
@@ -217,7 +217,7 @@ def test_a_report_waiting_on_a_hung_leader_is_given_up_when_the_taskmanager_foll
     async def scenario(x: TaskExecutor, gw: FakeGateway) -> None:
         await until("registered", lambda: x.registration is not None)
         gw.report_answers = ["hang"]
-        x._handle(core.SubmitTask(deployment(ops=NOOP_SOURCE), "reg-1"))
+        x.handle(core.SubmitTask(deployment(ops=NOOP_SOURCE), "reg-1"))
         await until("a report the old leader never answers", lambda: gw.reports)
         leases.elect("jm-b:1", 2)
         await until("registered with the new leader", lambda: x.registration and x.registration.leader_epoch == 2)
@@ -234,7 +234,7 @@ def test_a_refused_progress_report_fails_the_task_here_and_its_refused_end_lets_
         refusal = GatewayError("NOT_FOUND", "no such attempt")
         gw.report_answers = [refusal, refusal]
         waiting = deployment(inputs=[gate(range(1))])
-        x._handle(core.SubmitTask(waiting, "reg-1"))
+        x.handle(core.SubmitTask(waiting, "reg-1"))
         await until("the end reported and refused", lambda: len(gw.reports) == 2)
         [end] = gw.reports[1][1]
         assert end.state is E.FAILED and end.failure.exception_type == "ReportRefused"
@@ -242,3 +242,19 @@ def test_a_refused_progress_report_fails_the_task_here_and_its_refused_end_lets_
         await until("the task let go", lambda: not x.core.tasks)
 
     run(scenario)
+
+
+def test_a_jobs_vertex_is_decoded_once_and_forgotten_when_the_core_drops_the_job():
+    from funke.common.wire.codec import vertex_to_proto
+    from funke.taskmanager.taskexecutorservice import DecodedVertices
+
+    vertices = DecodedVertices()
+    m = vertex_to_proto(deployment().vertex)
+    first = vertices.get("job-1", m)
+    assert first == deployment().vertex and vertices.get("job-1", m) is first  # the P subtasks share it
+    other = vertices.get("job-2", m)
+    assert other is not first
+    vertices.drop("job-1")
+    assert vertices.get("job-1", m) is not first and vertices.get("job-2", m) is other
+    vertices.drop()  # "" : every job
+    assert vertices.get("job-2", m) is not other

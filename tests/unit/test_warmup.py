@@ -110,8 +110,8 @@ def executor(monkeypatch, tmp_path):
     monkeypatch.setattr(warmup, "WarmUp", FakeWarmUp)
     executor = TaskExecutor(TaskExecutorConfig("tm-warm", jobmanager_address="127.0.0.1:1", number_of_slots=1,
                                                use_spark=False))
-    executor.sparks.session = object()  # a session, as far as the watch is concerned
-    executor.sparks.scratch = str(tmp_path)
+    executor.spark_runtime.session = object()  # a session, as far as the watch is concerned
+    executor.spark_runtime.scratch = str(tmp_path)
 
     def cpu(sequence):
         nonlocal readings
@@ -132,7 +132,7 @@ def executor(monkeypatch, tmp_path):
 async def _started(executor) -> asyncio.Task:
     """The TaskManager's warm-up watch, once the warm-up it started is running."""
     executor._loop = asyncio.get_running_loop()
-    watch = asyncio.create_task(executor.sparks.warm_up_when_idle())
+    watch = asyncio.create_task(executor.spark_runtime.warm_up_when_idle())
     while not FakeWarmUp.made:
         await asyncio.sleep(0.005)
     assert FakeWarmUp.made[0].running.wait(5)
@@ -145,7 +145,7 @@ def test_on_a_machine_that_stays_busy_the_warm_up_starts_after_its_patience(exec
 
     async def scenario() -> None:
         executor._loop = asyncio.get_running_loop()
-        watch = asyncio.create_task(executor.sparks.warm_up_when_idle())
+        watch = asyncio.create_task(executor.spark_runtime.warm_up_when_idle())
         started = asyncio.get_running_loop().time()
         while not FakeWarmUp.made:
             await asyncio.sleep(0.005)
@@ -169,10 +169,10 @@ def test_a_task_that_starts_interrupts_the_warm_up_and_one_that_came_first_preve
     async def scenario() -> None:
         watch = await _started(executor)
         # what _start_task does first for every task
-        executor.sparks.task_starting()
+        executor.spark_runtime.task_starting()
         await asyncio.wait_for(watch, 5)
         # a TaskManager that has run a task never starts one
-        again = asyncio.create_task(executor.sparks.warm_up_when_idle())
+        again = asyncio.create_task(executor.spark_runtime.warm_up_when_idle())
         await asyncio.wait_for(again, 5)
 
     asyncio.run(scenario())
@@ -235,7 +235,7 @@ def test_a_running_warm_up_gives_way_when_other_processes_take_the_cpus(executor
 
     async def scenario() -> None:
         executor._loop = asyncio.get_running_loop()
-        watch = asyncio.create_task(executor.sparks.warm_up_when_idle())
+        watch = asyncio.create_task(executor.spark_runtime.warm_up_when_idle())
         await asyncio.wait_for(watch, 5)  # it returns: the warm-up was cancelled
 
     asyncio.run(scenario())

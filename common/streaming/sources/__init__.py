@@ -27,10 +27,10 @@ PLUGINS: tuple[SourcePlugin, ...] = (
     jsonlines.PLUGIN,
     delta.PLUGIN,
 )
-SOURCES: dict[str, SourcePlugin] = {kind: p for p in PLUGINS for kind in p.kinds}
-RECEIVER_KINDS = frozenset(k for k, p in SOURCES.items() if p.receiver)
+SOURCE_PLUGINS: dict[str, SourcePlugin] = {kind: p for p in PLUGINS for kind in p.kinds}
+RECEIVER_KINDS = frozenset(k for k, p in SOURCE_PLUGINS.items() if p.receiver)
 
-__all__ = ["BLOCK_SUFFIX", "PLUGINS", "RECEIVER_KINDS", "SOURCES", "STARTINGS", "STREAM_FILE_KINDS", "BatchInput",
+__all__ = ["BLOCK_SUFFIX", "PLUGINS", "RECEIVER_KINDS", "SOURCE_PLUGINS", "STARTINGS", "STREAM_FILE_KINDS", "BatchInput",
            "FilesSource", "ListedFile", "RateSource", "ReceiverSource", "RedisStreamsSource", "SourcePlanning",
            "SourcePlugin", "block_file_name", "parse_block_file_name", "receiver_blocks_dir", "stored_blocks",
            "stream_id"]

@@ -18,8 +18,9 @@ A source is a plugin (Structured Streaming's `Source`, split as Flink's FLIP-27 
 3. **The TaskManager side** (`taskmanager/streaming/`): reads exactly a batch's range for one
    subtask as a DataFrame, and for a receiver source runs the receiver beside the task.
 
-Each floor has a registry by operator kind (`SOURCES` in `funke.common.streaming.sources`,
-`funke.jobmanager.streaming` and `funke.taskmanager.streaming`): the planner, the JobManager's
+Each floor has a registry by operator kind (`SOURCE_PLUGINS` in `funke.common.streaming.sources`,
+`SOURCE_SIDES` in `funke.jobmanager.streaming`, `TASK_SOURCES` in `funke.taskmanager.streaming`;
+the batch sources are `BATCH_SOURCES` in `funke.taskmanager.operators.sources`): the planner, the JobManager's
 query shell and the TaskManager's task look a kind up there instead of switching on kinds.
 """
 
@@ -48,7 +49,6 @@ class SourcePlugin:
     planning: Callable[[Mapping[str, Any], int], Any]
     receiver: bool = False  # long-running receivers beside its tasks store blocks in the checkpoint
     watches_directory: bool = False  # its config 'path' is a directory that must exist at submit
-    rows_known: bool = False  # a range's rows are known when planned (else counted when read)
 
 
 @dataclass(frozen=True, slots=True)

@@ -87,4 +87,4 @@ def _planning(config: Mapping[str, Any], parallelism: int) -> RateSource:
 RATE = "source.rate"
 
 
-PLUGIN = SourcePlugin((RATE,), _planning, rows_known=True)
+PLUGIN = SourcePlugin((RATE,), _planning)
