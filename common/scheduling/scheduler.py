@@ -2,7 +2,7 @@
 
 Owns the job's bookkeeping and the mechanics of carrying out decisions: which executions are
 scheduled and deployed together, moving executions and the job through the tables of `states.py`
-(one place: `_transition_all`, with `_transition` its single entry), cancelling, resetting and
+(in one place, its base class `transitions.ExecutionTransitions`), cancelling, resetting and
 restarting tasks, committing outputs, suspension. The decisions it asks for are made elsewhere,
 one concern per module:
 
@@ -104,6 +104,7 @@ __all__ = [
 E = ExecutionState
 J = JobStatus
 _DEPLOYED = DEPLOYED_EXECUTION_STATES
+_TERMINAL = frozenset(state for state in E if state.is_terminal)
 _new_tuple = tuple.__new__
 
 # Flink's task.cancellation.timeout: after this, a job stuck in CANCELLING goes FAILED.
@@ -168,7 +169,6 @@ class Scheduler(ExecutionTransitions):
         execution_transitions: Mapping[ExecutionState, frozenset[ExecutionState]] = EXECUTION_STATE_TRANSITIONS,
     ):
         self.graph = graph
-        self._init_transitions(graph.number_of_vertices(), execution_transitions)
         # A streaming query's tasks are long-lived and run micro-batches: one failure restarts
         # them all (the query's next run recovers from its checkpoint), and their sinks commit
         # batch by batch, not when the tasks finish.
@@ -185,6 +185,7 @@ class Scheduler(ExecutionTransitions):
         self.strategy = scheduling_strategy(graph.job_graph.job_type, self.regions)
         self.failures = ExecutionFailureHandler(failover_strategy, restart_strategy, self.regions)
         self.deployments = TaskDeploymentFactory(graph, streaming=self.streaming)
+        self._init_transitions(execution_transitions)
         self.exception_history: list[ExceptionHistoryEntry] = []
         self.failure: FailureInfo | None = None  # why the job FAILED
         self.num_restarts = 0  # failovers carried out (regions or the whole job restarted: Flink's numRestarts)
@@ -368,9 +369,8 @@ class Scheduler(ExecutionTransitions):
         execution = self._current(attempt)
         if execution is None:
             return
-        machine = execution.machine
-        state = machine.state
-        if state.is_terminal:
+        state = execution.state
+        if state in _TERMINAL:
             return
         target = resolve_report(state, reported)
         if target is state or target not in self.execution_transitions[state]:

@@ -66,7 +66,9 @@ class ExecutionSlotAllocator:
         self.plan = plan
         self.request_timeout_s = request_timeout_s
         self.idle_timeout_s = idle_timeout_s  # <= 0: a slot no group needs goes back at once
-        self.usage: dict[Group, int] = {}  # live executions per group (kept by the scheduler's transitions)
+        # Never replaced (the scheduler's transitions hold them): live executions per group (kept
+        # by those transitions), the slot each group holds.
+        self.usage: dict[Group, int] = {}
         self.slot_of: dict[Group, SlotId] = {}
         # The job's slots no group runs in (its slot pool): taken by the groups scheduled next,
         # handed back after the idle timeout. Empty whenever a slot request is pending.
@@ -300,7 +302,9 @@ class ExecutionSlotAllocator:
 
     def task_manager_lost(self, task_manager_id: str) -> None:
         """The slots on a TaskManager that is gone are no longer the job's."""
-        self.slot_of = {g: s for g, s in self.slot_of.items() if s.task_manager_id != task_manager_id}
+        slot_of = self.slot_of  # changed in place: the scheduler's transitions hold it
+        for group in [g for g, s in slot_of.items() if s.task_manager_id == task_manager_id]:
+            del slot_of[group]
         self.idle = deque(s for s in self.idle if s.task_manager_id != task_manager_id)
 
     # ------------------------------------------------------------------ giving slots back

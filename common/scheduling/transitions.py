@@ -102,114 +102,101 @@ class ExecutionTransitions:
     def _start_timer(self, kind: str, at: float) -> Timer:
         raise NotImplementedError
 
-    def _init_transitions(self, total: int, table: Mapping[ExecutionState, frozenset[ExecutionState]]) -> None:
+    def _init_transitions(self, table: Mapping[ExecutionState, frozenset[ExecutionState]]) -> None:
+        """After the graph, the slot-sharing plan, the slot allocator and the deployment factory."""
         # Which execution transitions are legal: the specification's table, or (test only) a
         # deliberately defective one (`states.TESTING_MUTANTS`) the conformance kit must catch.
         self.execution_transitions = table
-        self._total = total  # the graph's shape never changes
+        self._total = total = self.graph.number_of_vertices()  # the graph's shape never changes
         self.state_counts = {E.CREATED: total}
         self._non_terminal = total  # current executions not in a terminal state
         self._finished = 0  # current executions FINISHED
         self._garbage = {}  # TaskManager -> partitions this event made garbage
         self._task_managers_used = set()
+        # what every move reads, in one attribute (none of them is ever replaced)
+        self._books = (table, self.state_counts, self.plan.by_job_vertex, self.slots.usage, self.slots.slot_of)
 
     def _transition(self, execution: Execution, to: ExecutionState, now: float, cause: str,
                     failure: FailureInfo | None = None, keep_slot: bool = False) -> None:
         """One execution's move: `_transition_all` of one."""
-        self._transition_all((execution,), to, now, cause, failure, keep_slot=keep_slot)
+        self._transition_all((execution,), to, now, cause, failure, keep_slot)
 
     def _transition_all(self, executions: Iterable[Execution], to: ExecutionState, now: float, cause: str,
-                        failure: FailureInfo | None = None, *, keep_slot: bool = False, deploy: bool = False,
+                        failure: FailureInfo | None = None, keep_slot: bool = False, *, deploy: bool = False,
                         then: Callable[[Execution], None] | None = None) -> None:
         """Move each of `executions` to `to`, in order, and carry out what each move changes besides
         its state (`EFFECTS`): the one place that does, for one execution (a report) as for
         thousands (scheduling a region, deploying, cancelling a job). The hot path of every
         schedule, deployment, report and failover: what a move changes is looked up once per state
-        it leaves, and the executions leaving one state share its transition record; the state
-        counts change once, at the end (also when a move raises: those before it are counted).
+        it leaves, and the executions leaving one state share its transition record. If a move is
+        illegal, IllegalTransition (with the execution's story); the moves before it are made.
 
         `failure`: the executions' failure. `keep_slot`: a group's slot its last execution leaves
         stays the group's (the failure handling decides). `deploy` (SCHEDULED -> DEPLOYING): each
         goes into its group's slot and gets its deployment. `then(ex)`: after each move."""
-        table, stimulus = self.execution_transitions, self._stimulus
-        out = self._out.append
-        by_vertex = self.plan.by_job_vertex
-        usage, slot_of = self.slots.usage, self.slots.slot_of
-        moved = self.deployments.consumer_moved
-        frees = not keep_slot and not self._keeps_slots()
+        table, counts, by_vertex, usage, slot_of = self._books
+        stimulus, out = self._stimulus, self._out.append
         failing = to is E.FAILED
         if deploy:
             used = self._task_managers_used
             vertex_deployment, gates = self.deployments.vertex_deployment, self.deployments.gates
             last_vertex, plan = None, None  # executions of one job vertex come together
-        left: dict[ExecutionState, int] = {}  # current executions that left each state
-        ended = finished_now = 0
-        last: ExecutionState | None = None
-        t: Transition = None  # type: ignore[assignment]
-        deployed = live = 0
-        terminal = finished = garbage = False
-        try:
-            for ex in executions:
-                before = ex.state  # an Execution is its own state machine
-                if before is not last:
-                    if to not in table[before]:
-                        raise IllegalTransition(ex, before, to, cause, tuple(ex.history))
-                    last = before
-                    deployed, live, terminal, finished, garbage = EFFECTS[before, to]
-                    # tuple.__new__: the named tuple's own constructor is a Python function, a third of the cost
-                    t = _new_tuple(Transition, (before, to, now, cause, stimulus))
-                vertex = ex.vertex
-                if deploy:
-                    ejv = vertex.job_vertex
-                    slot = ex.slot = slot_of[by_vertex[ejv.id][vertex.subtask_index]]
-                    tm = slot.task_manager_id
-                    used.add(tm)
-                    t = _new_tuple(Transition, (before, to, now, f"deploying to {tm}/slot-{slot.slot_index}",  # str(slot)
-                                                stimulus))
-                else:
-                    slot = ex.slot
-                    tm = slot.task_manager_id if slot is not None else None
-                ex.history.append(t)
-                ex.state = to
-                if vertex.current_execution is ex:
-                    left[before] = left.get(before, 0) + 1
-                if failure is not None:
-                    ex.failure = failure
-                if deployed and tm and vertex.consumed_partition_groups:
-                    moved(ex, tm, deployed)
-                if live:
-                    group = by_vertex[vertex.job_vertex.id][vertex.subtask_index]
-                    usage[group] = usage.get(group, 0) + live
-                name = vertex.name
-                out(_new_tuple(ExecutionStateChanged, (ex.attempt_id, name, t, tm, ex.failure if failing else None)))
-                if deploy:
-                    if ejv is not last_vertex:
-                        last_vertex, plan = ejv, vertex_deployment(ejv)
-                    out(_new_tuple(DeployTask, (plan, ex.attempt_id, name, slot,
-                                                gates(vertex) if vertex.consumed_partition_groups else (), stimulus)))
-                if terminal:
-                    ended += 1
-                    if finished:
-                        finished_now += 1
-                    elif garbage and tm and vertex.produced_partitions:
-                        # whatever this attempt wrote is garbage: nobody will ever be told to read it
-                        # (one ReleasePartitions per TaskManager and event, at its end: `_release_garbage`)
-                        refs = self._garbage.get(tm)
-                        if refs is None:
-                            refs = self._garbage[tm] = []
-                        number = ex.attempt_number
-                        refs += [PartitionRef(p.result.id, p.partition_index, number) for p in vertex.produced_partitions]
-                if live < 0 and frees and usage[group] == 0 and group in slot_of:
-                    self._free_group_slot(group, f"{name} {to.value}", now)
-                if then is not None:
-                    then(ex)
-        finally:
-            counts = self.state_counts
-            for before, n in left.items():
-                counts[before] -= n
-                counts[to] = counts.get(to, 0) + n
-            self._non_terminal -= ended
-            self._finished += finished_now
+        last: ExecutionState | None = None  # the first move looks its effects up (and makes `t`)
+        for ex in executions:
+            before = ex.state  # an Execution is its own state machine
+            if before is not last:
+                if to not in table[before]:
+                    raise IllegalTransition(ex, before, to, cause, tuple(ex.history))
+                last = before
+                deployed, live, terminal, finished, garbage = EFFECTS[before, to]
+                # tuple.__new__: the named tuple's own constructor is a Python function, a third of the cost
+                t = _new_tuple(Transition, (before, to, now, cause, stimulus))
+            vertex = ex.vertex
+            if deploy:
+                ejv = vertex.job_vertex
+                slot = ex.slot = slot_of[by_vertex[ejv.id][vertex.subtask_index]]
+                tm = slot.task_manager_id
+                used.add(tm)
+                t = _new_tuple(Transition, (before, to, now, f"deploying to {tm}/slot-{slot.slot_index}",  # str(slot)
+                                            stimulus))
+            else:
+                slot = ex.slot
+                tm = slot.task_manager_id if slot is not None else None
+            ex.history.append(t)
+            ex.state = to
+            if vertex.current_execution is ex:
+                counts[before] -= 1
+                counts[to] = counts.get(to, 0) + 1
+            if failure is not None:
+                ex.failure = failure
+            if deployed and tm and vertex.consumed_partition_groups:
+                self.deployments.consumer_moved(ex, tm, deployed)
+            if live:
+                group = by_vertex[vertex.job_vertex.id][vertex.subtask_index]
+                usage[group] = usage.get(group, 0) + live
+            name = vertex.name
+            out(_new_tuple(ExecutionStateChanged, (ex.attempt_id, name, t, tm, ex.failure if failing else None)))
+            if deploy:
+                if ejv is not last_vertex:
+                    last_vertex, plan = ejv, vertex_deployment(ejv)
+                out(_new_tuple(DeployTask, (plan, ex.attempt_id, name, slot,
+                                            gates(vertex) if vertex.consumed_partition_groups else (), stimulus)))
+            if terminal:
+                self._non_terminal -= 1
+                if finished:
+                    self._finished += 1
+                elif garbage and tm and vertex.produced_partitions:
+                    # whatever this attempt wrote is garbage: nobody will ever be told to read it
+                    # (one ReleasePartitions per TaskManager and event, at its end: `_release_garbage`)
+                    refs = self._garbage.get(tm)
+                    if refs is None:
+                        refs = self._garbage[tm] = []
+                    number = ex.attempt_number
+                    refs += [PartitionRef(p.result.id, p.partition_index, number) for p in vertex.produced_partitions]
+            if live < 0 and not keep_slot and usage[group] == 0 and group in slot_of and not self._keeps_slots():
+                self._free_group_slot(group, f"{name} {to.value}", now)
+            if then is not None:
+                then(ex)
 
     def _free_if_unused(self, vertex: ExecutionVertex, now: float) -> None:
         group = self.plan.group_of(vertex)
