@@ -116,14 +116,16 @@ EXECUTION_REPORT_RESOLUTION: Mapping[tuple[ExecutionState, ExecutionState], Exec
 
 
 # Test only: deliberate defects a JobManager can be started with (`funke.testing.mutant`), so that
-# the conformance kit can be seen to catch one. "skip-initializing": the scheduler drops
-# INITIALIZING reports and takes DEPLOYING -> RUNNING, which the specification forbids.
+# the conformance kit can be seen to catch one: the execution table its scheduler is given instead
+# of the specification's. "skip-initializing": INITIALIZING reports are dropped (DEPLOYING no longer
+# leads there) and DEPLOYING -> RUNNING, which the specification forbids, is taken.
 SKIP_INITIALIZING = "skip-initializing"
-TESTING_MUTANTS = (SKIP_INITIALIZING,)
-# ... its execution table, with the one transition the specification forbids.
 SKIP_INITIALIZING_EXECUTION_TRANSITIONS: Mapping[ExecutionState, frozenset[ExecutionState]] = {
     **EXECUTION_STATE_TRANSITIONS,
-    _E.DEPLOYING: EXECUTION_STATE_TRANSITIONS[_E.DEPLOYING] | {_E.RUNNING},
+    _E.DEPLOYING: EXECUTION_STATE_TRANSITIONS[_E.DEPLOYING] - {_E.INITIALIZING} | {_E.RUNNING},
+}
+TESTING_MUTANTS: Mapping[str, Mapping[ExecutionState, frozenset[ExecutionState]]] = {
+    SKIP_INITIALIZING: SKIP_INITIALIZING_EXECUTION_TRANSITIONS,
 }
 
 

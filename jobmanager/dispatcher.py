@@ -40,7 +40,7 @@ from funke.common.graph.jobgraph import JobGraph
 from funke.common.graph.restart import describe_config, restart_strategy_from_config
 from funke.common.scheduling import rescale as rs
 from funke.common.scheduling.scheduler import FinishedSubtask, Scheduler
-from funke.common.states import JobStatus
+from funke.common.states import EXECUTION_STATE_TRANSITIONS, TESTING_MUTANTS, JobStatus
 from funke.common.graph.streamingjob import CHECKPOINT, checkpoint_location, is_streaming_query, rescaled
 from funke.common.graph.validation import Problem, ValidationContext, describe_problems, find_problems
 from funke.common.wire.codec import (DeploymentEncoder, WireError, job_graph_from_proto, job_graph_to_proto,
@@ -440,7 +440,7 @@ class Dispatcher:
                 slot_request_timeout_s=cfg.slot_request_timeout_s or self.config.slot_request_timeout_s,
                 cancellation_timeout_s=self.config.cancellation_timeout_s,
                 slot_idle_timeout_s=self.config.slot_idle_timeout_s,
-                testing_mutant=self.config.testing_mutant,
+                execution_transitions=TESTING_MUTANTS.get(self.config.testing_mutant, EXECUTION_STATE_TRANSITIONS),
             )
         return graph, scheduler, describe_config(restart_cfg)
 

@@ -512,9 +512,6 @@ class ExecutionGraph:
         a global failover walks it three times)."""
         return list(chain.from_iterable([ejv.task_vertices for ejv in self.vertices.values()]))
 
-    def execution_vertex(self, vid: ExecutionVertexId) -> ExecutionVertex:
-        return self.vertices[vid.vertex_id].task_vertices[vid.subtask_index]
-
     def find_execution(self, attempt: ExecutionAttemptId) -> Execution | None:
         ejv = self.vertices.get(attempt.vertex_id)
         if ejv is None or not 0 <= attempt.subtask_index < ejv.parallelism:

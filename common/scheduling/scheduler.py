@@ -1,19 +1,21 @@
 """The JobMaster's scheduler: one job's ExecutionGraph driven by events, returning actions.
 
 Owns the job's bookkeeping and the mechanics of carrying out decisions: which executions are
-scheduled together and wait for which slots, which slot each ExecutionSlotSharingGroup runs in,
-moving executions and the job through the tables of `states.py`, cancelling, resetting and
+scheduled and deployed together, moving executions and the job through the tables of `states.py`
+(in one place, its base class `transitions.ExecutionTransitions`), cancelling, resetting and
 restarting tasks, committing outputs, suspension. The decisions it asks for are made elsewhere,
 one concern per module:
 
 - `schedulingstrategy.py`: which regions to schedule when (eager or pipelined region);
+- `slotallocator.py`: which slot each ExecutionSlotSharingGroup runs in, the job's slot pool and
+  its slot requests, which deployment bulks wait for which slots;
 - `failover.py`: what a failure restarts, whether and when (failover and restart strategies);
 - `deploymentfactory.py`: what a deployment and a partition update say;
 - `states.py`: which transitions are legal and how the job follows from its executions.
 
 It is sans-IO, like dask's WorkerState: every public method takes an event (with `now` passed in,
-and the id of the stimulus that caused it) and returns a list of actions (dataclasses below) for
-the JobManager shell to carry out. Nothing here touches a socket, a thread or a clock. Every
+and the id of the stimulus that caused it) and returns a list of actions (`actions.py`) for the
+JobManager shell to carry out. Nothing here touches a socket, a thread or a clock. Every
 transition records the stimulus id, so an execution's story says which event moved it.
 
 Events:   start, on_slots_allocated (on_allocations: several), on_slot_request_failed, on_task_state
@@ -29,20 +31,10 @@ from __future__ import annotations
 import functools
 import itertools
 import operator
-from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Iterable, NamedTuple, Sequence, TypeVar
+from typing import Callable, Iterable, Mapping, Sequence, TypeVar
 
-from funke.common.records import quick_init
-from funke.common.graph.deployment import (
-    GateState,
-    PartitionRef,
-    PartitionUpdate,
-    TaskDeployment,
-    TaskReport,
-    VertexDeployment,
-)
-from funke.common.scheduling.deploymentfactory import TaskDeploymentFactory
+from funke.common.graph.deployment import PartitionRef, TaskReport
 from funke.common.graph.executiongraph import (
     Execution,
     ExecutionAttemptId,
@@ -54,8 +46,30 @@ from funke.common.graph.executiongraph import (
     SlotId,
     TaskIo,
     add_operator_io,
-    new_attempts,
 )
+from funke.common.graph.jobgraph import FailoverStrategyKind
+from funke.common.graph.operators import CATALOGUE
+from funke.common.graph.restart import RestartBackoffTimeStrategy
+from funke.common.graph.streamingjob import is_streaming_query
+from funke.common.scheduling.actions import (
+    Action,
+    CancelSlotRequest,
+    CancelTask,
+    CommitOutputs,
+    DeployTask,
+    ExecutionStateChanged,
+    FinishedSubtask,
+    JobCleanup,
+    JobStatusChanged,
+    ReleasePartitions,
+    ReleaseSlot,
+    RequestSlots,
+    SinkCommit,
+    StartTimer,
+    Timer,
+    UpdatePartitionInfo,
+)
+from funke.common.scheduling.deploymentfactory import TaskDeploymentFactory
 from funke.common.scheduling.failover import (
     EXCEPTION_HISTORY_SIZE,
     ExceptionHistoryEntry,
@@ -63,62 +77,34 @@ from funke.common.scheduling.failover import (
     FailureHandling,
     vertices_of,
 )
-from funke.common.graph.jobgraph import FailoverStrategyKind
-from funke.common.graph.operators import CATALOGUE
 from funke.common.scheduling.regions import PipelinedRegion, compute_pipelined_regions
-from funke.common.graph.restart import RestartBackoffTimeStrategy
 from funke.common.scheduling.schedulingstrategy import scheduling_strategy
-from funke.common.scheduling.slotsharing import ExecutionSlotSharingGroup, SlotRequest, build_slot_sharing_plan
+from funke.common.scheduling.slotallocator import DeploymentBulk, ExecutionSlotAllocator
+from funke.common.scheduling.slotsharing import build_slot_sharing_plan
+from funke.common.scheduling.transitions import ExecutionTransitions
 from funke.common.states import (
     DEPLOYED_EXECUTION_STATES,
     EXECUTION_STATE_TRANSITIONS,
     JOB_STATUS_WHEN_EXECUTIONS_END,
-    LIVE_EXECUTION_STATES,
     SCHEDULING_JOB_STATUSES,
-    SKIP_INITIALIZING,
-    SKIP_INITIALIZING_EXECUTION_TRANSITIONS,
     ExecutionsOutcome,
     ExecutionState,
     JobStatus,
-    Transition,
     is_legal_path,
     resolve_report,
 )
-from funke.common.graph.streamingjob import is_streaming_query
 
+# The actions are re-exported: the JobMaster, the HA store and the tests name them `scheduler.X`.
 __all__ = [
     "Action", "CancelSlotRequest", "CancelTask", "CommitOutputs", "DeployTask", "ExceptionHistoryEntry",
-    "ExecutionStateChanged", "JobCleanup", "JobStatusChanged", "ReleasePartitions", "ReleaseSlot",
+    "ExecutionStateChanged", "FinishedSubtask", "JobCleanup", "JobStatusChanged", "ReleasePartitions", "ReleaseSlot",
     "RequestSlots", "Scheduler", "SinkCommit", "StartTimer", "Timer", "UpdatePartitionInfo",
 ]
 
 E = ExecutionState
 J = JobStatus
-_LIVE = LIVE_EXECUTION_STATES
 _DEPLOYED = DEPLOYED_EXECUTION_STATES
-_DEPLOYED_OR_CANCELING = DEPLOYED_EXECUTION_STATES | {E.CANCELING}
 _TERMINAL = frozenset(state for state in E if state.is_terminal)
-
-
-class _Effects(NamedTuple):
-    """What an execution's move from one state to another changes besides its state, worked out
-    once per pair of states: `_transition` runs six times per subtask and attempt."""
-
-    deployed: int  # +1 it now runs on its TaskManager (consumers there are told of partitions), -1 no longer
-    live: int  # +1 it now needs its slot-sharing group's slot, -1 no longer
-    terminal: bool
-    finished: bool
-    garbage: bool  # it ended without finishing after it could have written partitions: release them
-
-
-def _effects(before: ExecutionState, to: ExecutionState) -> _Effects:
-    step = lambda a, b: (b and not a) - (a and not b)  # noqa: E731
-    terminal = to in _TERMINAL
-    return _Effects(step(before in _DEPLOYED, to in _DEPLOYED), step(before in _LIVE, to in _LIVE), terminal,
-                    to is E.FINISHED, terminal and to is not E.FINISHED and before in _DEPLOYED_OR_CANCELING)
-
-
-_EFFECTS = {(a, b): _effects(a, b) for a in E for b in E}
 _new_tuple = tuple.__new__
 
 # Flink's task.cancellation.timeout: after this, a job stuck in CANCELLING goes FAILED.
@@ -151,179 +137,6 @@ def _event(method: _F) -> _F:
     return handle  # type: ignore[return-value]
 
 
-# ----------------------------------------------------------------------------------------------
-# Actions
-# ----------------------------------------------------------------------------------------------
-
-
-@quick_init
-@dataclass(frozen=True, slots=True)
-class RequestSlots:
-    requests: tuple[SlotRequest, ...]
-    timeout_s: float
-
-
-@quick_init
-@dataclass(frozen=True, slots=True)
-class CancelSlotRequest:
-    request_id: int
-
-
-@quick_init
-@dataclass(frozen=True, slots=True)
-class ReleaseSlot:
-    slot: SlotId
-    cause: str
-
-
-class DeployTask(NamedTuple):
-    """Deploy an execution attempt into its slot. What it shares with its job vertex's other
-    subtasks is one `VertexDeployment`; `gates` is what each of its inputs reads (shared too,
-    per consumed partition group). `deployment` is the whole TaskDeployment. (A named tuple,
-    built with `tuple.__new__`: a deployment of every subtask, at every restart.)"""
-
-    vertex: VertexDeployment
-    attempt: ExecutionAttemptId
-    task_name: str
-    slot: SlotId
-    gates: tuple[GateState, ...]
-    stimulus_id: str
-
-    @property
-    def deployment(self) -> TaskDeployment:
-        return self.vertex.task(self.attempt, self.task_name, self.slot, self.gates, self.stimulus_id)
-
-
-class CancelTask(NamedTuple):
-    """Cancel an attempt on its TaskManager (a named tuple: a failover cancels every subtask)."""
-
-    task_manager_id: str
-    attempt: ExecutionAttemptId
-    stimulus_id: str = ""
-
-
-@quick_init
-@dataclass(frozen=True, slots=True)
-class UpdatePartitionInfo:
-    """A partition that deployed consumers on `task_manager_id` were waiting for is ready."""
-
-    task_manager_id: str
-    update: PartitionUpdate
-
-
-@quick_init
-@dataclass(frozen=True, slots=True)
-class ReleasePartitions:
-    task_manager_id: str
-    partitions: tuple[PartitionRef, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Timer:
-    kind: str  # "restart" | "cancel-timeout"
-    version: int
-
-
-@dataclass(frozen=True, slots=True)
-class StartTimer:
-    timer: Timer
-    at: float
-
-
-@dataclass(frozen=True, slots=True)
-class FinishedSubtask:
-    """A subtask whose current attempt FINISHED, and the schemas of the partitions it produced:
-    what a new leader needs to take its output over instead of running it again."""
-
-    vertex_id: str
-    subtask_index: int
-    attempt_number: int
-    schemas: tuple[tuple[str, int, str], ...]  # (data set id, partition index, schema)
-    # Where and when it ran, so that the attempt a new leader takes over shows its TaskManager,
-    # slot and timeline as they were, not a deployment at the recovery instant. Records of an
-    # older JobManager lack them: such an attempt is shown with a timeline made at the takeover.
-    slot: SlotId | None = None
-    created_at: float | None = None
-    history: tuple[Transition[ExecutionState], ...] = ()
-    io: TaskIo | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class SinkCommit:
-    vertex_id: str
-    subtask_index: int
-    attempt_number: int
-    kind: str
-    config: tuple[tuple[str, object], ...]
-
-
-@dataclass(frozen=True, slots=True)
-class CommitOutputs:
-    """Every task finished: make the staged sink output of the finished attempts visible."""
-
-    sinks: tuple[SinkCommit, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class JobCleanup:
-    """The job reached a terminal status: release what it left on TaskManagers and disk."""
-
-    status: JobStatus
-    task_managers: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class JobStatusChanged:
-    transition: Transition
-
-
-class ExecutionStateChanged(NamedTuple):
-    """Made on every transition of every execution (a named tuple: a frozen dataclass takes four
-    times as long to build)."""
-
-    attempt: ExecutionAttemptId
-    task_name: str
-    transition: Transition
-    task_manager_id: str | None
-    failure: FailureInfo | None
-
-
-Action = (
-    RequestSlots | CancelSlotRequest | ReleaseSlot | DeployTask | CancelTask | UpdatePartitionInfo
-    | ReleasePartitions | StartTimer | CommitOutputs | JobCleanup | JobStatusChanged | ExecutionStateChanged
-)
-
-
-# ----------------------------------------------------------------------------------------------
-# Internal bookkeeping
-# ----------------------------------------------------------------------------------------------
-
-
-@dataclass(eq=False, slots=True)
-class _Batch:
-    """Executions scheduled together; deployed once every one of their groups has a slot. An
-    execution that is no longer its vertex's current one, or no longer SCHEDULED, is ignored."""
-
-    executions: list[Execution]
-    groups: list[ExecutionSlotSharingGroup]
-
-    def waiting(self) -> list[Execution]:
-        return [ex for ex in self.executions if ex.vertex.current_execution is ex and ex.machine.state is E.SCHEDULED]
-
-
-@dataclass(eq=False, slots=True)
-class _Asked:
-    """A slot request sent for `groups`: all at once, or (independent) in parts, in order, of
-    which the first `served` have their slots."""
-
-    groups: list[ExecutionSlotSharingGroup]
-    independent: bool = False
-    served: int = 0
-
-    def unserved(self) -> list[ExecutionSlotSharingGroup]:
-        return self.groups[self.served:]
-
-
 @dataclass(eq=False, slots=True)
 class _PendingRestart:
     """Vertices of a region failover: cancelled, then reset and rescheduled at `restart_at`."""
@@ -341,7 +154,7 @@ class _GlobalFailure:
     suppressed_by: str
 
 
-class Scheduler:
+class Scheduler(ExecutionTransitions):
     """One job's scheduling state. See the module docstring."""
 
     def __init__(
@@ -353,10 +166,9 @@ class Scheduler:
         slot_request_timeout_s: float = 300.0,
         cancellation_timeout_s: float = DEFAULT_CANCELLATION_TIMEOUT_S,
         slot_idle_timeout_s: float = DEFAULT_SLOT_IDLE_TIMEOUT_S,
-        testing_mutant: str = "",
+        execution_transitions: Mapping[ExecutionState, frozenset[ExecutionState]] = EXECUTION_STATE_TRANSITIONS,
     ):
         self.graph = graph
-        self.testing_mutant = testing_mutant
         # A streaming query's tasks are long-lived and run micro-batches: one failure restarts
         # them all (the query's next run recovers from its checkpoint), and their sinks commit
         # batch by batch, not when the tasks finish.
@@ -367,30 +179,17 @@ class Scheduler:
         self.regions = compute_pipelined_regions(graph)
         self.restart_strategy = restart_strategy
         self.failover_strategy = failover_strategy
-        self.slot_request_timeout_s = slot_request_timeout_s
         self.cancellation_timeout_s = cancellation_timeout_s
-        self.slot_idle_timeout_s = slot_idle_timeout_s
+        self.slots = ExecutionSlotAllocator(self.plan, request_timeout_s=slot_request_timeout_s,
+                                            idle_timeout_s=slot_idle_timeout_s)
         self.strategy = scheduling_strategy(graph.job_graph.job_type, self.regions)
         self.failures = ExecutionFailureHandler(failover_strategy, restart_strategy, self.regions)
         self.deployments = TaskDeploymentFactory(graph, streaming=self.streaming)
+        self._init_transitions(execution_transitions)
         self.exception_history: list[ExceptionHistoryEntry] = []
         self.failure: FailureInfo | None = None  # why the job FAILED
         self.num_restarts = 0  # failovers carried out (regions or the whole job restarted: Flink's numRestarts)
 
-        self._total = total = graph.number_of_vertices()  # the graph's shape never changes
-        self.state_counts: dict[ExecutionState, int] = {E.CREATED: total}  # of current executions
-        self._non_terminal = total  # current executions not in a terminal state
-        self._finished = 0  # current executions FINISHED
-        self._usage: dict[ExecutionSlotSharingGroup, int] = {}  # live executions per group
-        self._slot_of: dict[ExecutionSlotSharingGroup, SlotId] = {}
-        # The job's slots no group runs in (its slot pool): taken by the groups scheduled next,
-        # handed back after the idle timeout. Empty whenever a slot request is pending.
-        self._idle: deque[SlotId] = deque()
-        self._requested: dict[ExecutionSlotSharingGroup, int] = {}  # group -> pending request id
-        self._requests: dict[int, _Asked] = {}  # pending slot requests by id
-        self._batches: dict[_Batch, None] = {}  # waiting batches, in order (an ordered set)
-        self._batches_with_group: dict[ExecutionSlotSharingGroup, list[_Batch]] = {}  # deployed batches leave at once, others lazily
-        self._next_request_id = 1
         self._scheduled_regions: set[PipelinedRegion] = set()
         self._pending_restart: _PendingRestart | None = None
         self._global_failure: _GlobalFailure | None = None
@@ -398,71 +197,25 @@ class Scheduler:
         self._timers: dict[str, Timer] = {}  # the one live timer of each kind
         self._committing = False
         self._restoring = False  # taking finished subtasks over: start() schedules what they unblock
-        self._task_managers_used: set[str] = set()
         self._stimuli = itertools.count(1)
         self._stimulus = ""  # the id of the event being handled
         self._out: list[Action] = []
-        self._garbage: dict[str, list[PartitionRef]] = {}  # TaskManager -> partitions this event made garbage
 
     # ------------------------------------------------------------------ public view
-
-    @property
-    def status(self) -> JobStatus:
-        return self.graph.status
 
     @property
     def committing(self) -> bool:
         return self._committing
 
-    @property
-    def eager(self) -> bool:
-        return self.strategy.one_batch
-
-    def slot_of_group(self, group: ExecutionSlotSharingGroup) -> SlotId | None:
-        return self._slot_of.get(group)
-
     def validate_state(self) -> None:
         """Check the scheduler's books against the ExecutionGraph; AssertionError naming the first
         disagreement. O(tasks): for tests and fuzzing, not for every event in production."""
         vertices = self.graph.execution_vertices()
-        states: dict[ExecutionState, int] = {}
-        for ev in vertices:
-            states[ev.state] = states.get(ev.state, 0) + 1
-        kept = {state: n for state, n in self.state_counts.items() if n}
-        assert kept == states, f"state counts {kept} disagree with the graph {states}"
-        finished = states.get(E.FINISHED, 0)
-        assert self._finished == finished, f"_finished={self._finished}, the graph has {finished} FINISHED"
-        non_terminal = sum(n for state, n in states.items() if not state.is_terminal)
-        assert self._non_terminal == non_terminal, f"_non_terminal={self._non_terminal}, the graph has {non_terminal}"
-        live: dict[ExecutionSlotSharingGroup, int] = {}
-        for ev in vertices:
-            if ev.state in _LIVE:
-                group = self.plan.group_of(ev)
-                live[group] = live.get(group, 0) + 1
-        for group in set(live) | set(self._usage):
-            assert self._usage.get(group, 0) == live.get(group, 0), (
-                f"slot-sharing group {group.index}: _usage={self._usage.get(group, 0)}, "
-                f"{live.get(group, 0)} live executions")
-        slots = list(self._slot_of.values())
-        assert len(slots) == len(set(slots)), f"two groups in one slot: {sorted(map(str, slots))}"
-        idle = set(self._idle)
-        assert len(idle) == len(self._idle) and not idle & set(slots), (
-            f"an idle slot twice, or also a group's: {sorted(map(str, self._idle))}")
-        assert not (idle and self._requests), f"idle slots {sorted(map(str, idle))} while requests {sorted(self._requests)} wait"
-        assert not idle or "slot-idle" in self._timers, "idle slots without a timer to hand them back"
+        self._validate_counts(vertices)
         if self.status.is_terminal:
             alive = [repr(ev.current_execution) for ev in vertices if not ev.state.is_terminal]
             assert not alive, f"the job is {self.status.value} but executions are not terminal: {alive[:10]}"
-            assert not self._slot_of and not idle, (
-                f"the job is {self.status.value} but holds slots {sorted(map(str, slots + list(idle)))}")
-            assert not self._requests, f"the job is {self.status.value} but slot requests are pending: {sorted(self._requests)}"
-            assert not self._batches, f"the job is {self.status.value} but {len(self._batches)} batches wait"
-        else:
-            for ev in vertices:
-                ex = ev.current_execution
-                if ex.state in _DEPLOYED or ex.state is E.CANCELING:
-                    slot = self._slot_of.get(self.plan.group_of(ev))
-                    assert slot == ex.slot, f"{ex!r} runs in {ex.slot}, its group holds {slot}"
+        self.slots.validate(vertices, terminal=self.status.is_terminal, idle_timer="slot-idle" in self._timers)
         for result in self.graph.results.values():
             for partition in result.partitions:
                 if partition.location is not None:
@@ -534,7 +287,7 @@ class Scheduler:
         FINISHED, stamped now."""
         steps = [(t.to_state, t.timestamp, t.cause) for t in record.history]
         path = [E.CREATED] + [state for state, _, _ in steps]
-        if not steps or path[-1] is not E.FINISHED or not is_legal_path(EXECUTION_STATE_TRANSITIONS, path):
+        if not steps or path[-1] is not E.FINISHED or not is_legal_path(self.execution_transitions, path):
             steps = [(state, now, "") for state in (E.SCHEDULED, E.DEPLOYING, E.FINISHED)]
         execution = Execution(ev, record.attempt_number, record.created_at if record.history else now)
         ev.current_execution = execution
@@ -557,62 +310,22 @@ class Scheduler:
         return self._drain()
 
     def _allocated(self, allocations: Sequence[tuple[int, Sequence[SlotId]]], now: float) -> None:
-        expected: dict[int, int] = {}
-        for request_id, slots in allocations:  # checked before anything changes
-            asked = self._requests.get(request_id)
-            if asked is not None:
-                left = expected.get(request_id, len(asked.groups) - asked.served)
-                if len(slots) > left or (len(slots) < left and not asked.independent):
-                    raise ValueError(f"request {request_id}: got {len(slots)} slots for {left} groups")
-                expected[request_id] = left - len(slots)
-        scheduling = self.status in SCHEDULING_JOB_STATUSES
-        served: list[ExecutionSlotSharingGroup] = []
-        requests, requested, slot_of = self._requests, self._requested, self._slot_of
-        for request_id, slots in allocations:
-            asked = requests.get(request_id)
-            if asked is None or not scheduling:
-                for slot in slots:
-                    self._out.append(ReleaseSlot(slot, "slot request no longer needed"))
-                if asked is not None:
-                    del requests[request_id]
-                    for g in asked.unserved():
-                        requested.pop(g, None)
-                    if asked.served + len(slots) < len(asked.groups):  # an independent one: the rest too
-                        self._out.append(CancelSlotRequest(request_id))
-                continue
-            start = asked.served
-            groups = asked.groups[start:start + len(slots)]
-            asked.served = start + len(slots)
-            if asked.served == len(asked.groups):
-                del requests[request_id]
-            for group, slot in zip(groups, slots):
-                requested.pop(group, None)
-                slot_of[group] = slot
-            served.extend(groups)
-        if not served:
-            return
-        self._deploy_ready_batches(now, self._batches_needing(served))
-        # groups whose vertices were cancelled while the request was pending
-        usage = self._usage
-        for group in served:
-            if usage.get(group, 0) == 0 and group in slot_of:
-                self._release_group_slot(group, "no task needs the slot any more")
+        slots = self.slots
+        served = slots.allocated(allocations, accept=self.status in SCHEDULING_JOB_STATUSES, out=self._out)
+        if served:
+            self._deploy_ready(slots.bulks_needing(served), now)
+            # groups whose vertices were cancelled while the request was pending
+            slots.release_unused(served, "no task needs the slot any more", self._out)
 
     @_event
     def on_slot_request_failed(self, request_id: int, message: str, now: float) -> list[Action]:
-        asked = self._requests.pop(request_id, None)
-        if asked is None:
+        starved = self.slots.request_failed(request_id)
+        if starved is None:
             return []
-        groups = asked.unserved()
-        for g in groups:
-            self._requested.pop(g, None)
-        starved = self._batches_needing(groups)
-        for batch in starved:
-            del self._batches[batch]
         failure = FailureInfo("NoResourceAvailableException", message)
         failed = []
-        for batch in starved:
-            for ex in batch.waiting():
+        for bulk in starved:
+            for ex in bulk.waiting():
                 self._transition(ex, E.FAILED, now, str(failure), failure)
                 failed.append(ex.vertex)
         if failed:
@@ -656,17 +369,11 @@ class Scheduler:
         execution = self._current(attempt)
         if execution is None:
             return
-        machine = execution.machine
-        state = machine.state
+        state = execution.state
         if state in _TERMINAL:
             return
         target = resolve_report(state, reported)
-        if self.testing_mutant == SKIP_INITIALIZING:
-            if target is E.INITIALIZING:
-                return  # the defect: INITIALIZING is dropped ...
-            if target is E.RUNNING and state is E.DEPLOYING:
-                machine.table = SKIP_INITIALIZING_EXECUTION_TRANSITIONS  # ... and DEPLOYING -> RUNNING taken
-        if target is state or target not in machine.table[state]:
+        if target is state or target not in self.execution_transitions[state]:
             return
         if target is E.FINISHED:
             execution.io = io
@@ -695,8 +402,7 @@ class Scheduler:
     def on_task_manager_lost(self, task_manager_id: str, cause: str, now: float) -> list[Action]:
         """Every task on the TaskManager fails; partitions that lived only there are gone.
         One lost TaskManager is one failure for the restart strategy."""
-        self._slot_of = {g: s for g, s in self._slot_of.items() if s.task_manager_id != task_manager_id}
-        self._idle = deque(s for s in self._idle if s.task_manager_id != task_manager_id)
+        self.slots.task_manager_lost(task_manager_id)
         failure = FailureInfo("TaskManagerLost", f"TaskManager {task_manager_id} lost: {cause}")
         failed: list[ExecutionVertex] = []
         for ev in self.graph.execution_vertices():
@@ -739,7 +445,7 @@ class Scheduler:
         elif timer.kind == "cancel-timeout":
             self._cancellation_timed_out(now)
         elif timer.kind == "slot-idle":
-            self._release_idle_slots(f"idle for {self.slot_idle_timeout_s:g} s")
+            self.slots.release_idle(f"idle for {self.slots.idle_timeout_s:g} s", self._out)
         return self._drain()
 
     @_event
@@ -840,229 +546,63 @@ class Scheduler:
     # ------------------------------------------------------------------ scheduling
 
     def _schedule_regions(self, regions: list[PipelinedRegion], now: float) -> None:
-        """Schedule `regions` (those not scheduled yet): one batch of executions per region, or one
-        for all of them if the strategy schedules in bulk; each batch asks for the slots its
+        """Schedule `regions` (those not scheduled yet): one deployment bulk per region, or one for
+        all of them if the strategy schedules in one bulk; each bulk asks for the slots its
         groups lack and is deployed once they all have one."""
         regions = [r for r in regions if r not in self._scheduled_regions]
         if not regions:
             return
         regions.sort(key=_region_index)
-        one_batch = self.strategy.one_batch
-        batches: list[list[ExecutionVertex]] = []
+        one_bulk = self.strategy.one_bulk
+        bulks: list[list[ExecutionVertex]] = []
         merged = False  # a region's vertices are in _vertex_order already; several regions' are not
         for region in regions:
             self._scheduled_regions.add(region)
             vertices = [ev for ev in region.vertices if ev.current_execution.machine.state is E.CREATED]
             if not vertices:
                 continue
-            if one_batch and batches:
-                batches[0].extend(vertices)
+            if one_bulk and bulks:
+                bulks[0].extend(vertices)
                 merged = True
             else:
-                batches.append(vertices)
-        requests: list[SlotRequest] = []
-        # batches that lack one slot each (regions in one slot-sharing group, as a batch job's
-        # one-subtask regions): one independent request for all of them
-        lacking_one: list[ExecutionSlotSharingGroup] = []
-        lacking: set[ExecutionSlotSharingGroup] = set()
-        lacking_at = 0
-        new_batches: list[_Batch] = []
-        group_of, slot_of, requested = self.plan.group_of, self._slot_of, self._requested
-        waiting, with_group = self._batches, self._batches_with_group
-        ready: list[Execution] = []
-        direct = self.status in SCHEDULING_JOB_STATUSES
+                bulks.append(vertices)
         if merged:
-            batches[0].sort(key=_vertex_order)
-        self._transition_all([ev.current_execution for vertices in batches for ev in vertices], E.SCHEDULED, now,
+            bulks[0].sort(key=_vertex_order)
+        direct = self.status in SCHEDULING_JOB_STATUSES
+        self._transition_all([ev.current_execution for vertices in bulks for ev in vertices], E.SCHEDULED, now,
                              "scheduled")
-        idle = self._idle if direct else None
-        for vertices in batches:
-            if len(vertices) == 1:  # a batch job's one-subtask regions: thousands at once
-                group = group_of(vertices[0])
-                if idle and group not in slot_of:
-                    slot_of[group] = idle.popleft()  # a slot the job holds, idle
-                if direct and group in slot_of:
-                    ready.append(vertices[0].current_execution)  # its group's slot: kept, or idle
-                    continue
-                groups = [group]
-                missing = [] if group in slot_of or group in requested or group in lacking else [group]
-            else:
-                groups = list(dict.fromkeys([group_of(ev) for ev in vertices]))
-                if idle:
-                    self._take_idle(groups)
-                if direct and all(g in slot_of for g in groups):
-                    # its groups' slots are held (kept through a global failover, or idle): deployed below, in order
-                    ready.extend(ev.current_execution for ev in vertices)
-                    continue
-                missing = [g for g in groups if g not in slot_of and g not in requested and g not in lacking]
-            if len(missing) == 1 and not one_batch:
-                if not lacking_one:
-                    lacking_at = len(requests)  # asked for in the order of the regions
-                lacking_one.append(missing[0])
-                lacking.add(missing[0])
-            elif missing:
-                requests.append(self._new_request(missing))
-            batch = _Batch([ev.current_execution for ev in vertices], groups)
-            waiting[batch] = None
-            for g in groups:
-                listed = with_group.get(g)
-                if listed is None:
-                    with_group[g] = [batch]
-                else:
-                    listed.append(batch)
-            new_batches.append(batch)
-        if lacking_one:
-            requests.insert(lacking_at, self._new_request(lacking_one, independent=True))
-        if requests:
-            self._out.append(RequestSlots(tuple(requests), self.slot_request_timeout_s))
+        ready, new_bulks = self.slots.schedule(bulks, deploy_now=direct, independent_requests=not one_bulk,
+                                               out=self._out)
         if ready:
             self._deploy_all(ready, now)
-        self._deploy_ready_batches(now, new_batches)
-
-    def _new_request(self, groups: list[ExecutionSlotSharingGroup], independent: bool = False) -> SlotRequest:
-        """A slot request for `groups`: all at once, or (`independent`) each as a slot is free."""
-        request_id = self._next_request_id
-        self._next_request_id += 1
-        self._requests[request_id] = _Asked(groups, independent)
-        requested = self._requested
-        if len(groups) == 1:
-            group = groups[0]
-            requested[group] = request_id
-            return SlotRequest(request_id, 1, ((group.slot_sharing_group, 1),))
-        per_group: dict[str, int] = {}
-        for g in groups:
-            requested[g] = request_id
-            per_group[g.slot_sharing_group] = per_group.get(g.slot_sharing_group, 0) + 1
-        return SlotRequest(request_id, len(groups), tuple(sorted(per_group.items())), independent)
-
-    def _take_idle(self, groups: Iterable[ExecutionSlotSharingGroup]) -> None:
-        """Groups without a slot take the job's idle ones, in order, while there are."""
-        idle, slot_of = self._idle, self._slot_of
-        for g in groups:
-            if not idle:
-                return
-            if g not in slot_of:
-                slot_of[g] = idle.popleft()
+        self._deploy_ready(new_bulks, now)
 
     def _request_missing_slots(self, now: float) -> None:
-        """Waiting batches whose groups have neither a slot nor a pending request (their slot
-        was on a TaskManager that is gone) take idle slots, else ask again."""
-        missing: list[ExecutionSlotSharingGroup] = []
-        for batch in self._batches:
-            for g in batch.groups:
-                if g not in self._slot_of and g not in self._requested and g not in missing:
-                    missing.append(g)
-        if self._idle and missing:
-            self._take_idle(missing)
-            self._deploy_ready_batches(now, self._batches_needing(missing))
-            missing = [g for g in missing if g not in self._slot_of]
+        """Waiting bulks whose groups have neither a slot nor a pending request (their slot was
+        on a TaskManager that is gone) take idle slots, else ask again."""
+        slots = self.slots
+        missing = slots.missing_groups()
+        if slots.idle and missing:
+            slots.take_idle(missing)
+            self._deploy_ready(slots.bulks_needing(missing), now)
+            missing = [g for g in missing if g not in slots.slot_of]
         if missing:
-            self._out.append(RequestSlots((self._new_request(missing),), self.slot_request_timeout_s))
+            slots.request(missing, self._out)
 
-    def _batches_needing(self, groups: Iterable[ExecutionSlotSharingGroup]) -> list[_Batch]:
-        """Waiting batches that contain any of `groups`, in the order they were made. An index,
-        not a scan: a batch job at P = 10 000 has thousands of batches waiting for slots."""
-        found: dict[_Batch, None] = {}
-        waiting, index = self._batches, self._batches_with_group
-        for g in groups:
-            listed = index.get(g)
-            if listed:
-                if len(listed) == 1:  # most groups: one batch waits for them
-                    if listed[0] in waiting:
-                        found[listed[0]] = None
-                    else:
-                        del index[g]
-                    continue
-                listed[:] = [b for b in listed if b in waiting]
-                for b in listed:
-                    found[b] = None
-        return list(found)
-
-    def _deploy_ready_batches(self, now: float, batches: Iterable[_Batch]) -> None:
+    def _deploy_ready(self, bulks: Iterable[DeploymentBulk], now: float) -> None:
+        """Deploy those of `bulks` whose groups all hold slots now (while the job schedules)."""
         if self.status not in SCHEDULING_JOB_STATUSES:
             return
-        waiting, slot_of = self._batches, self._slot_of
-        ready: list[Execution] = []
-        for batch in batches:
-            if batch in waiting:
-                groups = batch.groups
-                if len(groups) == 1:
-                    if groups[0] not in slot_of:
-                        continue
-                elif not all(g in slot_of for g in groups):
-                    continue
-                del waiting[batch]
-                self._unindex(batch)
-                executions = batch.executions
-                if len(executions) == 1:
-                    ex = executions[0]
-                    if ex.vertex.current_execution is ex and ex.machine.state is E.SCHEDULED:
-                        ready.append(ex)
-                else:
-                    ready.extend(batch.waiting())
+        ready = self.slots.take_ready(bulks)
         if ready:
             self._deploy_all(ready, now)
-
-    def _unindex(self, batch: _Batch) -> None:
-        """Forget a deployed batch in `_batches_with_group` at once: a batch job at P = 100 000
-        would otherwise keep P deployed batches (and their lists) until their groups are next
-        looked up."""
-        index = self._batches_with_group
-        for g in batch.groups:
-            listed = index.get(g)
-            if listed is not None:
-                if len(listed) == 1 and listed[0] is batch:
-                    del index[g]
-                else:
-                    listed[:] = [b for b in listed if b is not batch]
-                    if not listed:
-                        del index[g]
 
     def _deploy_all(self, executions: list[Execution], now: float) -> None:
         """Deploy `executions` (current, SCHEDULED, their groups hold slots), in order: each
         moves to DEPLOYING in its group's slot and gets its deployment."""
         if self.status is J.CREATED:
             self._job_transition(J.RUNNING, now, "tasks deploying")
-        deployed, live, terminal, _, _ = _EFFECTS[E.SCHEDULED, E.DEPLOYING]
-        assert deployed == 1 and not live and not terminal
-        slot_of, by_vertex = self._slot_of, self.plan.by_job_vertex
-        used = self._task_managers_used
-        out = self._out.append
-        moved, vertex_deployment, gates = (self.deployments.consumer_moved, self.deployments.vertex_deployment,
-                                           self.deployments.gates)
-        stimulus = self._stimulus
-        scheduled, deploying = E.SCHEDULED, E.DEPLOYING
-        last_vertex, plan = None, None  # executions of one job vertex come together
-        done = 0
-        try:
-            for ex in executions:
-                ev = ex.vertex
-                ejv = ev.job_vertex
-                slot = slot_of[by_vertex[ejv.id][ev.subtask_index]]
-                tm = slot.task_manager_id
-                machine = ex.machine
-                if machine.state is not scheduled or deploying not in machine.table[scheduled]:
-                    machine.transition(deploying, now, "", stimulus)  # raises IllegalTransition with the story
-                ex.slot = slot
-                used.add(tm)
-                t = _new_tuple(Transition, (scheduled, deploying, now,
-                                            f"deploying to {tm}/slot-{slot.slot_index}", stimulus))  # str(slot)
-                machine.history.append(t)
-                machine.state = deploying
-                done += 1
-                if ejv is not last_vertex:
-                    last_vertex, plan = ejv, vertex_deployment(ejv)
-                name = ev.name
-                out(_new_tuple(ExecutionStateChanged, (ex.attempt_id, name, t, tm, None)))
-                if ev.consumed_partition_groups:
-                    moved(ex, tm, 1)
-                    out(_new_tuple(DeployTask, (plan, ex.attempt_id, name, slot, gates(ev), stimulus)))
-                else:
-                    out(_new_tuple(DeployTask, (plan, ex.attempt_id, name, slot, (), stimulus)))
-        finally:
-            counts = self.state_counts
-            counts[E.SCHEDULED] -= done
-            counts[E.DEPLOYING] = counts.get(E.DEPLOYING, 0) + done
+        self._transition_all(executions, E.DEPLOYING, now, "", deploy=True)
 
     # ------------------------------------------------------------------ progress
 
@@ -1200,28 +740,8 @@ class Scheduler:
         self._invalidate_partitions(vertices)
         self._schedule_regions(self.strategy.initial_regions(), now)
         # kept slots the first regions did not take go back: the next ones ask when they are ready
-        usage, waiting, index = self._usage, self._batches, self._batches_with_group
-        for group in [g for g in self._slot_of
-                      if not usage.get(g) and not any(b in waiting for b in index.get(g, ()))]:
+        for group in self.slots.unused_groups():
             self._free_group_slot(group, "not needed by the restarted job yet", now)
-
-    def _reset_all(self, vertices: list[ExecutionVertex], now: float) -> None:
-        """A new attempt for each of `vertices` (their current ones all ended), in order."""
-        counts: dict[ExecutionState, int] = {}
-        for ev in vertices:
-            state = ev.current_execution.state
-            counts[state] = counts.get(state, 0) + 1
-        new_attempts(vertices, now)
-        for ev in vertices:
-            for partition in ev.produced_partitions:  # the attempt consumers wait for changed
-                for group in partition.consumed_partition_groups:
-                    group.version += 1
-        state_counts = self.state_counts
-        for state, n in counts.items():
-            state_counts[state] -= n
-        state_counts[E.CREATED] = state_counts.get(E.CREATED, 0) + len(vertices)
-        self._non_terminal += len(vertices)
-        self._finished -= counts.get(E.FINISHED, 0)
 
     def _invalidate_partitions(self, vertices: Iterable[ExecutionVertex]) -> None:
         by_tm: dict[str, list[PartitionRef]] = {}
@@ -1287,12 +807,7 @@ class Scheduler:
     # ------------------------------------------------------------------ cancellation
 
     def _cancel_everything(self, now: float, cause: str) -> None:
-        for request_id in list(self._requests):
-            self._out.append(CancelSlotRequest(request_id))
-        self._requests.clear()
-        self._requested.clear()
-        self._batches.clear()
-        self._batches_with_group.clear()
+        self.slots.cancel_requests(self._out)
         self._cancel_vertices(self.graph.execution_vertices(), now, cause)
 
     def _cancel_vertices(self, vertices: list[ExecutionVertex], now: float, cause: str) -> None:
@@ -1322,176 +837,23 @@ class Scheduler:
         if canceling and not self.status.is_terminal:
             # Nothing may wait forever for a task that does not stop (Flink's task.cancellation.timeout).
             self._start_timer("cancel-timeout", now + self.cancellation_timeout_s)
-        self._drop_dead_batches(now)
-
-    def _drop_dead_batches(self, now: float) -> None:
-        """Forget batches with nothing left to deploy, the slots only they held, and slot
-        requests nobody waits for."""
-        dead = [b for b in self._batches if not b.waiting()]
-        for batch in dead:
-            del self._batches[batch]
-        needed = {g for b in self._batches for g in b.groups}
-        if dead and not self._keeps_slots():
-            usage = self._usage
-            for g in dict.fromkeys(g for b in dead for g in b.groups):
-                if g in self._slot_of and not usage.get(g) and g not in needed:
-                    self._free_group_slot(g, "no task needs the slot any more", now)
-        for request_id, asked in list(self._requests.items()):
-            groups = asked.unserved()
-            if not any(g in needed for g in groups):
-                del self._requests[request_id]
-                for g in groups:
-                    self._requested.pop(g, None)
-                self._out.append(CancelSlotRequest(request_id))
+        # bulks with nothing left to deploy are forgotten, the slots only they held freed, the
+        # slot requests nobody waits for cancelled
+        free = None if self._keeps_slots() else (
+            lambda group: self._free_group_slot(group, "no task needs the slot any more", now))
+        self.slots.drop_dead_bulks(free, self._out)
 
     def _terminate(self, now: float) -> None:
         self._timers.clear()  # outstanding timers become stale
-        for group in list(self._slot_of):
-            self._release_group_slot(group, f"job {self.status.value}")
-        self._release_idle_slots(f"job {self.status.value}")
-        for request_id in list(self._requests):
-            self._out.append(CancelSlotRequest(request_id))
-        self._requests.clear()
-        self._requested.clear()
-        self._batches.clear()
-        self._batches_with_group.clear()
+        self.slots.release_all(f"job {self.status.value}", self._out)
         self._release_garbage()
         self._out.append(JobCleanup(self.status, tuple(sorted(self._task_managers_used))))
-
-    # ------------------------------------------------------------------ transitions
-
-    def _transition(
-        self, execution: Execution, to: ExecutionState, now: float, cause: str, failure: FailureInfo | None = None,
-        keep_slot: bool = False,
-    ) -> None:
-        # The hot path of every schedule, deployment, report and failover (six calls per subtask
-        # and attempt): what the move changes is looked up once (`_EFFECTS`), the slot-sharing
-        # group only when needed.
-        machine = execution.machine
-        before = machine.state
-        if to not in machine.table[before]:
-            machine.transition(to, now, cause, self._stimulus)  # raises IllegalTransition with the story
-        t = _new_tuple(Transition, (before, to, now, cause, self._stimulus))  # StateMachine.transition, inline
-        machine.history.append(t)
-        machine.state = to
-        vertex = execution.vertex
-        if vertex.current_execution is execution:
-            counts = self.state_counts
-            counts[before] -= 1
-            counts[to] = counts.get(to, 0) + 1
-        if failure is not None:
-            execution.failure = failure
-        slot = execution.slot
-        tm = slot.task_manager_id if slot is not None else None
-        deployed, live, terminal, finished, garbage = _EFFECTS[before, to]
-        if deployed and tm and vertex.consumed_partition_groups:
-            self.deployments.consumer_moved(execution, tm, deployed)
-        group = None
-        if live:
-            group = self.plan.by_job_vertex[vertex.job_vertex.id][vertex.subtask_index]
-            usage = self._usage
-            usage[group] = usage.get(group, 0) + live
-        if terminal:
-            self._non_terminal -= 1
-            if finished:
-                self._finished += 1
-        # tuple.__new__: the named tuple's own constructor is a Python function, a third of the cost
-        self._out.append(_new_tuple(ExecutionStateChanged, (
-            execution.attempt_id, vertex.name, t, tm, execution.failure if to is E.FAILED else None)))
-        if garbage and tm and vertex.produced_partitions:
-            # whatever this attempt wrote is garbage: nobody will ever be told to read it (one
-            # ReleasePartitions per TaskManager and event, at its end: `_release_garbage`)
-            number = execution.attempt_number
-            refs = self._garbage.get(tm)
-            if refs is None:
-                refs = self._garbage[tm] = []
-            refs += [PartitionRef(p.result.id, p.partition_index, number) for p in vertex.produced_partitions]
-        if live < 0 and self._usage[group] == 0 and group in self._slot_of and not keep_slot and not self._keeps_slots():
-            self._free_group_slot(group, f"{vertex.name} {to.value}", now)
-
-    def _transition_all(self, executions: Iterable[Execution], to: ExecutionState, now: float, cause: str,
-                        then: Callable[[Execution], None] | None = None) -> None:
-        """`_transition(ex, to, now, cause)` of each of `executions` (current attempts) in
-        order, then `then(ex)`: what scheduling a region or cancelling a job does to thousands at
-        once. Those leaving the same state share one transition record and its effects, looked
-        up once; the state counts change once. A move that ends an execution goes through
-        `_transition` (it may release partitions and the slot)."""
-        shared: dict[ExecutionState, tuple[Transition, int, int, bool]] = {}
-        left: dict[ExecutionState, int] = {}
-        out = self._out.append
-        by_vertex = self.plan.by_job_vertex
-        usage = self._usage
-        moved = self.deployments.consumer_moved
-        stimulus = self._stimulus
-        try:
-            for ex in executions:
-                machine = ex.machine
-                before = machine.state
-                move = shared.get(before)
-                if move is None:
-                    deployed, live, terminal, _, _ = _EFFECTS[before, to]
-                    move = shared[before] = (_new_tuple(Transition, (before, to, now, cause, stimulus)), deployed, live,
-                                             terminal)
-                t, deployed, live, terminal = move
-                if terminal:
-                    self._transition(ex, to, now, cause)
-                else:
-                    if to not in machine.table[before]:
-                        machine.transition(to, now, cause, stimulus)  # raises IllegalTransition with the story
-                    machine.history.append(t)
-                    machine.state = to
-                    left[before] = left.get(before, 0) + 1
-                    slot = ex.slot
-                    tm = slot.task_manager_id if slot is not None else None
-                    if deployed and tm and ex.vertex.consumed_partition_groups:
-                        moved(ex, tm, deployed)
-                    if live:
-                        vertex = ex.vertex
-                        group = by_vertex[vertex.job_vertex.id][vertex.subtask_index]
-                        usage[group] = usage.get(group, 0) + live
-                    out(_new_tuple(ExecutionStateChanged, (ex.attempt_id, ex.vertex.name, t, tm, None)))
-                if then is not None:
-                    then(ex)
-        finally:
-            counts = self.state_counts
-            for before, n in left.items():
-                counts[before] -= n
-                counts[to] = counts.get(to, 0) + n
 
     def _keeps_slots(self) -> bool:
         """A global failover that will restart keeps the job's slots, as Flink's slot pool keeps
         them for the job: the restart deploys into them at once, without asking again."""
         gf = self._global_failure
         return gf is not None and gf.restart
-
-    def _free_if_unused(self, vertex: ExecutionVertex, now: float) -> None:
-        group = self.plan.group_of(vertex)
-        if not self._usage.get(group) and group in self._slot_of and not self._keeps_slots():
-            self._free_group_slot(group, f"{vertex.name} {vertex.state.value}", now)
-
-    def _free_group_slot(self, group: ExecutionSlotSharingGroup, cause: str, now: float) -> None:
-        """No task of `group` runs in its slot any more. The slot stays the job's, idle, for the
-        groups scheduled next (Flink's slot pool: a batch job's consumers take the slots of the
-        producers that finished before them), unless the job waits for slots (the SlotManager
-        serves the waiting requests in their order) or schedules nothing any more."""
-        if self._requests or self.status not in SCHEDULING_JOB_STATUSES or self.slot_idle_timeout_s <= 0:
-            self._release_group_slot(group, cause)
-            return
-        if not self._idle:
-            self._start_timer("slot-idle", now + self.slot_idle_timeout_s)
-        self._idle.append(self._slot_of.pop(group))
-
-    def _release_idle_slots(self, cause: str) -> None:
-        while self._idle:
-            self._out.append(ReleaseSlot(self._idle.popleft(), cause))
-
-    def _release_group_slot(self, group: ExecutionSlotSharingGroup, cause: str) -> None:
-        slot = self._slot_of.pop(group)
-        self._out.append(ReleaseSlot(slot, cause))
-
-    def _job_transition(self, to: JobStatus, now: float, cause: str) -> None:
-        t = self.graph.status_machine.transition(to, now, cause, self._stimulus)
-        self._out.append(JobStatusChanged(t))
 
     def add_batch_io(self, attempt: ExecutionAttemptId, io: TaskIo) -> None:
         """A streaming task's micro-batch read and wrote `io`: added to what its attempt did
@@ -1513,13 +875,6 @@ class Scheduler:
             return None
         ex = vertices[index].current_execution
         return ex if ex.attempt_number == attempt.attempt_number else None
-
-    def _release_garbage(self) -> None:
-        """Tell each TaskManager which partitions of ended attempts it may delete (made garbage
-        by this event's transitions), in one action per TaskManager."""
-        for tm, refs in self._garbage.items():
-            self._out.append(ReleasePartitions(tm, tuple(refs)))
-        self._garbage = {}
 
     def _drain(self) -> list[Action]:
         if self._garbage:

@@ -22,7 +22,7 @@ from funke.common.scheduling.regions import PipelinedRegion, PipelinedRegions
 
 class SchedulingStrategy(Protocol):
     # True: the regions scheduled together are one bulk (one slot request, all or nothing).
-    one_batch: bool
+    one_bulk: bool
 
     def initial_regions(self) -> list[PipelinedRegion]:
         """What to schedule when the job starts (and after a global restart)."""
@@ -46,7 +46,7 @@ def _ordered(regions: Iterable[PipelinedRegion]) -> list[PipelinedRegion]:
 
 
 class EagerSchedulingStrategy:
-    one_batch = True
+    one_bulk = True
 
     def __init__(self, regions: PipelinedRegions):
         self._regions = regions
@@ -62,7 +62,7 @@ class EagerSchedulingStrategy:
 
 
 class PipelinedRegionSchedulingStrategy:
-    one_batch = False
+    one_bulk = False
 
     def __init__(self, regions: PipelinedRegions):
         self._regions = regions

@@ -161,7 +161,7 @@ class CheckedCluster(SimulatedCluster):
     def assert_books_agree(self) -> None:
         self.assert_stream_so_far_is_legal()
         self.validate_cores()
-        known = set(self.scheduler._slot_of.values()) | set(self.scheduler._idle)  # in use, and its idle pool
+        known = set(self.scheduler.slots.slot_of.values()) | set(self.scheduler.slots.idle)  # in use, and its idle pool
         assert known == self.held - self.in_flight and self.held == self.slots_of_the_job(), (
             f"slots: the scheduler knows {sorted(map(str, known))}, the ledger says {sorted(map(str, self.held))}, "
             f"the SlotManager says {sorted(map(str, self.slots_of_the_job()))}")
@@ -303,7 +303,7 @@ class ClusterFuzz(RuleBasedStateMachine):
         sched = sim.scheduler
         assert status in GLOBALLY_TERMINAL_JOB, (
             f"the job hangs in {status.value}: pending restart {sched._pending_restart is not None}, "
-            f"{len(sched._batches)} waiting batches, requests {sorted(sched._requests)}, live executions "
+            f"{len(sched.slots.bulks)} waiting bulks, requests {sorted(sched.slots.requests)}, live executions "
             f"{[repr(ev.current_execution) for ev in sim.graph.execution_vertices() if not ev.state.is_terminal]}")
         # Whatever is still in flight arrives; threads that can still end do.
         for _ in range(50):

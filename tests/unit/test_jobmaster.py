@@ -132,7 +132,7 @@ def test_the_clusters_slot_idle_timeout_reaches_each_jobs_scheduler(tmp_path):
         dispatcher = Dispatcher(ClusterConfiguration(data_dir=str(tmp_path), slot_idle_timeout_s=42.0))
         try:
             _, scheduler, _ = dispatcher._build(noop_job("idle"), "idle", 0.0)
-            assert scheduler.slot_idle_timeout_s == 42.0
+            assert scheduler.slots.idle_timeout_s == 42.0
         finally:
             await dispatcher.stop()
 

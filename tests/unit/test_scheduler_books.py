@@ -31,7 +31,7 @@ def _drive(scheduler: s.Scheduler, slots: sm.SlotManager, actions: list) -> list
     return deployed
 
 
-def test_deployed_batches_leave_the_group_index_at_once():
+def test_deployed_bulks_leave_the_group_index_at_once():
     p = 6
     graph = ExecutionGraph(source_sink_all_to_all(p, ResultPartitionType.BLOCKING), "job", 0.0)
     scheduler = s.Scheduler(graph, restart_strategy=FixedDelayRestartBackoffTimeStrategy(1, 0.0))
@@ -39,12 +39,12 @@ def test_deployed_batches_leave_the_group_index_at_once():
     slots.register("tm-0", "", p, {}, 0.0)
     sources = _drive(scheduler, slots, scheduler.start(0.0))
     assert len(sources) == p
-    assert scheduler._batches_with_group == {}  # every source region's batch was deployed
+    assert scheduler.slots._bulks_with_group == {}  # every source region's bulk was deployed
     sinks = []
     for d in sources:
         sinks += _drive(scheduler, slots, scheduler.on_task_state(d.deployment.attempt, E.FINISHED, 0.0))
     assert len(sinks) == p
-    assert scheduler._batches_with_group == {}
+    assert scheduler.slots._bulks_with_group == {}
     scheduler.validate_state()
 
 

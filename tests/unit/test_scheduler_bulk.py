@@ -80,7 +80,7 @@ def test_allocations_in_one_event_deploy_as_one_at_a_time(parts):
     assert sum(isinstance(a, s.DeployTask) for a in together) == P
     assert sorted(map(repr, _plain(together))) == sorted(map(repr, _plain(singly)))
     assert _states(bulk) == _states(one)
-    assert bulk._requests == one._requests == {}
+    assert bulk.slots.requests == one.slots.requests == {}
     bulk.validate_state()
 
 
@@ -91,7 +91,7 @@ def test_allocations_for_a_request_nobody_waits_for_go_back():
     actions = scheduler.on_allocations([stale, (request.request_id, (SlotId("tm-1", 0),))], 1.0)
     assert s.ReleaseSlot(SlotId("tm-1", 50), "slot request no longer needed") in actions
     assert sum(isinstance(a, s.DeployTask) for a in actions) == 1
-    assert scheduler._requests[request.request_id].served == 1  # the rest still waits for slots
+    assert scheduler.slots.requests[request.request_id].served == 1  # the rest still waits for slots
     scheduler.validate_state()
 
 
@@ -104,7 +104,7 @@ def test_allocations_that_do_not_fit_their_request_change_nothing():
     with pytest.raises(ValueError, match=f"got {P} slots for {P - 1} groups"):
         scheduler.on_allocations([good, bad], 1.0)
     assert _states(scheduler) == before  # the good one before it was not applied either
-    assert scheduler._requests[request.request_id].served == 0
+    assert scheduler.slots.requests[request.request_id].served == 0
 
 
 def test_a_job_with_fewer_slots_than_regions_runs_them_in_waves_through_one_request():
@@ -138,7 +138,7 @@ def test_a_job_with_fewer_slots_than_regions_runs_them_in_waves_through_one_requ
     assert scheduler.status.value == "FINISHED" or scheduler.committing
     assert waves[:2] == [[("source", i) for i in range(P // 2)], [("source", i) for i in range(P // 2, P)]]
     assert sorted(x for wave in waves[2:] for x in wave) == [("sink", i) for i in range(P)]
-    assert not slots.has_pending_requests("job") and scheduler._requests == {}
+    assert not slots.has_pending_requests("job") and scheduler.slots.requests == {}
     scheduler.validate_state()
 
 

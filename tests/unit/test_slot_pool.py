@@ -154,7 +154,7 @@ def test_a_kept_slot_on_a_lost_task_manager_is_asked_for_again():
     assert cluster.scheduler.status is J.RESTARTING
     cluster.slots.lose("tm-2", "heartbeat timeout", 0.0)
     cluster.apply(cluster.scheduler.on_task_manager_lost("tm-2", "heartbeat timeout", 0.0))
-    assert [slot.task_manager_id for slot in cluster.scheduler._slot_of.values()] == ["tm-1"]
+    assert [slot.task_manager_id for slot in cluster.scheduler.slots.slot_of.values()] == ["tm-1"]
     cluster.slots.register("tm-3", "", 1, {}, 0.0)
     cluster.restart()
     (request,) = [r for a in cluster.take(s.RequestSlots) for r in a.requests]
@@ -193,13 +193,13 @@ def test_a_slot_freed_while_the_job_waits_for_slots_goes_back_to_serve_the_wait(
     cluster = Cluster(_blocking(3), {"tm-1": 2})
     cluster.apply(cluster.scheduler.start(0.0))
     first = sorted(cluster.running, key=lambda a: a.subtask_index)[0]
-    assert len(cluster.running) == 2 and cluster.scheduler._requests
+    assert len(cluster.running) == 2 and cluster.scheduler.slots.requests
     cluster.take(object)
     cluster.report([first], E.FINISHED)
     (released,) = cluster.take(s.ReleaseSlot)
     assert released.cause == "src (1/3) FINISHED"
     assert sorted(a.subtask_index for a in cluster.running) == [1, 2]  # the third got it
-    assert not cluster.scheduler._idle
+    assert not cluster.scheduler.slots.idle
     cluster.scheduler.validate_state()
 
 
@@ -210,11 +210,11 @@ def test_idle_slots_on_a_lost_task_manager_are_gone_and_the_job_ending_hands_bac
     cluster.report([a for a in sources if cluster.running[a].task_manager_id == "tm-1"], E.FINISHED)
     cluster.report([a for a in sources if cluster.running.get(a, SlotId("", 0)).task_manager_id == "tm-2"][:1],
                    E.FINISHED)
-    assert sorted(slot.task_manager_id for slot in cluster.scheduler._idle) == ["tm-1", "tm-1", "tm-2"]
+    assert sorted(slot.task_manager_id for slot in cluster.scheduler.slots.idle) == ["tm-1", "tm-1", "tm-2"]
     cluster.take(object)
     cluster.slots.lose("tm-1", "heartbeat timeout", 0.0)
     cluster.apply(cluster.scheduler.on_task_manager_lost("tm-1", "heartbeat timeout", 0.0))
-    assert [slot.task_manager_id for slot in cluster.scheduler._idle] == ["tm-2"]
+    assert [slot.task_manager_id for slot in cluster.scheduler.slots.idle] == ["tm-2"]
     cluster.scheduler.validate_state()
     cluster.apply(cluster.scheduler.cancel(1.0))
     cluster.cancel_all()  # what the failover and the cancel asked to cancel
