@@ -130,7 +130,13 @@ def write_atomically(path: str, data: bytes) -> None:
     directory = os.path.dirname(path)
     # one name per writer: a process's executor threads may write the same file at once
     tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.{threading.get_ident()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    _write_synced(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600), data)
+    os.replace(tmp, path)
+    _fsync_dir(directory)
+
+
+def _write_synced(fd: int, data: bytes) -> None:
+    """Write all of `data` to the new file `fd`, sync it to disk and close it."""
     try:
         view = memoryview(data)
         while view:
@@ -138,8 +144,6 @@ def write_atomically(path: str, data: bytes) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-    os.replace(tmp, path)
-    _fsync_dir(directory)
 
 
 def create_once(path: str, data: bytes) -> bool:
@@ -151,13 +155,7 @@ def create_once(path: str, data: bytes) -> bool:
                                   f"{secrets.token_hex(4)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _write_synced(fd, data)
         try:
             os.link(tmp, path)
         except FileExistsError:

@@ -495,21 +495,26 @@ class TaskExecutor:
             error = FailureInfo(type(e).__name__, str(e), traceback.format_exc())
         self._to_loop(self._thread_exited, key, error)
 
-    def _session_for(self, task: Task) -> SparkSession | None:
-        """In a task's thread, before it runs (Spark Connect): the session the server knows now,
-        a new one if it restarted (`SparkRuntime.session_for_attempt`). A task cancelled while
-        it waits stops waiting (its run ends CANCELED at once)."""
+    def _wait_on_loop(self, task: Task, coro: Any, given_up: Any) -> Any:
+        """In a task's thread: the result of `coro`, run on the loop. Cancelling the task or
+        stopping this TaskExecutor ends the wait, as does the loop closing: then `given_up`."""
         assert self._loop is not None
-        future = asyncio.run_coroutine_threadsafe(self.spark_runtime.session_for_attempt(), self._loop)
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
         while True:
             try:
                 return future.result(timeout=_SESSION_CHECK_POLL_S)
             except concurrent.futures.TimeoutError:
                 if task.cancelled or self._stopping:
                     future.cancel()
-                    return task.spark
+                    return given_up
             except (Exception, concurrent.futures.CancelledError):  # the loop is closing: the task meets it
-                return task.spark
+                return given_up
+
+    def _session_for(self, task: Task) -> SparkSession | None:
+        """In a task's thread, before it runs (Spark Connect): the session the server knows now,
+        a new one if it restarted (`SparkRuntime.session_for_attempt`). A task cancelled while
+        it waits stops waiting (its run ends CANCELED at once)."""
+        return self._wait_on_loop(task, self.spark_runtime.session_for_attempt(), task.spark)
 
     def _server_stopping(self, task: Task, failure: FailureInfo) -> bool:
         """In the thread of a task that failed on Spark Connect: whether its server is shutting
@@ -519,17 +524,7 @@ class TaskExecutor:
             return True
         if task.spark is None or task.cancelled or self._stopping:
             return False
-        assert self._loop is not None
-        future = asyncio.run_coroutine_threadsafe(self.spark_runtime.server_stopping(task.spark), self._loop)
-        while True:
-            try:
-                return future.result(timeout=_SESSION_CHECK_POLL_S)
-            except concurrent.futures.TimeoutError:
-                if task.cancelled or self._stopping:
-                    future.cancel()
-                    return False
-            except (Exception, concurrent.futures.CancelledError):  # the loop is closing
-                return False
+        return self._wait_on_loop(task, self.spark_runtime.server_stopping(task.spark), False)
 
     def _await_connect_server(self, task: Task) -> None:
         """In the thread of a task that failed because its Spark Connect server is shutting down
@@ -537,25 +532,13 @@ class TaskExecutor:
         that came back (at most SERVER_RESTART_WAIT_S), so that the restart of the task runs
         there instead of meeting the dying server or the closed session, and one restart of the
         job's budget is spent on one server restart. Cancelling the task ends the wait."""
-        assert self._loop is not None
         log.warning("%s: the Spark Connect server stopped under it; its failure is reported once the server is "
                     "back (at most %g s)", task.name, sparksession.SERVER_RESTART_WAIT_S)
-        future = asyncio.run_coroutine_threadsafe(
-            self.spark_runtime.server_back(task.spark, sparksession.SERVER_RESTART_WAIT_S), self._loop)
-        while True:
-            try:
-                back = future.result(timeout=_SESSION_CHECK_POLL_S)
-            except concurrent.futures.TimeoutError:
-                if task.cancelled or self._stopping:
-                    future.cancel()
-                    return
-                continue
-            except (Exception, concurrent.futures.CancelledError):  # the loop is closing
-                return
-            if not back:
-                log.warning("%s: the Spark Connect server did not come back within %g s", task.name,
-                            sparksession.SERVER_RESTART_WAIT_S)
-            return
+        back = self._wait_on_loop(
+            task, self.spark_runtime.server_back(task.spark, sparksession.SERVER_RESTART_WAIT_S), None)
+        if back is False:
+            log.warning("%s: the Spark Connect server did not come back within %g s", task.name,
+                        sparksession.SERVER_RESTART_WAIT_S)
 
     def _task_reported(self, key: TaskKey, state: ExecutionState, failure: FailureInfo | None,
                        produced: tuple[ProducedPartition, ...], io: TaskIo | None = None, name: str = "",

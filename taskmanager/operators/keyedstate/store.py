@@ -177,8 +177,10 @@ class StateVersion:
     # --- reads ------------------------------------------------------------------------------
     def get(self, frozen: Any) -> Entry | None:
         entry = self._changes.get(frozen)
-        if entry is None and frozen not in self._removed:
-            entry = self._held.rows.get(frozen)
+        if entry is None:
+            removed = self._removed
+            if not (removed and frozen in removed):
+                entry = self._held.rows.get(frozen)
         return entry
 
     def items(self) -> Iterator[tuple[Any, Entry]]:
@@ -211,16 +213,20 @@ class StateVersion:
 
     # --- writes -----------------------------------------------------------------------------
     def put(self, frozen: Any, key: list, values: list) -> None:
-        self._check(self.UPDATING)
+        if self.status is not self.UPDATING:
+            self._check(self.UPDATING)
         self._changes[frozen] = (key, values)
-        self._removed.pop(frozen, None)
+        if self._removed:  # per key of a batch: skip the lookup while nothing was removed
+            self._removed.pop(frozen, None)
 
     def update(self, entries: dict[Any, Entry]) -> None:
         """Many puts at once."""
         self._check(self.UPDATING)
         self._changes.update(entries)
-        for frozen in entries:
-            self._removed.pop(frozen, None)
+        removed = self._removed
+        if removed:
+            for frozen in entries:
+                removed.pop(frozen, None)
 
     def remove(self, frozen: Any) -> None:
         self._check(self.UPDATING)
