@@ -1,5 +1,5 @@
 """The stream sources of the DataStream DSL (`env.read_stream`): `StreamReader`'s rate, file,
-JSON-lines, Delta, Redis Streams and socket sources. Calling one makes the job a streaming query.
+JSON-lines, Delta, Redis Streams, Kafka and socket sources. Calling one makes the job a streaming query.
 
 `ExecutionEnvironment` in the annotations is `environment.py`'s; it is not imported here
 (environment.py imports this module).
@@ -106,6 +106,94 @@ class StreamReader:
         if max_entries_per_trigger is not None:
             config["max_entries_per_trigger"] = _positive_int(max_entries_per_trigger, "max_entries_per_trigger")
         return self._stream(REDIS, f"Source: redis {', '.join(keys)}"[:200], config)
+
+    def kafka(self, bootstrap: str, topics: str | Sequence[str] | None = None, *, pattern: str | None = None,
+              starting: str | Mapping[str, Any] = "latest", max_offsets_per_trigger: int | None = None,
+              fail_on_data_loss: bool = True, end_offsets: str = "list", value_format: str = "raw",
+              value_schema: str | Mapping[str, Any] | None = None, schema_registry: str | None = None,
+              options: Mapping[str, Any] | None = None) -> DataStream:
+        """The records of Kafka topics (`topics`, or every topic whose whole name matches the
+        regular expression `pattern`, including topics created later), read by a Python consumer
+        (confluent-kafka; no JVM), as Structured Streaming's Kafka source gives them: columns `key`
+        and `value` (binary), `topic`, `partition`, `offset`, `timestamp`, `timestampType` and
+        `headers` (array<struct<key string, value binary>>). Offsets are per partition; each batch
+        reads exactly its logged offset range with assign + seek under read_committed (never a
+        consumer group's commits), so a batch run again reads the same records, as long as
+        retention did not delete them.
+
+        `bootstrap`: "host:port[,host:port...]" (each host within funke.io.allowed-hosts).
+        `starting`: "latest" (Spark's default), "earliest", {"timestamp": ms} or
+        {topic: {partition: offset}} (-2: earliest, -1: latest; partitions not named start at the
+        earliest); new partitions and topics start at their beginning. `max_offsets_per_trigger`:
+        split over the partitions by what each holds. `fail_on_data_loss`: records deleted
+        (retention) before the query read them fail the query, naming the partition and offsets;
+        False skips them, counted in the progress records. `end_offsets`: "list" (ListOffsets: the
+        last stable offset on Kafka) or "fetch" (what a fetch reports: for brokers whose ListOffsets
+        is wrong, such as the Tansu test broker). `value_format`: "raw", "json" (`value_schema` a
+        DDL string: the value's fields become columns in place of `value`; a value that is not JSON
+        fails the batch, naming its topic, partition and offset), "avro" (`value_schema` the
+        writer's schema) or "confluent-avro" (the schema id in each value: `schema_registry` a URL,
+        or `value_schema` the schemas by id). `options`: a few librdkafka consumer settings (fetch
+        sizes, timeouts; never security settings) and funke.timeout.ms, how long any wait on the
+        broker may take (30 s). Partition i of the sorted (topic, partition) pairs is read by
+        subtask i % parallelism."""
+        from funke.common.streaming.sources import kafka as k
+
+        def check(problem: str | None, what: str) -> None:
+            if problem is not None:
+                raise ValueError(f"kafka: {what} {problem}")
+
+        try:
+            k.bootstrap_servers(bootstrap)
+        except ValueError as exc:
+            raise ValueError(f"kafka: bootstrap {exc}") from None
+        config: dict[str, Any] = {"bootstrap": bootstrap}
+        if (topics is None) == (pattern is None):
+            raise ValueError("kafka: give topics (a name or a list of names) or pattern (a regular expression), "
+                             "exactly one of them")
+        if topics is not None:
+            names = [topics] if isinstance(topics, str) else list(topics)
+            check(k.topics_problem(names), "topics")
+            config["topics"] = names
+            shown = ", ".join(names)
+        else:
+            check(k.pattern_problem(pattern), "pattern")
+            config["pattern"] = pattern
+            shown = f"/{pattern}/"
+        if isinstance(starting, Mapping) and "timestamp" not in starting:  # partitions as JSON keys: strings
+            starting = {t: {str(p): o for p, o in ps.items()} if isinstance(ps, Mapping) else ps
+                        for t, ps in starting.items()}
+        elif isinstance(starting, Mapping):
+            starting = dict(starting)
+        check(k.starting_problem(starting), "starting")
+        config["starting"] = starting
+        if max_offsets_per_trigger is not None:
+            config["max_offsets_per_trigger"] = _positive_int(max_offsets_per_trigger, "max_offsets_per_trigger")
+        if not isinstance(fail_on_data_loss, bool):
+            raise ValueError(f"kafka: fail_on_data_loss must be True or False, got {fail_on_data_loss!r}")
+        config["fail_on_data_loss"] = fail_on_data_loss
+        if end_offsets not in k.END_OFFSETS:
+            raise ValueError(f"kafka: end_offsets must be one of {', '.join(map(repr, k.END_OFFSETS))}, got {end_offsets!r}")
+        config["end_offsets"] = end_offsets
+        if value_format not in k.VALUE_FORMATS:
+            raise ValueError(f"kafka: value_format must be one of {', '.join(map(repr, k.VALUE_FORMATS))}, "
+                             f"got {value_format!r}")
+        config["value_format"] = value_format
+        if value_schema is not None:
+            if isinstance(value_schema, Mapping):
+                value_schema = {str(key): v for key, v in value_schema.items()}  # schema ids as JSON keys
+            check(k.value_schema_problem(value_schema), "value_schema")
+            config["value_schema"] = value_schema
+        if schema_registry is not None:
+            if not isinstance(schema_registry, str) or not schema_registry.startswith(("http://", "https://")):
+                raise ValueError(f"kafka: schema_registry must be an http:// or https:// URL, got {schema_registry!r}")
+            config["schema_registry"] = schema_registry
+        if options:
+            check(k.options_problem(dict(options)), "options")
+            config["options"] = dict(options)
+        for problem in k.config_problems(config):
+            raise ValueError(f"kafka: {problem}")
+        return self._stream(k.KAFKA, f"Source: kafka {shown}"[:200], config)
 
     def socket_text(self, host: str, port: int, *, receivers: int = 1, block_interval: str = "200 ms",
                     max_rate: int | None = None) -> DataStream:

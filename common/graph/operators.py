@@ -42,6 +42,16 @@ class Value(enum.Enum):
     VERSION = "a table version (0 or more)"
     TIMESTAMP = "an ISO 8601 date and time"
     TRUE = "true (or the key left out)"
+    BOOLEAN = "true or false"
+    BOOTSTRAP = "Kafka bootstrap servers: host:port[,host:port...]"
+    TOPICS = "a non-empty list of distinct Kafka topic names"
+    TOPIC_PATTERN = "a regular expression over Kafka topic names"
+    KAFKA_STARTING = "where a Kafka query starts: earliest, latest, {topic: {partition: offset}} or {\"timestamp\": ms}"
+    KAFKA_END_OFFSETS = "how a Kafka source learns a partition's end: list (ListOffsets) or fetch"
+    VALUE_FORMAT = "how Kafka record values are decoded: raw, json, avro or confluent-avro"
+    VALUE_SCHEMA = "a schema of Kafka record values (a DDL string, or Avro schemas)"
+    URL = "an http:// or https:// URL"
+    KAFKA_OPTIONS = "an object of librdkafka consumer settings (an allow-list)"
 
 
 class FunctionUse(enum.Enum):
@@ -138,6 +148,12 @@ CATALOGUE: dict[str, OperatorKind] = {
         _k("source.redis", S, 0, "keys",
            keys={"keys": V.STREAM_KEYS, "host": V.HOST, "port": V.PORT, "db": V.REDIS_DB, "starting": V.STARTING,
                  "max_entries_per_trigger": V.POSITIVE_INT}),
+        # a broker: Kafka topics, read by offset ranges per partition (assign + seek, read_committed)
+        _k("source.kafka", S, 0, "bootstrap",
+           keys={"bootstrap": V.BOOTSTRAP, "topics": V.TOPICS, "pattern": V.TOPIC_PATTERN, "starting": V.KAFKA_STARTING,
+                 "max_offsets_per_trigger": V.POSITIVE_INT, "fail_on_data_loss": V.BOOLEAN,
+                 "end_offsets": V.KAFKA_END_OFFSETS, "value_format": V.VALUE_FORMAT, "value_schema": V.VALUE_SCHEMA,
+                 "schema_registry": V.URL, "options": V.KAFKA_OPTIONS}),
         # no-op kinds: a chain made only of these finishes without touching Spark (used to
         # measure scheduling and deployment alone)
         _k("source.noop", S, 0),

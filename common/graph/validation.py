@@ -45,6 +45,7 @@ from funke.common.graph.operators import (
 from funke.common.streaming.eventtime import MAX_DELAY_MS
 from funke.common.streaming.sources.delta import DELTA_KINDS, DELTA_MODES, parse_timestamp
 from funke.common.streaming.sources.delta import config_problems as delta_config_problems
+from funke.common.streaming.sources import kafka
 from funke.common.streaming.state import state_specs_problem
 
 # Sizes a job graph may have. They keep one request from holding the JobManager's memory or
@@ -455,6 +456,9 @@ def _check_operator(v, index: int, op, context: ValidationContext | None, add) -
     if op.kind in DELTA_KINDS:
         for problem in delta_config_problems(op.kind, config):
             add(subject, f"{where} ({op.kind}): {problem}")
+    if op.kind == kafka.KAFKA:
+        for problem in kafka.config_problems(config):
+            add(subject, f"{where} ({op.kind}): {problem}")
     if op.kind == "source.range" and isinstance(config.get("step"), int) and config.get("step") == 0:
         add(subject, f"{where} ({op.kind}): config 'step' must not be 0")
     if kind.function is FunctionUse.OPTIONAL and op.function and "schema" not in config:
@@ -474,6 +478,32 @@ def host_problem(value: object) -> str | None:
     if not isinstance(value, str) or not _HOST.fullmatch(value):
         return f"must be a host name or IP address, got {ids.echo(value)}"
     return None
+
+
+def _allowed_host_problem(host: str, context: ValidationContext | None) -> str | None:
+    """A host outside funke.io.allowed-hosts (when the cluster sets it)."""
+    if context is not None and context.allowed_hosts and host.lower() not in context.allowed_hosts:
+        return (f"{ids.echo(host)} is not a host jobs may connect to here "
+                f"(funke.io.allowed-hosts: {', '.join(context.allowed_hosts)})")
+    return None
+
+
+def _url_problem(value: object, context: ValidationContext | None) -> str | None:
+    """An http(s) URL with a host (checked as hosts are), no credentials in it."""
+    from urllib.parse import urlsplit
+
+    if not isinstance(value, str) or not 1 <= len(value) <= MAX_PATH_LENGTH or ids.has_control_characters(value):
+        return f"must be an http:// or https:// URL, got {ids.echo(value)}"
+    try:
+        parts = urlsplit(value)
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        return f"must be an http:// or https:// URL, got {ids.echo(value)}"
+    if parts.scheme not in ("http", "https") or not host or port == 0:
+        return f"must be an http:// or https:// URL with a host, got {ids.echo(value)}"
+    if "@" in parts.netloc:  # never echo it: it holds credentials
+        return "must not hold credentials (user:password@)"
+    return host_problem(host) or _allowed_host_problem(host, context)
 
 
 def _stream_key_problem(value: object) -> str | None:
@@ -520,12 +550,34 @@ def _value_problem(expected: Value, value: object, context: ValidationContext | 
             return f"must be a positive integer, got {ids.echo(value)}"
         return None
     if expected is Value.HOST:
-        problem = host_problem(value)
-        if problem is None and context is not None and context.allowed_hosts \
-                and value.lower() not in context.allowed_hosts:  # type: ignore[union-attr]
-            return (f"{ids.echo(value)} is not a host jobs may connect to here "
-                    f"(funke.io.allowed-hosts: {', '.join(context.allowed_hosts)})")
-        return problem
+        return host_problem(value) or _allowed_host_problem(value, context)  # type: ignore[arg-type]
+    if expected is Value.BOOTSTRAP:
+        try:
+            servers = kafka.bootstrap_servers(value)
+        except ValueError as exc:
+            return str(exc)
+        return next((p for host, _ in servers for p in (host_problem(host), _allowed_host_problem(host, context)) if p),
+                    None)
+    if expected is Value.URL:
+        return _url_problem(value, context)
+    if expected is Value.BOOLEAN:
+        return None if isinstance(value, bool) else f"must be true or false, got {ids.echo(value)}"
+    if expected is Value.TOPICS:
+        return kafka.topics_problem(value)
+    if expected is Value.TOPIC_PATTERN:
+        return kafka.pattern_problem(value)
+    if expected is Value.KAFKA_STARTING:
+        return kafka.starting_problem(value)
+    if expected is Value.KAFKA_END_OFFSETS:
+        return None if value in kafka.END_OFFSETS else \
+            f"must be one of {', '.join(map(repr, kafka.END_OFFSETS))}, got {ids.echo(value)}"
+    if expected is Value.VALUE_FORMAT:
+        return None if value in kafka.VALUE_FORMATS else \
+            f"must be one of {', '.join(map(repr, kafka.VALUE_FORMATS))}, got {ids.echo(value)}"
+    if expected is Value.VALUE_SCHEMA:
+        return kafka.value_schema_problem(value)
+    if expected is Value.KAFKA_OPTIONS:
+        return kafka.options_problem(value)
     if expected is Value.PORT:
         if not _is_int(value) or not 1 <= value <= 65535:
             return f"must be a TCP port from 1 to 65535, got {ids.echo(value)}"

@@ -10,6 +10,7 @@ from funke.jobmanager.streaming.base import SinkContext, SinkSide, SourceContext
 from funke.jobmanager.streaming.delta import DeltaPlanner
 from funke.jobmanager.streaming.files import FilesPlanner
 from funke.jobmanager.streaming.jsonlines import JsonLinesPlanner
+from funke.jobmanager.streaming.kafka import KafkaPlanner
 from funke.jobmanager.streaming.rate import RatePlanner
 from funke.jobmanager.streaming.receiver import ReceiverPlanner
 from funke.jobmanager.streaming.redis import RedisPlanner
@@ -25,6 +26,7 @@ SOURCE_SIDES: dict[str, Callable[[SourceContext], SourceSide]] = {
     "source.redis": RedisPlanner.open,
     "source.stream.jsonlines": JsonLinesPlanner.open,
     "source.stream.delta": DeltaPlanner.open,
+    "source.kafka": KafkaPlanner.open,
 }
 
 SINKS: dict[str, Callable[[SinkContext], SinkSide]] = {
@@ -45,4 +47,4 @@ def sink_side(kind: str, context: SinkContext) -> SinkSide:
 
 
 __all__ = ["SINKS", "SOURCE_SIDES", "FilesPlanner", "JsonLinesPlanner", "RatePlanner", "ReceiverPlanner",
-           "DeltaPlanner", "RedisPlanner", "SinkContext", "SinkSide", "SourceContext", "SourceSide", "sink_side"]
+           "DeltaPlanner", "KafkaPlanner", "RedisPlanner", "SinkContext", "SinkSide", "SourceContext", "SourceSide", "sink_side"]

@@ -9,6 +9,8 @@ Spark Connect.
 
 from __future__ import annotations
 
+import datetime as _dt
+import decimal
 import functools
 import json
 import os
@@ -22,15 +24,28 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import DataType, StructField, StructType
+from pyspark.sql.types import (
+    ArrayType,
+    DataType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    MapType,
+    StructField,
+    StructType,
+    TimestampNTZType,
+    TimestampType,
+)
 
 from funke.common import layout
 from funke.common.graph.jobgraph import OperatorSpec
+from funke.common.streaming.checkpoint import SourceRange
 from funke.common.streaming.sources import BatchInput
 from funke.runtime import datafs
 
 __all__ = ["InputMeter", "RuntimeContext", "Sink", "SinkCount", "Source", "Transform", "arrow_compatible", "arrow_schema",
-           "column_ref", "config_options", "config_schema", "config_strings", "config_value", "file_info", "label",
+           "batch_range", "coerce_row", "coerce_value", "column_ref", "config_options", "config_schema", "config_strings", "config_value", "file_info", "label",
            "parse_schema", "subtask_share", "union_all"]
 
 
@@ -112,6 +127,50 @@ Sink = Callable[[RuntimeContext, OperatorSpec, DataFrame], None]
 def label(spec: OperatorSpec) -> str:
     """How errors name the operator."""
     return f"operator '{spec.display_name}' ({spec.kind})"
+
+
+def batch_range(ctx: RuntimeContext, spec: OperatorSpec) -> tuple[BatchInput, SourceRange]:
+    if ctx.batch is None:
+        raise ValueError(f"{label(spec)} is a stream source: it runs in a streaming query's micro-batches")
+    source_range = ctx.batch.ranges.get(ctx.vertex_id)
+    if source_range is None:
+        raise ValueError(f"{label(spec)}: batch {ctx.batch.batch_id} names no range for vertex {ctx.vertex_id!r}")
+    return ctx.batch, source_range
+
+
+def coerce_value(value: Any, dt: DataType) -> Any:
+    """A JSON value as the Python value Spark's type verification accepts for `dt`."""
+    if value is None:
+        return None
+    if isinstance(dt, (FloatType, DoubleType)) and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(dt, DecimalType) and isinstance(value, (int, float, str)):
+        return decimal.Decimal(str(value))
+    if isinstance(dt, DateType) and isinstance(value, str):
+        return _dt.date.fromisoformat(value)
+    if isinstance(dt, (TimestampType, TimestampNTZType)) and isinstance(value, str):
+        return _dt.datetime.fromisoformat(value)
+    if isinstance(dt, ArrayType) and isinstance(value, list):
+        return [coerce_value(v, dt.elementType) for v in value]
+    if isinstance(dt, MapType) and isinstance(value, dict):
+        return {k: coerce_value(v, dt.valueType) for k, v in value.items()}
+    if isinstance(dt, StructType) and isinstance(value, (dict, list)):
+        return coerce_row(value, dt)
+    return value
+
+
+def coerce_row(row: Any, schema: StructType) -> tuple[Any, ...]:
+    if isinstance(row, dict):
+        values = [row.get(f.name) for f in schema.fields]
+    elif isinstance(row, (list, tuple)):
+        if len(row) != len(schema.fields):
+            raise ValueError(f"row {row!r} has {len(row)} value(s), the schema {len(schema.fields)} column(s)")
+        values = list(row)
+    elif len(schema.fields) == 1:  # a bare value for a one-column schema
+        values = [row]
+    else:
+        raise ValueError(f"row {row!r} is neither a list nor an object")
+    return tuple(coerce_value(v, f.dataType) for v, f in zip(values, schema.fields))
 
 
 def config_value(spec: OperatorSpec, key: str) -> Any:

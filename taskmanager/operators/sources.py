@@ -10,14 +10,13 @@ for chains made of no-op kinds, which the task runs without Spark.
 Stream sources run in a streaming query's micro-batches (`RuntimeContext.batch`) and read exactly
 the batch's range: source.rate the rows due, by `RateSource`'s rule; source.stream.* the files
 the JobManager resolved for the range, this subtask's share; source.socket the blocks its
-receiver stored; source.redis the entries between the range's ids. Each adds what it read to the
+receiver stored; source.redis the entries between the range's ids; source.kafka the records of
+its partitions' offset ranges (`funke.taskmanager.operators.kafka`). Each adds what it read to the
 batch's `InputMeter`. (source.stream.jsonlines is `funke.taskmanager.streaming.jsonlines`.)
 """
 
 from __future__ import annotations
 
-import datetime as _dt
-import decimal
 import json
 import posixpath
 from typing import Any
@@ -28,36 +27,29 @@ import pyarrow.fs as pafs
 from pyspark.sql import DataFrame, Observation
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
-    ArrayType,
     BinaryType,
     BooleanType,
     ByteType,
-    DataType,
-    DateType,
-    DecimalType,
     DoubleType,
     FloatType,
     IntegerType,
     LongType,
-    MapType,
     ShortType,
     StringType,
     StructField,
     StructType,
-    TimestampNTZType,
     TimestampType,
 )
 
 from funke.common.graph.jobgraph import OperatorSpec
-from funke.common.streaming.checkpoint import SourceRange
-from funke.common.streaming.sources import BatchInput, RateSource, RedisStreamsSource, receiver_blocks_dir
+from funke.common.streaming.sources import RateSource, RedisStreamsSource, receiver_blocks_dir
 from funke.taskmanager import batchexchange
 from funke.taskmanager.operators.classic import frame_from_arrow
-from funke.taskmanager.operators.delta import read_table as _delta_table
 from funke.taskmanager.operators.context import (
     RuntimeContext,
     Source,
     arrow_schema,
+    batch_range,
     config_options,
     config_schema,
     config_strings,
@@ -67,6 +59,9 @@ from funke.taskmanager.operators.context import (
     parse_schema,
     subtask_share,
 )
+from funke.taskmanager.operators.context import coerce_row as _coerce_row
+from funke.taskmanager.operators.delta import read_table as _delta_table
+from funke.taskmanager.operators.kafka import read as _kafka_source
 from funke.taskmanager.operators.transforms import python_map
 
 __all__ = ["BATCH_SOURCES", "batch_range", "redis_client"]
@@ -123,41 +118,6 @@ def _range(ctx: RuntimeContext, spec: OperatorSpec) -> DataFrame:
         return ids
     # A generating source: fn(id) -> row of config "schema".
     return python_map(ctx, spec, ids, flat=False)
-
-
-def _coerce(value: Any, dt: DataType) -> Any:
-    """A JSON value as the Python value Spark's type verification accepts for `dt`."""
-    if value is None:
-        return None
-    if isinstance(dt, (FloatType, DoubleType)) and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(dt, DecimalType) and isinstance(value, (int, float, str)):
-        return decimal.Decimal(str(value))
-    if isinstance(dt, DateType) and isinstance(value, str):
-        return _dt.date.fromisoformat(value)
-    if isinstance(dt, (TimestampType, TimestampNTZType)) and isinstance(value, str):
-        return _dt.datetime.fromisoformat(value)
-    if isinstance(dt, ArrayType) and isinstance(value, list):
-        return [_coerce(v, dt.elementType) for v in value]
-    if isinstance(dt, MapType) and isinstance(value, dict):
-        return {k: _coerce(v, dt.valueType) for k, v in value.items()}
-    if isinstance(dt, StructType) and isinstance(value, (dict, list)):
-        return _coerce_row(value, dt)
-    return value
-
-
-def _coerce_row(row: Any, schema: StructType) -> tuple[Any, ...]:
-    if isinstance(row, dict):
-        values = [row.get(f.name) for f in schema.fields]
-    elif isinstance(row, (list, tuple)):
-        if len(row) != len(schema.fields):
-            raise ValueError(f"row {row!r} has {len(row)} value(s), the schema {len(schema.fields)} column(s)")
-        values = list(row)
-    elif len(schema.fields) == 1:  # a bare value for a one-column schema
-        values = [row]
-    else:
-        raise ValueError(f"row {row!r} is neither a list nor an object")
-    return tuple(_coerce(v, f.dataType) for v, f in zip(values, schema.fields))
 
 
 def _collection(ctx: RuntimeContext, spec: OperatorSpec) -> DataFrame:
@@ -223,15 +183,6 @@ def _source_noop(ctx: RuntimeContext, spec: OperatorSpec) -> DataFrame:
 # ---------------------------------------------------------------------------------------------
 # stream sources: a share of the micro-batch's range
 # ---------------------------------------------------------------------------------------------
-
-
-def batch_range(ctx: RuntimeContext, spec: OperatorSpec) -> tuple[BatchInput, SourceRange]:
-    if ctx.batch is None:
-        raise ValueError(f"{label(spec)} is a stream source: it runs in a streaming query's micro-batches")
-    source_range = ctx.batch.ranges.get(ctx.vertex_id)
-    if source_range is None:
-        raise ValueError(f"{label(spec)}: batch {ctx.batch.batch_id} names no range for vertex {ctx.vertex_id!r}")
-    return ctx.batch, source_range
 
 
 # What a range's rows are in Spark: neither column is ever null.
@@ -384,6 +335,7 @@ BATCH_SOURCES: dict[str, Source] = {
     "source.rate": _rate,
     "source.socket": _socket,
     "source.redis": _redis_source,
+    "source.kafka": _kafka_source,
     "source.stream.text": _stream_file_source("text"),
     "source.stream.csv": _stream_file_source("csv", {"header": "true"}),
     "source.stream.json": _stream_file_source("json"),

@@ -27,6 +27,7 @@ TASK_SOURCES: dict[str, TaskSource] = {
     "source.stream.parquet": TaskSource(OPERATORS["source.stream.parquet"]),
     "source.socket": TaskSource(OPERATORS["source.socket"], socket_receiver),
     "source.redis": TaskSource(OPERATORS["source.redis"]),
+    "source.kafka": TaskSource(OPERATORS["source.kafka"]),
     "source.stream.jsonlines": TaskSource(jsonlines.read),
     "source.stream.delta": TaskSource(delta.read),
 }
