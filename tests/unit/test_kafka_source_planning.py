@@ -303,3 +303,31 @@ def test_consumer_settings_read_committed_by_assign_and_pass_only_allowed_option
     assert "funke.timeout.ms" not in settings
     assert k.consumer_settings({"bootstrap": "h:1"}, "x")["auto.offset.reset"] == "error"
     assert k.timeout_s({"options": {"funke.timeout.ms": 900}}) == 0.9 and k.timeout_s({}) == 30
+
+
+def test_the_jobmanager_refuses_a_kafka_query_outside_the_allowed_hosts_listing_every_problem(tmp_path):
+    import asyncio
+
+    from funke.common.configuration import ClusterConfiguration
+    from funke.common.wire.codec import job_graph_to_proto
+    from funke.jobmanager.dispatcher import Dispatcher, DispatcherError
+
+    env = ExecutionEnvironment("kafka elsewhere", parallelism=2)
+    env.read_stream.kafka("127.0.0.1:9092,broker.evil.example:9092", "events").write_parquet(str(tmp_path / "out"))
+    env.read_stream.kafka("127.0.0.1:9092", pattern="ok-.*").write_parquet(str(tmp_path / "out2"))
+    message = job_graph_to_proto(env.build())
+
+    async def scenario() -> None:
+        dispatcher = Dispatcher(ClusterConfiguration(data_dir=str(tmp_path / "data"), allowed_hosts=("127.0.0.1",)))
+        dispatcher.start()
+        try:
+            with pytest.raises(DispatcherError) as info:
+                await dispatcher.submit(message)
+            assert info.value.code == "INVALID_ARGUMENT"
+            assert "job graph has 1 problem(s)" in str(info.value), str(info.value)
+            assert "'broker.evil.example' is not a host jobs may connect to here" in str(info.value)
+            assert not dispatcher.jobs
+        finally:
+            await dispatcher.stop()
+
+    asyncio.run(scenario())
