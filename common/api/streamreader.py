@@ -111,7 +111,7 @@ class StreamReader:
               starting: str | Mapping[str, Any] = "latest", max_offsets_per_trigger: int | None = None,
               fail_on_data_loss: bool = True, end_offsets: str = "list", value_format: str = "raw",
               value_schema: str | Mapping[str, Any] | None = None, schema_registry: str | None = None,
-              options: Mapping[str, Any] | None = None) -> DataStream:
+              schemas: Mapping[int, Any] | None = None, options: Mapping[str, Any] | None = None) -> DataStream:
         """The records of Kafka topics (`topics`, or every topic whose whole name matches the
         regular expression `pattern`, including topics created later), read by a Python consumer
         (confluent-kafka; no JVM), as Structured Streaming's Kafka source gives them: columns `key`
@@ -132,8 +132,9 @@ class StreamReader:
         is wrong, such as the Tansu test broker). `value_format`: "raw", "json" (`value_schema` a
         DDL string: the value's fields become columns in place of `value`; a value that is not JSON
         fails the batch, naming its topic, partition and offset), "avro" (`value_schema` the
-        writer's schema) or "confluent-avro" (the schema id in each value: `schema_registry` a URL,
-        or `value_schema` the schemas by id). `options`: a few librdkafka consumer settings (fetch
+        values' Avro schema) or "confluent-avro" (Confluent's framing, a schema id in each value:
+        the writer schemas from `schema_registry`, a URL, or `schemas`, {id: schema}; decoded into
+        `value_schema`). `options`: a few librdkafka consumer settings (fetch
         sizes, timeouts; never security settings) and funke.timeout.ms, how long any wait on the
         broker may take (30 s). Partition i of the sorted (topic, partition) pairs is read by
         subtask i % parallelism."""
@@ -180,10 +181,14 @@ class StreamReader:
                              f"got {value_format!r}")
         config["value_format"] = value_format
         if value_schema is not None:
-            if isinstance(value_schema, Mapping):
-                value_schema = {str(key): v for key, v in value_schema.items()}  # schema ids as JSON keys
             check(k.value_schema_problem(value_schema), "value_schema")
-            config["value_schema"] = value_schema
+            config["value_schema"] = value_schema if isinstance(value_schema, str) else dict(value_schema)
+        if schemas is not None:
+            if not isinstance(schemas, Mapping):
+                raise ValueError(f"kafka: schemas must map schema ids to Avro schemas, got {schemas!r}")
+            schemas = {str(key): v for key, v in schemas.items()}  # schema ids as JSON keys
+            check(k.value_schema_problem(schemas), "schemas")
+            config["schemas"] = schemas
         if schema_registry is not None:
             if not isinstance(schema_registry, str) or not schema_registry.startswith(("http://", "https://")):
                 raise ValueError(f"kafka: schema_registry must be an http:// or https:// URL, got {schema_registry!r}")

@@ -153,7 +153,7 @@ CATALOGUE: dict[str, OperatorKind] = {
            keys={"bootstrap": V.BOOTSTRAP, "topics": V.TOPICS, "pattern": V.TOPIC_PATTERN, "starting": V.KAFKA_STARTING,
                  "max_offsets_per_trigger": V.POSITIVE_INT, "fail_on_data_loss": V.BOOLEAN,
                  "end_offsets": V.KAFKA_END_OFFSETS, "value_format": V.VALUE_FORMAT, "value_schema": V.VALUE_SCHEMA,
-                 "schema_registry": V.URL, "options": V.KAFKA_OPTIONS}),
+                 "schemas": V.VALUE_SCHEMA, "schema_registry": V.URL, "options": V.KAFKA_OPTIONS}),
         # no-op kinds: a chain made only of these finishes without touching Spark (used to
         # measure scheduling and deployment alone)
         _k("source.noop", S, 0),

@@ -211,14 +211,13 @@ def _decoded(ctx: RuntimeContext, config: dict[str, Any], records: Records, wher
     if fmt == "json":
         value_schema = parse_schema(str(config["value_schema"]), f"{where}: config 'value_schema'")
         decoded = _json_values(ctx, records, value_schema, where)
-    else:  # avro, confluent-avro: the Avro decoder (funke.runtime.avrovalues) gives the columns
-        from pyspark.sql.pandas.types import from_arrow_schema
-
+    else:  # avro, confluent-avro: funke.runtime.avrovalues decodes, into the columns avro.spark_ddl says
+        from funke.common.streaming.sources import avro
         from funke.runtime import avrovalues
 
+        value_schema = parse_schema(avro.spark_ddl(avro.reader_schema(config)), f"{where}: the Avro value's columns")
         positions = list(zip(records.topics, records.partitions, records.offsets))
         decoded = avrovalues.decode(records.values, config, positions)
-        value_schema = from_arrow_schema(decoded.schema)
     clash = sorted(set(value_schema.fieldNames()) & (set(KAFKA_COLUMNS) - {"value"}))
     if clash:
         raise ValueError(f"{where}: the value's column(s) {', '.join(clash)} would hide the source's own (name them "

@@ -242,6 +242,7 @@ def test_topics_patterns_startings_and_numbers_are_checked():
         ({"topics": ["a"], "value_format": "json"}, "needs config 'value_schema'"),
         ({"topics": ["a"], "value_format": "avro"}, "needs config 'value_schema'"),
         ({"topics": ["a"], "value_format": "confluent-avro"}, "needs config 'schema_registry'"),
+        ({"topics": ["a"], "schemas": {"1": "\"int\""}}, "is for value_format 'confluent-avro'"),
         ({"topics": ["a"], "value_schema": "a int"}, "value_format 'raw' takes no"),
         ({"topics": ["a"], "options": {"fetch.max.bytes": -1}}, "must be an integer from 0"),
         ({"topics": ["a"], "options": {"funke.timeout.ms": 5}}, "must be from 100"),

@@ -224,15 +224,17 @@ def config_problems(config: Mapping[str, Any]) -> list[str]:
     schema = config.get("value_schema")
     if fmt == "json" and not isinstance(schema, str):
         problems.append("value_format 'json' needs config 'value_schema': a DDL string such as 'id bigint, name string'")
+    if fmt == "raw" and schema is not None:
+        problems.append("value_format 'raw' takes no 'value_schema' (give the value_format it is for)")
+    for key in ("schema_registry", "schemas"):
+        if config.get(key) is not None and fmt != "confluent-avro":
+            problems.append(f"config {key!r} is for value_format 'confluent-avro' (the value_format is {fmt!r})")
+    # the Avro rules (schemas parse, the registry's URL) are funke.common.streaming.sources.avro's
     if fmt == "avro" and schema is None:
-        problems.append("value_format 'avro' needs config 'value_schema': the writer's Avro schema")
-    if fmt == "confluent-avro" and schema is None and config.get("schema_registry") is None:
-        problems.append("value_format 'confluent-avro' needs config 'schema_registry' (a URL) or 'value_schema' "
-                        "(the schemas by id)")
-    if fmt == "raw" and (schema is not None or config.get("schema_registry") is not None):
-        problems.append("value_format 'raw' takes no 'value_schema' or 'schema_registry' (give the format)")
-    if fmt == "json" and config.get("schema_registry") is not None:
-        problems.append("value_format 'json' takes no 'schema_registry'")
+        problems.append("value_format 'avro' needs config 'value_schema': the values' Avro schema")
+    if fmt == "confluent-avro" and config.get("schema_registry") is None and config.get("schemas") is None:
+        problems.append("value_format 'confluent-avro' needs config 'schema_registry' (the registry's URL) or "
+                        "'schemas' (the writer schemas by id)")
     return problems
 
 
