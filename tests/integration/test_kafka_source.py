@@ -279,6 +279,48 @@ def test_a_topic_created_while_the_query_runs_that_matches_its_pattern_is_read_f
     assert any(later in (r.end or {}) and later not in (r.start or {}) for r in ranges.values())
 
 
+# ---------------------------------------------------------------------------- the columns
+
+def test_the_columns_are_structured_streamings_and_json_values_become_columns_once_triggered(
+        cluster, kafka_broker, tmp_path):
+    topic = unique("columns")
+    kafka_broker.create_topic(topic, 2)
+    producer = Producer({"bootstrap.servers": kafka_broker.bootstrap})
+    producer.produce(topic, key=b"k1", value=b'{"id": 1, "name": "one", "at": "2026-12-08T01:02:03"}', partition=0,
+                     headers=[("trace", b"abc"), ("empty", None)], timestamp=1_765_000_000_000)
+    producer.produce(topic, value=b'{"id": 2}', partition=1)
+    producer.produce(topic, key=b"gone", value=None, partition=1)  # a tombstone: null columns
+    assert producer.flush(30) == 0
+    raw_out, json_out = tmp_path / "raw", tmp_path / "json"
+    for fmt, out in (("raw", raw_out), ("json", json_out)):
+        env = ExecutionEnvironment(f"kafka columns {fmt} {tmp_path.name}", parallelism=2)
+        schema = {"value_schema": "id bigint, name string, at timestamp"} if fmt == "json" else {}
+        env.read_stream.kafka(kafka_broker.bootstrap, topic, starting="earliest", value_format=fmt, **schema,
+                              **kafka_broker.source_options).write_parquet(str(out))
+        env.set_trigger(once=True).set_checkpoint_location(str(tmp_path / f"checkpoint-{fmt}"))
+        job_id = cluster.client.submit(env.build())
+        assert wait_status(cluster.client, job_id, ("FINISHED", "FAILED")) == "FINISHED", \
+            cluster.client.get_job(job_id).failure.message
+
+    def rows(out: Path) -> list[dict]:
+        tables = [pq.read_table(out / name) for b in streamsinks.committed_batches(str(out))
+                  for name in streamsinks.committed_files(str(out), b)]
+        return sorted((r for t in tables for r in t.to_pylist()), key=lambda r: (r["partition"], r["offset"]))
+
+    raw = rows(raw_out)
+    assert list(raw[0]) == ["key", "value", "topic", "partition", "offset", "timestamp", "timestampType", "headers"]
+    assert [(r["key"], r["partition"], r["offset"]) for r in raw] == [(b"k1", 0, 0), (None, 1, 0), (b"gone", 1, 1)]
+    assert raw[0]["topic"] == topic and raw[0]["timestampType"] == 0
+    assert int(raw[0]["timestamp"].timestamp() * 1000) == 1_765_000_000_000
+    assert raw[0]["headers"] == [{"key": "trace", "value": b"abc"}, {"key": "empty", "value": None}]
+    assert raw[1]["headers"] is None and raw[2]["value"] is None
+    decoded = rows(json_out)
+    assert list(decoded[0]) == ["key", "id", "name", "at", "topic", "partition", "offset", "timestamp",
+                                "timestampType", "headers"]
+    assert [(r["id"], r["name"]) for r in decoded] == [(1, "one"), (2, None), (None, None)]
+    assert decoded[0]["at"].replace(tzinfo=None) == __import__("datetime").datetime(2026, 12, 8, 1, 2, 3)
+
+
 # ---------------------------------------------------------------------------- hostile input
 
 def failed_job(cluster, env: ExecutionEnvironment, timeout: float = 120) -> str:
