@@ -125,7 +125,7 @@ def read_ranges(config: dict[str, Any], ranges: Sequence[PartitionRange], record
         progress_at = time.monotonic()
         while pending:
             done: list[tuple[str, int]] = []
-            for message in consumer.consume(num_messages=CONSUME_AT_ONCE, timeout=POLL_S):
+            for message in _ready(consumer):
                 tp = (message.topic(), message.partition())
                 r = pending.get(tp)
                 if r is None:
@@ -174,6 +174,13 @@ def read_ranges(config: dict[str, Any], ranges: Sequence[PartitionRange], record
             consumer.close()
         except Exception:  # noqa: BLE001 - closing is best effort
             pass
+
+
+def _ready(consumer: Any) -> list[Any]:
+    """The messages and events the consumer has, once it has any (nothing after POLL_S):
+    consume(n, timeout) would wait for n of them or the whole timeout."""
+    first = consumer.poll(POLL_S)
+    return [] if first is None else [first, *consumer.consume(num_messages=CONSUME_AT_ONCE, timeout=0)]
 
 
 def read(ctx: RuntimeContext, spec: OperatorSpec) -> DataFrame:
