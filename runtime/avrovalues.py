@@ -170,6 +170,8 @@ class SchemaRegistry:
                                     f"(HTTP {exc.code}), which funke does not follow: give the registry's own URL") \
                     from None
             detail = body.get("message") if isinstance(body, dict) else None
+            if exc.code == 404 and code is None:
+                detail = f"without Confluent's error code: is {self.url} a Schema Registry's URL?"
             raise RegistryError(f"the Schema Registry at {self.url} answered GET {path} with HTTP {exc.code}"
                                 + (f" ({str(detail)[:200]})" if detail else "")) from None
         except TimeoutError:
@@ -373,6 +375,10 @@ class _Writers:
                 text = registry(self.url).schema(schema_id)
             except UnknownSchemaId:
                 raise UnknownSchemaId(at, schema_id, f"the Schema Registry at {self.url.rstrip('/')}") from None
+            except RegistryError as exc:  # the same kind (transient or not), saying which record needed it
+                topic, partition, offset = at
+                raise type(exc)(f"{exc} (the writer schema id {schema_id} of the value at offset {offset} of "
+                                f"topic {topic!r} partition {partition})") from None
         else:
             ids = ", ".join(map(str, sorted(self.given)))
             raise UnknownSchemaId(at, schema_id, f"the source's 'schemas' (ids {ids})")
