@@ -262,10 +262,11 @@ def arrow_type(t: SqlType) -> pa.DataType:
         return pa.decimal128(t.precision, t.scale)
     if t.name == "struct":
         return pa.struct([pa.field(n, arrow_type(c), c.nullable) for n, c in t.fields])
+    # an array's elements and a map's values are nullable, as Spark DDL (ARRAY<...>, MAP<...>) says
     if t.name == "array":
-        return pa.list_(pa.field("element", arrow_type(t.element), t.element.nullable))  # type: ignore[union-attr]
+        return pa.list_(pa.field("element", arrow_type(t.element), True))  # type: ignore[arg-type]
     if t.name == "map":
-        return pa.map_(pa.string(), pa.field("value", arrow_type(t.element), t.element.nullable))  # type: ignore[union-attr]
+        return pa.map_(pa.string(), pa.field("value", arrow_type(t.element), True))  # type: ignore[arg-type]
     raise ValueError(f"no Arrow type for {t.name!r}")
 
 

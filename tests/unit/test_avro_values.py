@@ -134,6 +134,7 @@ def test_the_arrow_schema_has_the_same_columns_and_top_level_columns_are_nullabl
     ({"type": "bytes", "logicalType": "decimal", "precision": 40, "scale": 2}, "1 to 38 digits"),
     ({"type": "record", "name": "R", "fields": [{"name": "x", "type": "Nope"}]}, "not a valid Avro schema"),
     ("{not json", "is not JSON"),
+    ({"type": "array", "items": {"type": "record", "name": "E", "fields": []}}, "items that take no bytes"),
 ])
 def test_a_schema_without_columns_is_refused_saying_why(schema, says):
     with pytest.raises(avro.AvroSchemaError, match=says):

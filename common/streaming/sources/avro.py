@@ -269,10 +269,29 @@ def _sql(s: Any, named: Mapping[str, Any], stack: tuple[str, ...], depth: int) -
     if t == "fixed":
         return SqlType("binary")
     if t == "array":
+        if _takes_no_bytes(s["items"], named, 0):
+            # a block count is all such an array's bytes: 10 bytes could claim 2**62 items
+            raise AvroSchemaError("an array of items that take no bytes (null, a record without fields, a fixed "
+                                  "of size 0) is refused: one short value could hold billions of items")
         return SqlType("array", element=_sql(s["items"], named, stack, depth + 1))
     if t == "map":
         return SqlType("map", element=_sql(s["values"], named, stack, depth + 1))
     return _sql(t, named, stack, depth + 1)
+
+
+def _takes_no_bytes(s: Any, named: Mapping[str, Any], depth: int) -> bool:
+    if depth > MAX_DEPTH:
+        return False
+    if isinstance(s, str):
+        return s == "null" or (s in named and _takes_no_bytes(named[s], named, depth + 1))
+    if isinstance(s, list):
+        return False  # a union writes its branch's index
+    t = s.get("type")
+    if t in ("record", "error"):
+        return all(_takes_no_bytes(f["type"], named, depth + 1) for f in s["fields"])
+    if t == "fixed":
+        return s.get("size") == 0
+    return t == "null" or (isinstance(t, (dict, list)) and _takes_no_bytes(t, named, depth + 1))
 
 
 def value_columns(schema: Any) -> tuple[tuple[str, SqlType], ...]:
