@@ -69,10 +69,14 @@ class RegistryError(RuntimeError):
 class UnknownSchemaId(RegistryError, ValueDecodeError):
     """A Confluent-framed value whose writer schema id is neither given nor known to the registry."""
 
-    def __init__(self, where: tuple[str, int, int], schema_id: int, known_to: str):
+    def __init__(self, where: tuple[str, int, int] | None, schema_id: int, known_to: str):
         self.schema_id = schema_id
-        ValueDecodeError.__init__(self, where, f"its schema id {schema_id} is not known to {known_to}",
-                                  "confluent-avro")
+        if where is not None:
+            ValueDecodeError.__init__(self, where, f"its schema id {schema_id} is not known to {known_to}",
+                                      "confluent-avro")
+        else:  # asked for without a record (the registry client alone)
+            self.topic, self.partition, self.offset, self.reason = "", -1, -1, f"not known to {known_to}"
+            Exception.__init__(self, f"schema id {schema_id} is not known to {known_to}")
 
 
 class UnknownSubject(RegistryError):
@@ -111,14 +115,14 @@ class SchemaRegistry:
         return f"SchemaRegistry({self.url!r})"
 
     def schema(self, schema_id: int) -> str:
-        """The Avro schema (JSON text) registered under `schema_id`; UnknownSchemaId(where=("", -1,
-        -1)) if the registry has none (the caller names the record)."""
+        """The Avro schema (JSON text) registered under `schema_id`; UnknownSchemaId if the
+        registry has none (Confluent's error 40403)."""
         with self._lock:
             cached = self._schemas.get(schema_id)
         if cached is not None:
             return cached
         body = self._get(f"/schemas/ids/{int(schema_id)}", {SCHEMA_NOT_FOUND: lambda: UnknownSchemaId(
-            ("", -1, -1), schema_id, f"the Schema Registry at {self.url}")})
+            None, schema_id, f"the Schema Registry at {self.url}")})
         text = self._avro_schema(body, f"schema id {schema_id}")
         with self._lock:
             if len(self._schemas) >= MAX_CACHED_SCHEMAS:
@@ -158,9 +162,15 @@ class SchemaRegistry:
         try:
             with _OPENER.open(request, timeout=self.timeout) as response:
                 raw = _read_bounded(response, deadline)
+        except _TooLarge:
+            raise RegistryError(f"the Schema Registry at {self.url} answered GET {path} with more than "
+                                f"{MAX_RESPONSE_BYTES:,} bytes") from None
         except urllib.error.HTTPError as exc:
             with exc:
-                raw = _read_bounded(exc, deadline) if exc.fp is not None else b""
+                try:
+                    raw = _read_bounded(exc, deadline) if exc.fp is not None else b""
+                except (OSError, _TooLarge):  # the status says enough without its body
+                    raw = b""
             body = _json_or_none(raw)
             code = body.get("error_code") if isinstance(body, dict) else None
             if exc.code == 404 and code in not_found:
@@ -172,7 +182,8 @@ class SchemaRegistry:
             detail = body.get("message") if isinstance(body, dict) else None
             if exc.code == 404 and code is None:
                 detail = f"without Confluent's error code: is {self.url} a Schema Registry's URL?"
-            raise RegistryError(f"the Schema Registry at {self.url} answered GET {path} with HTTP {exc.code}"
+            failure = RegistryUnavailable if exc.code >= 500 or exc.code == 429 else RegistryError
+            raise failure(f"the Schema Registry at {self.url} answered GET {path} with HTTP {exc.code}"
                                 + (f" ({str(detail)[:200]})" if detail else "")) from None
         except TimeoutError:
             raise RegistryUnavailable(f"the Schema Registry at {self.url} did not answer GET {path} within "
@@ -190,6 +201,10 @@ class SchemaRegistry:
         return body
 
 
+class _TooLarge(Exception):
+    pass
+
+
 def _read_bounded(response: Any, deadline: float) -> bytes:
     """The body, at most MAX_RESPONSE_BYTES, read before `deadline` (a server that trickles bytes
     must not hold a batch past the timeout)."""
@@ -202,7 +217,7 @@ def _read_bounded(response: Any, deadline: float) -> bytes:
             return b"".join(chunks)
         size += len(chunk)
         if size > MAX_RESPONSE_BYTES:
-            raise OSError(f"its answer is larger than {MAX_RESPONSE_BYTES:,} bytes")
+            raise _TooLarge()
         chunks.append(chunk)
 
 
@@ -281,7 +296,7 @@ class _Reader:
 
     def __init__(self, schema: Any):
         self.parsed = avro.load_schema(schema)
-        self.arrow = arrow_schema(self.parsed)
+        self.arrow = arrow_schema(schema)
         self.is_record = avro.is_record_value(self.parsed)
         self.convert = _converter(self.parsed, avro.named_types(self.parsed), 0)
 

@@ -305,3 +305,12 @@ def test_the_reader_schema_is_the_given_one_or_the_only_schema_given_by_id():
     assert avro.reader_schema({"value_format": "confluent-avro", "schemas": {"3": "s", "4": "t"}}) is None
     with pytest.raises(ValueError, match="'value_schema' is needed"):
         avrovalues.resolve_value_schema({"value_format": "confluent-avro", "schemas": {"3": "s", "4": "t"}}, ["a"])
+
+
+def test_a_value_that_is_a_union_decodes_into_the_one_column_of_its_members():
+    schema = ["null", "string", {"type": "record", "name": "R", "fields": [{"name": "a", "type": "int"}]}]
+    values = [avro_bytes(schema, "x"), avro_bytes(schema, {"a": 3}), avro_bytes(schema, None), None]
+    table = avrovalues.decode(values, {"value_format": "avro", "value_schema": json.dumps(schema)}, at(4))
+    assert table.column_names == ["value"]
+    assert table.column("value").to_pylist() == [{"member0": "x", "member1": None},
+                                                 {"member0": None, "member1": {"a": 3}}, None, None]

@@ -295,9 +295,9 @@ def _takes_no_bytes(s: Any, named: Mapping[str, Any], depth: int) -> bool:
 
 
 def value_columns(schema: Any) -> tuple[tuple[str, SqlType], ...]:
-    """The columns a value of `schema` (JSON text, loaded JSON or a parsed schema) becomes: a
-    record's fields, or one column `value`; every one nullable (a record may have no value)."""
-    parsed = load_schema(schema) if not (isinstance(schema, dict) and schema.get("__fastavro_parsed")) else schema
+    """The columns a value of `schema` (JSON text or loaded JSON) becomes: a record's fields, or
+    one column `value`; every one nullable (a record may have no value)."""
+    parsed = load_schema(schema)
     t = value_type(parsed)
     if is_record_value(parsed):
         return tuple((n, c.with_nullable()) for n, c in t.fields)
