@@ -131,6 +131,8 @@ def _batches(data: bytes) -> list[_Batch]:
     pos = 0
     while pos + 12 <= len(data):
         base_offset, length = struct.unpack_from(">qi", data, pos)
+        if length < _BATCH_HEADER - 12:
+            raise KafkaLogError(f"a record batch at offset {base_offset} claims {length} bytes, fewer than its header")
         if pos + 12 + length > len(data):
             break  # cut by max_bytes: fetched again from its offset
         batch = data[pos:pos + 12 + length]

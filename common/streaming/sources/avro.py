@@ -123,6 +123,8 @@ def union_shape(branches: list[Any]) -> UnionShape:
     """The shape of a union (a list of parsed Avro schemas) as Spark's from_avro gives it."""
     others = tuple(b for b in branches if not is_null(b))
     has_null = len(others) != len(branches)
+    if not others:  # only null: a column that is always null
+        return UnionShape("nullable", ("null",), True)
     if len(others) == 1:
         return UnionShape("nullable", others, has_null)
     plain = {b for b in others if isinstance(b, str)}
