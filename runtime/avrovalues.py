@@ -9,9 +9,10 @@ Two value formats:
 - "avro": plain Avro binary, written with the source's `value_schema`;
 - "confluent-avro": Confluent's wire format, a magic byte 0, the writer schema's id (4 bytes, big
   endian) and the Avro binary. The writer schema is taken from the source's `schemas` ({id: schema
-  JSON}) or fetched from `schema_registry` (GET /schemas/ids/{id} of Confluent's REST API, with a
-  timeout, never following a redirect, each id fetched once per process). The value is read with
-  the writer schema and resolved into the reader schema (`value_schema`) by Avro's rules.
+  JSON}) or fetched from `schema_registry` (GET /schemas/ids/{id} of Confluent's REST API, and
+  GET /subjects/{subject}/versions/{version} for the schemas it refers to, if any; with a timeout,
+  never following a redirect, each id fetched once per process). The value is read with the writer
+  schema and resolved into the reader schema (`value_schema`) by Avro's rules.
 
 A value that cannot be decoded fails the batch with `ValueDecodeError`, naming the topic, the
 partition and the offset of its record (and, for Confluent's format, the schema id); an id the
@@ -42,6 +43,8 @@ from funke.common.streaming.sources.avro import AvroSchemaError, SqlType
 REGISTRY_TIMEOUT_S = 10.0  # one request to the Schema Registry, from connecting to the last byte
 MAX_RESPONSE_BYTES = 4 * 1024 * 1024  # a registry's answer (one schema, as JSON)
 MAX_CACHED_SCHEMAS = 10_000  # writer schemas kept per process, over every registry
+MAX_REFERENCES = 100  # schemas one schema refers to, over every level (Confluent's schema references)
+MAX_REFERENCE_DEPTH = 10
 MAGIC_BYTE = 0
 HEADER_BYTES = 5  # magic byte + schema id
 _ACCEPT = "application/vnd.schemaregistry.v1+json, application/vnd.schemaregistry+json, application/json"
@@ -141,18 +144,49 @@ class SchemaRegistry:
                                 f"{subject!r} without a schema id")
         return number, self._avro_schema(body, f"subject {subject!r}")
 
-    def _avro_schema(self, body: Mapping[str, Any], what: str) -> str:
+    def _avro_schema(self, body: Mapping[str, Any], what: str, budget: list[int] | None = None,
+                     depth: int = 0) -> str:
+        """The schema of a registry's answer as one self-contained JSON text: the named types of
+        the schemas it refers to (Confluent's schema references, fetched by subject and version)
+        written out where the schema first uses them."""
         kind = body.get("schemaType", "AVRO")
         if kind != "AVRO":
             raise RegistryError(f"{what} in the Schema Registry at {self.url} is a {str(kind)[:40]} schema, not Avro")
-        if body.get("references"):
-            raise RegistryError(f"{what} in the Schema Registry at {self.url} refers to other subjects' schemas "
-                                f"(schema references), which funke does not resolve: give the schema in "
-                                f"'value_schema' and the writer schemas in 'schemas'")
         text = body.get("schema")
         if not isinstance(text, str):
             raise RegistryError(f"the Schema Registry at {self.url} answered {what} without a schema")
-        return text
+        references = body.get("references") or []
+        if not references:
+            return text
+        budget = [MAX_REFERENCES] if budget is None else budget
+        if not isinstance(references, list) or depth >= MAX_REFERENCE_DEPTH or len(references) > budget[0]:
+            raise RegistryError(f"{what} in the Schema Registry at {self.url} refers to more schemas than funke "
+                                f"follows ({MAX_REFERENCES} in all, {MAX_REFERENCE_DEPTH} deep)")
+        budget[0] -= len(references)
+        named: dict[str, Any] = {}
+        try:
+            for ref in references:
+                name, subject, version = _reference(ref, what, self.url)
+                if name in named:
+                    continue  # two references to one type (a diamond)
+                quoted = urllib.parse.quote(subject, safe="")
+                unknown = lambda: UnknownSubject(  # noqa: E731
+                    f"{what} in the Schema Registry at {self.url} refers to subject {subject!r} version "
+                    f"{version}, which the registry does not have")
+                answer = self._get(f"/subjects/{quoted}/versions/{version}",
+                                   {SUBJECT_NOT_FOUND: unknown, VERSION_NOT_FOUND: unknown})
+                ref_text = self._avro_schema(answer, f"subject {subject!r} version {version}", budget, depth + 1)
+                fresh: dict[str, Any] = {}  # two referenced schemas may both hold a third one's types
+                fastavro.parse_schema(json.loads(ref_text), named_schemas=fresh, _write_hint=False)
+                for type_name, definition in fresh.items():
+                    named.setdefault(type_name, definition)
+            parsed = fastavro.parse_schema(json.loads(text), named_schemas=named, _write_hint=False)
+        except RegistryError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - fastavro and json raise several kinds
+            raise RegistryError(f"{what} in the Schema Registry at {self.url} does not parse with the schemas it "
+                                f"refers to: {str(exc)[:300]}") from None
+        return json.dumps(_inline_references(parsed, named, set()))
 
     def _get(self, path: str, not_found: Mapping[int, Callable[[], Exception]]) -> dict[str, Any]:
         """GET `path` as JSON. A 404 whose Confluent error code is in `not_found` raises what that
@@ -199,6 +233,43 @@ class SchemaRegistry:
             raise RegistryError(f"the Schema Registry at {self.url} answered GET {path} with something other than "
                                 f"a JSON object (is {self.url} a Schema Registry?)")
         return body
+
+
+def _reference(ref: Any, what: str, url: str) -> tuple[str, str, int]:
+    if isinstance(ref, dict):
+        name, subject, version = ref.get("name"), ref.get("subject"), ref.get("version")
+        if isinstance(name, str) and isinstance(subject, str) and 0 < len(subject) <= 1000 \
+                and isinstance(version, int) and not isinstance(version, bool):
+            return name, subject, version
+    raise RegistryError(f"{what} in the Schema Registry at {url} has a schema reference funke cannot read: "
+                        f"{str(ref)[:200]}")
+
+
+def _inline_references(s: Any, named: Mapping[str, Any], written: set[str]) -> Any:
+    """A parsed schema (full names everywhere) with the first use of each name of `named` that it
+    does not define itself replaced by that type's definition, fastavro's own keys dropped."""
+    if isinstance(s, str):
+        if s in named and s not in written:
+            return _inline_references(named[s], named, written)  # which marks it written
+        return s
+    if isinstance(s, list):
+        return [_inline_references(b, named, written) for b in s]
+    if not isinstance(s, dict):
+        return s
+    out = {k: v for k, v in s.items() if not k.startswith("__")}
+    if out.get("type") in ("record", "error", "enum", "fixed") and isinstance(out.get("name"), str):
+        if out["name"] in written:
+            return out["name"]  # defined once already (it came in through two references)
+        written.add(out["name"])
+    if out.get("type") in ("record", "error"):
+        out["fields"] = [{**f, "type": _inline_references(f["type"], named, written)} for f in out["fields"]]
+    elif out.get("type") == "array":
+        out["items"] = _inline_references(out["items"], named, written)
+    elif out.get("type") == "map":
+        out["values"] = _inline_references(out["values"], named, written)
+    elif isinstance(out.get("type"), (dict, list)) or out.get("type") in named:
+        out["type"] = _inline_references(out["type"], named, written)
+    return out
 
 
 class _TooLarge(Exception):

@@ -61,8 +61,14 @@ class SchemaFileServer:
 
     def add_latest(self, subject: str, schema_id: int, schema: str, version: int = 1) -> None:
         """GET /subjects/<subject>/versions/latest answers Confluent's body for that version."""
-        self._write(self.root / "subjects" / subject / "versions" / "latest",
-                    {"subject": subject, "version": version, "id": schema_id, "schema": schema})
+        self.add_version(subject, "latest", schema_id, schema, version)
+
+    def add_version(self, subject: str, path_version: int | str, schema_id: int, schema: str,
+                    version: int | None = None, **extra: object) -> None:
+        """GET /subjects/<subject>/versions/<path_version> answers Confluent's body."""
+        self._write(self.root / "subjects" / subject / "versions" / str(path_version),
+                    {"subject": subject, "version": version if version is not None else path_version,
+                     "id": schema_id, "schema": schema, **extra})
 
     @staticmethod
     def _write(path: Path, body: dict) -> None:

@@ -94,6 +94,41 @@ def test_an_id_the_server_has_no_schema_for_is_an_error_naming_the_record(kafka_
         f"of the value at offset 1 of topic {topic!r} partition 0)")
 
 
+def test_a_schema_with_references_is_read_with_the_types_of_the_subjects_it_refers_to(schema_files):
+    address = {"type": "record", "name": "Address", "namespace": "com.acme",
+               "fields": [{"name": "city", "type": "string"}]}
+    customer = {"type": "record", "name": "Customer", "namespace": "com.acme",
+                "fields": [{"name": "name", "type": "string"}, {"name": "home", "type": "Address"}]}
+    order = {"type": "record", "name": "Order", "namespace": "com.acme",
+             "fields": [{"name": "ship_to", "type": "Address"}, {"name": "buyer", "type": "com.acme.Customer"}]}
+    schema_files.add_version("address-value", 1, 41, json.dumps(address))
+    schema_files.add_version("customer-value", 2, 42, json.dumps(customer),
+                             references=[{"name": "com.acme.Address", "subject": "address-value", "version": 1}])
+    # Customer holds Address too: the two references meet (a diamond)
+    schema_files.add_schema(43, json.dumps(order), references=[
+        {"name": "com.acme.Address", "subject": "address-value", "version": 1},
+        {"name": "com.acme.Customer", "subject": "customer-value", "version": 2}])
+    whole = dict(order, fields=[{"name": "ship_to", "type": address},
+                                {"name": "buyer", "type": dict(customer, fields=[customer["fields"][0],
+                                                                                 {"name": "home", "type": "Address"}])}])
+    record = {"ship_to": {"city": "Oslo"}, "buyer": {"name": "Ada", "home": {"city": "Bergen"}}}
+    out = io.BytesIO()
+    fastavro.schemaless_writer(out, fastavro.parse_schema(whole), record)
+    value = b"\x00" + (43).to_bytes(4, "big") + out.getvalue()
+
+    table = avrovalues.decode([value], {"value_format": "confluent-avro", "schema_registry": schema_files.url,
+                                        "value_schema": json.dumps(whole)}, [("orders", 0, 5)])
+
+    assert table.to_pylist() == [record]
+    missing = {"name": "com.acme.Gone", "subject": "gone-value", "version": 3}
+    schema_files.add_schema(44, json.dumps(order), references=[missing])
+    with pytest.raises(RegistryError, match=r"GET /subjects/gone-value/versions/3 with HTTP 404 .* schema id 44 of "
+                                            r"the value at offset 5 of topic 'orders' partition 0"):
+        avrovalues.decode([b"\x00" + (44).to_bytes(4, "big")], {
+            "value_format": "confluent-avro", "schema_registry": schema_files.url,
+            "value_schema": json.dumps(whole)}, [("orders", 0, 5)])
+
+
 def test_a_redirect_is_an_error_not_followed(schema_files):
     # http.server redirects a directory's path to the same path with a slash
     (schema_files.root / "schemas" / "ids" / "8").mkdir(parents=True)
