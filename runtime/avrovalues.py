@@ -23,7 +23,6 @@ a value (a tombstone) becomes a row whose columns are all null.
 
 from __future__ import annotations
 
-import datetime
 import decimal
 import io
 import json
@@ -337,39 +336,46 @@ def resolve_value_schema(config: Mapping[str, Any], topics: Sequence[str],
 # Decoding
 
 
-def arrow_type(t: SqlType) -> pa.DataType:
-    """The Arrow type of a column type (what Spark makes of it is the same column type)."""
+def arrow_type(t: SqlType, raw: bool = False) -> pa.DataType:
+    """The Arrow type of a column type (what Spark makes of it is the same column type). `raw`:
+    the type values are first read into, timestamps in the unit of their Avro number (the table
+    is then cast to the column types)."""
+    if t.name in ("timestamp", "timestamp_ntz"):
+        return pa.timestamp(t.unit if raw else "us", tz="UTC" if t.name == "timestamp" else None)
     simple = {"void": pa.null(), "boolean": pa.bool_(), "int": pa.int32(), "bigint": pa.int64(),
               "float": pa.float32(), "double": pa.float64(), "binary": pa.binary(), "string": pa.string(),
-              "date": pa.date32(), "timestamp": pa.timestamp("us", tz="UTC"), "timestamp_ntz": pa.timestamp("us")}
+              "date": pa.date32()}
     if t.name in simple:
         return simple[t.name]
     if t.name == "decimal":
         return pa.decimal128(t.precision, t.scale)
     if t.name == "struct":
-        return pa.struct([pa.field(n, arrow_type(c), c.nullable) for n, c in t.fields])
+        return pa.struct([pa.field(n, arrow_type(c, raw), c.nullable) for n, c in t.fields])
     # an array's elements and a map's values are nullable, as Spark DDL (ARRAY<...>, MAP<...>) says
     if t.name == "array":
-        return pa.list_(pa.field("element", arrow_type(t.element), True))  # type: ignore[arg-type]
+        return pa.list_(pa.field("element", arrow_type(t.element, raw), True))  # type: ignore[arg-type]
     if t.name == "map":
-        return pa.map_(pa.string(), pa.field("value", arrow_type(t.element), True))  # type: ignore[arg-type]
+        return pa.map_(pa.string(), pa.field("value", arrow_type(t.element, raw), True))  # type: ignore[arg-type]
     raise ValueError(f"no Arrow type for {t.name!r}")
 
 
-def arrow_schema(schema: Any) -> pa.Schema:
+def arrow_schema(schema: Any, raw: bool = False) -> pa.Schema:
     """The Arrow schema of the columns a value of `schema` becomes (`avro.value_columns`)."""
-    return pa.schema([pa.field(n, arrow_type(t), True) for n, t in avro.value_columns(schema)])
+    return pa.schema([pa.field(n, arrow_type(t, raw), True) for n, t in avro.value_columns(schema)])
 
 
 class _Reader:
-    """One reader schema, ready to decode into: its parsed form, Arrow schema, and the function
-    that turns what fastavro returns into the columns' values (None: nothing to turn)."""
+    """One reader schema, ready to decode into: its parsed form to read with, the Arrow schema
+    values are read into and the one of its columns, and the function that turns what fastavro
+    returns into the columns' values (None: nothing to turn)."""
 
     def __init__(self, schema: Any):
-        self.parsed = avro.load_schema(schema)
+        typed = avro.load_schema(schema)
+        self.parsed = avro.read_schema(schema)
         self.arrow = arrow_schema(schema)
-        self.is_record = avro.is_record_value(self.parsed)
-        self.convert = _converter(self.parsed, avro.named_types(self.parsed), 0)
+        self.raw = arrow_schema(schema, raw=True)
+        self.is_record = avro.is_record_value(typed)
+        self.convert = _converter(typed, avro.named_types(typed), 0)
 
 
 _READERS: dict[str, _Reader] = {}
@@ -415,7 +421,8 @@ def decode(values: Sequence[bytes | None], config: Mapping[str, Any],
         if reader.convert is not None and record is not None:
             record = reader.convert(record)
         rows.append(record if reader.is_record else {"value": record})
-    return _table(rows, reader.arrow, where, fmt)
+    table = _table(rows, reader.raw, where, fmt)
+    return table if reader.raw == reader.arrow else table.cast(reader.arrow)
 
 
 class _Writers:
@@ -470,7 +477,7 @@ class _Writers:
             ids = ", ".join(map(str, sorted(self.given)))
             raise UnknownSchemaId(at, schema_id, f"the source's 'schemas' (ids {ids})")
         try:
-            parsed = avro.load_schema(text)
+            parsed = avro.read_schema(text)
         except AvroSchemaError as exc:
             raise ValueDecodeError(at, f"the writer schema of its schema id {schema_id} {exc}", "confluent-avro") from None
         self.by_id[schema_id] = parsed
@@ -501,7 +508,9 @@ def _table(rows: list[Any], schema: pa.Schema, where: Sequence[tuple[str, int, i
 
 
 # What fastavro returns -> the columns' values. fastavro is asked for each union branch of a named
-# type as (full name, value) (return_named_type), so a union's branch is known, not guessed.
+# type as (full name, value) (return_named_type), so a union's branch is known, not guessed; other
+# branches are told apart by their Python type, which is one per branch (avro.value_columns refuses
+# unions whose branches share one). Dates and timestamps are read as numbers.
 
 
 def _converter(s: Any, named: Mapping[str, Any], depth: int) -> Callable[[Any], Any] | None:
@@ -578,10 +587,6 @@ def _python_test(s: Any) -> Callable[[Any], bool]:
     """What fastavro returns for a branch that is not a named type."""
     t = s if isinstance(s, str) else s.get("type")
     logical = s.get("logicalType") if isinstance(s, dict) else None
-    if logical == "date":
-        return lambda v: isinstance(v, datetime.date) and not isinstance(v, datetime.datetime)
-    if logical in ("timestamp-millis", "timestamp-micros", "local-timestamp-millis", "local-timestamp-micros"):
-        return lambda v: isinstance(v, datetime.datetime)
     if logical == "decimal":
         return lambda v: isinstance(v, decimal.Decimal)
     tests: dict[str, Callable[[Any], bool]] = {

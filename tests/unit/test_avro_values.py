@@ -135,6 +135,8 @@ def test_the_arrow_schema_has_the_same_columns_and_top_level_columns_are_nullabl
     ({"type": "record", "name": "R", "fields": [{"name": "x", "type": "Nope"}]}, "not a valid Avro schema"),
     ("{not json", "is not JSON"),
     ({"type": "array", "items": {"type": "record", "name": "E", "fields": []}}, "items that take no bytes"),
+    (["null", "int", "long", "string"], "more than one branch read as 'number'"),
+    (["string", {"type": "long", "logicalType": "timestamp-millis"}, "int"], "more than one branch read as 'number'"),
 ])
 def test_a_schema_without_columns_is_refused_saying_why(schema, says):
     with pytest.raises(avro.AvroSchemaError, match=says):
@@ -314,3 +316,18 @@ def test_a_value_that_is_a_union_decodes_into_the_one_column_of_its_members():
     assert table.column_names == ["value"]
     assert table.column("value").to_pylist() == [{"member0": "x", "member1": None},
                                                  {"member0": None, "member1": {"a": 3}}, None, None]
+
+
+def test_dates_and_timestamps_nested_in_maps_arrays_and_unions_become_their_column_types():
+    schema = {"type": "record", "name": "T", "fields": [
+        {"name": "seen", "type": {"type": "map", "values": {"type": "long", "logicalType": "timestamp-millis"}}},
+        {"name": "days", "type": {"type": "array", "items": ["null", {"type": "int", "logicalType": "date"}]}},
+        {"name": "either", "type": ["null", "string", {"type": "long", "logicalType": "timestamp-micros"}]}]}
+    at_ms = dt.datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=UTC)
+    at_us = dt.datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
+    record = {"seen": {"a": at_ms}, "days": [dt.date(2026, 12, 8), None], "either": at_us}
+    table = avrovalues.decode([avro_bytes(schema, record)], {"value_format": "avro", "value_schema": json.dumps(schema)},
+                              at(1))
+    assert table.schema == avrovalues.arrow_schema(json.dumps(schema))
+    assert table.to_pylist() == [{"seen": [("a", at_ms)], "days": [dt.date(2026, 12, 8), None],
+                                  "either": {"member0": None, "member1": at_us}}]

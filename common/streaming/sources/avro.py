@@ -61,9 +61,13 @@ KEPT_LOGICAL = frozenset({"date", "timestamp-millis", "timestamp-micros", "local
                           "local-timestamp-micros", "decimal"})
 _PRIMITIVE_SQL = {"null": "void", "boolean": "boolean", "int": "int", "long": "bigint", "float": "float",
                   "double": "double", "bytes": "binary", "string": "string"}
-_LOGICAL_SQL = {("int", "date"): "date", ("long", "timestamp-millis"): "timestamp",
-                ("long", "timestamp-micros"): "timestamp", ("long", "local-timestamp-millis"): "timestamp_ntz",
-                ("long", "local-timestamp-micros"): "timestamp_ntz"}
+# Only decimals are turned into Python objects while reading: dates and timestamps are read as the
+# numbers they are and become dates and timestamps in Arrow, many times faster than datetimes.
+DECODED_LOGICAL = frozenset({"decimal"})
+_LOGICAL_SQL = {("int", "date"): ("date", ""), ("long", "timestamp-millis"): ("timestamp", "ms"),
+                ("long", "timestamp-micros"): ("timestamp", "us"),
+                ("long", "local-timestamp-millis"): ("timestamp_ntz", "ms"),
+                ("long", "local-timestamp-micros"): ("timestamp_ntz", "us")}
 _DDL_NAMES = {"void": "VOID", "boolean": "BOOLEAN", "int": "INT", "bigint": "BIGINT", "float": "FLOAT",
               "double": "DOUBLE", "binary": "BINARY", "string": "STRING", "date": "DATE", "timestamp": "TIMESTAMP",
               "timestamp_ntz": "TIMESTAMP_NTZ"}
@@ -85,9 +89,10 @@ class SqlType:
     element: "SqlType | None" = None  # array element, map value
     precision: int = 0  # decimal
     scale: int = 0
+    unit: str = ""  # timestamps: what the Avro number counts, "ms" or "us"
 
     def with_nullable(self, nullable: bool = True) -> "SqlType":
-        return SqlType(self.name, nullable, self.fields, self.element, self.precision, self.scale)
+        return SqlType(self.name, nullable, self.fields, self.element, self.precision, self.scale, self.unit)
 
     def ddl(self) -> str:
         """Spark DDL of the type (nested fields that may not be null say NOT NULL)."""
@@ -135,39 +140,49 @@ def union_shape(branches: list[Any]) -> UnionShape:
     return UnionShape("struct", others, has_null)
 
 
-def strip_logical_types(schema: Any, depth: int = 0) -> Any:
-    """The schema (JSON as loaded) with every logical type not in KEPT_LOGICAL removed, so it is
-    read as its underlying type (a copy; the input is left as it is)."""
+def strip_logical_types(schema: Any, keep: frozenset[str] = KEPT_LOGICAL, depth: int = 0) -> Any:
+    """The schema (JSON as loaded) with every logical type not in `keep` removed, so it is read as
+    its underlying type (a copy; the input is left as it is)."""
     if depth > MAX_DEPTH:
         raise AvroSchemaError(f"the schema nests types more than {MAX_DEPTH} levels deep")
     if isinstance(schema, list):
-        return [strip_logical_types(s, depth + 1) for s in schema]
+        return [strip_logical_types(s, keep, depth + 1) for s in schema]
     if not isinstance(schema, dict):
         return schema
-    out = {k: v for k, v in schema.items() if not (k == "logicalType" and v not in KEPT_LOGICAL)}
+    out = {k: v for k, v in schema.items() if not (k == "logicalType" and v not in keep)}
     for key in ("type", "items", "values"):
         if isinstance(out.get(key), (dict, list)):
-            out[key] = strip_logical_types(out[key], depth + 1)
+            out[key] = strip_logical_types(out[key], keep, depth + 1)
     if isinstance(out.get("fields"), list):
-        out["fields"] = [{**f, "type": strip_logical_types(f.get("type"), depth + 1)} if isinstance(f, dict) else f
-                         for f in out["fields"]]
+        out["fields"] = [{**f, "type": strip_logical_types(f.get("type"), keep, depth + 1)} if isinstance(f, dict)
+                         else f for f in out["fields"]]
     return out
 
 
 def load_schema(schema: Any) -> Any:
-    """A schema given as JSON text (or as loaded JSON), parsed for reading: logical types not kept
-    stripped, names fully qualified (fastavro's parsed form). AvroSchemaError says why not."""
+    """A schema given as JSON text (or as loaded JSON), parsed: logical types not kept stripped,
+    names fully qualified (fastavro's parsed form). AvroSchemaError says why not."""
+    return _load_text(_text(schema), KEPT_LOGICAL)
+
+
+def read_schema(schema: Any) -> Any:
+    """The parsed schema to read values with: as `load_schema`, and dates and timestamps read as
+    their numbers (DECODED_LOGICAL), which the Arrow schema (`funke.runtime.avrovalues`) makes
+    dates and timestamps."""
+    return _load_text(_text(schema), DECODED_LOGICAL)
+
+
+def _text(schema: Any) -> str:
     if isinstance(schema, str):
-        return _load_text(schema)
+        return schema
     try:
-        text = json.dumps(schema)
+        return json.dumps(schema)
     except (TypeError, ValueError, RecursionError) as exc:
         raise AvroSchemaError(f"is not JSON: {exc}") from None
-    return _load_text(text)
 
 
-@functools.lru_cache(maxsize=256)
-def _load_text(text: str) -> Any:
+@functools.lru_cache(maxsize=512)
+def _load_text(text: str, keep: frozenset[str]) -> Any:
     if len(text) > MAX_SCHEMA_CHARS:
         raise AvroSchemaError(f"has {len(text):,} characters; at most {MAX_SCHEMA_CHARS:,}")
     try:
@@ -180,7 +195,7 @@ def _load_text(text: str) -> Any:
             raise AvroSchemaError(f"is not JSON: {exc}") from None
     except RecursionError:
         raise AvroSchemaError(f"nests JSON more than {MAX_DEPTH} levels deep") from None
-    stripped = strip_logical_types(loaded)
+    stripped = strip_logical_types(loaded, keep)
     try:
         parsed = fastavro.parse_schema(stripped, _write_hint=False)
     except RecursionError:
@@ -260,7 +275,8 @@ def _sql(s: Any, named: Mapping[str, Any], stack: tuple[str, ...], depth: int) -
             raise AvroSchemaError(f"decimal scale {scale!r} must be from 0 to the precision {precision}")
         return SqlType("decimal", precision=precision, scale=scale)
     if isinstance(t, str) and (t, logical) in _LOGICAL_SQL:
-        return SqlType(_LOGICAL_SQL[(t, logical)])
+        name, unit = _LOGICAL_SQL[(t, logical)]
+        return SqlType(name, unit=unit)
     if t in _PRIMITIVE_SQL:
         return SqlType(_PRIMITIVE_SQL[t])
     if t in ("record", "error"):
@@ -301,9 +317,57 @@ def value_columns(schema: Any) -> tuple[tuple[str, SqlType], ...]:
     one column `value`; every one nullable (a record may have no value)."""
     parsed = load_schema(schema)
     t = value_type(parsed)
+    _refuse_ambiguous_unions(parsed, named_types(parsed), 0)
     if is_record_value(parsed):
         return tuple((n, c.with_nullable()) for n, c in t.fields)
     return (("value", t.with_nullable()),)
+
+
+def read_kind(s: Any, named: Mapping[str, Any]) -> str:
+    """What a reader gets for a value of `s` (a union's branch), as far as it tells branches apart:
+    a named type comes with its name; other types only as a Python value of this kind."""
+    d = named.get(s, s) if isinstance(s, str) else s
+    if isinstance(d, dict) and d.get("type") in ("record", "error", "enum", "fixed"):
+        return "named:" + str(d.get("name"))
+    t = d if isinstance(d, str) else d.get("type")
+    if isinstance(d, dict) and d.get("logicalType") == "decimal":
+        return "decimal"
+    return {"boolean": "bool", "int": "number", "long": "number", "float": "float", "double": "float",
+            "bytes": "bytes", "string": "str", "array": "list", "map": "dict", "null": "null"}.get(str(t), str(t))
+
+
+def _refuse_ambiguous_unions(s: Any, named: Mapping[str, Any], depth: int, seen: frozenset[str] = frozenset()) -> None:
+    """A union read into a struct of members must have branches a reader tells apart: int and long
+    (or a date or timestamp, which are numbers too), or float and double, beside other branches
+    are not."""
+    if depth > MAX_DEPTH:
+        return
+    if isinstance(s, str):
+        if s in named and s not in seen:
+            _refuse_ambiguous_unions(named[s], named, depth + 1, seen | {s})
+        return
+    if isinstance(s, list):
+        shape = union_shape(s)
+        if shape.kind == "struct":
+            kinds = [read_kind(b, named) for b in shape.branches]
+            clash = sorted({k for k in kinds if kinds.count(k) > 1})
+            if clash:
+                raise AvroSchemaError(f"a union with branches {kinds!r} has more than one branch read as {clash[0]!r} "
+                                      f"(int, long, date and timestamps are all numbers): a reader cannot tell "
+                                      f"which member a value is; use one of them")
+        for b in s:
+            _refuse_ambiguous_unions(b, named, depth + 1, seen)
+        return
+    t = s.get("type")
+    if t in ("record", "error"):
+        for f in s["fields"]:
+            _refuse_ambiguous_unions(f["type"], named, depth + 1, seen | {s.get("name")})
+    elif t == "array":
+        _refuse_ambiguous_unions(s["items"], named, depth + 1, seen)
+    elif t == "map":
+        _refuse_ambiguous_unions(s["values"], named, depth + 1, seen)
+    elif isinstance(t, (dict, list)):
+        _refuse_ambiguous_unions(t, named, depth + 1, seen)
 
 
 def is_record_value(parsed: Any) -> bool:
