@@ -54,6 +54,7 @@ def test_each_record_comes_back_with_the_state_of_its_transaction(kafka_broker):
     finally:
         for producer in (committing, aborting, lingering, plain):
             producer.flush(5)
+        del committing, aborting, lingering, plain  # closed now, not when the session's broker is gone
 
 
 def test_a_topic_without_records_is_an_empty_log(kafka_broker):
