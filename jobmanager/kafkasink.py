@@ -99,7 +99,8 @@ class KafkaSinkProducer:
         self._producer = Producer(settings)
         self._check_topic(timeout)
         if self.exactly_once:
-            self._marker = Consumer({"bootstrap.servers": self.bootstrap, "logger": log,
+            # no `logger`: a consumer that is never polled would keep its log lines queued
+            self._marker = Consumer({"bootstrap.servers": self.bootstrap,
                                      "group.id": rules.marker_group(self.owner_id, self.vertex_id),
                                      "enable.auto.commit": False, "isolation.level": "read_committed"})
             began = time.monotonic()
