@@ -143,3 +143,40 @@ def test_a_kafka_sink_stages_under_its_jobs_directory_and_refuses_ids_that_are_n
     assert layout.sink_target("/data", "job1", "v1", "sink.kafka", {}) == "/data/jobs/job1/kafka/v1"
     with pytest.raises(ValueError):
         layout.kafka_sink_dir("/data", "job1", "../v1")
+
+
+def test_a_querys_sink_sides_are_prepared_with_its_id_and_all_closed_when_one_fails_to(tmp_path):
+    """The query shell prepares the sinks once a run holds the checkpoint (a Kafka sink's
+    transactional id needs the query's id) and closes them when the run ends."""
+    from funke.jobmanager.streaming import KafkaSink
+    from funke.jobmanager.streaming.base import SinkSide
+    from funke.jobmanager.streaming.sides import SinkSides
+
+    env = ExecutionEnvironment("two sinks", parallelism=1)
+    rows = env.read_stream.rate(5).select("CAST(value AS STRING) AS value")
+    rows.write_kafka("127.0.0.1:9092", "out")
+    rows.write_parquet(str(tmp_path / "out"))
+    job = env.build()
+    sides = SinkSides(job, str(tmp_path / "data"), "job1")
+    assert sorted(type(s).__name__ for s in sides.sides.values()) == ["FileSink", "KafkaSink"]
+    assert isinstance(next(s for s in sides.sides.values() if isinstance(s, KafkaSink)), KafkaSink)
+
+    class Recording(SinkSide):
+        def __init__(self, context, fail_close=False):
+            super().__init__(context)
+            self.prepared, self.closed, self.fail_close = [], False, fail_close
+
+        def prepare(self, query_id=""):
+            self.prepared.append(query_id)
+
+        def close(self):
+            self.closed = True
+            if self.fail_close:
+                raise OSError("the broker is gone")
+
+    first, second = (Recording(s.context, fail_close=i == 0) for i, s in enumerate(sides.sides.values()))
+    sides.sides = {"a": first, "b": second}
+    sides.prepare("query-1")
+    assert first.prepared == second.prepared == ["query-1"]
+    sides.close()
+    assert first.closed and second.closed
