@@ -146,6 +146,8 @@ class KafkaSinkProducer:
         returns how many records this call wrote (0: none staged, or the batch is in already).
         `fence` raises when the caller may no longer commit (its run was taken over)."""
         files = staged_files(directories)
+        if not staged_rows(files):  # an idle batch: no transaction, no marker, no round trip
+            return 0
         if self.exactly_once:
             fence()
             if self.batch_is_in(batch_id):
@@ -322,6 +324,15 @@ def staged_files(directories: Sequence[str]) -> list[tuple[pafs.FileSystem, str]
                        and not posixpath.basename(i.path).startswith((".", "_")))
         files += [(fs, name) for name in names]
     return files
+
+
+def staged_rows(files: Sequence[tuple[pafs.FileSystem, str]]) -> int:
+    """How many rows the staged files hold (from their footers)."""
+    total = 0
+    for fs, name in files:
+        with fs.open_input_file(name) as f:
+            total += pq.ParquetFile(f).metadata.num_rows
+    return total
 
 
 def staged_records(files: Sequence[tuple[pafs.FileSystem, str]]) -> Iterator[tuple[bytes | None, bytes | None]]:
