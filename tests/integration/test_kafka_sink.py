@@ -363,8 +363,8 @@ def test_a_streaming_query_writes_each_batch_once_through_a_lost_commit_entry_a_
         assert beyond_rows <= set(range(expected, int(following["rows"]))), sorted(beyond_rows)[:5]
         beyond = 0
     print(f"\nKAFKA-SINK-QUERY: {expected} rows in batches 0..{marker - 1} (batch {last} committed again, nothing "
-          f"written twice; commit log to batch {commits[-1]}): {len(got.records)} records read_committed, {duplicates} duplicates, {lost} lost, "
-          f"{beyond} beyond ({len(beyond_rows)} rows of an aborted batch delivered by Tansu)")
+          f"written twice; commit log to batch {commits[-1]}): {len(got.records)} records read_committed, "
+          f"{duplicates} duplicates, {lost} lost, {beyond} beyond ({len(beyond_rows)} rows of an aborted batch delivered by Tansu)")
     assert (duplicates, lost, beyond) == (0, 0, 0)
     assert all(k.decode() == str(int(v) % 7) for _, _, k, v in got.records)
     log = (cluster.info.dir / "log" / "jobmanager.log").read_text(errors="replace")
