@@ -42,6 +42,7 @@ from funke.common.graph.operators import (
     OperatorRole,
     Value,
 )
+from funke.common.streaming import kafkasink
 from funke.common.streaming.eventtime import MAX_DELAY_MS
 from funke.common.streaming.sources.delta import DELTA_KINDS, DELTA_MODES, parse_timestamp
 from funke.common.streaming.sources.delta import config_problems as delta_config_problems
@@ -94,8 +95,8 @@ class Problem:
 class ValidationContext:
     """What the cluster adds to the rules. `data_dir`: no sink may write into it, over it or
     around it. `allowed_paths`: if given, every source and sink path lies under one of them
-    (cluster key funke.io.allowed-paths). `allowed_hosts`: if given, every host a socket or Redis
-    source or sink connects to is one of them (cluster key funke.io.allowed-hosts)."""
+    (cluster key funke.io.allowed-paths). `allowed_hosts`: if given, every host a socket, Redis or
+    Kafka source or sink connects to is one of them (cluster key funke.io.allowed-hosts)."""
 
     data_dir: str = ""
     allowed_paths: tuple[str, ...] = ()
@@ -476,6 +477,16 @@ def host_problem(value: object) -> str | None:
     return None
 
 
+def _allowed_host_problem(value: object, context: ValidationContext | None) -> str | None:
+    """Why `value` is not a host name, or not one this cluster lets jobs connect to."""
+    problem = host_problem(value)
+    if problem is None and context is not None and context.allowed_hosts \
+            and value.lower() not in context.allowed_hosts:  # type: ignore[union-attr]
+        return (f"{ids.echo(value)} is not a host jobs may connect to here "
+                f"(funke.io.allowed-hosts: {', '.join(context.allowed_hosts)})")
+    return problem
+
+
 def _stream_key_problem(value: object) -> str | None:
     if not isinstance(value, str) or not 1 <= len(value) <= MAX_STREAM_KEY_LENGTH or not value.isprintable():
         return f"must be a printable stream key of 1 to {MAX_STREAM_KEY_LENGTH} characters, got {ids.echo(value)}"
@@ -520,12 +531,19 @@ def _value_problem(expected: Value, value: object, context: ValidationContext | 
             return f"must be a positive integer, got {ids.echo(value)}"
         return None
     if expected is Value.HOST:
-        problem = host_problem(value)
-        if problem is None and context is not None and context.allowed_hosts \
-                and value.lower() not in context.allowed_hosts:  # type: ignore[union-attr]
-            return (f"{ids.echo(value)} is not a host jobs may connect to here "
-                    f"(funke.io.allowed-hosts: {', '.join(context.allowed_hosts)})")
-        return problem
+        return _allowed_host_problem(value, context)
+    if expected is Value.BOOTSTRAP:
+        try:
+            servers = kafkasink.bootstrap_servers(value)
+        except ValueError as exc:
+            return str(exc)
+        return next((p for host, _ in servers if (p := _allowed_host_problem(host, context))), None)
+    if expected is Value.TOPIC:
+        return kafkasink.topic_problem(value)
+    if expected is Value.GUARANTEE:
+        if value not in kafkasink.GUARANTEES:
+            return f"must be one of {', '.join(repr(g) for g in kafkasink.GUARANTEES)}, got {ids.echo(value)}"
+        return None
     if expected is Value.PORT:
         if not _is_int(value) or not 1 <= value <= 65535:
             return f"must be a TCP port from 1 to 65535, got {ids.echo(value)}"

@@ -13,7 +13,7 @@ from funke.jobmanager.streaming.jsonlines import JsonLinesPlanner
 from funke.jobmanager.streaming.rate import RatePlanner
 from funke.jobmanager.streaming.receiver import ReceiverPlanner
 from funke.jobmanager.streaming.redis import RedisPlanner
-from funke.jobmanager.streaming.sinks import CollectSink, DeltaSink, FileSink, RedisSink
+from funke.jobmanager.streaming.sinks import CollectSink, DeltaSink, FileSink, KafkaSink, RedisSink
 
 SOURCE_SIDES: dict[str, Callable[[SourceContext], SourceSide]] = {
     "source.rate": RatePlanner.open,
@@ -35,6 +35,7 @@ SINKS: dict[str, Callable[[SinkContext], SinkSide]] = {
     "sink.collect": CollectSink,
     "sink.redis": RedisSink,
     "sink.delta": DeltaSink,
+    "sink.kafka": KafkaSink,
 }
 
 
