@@ -321,6 +321,48 @@ def test_the_columns_are_structured_streamings_and_json_values_become_columns_on
     assert decoded[0]["at"].replace(tzinfo=None) == __import__("datetime").datetime(2026, 12, 8, 1, 2, 3)
 
 
+def test_avro_values_become_their_schemas_columns_and_a_bad_one_names_its_record(cluster, kafka_broker, tmp_path):
+    import io
+    import json
+
+    import fastavro
+
+    schema = {"type": "record", "name": "Order", "fields": [{"name": "id", "type": "long"},
+                                                           {"name": "item", "type": ["null", "string"]}]}
+    parsed = fastavro.parse_schema(schema)
+
+    def encoded(record) -> bytes:
+        out = io.BytesIO()
+        fastavro.schemaless_writer(out, parsed, record)
+        return out.getvalue()
+
+    topic = unique("avro")
+    kafka_broker.create_topic(topic, 2)
+    produce(kafka_broker.bootstrap, topic, [(0, None, encoded({"id": 1, "item": "tea"})),
+                                            (1, None, encoded({"id": 2, "item": None}))])
+    out = tmp_path / "out"
+    env = ExecutionEnvironment(f"kafka avro {tmp_path.name}", parallelism=2)
+    env.read_stream.kafka(kafka_broker.bootstrap, topic, starting="earliest", value_format="avro",
+                          value_schema=json.dumps(schema), **kafka_broker.source_options).write_parquet(str(out))
+    env.set_trigger(once=True).set_checkpoint_location(str(tmp_path / "checkpoint"))
+    job_id = cluster.client.submit(env.build())
+    assert wait_status(cluster.client, job_id, ("FINISHED", "FAILED")) == "FINISHED", \
+        cluster.client.get_job(job_id).failure.message
+    rows = sorted((r for b in streamsinks.committed_batches(str(out)) for name in streamsinks.committed_files(str(out), b)
+                   for r in pq.read_table(out / name).to_pylist()), key=lambda r: r["id"])
+    assert list(rows[0])[:4] == ["key", "id", "item", "topic"]
+    assert [(r["id"], r["item"], r["partition"]) for r in rows] == [(1, "tea", 0), (2, None, 1)]
+    # a value that is not Avro of the schema fails the batch naming its record
+    produce(kafka_broker.bootstrap, topic, [(1, None, b"\xff")])
+    bad = ExecutionEnvironment(f"kafka bad avro {tmp_path.name}", parallelism=2)
+    bad.read_stream.kafka(kafka_broker.bootstrap, topic, starting="earliest", value_format="avro",
+                          value_schema=json.dumps(schema), **kafka_broker.source_options).write_parquet(
+        str(tmp_path / "bad-out"))
+    bad.set_trigger("500 ms").set_checkpoint_location(str(tmp_path / "bad-checkpoint"))
+    said = failed_job(cluster, bad)
+    assert f"offset 1 of topic '{topic}' partition 1" in said, said
+
+
 # ---------------------------------------------------------------------------- hostile input
 
 def failed_job(cluster, env: ExecutionEnvironment, timeout: float = 120) -> str:
