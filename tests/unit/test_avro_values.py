@@ -280,6 +280,12 @@ def test_value_settings_are_checked_at_submit_listing_every_problem():
     assert avro.config_problems({"value_format": "json", "schemas": {"1": "{}"}}) == [
         "config 'schemas' is for value_format 'confluent-avro' (the value_format is 'json')"]
     assert avro.config_problems({"value_format": "avro", "value_schema": json.dumps(ORDER_V1)}) == []
+    # with a registry the columns come from the reader schema: given, or the one schema of `schemas`
+    assert avro.config_problems({"value_format": "confluent-avro", "schema_registry": "http://localhost:8081"}) == [
+        "config 'value_schema' is needed with 'schema_registry': the Avro schema every value is decoded into "
+        "(its fields are the source's columns)"]
+    assert avro.config_problems({"value_format": "confluent-avro", "schema_registry": "http://localhost:8081",
+                                 "value_schema": json.dumps(ORDER_V1)}) == []
 
 
 @pytest.mark.parametrize("url, allowed, says", [

@@ -479,6 +479,9 @@ def config_problems(config: Mapping[str, Any], allowed_hosts: tuple[str, ...] = 
         problem = registry_url_problem(registry, allowed_hosts)
         if problem:
             problems.append(f"config 'schema_registry' {problem}")
+        if reader_schema(config) is None:  # the columns must be known when the job is planned
+            problems.append("config 'value_schema' is needed with 'schema_registry': the Avro schema every value "
+                            "is decoded into (its fields are the source's columns)")
     if schemas is not None:
         try:
             given = schema_ids(schemas)
