@@ -142,3 +142,49 @@ def test_partition_idle_needs_a_timeout_and_both_times():
     assert not partition_idle(0, None, 1)
     assert not partition_idle(0, 10**9, None)
     assert partition_idle(0, 5, 5) and not partition_idle(1, 5, 5)
+
+
+# ------------------------------------------------------------------------------ the API and submit
+
+def _problems(build) -> list[str]:
+    from funke.common.api.dsl import ExecutionEnvironment
+    from funke.common.api.translate import translate
+    from funke.common.graph.streamingjob import query_problems
+
+    env = ExecutionEnvironment("wm", parallelism=1)
+    build(env).write_parquet("/tmp/out-wm")
+    env.set_checkpoint_location("/tmp/cp-wm")
+    return query_problems(translate(env.logical_plan())[0])
+
+
+def _kafka(env):
+    return env.read_stream.kafka("127.0.0.1:9092", "t", end_offsets="fetch")
+
+
+def test_per_partition_is_accepted_right_after_kafka_or_where_topic_and_partition_are_kept():
+    ok = [lambda e: _kafka(e).select("topic", "partition", "timestamp AS ts").with_watermark("ts", "1 s",
+                                                                                          per_partition=True),
+          lambda e: _kafka(e).with_watermark("timestamp", "1 s", per_partition=True, idle_timeout="5 s"),
+          lambda e: _kafka(e).where("partition > 0").select("*").with_watermark("timestamp", 0, per_partition=True)]
+    for build in ok:
+        assert not [p for p in _problems(build) if "per-partition" in p]
+
+
+def test_per_partition_is_refused_at_submit_without_the_kafka_columns_naming_why():
+    rate = _problems(lambda e: e.read_stream.rate(5).select("timestamp AS ts", "value AS partition", "'x' AS topic")
+                     .with_watermark("ts", "1 s", per_partition=True))
+    assert any("per-partition watermark" in p and "(source.rate) is not a Kafka source" in p for p in rate), rate
+    dropped = _problems(lambda e: _kafka(e).select("timestamp AS ts").with_watermark("ts", "1 s", per_partition=True))
+    assert any("(select) does not select topic and partition" in p for p in dropped), dropped
+
+
+def test_the_api_checks_its_arguments():
+    from funke.common.api.dsl import ExecutionEnvironment
+
+    stream = _kafka(ExecutionEnvironment("wm", parallelism=1))
+    with pytest.raises(ValueError, match="idle_timeout needs per_partition=True"):
+        stream.with_watermark("timestamp", "1 s", idle_timeout="5 s")
+    with pytest.raises(TypeError, match="per_partition must be True or False"):
+        stream.with_watermark("timestamp", "1 s", per_partition="yes")
+    with pytest.raises((TypeError, ValueError)):
+        stream.with_watermark("timestamp", "1 s", per_partition=True, idle_timeout=-5)
