@@ -203,6 +203,7 @@ class StreamingQuery:
                            backpressure=self.settings.backpressure, concurrent_jobs=self.settings.concurrent_jobs,
                            run_id=str(uuid.uuid4()), name=self.graph.job_graph.name, carried=self._carried,
                            watermark_delays=self.event_time.delays, watermark_policy=self.event_time.policy,
+                           watermark_partitioned=self.event_time.partitioned,
                            no_data_batches=self.event_time.stateful, retain=self.settings.min_batches_to_retain)
         run = _RunIO(core, CheckpointStore(self.checkpoint_location))
         self._run = run

@@ -667,7 +667,9 @@ def _small_batch(ctx: RuntimeContext, df: DataFrame) -> DataFrame:
 def _observed(observation: Observation) -> dict:
     """An observation's metrics once the batch's action ran; {} when Spark planned the observed
     rows away (an empty input: its optimizer drops what observes no rows, and the observation
-    ends without metrics)."""
+    ends without metrics); a per-partition watermark's metrics are a dict already."""
+    if isinstance(observation, dict):
+        return observation
     try:
         return observation.get
     except Exception:  # Py4JJavaError: the metrics row is empty

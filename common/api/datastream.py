@@ -187,16 +187,32 @@ class DataStream(_OperatorHandle):
                 queue.extend(i for i, _ in t.inputs)
         return None
 
-    def with_watermark(self, column: str, delay: str | int) -> DataStream:
+    def with_watermark(self, column: str, delay: str | int, per_partition: bool = False,
+                       idle_timeout: str | int | None = None) -> DataStream:
         """Declares `column` (a timestamp) this stream's event time, and a watermark that trails
         the largest event time seen by `delay` ("10 s", "1 min"; a bare number is ms), as
         Structured Streaming's withWatermark: a window closes once the watermark passes its end,
         and a row for a closed window is late (counted, and in the window's `late_data()`).
         Over several inputs the query's watermark is the smallest of theirs
-        (`env.set_watermark_policy("max")`: the largest). The rows pass unchanged."""
+        (`env.set_watermark_policy("max")`: the largest). The rows pass unchanged.
+
+        `per_partition=True` (a Kafka stream that still has the source's `topic` and
+        `partition` columns): one watermark per partition, and this one the smallest of them, as
+        Flink's per-partition watermarks, so a partition that lags holds it back. With
+        `idle_timeout` ("30 s"), a partition that carried no row for that long in batch time
+        (the batches' trigger times, not the wall clock) no longer holds it back."""
         column = _column_name(column, "with_watermark")
-        return self._one_input("watermark", f"Watermark {column}"[:200],
-                               {"column": column, "delay_ms": _millis(delay, "with_watermark() delay")})
+        if not isinstance(per_partition, bool):
+            raise TypeError(f"with_watermark(): per_partition must be True or False, got {per_partition!r}")
+        config: dict = {"column": column, "delay_ms": _millis(delay, "with_watermark() delay")}
+        if idle_timeout is not None:
+            if not per_partition:
+                raise ValueError("with_watermark(): idle_timeout needs per_partition=True: it says when a partition "
+                                 "stops holding the watermark back")
+            config["idle_timeout_ms"] = _millis(idle_timeout, "with_watermark() idle_timeout")
+        if per_partition:
+            config["per_partition"] = True
+        return self._one_input("watermark", f"Watermark {column}"[:200], config)
 
     def rebalance(self) -> DataStream:
         """Round-robin to all downstream subtasks."""

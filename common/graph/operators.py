@@ -185,7 +185,8 @@ CATALOGUE: dict[str, OperatorKind] = {
            keys={"keys": V.COLUMNS, "schema": V.DDL, "state": V.STATE_SPECS}),
         # event time (funke.common.streaming.eventtime): a watermark on a timestamp column, each
         # window's keyed aggregate (its state in keyed state), and the rows its windows found late
-        _k("watermark", T, 1, "column", "delay_ms", keys={"column": V.COLUMN, "delay_ms": V.MILLIS}),
+        _k("watermark", T, 1, "column", "delay_ms", keys={"column": V.COLUMN, "delay_ms": V.MILLIS,
+                                                         "per_partition": V.BOOLEAN, "idle_timeout_ms": V.MILLIS}),
         _k("window_aggregate", T, 1, "keys", "aggregations", "column", "size_ms", "slide_ms",
            keys={"keys": V.COLUMNS, "aggregations": V.SQL_LIST, "column": V.COLUMN, "size_ms": V.MILLIS,
                  "slide_ms": V.MILLIS, "lateness_ms": V.MILLIS}),

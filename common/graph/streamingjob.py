@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import posixpath
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from funke.common.streaming import microbatch as mb
 from funke.common.streaming.eventtime import POLICIES, WATERMARK, WATERMARK_POLICY, operator_id, window_problem
@@ -87,6 +87,7 @@ class EventTimeSettings:
     delays: dict[str, int]
     policy: str = "min"
     stateful: bool = False
+    partitioned: dict[str, int | None] = field(default_factory=dict)  # per-partition -> idle timeout ms
 
 
 def event_time_settings(job: JobGraph) -> EventTimeSettings:
@@ -95,7 +96,14 @@ def event_time_settings(job: JobGraph) -> EventTimeSettings:
     policy = job.configuration.options.get(WATERMARK_POLICY, "min").strip().lower()
     # operators whose state waits on the watermark: windows, and process functions (event-time timers)
     stateful = any(op.kind in WATERMARKED_KINDS | {"process"} for v in job.vertices for op in v.operators)
-    return EventTimeSettings(delays, policy if policy in POLICIES else "min", stateful and bool(delays))
+    partitioned = {operator_id(v.id, i): _idle_ms(op.config.get("idle_timeout_ms"))
+                   for v in job.vertices for i, op in enumerate(v.operators)
+                   if op.kind == WATERMARK and op.config.get("per_partition") is True}
+    return EventTimeSettings(delays, policy if policy in POLICIES else "min", stateful and bool(delays), partitioned)
+
+
+def _idle_ms(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +181,7 @@ def query_problems(job: JobGraph) -> list[str]:
     except ValueError as exc:
         problems.append(str(exc))
     problems += _state_problems(job)
+    problems += _per_partition_problems(job)
     return problems
 
 
@@ -333,6 +342,52 @@ def _window_problems(job: JobGraph, vertex: JobVertex, op, subject: str, mode: s
                         f"be released and would grow for ever: add with_watermark({column!r}, <delay>) before "
                         "key_by(...)")
     return problems
+
+
+# operators whose rows keep every column they received (a per-partition watermark after them
+# still finds the Kafka source's topic and partition)
+_KEEPS_COLUMNS = frozenset({"filter", "where", "watermark", "union", "noop", "deduplicate", "deduplicate_within"})
+_PARTITION_COLUMNS = ("topic", "partition")
+
+
+def _per_partition_problems(job: JobGraph) -> list[str]:
+    """A per-partition watermark needs the Kafka source's topic and partition columns on its
+    rows: every source upstream is Kafka, and every operator between keeps those columns."""
+    problems = []
+    for v in job.vertices:
+        for i, op in enumerate(v.operators):
+            if op.kind != WATERMARK or op.config.get("per_partition") is not True:
+                continue
+            subject = f"operator '{op.display_name}' (watermark per partition) of vertex {v.id!r}"
+            upstream = list(v.operators[:i]) + _upstream_operators(job, v)
+            lost = sorted({_drops_partition(o) for o in upstream} - {None})
+            if lost:
+                problems.append(f"{subject}: a per-partition watermark needs the Kafka source's topic and partition "
+                                f"columns on its rows, and {'; '.join(lost)}: put with_watermark(..., "
+                                "per_partition=True) right after read_stream.kafka(...)")
+    return problems
+
+
+def _drops_partition(op) -> str | None:
+    """Why `op` leaves a per-partition watermark after it without the Kafka source's topic and
+    partition columns (None: it keeps them)."""
+    if op.kind == "source.kafka" or op.kind in _KEEPS_COLUMNS:
+        return None
+    name = f"'{op.display_name}' ({op.kind})"
+    if CATALOGUE.get(op.kind) is not None and CATALOGUE[op.kind].role is OperatorRole.SOURCE:
+        return f"{name} is not a Kafka source"
+    if op.kind == "select":
+        exprs = [str(e).strip().strip("`").lower() for e in op.config.get("exprs") or ()]
+        if "*" in exprs or all(c in exprs for c in _PARTITION_COLUMNS):
+            return None
+        return f"{name} does not select topic and partition"
+    if op.kind in ("map", "flat_map", "process"):
+        names = {part.strip().split()[0].strip("`").lower() for part in str(op.config.get("schema") or "").split(",")
+                 if part.strip()}
+        if all(c in names for c in _PARTITION_COLUMNS):
+            return None
+        return f"{name} returns no topic and partition columns"
+    return f"{name} does not keep the rows' topic and partition"
 
 
 def _interval_join_problems(job: JobGraph, vertex: JobVertex, op, subject: str) -> list[str]:

@@ -185,11 +185,13 @@ class QueryRun:
                  receivers: Mapping[str, int] | None = None, backpressure: bool = False, concurrent_jobs: int = 1,
                  run_id: str = "", name: str = "", carried: Carried | None = None,
                  watermark_delays: Mapping[str, int] | None = None, watermark_policy: str = "min",
-                 no_data_batches: bool = False, retain: int = DEFAULT_RETAIN):
+                 watermark_partitioned: Mapping[str, int | None] | None = None, no_data_batches: bool = False, retain: int = DEFAULT_RETAIN):
         self.trigger, self.run_id, self.name = trigger, run_id, name
         # event time: watermark operator -> its delay (none: the query has no watermark)
         self.watermark_delays = dict(watermark_delays or {})
         self.watermark_policy = watermark_policy
+        # per-partition watermark operators -> their idle timeout in ms (None: never idle)
+        self.watermark_partitioned = dict(watermark_partitioned or {})
         self.no_data_batches = no_data_batches
         self.sources, self.sinks = tuple(sources), list(sinks)
         self.concurrent_jobs = concurrent_jobs
@@ -268,10 +270,15 @@ class QueryRun:
             if self.watermark_delays:
                 last = event.last
                 maxes = dict(last.event_time_max) if last is not None else {}
-                for op, ms in (event.last_commit.event_time_max if event.last_commit is not None else {}).items():
-                    maxes[op] = max(ms, maxes.get(op, ms))
+                active = dict(last.event_time_active) if last is not None else {}
+                commit = event.last_commit
+                pairs = [(commit.event_time_max, maxes), (commit.event_time_active, active)] if commit is not None else []
+                for logged, merged in pairs:
+                    for key, ms in logged.items():
+                        merged[key] = max(ms, merged.get(key, ms))
                 tracker = WatermarkTracker(self.watermark_delays, self.watermark_policy, maxes,
-                                           last.watermark_ms if last is not None else None)
+                                           last.watermark_ms if last is not None else None,
+                                           self.watermark_partitioned, active)
             self.coordinator = mb.MicroBatchCoordinator(
                 event.query_id, self.run_id, self.trigger, self.sources, self.sinks,
                 next_batch_id=event.next_batch_id, logged=event.logged, last_ends=event.last_ends,

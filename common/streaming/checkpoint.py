@@ -61,6 +61,8 @@ class OffsetEntry:
     # none yet), and per watermark operator the largest event time seen before it
     watermark_ms: int | None = None
     event_time_max: dict[str, int] = field(default_factory=dict)
+    # per partition of a per-partition watermark: the batch time it last carried a row in
+    event_time_active: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +76,7 @@ class CommitEntry:
     # keyed operator has state (None: the entry says nothing: a query without keyed state, or an
     # entry funke 0.3.0 wrote)
     state: StateLineage | None = None
+    event_time_active: dict[str, int] = field(default_factory=dict)  # as OffsetEntry's
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +113,8 @@ def offset_entry_bytes(entry: OffsetEntry, lease_epoch: int = 0) -> bytes:
         body["watermarkMs"] = entry.watermark_ms
     if entry.event_time_max:
         body["eventTimeMaxMs"] = dict(entry.event_time_max)
+    if entry.event_time_active:
+        body["eventTimeActiveMs"] = dict(entry.event_time_active)
     if lease_epoch:
         body["leaseEpoch"] = lease_epoch
     return f"{VERSION}\n{json.dumps(body, sort_keys=True)}".encode()
@@ -137,7 +142,7 @@ def parse_offset_entry(data: bytes, batch_id: int, what: str = "offset log entry
         watermark = raw.get("watermarkMs")
         maxes = {str(op): int(ms) for op, ms in dict(raw.get("eventTimeMaxMs") or {}).items()}
         return OffsetEntry(batch_id, int(raw["batchTimestampMs"]), sources,
-                           None if watermark is None else int(watermark), maxes)
+                           None if watermark is None else int(watermark), maxes, _active(raw))
 
     return _entry(data, batch_id, what, read)
 
@@ -146,6 +151,8 @@ def commit_entry_bytes(entry: CommitEntry, lease_epoch: int = 0) -> bytes:
     body: dict = {'batchId': entry.batch_id, 'committedAtMs': entry.committed_at_ms}
     if entry.event_time_max:
         body["eventTimeMaxMs"] = dict(entry.event_time_max)
+    if entry.event_time_active:
+        body["eventTimeActiveMs"] = dict(entry.event_time_active)
     if lease_epoch:
         body["leaseEpoch"] = lease_epoch
     if entry.state is not None:
@@ -159,9 +166,13 @@ def parse_commit_entry(data: bytes, batch_id: int, what: str = "commit log entry
         maxes = {str(op): int(ms) for op, ms in dict(raw.get("eventTimeMaxMs") or {}).items()}
         lineage = raw.get("stateLineage")
         return CommitEntry(batch_id, int(raw["committedAtMs"]), maxes,
-                           None if lineage is None else StateLineage.from_json(lineage))
+                           None if lineage is None else StateLineage.from_json(lineage), _active(raw))
 
     return _entry(data, batch_id, what, read, (VERSION, LINEAGE_VERSION))
+
+
+def _active(raw: dict) -> dict[str, int]:
+    return {str(key): int(ms) for key, ms in dict(raw.get("eventTimeActiveMs") or {}).items()}
 
 
 def written_under(data: bytes, what: str = "entry") -> int:

@@ -6,6 +6,17 @@ so that the two never disagree:
 
 - A **watermark operator** (`with_watermark(column, delay)`, operator kind "watermark") watches
   the largest event time its rows carried; its watermark is that maximum minus the delay.
+- **Per partition** (`with_watermark(..., per_partition=True)` on a Kafka stream, as Flink's
+  per-partition watermarks): the operator's rows are reported per (topic, partition) under
+  `partition_key(operator, topic, partition)`, and its watermark is the **smallest** over the
+  partitions' (max - delay), over the partitions that have carried a row. With an **idle
+  timeout**, a partition that carried no row in the committed batches of the last
+  `idle_timeout` ms of *batch time* (the batches' logged trigger times, never the wall clock:
+  a replay decides the same; only committed batches count, so a batch still running, whose
+  reports are not all in, never makes a partition look idle) does not hold it back; when every
+  partition is idle, the largest of theirs counts. The partitions' maxes, the batch time each
+  last carried a row, and the last committed batch's time (the idleness clock, under
+  `IDLE_CLOCK`) are logged with the others.
 - The **query's watermark** is the minimum over its watermark operators (Structured Streaming's
   default `min` policy; `max` as an option), over the operators that have seen a row. It never
   goes back.
@@ -28,19 +39,35 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
-__all__ = ["POLICIES", "WATERMARK", "WATERMARK_POLICY", "EventTimeStats", "WatermarkTracker", "WindowSpec",
-           "is_late", "operator_id", "window_problem", "windows_of"]
+__all__ = ["IDLE_CLOCK", "PARTITION_SEP", "POLICIES", "WATERMARK", "WATERMARK_POLICY", "EventTimeStats", "WatermarkTracker", "WindowSpec",
+           "is_late", "operator_id", "partition_key", "split_partition_key", "window_problem", "windows_of"]
 
 WATERMARK = "watermark"  # the operator kind of with_watermark
 WATERMARK_POLICY = "streaming.watermark-policy"  # job option: min (default) or max
 POLICIES = ("min", "max")
 MAX_DELAY_MS = 10 * 365 * 24 * 3600 * 1000  # ten years: a larger delay or window is a mistake
 MAX_WINDOWS_PER_ROW = 1000  # size / slide of a sliding window: each row is in that many windows
+IDLE_CLOCK = "@clock"  # the logged active times' entry for the last committed batch's time
+PARTITION_SEP = "@"  # operator id @ topic : partition (a Kafka topic name has neither "@" nor ":")
 
 
 def operator_id(vertex_id: str, index: int) -> str:
     """How reports and the offset log name an operator of a vertex's chain."""
     return f"{vertex_id}/{index}"
+
+
+def partition_key(operator: str, topic: str, partition: int) -> str:
+    """How reports and the offset log name one (topic, partition) of a per-partition operator."""
+    return f"{operator}{PARTITION_SEP}{topic}:{int(partition)}"
+
+
+def split_partition_key(key: str) -> tuple[str, str, int] | None:
+    """(operator, topic, partition) of a partition key; None for a plain operator id."""
+    op, sep, rest = key.rpartition(PARTITION_SEP)
+    topic, colon, partition = rest.rpartition(":")
+    if not sep or not op or not colon or not topic or not partition.isdigit():
+        return None
+    return op, topic, int(partition)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,37 +100,96 @@ def _pick(f, a: int | None, b: int | None) -> int | None:
 class WatermarkTracker:
     """The query's watermark (Structured Streaming's WatermarkTracker): per watermark operator
     (`delays`: operator id -> delay ms), the largest event time seen so far; `watermark_ms` the
-    query's watermark as last computed (it never goes back). Restored from the last offset log
-    entry (`maxes`, `watermark_ms`) when a run starts."""
+    query's watermark as last computed (it never goes back). Operators in `partitioned`
+    (operator id -> idle timeout ms, None: never idle) keep one max per (topic, partition)
+    under its partition key, and in `active` the batch time of the last batch it carried a row
+    in; `clock_ms` the batch time of the last committed batch, which idleness is judged by.
+    Restored from the last offset log entry (`maxes`, `active` with the clock under
+    IDLE_CLOCK, `watermark_ms`) when a run starts."""
     delays: Mapping[str, int]
     policy: str = "min"
     maxes: dict[str, int] = field(default_factory=dict)
     watermark_ms: int | None = None
+    partitioned: Mapping[str, int | None] = field(default_factory=dict)
+    active: dict[str, int] = field(default_factory=dict)
+    clock_ms: int | None = None
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ValueError(f"watermark policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
-        self.maxes = {op: int(ms) for op, ms in self.maxes.items() if op in self.delays}
+        self.maxes = {key: int(ms) for key, ms in self.maxes.items() if self._known(key)}
+        clock = self.active.get(IDLE_CLOCK)
+        if clock is not None and (self.clock_ms is None or int(clock) > self.clock_ms):
+            self.clock_ms = int(clock)
+        self.active = {key: int(ms) for key, ms in self.active.items() if self._known(key) and key in self.maxes}
 
-    def observe(self, operator: str, stats: EventTimeStats) -> None:
-        """A batch's rows through `operator` had these event times (unknown operators are
-        ignored: a report from a graph that has changed)."""
-        if operator not in self.delays or stats.max_ms is None:
+    def _known(self, key: str) -> bool:
+        """Whether a logged or reported key belongs to this graph: a plain operator's id, or a
+        partition key of a per-partition operator (a graph that changed leaves the others)."""
+        parts = split_partition_key(key)
+        if parts is not None and parts[0] in self.partitioned:
+            return True
+        return key in self.delays and key not in self.partitioned
+
+    def observe(self, key: str, stats: EventTimeStats, batch_time_ms: int | None = None) -> None:
+        """A batch (its trigger time `batch_time_ms`) had these event times through an operator,
+        or one partition of a per-partition operator (unknown keys are ignored: a report from a
+        graph that has changed)."""
+        if not self._known(key) or stats.max_ms is None:
             return
-        held = self.maxes.get(operator)
+        held = self.maxes.get(key)
         if held is None or stats.max_ms > held:
-            self.maxes[operator] = stats.max_ms
+            self.maxes[key] = stats.max_ms
+        if key not in self.delays and stats.count > 0 and batch_time_ms is not None:
+            self.active[key] = max(batch_time_ms, self.active.get(key, batch_time_ms))
+
+    def committed(self, batch_time_ms: int) -> None:
+        """A batch (its trigger time) committed: every report of it is in, the idleness clock
+        moves to it."""
+        if self.clock_ms is None or batch_time_ms > self.clock_ms:
+            self.clock_ms = batch_time_ms
+
+    def logged_active(self) -> dict[str, int]:
+        """What an offset or commit log entry holds of the active times: each partition's, and
+        the clock."""
+        out = dict(self.active)
+        if self.partitioned and self.clock_ms is not None:
+            out[IDLE_CLOCK] = self.clock_ms
+        return out
+
+    def candidates(self) -> dict[str, int]:
+        """Per operator that has seen a row, its watermark (max - delay) (a per-partition
+        operator's: the smallest over its partitions that are not idle by the clock)."""
+        out = {op: ms - self.delays[op] for op, ms in self.maxes.items() if op in self.delays}
+        parts: dict[str, list[str]] = {}
+        for key in self.maxes:
+            split = split_partition_key(key)
+            if split is not None and split[0] in self.partitioned:
+                parts.setdefault(split[0], []).append(key)
+        for op, keys in parts.items():
+            live = [k for k in keys if not partition_idle(self.active.get(k), self.clock_ms, self.partitioned[op])]
+            out[op] = (min(self.maxes[k] for k in live) if live else max(self.maxes[k] for k in keys)) - self.delays[op]
+        return out
 
     def advance(self) -> int | None:
-        """The watermark for the next batch: the policy over the operators' (max - delay), never
+        """The watermark for the next batch: the policy over the operators' candidates, never
         below the last one."""
-        candidates = [self.maxes[op] - self.delays[op] for op in self.maxes]
+        candidates = list(self.candidates().values())
         if not candidates:
             return self.watermark_ms
         chosen = min(candidates) if self.policy == "min" else max(candidates)
         if self.watermark_ms is None or chosen > self.watermark_ms:
             self.watermark_ms = chosen
         return self.watermark_ms
+
+
+def partition_idle(last_active_ms: int | None, clock_ms: int | None, idle_timeout_ms: int | None) -> bool:
+    """Whether a partition that last carried a row in the batch at `last_active_ms` is idle when
+    the last committed batch is at `clock_ms`: no row for `idle_timeout_ms` of batch time
+    (never, without a timeout or the times)."""
+    if idle_timeout_ms is None or last_active_ms is None or clock_ms is None:
+        return False
+    return clock_ms - last_active_ms >= idle_timeout_ms
 
 
 @dataclass(frozen=True, slots=True)

@@ -541,14 +541,18 @@ class MicroBatchCoordinator:
                     for operator, seen in stats.items():
                         batch.event_time = batch.event_time + seen
                         if self.watermarks is not None:
-                            self.watermarks.observe(operator, seen)
+                            self.watermarks.observe(operator, seen, batch.batch_time_ms)
                     batch.late_rows += max(0, late)
             case SinksCommitted(batch_id=b, now_ms=now):
                 batch = self.batches[b]
                 batch.committed_at_ms = now
                 batch.phase.transition(BatchPhase.RECORDING, now / 1000)
                 maxes = dict(self.watermarks.maxes) if self.watermarks is not None else {}
-                actions.append(WriteCommitLog(CommitEntry(b, now, maxes)))
+                active = {}
+                if self.watermarks is not None:
+                    self.watermarks.committed(batch.batch_time_ms)  # its reports are all in
+                    active = self.watermarks.logged_active()
+                actions.append(WriteCommitLog(CommitEntry(b, now, maxes, event_time_active=active)))
             case CommitLogged(batch_id=b, now_ms=now):
                 self._recorded(self.batches[b], now, actions)
             case StopRequested(drain=drain, now_ms=now):
@@ -652,7 +656,8 @@ class MicroBatchCoordinator:
                 self._targets = {s: self._ends.get(s) for s in self.sources}
             return
         batch.entry = OffsetEntry(batch.batch_id, batch.batch_time_ms, ranges, watermark,
-                                  dict(self.watermarks.maxes) if self.watermarks is not None else {})
+                                  dict(self.watermarks.maxes) if self.watermarks is not None else {},
+                                  self.watermarks.logged_active() if self.watermarks is not None else {})
         self._logged_watermark = watermark
         for s, r in ranges.items():
             self._ends[s] = r.end

@@ -64,7 +64,7 @@ class InputMeter:
     # observation of its rows' event times (by operator id), and the window operators' of the
     # rows they found late
     at: int = 0
-    event_time: dict[str, Observation] = dataclass_field(default_factory=dict)
+    event_time: dict[str, Observation | dict] = dataclass_field(default_factory=dict)  # dict: per partition
     late: list[Observation] = dataclass_field(default_factory=list)
     # the rows the batch's result partitions brought the chain's head (its records in)
     partition_rows: int = 0

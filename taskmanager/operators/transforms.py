@@ -435,10 +435,33 @@ def _watermark(ctx: RuntimeContext, spec: OperatorSpec, inputs: list[DataFrame])
     ms = _event_time_ms(spec, df, str(config_value(spec, "column")))
     if ctx.batch is None or ctx.meter is None:
         return df
+    operator = eventtime.operator_id(ctx.vertex_id, ctx.meter.at)
+    if spec.config.get("per_partition") is True:
+        _observe_per_partition(ctx, spec, df, ms, operator)
+        return df
     observation = Observation()
-    ctx.meter.event_time[eventtime.operator_id(ctx.vertex_id, ctx.meter.at)] = observation
+    ctx.meter.event_time[operator] = observation
     return df.observe(observation, F.min(ms).alias("min"), F.max(ms).alias("max"),
                       F.sum(ms.cast("double")).alias("sum"), F.count(ms).alias("count"))
+
+
+def _observe_per_partition(ctx: RuntimeContext, spec: OperatorSpec, df: DataFrame, ms: Column, operator: str) -> None:
+    """A per-partition watermark: the batch's event times per (topic, partition), each under its
+    partition key. Observation has no grouping, so this is an action of its own, on the rows the
+    Kafka source holds already (a local relation: no second read)."""
+    missing = [c for c in ("topic", "partition") if c not in df.columns]
+    if missing:
+        raise ValueError(f"{label(spec)}: a per-partition watermark needs the Kafka source's topic and partition "
+                         f"columns, and its rows have no {', '.join(missing)}")
+    assert ctx.meter is not None
+    rows = (df.groupBy("topic", "partition")
+            .agg(F.min(ms).alias("min"), F.max(ms).alias("max"), F.sum(ms.cast("double")).alias("sum"),
+                 F.count(ms).alias("count"))
+            .collect())
+    for row in rows:
+        if row["topic"] is None or row["partition"] is None:
+            continue
+        ctx.meter.event_time[eventtime.partition_key(operator, row["topic"], row["partition"])] = row.asDict()
 
 
 def _windowed(ctx: RuntimeContext, spec: OperatorSpec, df: DataFrame) -> tuple[DataFrame, Column, int, int]:
