@@ -1,8 +1,8 @@
 """The JobManager's Prometheus metrics, Flink's names under `funke_jobmanager_`: the cluster
 (`numRegisteredTaskManagers`, `taskSlotsTotal`, `taskSlotsAvailable`, `numRunningJobs`) and each
 job that has not ended (`job_numRestarts`, `job_uptime`, the time spent in each status as
-`job_<status>Time`, and for streaming queries `job_lastBatchDuration`), labelled job_id and
-job_name. Collected on the JobManager's loop at scrape time from the Dispatcher that serves now
+`job_<status>Time`, and for streaming queries `job_lastBatchDuration` and, per partition of a
+broker source, `job_sourceLag`), labelled job_id and job_name. Collected on the JobManager's loop at scrape time from the Dispatcher that serves now
 (a standby reports only its own process)."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from funke.common.states import JobStatus
+from funke.common.streaming import progress
 from funke.jobmanager.dispatcher import Dispatcher, DispatcherError
 
 PREFIX = "funke_jobmanager_"
@@ -51,6 +52,9 @@ class JobManagerCollector(Collector):
                                            labels=labels) for status, name in STATUS_TIME.items()}
         batch = GaugeMetricFamily(PREFIX + "job_lastBatchDuration", "ms the streaming query's latest micro-batch took",
                                   labels=labels)
+        lag = GaugeMetricFamily(PREFIX + "job_sourceLag", "records a broker source's partition (Kafka) or stream key "
+                                "(Redis) held after the latest batch's end when it was planned",
+                                labels=[*labels, "source", "stream", "partition"])
         for jm in list(d.jobs.values()):
             if jm.status.is_terminal:
                 continue
@@ -67,10 +71,13 @@ class JobManagerCollector(Collector):
                 duration = (latest.get("durationMs") or {}).get("triggerExecution")
                 if isinstance(duration, (int, float)):
                     batch.add_metric(job, duration)
+                for source, stream, partition, behind in progress.source_lags(latest):
+                    lag.add_metric([*job, source, stream, partition], behind)
         yield restarts
         yield uptime
         yield from spent.values()
         yield batch
+        yield lag
 
 
 def _time_per_status(history: list, created_at: float) -> tuple[dict[JobStatus, float], float, JobStatus]:

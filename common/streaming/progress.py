@@ -198,3 +198,23 @@ def add_source_details(record: dict[str, Any], details: Mapping[str, Mapping[str
         extra = details.get(source.get("description"))
         if extra:
             source.update(extra)
+
+
+def source_lags(record: Mapping[str, Any]) -> list[tuple[str, str, str, int]]:
+    """A progress record's consumer lag, flat: (source description, stream, partition, records
+    behind) for each partition of a Kafka source (`lag` {topic: {partition: n}}) and each key of a
+    Redis Streams source (`lag` {key: n}, partition ""), in the record's order. For the metrics
+    and the dashboard (which flattens the same way, jobmanager/web/streaming.js)."""
+    out: list[tuple[str, str, str, int]] = []
+    for source in record.get("sources", ()) or ():
+        lag = source.get("lag") if isinstance(source, Mapping) else None
+        if not isinstance(lag, Mapping):
+            continue
+        description = str(source.get("description", ""))
+        for stream, value in lag.items():
+            if isinstance(value, Mapping):
+                out.extend((description, str(stream), str(p), int(n)) for p, n in value.items()
+                           if isinstance(n, int) and not isinstance(n, bool))
+            elif isinstance(value, int) and not isinstance(value, bool):
+                out.append((description, str(stream), "", value))
+    return out

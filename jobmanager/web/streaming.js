@@ -31,8 +31,31 @@ export function streamingSection(job, batches) {
       + (recent.length ? `, latest #${recent[recent.length - 1].batchId} at ${formatTime(toMs(recent[recent.length - 1].timestamp))}` : '')
       // event time: the watermark the latest batch ran with (an event time, UTC)
       + (latest && typeof latest.watermark === 'number' ? `, watermark ${formatTime(latest.watermark)}` : '')),
+    lagTable(progress),
     progress ? el('details', { class: 'progress' }, el('summary', {}, 'Latest progress record'),
       el('pre', { class: 'progress-json' }, JSON.stringify(progress, null, 2))) : null);
+}
+
+/** A broker source's consumer lag after the latest batch, per partition (Kafka: lag {topic:
+ * {partition: n}}) or stream key (Redis: lag {key: n}), flattened as
+ * funke.common.streaming.progress.source_lags does for the metrics. */
+function lagTable(progress) {
+  const rows = [];
+  for (const source of progress?.sources || []) {
+    if (!source.lag || typeof source.lag !== 'object') continue;
+    for (const [stream, value] of Object.entries(source.lag)) {
+      if (value && typeof value === 'object') {
+        for (const [partition, n] of Object.entries(value)) rows.push([source.description, `${stream} / ${partition}`, n]);
+      } else if (typeof value === 'number') {
+        rows.push([source.description, stream, value]);
+      }
+    }
+  }
+  if (!rows.length) return null;
+  return el('table', { class: 'source-lag', id: 'source-lag' },
+    el('thead', {}, el('tr', {}, el('th', {}, 'Source'), el('th', {}, 'Partition'), el('th', {}, 'Lag (records)'))),
+    el('tbody', {}, ...rows.map(([source, where, n]) => el('tr', {},
+      el('td', {}, source), el('td', {}, where), el('td', {}, formatNumber(n))))));
 }
 
 /** Round a maximum up to 1, 2 or 5 × 10^k for the y axis. */

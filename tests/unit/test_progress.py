@@ -93,3 +93,19 @@ def test_source_details_go_to_the_sources_they_name():
     record = {"sources": [{"description": "redis"}, {"description": "rate"}]}
     progress.add_source_details(record, {"redis": {"lag": {"k": 3}}, "rate": {}, "gone": {"lag": {}}})
     assert record["sources"] == [{"description": "redis", "lag": {"k": 3}}, {"description": "rate"}]
+
+
+def test_source_lags_flattens_kafka_partitions_and_redis_keys_for_the_metrics():
+    from funke.common.streaming.progress import source_lags
+
+    record = {"sources": [
+        {"description": "Source: kafka orders", "lag": {"orders": {"0": 12, "1": 0}, "returns": {"3": 7}}},
+        {"description": "Source: redis a, b", "lag": {"a": 5, "b": 0}},
+        {"description": "Source: rate"},                                   # no lag: left out
+        {"description": "odd", "lag": {"x": "many", "y": {"0": True}}},    # not counts: left out
+    ]}
+    assert source_lags(record) == [
+        ("Source: kafka orders", "orders", "0", 12), ("Source: kafka orders", "orders", "1", 0),
+        ("Source: kafka orders", "returns", "3", 7),
+        ("Source: redis a, b", "a", "", 5), ("Source: redis a, b", "b", "", 0)]
+    assert source_lags({}) == [] and source_lags({"sources": None}) == []
