@@ -9,6 +9,9 @@ works as the data directory (file:///, hdfs://, s3a://...).
     {data_dir}/jobs/{job}/collect/{sink vertex}                        a collect sink's committed rows
     {data_dir}/jobs/{job}/cancelled/{vertex}-s{subtask}-a{attempt}     marks a cancelled attempt for
                                                                        its Python workers
+    {data_dir}/jobs/{job}/redis/{sink vertex}, .../kafka/{sink vertex}  a Redis or Kafka sink's staged
+                                                                       rows (as a streaming sink's
+                                                                       target, or a file sink's)
     {parent}/.{name}.funke-{job}/s{subtask}-a{attempt}/                a file sink's staged output,
                                                                        beside its target
     {parent}/.{name}.funke-{job}/commit/                               the target being assembled
@@ -102,10 +105,19 @@ def redis_sink_dir(data_dir: str, job_id: str, vertex_id: str) -> str:
     return _join(job_dir(data_dir, job_id), "redis", ids.require_path_id(vertex_id, "vertex id"))
 
 
+def kafka_sink_dir(data_dir: str, job_id: str, vertex_id: str) -> str:
+    """Where a Kafka sink's subtasks stage their rows (each batch's, or a bounded job's) for the
+    JobMaster's commit (`funke.jobmanager.kafkasink`)."""
+    return _join(job_dir(data_dir, job_id), "kafka", ids.require_path_id(vertex_id, "vertex id"))
+
+
 def sink_target(data_dir: str, job_id: str, vertex_id: str, kind: str, config: dict) -> str:
-    """The directory a sink's output ends up in once the job FINISHED."""
+    """The directory a sink's output ends up in once the job FINISHED (a Kafka sink's: where it
+    is staged before the JobMaster produces it)."""
     if kind == "sink.collect":
         return collect_dir(data_dir, job_id, vertex_id)
+    if kind == "sink.kafka":
+        return kafka_sink_dir(data_dir, job_id, vertex_id)
     return str(config["path"])
 
 

@@ -32,7 +32,8 @@ from funke.common.graph.jobgraph import JobGraph
 from funke.common.graph.operators import CATALOGUE
 from funke.common.scheduling.scheduler import SinkCommit
 from funke.common.streaming.sources.delta import DELTA_SINK
-from funke.jobmanager import deltatables
+from funke.common.streaming.kafkasink import KAFKA_SINK
+from funke.jobmanager import deltatables, kafkasink
 from funke.runtime import datafs
 
 
@@ -92,12 +93,17 @@ def commit_outputs(data_dir: str, job_id: str, sinks: Sequence[SinkCommit]) -> N
     never a mix). If a publishing rename fails, the sinks published so far are rolled back
     (old outputs renamed back) before the error is raised. Delta sinks are checked with the
     others and committed last, one Delta transaction each (`funke.jobmanager.deltatables`); a
-    failed one rolls the published file sinks back too."""
+    failed one rolls the published file sinks back too. Kafka sinks come after them, one Kafka
+    transaction each (`funke.jobmanager.kafkasink`): a failed one rolls the file sinks back (a
+    Delta or Kafka transaction that committed stays)."""
     deltas: dict[str, list[SinkCommit]] = defaultdict(list)
+    kafkas: dict[str, list[SinkCommit]] = defaultdict(list)
     for sink in sinks:
         if sink.kind == DELTA_SINK:
             deltas[sink.vertex_id].append(sink)
-    sinks = [s for s in sinks if s.kind != DELTA_SINK]
+        elif sink.kind == KAFKA_SINK:
+            kafkas[sink.vertex_id].append(sink)
+    sinks = [s for s in sinks if s.kind not in (DELTA_SINK, KAFKA_SINK)]
     by_vertex: dict[str, list[SinkCommit]] = defaultdict(list)
     for sink in sinks:
         by_vertex[sink.vertex_id].append(sink)
@@ -125,6 +131,9 @@ def commit_outputs(data_dir: str, job_id: str, sinks: Sequence[SinkCommit]) -> N
             config = dict(subtasks[0].config)
             deltatables.commit_job(str(config["path"]), job_id, {s.subtask_index: s.attempt_number for s in subtasks},
                                    str(config.get("mode", "append")))
+        for vertex_id, subtasks in sorted(kafkas.items()):
+            kafkasink.commit_job(data_dir, job_id, vertex_id, dict(subtasks[0].config),
+                                 {s.subtask_index: s.attempt_number for s in subtasks})
     except BaseException:
         for c in reversed(published):
             c.unpublish()

@@ -214,10 +214,12 @@ class StreamingQuery:
             await asyncio.gather(previous, return_exceptions=True)
         run.sources = await self._blocking(run, SourceSides.open, self.graph.job_graph, self.checkpoint_location,
                                            run.checkpoint)
-        await self._blocking(run, self._sink_sides.prepare)
         resumption = await self._blocking(run, lambda: run.checkpoint.open(
             self.holder, leader_epoch=self.leader_epoch, scope=self.lease_scope))
         self._spawn(run, "lease", self._keep_lease(run))
+        # Once the run holds the checkpoint: a sink may fence the query's earlier runs (a Kafka
+        # sink's init_transactions), which a run that is not the query's must not do.
+        await self._blocking(run, self._sink_sides.prepare, resumption.query_id)
         # what the keyed operators are, beside their state: read from the checkpoint alone later
         await self._blocking(run, describe_operators, self.checkpoint_location, self.graph.job_graph)
         self.query_id = resumption.query_id
@@ -255,6 +257,7 @@ class StreamingQuery:
             task.cancel()
         await asyncio.gather(*run.tasks, return_exceptions=True)
         await asyncio.gather(*run.threads, return_exceptions=True)
+        await self._blocking(run, self._sink_sides.close)  # ends what a sink has open (a transaction)
         await self._blocking(run, run.checkpoint.close)
         await self._blocking(run, run.sources.close)
 

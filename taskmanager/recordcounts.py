@@ -83,7 +83,7 @@ class Count(enum.Enum):
 SAME_KINDS = frozenset({"map", "watermark", "union", "noop"})
 # Sinks that write every record they receive (a bounded job's print too: it prints them all).
 _WRITE_EVERY_RECORD = frozenset({"sink.parquet", "sink.csv", "sink.json", "sink.text", "sink.collect", "sink.delta",
-                                 "sink.discard", "sink.redis"})
+                                 "sink.discard", "sink.redis", "sink.kafka"})
 # Bounded sources reading files, whose scan Spark gives a following where's filter; of those, the
 # ones whose files tell their rows.
 _FILE_SOURCES = frozenset({"source.parquet", "source.delta", "source.csv", "source.json", "source.text"})

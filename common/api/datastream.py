@@ -29,6 +29,7 @@ from funke.common.api.handles import CollectSink, DataStreamSink, _OperatorHandl
 from funke.common.api.translate import Exchange, ExchangeKind, Transformation
 from funke.common.graph.operators import JOIN_TYPES, SINK_MODES
 from funke.common.graph.streamingjob import STREAM_SOURCE_KINDS
+from funke.common.streaming import kafkasink
 from funke.common.streaming.sources.delta import DELTA_MODES
 
 
@@ -263,6 +264,37 @@ class DataStream(_OperatorHandle):
             raise ValueError(f"write_redis: key must be a non-empty string, got {key!r}")
         return self._sink("sink.redis", f"Sink: redis {key}"[:200],
                           {"key": key, "host": host, "port": _port(port, "write_redis"), "db": _db(db)}, DataStreamSink)
+
+    def write_kafka(self, bootstrap: str, topic: str, *, key: str | None = None, value: str = "value",
+                    guarantee: str = "exactly_once") -> DataStreamSink:
+        """Into Kafka topic `topic` at `bootstrap` ("host:port[,host:port...]"): each row one
+        record, column `value` its value and column `key` (if given) its key, each a string
+        (written as UTF-8) or binary column; a null value is a tombstone. Keyed records go to
+        the partition Kafka's Java producer would choose (murmur2).
+
+        `guarantee="exactly_once"` (the default): the JobMaster writes each batch of a streaming
+        query in one Kafka transaction with a marker naming the batch (the transactional id
+        `funke-<query id>-<sink>`), so `read_committed` consumers see every batch once, also
+        when it ran again after a failure; each run of the query fences the one before and ends
+        its open transaction. In a bounded job, one transaction when the job FINISHED (nothing
+        if it fails). `"at_least_once"`: an idempotent producer without transactions, flushed per
+        batch: a batch that runs again after a failure may be written again (see
+        docs/streaming/kafka.md)."""
+        try:
+            kafkasink.bootstrap_servers(bootstrap)
+        except ValueError as exc:
+            raise ValueError(f"write_kafka: bootstrap {exc}") from None
+        problem = kafkasink.topic_problem(topic)
+        if problem is not None:
+            raise ValueError(f"write_kafka: topic {problem}")
+        if guarantee not in kafkasink.GUARANTEES:
+            raise ValueError(f"write_kafka: guarantee must be one of {', '.join(kafkasink.GUARANTEES)}, "
+                             f"got {guarantee!r}")
+        config: dict[str, Any] = {"bootstrap": bootstrap, "topic": topic, "value": _column_name(value, "write_kafka"),
+                                  "guarantee": guarantee}
+        if key is not None:
+            config["key"] = _column_name(key, "write_kafka")
+        return self._sink(kafkasink.KAFKA_SINK, f"Sink: kafka {topic}"[:200], config, DataStreamSink)
 
     def foreach_batch(self, fn: Callable[[Any, int], None]) -> DataStreamSink:
         """A streaming query's sink that calls `fn(df, batch_id)` on a TaskManager for every

@@ -52,6 +52,8 @@ class Value(enum.Enum):
     VALUE_SCHEMA = "a schema of Kafka record values (a DDL string, or Avro schemas)"
     URL = "an http:// or https:// URL"
     KAFKA_OPTIONS = "an object of librdkafka consumer settings (an allow-list)"
+    TOPIC = "a Kafka topic name"
+    GUARANTEE = "a delivery guarantee: exactly_once or at_least_once"
 
 
 class FunctionUse(enum.Enum):
@@ -220,6 +222,11 @@ CATALOGUE: dict[str, OperatorKind] = {
         _k("sink.delta", K, 1, "path", commit=True, keys={"path": V.SINK_PATH, "mode": V.DELTA_MODE}),
         # a streaming query's Redis Streams sink: each batch appended once, in one transaction
         _k("sink.redis", K, 1, "key", keys={"key": V.STREAM_KEY, "host": V.HOST, "port": V.PORT, "db": V.REDIS_DB}),
+        # a Kafka topic: in a streaming query one transaction per batch, in a bounded job one when
+        # it finishes (funke.common.streaming.kafkasink)
+        _k("sink.kafka", K, 1, "bootstrap", "topic", "value", commit=True,
+           keys={"bootstrap": V.BOOTSTRAP, "topic": V.TOPIC, "key": V.COLUMN, "value": V.COLUMN,
+                 "guarantee": V.GUARANTEE}),
     )
 }
 

@@ -42,6 +42,7 @@ from funke.common.graph.operators import (
     OperatorRole,
     Value,
 )
+from funke.common.streaming import kafkasink
 from funke.common.streaming.eventtime import MAX_DELAY_MS
 from funke.common.streaming.sources.delta import DELTA_KINDS, DELTA_MODES, parse_timestamp
 from funke.common.streaming.sources.delta import config_problems as delta_config_problems
@@ -95,8 +96,8 @@ class Problem:
 class ValidationContext:
     """What the cluster adds to the rules. `data_dir`: no sink may write into it, over it or
     around it. `allowed_paths`: if given, every source and sink path lies under one of them
-    (cluster key funke.io.allowed-paths). `allowed_hosts`: if given, every host a socket or Redis
-    source or sink connects to is one of them (cluster key funke.io.allowed-hosts)."""
+    (cluster key funke.io.allowed-paths). `allowed_hosts`: if given, every host a socket, Redis or
+    Kafka source or sink connects to is one of them (cluster key funke.io.allowed-hosts)."""
 
     data_dir: str = ""
     allowed_paths: tuple[str, ...] = ()
@@ -578,6 +579,12 @@ def _value_problem(expected: Value, value: object, context: ValidationContext | 
         return kafka.value_schema_problem(value)
     if expected is Value.KAFKA_OPTIONS:
         return kafka.options_problem(value)
+    if expected is Value.TOPIC:
+        return kafkasink.topic_problem(value)
+    if expected is Value.GUARANTEE:
+        if value not in kafkasink.GUARANTEES:
+            return f"must be one of {', '.join(repr(g) for g in kafkasink.GUARANTEES)}, got {ids.echo(value)}"
+        return None
     if expected is Value.PORT:
         if not _is_int(value) or not 1 <= value <= 65535:
             return f"must be a TCP port from 1 to 65535, got {ids.echo(value)}"

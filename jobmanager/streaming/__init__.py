@@ -14,7 +14,7 @@ from funke.jobmanager.streaming.kafka import KafkaPlanner
 from funke.jobmanager.streaming.rate import RatePlanner
 from funke.jobmanager.streaming.receiver import ReceiverPlanner
 from funke.jobmanager.streaming.redis import RedisPlanner
-from funke.jobmanager.streaming.sinks import CollectSink, DeltaSink, FileSink, RedisSink
+from funke.jobmanager.streaming.sinks import CollectSink, DeltaSink, FileSink, KafkaSink, RedisSink
 
 SOURCE_SIDES: dict[str, Callable[[SourceContext], SourceSide]] = {
     "source.rate": RatePlanner.open,
@@ -37,6 +37,7 @@ SINKS: dict[str, Callable[[SinkContext], SinkSide]] = {
     "sink.collect": CollectSink,
     "sink.redis": RedisSink,
     "sink.delta": DeltaSink,
+    "sink.kafka": KafkaSink,
 }
 
 

@@ -74,8 +74,9 @@ class SinkSide:
     def __init__(self, context: SinkContext):
         self.context = context
 
-    def prepare(self) -> None:
-        """Before the first batch of each run of the query (blocking)."""
+    def prepare(self, query_id: str = "") -> None:
+        """Before the first batch of each run of the query, once the run holds the query's
+        checkpoint (blocking). `query_id`: the checkpoint's (the same in every run)."""
 
     def commit(self, batch_id: int, attempts: dict[int, int], query_id: str) -> None:
         """Commits the batch the chosen attempt of every subtask wrote (blocking, idempotent)."""
@@ -86,3 +87,7 @@ class SinkSide:
         this to check again before its commit point."""
         fence()
         self.commit(batch_id, attempts, query_id)
+
+    def close(self) -> None:
+        """The run ended (stopped, failed, cancelled, taken over): let go of connections, end
+        what is open (blocking, idempotent; the run's commits are over)."""

@@ -7,6 +7,7 @@ checkpoint, commit files): the shell calls it from an executor thread.
 from __future__ import annotations
 
 import contextlib
+import logging
 from typing import Any, Callable
 
 from funke.common.graph.jobgraph import JobGraph
@@ -16,6 +17,8 @@ from funke.common.streaming.sources import SOURCE_PLUGINS
 from funke.jobmanager.checkpointstore import CheckpointStore
 from funke.jobmanager.streaming import SOURCE_SIDES, sink_side
 from funke.jobmanager.streaming.base import SinkContext, SinkSide, SourceContext, SourceSide
+
+log = logging.getLogger("funke.jobmanager")
 
 
 class SourceSides:
@@ -80,10 +83,18 @@ class SinkSides:
         self.sides: dict[str, SinkSide] = {v.id: sink_side(v.operators[-1].kind, SinkContext(
             v.id, v.operators[-1].config, data_dir, job_id)) for v in sinks(job_graph)}
 
-    def prepare(self) -> None:
-        """Before the query's first batch."""
+    def prepare(self, query_id: str = "") -> None:
+        """Before the run's first batch, once the run holds the checkpoint of query `query_id`."""
         for side in self.sides.values():
-            side.prepare()
+            side.prepare(query_id)
+
+    def close(self) -> None:
+        """The run ended: every side lets go (and ends what it has open), whatever the others do."""
+        for side in self.sides.values():
+            try:
+                side.close()
+            except Exception as exc:  # noqa: BLE001 - the others still close
+                log.warning("closing the sink side of %s failed: %s: %s", side.context.vertex_id, type(exc).__name__, exc)
 
     def commit(self, batch_id: int, attempts: dict[str, dict[int, int]], query_id: str,
                fence: Callable[[], None] = lambda: None) -> None:

@@ -6,8 +6,9 @@ anything when the target already holds data; "overwrite" lets the commit replace
 writes one string column as is, several as tab-separated text (null: an empty field). sink.noop
 plans the pipeline but runs nothing.
 
-In a streaming query (`RuntimeContext.batch`) file, collect and redis sinks stage the batch inside
-the target (`layout.stream_sink_staging_dir`) for the JobMaster's commit; print shows the first
+In a streaming query (`RuntimeContext.batch`) file, collect, redis and kafka sinks stage the batch
+inside the target (`layout.stream_sink_staging_dir`) for the JobMaster's commit (a bounded job's
+kafka sink stages as a file sink does, and is produced when the job FINISHED); print shows the first
 rows of each batch; foreach_batch hands the batch to the user's function.
 
 Each sink counts the records it writes into `RuntimeContext.written` (its numRecordsOut): the
@@ -27,11 +28,12 @@ from urllib.parse import urlparse
 import pyarrow.fs as pafs
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import StringType
+from pyspark.sql.types import BinaryType, StringType
 
 from funke.common import layout
 from funke.common.graph.jobgraph import OperatorSpec
 from funke.common.graph.operators import SINK_MODES
+from funke.common.streaming import kafkasink
 from funke.runtime import datafs
 from funke.taskmanager import batchexchange
 from funke.taskmanager.operators.classic import frame_to_arrow, observe_rows
@@ -218,6 +220,36 @@ def _redis_sink(ctx: RuntimeContext, spec: OperatorSpec, df: DataFrame) -> None:
         _counted(ctx, df).write.mode("overwrite").parquet(staging)
 
 
+def _kafka_sink(ctx: RuntimeContext, spec: OperatorSpec, df: DataFrame) -> None:
+    """Stages the rows' value (and key) columns, as `value` (and `key`); the JobMaster produces
+    them into the topic: per batch of a streaming query, or once a bounded job FINISHED
+    (funke.jobmanager.kafkasink). A column that is missing, or neither string nor binary, fails
+    the task before anything is staged, naming it and the stream's columns."""
+    types = {f.name: f.dataType for f in df.schema.fields}
+    wanted = [(kafkasink.VALUE_COLUMN, str(config_value(spec, "value")))]
+    if spec.config.get("key") is not None:
+        wanted.append((kafkasink.KEY_COLUMN, str(spec.config["key"])))
+    problems = []
+    for role, name in wanted:
+        if name not in types:
+            problems.append(f"the {role} column {name!r} is not a column of the stream "
+                            f"(its columns: {', '.join(types) or 'none'})")
+        elif not isinstance(types[name], (StringType, BinaryType)):
+            problems.append(f"the {role} column {name!r} is {types[name].simpleString()}; a Kafka record's "
+                            f"{role} is a string or binary column (cast it, or encode it with to_json(...))")
+    if problems:
+        raise ValueError(f"{label(spec)}: {'; '.join(problems)}")
+    out = df.select(*[column_ref(name).alias(role) for role, name in wanted])
+    target = layout.kafka_sink_dir(ctx.data_dir, ctx.job_id, ctx.vertex_id)
+    if ctx.batch is not None:
+        staging = layout.stream_sink_staging_dir(target, ctx.job_id, ctx.batch.batch_id, ctx.subtask_index,
+                                                 ctx.attempt_number)
+    else:  # a bounded job's: committed when it FINISHED (funke.jobmanager.committer)
+        staging = layout.sink_staging_dir(target, ctx.job_id, ctx.subtask_index, ctx.attempt_number)
+    if not _staged_in_memory(ctx, out, staging, {}):
+        _counted(ctx, out).write.mode("overwrite").parquet(staging)
+
+
 def _foreach_batch(ctx: RuntimeContext, spec: OperatorSpec, df: DataFrame, fn: Callable[[DataFrame, int], Any]) -> None:
     """The user's fn(df, batch_id), here on the TaskManager (Structured Streaming's foreachBatch)."""
     if ctx.batch is None:
@@ -242,6 +274,7 @@ SINKS: dict[str, Callable[..., None]] = {
     "sink.collect": _collect,
     "sink.print": _print,
     "sink.redis": _redis_sink,
+    "sink.kafka": _kafka_sink,
     "sink.delta": _delta_sink,
     # Called with the user's function as well: (ctx, spec, df, fn).
     "sink.foreach_batch": _foreach_batch,
