@@ -53,6 +53,7 @@ class NumberedProducer:
         self.topic, self.rate = topic, rate
         self.sent = self.added = 0
         self.failed: list[str] = []
+        self.burst = 0  # set: that many records at once, then on at `rate`
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -65,11 +66,13 @@ class NumberedProducer:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            n = str(self.sent).encode()
-            self.producer.produce(self.topic, key=n, value=n, partition=self.sent % PARTITIONS,
-                                  on_delivery=self._delivered)
-            self.sent += 1
-            self.producer.poll(0)
+            burst, self.burst = self.burst, 0
+            for _ in range(max(1, burst)):
+                n = str(self.sent).encode()
+                self.producer.produce(self.topic, key=n, value=n, partition=self.sent % PARTITIONS,
+                                      on_delivery=self._delivered)
+                self.sent += 1
+                self.producer.poll(0)
             time.sleep(1 / self.rate)
 
     def stop(self) -> None:
@@ -80,11 +83,11 @@ class NumberedProducer:
 
 
 def copy_query(name: str, bootstrap: str, source_options: dict, topic: str, out: Path, out_topic: str,
-               checkpoint: Path, trigger: str = "1 s") -> ExecutionEnvironment:
+               checkpoint: Path, trigger: str = "1 s", max_offsets: int = 200) -> ExecutionEnvironment:
     """Kafka `topic` -> (n, partition, offset) -> Parquet at `out`, and -> `out_topic` (key and
     value n) exactly once."""
     env = ExecutionEnvironment(name, parallelism=2)
-    records = env.read_stream.kafka(bootstrap, topic, starting="earliest", max_offsets_per_trigger=200,
+    records = env.read_stream.kafka(bootstrap, topic, starting="earliest", max_offsets_per_trigger=max_offsets,
                                     **source_options)
     rows = records.select("CAST(value AS STRING) AS value", "CAST(key AS STRING) AS k", "partition", "offset")
     rows.write_parquet(str(out))
@@ -249,10 +252,11 @@ def ha(tmp_path_factory):
     localcluster.stop(c.dir)
 
 
-def kafka_leader_kill_run(ha, broker, tmp_path: Path, rate: float = 50, timeout: float = 180) -> dict:
+def kafka_leader_kill_run(ha, broker, tmp_path: Path, rate: float = 100, burst: int = 20_000,
+                          timeout: float = 180) -> dict:
     """The same query on a cluster with two JobManagers; once three batches committed, kill -9 of
-    the leader while a batch is in flight (logged in the offset log, not committed: its sinks, the
-    Kafka transaction among them, at work). The standby takes over; the seconds from the kill to the
+    the leader while its transaction of a batch is open in the output topic (polled for up to 20 s;
+    if never seen, while a batch is in flight: logged in the offset log, not committed). The standby takes over; the seconds from the kill to the
     records then in an open transaction being committed or aborted (the new run's
     init_transactions aborts the dead producer's), and to the job RUNNING under the new leader."""
     from tests.integration.test_high_availability import _wait_running_under, _wait_status
@@ -262,19 +266,27 @@ def kafka_leader_kill_run(ha, broker, tmp_path: Path, rate: float = 50, timeout:
     broker.create_topic(out_topic, PARTITIONS)
     out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
     env = copy_query(f"kafka exactly once ha {tmp_path.name}", broker.bootstrap, broker.source_options, topic, out,
-                     out_topic, checkpoint, trigger="500 ms")
+                     out_topic, checkpoint, trigger="500 ms", max_offsets=50_000)
     producer = NumberedProducer(broker.bootstrap, topic, rate)
     try:
         job_id = ha.client.submit(env.build())
         store = CheckpointStore(str(checkpoint))
         deadline = time.monotonic() + timeout
-        while True:  # three batches committed, and the next one in flight
-            commits = store.commit_ids() if (checkpoint / "commits").exists() else []
-            logged = store.offset_ids() if (checkpoint / "offsets").exists() else []
-            if len(commits) >= 3 and logged and logged[-1] > commits[-1]:
-                break
+        while len(store.commit_ids() if (checkpoint / "commits").exists() else []) < 3:
             assert time.monotonic() < deadline, f"three batches did not commit within {timeout} s"
-            time.sleep(0.02)
+            time.sleep(0.1)
+        # The kill: while the output topic holds records of an open transaction (the JobMaster is
+        # producing a batch), if that is seen within `aim` seconds; else while a batch is in flight.
+        # A burst of records makes one batch large enough for its transaction to be seen open.
+        aim, next_burst = time.monotonic() + 20, 0.0
+        while True:
+            if time.monotonic() >= next_burst:  # again every 5 s until one is seen open
+                producer.burst, next_burst = burst, time.monotonic() + 5
+            commits, logged = store.commit_ids(), store.offset_ids()
+            if open_offsets(broker.bootstrap, out_topic):
+                break
+            if time.monotonic() > aim and logged[-1] > commits[-1]:
+                break
         name, epoch, killed_at = ha.kill_leader(signal.SIGKILL)
         killed = time.monotonic()
         in_flight = logged[-1]
@@ -314,3 +326,7 @@ def test_kafka_to_files_and_kafka_exactly_once_through_a_kill_9_of_the_leading_j
     assert f["file_duplicates"] == f["file_lost"] == f["file_beyond"] == 0, f
     assert f["topic_duplicates"] == f["topic_lost"] == f["topic_beyond"] == 0, f
     assert f["topic_open"] == 0 and f["topic_keys_wrong"] == 0, f
+    # the kill hit an open transaction (a batch's records written, not committed): the new
+    # leader's run aborted it, within seconds
+    assert f["open_at_kill"] > 0, f"no transaction was seen open in 20 s to kill the leader in: {f}"
+    assert f["topic_aborted"] >= f["open_at_kill"] and f["stable_after_kill_s"] < 30, f
