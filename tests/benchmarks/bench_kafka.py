@@ -185,7 +185,9 @@ def main() -> int:
                     sent = max(sent, due)
                     producer.poll(0)
                     time.sleep(0.002)
-                producer.flush(60)
+                if producer.flush(60):
+                    raise SystemExit("(b) records not delivered within 60 s")
+                del producer  # its connections closed before the broker stops
                 store = CheckpointStore(str(checkpoint))
                 deadline = time.time() + 120
                 while sum(r.get("numInputRows", 0) for r in client.progress(job_id)) < sent:
