@@ -196,7 +196,9 @@ class StreamReader:
         if options:
             check(k.options_problem(dict(options)), "options")
             config["options"] = dict(options)
-        for problem in k.config_problems(config):
+        from funke.common.streaming.sources import avro
+
+        for problem in k.config_problems(config) + avro.config_problems(config):
             raise ValueError(f"kafka: {problem}")
         return self._stream(k.KAFKA, f"Source: kafka {shown}"[:200], config)
 

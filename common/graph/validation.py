@@ -46,7 +46,7 @@ from funke.common.streaming import kafkasink
 from funke.common.streaming.eventtime import MAX_DELAY_MS
 from funke.common.streaming.sources.delta import DELTA_KINDS, DELTA_MODES, parse_timestamp
 from funke.common.streaming.sources.delta import config_problems as delta_config_problems
-from funke.common.streaming.sources import kafka
+from funke.common.streaming.sources import avro, kafka
 from funke.common.streaming.state import state_specs_problem
 
 # Sizes a job graph may have. They keep one request from holding the JobManager's memory or
@@ -458,7 +458,8 @@ def _check_operator(v, index: int, op, context: ValidationContext | None, add) -
         for problem in delta_config_problems(op.kind, config):
             add(subject, f"{where} ({op.kind}): {problem}")
     if op.kind == kafka.KAFKA:
-        for problem in kafka.config_problems(config):
+        allowed = context.allowed_hosts if context is not None else ()
+        for problem in kafka.config_problems(config) + avro.config_problems(config, allowed):
             add(subject, f"{where} ({op.kind}): {problem}")
     if op.kind == "source.range" and isinstance(config.get("step"), int) and config.get("step") == 0:
         add(subject, f"{where} ({op.kind}): config 'step' must not be 0")
@@ -481,30 +482,14 @@ def host_problem(value: object) -> str | None:
     return None
 
 
-def _allowed_host_problem(host: str, context: ValidationContext | None) -> str | None:
-    """A host outside funke.io.allowed-hosts (when the cluster sets it)."""
-    if context is not None and context.allowed_hosts and host.lower() not in context.allowed_hosts:
-        return (f"{ids.echo(host)} is not a host jobs may connect to here "
+def _allowed_host_problem(value: object, context: ValidationContext | None) -> str | None:
+    """Why `value` is not a host name, or not one this cluster lets jobs connect to."""
+    problem = host_problem(value)
+    if problem is None and context is not None and context.allowed_hosts \
+            and value.lower() not in context.allowed_hosts:  # type: ignore[union-attr]
+        return (f"{ids.echo(value)} is not a host jobs may connect to here "
                 f"(funke.io.allowed-hosts: {', '.join(context.allowed_hosts)})")
-    return None
-
-
-def _url_problem(value: object, context: ValidationContext | None) -> str | None:
-    """An http(s) URL with a host (checked as hosts are), no credentials in it."""
-    from urllib.parse import urlsplit
-
-    if not isinstance(value, str) or not 1 <= len(value) <= MAX_PATH_LENGTH or ids.has_control_characters(value):
-        return f"must be an http:// or https:// URL, got {ids.echo(value)}"
-    try:
-        parts = urlsplit(value)
-        host, port = parts.hostname, parts.port
-    except ValueError:
-        return f"must be an http:// or https:// URL, got {ids.echo(value)}"
-    if parts.scheme not in ("http", "https") or not host or port == 0:
-        return f"must be an http:// or https:// URL with a host, got {ids.echo(value)}"
-    if "@" in parts.netloc:  # never echo it: it holds credentials
-        return "must not hold credentials (user:password@)"
-    return host_problem(host) or _allowed_host_problem(host, context)
+    return problem
 
 
 def _stream_key_problem(value: object) -> str | None:
@@ -551,16 +536,21 @@ def _value_problem(expected: Value, value: object, context: ValidationContext | 
             return f"must be a positive integer, got {ids.echo(value)}"
         return None
     if expected is Value.HOST:
-        return host_problem(value) or _allowed_host_problem(value, context)  # type: ignore[arg-type]
+        return _allowed_host_problem(value, context)
     if expected is Value.BOOTSTRAP:
         try:
-            servers = kafka.bootstrap_servers(value)
+            servers = kafkasink.bootstrap_servers(value)
         except ValueError as exc:
             return str(exc)
-        return next((p for host, _ in servers for p in (host_problem(host), _allowed_host_problem(host, context)) if p),
-                    None)
+        return next((p for host, _ in servers if (p := _allowed_host_problem(host, context))), None)
+    if expected is Value.TOPIC:
+        return kafkasink.topic_problem(value)
+    if expected is Value.GUARANTEE:
+        if value not in kafkasink.GUARANTEES:
+            return f"must be one of {', '.join(repr(g) for g in kafkasink.GUARANTEES)}, got {ids.echo(value)}"
+        return None
     if expected is Value.URL:
-        return _url_problem(value, context)
+        return avro.registry_url_problem(value, context.allowed_hosts if context is not None else ())
     if expected is Value.BOOLEAN:
         return None if isinstance(value, bool) else f"must be true or false, got {ids.echo(value)}"
     if expected is Value.TOPICS:
@@ -579,12 +569,6 @@ def _value_problem(expected: Value, value: object, context: ValidationContext | 
         return kafka.value_schema_problem(value)
     if expected is Value.KAFKA_OPTIONS:
         return kafka.options_problem(value)
-    if expected is Value.TOPIC:
-        return kafkasink.topic_problem(value)
-    if expected is Value.GUARANTEE:
-        if value not in kafkasink.GUARANTEES:
-            return f"must be one of {', '.join(repr(g) for g in kafkasink.GUARANTEES)}, got {ids.echo(value)}"
-        return None
     if expected is Value.PORT:
         if not _is_int(value) or not 1 <= value <= 65535:
             return f"must be a TCP port from 1 to 65535, got {ids.echo(value)}"

@@ -57,10 +57,10 @@ class KafkaPlanner(SourceSide):
         self.mode = str(self.config.get("end_offsets", "list"))
         self.timeout_s = k.timeout_s(self.config)
         self.where = k.description(self.config)
-        self._consumer: Any = None
         self._admin: Any = None
         self.lag: dict[TopicPartition, int] = {}  # per partition, after the last planned range
         self.skipped: dict[TopicPartition, int] = {}  # offsets lost to retention this run (fail_on_data_loss=False)
+        self.losses, self.last_loss = 0, ""  # data losses skipped this run, and what the last one was
 
     @classmethod
     def open(cls, context: SourceContext) -> "KafkaPlanner":
@@ -81,6 +81,9 @@ class KafkaPlanner(SourceSide):
             log.warning("%s: data loss skipped: %s", self.where, line)
         for tp, n in planned.skipped.items():
             self.skipped[tp] = self.skipped.get(tp, 0) + n
+        if planned.losses:
+            self.losses += len(planned.losses)
+            self.last_loss = planned.losses[-1][:500]
         planned_ends = k.parse_offsets(planned.range.end) if planned.range.end is not None else {}
         self.lag = {tp: max(0, ends[tp] - planned_ends.get(tp, ends[tp])) for tp in sorted(ends)}
         return planned.range
@@ -102,29 +105,27 @@ class KafkaPlanner(SourceSide):
             values = list(lag.values())
             out["metrics"] = {"minOffsetsBehindLatest": str(min(values)), "maxOffsetsBehindLatest": str(max(values)),
                               "avgOffsetsBehindLatest": str(sum(values) / len(values))}
-        skipped = self.skipped
-        if skipped:
-            out["dataLoss"] = {"skippedOffsets": sum(skipped.values()), "partitions": k.offsets_json(skipped)}
+        if self.losses:  # fail_on_data_loss=False: what was skipped (retention: how many offsets)
+            skipped = self.skipped
+            out["dataLoss"] = {"losses": self.losses, "skippedOffsets": sum(skipped.values()),
+                               "partitions": k.offsets_json(skipped), "last": self.last_loss}
         return out
 
     def close(self) -> None:
-        consumer, self._consumer, self._admin = self._consumer, None, None
-        if consumer is not None:
-            with contextlib.suppress(Exception):
-                consumer.close()
+        self._admin = None  # an AdminClient has nothing to close
 
     # ------------------------------------------------------------------ the broker
 
-    def _client(self) -> Any:
-        if self._consumer is None:
-            from confluent_kafka import Consumer
+    def _fetcher(self) -> Any:
+        """A consumer for one planning step (closed after it): one kept between batches would keep
+        the partitions it fetched, and librdkafka 2.16 can crash when a topic whose partitions a
+        consumer holds is deleted ("Purging toppar fetch queue ... unexpected type")."""
+        from confluent_kafka import Consumer
 
-            settings = k.consumer_settings(self.config, f"planner-{self.context.vertex_id}", fail_on_data_loss=False)
-            # a fetch only has to answer with the partition's end: as little data as can be
-            settings.update({"max.partition.fetch.bytes": 1024, "queued.min.messages": 1,
-                             "queued.max.messages.kbytes": 64, "fetch.wait.max.ms": 100})
-            self._consumer = Consumer(settings, logger=log)
-        return self._consumer
+        settings = k.consumer_settings(self.config, f"planner-{self.context.vertex_id}", fail_on_data_loss=False)
+        # a fetch only has to answer with the partition's end: as little data as can be, at once
+        settings.update({"max.partition.fetch.bytes": 1024, "fetch.wait.max.ms": 10})
+        return Consumer(settings, logger=log)
 
     def _admin_client(self) -> Any:
         if self._admin is None:
@@ -144,7 +145,7 @@ class KafkaPlanner(SourceSide):
         deadline = time.monotonic() + self.timeout_s
         while True:
             try:
-                metadata = self._client().list_topics(timeout=max(0.1, deadline - time.monotonic()))
+                metadata = self._admin_client().list_topics(timeout=max(0.1, deadline - time.monotonic()))
             except Exception as exc:  # noqa: BLE001 - KafkaException: the broker did not answer
                 raise KafkaUnavailable(f"{self.where}: no metadata within {self.timeout_s:g} s ({_said(exc)})") from None
             names = [t for t in metadata.topics]
@@ -204,7 +205,7 @@ class KafkaPlanner(SourceSide):
         the partition's end), then each partition's cached high watermark."""
         from confluent_kafka import KafkaError, TopicPartition as KafkaTP
 
-        consumer = self._client()
+        consumer = self._fetcher()
         consumer.assign([KafkaTP(t, p, begins.get((t, p), 0)) for t, p in partitions])
         waiting = set(partitions)
         ends: dict[TopicPartition, int] = {}
@@ -212,7 +213,7 @@ class KafkaPlanner(SourceSide):
         deadline = time.monotonic() + self.timeout_s
         try:
             while waiting:
-                for message in consumer.consume(num_messages=1000, timeout=POLL_S):
+                for message in ready(consumer, POLL_S):
                     error = message.error()
                     tp = (message.topic(), message.partition())
                     if error is not None and error.code() != KafkaError._PARTITION_EOF:
@@ -227,6 +228,14 @@ class KafkaPlanner(SourceSide):
                         if high is not None:
                             ends[tp] = high
                             waiting.discard(tp)
+                for tp in list(waiting):
+                    # a fetch past a partition's end: Kafka answers OFFSET_OUT_OF_RANGE (then the
+                    # consumer starts at the earliest offset and answers), Tansu with nothing at all;
+                    # its high watermark, behind the start offset, says so (a topic created again)
+                    high = self._cached_high(consumer, tp)
+                    if high is not None and high < begins.get(tp, 0):
+                        ends[tp] = high
+                        waiting.discard(tp)
                 if waiting and time.monotonic() >= deadline:
                     silent = ", ".join(f"{t}/{p}" + (f" ({errors[(t, p)]})" if (t, p) in errors else "")
                                        for t, p in sorted(waiting)[:20])
@@ -234,7 +243,7 @@ class KafkaPlanner(SourceSide):
                                            f"partition(s) {silent} (end_offsets='fetch')")
         finally:
             with contextlib.suppress(Exception):
-                consumer.unassign()
+                consumer.close()
         return ends
 
     @staticmethod
@@ -244,14 +253,25 @@ class KafkaPlanner(SourceSide):
         marks = consumer.get_watermark_offsets(KafkaTP(*tp), cached=True)
         return int(marks[1]) if marks is not None and marks[1] >= 0 else None
 
-    def _by_time(self, partitions: list[TopicPartition], ms: int) -> dict[TopicPartition, int | None]:
+    def _by_time(self, partitions: list[TopicPartition], ms: int, lows: dict[TopicPartition, int]
+                 ) -> dict[TopicPartition, int | None]:
+        """Per partition, the offset of its first record at or after `ms` (None: there is none):
+        offsets_for_times; with end_offsets="fetch" (a broker whose ListOffsets is wrong answers
+        a time with its first offset: Tansu) the records' own timestamps, read from the low
+        watermark on."""
         from confluent_kafka import TopicPartition as KafkaTP
 
+        if self.mode == "fetch":
+            return self._scanned_by_time(partitions, ms, lows)
+        consumer = self._fetcher()
         try:
-            found = self._client().offsets_for_times([KafkaTP(t, p, ms) for t, p in partitions], timeout=self.timeout_s)
+            found = consumer.offsets_for_times([KafkaTP(t, p, ms) for t, p in partitions], timeout=self.timeout_s)
         except Exception as exc:  # noqa: BLE001 - KafkaException
             raise KafkaUnavailable(f"{self.where}: no offsets for timestamp {ms} within {self.timeout_s:g} s "
                                    f"({_said(exc)})") from None
+        finally:
+            with contextlib.suppress(Exception):
+                consumer.close()
         out: dict[TopicPartition, int | None] = {}
         for tp in found:
             if tp.error is not None:
@@ -259,6 +279,43 @@ class KafkaPlanner(SourceSide):
                                        f"timestamp {ms} ({_said(tp.error)})")
             out[(tp.topic, tp.partition)] = tp.offset if tp.offset >= 0 else None
         return out
+
+    def _scanned_by_time(self, partitions: list[TopicPartition], ms: int, lows: dict[TopicPartition, int]
+                         ) -> dict[TopicPartition, int | None]:
+        from confluent_kafka import Consumer, KafkaError, TopicPartition as KafkaTP
+
+        found: dict[TopicPartition, int | None] = {}
+        consumer = Consumer(k.consumer_settings(self.config, f"planner-{self.context.vertex_id}-by-time",
+                                                fail_on_data_loss=False), logger=log)
+        deadline = time.monotonic() + self.timeout_s
+        try:
+            consumer.assign([KafkaTP(t, p, lows.get((t, p), 0)) for t, p in partitions])
+            while len(found) < len(partitions):
+                settled: list[TopicPartition] = []
+                for message in ready(consumer, POLL_S):
+                    tp = (message.topic(), message.partition())
+                    if tp in found:
+                        continue
+                    error = message.error()
+                    if error is not None:
+                        if error.code() == KafkaError._PARTITION_EOF:
+                            found[tp] = None  # no record at or after the time: the end
+                            settled.append(tp)
+                        continue
+                    kind, at = message.timestamp()
+                    if kind and at >= ms:
+                        found[tp] = message.offset()
+                        settled.append(tp)
+                if settled:
+                    consumer.pause([KafkaTP(t, p) for t, p in settled])
+                if len(found) < len(partitions) and time.monotonic() >= deadline:
+                    silent = ", ".join(f"{t}/{p}" for t, p in sorted(set(partitions) - set(found))[:20])
+                    raise KafkaUnavailable(f"{self.where}: the records at timestamp {ms} were not found within "
+                                           f"{self.timeout_s:g} s in partition(s) {silent}")
+        finally:
+            with contextlib.suppress(Exception):
+                consumer.close()
+        return found
 
     # ------------------------------------------------------------------ the initial offsets
 
@@ -285,7 +342,7 @@ class KafkaPlanner(SourceSide):
         """The query's initial offsets, resolved now and kept in the checkpoint (written once: a
         run that finds them there uses those)."""
         starting = self.source.starting
-        by_time = self._by_time(partitions, int(starting["timestamp"])) \
+        by_time = self._by_time(partitions, int(starting["timestamp"]), lows) \
             if isinstance(starting, dict) and "timestamp" in starting and partitions else None
         initial = k.initial_offsets(starting, partitions, lows, ends, by_time)
         path = self._initial_path()
@@ -297,6 +354,13 @@ class KafkaPlanner(SourceSide):
                 return stored
         log.info("%s: the query starts at %s (starting=%s)", self.where, json.dumps(initial)[:2000], starting)
         return initial
+
+
+def ready(consumer: Any, timeout_s: float) -> list[Any]:
+    """The messages and events a consumer has, once it has any (or nothing after `timeout_s`):
+    consume(n, timeout) would wait for n of them or the whole timeout."""
+    first = consumer.poll(timeout_s)
+    return [] if first is None else [first, *consumer.consume(num_messages=10_000, timeout=0)]
 
 
 def _said(exc: object) -> str:

@@ -116,7 +116,14 @@ def read_ranges(config: dict[str, Any], ranges: Sequence[PartitionRange], record
         return
     fail_on_data_loss = bool(config.get("fail_on_data_loss", True))
     timeout_s = k.timeout_s(config)
-    consumer = Consumer(k.consumer_settings(config, client, fail_on_data_loss=fail_on_data_loss), logger=log)
+    settings = k.consumer_settings(config, client, fail_on_data_loss=fail_on_data_loss)
+    # librdkafka fetches ahead until 100,000 records are queued: a small range of a long partition
+    # would fetch (and decode, and drop) that many; ahead by about the range's size instead, and
+    # fetch again soon once the queue is below it
+    ahead = min(100_000, max(1_000, sum(r.end - r.begin for r in pending.values())))
+    settings.setdefault("queued.min.messages", ahead)
+    settings.setdefault("fetch.queue.backoff.ms", 10)
+    consumer = Consumer(settings, logger=log)
     reached = {tp: r.begin for tp, r in pending.items()}  # the offset each partition read up to
     errors: dict[tuple[str, int], str] = {}
     unknown = (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC)
@@ -125,7 +132,7 @@ def read_ranges(config: dict[str, Any], ranges: Sequence[PartitionRange], record
         progress_at = time.monotonic()
         while pending:
             done: list[tuple[str, int]] = []
-            for message in consumer.consume(num_messages=CONSUME_AT_ONCE, timeout=POLL_S):
+            for message in _ready(consumer):
                 tp = (message.topic(), message.partition())
                 r = pending.get(tp)
                 if r is None:
@@ -174,6 +181,13 @@ def read_ranges(config: dict[str, Any], ranges: Sequence[PartitionRange], record
             consumer.close()
         except Exception:  # noqa: BLE001 - closing is best effort
             pass
+
+
+def _ready(consumer: Any) -> list[Any]:
+    """The messages and events the consumer has, once it has any (nothing after POLL_S):
+    consume(n, timeout) would wait for n of them or the whole timeout."""
+    first = consumer.poll(POLL_S)
+    return [] if first is None else [first, *consumer.consume(num_messages=CONSUME_AT_ONCE, timeout=0)]
 
 
 def read(ctx: RuntimeContext, spec: OperatorSpec) -> DataFrame:

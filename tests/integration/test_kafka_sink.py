@@ -385,7 +385,9 @@ def test_a_bounded_job_writes_kafka_once_it_finished_and_nothing_if_it_failed(cl
     for topic in (written, failed):
         kafka_broker.create_topic(topic, 2)
     env = ExecutionEnvironment("bounded into kafka", parallelism=2)
-    env.from_collection(rows, "value string, k string").write_kafka(kafka_broker.bootstrap, written, key="k")
+    (env.from_collection(rows, "value string, k string")
+        .select("value", "CAST(k AS BINARY) AS k")  # a binary key: its bytes as they are
+        .write_kafka(kafka_broker.bootstrap, written, key="k"))
     job_graph = env.build()
     (sink,) = sinks(job_graph)
     job_id = client.submit(job_graph)
@@ -437,3 +439,11 @@ def test_hostile_kafka_sink_settings_are_invalid_argument_and_a_missing_column_f
     assert wait_status(client, job_id, ("FINISHED", "FAILED", "CANCELED")) == "FAILED"
     message = client.get_job(job_id).failure.message
     assert "the value column 'value' is not a column of the stream (its columns: word)" in message, message
+    # nor one of another type
+    env = ExecutionEnvironment("kafka sink of a number", parallelism=1)
+    env.from_collection([(1,)], "value bigint").write_kafka(kafka_broker.bootstrap, _topic("number"))
+    env.set_restart_strategy("none")
+    job_id = client.submit(env.build())
+    assert wait_status(client, job_id, ("FINISHED", "FAILED", "CANCELED")) == "FAILED"
+    message = client.get_job(job_id).failure.message
+    assert "the value column 'value' is bigint; a Kafka record's value is a string or binary column" in message, message

@@ -321,6 +321,48 @@ def test_the_columns_are_structured_streamings_and_json_values_become_columns_on
     assert decoded[0]["at"].replace(tzinfo=None) == __import__("datetime").datetime(2026, 12, 8, 1, 2, 3)
 
 
+def test_avro_values_become_their_schemas_columns_and_a_bad_one_names_its_record(cluster, kafka_broker, tmp_path):
+    import io
+    import json
+
+    import fastavro
+
+    schema = {"type": "record", "name": "Order", "fields": [{"name": "id", "type": "long"},
+                                                           {"name": "item", "type": ["null", "string"]}]}
+    parsed = fastavro.parse_schema(schema)
+
+    def encoded(record) -> bytes:
+        out = io.BytesIO()
+        fastavro.schemaless_writer(out, parsed, record)
+        return out.getvalue()
+
+    topic = unique("avro")
+    kafka_broker.create_topic(topic, 2)
+    produce(kafka_broker.bootstrap, topic, [(0, None, encoded({"id": 1, "item": "tea"})),
+                                            (1, None, encoded({"id": 2, "item": None}))])
+    out = tmp_path / "out"
+    env = ExecutionEnvironment(f"kafka avro {tmp_path.name}", parallelism=2)
+    env.read_stream.kafka(kafka_broker.bootstrap, topic, starting="earliest", value_format="avro",
+                          value_schema=json.dumps(schema), **kafka_broker.source_options).write_parquet(str(out))
+    env.set_trigger(once=True).set_checkpoint_location(str(tmp_path / "checkpoint"))
+    job_id = cluster.client.submit(env.build())
+    assert wait_status(cluster.client, job_id, ("FINISHED", "FAILED")) == "FINISHED", \
+        cluster.client.get_job(job_id).failure.message
+    rows = sorted((r for b in streamsinks.committed_batches(str(out)) for name in streamsinks.committed_files(str(out), b)
+                   for r in pq.read_table(out / name).to_pylist()), key=lambda r: r["id"])
+    assert list(rows[0])[:4] == ["key", "id", "item", "topic"]
+    assert [(r["id"], r["item"], r["partition"]) for r in rows] == [(1, "tea", 0), (2, None, 1)]
+    # a value that is not Avro of the schema fails the batch naming its record
+    produce(kafka_broker.bootstrap, topic, [(1, None, b"\xff")])
+    bad = ExecutionEnvironment(f"kafka bad avro {tmp_path.name}", parallelism=2)
+    bad.read_stream.kafka(kafka_broker.bootstrap, topic, starting="earliest", value_format="avro",
+                          value_schema=json.dumps(schema), **kafka_broker.source_options).write_parquet(
+        str(tmp_path / "bad-out"))
+    bad.set_trigger("500 ms").set_checkpoint_location(str(tmp_path / "bad-checkpoint"))
+    said = failed_job(cluster, bad)
+    assert f"offset 1 of topic '{topic}' partition 1" in said, said
+
+
 # ---------------------------------------------------------------------------- hostile input
 
 def failed_job(cluster, env: ExecutionEnvironment, timeout: float = 120) -> str:
@@ -383,7 +425,8 @@ def test_the_planner_takes_the_ends_a_fetch_reports_keeps_the_initial_offsets_an
                    max_offsets_per_trigger=3)
     try:
         first = side.plan(None, 0, True, None)
-        assert first.start is None and first.rows == 3 and first.end[topic]["2"] == 0
+        # Spark's split of 3 over 3 and 2 offsets: floor(1.8), floor(1.2)
+        assert first == SourceRange(None, {topic: {"0": 1, "1": 1, "2": 0}}, 2)
         assert side.batch_files(first) == tuple(
             PartitionRange(topic, p, 0, int(first.end[topic][str(p)])).encode() for p in range(3))
         assert side.progress_details()["lag"][topic] == {"0": 3 - first.end[topic]["0"],
@@ -396,7 +439,7 @@ def test_the_planner_takes_the_ends_a_fetch_reports_keeps_the_initial_offsets_an
         assert again.plan(None, 0, True, None).end == {topic: {"0": 3, "1": 2, "2": 1}}  # from the kept start
         assert again.batch_files(latest) == (f"{topic}/0/3/3", f"{topic}/1/2/2", f"{topic}/2/0/0")
         rest = side.plan(first.end, 0, False, None)
-        assert rest.end == {topic: {"0": 3, "1": 2, "2": 1}} and rest.rows == 6 - 3
+        assert rest.end == {topic: {"0": 3, "1": 2, "2": 1}} and rest.rows == 6 - 2
         assert side.progress_details()["lag"][topic] == {"0": 0, "1": 0, "2": 0}
         with pytest.raises(KafkaUnavailable, match=f"topic\\(s\\) {topic}-nope do not exist"):
             planner(kafka_broker.bootstrap, tmp_path / "ck3", topics=[f"{topic}-nope"]).plan(None, 0, True, None)
@@ -418,6 +461,41 @@ def test_a_start_by_timestamp_begins_at_the_first_record_at_or_after_it(kafka_br
         assert side.batch_files(first) == (f"{topic}/0/3/5",)
     finally:
         side.close()
+
+
+def test_a_topic_deleted_and_created_again_is_data_loss_an_error_or_a_skip_counted_in_the_progress(
+        kafka_broker, tmp_path):
+    from confluent_kafka.admin import AdminClient
+
+    from funke.common.streaming.sources.kafka import KafkaDataLoss
+
+    topic = unique("lost")
+    kafka_broker.create_topic(topic, 2)
+    produce(kafka_broker.bootstrap, topic, [(p, None, b"x") for p in (0, 0, 0, 1)])
+    strict = planner(kafka_broker.bootstrap, tmp_path / "strict", topics=[topic], starting="earliest")
+    lenient = planner(kafka_broker.bootstrap, tmp_path / "lenient", topics=[topic], starting="earliest",
+                      fail_on_data_loss=False)
+    try:
+        read = strict.plan(None, 0, True, None)
+        assert read.end == {topic: {"0": 3, "1": 1}} == lenient.plan(None, 0, True, None).end
+        admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap})
+        admin.delete_topics([topic], request_timeout=10)[topic].result(10)
+        kafka_broker.create_topic(topic, 1)  # created again: one partition, empty
+        produce(kafka_broker.bootstrap, topic, [(0, None, b"y")])
+        with pytest.raises(KafkaDataLoss) as info:
+            strict.plan(read.end, 0, True, None)
+        said = str(info.value)
+        assert f"topic '{topic}' partition 1 is gone" in said and "its end offset 1 is before offset 3" in said, said
+        assert "fail_on_data_loss=False" in said
+        skipped = lenient.plan(read.end, 0, True, None)
+        assert skipped.end == {topic: {"0": 1}} and skipped.rows == 0  # goes on from the new end
+        loss = lenient.progress_details()["dataLoss"]
+        assert loss["losses"] == 2 and "is before offset 3" in loss["last"], loss
+        produce(kafka_broker.bootstrap, topic, [(0, None, b"z")])
+        assert lenient.plan(skipped.end, 0, True, None) == SourceRange(skipped.end, {topic: {"0": 2}}, 1)
+    finally:
+        strict.close()
+        lenient.close()
 
 
 def test_a_broker_that_is_gone_is_a_timeout_naming_what_did_not_answer(tmp_path):

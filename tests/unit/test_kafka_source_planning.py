@@ -240,7 +240,7 @@ def test_topics_patterns_startings_and_numbers_are_checked():
         ({"topics": ["a"], "end_offsets": "guess"}, "must be one of 'list', 'fetch'"),
         ({"topics": ["a"], "value_format": "xml"}, "must be one of 'raw'"),
         ({"topics": ["a"], "value_format": "json"}, "needs config 'value_schema'"),
-        ({"topics": ["a"], "value_format": "avro"}, "needs config 'value_schema'"),
+        ({"topics": ["a"], "value_format": "avro"}, "'value_schema' is needed for value_format 'avro'"),
         ({"topics": ["a"], "value_format": "confluent-avro"}, "needs config 'schema_registry'"),
         ({"topics": ["a"], "schemas": {"1": "\"int\""}}, "is for value_format 'confluent-avro'"),
         ({"topics": ["a"], "value_schema": "a int"}, "value_format 'raw' takes no"),
@@ -268,7 +268,7 @@ def test_security_settings_and_credentials_are_refused_without_echoing_them():
     problems = _kafka_problems(context, bootstrap="h:9092", topics=["a"], value_format="confluent-avro",
                                schema_registry="http://registry.example:8081")
     assert any("'registry.example' is not a host jobs may connect to here" in p for p in problems), problems
-    assert any("http:// or https://" in p for p in _kafka_problems(
+    assert any("must be an http or https URL" in p for p in _kafka_problems(
         None, bootstrap="h:9092", topics=["a"], value_format="confluent-avro", schema_registry="ftp://r/"))
 
 

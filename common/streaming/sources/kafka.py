@@ -226,15 +226,8 @@ def config_problems(config: Mapping[str, Any]) -> list[str]:
         problems.append("value_format 'json' needs config 'value_schema': a DDL string such as 'id bigint, name string'")
     if fmt == "raw" and schema is not None:
         problems.append("value_format 'raw' takes no 'value_schema' (give the value_format it is for)")
-    for key in ("schema_registry", "schemas"):
-        if config.get(key) is not None and fmt != "confluent-avro":
-            problems.append(f"config {key!r} is for value_format 'confluent-avro' (the value_format is {fmt!r})")
-    # the Avro rules (schemas parse, the registry's URL) are funke.common.streaming.sources.avro's
-    if fmt == "avro" and schema is None:
-        problems.append("value_format 'avro' needs config 'value_schema': the values' Avro schema")
-    if fmt == "confluent-avro" and config.get("schema_registry") is None and config.get("schemas") is None:
-        problems.append("value_format 'confluent-avro' needs config 'schema_registry' (the registry's URL) or "
-                        "'schemas' (the writer schemas by id)")
+    # the Avro settings' rules (schemas parse, the registry's URL and host, which keys go with
+    # which format) are funke.common.streaming.sources.avro's config_problems
     return problems
 
 
