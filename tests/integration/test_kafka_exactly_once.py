@@ -242,6 +242,17 @@ def test_kafka_to_files_and_kafka_exactly_once_through_taskmanager_kills_at_ever
 
 # ---------------------------------------------------------------------------- kill -9 of the leader (HA)
 
+class LeaderEvents(Events):
+    """Events through a client that follows the leader; a watch stream broken by the leader's
+    death ends the events instead of raising in the thread."""
+
+    def _pump(self, client, job_id: str) -> None:
+        try:
+            super()._pump(client, job_id)
+        except Exception:  # noqa: BLE001 - the leader killed under the stream
+            self._queue.put(("end", -1))
+
+
 @pytest.fixture(scope="module")
 def ha(tmp_path_factory):
     from tests.integration.test_high_availability import HaCluster
@@ -252,11 +263,11 @@ def ha(tmp_path_factory):
     localcluster.stop(c.dir)
 
 
-def kafka_leader_kill_run(ha, broker, tmp_path: Path, rate: float = 100, burst: int = 20_000,
+def kafka_leader_kill_run(ha, broker, tmp_path: Path, rate: float = 100, burst: int = 50_000,
                           timeout: float = 180) -> dict:
     """The same query on a cluster with two JobManagers; once three batches committed, kill -9 of
-    the leader while its transaction of a batch is open in the output topic (polled for up to 20 s;
-    if never seen, while a batch is in flight: logged in the offset log, not committed). The standby takes over; the seconds from the kill to the
+    the leader while its transaction of a batch is open in the output topic (a burst of `burst`
+    records makes that batch large). The standby takes over; the seconds from the kill to the
     records then in an open transaction being committed or aborted (the new run's
     init_transactions aborts the dead producer's), and to the job RUNNING under the new leader."""
     from tests.integration.test_high_availability import _wait_running_under, _wait_status
@@ -266,7 +277,7 @@ def kafka_leader_kill_run(ha, broker, tmp_path: Path, rate: float = 100, burst: 
     broker.create_topic(out_topic, PARTITIONS)
     out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
     env = copy_query(f"kafka exactly once ha {tmp_path.name}", broker.bootstrap, broker.source_options, topic, out,
-                     out_topic, checkpoint, trigger="500 ms", max_offsets=50_000)
+                     out_topic, checkpoint, trigger="500 ms", max_offsets=100_000)
     producer = NumberedProducer(broker.bootstrap, topic, rate)
     try:
         job_id = ha.client.submit(env.build())
@@ -275,21 +286,31 @@ def kafka_leader_kill_run(ha, broker, tmp_path: Path, rate: float = 100, burst: 
         while len(store.commit_ids() if (checkpoint / "commits").exists() else []) < 3:
             assert time.monotonic() < deadline, f"three batches did not commit within {timeout} s"
             time.sleep(0.1)
-        # The kill: while the output topic holds records of an open transaction (the JobMaster is
-        # producing a batch), if that is seen within `aim` seconds; else while a batch is in flight.
-        # A burst of records makes one batch large enough for its transaction to be seen open.
-        aim, next_burst = time.monotonic() + 20, 0.0
-        while True:
-            if time.monotonic() >= next_burst:  # again every 5 s until one is seen open
-                producer.burst, next_burst = burst, time.monotonic() + 5
-            commits, logged = store.commit_ids(), store.offset_ids()
-            if open_offsets(broker.bootstrap, out_topic):
+        # The kill: while the output topic holds records of an open transaction. A burst of records
+        # makes one batch large; once its sinks have written (OutputOperationCompleted), the
+        # JobMaster produces it in its transaction: the topic is polled until records of it show
+        # open, and the leader killed then. Up to three bursts; then a kill with the batch in flight.
+        watcher = ha.follower()
+        events = LeaderEvents(watcher, job_id)
+        source = source_of(ha.client, job_id)
+        batch, seen_open = store.commit_ids()[-1], False
+        for _ in range(3):
+            producer.burst = burst
+            while True:  # the batch that took (most of) the burst
+                batch = events.wait("BatchSubmitted", min_batch=batch + 1, timeout=60)
+                if store.read_offsets(batch).sources[source].rows >= burst // 2:
+                    break
+            events.wait("OutputOperationCompleted", min_batch=batch, timeout=60)
+            aim = time.monotonic() + 5
+            while time.monotonic() < aim and not (seen_open := any(  # one partition: a shorter look
+                    r.state == OPEN for r in committed_records(broker.bootstrap, out_topic, 0))):
+                if batch in store.commit_ids():
+                    break
+            if seen_open:
                 break
-            if time.monotonic() > aim and logged[-1] > commits[-1]:
-                break
+        in_flight = batch
         name, epoch, killed_at = ha.kill_leader(signal.SIGKILL)
         killed = time.monotonic()
-        in_flight = logged[-1]
         was_open = len(open_offsets(broker.bootstrap, out_topic))
         seconds_to_stable(broker.bootstrap, out_topic, timeout=120)
         stable_at = time.monotonic() - killed
@@ -304,6 +325,7 @@ def kafka_leader_kill_run(ha, broker, tmp_path: Path, rate: float = 100, burst: 
         wait_all_committed(broker.bootstrap, topic, checkpoint, source, producer.added)
         ha.client.stop(job_id, timeout_s=60)
         assert _wait_status(ha.client, job_id, "FINISHED", 120)
+        watcher.close()
     finally:
         producer._stop.set()
     figures = tally(broker.bootstrap, topic, out, out_topic, checkpoint, source, producer.added)
