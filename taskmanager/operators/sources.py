@@ -260,7 +260,7 @@ def _redis_source(ctx: RuntimeContext, spec: OperatorSpec) -> DataFrame:
     `id`, `fields`, `timestamp` (the id's milliseconds)."""
     _, source_range = batch_range(ctx, spec)
     keys = tuple(config_strings(spec, "keys"))
-    bounds = RedisStreamsSource(keys).bounds(source_range)
+    bounds = RedisStreamsSource(keys, str(spec.config.get("starting", "latest"))).bounds(source_range)
     mine = [k for i, k in enumerate(keys) if i % ctx.parallelism == ctx.subtask_index]
     client = redis_client(spec.config)
     streams, ids_, fields, millis = [], [], [], []

@@ -44,6 +44,11 @@ def test_a_range_per_key_within_the_limit_and_the_cap_and_where_a_query_starts()
     # latest: the first batch starts after what is there now, even with nothing new
     latest = RedisStreamsSource(("a",))
     assert latest.plan(None, {"a": []}, {"a": "7-0"}) == SourceRange(None, {"a": "7-0"}, 0)
+    # ... and reads none of the entries there were: its range is empty (it read them all before)
+    assert latest.bounds(SourceRange(None, {"a": "7-0"}, 0)) == {"a": ("7-0", "7-0")}
+    # entries added between the two lookups are the next batch's, not the first's
+    assert latest.plan(None, {"a": ["8-0"]}, {"a": "7-0"}) == SourceRange(None, {"a": "7-0"}, 0)
+    assert latest.plan({"a": "7-0"}, {"a": ["8-0"]}, {}) == SourceRange({"a": "7-0"}, {"a": "8-0"}, 1)
     assert RedisStreamsSource(("a",), "earliest").plan(None, {"a": []}, {}) == SourceRange(None, None, 0)
     for bad in ({"a": "x"}, {"c": "1-0"}, ["a"]):
         with pytest.raises(ValueError):

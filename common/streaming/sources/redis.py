@@ -54,6 +54,10 @@ class RedisStreamsSource:
         in order (as many as the limit, or more); `last_ids`: per key, its last id now. The range
         ends per key at the last entry taken: within the per-trigger limit, and at most `cap`."""
         begin = self.begin(start, last_ids)
+        if start is None and self.starting == "latest":
+            # the query's first batch takes nothing: it records where the query began (each key's
+            # last id now), and what is added after it is the next batch's
+            return SourceRange(None, begin, 0)
         ceiling = _redis_offset(cap, self.keys) if cap is not None else None
         end: dict[str, str] = {}
         rows = 0
@@ -66,17 +70,21 @@ class RedisStreamsSource:
             end[k] = ids[-1] if ids else begin[k]
             rows += len(ids)
         if start is None:  # the first batch records where the query began, even with nothing new
-            return SourceRange(None, end, rows) if rows or self.starting == "latest" or any(
-                v != "0-0" for v in end.values()) else SourceRange(None, None, 0)
+            return SourceRange(None, end, rows) if rows or any(v != "0-0" for v in end.values()) \
+                else SourceRange(None, None, 0)
         return SourceRange(start, end, rows)
 
     def bounds(self, source_range: SourceRange) -> dict[str, tuple[str, str]]:
-        """Per key, (after this id, up to this id) of a range."""
+        """Per key, (after this id, up to this id) of a range. A first range (no start) holds every
+        entry up to its end when the query starts at the earliest entries, and none when it starts
+        at the latest (its end is where the query began)."""
         if source_range.end is None:
             return {}
-        begin = _redis_offset(source_range.start, self.keys) if source_range.start is not None else \
-            {k: "0-0" for k in self.keys}
         end = _redis_offset(source_range.end, self.keys)
+        if source_range.start is not None:
+            begin = _redis_offset(source_range.start, self.keys)
+        else:
+            begin = dict(end) if self.starting == "latest" else {k: "0-0" for k in self.keys}
         return {k: (begin[k], end[k]) for k in self.keys}
 
 
