@@ -138,6 +138,7 @@ class StreamReader:
         sizes, timeouts; never security settings) and funke.timeout.ms, how long any wait on the
         broker may take (30 s). Partition i of the sorted (topic, partition) pairs is read by
         subtask i % parallelism."""
+        from funke.common.streaming import kafkasink
         from funke.common.streaming.sources import kafka as k
 
         def check(problem: str | None, what: str) -> None:
@@ -145,7 +146,7 @@ class StreamReader:
                 raise ValueError(f"kafka: {what} {problem}")
 
         try:
-            k.bootstrap_servers(bootstrap)
+            kafkasink.bootstrap_servers(bootstrap)  # one rule for the source's and the sink's bootstrap
         except ValueError as exc:
             raise ValueError(f"kafka: bootstrap {exc}") from None
         config: dict[str, Any] = {"bootstrap": bootstrap}

@@ -14,6 +14,7 @@ from funke.common.graph.streamingjob import stream_sources
 from funke.common.graph.validation import ValidationContext, find_problems
 from funke.common.streaming.checkpoint import SourceRange
 from funke.common.streaming.sources import SOURCE_PLUGINS
+from funke.common.streaming import kafkasink
 from funke.common.streaming.sources import kafka as k
 from funke.common.streaming.sources.kafka import KafkaDataLoss, KafkaObservation, KafkaSource, PartitionRange
 
@@ -214,7 +215,7 @@ def test_bootstrap_hosts_are_checked_each_against_the_allowed_hosts():
     assert len(problems) == 1 and "'evil.example' is not a host jobs may connect to here" in problems[0]
     for bad in ("kafka", "kafka:0", "kafka:99999", "a:1,,b:2", "bad host:9092", ":9092", 9092):
         assert any("bootstrap" in p for p in _kafka_problems(None, bootstrap=bad, topics=["t"])), bad
-    assert k.bootstrap_servers("[::1]:9092, h:1") == [("::1", 9092), ("h", 1)]
+    assert kafkasink.bootstrap_servers("[::1]:9092, h:1") == [("::1", 9092), ("h", 1)]
 
 
 def test_topics_patterns_startings_and_numbers_are_checked():

@@ -51,14 +51,12 @@ MAX_PATTERN_LENGTH = 1000
 MAX_PARTITIONS = 100_000  # partitions named in a starting offset, or read by one query
 MAX_PARTITION = 2**31 - 1
 MAX_OFFSET = 2**63 - 1
-MAX_BOOTSTRAP_SERVERS = 100
 MAX_SCHEMA_CHARS = 1024 * 1024
 DEFAULT_TIMEOUT_MS = 30_000  # every wait on the broker (metadata, offsets, a partition reaching its end)
 MIN_TIMEOUT_MS, MAX_TIMEOUT_MS = 100, 3_600_000
 TIMEOUT_OPTION = "funke.timeout.ms"
 
 _TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
-_PORT = re.compile(r"[0-9]{1,5}")
 # a quantified group that holds a quantifier itself: (a+)+, (a|b*)*, (x{2,}){3} ... can take
 # time exponential in a topic name's length to fail to match (Python's re has no timeout)
 _NESTED_QUANTIFIER = re.compile(r"\((?:[^()\\]|\\.)*[+*}](?:[^()\\]|\\.)*\)\s*[+*{?]")
@@ -114,25 +112,6 @@ def pattern_problem(value: object) -> str | None:
         return (f"{_echo(value)} repeats a group that holds a repetition itself (such as (a+)+), which can take "
                 "exponential time to match; write it without the nesting")
     return None
-
-
-def bootstrap_servers(value: object) -> list[tuple[str, int]]:
-    """`host:port[,host:port...]` (an IPv6 host in brackets) as (host, port) pairs; ValueError
-    otherwise. The hosts are checked by the caller (validation: host names, funke.io.allowed-hosts)."""
-    if not isinstance(value, str) or not value.strip() or len(value) > 64 * 1024:
-        raise ValueError(f"must be 'host:port[,host:port...]', got {_echo(value)}")
-    servers = []
-    for item in value.split(","):
-        item = item.strip()
-        host, sep, port = item.rpartition(":")
-        if host.startswith("[") and host.endswith("]"):
-            host = host[1:-1]
-        if not sep or not host or not _PORT.fullmatch(port) or not 1 <= int(port) <= 65535:
-            raise ValueError(f"must be 'host:port[,host:port...]' (a port from 1 to 65535 each), got {_echo(value)}")
-        servers.append((host, int(port)))
-    if len(servers) > MAX_BOOTSTRAP_SERVERS:
-        raise ValueError(f"names {len(servers)} servers; at most {MAX_BOOTSTRAP_SERVERS}")
-    return servers
 
 
 def starting_problem(value: object) -> str | None:
